@@ -1,0 +1,21 @@
+"""xray: operator-level precision debugging for PyTorch.
+
+Record every ATen call (``begin_dump``/``end_dump``) or every module (``PrecisionDebugger``),
+then generate op tests, replay on deployment backends, and compare dumps.
+"""
+from .config import DebugFlags, DumpConfig
+from .dump import DumpFormatError, Record, Stats, TensorMeta, load_dump
+from .record import DumpUsageError, begin_dump, dump, end_dump
+
+__version__ = "0.1.0"
+
+__all__ = ["begin_dump", "end_dump", "dump", "load_dump", "DebugFlags", "DumpConfig", "Record", "Stats",
+           "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "__version__"]
+
+
+def __getattr__(name):  # PrecisionDebugger pulls in more; import it on first use
+    if name == "PrecisionDebugger":
+        from .debugger import PrecisionDebugger
+
+        return PrecisionDebugger
+    raise AttributeError(name)

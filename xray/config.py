@@ -1,0 +1,74 @@
+"""Dump settings: the X_DEBUG bit mask and the X_* knobs, from arguments or the environment."""
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DebugFlags(enum.IntFlag):
+    """Bits of ``X_DEBUG``. ``0x102`` = META | STATS; the op name is always recorded."""
+
+    STATS = 0x002  #: min, max, mean, std over finite elements; NaN, +Inf, -Inf counts
+    STACK = 0x004  #: the Python call stack (user frames) of each record
+    BACKWARD = 0x008  #: also record ops that run during backward
+    MODULES = 0x010  #: a record per nn.Module call with its inputs' and outputs' metadata
+    META = 0x100  #: shapes, dtypes, strides, devices and every non-tensor argument value
+
+
+DEFAULT_DEBUG = DebugFlags.META | DebugFlags.STATS
+
+
+def _env_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (1/0/true/false), got {value!r}")
+
+
+def _env_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip(), 0)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer (e.g. 0x102)") from None
+
+
+@dataclass(frozen=True)
+class DumpConfig:
+    debug: DebugFlags = DEFAULT_DEBUG
+    dedup: bool = True
+    dump_num: int = 5
+    dump_dir: Path = Path("xray_debug")
+    stack_depth: int = 8
+    flush_records: int = 512
+    flush_seconds: float = 1.0
+
+    def has(self, flag: DebugFlags) -> bool:
+        return bool(self.debug & flag)
+
+    @classmethod
+    def resolve(cls, X_DEBUG: int | None = None, X_DEDUP: bool | None = None, X_DUMP_NUM: int | None = None,
+                dump_dir: str | os.PathLike | None = None, **extra) -> "DumpConfig":
+        """Explicit arguments win; then X_DEBUG/X_DEDUP/X_DUMP_NUM/X_DUMP_DIR; then defaults."""
+        env = os.environ
+        if X_DEBUG is None and "X_DEBUG" in env:
+            X_DEBUG = _env_int("X_DEBUG", env["X_DEBUG"])
+        if X_DEDUP is None and "X_DEDUP" in env:
+            X_DEDUP = _env_bool(env["X_DEDUP"])
+        if X_DUMP_NUM is None and "X_DUMP_NUM" in env:
+            X_DUMP_NUM = _env_int("X_DUMP_NUM", env["X_DUMP_NUM"])
+        if dump_dir is None and "X_DUMP_DIR" in env:
+            dump_dir = env["X_DUMP_DIR"]
+        debug = DebugFlags(DEFAULT_DEBUG if X_DEBUG is None else int(X_DEBUG))
+        dump_num = 5 if X_DUMP_NUM is None else int(X_DUMP_NUM)
+        if dump_num < 0:
+            raise ValueError(f"X_DUMP_NUM must be >= 0, got {dump_num}")
+        return cls(debug=debug, dedup=True if X_DEDUP is None else bool(X_DEDUP), dump_num=dump_num,
+                   dump_dir=Path(dump_dir if dump_dir is not None else "xray_debug"), **extra)
+
+    def to_json(self) -> dict:
+        return {"X_DEBUG": int(self.debug), "X_DEDUP": self.dedup, "X_DUMP_NUM": self.dump_num,
+                "flags": [f.name for f in DebugFlags if self.debug & f]}

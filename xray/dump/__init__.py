@@ -1,0 +1,46 @@
+"""The dump format: data model, tensor I/O, writer and readers (docs/format.md)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .model import FORMAT_NAME, FORMAT_VERSION, Record, Scalar, Stats, TensorMeta
+from .reader import DumpFormatError, TraceDump, TruncatedDumpWarning, read_trace
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Stats", "TensorMeta", "DumpFormatError",
+           "TraceDump", "TruncatedDumpWarning", "load_dump", "find_dump_folders"]
+
+
+def find_dump_folders(path: str | os.PathLike) -> list[Path]:
+    """Every trace-dump folder at or directly under ``path`` (one per process or rank)."""
+    p = Path(path)
+    if p.is_file():
+        p = p.parent
+    if (p / "dump.json").exists() or (p / "journal.jsonl").exists():
+        return [p]
+    if not p.is_dir():
+        return []
+    return sorted(d for d in p.iterdir()
+                  if d.is_dir() and ((d / "dump.json").exists() or (d / "journal.jsonl").exists()))
+
+
+def load_dump(path: str | os.PathLike):
+    """Open any xray dump: a trace folder, its dump.json, a dump_dir holding one process
+    folder, or a module-level ``.h5`` written by PrecisionDebugger. Returns an object whose
+    ``.records`` iterate in execution order."""
+    p = Path(path)
+    if not p.exists():
+        raise DumpFormatError(f"{p}: no such file or folder")
+    if p.is_file() and p.suffix in (".h5", ".hdf5"):
+        from ..debugger.reader import read_module_dump
+
+        return read_module_dump(p)
+    if p.is_file() and p.name not in ("dump.json", "journal.jsonl"):
+        raise DumpFormatError(f"{p}: expected a dump folder, its dump.json, or a module-level .h5 file")
+    folders = find_dump_folders(p)
+    if not folders:
+        raise DumpFormatError(f"{p}: no xray dump here (no dump.json or journal.jsonl)")
+    if len(folders) > 1:
+        names = ", ".join(f.name for f in folders)
+        raise DumpFormatError(f"{p} holds {len(folders)} dumps ({names}); pass one of them")
+    return read_trace(folders[0])

@@ -1,0 +1,265 @@
+"""The one data model every xray tool shares: statistics, tensor metadata, values and records.
+
+Recorder, module debugger, generator, replay and compare all speak these classes. Their JSON
+form is the dump format (docs/format.md); ``to_json``/``from_json`` are the only place it is
+spelled out, so the format cannot drift between tools.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+FORMAT_NAME = "xray-trace"
+FORMAT_VERSION = 1
+
+# Non-tensor values are stored as tagged JSON objects so that nothing from a dump is ever
+# evaluated: readers map each tag to a constructor explicitly (see xray.gen for rendering).
+SCALAR_TAGS = ("dtype", "device", "layout", "memory_format", "str", "float", "complex", "symint", "repr")
+
+
+def encode_float(x: float) -> Any:
+    """JSON has no NaN/Inf: encode them as strings, keep finite floats as numbers."""
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def decode_float(x: Any) -> float | None:
+    if x is None:
+        return None
+    if isinstance(x, str):
+        if x not in ("nan", "inf", "-inf"):
+            raise ValueError(f"not a float: {x!r}")
+        return float(x)
+    return float(x)
+
+
+@dataclass
+class Stats:
+    """Data-range statistics of one tensor.
+
+    min/max/mean/std are taken over the *finite* elements only, so a single NaN does not hide
+    the range of everything else; the non-finite elements are counted separately. ``None``
+    means there was no finite element (or the tensor was empty).
+    """
+
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    numel: int = 0
+
+    @property
+    def inf(self) -> int:
+        return self.posinf + self.neginf
+
+    @property
+    def finite(self) -> bool:
+        return self.nan == 0 and self.inf == 0
+
+    def to_json(self) -> dict:
+        return {
+            "min": None if self.min is None else encode_float(self.min),
+            "max": None if self.max is None else encode_float(self.max),
+            "mean": None if self.mean is None else encode_float(self.mean),
+            "std": None if self.std is None else encode_float(self.std),
+            "nan": self.nan,
+            "posinf": self.posinf,
+            "neginf": self.neginf,
+            "numel": self.numel,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Stats":
+        return cls(
+            min=decode_float(d.get("min")),
+            max=decode_float(d.get("max")),
+            mean=decode_float(d.get("mean")),
+            std=decode_float(d.get("std")),
+            nan=int(d.get("nan", 0)),
+            posinf=int(d.get("posinf", 0)),
+            neginf=int(d.get("neginf", 0)),
+            numel=int(d.get("numel", 0)),
+        )
+
+
+@dataclass
+class TensorMeta:
+    """Everything recorded about one tensor argument or result (never the tensor itself)."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    stride: tuple[int, ...] | None = None
+    storage_offset: int = 0
+    device: str = "cpu"
+    requires_grad: bool = False
+    stats: Stats | None = None
+    data: str | None = None  # "<file relative to the dump folder>:<dataset path>" when saved
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"t": "tensor", "shape": list(self.shape), "dtype": self.dtype}
+        if self.stride is not None:
+            d["stride"] = list(self.stride)
+        if self.storage_offset:
+            d["offset"] = self.storage_offset
+        d["device"] = self.device
+        if self.requires_grad:
+            d["requires_grad"] = True
+        if self.stats is not None:
+            d["stats"] = self.stats.to_json()
+        if self.data is not None:
+            d["data"] = self.data
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorMeta":
+        stride = d.get("stride")
+        return cls(
+            shape=tuple(int(s) for s in d["shape"]),
+            dtype=str(d["dtype"]),
+            stride=None if stride is None else tuple(int(s) for s in stride),
+            storage_offset=int(d.get("offset", 0)),
+            device=str(d.get("device", "cpu")),
+            requires_grad=bool(d.get("requires_grad", False)),
+            stats=Stats.from_json(d["stats"]) if d.get("stats") is not None else None,
+            data=d.get("data"),
+        )
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A tagged non-tensor value (dtype, device, string, non-finite float, SymInt...)."""
+
+    tag: str
+    value: Any
+
+    def to_json(self) -> dict:
+        return {"t": self.tag, "v": self.value}
+
+
+def value_to_json(v: Any) -> Any:
+    """Encode a decoded value (TensorMeta, Scalar, list, plain scalar) as JSON."""
+    if isinstance(v, (TensorMeta, Scalar)):
+        return v.to_json()
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"t": "float", "v": encode_float(v)}
+    if isinstance(v, (list, tuple)):
+        return [value_to_json(x) for x in v]
+    return v
+
+
+def value_from_json(v: Any) -> Any:
+    """Decode a JSON value of a record argument; unknown tags raise ValueError."""
+    if isinstance(v, dict):
+        tag = v.get("t")
+        if tag == "tensor":
+            return TensorMeta.from_json(v)
+        if tag == "float":
+            return Scalar("float", decode_float(v["v"]))
+        if tag in SCALAR_TAGS:
+            return Scalar(tag, v.get("v"))
+        raise ValueError(f"unknown value tag {tag!r}")
+    if isinstance(v, list):
+        return [value_from_json(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise ValueError(f"unsupported value {v!r}")
+
+
+def iter_tensors(v: Any, prefix: str) -> Iterator[tuple[str, TensorMeta]]:
+    """Yield (name, meta) for every tensor in a value, naming list items ``prefix.i``."""
+    if isinstance(v, TensorMeta):
+        yield prefix, v
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            yield from iter_tensors(x, f"{prefix}.{i}")
+
+
+@dataclass
+class Record:
+    """One recorded event: an ATen operator call (kind "op") or an nn.Module call ("module").
+
+    ``module`` is the dotted path of the innermost module the event ran in (or the module
+    itself for kind "module"); ``module_stack`` lists (path, class name) pairs outermost first.
+    With de-duplication, ``count`` calls shared this signature; ``seq`` is the first of them.
+    """
+
+    seq: int
+    kind: str  # "op" | "module"
+    op: str  # "aten.add.Tensor", or the module class name for kind "module"
+    direction: str = "forward"  # "forward" | "backward"
+    module: str | None = None
+    module_stack: list[tuple[str, str]] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    outputs: list[Any] = field(default_factory=list)
+    mutates: list[str] = field(default_factory=list)
+    count: int = 1
+    first_seq: int | None = None
+    last_seq: int | None = None
+    stack: list[str] | None = None
+    call_index: int = 0  # for modules: how many times this module path ran before
+
+    @property
+    def name(self) -> str:
+        """A readable, mostly-unique name: module path, op and call index."""
+        where = self.module or "<root>"
+        if self.kind == "module":
+            return f"{where}.{self.op}.{self.call_index}.{self.direction}"
+        return f"{where}/{self.op}#{self.seq}"
+
+    def input_tensors(self) -> Iterator[tuple[str, TensorMeta]]:
+        for k, v in self.inputs.items():
+            yield from iter_tensors(v, k)
+
+    def output_tensors(self) -> Iterator[tuple[str, TensorMeta]]:
+        for i, v in enumerate(self.outputs):
+            yield from iter_tensors(v, f"out{i}")
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"seq": self.seq, "kind": self.kind, "op": self.op, "direction": self.direction}
+        if self.module is not None:
+            d["module"] = self.module
+        if self.module_stack:
+            d["module_stack"] = [list(p) for p in self.module_stack]
+        d["inputs"] = {k: value_to_json(v) for k, v in self.inputs.items()}
+        d["outputs"] = [value_to_json(v) for v in self.outputs]
+        if self.mutates:
+            d["mutates"] = list(self.mutates)
+        d["count"] = self.count
+        d["first_seq"] = self.seq if self.first_seq is None else self.first_seq
+        d["last_seq"] = self.seq if self.last_seq is None else self.last_seq
+        if self.stack:
+            d["stack"] = list(self.stack)
+        if self.kind == "module":
+            d["call_index"] = self.call_index
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Record":
+        return cls(
+            seq=int(d["seq"]),
+            kind=str(d["kind"]),
+            op=str(d["op"]),
+            direction=str(d.get("direction", "forward")),
+            module=d.get("module"),
+            module_stack=[(str(p), str(c)) for p, c in d.get("module_stack", [])],
+            inputs={str(k): value_from_json(v) for k, v in d.get("inputs", {}).items()},
+            outputs=[value_from_json(v) for v in d.get("outputs", [])],
+            mutates=[str(m) for m in d.get("mutates", [])],
+            count=int(d.get("count", 1)),
+            first_seq=d.get("first_seq"),
+            last_seq=d.get("last_seq"),
+            stack=d.get("stack"),
+            call_index=int(d.get("call_index", 0)),
+        )

@@ -1,0 +1,168 @@
+"""Read a tracer dump (``dump.json`` or, for a truncated dump, its journal) into Records."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import h5py
+import torch
+
+from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
+from .tensorio import read_dataset
+from .writer import INDEX, JOURNAL
+
+
+class DumpFormatError(ValueError):
+    """The file is not a readable xray dump; the message says which file and what to do."""
+
+
+class TruncatedDumpWarning(UserWarning):
+    """The dump was never finalised (the process died); records come from the journal."""
+
+
+class TraceDump:
+    """A recorded trace: ``.records`` in execution order, ``.header``, tensors on demand."""
+
+    def __init__(self, folder: Path, header: dict[str, Any], records: list[Record], complete: bool,
+                 summary: dict[str, Any] | None = None) -> None:
+        self.folder = folder
+        self.header = header
+        self.records = records
+        self.complete = complete
+        self.summary = summary or {}
+        self._files: dict[str, h5py.File] = {}
+
+    @property
+    def format(self) -> str:
+        return FORMAT_NAME
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "TRUNCATED"
+        return f"TraceDump({str(self.folder)!r}, {len(self.records)} records, {state})"
+
+    def has_data(self, meta: TensorMeta) -> bool:
+        if meta.data is None:
+            return False
+        fname, _, path = meta.data.partition(":")
+        f = self._file(fname)
+        return f is not None and path in f
+
+    def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
+        """The saved tensor for ``meta`` (or a ``file:path`` reference), on CPU."""
+        ref = meta if isinstance(meta, str) else meta.data
+        if not ref:
+            raise KeyError("this tensor's data was not saved (raise X_DUMP_NUM when dumping)")
+        fname, _, path = ref.partition(":")
+        f = self._file(fname)
+        if f is None or path not in f:
+            raise KeyError(f"{self.folder / fname}: no saved tensor {path!r} (truncated dump?)")
+        return read_dataset(f[path])
+
+    def _file(self, fname: str) -> h5py.File | None:
+        if "/" in fname or "\\" in fname or fname.startswith("."):
+            raise DumpFormatError(f"{self.folder}: refusing tensor file reference {fname!r} outside the dump")
+        if fname not in self._files:
+            p = self.folder / fname
+            if not p.exists():
+                return None
+            try:
+                self._files[fname] = h5py.File(p, "r")
+            except OSError as e:
+                raise DumpFormatError(f"{p}: corrupt tensor file ({e})") from e
+        return self._files[fname]
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> "TraceDump":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_header(header: dict, where: Path) -> None:
+    if header.get("format") != FORMAT_NAME:
+        raise DumpFormatError(f"{where}: not an xray trace dump (format={header.get('format')!r})")
+    version = header.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise DumpFormatError(
+            f"{where}: dump format version {version!r} is not supported by this xray "
+            f"(reads versions 1..{FORMAT_VERSION}); upgrade xray or re-record the dump")
+
+
+def _parse_records(raw: list, where: Path) -> list[Record]:
+    records = []
+    for i, r in enumerate(raw):
+        try:
+            records.append(Record.from_json(r))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DumpFormatError(f"{where}: record #{i} is malformed ({type(e).__name__}: {e})") from e
+    return records
+
+
+def read_trace(folder: Path) -> TraceDump:
+    index, journal = folder / INDEX, folder / JOURNAL
+    if index.exists():
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            if journal.exists():
+                warnings.warn(f"{index} is corrupt ({e}); recovering records from {journal}",
+                              TruncatedDumpWarning, stacklevel=3)
+                return _read_journal(folder)
+            raise DumpFormatError(f"{index}: corrupt dump index ({e})") from e
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            raise DumpFormatError(f"{index}: not an xray dump index (no 'records' list)")
+        _check_header(data, index)
+        header = {k: v for k, v in data.items() if k not in ("records", "summary", "complete")}
+        return TraceDump(folder, header, _parse_records(data["records"], index), True, data.get("summary"))
+    if journal.exists():
+        return _read_journal(folder)
+    raise DumpFormatError(f"{folder}: no {INDEX} or {JOURNAL} here; is this an xray dump folder?")
+
+
+def _read_journal(folder: Path) -> TraceDump:
+    journal = folder / JOURNAL
+    header: dict | None = None
+    by_seq: dict[int, dict] = {}
+    order: list[int] = []
+    bad = 0
+    with open(journal, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1  # the last line may be cut mid-write by a kill
+                continue
+            if header is None:
+                header = obj.get("header") if isinstance(obj, dict) else None
+                if header is None:
+                    raise DumpFormatError(f"{journal}: first line is not a dump header")
+                _check_header(header, journal)
+                continue
+            if "update" in obj:
+                rec = by_seq.get(obj["update"])
+                if rec is not None:
+                    rec["count"], rec["last_seq"] = obj["count"], obj["last_seq"]
+            else:
+                by_seq[obj["seq"]] = obj
+                order.append(obj["seq"])
+    if header is None:
+        raise DumpFormatError(f"{journal}: empty journal; nothing was recorded")
+    records = _parse_records([by_seq[s] for s in order], journal)
+    warnings.warn(
+        f"{folder}: dump was not finalised (process killed before end_dump?); recovered "
+        f"{len(records)} records from {JOURNAL}" + (f", skipped {bad} partial line(s)" if bad else ""),
+        TruncatedDumpWarning, stacklevel=3)
+    return TraceDump(folder, header, records, False)

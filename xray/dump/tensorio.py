@@ -1,0 +1,78 @@
+"""Lossless tensor <-> HDF5 dataset conversion, shared by the recorder and the module debugger.
+
+HDF5 (via numpy) has no bfloat16 or float8, so such tensors are stored bit-for-bit as unsigned
+integers of the same width, with the true dtype in the ``torch_dtype`` attribute. Complex tensors
+are stored natively. Reading never executes anything from the file.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+DTYPE_ATTR = "torch_dtype"
+
+_NUMPY_NATIVE = {
+    torch.float64: np.float64,
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
+_BIT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Resolve a recorded dtype name, accepting only real torch dtypes (never arbitrary attrs)."""
+    dt = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU numpy array holding exactly the bits of ``t`` (a copy; ``t`` is not touched)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    if t.dtype in _NUMPY_NATIVE:
+        return t.numpy().copy() if t.data_ptr() else t.numpy()
+    view = _BIT_VIEW[t.element_size()]
+    return t.view(view).numpy().copy()
+
+
+def from_numpy(a: np.ndarray, dtype_name_: str) -> torch.Tensor:
+    dtype = dtype_from_name(dtype_name_)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if t.dtype != dtype:
+        t = t.view(dtype)
+    return t
+
+
+def write_dataset(group, name: str, t: torch.Tensor, **attrs) -> None:
+    arr = to_numpy(t)
+    ds = group.create_dataset(name, data=arr)
+    ds.attrs[DTYPE_ATTR] = dtype_name(t.dtype)
+    for k, v in attrs.items():
+        if v is not None:
+            ds.attrs[k] = v
+
+
+def read_dataset(ds) -> torch.Tensor:
+    name = ds.attrs.get(DTYPE_ATTR)
+    if isinstance(name, bytes):
+        name = name.decode()
+    arr = ds[()]
+    if not isinstance(arr, np.ndarray):
+        arr = np.asarray(arr)
+    return from_numpy(arr, name or str(arr.dtype))

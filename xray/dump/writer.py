@@ -1,0 +1,137 @@
+"""Crash-safe dump writer: an append-only journal, closed HDF5 segments, and a final dump.json.
+
+Why this shape: an HDF5 file that is open when the process is SIGKILLed can be unreadable as a
+whole. So tensors go into small segment files that are written complete under a temporary name
+and renamed into place, and records go to ``journal.jsonl`` (one JSON object a line, flushed
+with each segment). ``dump.json`` is written atomically by ``close()``. A dump without
+``dump.json`` is a truncated one, and the reader rebuilds it from the journal.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import torch
+
+from .model import FORMAT_NAME, FORMAT_VERSION, Record
+from .tensorio import write_dataset
+
+JOURNAL = "journal.jsonl"
+INDEX = "dump.json"
+
+
+class DumpWriteError(OSError):
+    """The dump folder cannot be written (unwritable path, full disk...)."""
+
+
+class DumpWriter:
+    def __init__(self, folder: Path, header: dict[str, Any], *, flush_records: int = 512,
+                 flush_seconds: float = 1.0) -> None:
+        self.folder = Path(folder)
+        self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
+        self.flush_records = flush_records
+        self.flush_seconds = flush_seconds
+        self._records: dict[int, Record] = {}  # seq -> record, every record, for dump.json
+        self._pending: list[Record] = []  # not yet in the journal
+        self._updates: dict[int, Record] = {}  # de-duplicated records whose count changed
+        self._encoded: dict[int, str] = {}  # seq -> JSON text, so dump.json re-encodes nothing
+        self._stale: set[int] = set()  # records changed since they were encoded
+        self._tensors: list[tuple[str, torch.Tensor, dict]] = []  # (dataset path, data, attrs)
+        self._segment = 0
+        self._last_flush = time.monotonic()
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for stale in (INDEX, JOURNAL):
+                (self.folder / stale).unlink(missing_ok=True)
+            for seg in self.folder.glob("tensors-*.h5"):
+                seg.unlink()
+            self._journal = open(self.folder / JOURNAL, "w", encoding="utf-8")
+            self._journal.write(json.dumps({"header": self.header}) + "\n")
+            self._journal.flush()
+        except OSError as e:
+            raise DumpWriteError(f"cannot write dump folder {self.folder}: {e.strerror or e}") from e
+
+    # -- called by the tracer -----------------------------------------------------------
+    def add(self, record: Record) -> None:
+        self._records[record.seq] = record
+        self._pending.append(record)
+        self._maybe_flush()
+
+    def touch(self, record: Record) -> None:
+        """A de-duplicated record's count or last_seq changed."""
+        self._updates[record.seq] = record
+        self._stale.add(record.seq)
+
+    def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
+        """Queue a copy of ``t`` for the current segment; return its data reference."""
+        path = f"r{record.seq}/{arg}"
+        self._tensors.append((path, t, {}))
+        return f"tensors-{self._segment:05d}.h5:{path}"
+
+    def _maybe_flush(self) -> None:
+        if len(self._pending) >= self.flush_records or (
+            time.monotonic() - self._last_flush >= self.flush_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write queued tensors as one closed segment, then their records to the journal."""
+        try:
+            if self._tensors:
+                name = f"tensors-{self._segment:05d}.h5"
+                tmp = self.folder / (name + ".tmp")
+                with h5py.File(tmp, "w") as f:
+                    for path, t, attrs in self._tensors:
+                        write_dataset(f, path, t, **attrs)
+                os.replace(tmp, self.folder / name)
+                self._tensors.clear()
+                self._segment += 1
+            lines = []
+            for r in self._pending:
+                text = self._encoded[r.seq] = json.dumps(r.to_json(), separators=(",", ":"))
+                self._stale.discard(r.seq)
+                lines.append(text)
+            lines += [json.dumps({"update": r.seq, "count": r.count, "last_seq": r.last_seq})
+                      for r in self._updates.values()]
+            if lines:
+                self._journal.write("\n".join(lines) + "\n")
+                self._journal.flush()
+            self._pending.clear()
+            self._updates.clear()
+            self._last_flush = time.monotonic()
+        except OSError as e:
+            raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
+
+    def close(self, summary: dict[str, Any]) -> Path:
+        """Flush, write dump.json atomically, and return the dump folder."""
+        self.flush()
+        self._journal.close()
+        return self.snapshot(summary)
+
+    def snapshot(self, summary: dict[str, Any]) -> Path:
+        """Write dump.json for everything recorded so far (atomically: tmp file + rename)."""
+        for seq in self._stale:
+            self._encoded[seq] = json.dumps(self._records[seq].to_json(), separators=(",", ":"))
+        self._stale.clear()
+        head = json.dumps(dict(self.header, complete=True, summary=summary), separators=(",", ":"))
+        tmp = self.folder / (INDEX + ".tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(head[:-1] + ',"records":[')
+                f.write(",".join(self._encoded[seq] for seq in self._records))
+                f.write("]}")
+            os.replace(tmp, self.folder / INDEX)
+        except OSError as e:
+            raise DumpWriteError(f"cannot write {self.folder / INDEX}: {e.strerror or e}") from e
+        return self.folder
+
+    def abandon(self) -> None:
+        """Stop writing after an error; what is already on disk stays readable."""
+        try:
+            self._journal.close()
+        except OSError:
+            pass

@@ -1,0 +1,4 @@
+"""Recording ATen calls and module boundaries (the tracer)."""
+from .session import DumpUsageError, active_session, begin_dump, dump, end_dump
+
+__all__ = ["begin_dump", "end_dump", "dump", "active_session", "DumpUsageError"]

@@ -1,0 +1,104 @@
+"""Turn live ATen arguments into the dump's data model, and into de-duplication keys."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..dump.model import Scalar, Stats, TensorMeta
+from ..dump.tensorio import dtype_name
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """Per-OpOverload facts taken from its schema once, then cached."""
+
+    name: str
+    arg_names: tuple[str, ...]
+    mutates: tuple[str, ...]
+    stats_preserving: bool  # output holds exactly the input's elements (view/copy ops)
+
+
+# Ops whose first output holds the same multiset of values as their first input, so the
+# input's statistics can be reused instead of recomputed (when dtype and numel also agree).
+_SAME_VALUES = {
+    "view", "_unsafe_view", "_reshape_alias", "reshape", "t", "transpose", "permute", "unsqueeze",
+    "squeeze", "alias", "detach", "clone", "contiguous", "_to_copy", "to", "lift_fresh",
+    "numpy_T", "flatten", "unflatten", "movedim", "swapaxes", "mT",
+}
+
+
+def op_info(func: torch._ops.OpOverload) -> OpInfo:
+    schema = func._schema
+    names = tuple(a.name for a in schema.arguments)
+    mutates = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+    packet = func._schema.name.split("::")[-1]
+    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates)
+
+
+def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = {}
+    names = info.arg_names
+    for i, a in enumerate(args):
+        bound[names[i] if i < len(names) else f"arg{i}"] = a
+    bound.update(kwargs)
+    return bound
+
+
+def signature_key(func, args: tuple, kwargs: dict) -> tuple:
+    """Hashable identity of a call: op, tensor shapes/dtypes/strides/devices, other values."""
+    return (func, tuple(_key(a) for a in args), tuple((k, _key(v)) for k, v in kwargs.items()))
+
+
+def _key(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (a.shape, a.dtype, a.stride(), a.device)
+    if isinstance(a, (list, tuple)):
+        return tuple(_key(x) for x in a)
+    if isinstance(a, float):  # 1 == 1.0 == True in a dict; NaN != NaN: key floats by repr
+        return ("f", repr(a))
+    if isinstance(a, (bool, int, str)) or a is None:
+        return (type(a), a)
+    return (type(a).__name__, repr(a))
+
+
+def encode_value(v: Any, meta_of: Callable[[torch.Tensor], TensorMeta]) -> Any:
+    """Convert one argument or result into JSON-able model values (TensorMeta, Scalar...)."""
+    if isinstance(v, torch.Tensor):
+        return meta_of(v)
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else Scalar("float", v)
+    if isinstance(v, (list, tuple)):
+        return [encode_value(x, meta_of) for x in v]
+    if isinstance(v, torch.dtype):
+        return Scalar("dtype", dtype_name(v))
+    if isinstance(v, torch.device):
+        return Scalar("device", str(v))
+    if isinstance(v, torch.layout):
+        return Scalar("layout", str(v).removeprefix("torch."))
+    if isinstance(v, torch.memory_format):
+        return Scalar("memory_format", str(v).removeprefix("torch."))
+    if isinstance(v, complex):
+        return Scalar("complex", [v.real, v.imag])
+    if isinstance(v, torch.SymInt):
+        hint = v.node.hint if hasattr(v.node, "hint") else None
+        return Scalar("symint", {"expr": str(v), "hint": hint})
+    if isinstance(v, (torch.SymFloat, torch.SymBool)):
+        return Scalar("repr", str(v))
+    return Scalar("repr", repr(v)[:200])
+
+
+def tensor_meta(t: torch.Tensor, stats: Stats | None, with_layout: bool) -> TensorMeta:
+    if not with_layout:
+        return TensorMeta(shape=tuple(t.shape), dtype=dtype_name(t.dtype), stats=stats)
+    try:
+        stride, offset = tuple(t.stride()), t.storage_offset()
+    except RuntimeError:  # sparse and other layouts have no strides
+        stride, offset = None, 0
+    return TensorMeta(shape=tuple(t.shape), dtype=dtype_name(t.dtype), stride=stride,
+                      storage_offset=offset, device=str(t.device), requires_grad=t.requires_grad,
+                      stats=stats)

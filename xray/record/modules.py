@@ -1,0 +1,127 @@
+"""Track which nn.Module is running, forward and backward, through global module hooks.
+
+Global hooks see every module of every model without the user passing the model in. Paths are
+the qualified names from the outermost module seen (``model.layers.0.self_attn.q_proj``); the
+outermost module itself has the empty path. Backward attribution uses multi-grad hooks rather
+than full backward hooks, because full backward hooks wrap outputs in a custom autograd
+Function that breaks ``ReLU(inplace=True)`` and similar in-place code downstream.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.utils.weak import WeakIdKeyDictionary
+
+ModuleFrame = tuple[str, str]  # (path, class name)
+
+
+def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+class ModuleStack:
+    """Maintains the stack of running modules; calls ``on_enter``/``on_exit`` around forward."""
+
+    def __init__(self, *, on_enter: Callable | None = None, on_exit: Callable | None = None,
+                 backward: bool = False) -> None:
+        self.forward_stack: list[ModuleFrame] = []
+        self.backward_stack: list[ModuleFrame] = []
+        self.on_enter = on_enter
+        self.on_exit = on_exit
+        self.backward = backward
+        self.calls: Counter[str] = Counter()
+        self._paths: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._roots = 0
+        self._handles: list = []
+        self._objects: list[Any] = []  # modules entered, parallel to forward_stack
+        self._bw_task = -1
+
+    # -- life cycle -------------------------------------------------------------------
+    def install(self) -> None:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # -- queries ----------------------------------------------------------------------
+    def current(self, in_backward: bool) -> list[ModuleFrame]:
+        if in_backward:
+            task = torch._C._current_graph_task_id()
+            if task != self._bw_task:  # a new backward pass: forget stale frames
+                self._bw_task = task
+                self.backward_stack.clear()
+            return self.backward_stack
+        return self.forward_stack
+
+    def path_of(self, module: torch.nn.Module) -> str:
+        path = self._paths.get(module)
+        if path is None:
+            if self.forward_stack:  # created on the fly inside a parent's forward
+                parent = self.forward_stack[-1][0]
+                path = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+                self._name_tree(module, path)
+            else:  # a new outermost module
+                prefix = "" if self._roots == 0 else f"{type(module).__name__}{self._roots}"
+                self._roots += 1
+                self._name_tree(module, prefix)
+            path = self._paths[module]
+        return path
+
+    def _name_tree(self, root: torch.nn.Module, prefix: str) -> None:
+        for name, sub in root.named_modules(remove_duplicate=False):
+            if sub not in self._paths:
+                self._paths[sub] = f"{prefix}.{name}" if prefix and name else (name or prefix)
+
+    # -- hooks ------------------------------------------------------------------------
+    def _pre(self, module: torch.nn.Module, args: tuple) -> None:
+        path = self.path_of(module)
+        frame = (path, type(module).__name__)
+        self.forward_stack.append(frame)
+        self._objects.append(module)
+        if self.on_enter is not None:
+            self.on_enter(module, frame, args)
+        if self.backward and torch.is_grad_enabled():
+            inputs = _grad_tensors(args)
+            if inputs:  # gradients w.r.t. the inputs ready: this module's backward is over
+                torch.autograd.graph.register_multi_grad_hook(
+                    inputs, lambda grads, f=frame: self._bw_exit(f), mode="any")
+
+    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        # Pop back to this module even if an inner module raised and never ran its own hook.
+        while self._objects and self._objects[-1] is not module:
+            self._objects.pop()
+            self.forward_stack.pop()
+        if not self._objects:
+            return
+        frame = self.forward_stack[-1]
+        call_index = self.calls[frame[0]]
+        self.calls[frame[0]] += 1
+        if self.on_exit is not None:
+            self.on_exit(module, frame, call_index, kwargs, output)
+        self._objects.pop()
+        self.forward_stack.pop()
+        if self.backward and torch.is_grad_enabled():
+            outputs = _grad_tensors(output)
+            if outputs:  # gradients w.r.t. the outputs arrive: this module's backward starts
+                torch.autograd.graph.register_multi_grad_hook(
+                    outputs, lambda grads, f=frame: self._bw_enter(f), mode="any")
+
+    def _bw_enter(self, frame: ModuleFrame) -> None:
+        self.current(True).append(frame)
+
+    def _bw_exit(self, frame: ModuleFrame) -> None:
+        stack = self.current(True)
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] == frame:
+                del stack[i]
+                break

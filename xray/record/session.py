@@ -1,0 +1,153 @@
+"""begin_dump / end_dump / dump(): the one explicit piece of global state, the active session."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from ..config import DumpConfig
+from ..dump.writer import DumpWriteError, DumpWriter
+from .tracer import Recorder, XrayTracer
+
+
+class DumpUsageError(RuntimeError):
+    """begin_dump/end_dump called out of order."""
+
+
+class DumpSession:
+    def __init__(self, config: DumpConfig, folder: Path) -> None:
+        self.config = config
+        self.folder = folder
+        header = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "config": config.to_json(),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "host": platform.node(),
+            "pid": os.getpid(),
+            "rank": _rank(),
+        }
+        self.writer = DumpWriter(folder, header, flush_records=config.flush_records,
+                                 flush_seconds=config.flush_seconds)
+        self.recorder = Recorder(config, self.writer)
+        self.mode = XrayTracer(self.recorder)
+        self.started = time.perf_counter()
+        self.active = False
+
+    def start(self) -> None:
+        self.recorder.modules.install()
+        self.mode.__enter__()
+        self.active = True
+
+    def pause(self) -> None:
+        if self.active:
+            self.mode.__exit__(None, None, None)
+            self.recorder.modules.remove()
+            self.active = False
+
+    def summary(self) -> dict:
+        r = self.recorder
+        return {"op_calls": r.op_calls, "records": r.records_written, "tensors_saved": r.tensors_saved,
+                "seconds": round(time.perf_counter() - self.started, 6), "error": r.failed}
+
+    def finish(self) -> Path | None:
+        self.pause()
+        if self.recorder.failed is not None:
+            return self.folder
+        try:
+            return self.writer.close(self.summary())
+        except DumpWriteError as e:
+            warnings.warn(f"xray: {e}; the journal in {self.folder} still holds what was recorded",
+                          RuntimeWarning, stacklevel=3)
+            return self.folder
+
+
+_ACTIVE: DumpSession | None = None
+_PAUSED: DumpSession | None = None
+
+
+def _rank() -> int | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    rank = os.environ.get("RANK")
+    return int(rank) if rank and rank.isdigit() else None
+
+
+def process_folder(dump_dir: Path) -> Path:
+    """``rank_<r>`` under torch.distributed (or torchrun), else ``proc_<pid>``."""
+    rank = _rank()
+    return Path(dump_dir) / (f"rank_{rank}" if rank is not None else f"proc_{os.getpid()}")
+
+
+def begin_dump(X_DEBUG: int | None = None, X_DEDUP: bool | None = None, X_DUMP_NUM: int | None = None,
+               dump_dir: str | os.PathLike | None = None, **options) -> Path | None:
+    """Start recording every ATen call and module boundary; returns the dump folder.
+
+    Arguments left out come from the environment variables of the same names (X_DUMP_DIR for
+    ``dump_dir``), then defaults. An unwritable ``dump_dir`` gives a warning and no dump (the
+    program goes on); calling begin_dump while a dump is active is an error.
+    """
+    global _ACTIVE, _PAUSED
+    if _ACTIVE is not None:
+        raise DumpUsageError(f"begin_dump() called while a dump into {_ACTIVE.folder} is active; "
+                             "call end_dump() first")
+    if _PAUSED is not None and not any(v is not None for v in (X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir)):
+        _ACTIVE, _PAUSED = _PAUSED, None  # resume after end_dump(clear_context=False)
+        _ACTIVE.start()
+        return _ACTIVE.folder
+    if _PAUSED is not None:
+        _PAUSED.finish()
+        _PAUSED = None
+    config = DumpConfig.resolve(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, **options)
+    folder = process_folder(config.dump_dir)
+    try:
+        session = DumpSession(config, folder)
+    except DumpWriteError as e:
+        warnings.warn(f"xray: not dumping: {e}. Pass a writable dump_dir (or set X_DUMP_DIR).",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    session.start()
+    _ACTIVE = session
+    return folder
+
+
+def end_dump(clear_context: bool = True) -> Path | None:
+    """Stop recording, write dump.json, and return the dump folder.
+
+    With ``clear_context=False`` the session is kept: dump.json is written, and the next
+    ``begin_dump()`` without arguments continues the same dump (same de-dup table).
+    """
+    global _ACTIVE, _PAUSED
+    if _ACTIVE is None:
+        raise DumpUsageError("end_dump() called without an active begin_dump()")
+    session, _ACTIVE = _ACTIVE, None
+    if clear_context:
+        return session.finish()
+    session.pause()
+    session.writer.flush()
+    session.writer.snapshot(session.summary())
+    _PAUSED = session
+    return session.folder
+
+
+def active_session() -> DumpSession | None:
+    return _ACTIVE
+
+
+@contextmanager
+def dump(X_DEBUG: int | None = None, X_DEDUP: bool | None = None, X_DUMP_NUM: int | None = None,
+         dump_dir: str | os.PathLike | None = None, **options) -> Iterator[DumpSession | None]:
+    """``with xray.dump(...) as d:`` records the block; ``d.folder`` is the dump folder."""
+    folder = begin_dump(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, **options)
+    session = _ACTIVE
+    try:
+        yield session
+    finally:
+        if folder is not None and _ACTIVE is session:
+            end_dump()

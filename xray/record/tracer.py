@@ -1,0 +1,226 @@
+"""The recording TorchDispatchMode: sees every ATen call, turns it into a Record, hands it on.
+
+The mode only collects. Statistics live in ``xray.dump.stats``, encoding in ``encode``, storage
+in ``xray.dump.writer``. All of the tracer's own tensor work runs with dispatch modes disabled,
+so it never records itself and never disturbs another active mode.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+import warnings
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..config import DebugFlags, DumpConfig
+from ..dump.model import Record, Stats, TensorMeta
+from ..dump.stats import tensor_stats
+from ..dump.writer import DumpWriteError, DumpWriter
+from .encode import OpInfo, bind_inputs, encode_value, op_info, signature_key, tensor_meta
+from .modules import ModuleStack
+
+_XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _user_stack(depth: int) -> list[str]:
+    frames = [f for f in traceback.extract_stack()[:-1]
+              if not f.filename.startswith((_XRAY_DIR, _TORCH_DIR))]
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames[-depth:]]
+
+
+class Recorder:
+    """State of one dump session: sequence counter, de-dup table, statistics cache, writer."""
+
+    def __init__(self, config: DumpConfig, writer: DumpWriter) -> None:
+        self.config = config
+        self.writer = writer
+        self.stats_on = config.has(DebugFlags.STATS)
+        self.meta_on = config.has(DebugFlags.META)
+        self.backward_on = config.has(DebugFlags.BACKWARD)
+        self.stack_on = config.has(DebugFlags.STACK)
+        self.seq = 0
+        self.op_calls = 0
+        self.records_written = 0
+        self.tensors_saved = 0
+        self.failed: str | None = None
+        self._infos: dict[Any, OpInfo] = {}
+        self._seen: dict[tuple, Record] = {}
+        self._stats_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._module_inputs: list[dict[str, Any]] = []
+        self.modules = ModuleStack(
+            on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
+            on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
+            backward=self.backward_on)
+
+    # -- statistics with a cache: a tensor's stats are computed once, not once per use ----------
+    def stats(self, t: torch.Tensor) -> Stats:
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter: do not cache
+            return tensor_stats(t)
+        hit = self._stats_cache.get(t)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        s = tensor_stats(t)
+        self._stats_cache[t] = (version, s)
+        return s
+
+    def _remember(self, t: torch.Tensor, s: Stats) -> None:
+        try:
+            self._stats_cache[t] = (t._version, s)
+        except RuntimeError:
+            pass
+
+    def _meta(self, t: torch.Tensor) -> TensorMeta:
+        return tensor_meta(t, self.stats(t) if self.stats_on else None, self.meta_on)
+
+    # -- the hot path ----------------------------------------------------------------------------
+    def on_op(self, func, args: tuple, kwargs: dict) -> Any:
+        if self.failed is not None:
+            return func(*args, **kwargs)
+        try:
+            pending = self._before(func, args, kwargs)
+        except Exception as e:  # a recorder bug must never break the user's forward
+            self._fail(e)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if pending is not None:
+            try:
+                self._after(pending, args, out)
+            except Exception as e:
+                self._fail(e)
+        return out
+
+    def _before(self, func, args: tuple, kwargs: dict):
+        backward = torch._C._current_graph_task_id() != -1
+        if backward and not self.backward_on:
+            return None
+        self.op_calls += 1
+        seq = self.seq
+        self.seq += 1
+        key = None
+        if self.config.dedup:
+            key = signature_key(func, args, kwargs)
+            seen = self._seen.get(key)
+            if seen is not None:
+                seen.count += 1
+                seen.last_seq = seq
+                self.writer.touch(seen)
+                return None
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = op_info(func)
+        frames = self.modules.current(backward)
+        rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
+                     module=frames[-1][0] if frames else None, module_stack=list(frames),
+                     mutates=list(info.mutates))
+        if self.stack_on:
+            rec.stack = _user_stack(self.config.stack_depth)
+        budget = [self.config.dump_num]
+        with self._guard():
+            # Inputs are described (and copied) before the call: in-place ops mutate them.
+            bound = bind_inputs(info, args, kwargs)
+            if self.meta_on or self.stats_on:
+                rec.inputs = {k: encode_value(v, self._meta) for k, v in bound.items()
+                              if self.meta_on or isinstance(v, torch.Tensor)}
+            if budget[0]:
+                self._save(rec, "in", bound, rec.inputs, budget)
+        return rec, info, key, budget
+
+    def _after(self, pending, args: tuple, out: Any) -> None:
+        rec, info, key, budget = pending
+        with self._guard():
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            if info.stats_preserving and self.stats_on:
+                self._reuse_stats(args, outs)
+            if self.meta_on or self.stats_on:
+                rec.outputs = [encode_value(v, self._meta) for v in outs]
+            if budget[0]:
+                self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
+        if key is not None:
+            self._seen[key] = rec
+        self._emit(rec)
+
+    @staticmethod
+    def _guard():
+        """Our own tensor work must bypass any dispatch mode below ours (ours is already off)."""
+        return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
+
+    def _reuse_stats(self, args: tuple, outs: list) -> None:
+        src = args[0] if args else None
+        dst = outs[0] if outs else None
+        if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
+                and src.numel() == dst.numel()):
+            self._remember(dst, self.stats(src))
+
+    def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
+        """Copy up to ``budget`` tensors (inputs first, then outputs, in schema order)."""
+        for name, value in live.items():
+            pairs = [(value, encoded.get(name))] if not isinstance(value, (list, tuple)) else \
+                list(zip(value, encoded.get(name) or [None] * len(value)))
+            for i, (t, meta) in enumerate(pairs):
+                if budget[0] <= 0:
+                    return
+                if not isinstance(t, torch.Tensor) or not isinstance(meta, TensorMeta) or t.layout != torch.strided:
+                    continue
+                arg = f"{prefix}.{name}" + (f".{i}" if isinstance(value, (list, tuple)) else "")
+                copy = t.detach().to("cpu", copy=True)
+                meta.data = self.writer.save_tensor(rec, arg, copy)
+                self.tensors_saved += 1
+                budget[0] -= 1
+
+    def _emit(self, rec: Record) -> None:
+        try:
+            self.writer.add(rec)
+            self.records_written += 1
+        except DumpWriteError as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        """Stop recording after an I/O error, but never break the user's forward."""
+        self.failed = str(e)
+        warnings.warn(f"xray: recording stopped: {e}. What was recorded before stays readable.",
+                      RuntimeWarning, stacklevel=4)
+        self.writer.abandon()
+
+    # -- module boundaries (X_DEBUG & MODULES) ------------------------------------------------------
+    def _module_enter(self, module, frame, args: tuple) -> None:
+        from torch.utils._pytree import tree_leaves
+
+        with _disable_current_modes():
+            self._module_inputs.append(
+                {f"input.{i}": self._meta(t) for i, t in enumerate(tree_leaves(args)) if isinstance(t, torch.Tensor)})
+
+    def _module_exit(self, module, frame, call_index: int, kwargs: dict, output: Any) -> None:
+        from torch.utils._pytree import tree_leaves
+
+        if self.failed is not None or not self._module_inputs:
+            return
+        inputs = self._module_inputs.pop()
+        with _disable_current_modes():
+            for k, v in kwargs.items():
+                for i, t in enumerate(t for t in tree_leaves(v) if isinstance(t, torch.Tensor)):
+                    inputs[f"{k}.{i}"] = self._meta(t)
+            outputs = [self._meta(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        path, cls = frame
+        rec = Record(seq=self.seq, kind="module", op=cls, module=path,
+                     module_stack=list(self.modules.forward_stack), inputs=inputs, outputs=outputs,
+                     call_index=call_index)
+        self.seq += 1
+        self._emit(rec)
+
+
+class XrayTracer(TorchDispatchMode):
+    """Forwards every ATen call to the Recorder, which calls the real op exactly once."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.recorder.on_op(func, args, kwargs or {})
