@@ -209,6 +209,7 @@ class Record:
     last_seq: int | None = None
     stack: list[str] | None = None
     call_index: int = 0  # for modules: how many times this module path ran before
+    step: int | None = None  # training step, for module-level dumps (PrecisionDebugger)
 
     @property
     def name(self) -> str:
@@ -243,6 +244,8 @@ class Record:
             d["stack"] = list(self.stack)
         if self.kind == "module":
             d["call_index"] = self.call_index
+        if self.step is not None:
+            d["step"] = self.step
         return d
 
     @classmethod
@@ -262,4 +265,5 @@ class Record:
             last_seq=d.get("last_seq"),
             stack=d.get("stack"),
             call_index=int(d.get("call_index", 0)),
+            step=None if d.get("step") is None else int(d["step"]),
         )
