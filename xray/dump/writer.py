@@ -8,6 +8,7 @@ with each segment). ``dump.json`` is written atomically by ``close()``. A dump w
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -84,9 +85,14 @@ class DumpWriter:
             if self._tensors:
                 name = f"tensors-{self._segment:05d}.h5"
                 tmp = self.folder / (name + ".tmp")
-                with h5py.File(tmp, "w") as f:
+                # Build the HDF5 image in memory and write it with plain file I/O: when HDF5's
+                # own writes fail (full disk) h5py can crash the process instead of raising.
+                buffer = io.BytesIO()
+                with h5py.File(buffer, "w") as f:
                     for path, t, attrs in self._tensors:
                         write_dataset(f, path, t, **attrs)
+                with open(tmp, "wb") as out:
+                    out.write(buffer.getbuffer())
                 os.replace(tmp, self.folder / name)
                 self._tensors.clear()
                 self._segment += 1

@@ -19,6 +19,8 @@ class OpInfo:
     arg_names: tuple[str, ...]
     mutates: tuple[str, ...]
     stats_preserving: bool  # output holds exactly the input's elements (view/copy ops)
+    returns: int  # number of schema returns (a single Tensor[] return is one output)
+    defaults: tuple[tuple[str, Any], ...]  # (name, default) of arguments that have one
 
 
 # Ops whose first output holds the same multiset of values as their first input, so the
@@ -35,7 +37,9 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
     names = tuple(a.name for a in schema.arguments)
     mutates = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
     packet = func._schema.name.split("::")[-1]
-    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates)
+    defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
+    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates, len(schema.returns),
+                  defaults)
 
 
 def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -44,6 +48,9 @@ def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
     for i, a in enumerate(args):
         bound[names[i] if i < len(names) else f"arg{i}"] = a
     bound.update(kwargs)
+    for name, default in info.defaults:  # the dispatcher drops arguments equal to their default
+        if name not in bound:
+            bound[name] = default
     return bound
 
 

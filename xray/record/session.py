@@ -13,7 +13,7 @@ import torch
 
 from ..config import DumpConfig
 from ..dump.writer import DumpWriteError, DumpWriter
-from .tracer import Recorder, XrayTracer
+from .tracer import Recorder, XrayTracer, no_dispatch_modes
 
 
 class DumpUsageError(RuntimeError):
@@ -61,7 +61,8 @@ class DumpSession:
         if self.recorder.failed is not None:
             return self.folder
         try:
-            return self.writer.close(self.summary())
+            with no_dispatch_modes():  # a user's mode outside ours must not see our file writes
+                return self.writer.close(self.summary())
         except DumpWriteError as e:
             warnings.warn(f"xray: {e}; the journal in {self.folder} still holds what was recorded",
                           RuntimeWarning, stacklevel=3)
@@ -130,8 +131,9 @@ def end_dump(clear_context: bool = True) -> Path | None:
     if clear_context:
         return session.finish()
     session.pause()
-    session.writer.flush()
-    session.writer.snapshot(session.summary())
+    with no_dispatch_modes():
+        session.writer.flush()
+        session.writer.snapshot(session.summary())
     _PAUSED = session
     return session.folder
 

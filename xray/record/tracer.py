@@ -33,6 +33,11 @@ def _user_stack(depth: int) -> list[str]:
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames[-depth:]]
 
 
+def no_dispatch_modes():
+    """Our own tensor work must bypass any dispatch mode below ours (ours is already off)."""
+    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
+
+
 class Recorder:
     """State of one dump session: sequence counter, de-dup table, statistics cache, writer."""
 
@@ -84,14 +89,16 @@ class Recorder:
         if self.failed is not None:
             return func(*args, **kwargs)
         try:
-            pending = self._before(func, args, kwargs)
+            with no_dispatch_modes():
+                pending = self._before(func, args, kwargs)
         except Exception as e:  # a recorder bug must never break the user's forward
             self._fail(e)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if pending is not None:
             try:
-                self._after(pending, args, out)
+                with no_dispatch_modes():
+                    self._after(pending, args, out)
             except Exception as e:
                 self._fail(e)
         return out
@@ -122,34 +129,32 @@ class Recorder:
         if self.stack_on:
             rec.stack = _user_stack(self.config.stack_depth)
         budget = [self.config.dump_num]
-        with self._guard():
-            # Inputs are described (and copied) before the call: in-place ops mutate them.
-            bound = bind_inputs(info, args, kwargs)
-            if self.meta_on or self.stats_on:
-                rec.inputs = {k: encode_value(v, self._meta) for k, v in bound.items()
-                              if self.meta_on or isinstance(v, torch.Tensor)}
-            if budget[0]:
-                self._save(rec, "in", bound, rec.inputs, budget)
-        return rec, info, key, budget
+        # Inputs are described (and copied) before the call: in-place ops mutate them.
+        bound = bind_inputs(info, args, kwargs)
+        if self.meta_on or self.stats_on:
+            rec.inputs = {k: encode_value(v, self._meta) for k, v in bound.items()
+                          if self.meta_on or isinstance(v, torch.Tensor)}
+        if budget[0]:
+            self._save(rec, "in", bound, rec.inputs, budget)
+        return rec, info, key, budget, bound
 
     def _after(self, pending, args: tuple, out: Any) -> None:
-        rec, info, key, budget = pending
-        with self._guard():
-            outs = list(out) if isinstance(out, (tuple, list)) else [out]
-            if info.stats_preserving and self.stats_on:
-                self._reuse_stats(args, outs)
-            if self.meta_on or self.stats_on:
-                rec.outputs = [encode_value(v, self._meta) for v in outs]
-            if budget[0]:
-                self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
+        rec, info, key, budget, bound = pending
+        outs = list(out) if info.returns > 1 else [out]
+        for name in info.mutates:  # the version counter is bumped only after we return
+            mutated = bound.get(name)
+            if isinstance(mutated, torch.Tensor):
+                self._stats_cache.pop(mutated, None)
+        if info.stats_preserving and self.stats_on:
+            self._reuse_stats(args, outs)
+        if self.meta_on or self.stats_on:
+            rec.outputs = [encode_value(v, self._meta) for v in outs]
+        if budget[0]:
+            self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         if key is not None:
             self._seen[key] = rec
         self._emit(rec)
 
-    @staticmethod
-    def _guard():
-        """Our own tensor work must bypass any dispatch mode below ours (ours is already off)."""
-        return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
 
     def _reuse_stats(self, args: tuple, outs: list) -> None:
         src = args[0] if args else None

@@ -1,0 +1,125 @@
+"""The small interface every replay backend implements, and the shared outcome enum.
+
+A backend turns a tiny ``nn.Module`` (one recorded op, or one recorded module) into something
+it can run. It does that in two steps so that the expensive one can be cached on disk per op
+signature: ``export`` (torch.export / ONNX export / lowering; returns an ``Artifact`` holding
+bytes and facts) and ``load`` (turns an artifact into a callable runner). Backends without a
+serialisable artifact (torch eager, torch.compile) return an artifact without bytes and build
+their runner from the module itself.
+"""
+from __future__ import annotations
+
+import enum
+import platform
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+
+class Status(enum.IntEnum):
+    """Outcome of one (record, backend) replay. Lower is better; ``OK`` is the only success."""
+
+    OK = 0
+    """Exported, lowered, ran, and matched the baseline within the dtype's tolerance."""
+    EXPORT_FAIL = 1
+    """torch.export / the ONNX exporter / CoreML conversion rejected the op."""
+    LOWER_FAIL = 2
+    """Export worked but lowering to the backend program failed (edge, partitioner, to_executorch)."""
+    RUN_FAIL = 3
+    """The program was built but raised at load or execution time."""
+    MISMATCH = 4
+    """It ran, but outputs differ from the baseline beyond tolerance (or in shape/dtype/count)."""
+    CRASH = 5
+    """The isolated worker process died (segfault, abort, out of memory)."""
+    TIMEOUT = 6
+    """The worker did not answer within the time limit and was killed."""
+    UNSUPPORTED_PLATFORM = 7
+    """The backend cannot execute on this OS (e.g. CoreML predict on Linux); conversion was still tried."""
+    BASELINE_FAIL = 8
+    """The baseline itself did not produce outputs, so nothing could be compared."""
+
+    @property
+    def supported(self) -> bool:
+        """The backend expressed and ran the op (numbers may still drift)."""
+        return self in (Status.OK, Status.MISMATCH)
+
+
+class BackendError(RuntimeError):
+    """A backend step failed; ``status`` says which step (EXPORT_FAIL, LOWER_FAIL, RUN_FAIL...)."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Artifact:
+    """What ``export`` produced: optional serialized program bytes plus backend facts.
+
+    ``facts`` are plain JSON values (ONNX opset, delegated/undelegated node counts, .pte size,
+    export and lower seconds); they end up in the support matrix.
+    """
+
+    data: bytes | None = None
+    suffix: str = ".bin"
+    facts: dict[str, Any] = field(default_factory=dict)
+    # When conversion worked but execution cannot happen here (CoreML on Linux).
+    unsupported_reason: str | None = None
+
+
+Runner = Callable[[tuple], list[torch.Tensor]]
+
+
+class Backend:
+    """Base class of the backend plug-ins; subclasses set ``kind`` and implement export/load.
+
+    ``options`` come from the registry preset (opset, fp16, partitioner, device...).
+    ``cacheable`` is False for backends whose artifact cannot be stored (eager, compile).
+    """
+
+    kind: ClassVar[str] = "base"
+    cacheable: ClassVar[bool] = True
+    # Exported programs take dense inputs at their boundary (CoreML rejects other dim orders);
+    # eager and compile keep the recorded strides.
+    contiguous_inputs: ClassVar[bool] = True
+
+    def __init__(self, name: str, **options: Any) -> None:
+        self.name = name
+        self.options = options
+
+    def versions(self) -> dict[str, str]:
+        """Library versions that change the artifact; they are part of the cache key."""
+        return {"torch": torch.__version__}
+
+    def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
+        raise NotImplementedError
+
+    def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
+        """A callable running the artifact; ``args`` are example inputs (compile uses them)."""
+        raise NotImplementedError
+
+    def tolerance_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The precision the backend computes in (fp16 presets compare with fp16 tolerances)."""
+        return dtype
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.options})"
+
+
+def is_macos() -> bool:
+    return platform.system() == "Darwin"
+
+
+def flatten_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of an op/module result in pytree order (non-tensor leaves dropped)."""
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def short_error(e: BaseException, limit: int = 600) -> str:
+    """The first lines of an exception, on one line: enough to tell failures apart in a CSV."""
+    text = f"{type(e).__name__}: {e}".strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " | ".join(lines[:3])[:limit]

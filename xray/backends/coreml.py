@@ -1,0 +1,115 @@
+"""CoreML: torch.export -> run_decompositions -> ``coremltools.convert`` to an mlprogram.
+
+Conversion runs everywhere; prediction needs macOS (coremltools' native runtime only ships
+there). Elsewhere the conversion result is reported and execution is UNSUPPORTED_PLATFORM.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import Artifact, Backend, BackendError, Runner, Status, short_error, is_macos
+
+
+def _import_coremltools():
+    """coremltools warns loudly on import (unsupported torch version, missing native libs)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("coremltools").setLevel(logging.ERROR)
+        import coremltools as ct
+    return ct
+
+
+class CoreML(Backend):
+    """Options: ``fp16`` (compute precision; default False = FLOAT32), ``compute_units`` ("CPU_ONLY")."""
+
+    kind = "coreml"
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__, "coremltools": _import_coremltools().__version__}
+
+    def tolerance_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float16 if self.options.get("fp16") and dtype.is_floating_point else dtype
+
+    def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
+        ct = _import_coremltools()
+        start = time.perf_counter()
+        try:
+            exported = torch.export.export(module, args, strict=False).run_decompositions({})
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(Status.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
+        export_s = time.perf_counter() - start
+        start = time.perf_counter()
+        precision = ct.precision.FLOAT16 if self.options.get("fp16") else ct.precision.FLOAT32
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = ct.convert(exported, convert_to="mlprogram", compute_precision=precision,
+                                   compute_units=getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY")),
+                                   skip_model_load=not is_macos())
+        except Exception as e:  # noqa: BLE001 - a conversion error is the result
+            raise BackendError(Status.EXPORT_FAIL, f"coremltools.convert: {short_error(e)}") from e
+        facts = {"precision": "fp16" if self.options.get("fp16") else "fp32",
+                 "mil_ops": _count_mil_ops(model), "export_s": round(export_s, 4),
+                 "lower_s": round(time.perf_counter() - start, 4)}
+        data = _zip_package(model)
+        facts["package_bytes"] = len(data)
+        reason = None if is_macos() else "converted; CoreML prediction needs macOS"
+        return Artifact(data=data, suffix=".mlpackage.zip", facts=facts, unsupported_reason=reason)
+
+    def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
+        if not is_macos():
+            raise BackendError(Status.UNSUPPORTED_PLATFORM, artifact.unsupported_reason or "CoreML runs on macOS only")
+        ct = _import_coremltools()
+        folder = Path(tempfile.mkdtemp(prefix="xray-coreml-"))
+        with zipfile.ZipFile(io.BytesIO(artifact.data)) as z:
+            z.extractall(folder)
+        try:
+            model = ct.models.MLModel(str(folder / "model.mlpackage"),
+                                      compute_units=getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY")))
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(Status.RUN_FAIL, f"CoreML could not load the model: {short_error(e)}") from e
+        spec = model.get_spec().description
+        in_names = [i.name for i in spec.input]
+        out_names = [o.name for o in spec.output]
+
+        def run(inputs: tuple) -> list[torch.Tensor]:
+            feed = {n: t.detach().contiguous().numpy() for n, t in zip(in_names, inputs)}
+            result = model.predict(feed)
+            return [torch.from_numpy(np.array(result[n])) for n in out_names]
+
+        return run
+
+
+def _count_mil_ops(model) -> int | None:
+    try:
+        return sum(len(f.operations) for f in model._mil_program.functions.values())
+    except Exception:  # noqa: BLE001 - a fact, not a result
+        return None
+
+
+def _zip_package(model) -> bytes:
+    folder = Path(tempfile.mkdtemp(prefix="xray-coreml-"))
+    try:
+        model.save(str(folder / "model.mlpackage"))
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in sorted((folder / "model.mlpackage").rglob("*")):
+                if p.is_file():
+                    z.write(p, p.relative_to(folder).as_posix())
+        return buf.getvalue()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+
+BACKEND = CoreML

@@ -1,0 +1,88 @@
+"""ExecuTorch: torch.export -> to_edge_transform_and_lower (XNNPACK partitioner or portable) -> .pte,
+run with ExecuTorch's own runtime (``executorch.runtime``)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .base import Artifact, Backend, BackendError, Runner, Status, short_error
+
+
+class ExecuTorch(Backend):
+    """Options: ``partitioner`` ("xnnpack" or None for the portable kernels)."""
+
+    kind = "executorch"
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        return {"torch": torch.__version__, "executorch": version("executorch")}
+
+    def _partitioners(self) -> list:
+        name = self.options.get("partitioner")
+        if name is None:
+            return []
+        if name == "xnnpack":
+            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+            return [XnnpackPartitioner()]
+        raise BackendError(Status.LOWER_FAIL, f"unknown ExecuTorch partitioner {name!r} (known: xnnpack, None)")
+
+    def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
+        from executorch.exir import to_edge_transform_and_lower
+
+        start = time.perf_counter()
+        try:
+            exported = torch.export.export(module, args, strict=False)
+        except Exception as e:  # noqa: BLE001 - the exporter's error is the result
+            raise BackendError(Status.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
+        export_s = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            edge = to_edge_transform_and_lower(exported, partitioner=self._partitioners())
+            delegated, undelegated = _count_nodes(edge.exported_program().graph_module)
+            program = edge.to_executorch()
+            data = program.buffer
+        except BackendError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(Status.LOWER_FAIL, f"lowering: {short_error(e)}") from e
+        facts = {"partitioner": self.options.get("partitioner") or "portable", "delegated_nodes": delegated,
+                 "undelegated_nodes": undelegated, "pte_bytes": len(data), "export_s": round(export_s, 4),
+                 "lower_s": round(time.perf_counter() - start, 4)}
+        return Artifact(data=bytes(data), suffix=".pte", facts=facts)
+
+    def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
+        from executorch.runtime import Runtime
+
+        try:
+            method = Runtime.get().load_program(artifact.data).load_method("forward")
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(Status.RUN_FAIL, f"ExecuTorch could not load the program: {short_error(e)}") from e
+        if method is None:
+            raise BackendError(Status.RUN_FAIL, "ExecuTorch could not load method 'forward'")
+
+        def run(inputs: tuple) -> list[torch.Tensor]:
+            outs = method.execute([t.contiguous() for t in inputs])
+            return [o.clone() for o in outs if isinstance(o, torch.Tensor)]
+
+        return run
+
+
+def _count_nodes(gm: torch.fx.GraphModule) -> tuple[int, int]:
+    """(delegate calls, ops left to the portable kernels) in the lowered edge graph."""
+    delegated = undelegated = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if "executorch_call_delegate" in name:
+            delegated += 1
+        elif name != "getitem":
+            undelegated += 1
+    return delegated, undelegated
+
+
+
+BACKEND = ExecuTorch

@@ -1,0 +1,184 @@
+"""Align two entry sequences: unique anchors first, then a weighted LCS in the gaps.
+
+Like patience diff: entries whose anchor key (group, module path, op or call index, output shapes)
+occurs exactly once on each side are matched first, keeping the longest chain that is in order on
+both sides. The gaps between anchors are aligned by dynamic programming on a similarity score
+(op, shapes, dtypes, module-path similarity from rapidfuzz), row-vectorised with numpy and done in
+overlapping windows when a gap is large, so the whole stays near-linear. Never a positional zip.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+from rapidfuzz import fuzz
+from rapidfuzz.process import cdist
+
+from .entries import Entry
+
+WINDOW = 1000  # entries per side per DP window: 1M cells, ~10 ms of numpy per window
+MAX_CELLS = 2_500_000  # a gap smaller than this is aligned in one DP
+CLASS_SIMILARITY = 80.0  # rapidfuzz ratio above which two module classes count as renamed twins
+
+def op_base(op: str) -> str:
+    """``aten.add_.Tensor`` and ``aten.add.Scalar`` -> ``aten.add``; module classes lower-cased."""
+    parts = op.split(".")
+    if len(parts) >= 2 and parts[0] in ("aten", "prims", "quantized") or len(parts) == 3:
+        return f"{parts[0]}.{parts[1].rstrip('_')}"
+    return op.lower()
+
+
+def anchor_key(e: Entry) -> tuple:
+    # The class name is left out of a module's key: a renamed class is still the same module.
+    ident = e.op if e.kind != "module" else e.record.call_index
+    return (e.group, e.path, ident, e.shapes)
+
+
+class _Features:
+    """Integer codes of each entry's features, so score matrices are numpy comparisons."""
+
+    def __init__(self, entries: list[Entry], codes: dict) -> None:
+        def code(kind: str, value) -> int:
+            table = codes.setdefault(kind, {})
+            return table.setdefault(value, len(table))
+
+        self.group = np.array([code("g", e.group) for e in entries], dtype=np.int64)
+        self.op = np.array([code("o", e.op) for e in entries], dtype=np.int64)
+        self.base = np.array([code("b", op_base(e.op)) for e in entries], dtype=np.int64)
+        self.path = np.array([code("p", e.path) for e in entries], dtype=np.int64)
+        self.shape = np.array([code("s", e.shapes) for e in entries], dtype=np.int64)
+        self.perm = np.array([code("q", tuple(tuple(sorted(s)) for s in e.shapes)) for e in entries], dtype=np.int64)
+        self.numel = np.array([code("n", tuple(int(np.prod(s)) for s in e.shapes)) for e in entries], dtype=np.int64)
+        self.dtype = np.array([code("d", e.dtypes) for e in entries], dtype=np.int64)
+        self.module = np.array([e.kind == "module" for e in entries], dtype=bool)
+        self.paths = [e.path for e in entries]
+        self.ops = [e.op for e in entries]
+
+
+def score_matrix(fa: _Features, ia: slice, fb: _Features, ib: slice) -> np.ndarray:
+    """Similarity of every pair in two windows; <= 0 means the pair may not match."""
+    def eq(x, y):
+        return x[ia][:, None] == y[ib][None, :]
+
+    group = eq(fa.group, fb.group)
+    op_eq, base_eq, path_eq = eq(fa.op, fb.op), eq(fa.base, fb.base), eq(fa.path, fb.path)
+    mod = fa.module[ia][:, None] & fb.module[ib][None, :]
+    path_sim = cdist(fa.paths[ia], fb.paths[ib], scorer=fuzz.ratio, dtype=np.float32) / 100.0
+    op_ok = op_eq | base_eq
+    if mod.any():
+        cls_sim = cdist(fa.ops[ia], fb.ops[ib], scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
+        op_ok |= mod & (path_eq | cls_sim)
+    numel_eq = eq(fa.numel, fb.numel)
+    ok = group & op_ok & (numel_eq | (mod & path_eq))
+    score = (8.0 * op_eq + 4.0 * (op_ok & ~op_eq) + 4.0 * eq(fa.shape, fb.shape) + 2.0 * eq(fa.perm, fb.perm)
+             + 1.0 * numel_eq + 1.0 * eq(fa.dtype, fb.dtype) + 2.0 * path_eq + 2.0 * path_sim)
+    return np.where(ok, score, -1.0)
+
+
+def lcs_weighted(score: np.ndarray) -> list[tuple[int, int]]:
+    """Maximum-weight monotone matching (pairs with score > 0), gap cost zero."""
+    m, n = score.shape
+    h = np.zeros((m + 1, n + 1))
+    gain = np.where(score > 0, score, -np.inf)
+    for i in range(1, m + 1):
+        row = np.maximum(h[i - 1, 1:], h[i - 1, :-1] + gain[i - 1])
+        h[i, 1:] = np.maximum.accumulate(row)
+    pairs = []
+    i, j = m, n
+    while i > 0 and j > 0:
+        if h[i, j] == h[i - 1, j]:
+            i -= 1
+        elif h[i, j] == h[i, j - 1]:
+            j -= 1
+        else:
+            pairs.append((i - 1, j - 1))
+            i -= 1
+            j -= 1
+    pairs.reverse()
+    return pairs
+
+
+def _longest_increasing(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest chain of pairs increasing on both sides (pairs sorted by the first)."""
+    tails: list[int] = []
+    tail_idx: list[int] = []
+    prev = [-1] * len(pairs)
+    for k, (_, j) in enumerate(pairs):
+        p = bisect.bisect_left(tails, j)
+        if p == len(tails):
+            tails.append(j)
+            tail_idx.append(k)
+        else:
+            tails[p], tail_idx[p] = j, k
+        prev[k] = tail_idx[p - 1] if p > 0 else -1
+    chain, k = [], tail_idx[-1] if tail_idx else -1
+    while k >= 0:
+        chain.append(pairs[k])
+        k = prev[k]
+    return chain[::-1]
+
+
+@dataclass
+class Alignment:
+    """Matched (bench_pos, target_pos) pairs, increasing on both sides."""
+
+    pairs: list[tuple[int, int]]
+    anchors: int
+
+
+def align(bench: list[Entry], target: list[Entry]) -> Alignment:
+    keys_a = [anchor_key(e) + (e.op,) for e in bench]
+    keys_b = [anchor_key(e) + (e.op,) for e in target]
+    if keys_a == keys_b:  # same structure: nothing to search
+        return Alignment([(i, i) for i in range(len(bench))], len(bench))
+    codes: dict = {}
+    fa, fb = _Features(bench, codes), _Features(target, codes)
+    anchors = _anchors(bench, target, fa, fb)
+    pairs: list[tuple[int, int]] = []
+    prev = (-1, -1)
+    for a in anchors + [(len(bench), len(target))]:
+        pairs += _fill(fa, prev[0] + 1, a[0], fb, prev[1] + 1, a[1])
+        if a[0] < len(bench):
+            pairs.append(a)
+        prev = a
+    return Alignment(pairs, len(anchors))
+
+
+def _anchors(bench: list[Entry], target: list[Entry], fa: _Features, fb: _Features) -> list[tuple[int, int]]:
+    def unique(entries):
+        seen: dict = {}
+        for e in entries:
+            k = anchor_key(e)
+            seen[k] = -1 if k in seen else e.pos
+        return {k: v for k, v in seen.items() if v >= 0}
+
+    ua, ub = unique(bench), unique(target)
+    cands = sorted((i, ub[k]) for k, i in ua.items() if k in ub)
+    cands = [(i, j) for i, j in cands
+             if score_matrix(fa, slice(i, i + 1), fb, slice(j, j + 1))[0, 0] > 0]
+    return _longest_increasing(cands)
+
+
+def _fill(fa: _Features, i0: int, i1: int, fb: _Features, j0: int, j1: int) -> list[tuple[int, int]]:
+    """Align bench[i0:i1] with target[j0:j1] (a gap between anchors)."""
+    if i1 <= i0 or j1 <= j0:
+        return []
+    if (i1 - i0) * (j1 - j0) <= MAX_CELLS:
+        return [(i0 + a, j0 + b) for a, b in lcs_weighted(score_matrix(fa, slice(i0, i1), fb, slice(j0, j1)))]
+    out: list[tuple[int, int]] = []
+    i, j = i0, j0
+    while i < i1 and j < j1:
+        ie, je = min(i + WINDOW, i1), min(j + WINDOW, j1)
+        local = lcs_weighted(score_matrix(fa, slice(i, ie), fb, slice(j, je)))
+        if ie == i1 and je == j1:
+            out += [(i + a, j + b) for a, b in local]
+            break
+        # Keep the first half of the window's path; the rest is redone with more context.
+        keep = [(i + a, j + b) for a, b in local if a < WINDOW // 2 and b < WINDOW // 2]
+        if keep:
+            out += keep
+            i, j = keep[-1][0] + 1, keep[-1][1] + 1
+        else:
+            i, j = i + WINDOW // 2, j + WINDOW // 2
+    return out

@@ -1,0 +1,65 @@
+"""``xray-compare bench target out.csv``: diff two dumps; bench is the trusted side.
+
+Exit status: 0 when the compare ran (whatever it found), 2 when an input is unusable.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import CompareInputError, compare_dumps
+from .report import terminal_report, write_csv, write_html, write_summary_json
+from .thresholds import Rules, parse_tolerance_arg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xray-compare", description=__doc__.splitlines()[0],
+                                epilog="Statuses, rules and CSV columns: docs/compare.md")
+    p.add_argument("bench", help="trusted dump: trace folder, dump.json, module-level .h5, or multi-rank folder")
+    p.add_argument("target", help="dump to check, of the same kind")
+    p.add_argument("out_csv", help="one row per compared tensor pair")
+    p.add_argument("--summary-json", metavar="FILE", help="totals and first_divergence as JSON")
+    p.add_argument("--html", metavar="FILE", help="self-contained report with an error plot")
+    p.add_argument("--reference", metavar="DUMP", help="float64 run of the bench: a pair that is not all-close "
+                   "passes when its error is within --fp64-multiplier x the bench's own (torch._dynamo's rule)")
+    p.add_argument("--tol", action="append", default=[], metavar="DTYPE:rtol=R,atol=A",
+                   help="override a dtype's tolerance (repeatable), e.g. bfloat16:rtol=0.02,atol=1e-4")
+    p.add_argument("--warn-close-pct", type=float, default=Rules.warn_close_pct,
+                   help="warning (not fail) when at least this %% of elements are close (default %(default)s)")
+    p.add_argument("--warn-cosine", type=float, default=Rules.warn_cosine,
+                   help="... and cosine is at least this (default %(default)s)")
+    p.add_argument("--stats-warn-factor", type=float, default=Rules.stats_warn_factor,
+                   help="statistics-only: warning up to this multiple of the tolerance (default %(default)s)")
+    p.add_argument("--fp64-multiplier", type=float, default=Rules.fp64_multiplier)
+    p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rules = Rules(warn_close_pct=args.warn_close_pct, warn_cosine=args.warn_cosine,
+                      stats_warn_factor=args.stats_warn_factor, fp64_multiplier=args.fp64_multiplier)
+        for text in args.tol:
+            rules = rules.with_override(*parse_tolerance_arg(text))
+        result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
+                               progress=False if args.no_progress else None)
+        write_csv(result, args.out_csv)
+        if args.summary_json:
+            write_summary_json(result, args.summary_json)
+        if args.html:
+            write_html(result, args.html)
+    except (CompareInputError, ValueError) as e:
+        print(f"xray-compare: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"xray-compare: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(terminal_report(result, args.worst))
+    print(f"\nwrote {args.out_csv}" + "".join(f", {p}" for p in (args.summary_json, args.html) if p))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

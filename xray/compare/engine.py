@@ -1,0 +1,295 @@
+"""Compare two loaded dumps: align their entries, compare each matched output pair, localise.
+
+Backend-agnostic: it sees only Records and TensorMetas, and reads tensor data through the dump's
+own reader, chunk by chunk.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import torch
+from tqdm import tqdm
+
+from ..dump.model import TensorMeta
+from ..dump.tensorio import dtype_from_name
+from .align import align
+from .entries import Entry, entries_of
+from .layout import MAX_NUMEL, find_layout
+from .metrics import Partial, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial, stats_compare
+from .result import FAILING, Row, Status
+from .stream import data_bytes, iter_chunks
+from .thresholds import Rules, Tolerance
+
+PROGRESS_BYTES = 256 << 20  # show a progress bar when more tensor data than this is compared
+
+
+def _shape(meta: TensorMeta | None) -> str:
+    return "" if meta is None else str(tuple(meta.shape))
+
+
+def _torch_dtype(name: str) -> torch.dtype | None:
+    try:
+        return dtype_from_name(name)
+    except ValueError:
+        return None
+
+
+def _zip_chunks(a: Iterator[torch.Tensor], b: Iterator[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Pairs of equally long pieces from two chunk streams whose chunk boundaries may differ."""
+    ca = cb = None
+    while True:
+        if ca is None or ca.numel() == 0:
+            ca = next(a, None)
+        if cb is None or cb.numel() == 0:
+            cb = next(b, None)
+        if ca is None or cb is None:
+            return
+        n = min(ca.numel(), cb.numel())
+        yield ca[:n], cb[:n]
+        ca, cb = ca[n:], cb[n:]
+
+
+class PairComparer:
+    """Compares tensor pairs of one bench/target dump pair under the given rules."""
+
+    def __init__(self, bench: Any, target: Any, rules: Rules, reference: Any = None) -> None:
+        self.bench, self.target, self.rules, self.reference = bench, target, rules, reference
+        self.bytes = 0
+        self.bar: tqdm | None = None
+
+    # -- data ------------------------------------------------------------------------------
+    def data_metrics(self, bm: TensorMeta, tm: TensorMeta, tol: Tolerance):
+        cd = compute_dtype(dtype_from_name(bm.dtype), dtype_from_name(tm.dtype))
+        total = Partial()
+        for a, b in _zip_chunks(iter_chunks(self.bench, bm), iter_chunks(self.target, tm)):
+            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol))
+            nbytes = a.numel() * a.element_size() + b.numel() * b.element_size()
+            self.bytes += nbytes
+            if self.bar is not None:
+                self.bar.update(nbytes)
+        return finish(total)
+
+    def ref_errors(self, rm: TensorMeta, bm: TensorMeta, tm: TensorMeta) -> tuple[float, float]:
+        """RMSE of bench and of target against the float64 reference (torch._dynamo's rule)."""
+        sb = st = 0.0
+        nb = nt = 0
+        chunks = zip(iter_chunks(self.reference, rm), iter_chunks(self.bench, bm), iter_chunks(self.target, tm))
+        for r, b, t in chunks:  # equal shapes (checked by the caller): equal chunk boundaries
+            r = as_real(r, torch.float64)
+            s, n = rmse_partial(r, as_real(b, torch.float64))
+            sb, nb = sb + s, nb + n
+            s, n = rmse_partial(r, as_real(t, torch.float64))
+            st, nt = st + s, nt + n
+        return (sb / nb) ** 0.5 if nb else 0.0, (st / nt) ** 0.5 if nt else 0.0
+
+    def load_whole(self, dump: Any, meta: TensorMeta) -> torch.Tensor:
+        return dump.load_tensor(meta).reshape(meta.shape)
+
+    # -- one output pair --------------------------------------------------------------------
+    def compare(self, row: Row, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None) -> Row:
+        rules = self.rules
+        tol = rules.tolerance(bm.dtype, tm.dtype)
+        row.rtol, row.atol = tol.rtol, tol.atol
+        notes = []
+        if bm.dtype != tm.dtype:
+            notes.append(f"dtype {bm.dtype} vs {tm.dtype}: compared after upcasting, at {_looser(bm, tm)} tolerance")
+        if _torch_dtype(bm.dtype) is None or _torch_dtype(tm.dtype) is None:
+            row.status, row.note = Status.SKIP.value, f"unknown dtype {bm.dtype!r} / {tm.dtype!r}"
+            return row
+        if bm.numel != tm.numel:
+            row.status = Status.FAIL.value
+            row.note = f"shape mismatch {tuple(bm.shape)} vs {tuple(tm.shape)} (different element counts)"
+            return row
+        if tuple(bm.shape) != tuple(tm.shape):
+            notes.append("shapes differ, same element count: compared in memory order")
+        if bm.numel == 0:
+            row.status, row.numel, row.mode = Status.PASS.value, 0, "data"
+            row.note = "; ".join(notes + ["empty tensor: nothing to compare"])
+            return row
+        if _torch_dtype(bm.dtype).is_complex != _torch_dtype(tm.dtype).is_complex:
+            row.status = Status.FAIL.value
+            row.note = f"complex vs real dtypes ({bm.dtype} vs {tm.dtype})"
+            return row
+        if bm.data is not None and tm.data is not None:
+            try:
+                self._compare_data(row, bm, tm, tol, ref, notes)
+                row.note = "; ".join(notes)
+                return row
+            except (KeyError, OSError, ValueError) as e:
+                notes.append(f"tensor data unreadable ({e}); compared statistics")
+        if bm.stats is not None and tm.stats is not None:
+            self._compare_stats(row, bm, tm, tol)
+        else:
+            row.status = Status.SKIP.value
+            notes.append("no saved data or statistics on both sides (dump with X_DEBUG STATS or X_DUMP_NUM)")
+        row.note = "; ".join(notes)
+        return row
+
+    def _compare_data(self, row: Row, bm, tm, tol: Tolerance, ref, notes: list[str]) -> None:
+        m = self.data_metrics(bm, tm, tol)
+        row.mode = "data"
+        row.cosine, row.rmse, row.max_abs_err, row.max_rel_err = m.cosine, m.rmse, m.max_abs_err, m.max_rel_err
+        row.isclose_pct, row.gt_num, row.numel = m.isclose_pct, m.gt_num, m.numel
+        row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = m.nan_bench, m.nan_target, m.inf_bench, m.inf_target
+        r = self.rules
+        if m.nonfinite_mismatch:
+            row.status = Status.NAN_INF.value
+            notes.append(f"{m.nonfinite_mismatch} positions NaN/Inf on one side only")
+        elif m.gt_num == 0:
+            row.status = Status.PASS.value
+        elif m.isclose_pct >= r.warn_close_pct and (m.cosine is None or m.cosine >= r.warn_cosine):
+            row.status = Status.WARNING.value
+        else:
+            row.status = Status.FAIL.value
+        if m.cosine is None:
+            notes.append("all NaN/Inf on both sides")
+        if row.status in (Status.WARNING.value, Status.FAIL.value) and ref is not None and ref.data is not None \
+                and tuple(ref.shape) == tuple(bm.shape) == tuple(tm.shape):
+            eb, et = self.ref_errors(ref, bm, tm)
+            row.ref_err_bench, row.ref_err_target = eb, et
+            if et <= r.fp64_multiplier * eb + tol.atol / 10:
+                row.status = Status.PASS.value
+                notes.append(f"within {r.fp64_multiplier:g}x the bench's own float64 error")
+        if row.status == Status.FAIL.value and bm.numel <= MAX_NUMEL:
+            layout = find_layout(self.load_whole(self.bench, bm), self.load_whole(self.target, tm), tol)
+            if layout:
+                row.layout = layout
+                notes.append(f"layout mismatch: target agrees with bench.{layout}")
+
+    def _compare_stats(self, row: Row, bm, tm, tol: Tolerance) -> None:
+        s = stats_compare(bm.stats, tm.stats, tol)
+        row.mode, row.stats_err, row.numel = "stats", s.stats_err, bm.numel
+        row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = s.nan_bench, s.nan_target, s.inf_bench, s.inf_target
+        if (s.nan_bench, s.inf_bench) != (s.nan_target, s.inf_target):
+            row.status = Status.NAN_INF.value
+        elif s.within <= 1.0:
+            row.status = Status.PASS.value
+        elif s.within <= self.rules.stats_warn_factor:
+            row.status = Status.WARNING.value
+        else:
+            row.status = Status.FAIL.value
+
+    # -- inputs of a failing record -----------------------------------------------------------
+    def inputs_agree(self, ea: Entry, eb: Entry) -> str:
+        """"yes" when every input pair agrees (statistics, or data when no statistics), "no" when
+        one differs, "unknown" when neither was recorded."""
+        tb, tt = dict(ea.inputs), dict(eb.inputs)
+        names = [n for n in tb if n in tt]
+        pairs = [(tb[n], tt[n]) for n in names] if names else list(zip(tb.values(), tt.values()))
+        if not pairs:
+            return "yes" if not tb and not tt else "unknown"
+        unknown = False
+        for bm, tm in pairs:
+            if bm.numel != tm.numel:
+                return "no"
+            if bm.numel == 0:
+                continue
+            tol = self.rules.tolerance(bm.dtype, tm.dtype)
+            if bm.stats is not None and tm.stats is not None:
+                s = stats_compare(bm.stats, tm.stats, tol)
+                if s.within > 1.0 or (s.nan_bench, s.inf_bench) != (s.nan_target, s.inf_target):
+                    return "no"
+            elif bm.data is not None and tm.data is not None:
+                row = self.compare(Row(), bm, tm)
+                if row.status != Status.PASS.value:
+                    return "no"
+            else:
+                unknown = True
+        return "unknown" if unknown else "yes"
+
+
+def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
+    order = ("float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "float64")
+    known = [d for d in (bm.dtype, tm.dtype) if d in order]
+    return min(known, key=order.index) if known else bm.dtype
+
+
+def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
+                   progress: bool | None = None) -> tuple[list[Row], dict]:
+    """Rows in execution order and per-dump totals for one pair of loaded dumps."""
+    started = time.perf_counter()
+    ea, eb = entries_of(bench), entries_of(target)
+    alignment = align(ea, eb)
+    ref_of: dict[int, Entry] = {}
+    if reference is not None:
+        er = entries_of(reference)
+        ref_of = {i: er[j] for i, j in align(ea, er).pairs}
+    comparer = PairComparer(bench, target, rules, reference)
+    total_bytes = sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None)
+    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
+    comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
+                        disable=not show, leave=False)
+    rows: list[Row] = []
+    matched_entries: list[tuple[Entry, Entry, list[Row]]] = []
+    ia = ib = 0
+    for i, j in alignment.pairs + [(len(ea), len(eb))]:
+        while ib < j:  # target-only entries that sit before this pair
+            rows += _unmatched(eb[ib], rank, target_side=True)
+            ib += 1
+        while ia < i:
+            rows += _unmatched(ea[ia], rank, target_side=False)
+            ia += 1
+        if i == len(ea):
+            break
+        a, b = ea[i], eb[j]
+        pair_rows = []
+        for k in range(max(len(a.outputs), len(b.outputs))):
+            row = _row(rank, a, b, k)
+            if k < len(a.outputs) and k < len(b.outputs):
+                ref = ref_of.get(i)
+                ref_meta = ref.outputs[k][1] if ref is not None and k < len(ref.outputs) else None
+                comparer.compare(row, a.outputs[k][1], b.outputs[k][1], ref_meta)
+            else:
+                row.status, row.note = Status.UNMATCHED.value, "output present on one side only"
+            pair_rows.append(row)
+        rows += pair_rows
+        matched_entries.append((a, b, pair_rows))
+        ia, ib = i + 1, j + 1
+    comparer.bar.close()
+    for a, b, pair_rows in matched_entries:
+        if any(r.status in (s.value for s in FAILING) for r in pair_rows):
+            agree = comparer.inputs_agree(a, b)
+            for r in pair_rows:
+                r.inputs_agree = agree
+                if r.status in (s.value for s in FAILING):
+                    r.origin = {"yes": "born", "no": "inherited"}.get(agree, "")
+    for n, r in enumerate(rows):
+        r.index = n
+    totals = {"bench_records": len(ea), "target_records": len(eb), "matched": len(alignment.pairs),
+              "anchors": alignment.anchors, "bytes_compared": comparer.bytes,
+              "seconds": round(time.perf_counter() - started, 3)}
+    return rows, totals
+
+
+def _row(rank: str, a: Entry, b: Entry, k: int) -> Row:
+    bm = a.outputs[k][1] if k < len(a.outputs) else None
+    tm = b.outputs[k][1] if k < len(b.outputs) else None
+    return Row(rank=rank, bench_name=a.name, target_name=b.name, kind=a.kind, bench_op=a.op, target_op=b.op,
+               tensor=(a.outputs[k][0] if bm is not None else b.outputs[k][0]),
+               bench_seq=a.record.seq, target_seq=b.record.seq, bench_shape=_shape(bm), target_shape=_shape(tm),
+               bench_dtype=bm.dtype if bm else "", target_dtype=tm.dtype if tm else "")
+
+
+def _unmatched(e: Entry, rank: str, target_side: bool) -> list[Row]:
+    rows = []
+    for name, m in e.outputs:
+        r = Row(rank=rank, kind=e.kind, tensor=name, status=Status.UNMATCHED.value,
+                note=f"only in {'target' if target_side else 'bench'}")
+        if target_side:
+            r.target_name, r.target_op, r.target_seq, r.target_shape, r.target_dtype = \
+                e.name, e.op, e.record.seq, _shape(m), m.dtype
+        else:
+            r.bench_name, r.bench_op, r.bench_seq, r.bench_shape, r.bench_dtype = \
+                e.name, e.op, e.record.seq, _shape(m), m.dtype
+        rows.append(r)
+    return rows
+
+
+def first_divergence(rows: list[Row]) -> Row | None:
+    """The earliest failing row whose inputs agree; else the earliest failing row."""
+    failing = [r for r in rows if r.status in (Status.FAIL.value, Status.NAN_INF.value)]
+    for r in failing:
+        if r.origin == "born":
+            return r
+    return failing[0] if failing else None

@@ -1,0 +1,171 @@
+"""Metrics of one bench/target tensor pair, computed chunk by chunk so memory stays bounded.
+
+Three small pure steps: ``chunk_partial`` turns two aligned 1-D chunks into partial sums,
+``merge`` adds partials, ``finish`` turns the total into the reported metrics. Chunks are compared
+in float32 (float64 for float64 and integer data, which float32 cannot hold exactly); sums are
+accumulated across chunks in Python floats (double precision).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from .thresholds import Tolerance
+
+# Denominator floor of MaxRelErr: a relative error against an exact zero is meaningless, and
+# clamping at a tiny value keeps it finite while still flagging it as huge.
+REL_EPS = 1e-12
+
+
+@dataclass
+class Partial:
+    """Additive sums over the elements seen so far."""
+
+    numel: int = 0
+    sse: float = 0.0  # sum of squared errors over positions finite on both sides
+    aa: float = 0.0
+    bb: float = 0.0
+    ab: float = 0.0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    not_close: int = 0  # elements outside atol + rtol*|bench|, incl. NaN/Inf pattern mismatches
+    nan_bench: int = 0
+    nan_target: int = 0
+    inf_bench: int = 0
+    inf_target: int = 0
+    nonfinite_mismatch: int = 0  # positions where only one side is NaN/Inf, or Infs differ in sign
+    shared_nonfinite: int = 0  # positions with the same NaN/Inf on both sides
+
+
+def merge(p: Partial, q: Partial) -> Partial:
+    out = Partial()
+    for f in fields(Partial):
+        a, b = getattr(p, f.name), getattr(q, f.name)
+        setattr(out, f.name, max(a, b) if f.name.startswith("max_") else a + b)
+    return out
+
+
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 when either side needs it (float64, integers beyond 2**24), else float32."""
+    for dt in dtypes:
+        if dt == torch.float64 or dt == torch.complex128 or not (dt.is_floating_point or dt.is_complex):
+            if dt != torch.bool:
+                return torch.float64
+    return torch.float32
+
+
+def as_real(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Flatten a chunk into real numbers of ``dtype`` (complex: real and imaginary interleaved)."""
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t.reshape(-1).to(dtype)
+
+
+def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance) -> Partial:
+    """Partial sums of two 1-D real chunks of equal length (the bench is the reference)."""
+    d = target - bench
+    sse = float(torch.dot(d, d))
+    if not math.isfinite(sse):  # some NaN/Inf (or overflow): take the careful path
+        return _nonfinite_partial(bench, target, tol)
+    ad = d.abs_()
+    max_abs = float(ad.max()) if ad.numel() else 0.0
+    abs_b = bench.abs()
+    allowed = abs_b * tol.rtol
+    allowed += tol.atol
+    not_close = int((ad > allowed).sum())
+    rel = ad.div_(abs_b.clamp_min_(REL_EPS))
+    return Partial(
+        numel=bench.numel(), sse=sse,
+        aa=float(torch.dot(bench, bench)), bb=float(torch.dot(target, target)), ab=float(torch.dot(bench, target)),
+        max_abs=max_abs, max_rel=float(rel.max()) if rel.numel() else 0.0, not_close=not_close)
+
+
+def _nonfinite_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance) -> Partial:
+    fb, ft = torch.isfinite(bench), torch.isfinite(target)
+    both = fb & ft
+    nan_b, nan_t = torch.isnan(bench), torch.isnan(target)
+    # Equal non-finite values (NaN with NaN, +Inf with +Inf) agree: attention masks hold -inf.
+    same_nonfinite = (~fb & ~ft) & ((nan_b & nan_t) | (bench == target))
+    mismatch = int((~both & ~same_nonfinite).sum())
+    p = chunk_partial(bench[both], target[both], tol) if bool(both.any()) else Partial()
+    p.numel = bench.numel()
+    p.not_close += mismatch
+    p.nonfinite_mismatch = mismatch
+    p.shared_nonfinite = int(same_nonfinite.sum())
+    p.nan_bench, p.nan_target = int(nan_b.sum()), int(nan_t.sum())
+    p.inf_bench, p.inf_target = int((~fb).sum()) - p.nan_bench, int((~ft).sum()) - p.nan_target
+    return p
+
+
+@dataclass
+class PairMetrics:
+    """What a row reports for a pair compared on its data."""
+
+    cosine: float | None
+    rmse: float
+    max_abs_err: float
+    max_rel_err: float
+    isclose_pct: float
+    gt_num: int
+    numel: int
+    nan_bench: int
+    nan_target: int
+    inf_bench: int
+    inf_target: int
+    nonfinite_mismatch: int
+
+
+def finish(p: Partial) -> PairMetrics:
+    compared = p.numel - p.nonfinite_mismatch - p.shared_nonfinite
+    denom = math.sqrt(p.aa) * math.sqrt(p.bb)
+    if denom > 0:
+        cosine = max(-1.0, min(1.0, p.ab / denom))
+    else:  # a zero vector: cosine is 1 only when both are zero
+        cosine = 1.0 if p.aa == p.bb == 0 else 0.0
+    return PairMetrics(
+        cosine=cosine if compared > 0 else None,
+        rmse=math.sqrt(p.sse / compared) if compared > 0 else 0.0,
+        max_abs_err=p.max_abs, max_rel_err=p.max_rel,
+        isclose_pct=100.0 * (p.numel - p.not_close) / p.numel if p.numel else 100.0,
+        gt_num=p.not_close, numel=p.numel,
+        nan_bench=p.nan_bench, nan_target=p.nan_target, inf_bench=p.inf_bench, inf_target=p.inf_target,
+        nonfinite_mismatch=p.nonfinite_mismatch)
+
+
+def rmse_partial(ref: torch.Tensor, x: torch.Tensor) -> tuple[float, int]:
+    """Sum of squared errors and count over positions finite on both sides (fp64-reference rule)."""
+    both = torch.isfinite(ref) & torch.isfinite(x)
+    d = (x - ref)[both]
+    return float(torch.dot(d, d)), int(d.numel())
+
+
+@dataclass
+class StatsMetrics:
+    """Statistics-only comparison: the worst of min/max/mean/std, relative to the bench's range."""
+
+    stats_err: float  # max |target - bench| over min/max/mean/std, divided by the bench's max |value|
+    within: float  # that error as a multiple of the allowed error (<= 1 is within tolerance)
+    nan_bench: int
+    nan_target: int
+    inf_bench: int
+    inf_target: int
+
+
+def stats_compare(bench, target, tol: Tolerance) -> StatsMetrics:
+    """Compare two ``Stats``. The tolerance is applied to the bench's range, the scale at which a
+    mean or std can be judged; non-finite counts are compared exactly by the caller's rules."""
+    vals_b = (bench.min, bench.max, bench.mean, bench.std)
+    vals_t = (target.min, target.max, target.mean, target.std)
+    scale = max((abs(v) for v in vals_b[:2] if v is not None), default=0.0)
+    worst = 0.0
+    for b, t in zip(vals_b, vals_t):
+        if (b is None) != (t is None):
+            worst = math.inf
+        elif b is not None:
+            worst = max(worst, abs(t - b))
+    allowed = tol.atol + tol.rtol * scale
+    within = worst / allowed if allowed > 0 else (0.0 if worst == 0 else math.inf)
+    return StatsMetrics(stats_err=worst / scale if scale > 0 else worst, within=within,
+                        nan_bench=bench.nan, nan_target=target.nan, inf_bench=bench.inf, inf_target=target.inf)

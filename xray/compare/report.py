@@ -1,0 +1,160 @@
+"""Write a CompareResult: CSV (pandas-readable), summary JSON, terminal table, self-contained HTML."""
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+from tabulate import tabulate
+
+from .result import COLUMNS, CompareResult, Row, Status
+
+_FAIL_ORDER = {Status.NAN_INF.value: 0, Status.FAIL.value: 1, Status.WARNING.value: 2}
+
+
+def write_csv(result: CompareResult, path: str | os.PathLike) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in result.rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.to_dict().items()})
+
+
+def write_summary_json(result: CompareResult, path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(result.summary.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def worst_rows(rows: list[Row], n: int = 10) -> list[Row]:
+    """Failing rows first (NaN/Inf, fail, warning), most different first (lowest cosine, then error)."""
+    bad = [r for r in rows if r.status in _FAIL_ORDER]
+    return sorted(bad, key=lambda r: (_FAIL_ORDER[r.status], r.cosine if r.cosine is not None else 2.0,
+                                      -(r.max_abs_err or r.stats_err or 0.0)))[:n]
+
+
+def _fmt(v) -> str:
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def _table_rows(rows: list[Row]) -> list[list[str]]:
+    return [[r.index, r.status, r.origin, _short(r.bench_name or "-"), _short(r.target_name or "-"), r.tensor,
+             r.mode, _fmt(r.cosine), _fmt(r.max_abs_err), _fmt(r.isclose_pct), _fmt(r.stats_err), r.layout]
+            for r in rows]
+
+
+TABLE_HEADERS = ["#", "status", "origin", "bench", "target", "out", "mode", "cosine", "max abs", "close %",
+                 "stats err", "layout"]
+
+
+def terminal_report(result: CompareResult, worst: int = 10) -> str:
+    s = result.summary
+    totals = [["records (bench / target)", f"{s.bench_records} / {s.target_records}"],
+              ["matched records", f"{s.matched} ({s.match_pct:g}%)"],
+              ["unmatched records (bench / target)", f"{s.unmatched_bench} / {s.unmatched_target}"],
+              ["pairs: pass / warning / fail / nan-inf / skip", f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped}"],
+              ["tensor data compared", f"{s.bytes_compared / 1e9:.3f} GB in {s.seconds:.2f} s"]]
+    out = [tabulate(totals, tablefmt="simple")]
+    fd = s.first_divergence
+    if fd:
+        how = "error born here" if fd["origin"] == "born" else f"origin {fd['origin']}: no failing record with agreeing inputs"
+        out.append(f"\nFIRST DIVERGENCE ({how}): row {fd['index']}{' rank ' + fd['rank'] if fd['rank'] else ''}\n"
+                   f"  bench:  {fd['bench']}  [{fd['tensor']}]\n  target: {fd['target']}")
+    else:
+        out.append("\nNo divergence: no row failed.")
+    bad = worst_rows(result.rows, worst)
+    if bad:
+        out.append("\nWorst rows:\n" + tabulate(_table_rows(bad), headers=TABLE_HEADERS, tablefmt="simple"))
+    for w in s.warnings:
+        out.append(f"warning: {w}")
+    return "\n".join(out)
+
+
+def _plot_png(rows: list[Row], first: int | None) -> str:
+    """Error along execution order as a base64 PNG: where the drift is born and how it grows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"pass": "tab:green", "warning": "tab:orange", "fail": "tab:red", "nan/inf": "purple"}
+    fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
+    for status, color in colors.items():
+        pts = [(r.index, _error(r)) for r in rows if r.status == status and _error(r) is not None]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, c=color, label=status)
+    if first is not None:
+        ax.axvline(first, color="black", linestyle="--", linewidth=1, label="first divergence")
+    ax.set_yscale("log")
+    ax.set_xlabel("execution order (row)")
+    ax.set_ylabel("1 - cosine (data) / stats err")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _error(r: Row) -> float | None:
+    floor = 1e-12  # log scale: an exact match is drawn at the floor
+    if r.cosine is not None:
+        return max(1.0 - r.cosine, floor)
+    if r.stats_err is not None and math.isfinite(r.stats_err):
+        return max(r.stats_err, floor)
+    return None
+
+
+_HTML = """<!doctype html><html><head><meta charset="utf-8"><title>xray-compare</title>
+<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}
+td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:#b00}.warning{color:#b60}
+.pass{color:#070}</style></head><body>
+<h1>xray-compare</h1><p>bench: <code>{{ s.bench }}</code><br>target: <code>{{ s.target }}</code></p>
+<table>{% for k, v in totals %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
+<h2>First divergence</h2>
+{% if fd %}<p>row {{ fd.index }} ({{ fd.origin }}): bench <code>{{ fd.bench }}</code> vs target
+<code>{{ fd.target }}</code> [{{ fd.tensor }}]{% if fd.layout %}, layout: {{ fd.layout }}{% endif %}</p>
+{% else %}<p>No row failed.</p>{% endif %}
+<h2>Error along execution order</h2><img alt="error plot" src="data:image/png;base64,{{ png }}">
+<h2>Worst rows</h2>{{ worst }}
+<h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}
+{% if s.warnings %}<h2>Warnings</h2><ul>{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
+</body></html>"""
+
+
+def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, max_unmatched: int = 500) -> None:
+    """One file, no external assets: the plot is an inline PNG."""
+    from jinja2 import Environment
+
+    s = result.summary
+    fd = s.first_divergence
+    unmatched = [r for r in result.rows if r.status == Status.UNMATCHED.value]
+    env = Environment(autoescape=True)
+    html = env.from_string(_HTML).render(
+        s=s, fd=fd, png=_plot_png(result.rows, fd["index"] if fd and not fd["rank"] else (fd or {}).get("index")),
+        totals=[("records bench / target", f"{s.bench_records} / {s.target_records}"),
+                ("matched", f"{s.matched} ({s.match_pct:g}%)"),
+                ("pass / warning / fail / nan-inf / skip / unmatched",
+                 f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped} / {s.unmatched}")],
+        worst=_markup(tabulate(_table_rows(worst_rows(result.rows, worst)), headers=TABLE_HEADERS, tablefmt="html")),
+        unmatched=_markup(tabulate([[r.index, r.bench_name or "-", r.target_name or "-", r.tensor, r.note]
+                                    for r in unmatched[:max_unmatched]],
+                                   headers=["#", "bench", "target", "out", "note"], tablefmt="html")),
+        unmatched_count=len(unmatched))
+    Path(path).write_text(html, encoding="utf-8")
+
+
+def _markup(html: str):
+    from markupsafe import Markup
+
+    return Markup(html)  # tabulate escapes cell text itself

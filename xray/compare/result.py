@@ -1,0 +1,118 @@
+"""Plain results of a compare: the Status enum, one Row per tensor pair, the Summary.
+
+Rows serialise to CSV (columns declared once, in ``COLUMNS``) and the summary to JSON, so a compare
+run on one machine can be read anywhere with pandas or json.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Outcome of one row. The rules are in ``thresholds.Rules`` and docs/compare.md."""
+
+    PASS = "pass"  #: every element close (assert_close rule), or statistics within tolerance
+    WARNING = "warning"  #: not all close, but close enough to be precision loss rather than a bug
+    FAIL = "fail"  #: beyond the warning rule, or shapes that cannot be compared
+    NAN_INF = "nan/inf"  #: NaN/Inf where the other side has a finite value (or different counts)
+    UNMATCHED = "unmatched"  #: present on one side only (fused, decomposed, or not recorded)
+    SKIP = "skip"  #: nothing to compare: no saved data and no statistics on one side
+
+
+FAILING = (Status.FAIL, Status.NAN_INF)
+
+
+@dataclass
+class Row:
+    """One compared pair of output tensors (or one unmatched tensor). Empty numbers are None."""
+
+    rank: str = ""
+    index: int = 0  # position in execution order (bench order, unmatched target rows in between)
+    status: str = ""
+    origin: str = ""  # failing rows: "born" (inputs agree) or "inherited" (an input already differs)
+    inputs_agree: str = ""  # "yes", "no", "unknown"
+    bench_name: str = ""
+    target_name: str = ""
+    kind: str = ""
+    bench_op: str = ""
+    target_op: str = ""
+    tensor: str = ""  # output name, e.g. out0
+    bench_seq: int | None = None
+    target_seq: int | None = None
+    bench_shape: str = ""
+    target_shape: str = ""
+    bench_dtype: str = ""
+    target_dtype: str = ""
+    mode: str = ""  # "data" (saved tensors) or "stats" (statistics only)
+    cosine: float | None = None
+    rmse: float | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    isclose_pct: float | None = None
+    gt_num: int | None = None
+    numel: int | None = None
+    stats_err: float | None = None
+    ref_err_bench: float | None = None
+    ref_err_target: float | None = None
+    bench_nan: int | None = None
+    target_nan: int | None = None
+    bench_inf: int | None = None
+    target_inf: int | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    layout: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The CSV columns, in order. docs/compare.md documents each one.
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
+
+
+@dataclass
+class Summary:
+    """Totals. Records are counted per side; statuses are counted per row (tensor pair)."""
+
+    bench: str
+    target: str
+    bench_records: int = 0
+    target_records: int = 0
+    matched: int = 0
+    match_pct: float = 0.0
+    rows: int = 0
+    passed: int = 0
+    warned: int = 0
+    failed: int = 0
+    nan_inf: int = 0
+    skipped: int = 0
+    unmatched: int = 0
+    unmatched_bench: int = 0
+    unmatched_target: int = 0
+    first_divergence: dict | None = None
+    bytes_compared: int = 0
+    seconds: float = 0.0
+    ranks: dict[str, dict] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CompareResult:
+    rows: list[Row]
+    summary: Summary
+
+    @property
+    def first_divergence(self) -> dict | None:
+        return self.summary.first_divergence
+
+    def status_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out

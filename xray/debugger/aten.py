@@ -1,0 +1,62 @@
+"""dump_torch_api=True: record the ATen ops inside each module with the tracer (xray.record).
+
+The tracer's Recorder runs unchanged; only its writer is replaced by a sink that renumbers
+each op record into the debugger's sequence (so ops and module calls share one order) and
+hands it to the module-dump writer, which stores the records of a step as JSON lines in
+``/step_<s>/aten``. Each op record's ``module`` field names the module it ran in.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..config import DebugFlags, DumpConfig
+from ..dump.model import Record
+from ..record.tracer import Recorder, XrayTracer
+
+
+class _OpSink:
+    """The part of DumpWriter's interface the Recorder uses; tensors are never saved here."""
+
+    def __init__(self, on_record: Callable[[Record], None]) -> None:
+        self.on_record = on_record
+
+    def add(self, record: Record) -> None:
+        self.on_record(record)
+
+    def touch(self, record: Record) -> None:  # de-duplication is off
+        pass
+
+    def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
+        raise RuntimeError("module dumps keep ATen op statistics only (dump_num=0)")
+
+    def abandon(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+class AtenCapture:
+    def __init__(self, model: torch.nn.Module, on_record: Callable[[Record], None]) -> None:
+        config = DumpConfig(debug=DebugFlags.META | DebugFlags.STATS | DebugFlags.BACKWARD, dedup=False, dump_num=0)
+        self.recorder = Recorder(config, _OpSink(on_record))
+        self.recorder.modules.path_of(model)  # name the model's tree first, so its root path is ""
+        self.mode = XrayTracer(self.recorder)
+        self.active = False
+
+    def start(self) -> None:
+        self.recorder.modules.install()
+        self.mode.__enter__()
+        self.active = True
+
+    def stop(self) -> None:
+        if self.active:
+            self.mode.__exit__(None, None, None)
+            self.recorder.modules.remove()
+            self.active = False
+
+    @property
+    def failed(self) -> str | None:
+        return self.recorder.failed

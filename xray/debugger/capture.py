@@ -1,0 +1,87 @@
+"""Turn one captured tensor into an index row (statistics now, data copied now when saving).
+
+Statistics are cached per tensor object and version counter: a module's output is usually the
+next module's input, and q/k/v projections share one input, so each value is reduced once.
+Parameters keep their cached statistics across steps until an optimizer bumps their version.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..dump.model import Stats
+from ..dump.stats import tensor_stats
+from ..dump.tensorio import dtype_name
+from .layout import tensor_name
+from .writer import ModuleDumpWriter
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """One module call in one direction: the unit that becomes one Record."""
+
+    step: int
+    seq: int
+    path: str
+    cls: str
+    call_index: int
+    direction: str  # "forward" | "backward"
+
+
+def _f(x: float | None) -> float:
+    return math.nan if x is None else x  # NaN in the table means "no finite element"
+
+
+class TensorCapture:
+    def __init__(self, writer: ModuleDumpWriter, *, save_data: bool, overflow_only: bool,
+                 on_overflow: Callable[[CallKey, str, Stats], None] | None = None) -> None:
+        self.writer = writer
+        self.save_data = save_data
+        self.overflow_only = overflow_only
+        self.on_overflow = on_overflow
+        self._stats: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._saved_params: dict[tuple[int, int], str] = {}  # (step, id(param)) -> dataset path
+
+    def stats(self, t: torch.Tensor) -> Stats:
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter
+            return tensor_stats(t)
+        hit = self._stats.get(t)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        s = tensor_stats(t)
+        self._stats[t] = (version, s)
+        return s
+
+    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False) -> None:
+        s = self.stats(t)
+        if self.overflow_only and s.finite:
+            return
+        name = tensor_name(call.path, call.cls, call.call_index, role, key)
+        data = ""
+        if self.save_data and t.layout == torch.strided and not t.is_meta:
+            pkey = (call.step, id(t))
+            data = self._saved_params.get(pkey, "") if param else ""
+            if not data:
+                data = self.writer.write_tensor(call.step, name, t, {
+                    "module": call.path, "module_class": call.cls, "call_index": call.call_index,
+                    "direction": call.direction, "role": role, "min": _f(s.min), "max": _f(s.max),
+                    "mean": _f(s.mean), "std": _f(s.std), "nan": s.nan, "posinf": s.posinf,
+                    "neginf": s.neginf})
+                if param:
+                    self._saved_params[pkey] = data
+        self.writer.add_row(call.step, (
+            call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key,
+            dtype_name(t.dtype), json.dumps(list(t.shape)), str(t.device), bool(t.requires_grad),
+            _f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel, data))
+        if not s.finite and self.on_overflow is not None and role in ("forward_output", "backward_output"):
+            self.on_overflow(call, name, s)
+
+    def new_step(self) -> None:
+        self._saved_params.clear()

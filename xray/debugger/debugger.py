@@ -1,0 +1,200 @@
+"""PrecisionDebugger: dump every module's inputs, parameters, outputs (and gradients) per step.
+
+The API mirrors the ptdbg / torch_xray one users know: ``start()`` before the forward,
+``stop()`` after the backward, ``step()`` at the end of a training step. Outside the selected
+steps and ranks ``start()`` installs nothing, so the cost there is one comparison.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..dump.model import Record, Stats
+from .aten import AtenCapture
+from .capture import CallKey, TensorCapture
+from .hooks import ModuleHooks
+from .layout import rank_file_stem
+from .steps import Selection, parse_selection
+from .writer import DumpPathError, ModuleDumpWriter
+
+HOOK_NAMES = ("dump", "overflow_check")
+TASKS = ("tensor", "statistics")
+
+
+@dataclass(frozen=True)
+class OverflowReport:
+    """Where NaN/Inf first appeared in a module's outputs (or input gradients, in backward)."""
+
+    step: int
+    rank: int
+    name: str  # full tensor name, e.g. "model.layers.0.mlp.Linear.0.forward_output.0"
+    module: str
+    module_class: str
+    call_index: int
+    direction: str
+    nan: int
+    posinf: int
+    neginf: int
+
+    def __str__(self) -> str:
+        return (f"first NaN/Inf at {self.name} (step {self.step}, rank {self.rank}, {self.direction}): "
+                f"nan={self.nan} +inf={self.posinf} -inf={self.neginf}")
+
+
+def _ranks() -> tuple[int, int, int]:
+    """(global rank, local rank, world size) from torch.distributed, else torchrun's variables."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        g, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        g, world = int(os.environ.get("RANK", 0) or 0), int(os.environ.get("WORLD_SIZE", 1) or 1)
+    return g, int(os.environ.get("LOCAL_RANK", g) or 0), world
+
+
+class PrecisionDebugger:
+    """Module-level precision dump into ``<dump_path>/globalrank-<g>_localrank-<l>.h5``.
+
+    ``hook_name``: "dump" records every tensor; "overflow_check" records only tensors holding
+    NaN/Inf and reports the first module whose outputs hold them (``first_overflow``).
+    ``task``: "tensor" saves tensor data and statistics; "statistics" saves statistics only.
+    ``rank``/``step``: what to dump (None or [] means all; ranges like "4-6" accepted).
+    ``dump_torch_api``: also record the ATen ops inside each module (xray's tracer).
+    """
+
+    def __init__(self, dump_path: str | os.PathLike = "xray_module_dump", hook_name: str = "dump",
+                 rank: Selection = None, step: Selection = None, model: torch.nn.Module | None = None,
+                 dump_torch_api: bool = False, *, task: str = "tensor", backward: bool = True) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"PrecisionDebugger: model must be a torch.nn.Module, got {type(model).__name__}; "
+                            "pass model=<your nn.Module>")
+        if hook_name not in HOOK_NAMES:
+            raise ValueError(f"PrecisionDebugger: hook_name={hook_name!r}; use one of {', '.join(HOOK_NAMES)}")
+        if task not in TASKS:
+            raise ValueError(f"PrecisionDebugger: task={task!r}; use one of {', '.join(TASKS)}")
+        self.model = model
+        self.hook_name = hook_name
+        self.task = task
+        self.steps = parse_selection(step, "step")
+        self.ranks = parse_selection(rank, "rank")
+        self.dump_torch_api = dump_torch_api
+        self.global_rank, self.local_rank, self.world_size = _ranks()
+        self.dump_path = Path(dump_path)
+        self.current_step = 0
+        self.first_overflow: OverflowReport | None = None
+        self.failed: str | None = None
+        self._seq = 0
+        self._running = False
+        self.file = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}.h5"
+        self.summary_csv = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}_summary.csv"
+        self._check_writable()
+        self._writer = ModuleDumpWriter(self.file, {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
+            "python_version": platform.python_version(), "host": platform.node(), "pid": os.getpid(),
+            "rank": self.global_rank, "global_rank": self.global_rank, "local_rank": self.local_rank,
+            "world_size": self.world_size, "hook_name": hook_name, "task": task,
+            "model_class": type(model).__name__, "dump_torch_api": bool(dump_torch_api)})
+        self._capture = TensorCapture(self._writer, save_data=(task == "tensor" and hook_name == "dump")
+                                      or (task == "tensor" and hook_name == "overflow_check"),
+                                      overflow_only=hook_name == "overflow_check", on_overflow=self._on_overflow)
+        self._hooks = ModuleHooks(model, self._capture, self._next_seq, backward=backward, on_error=self._fail)
+        self._aten: AtenCapture | None = None
+
+    def _check_writable(self) -> None:
+        if not self.rank_selected:
+            return
+        try:
+            self.dump_path.mkdir(parents=True, exist_ok=True)
+            probe = self.dump_path / f".xray-write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise DumpPathError(f"PrecisionDebugger: cannot write to dump_path {self.dump_path}: "
+                                f"{e.strerror or e}; pass a writable folder") from None
+
+    # -- selection ---------------------------------------------------------------------------
+    @property
+    def rank_selected(self) -> bool:
+        return self.ranks is None or self.global_rank in self.ranks
+
+    @property
+    def step_selected(self) -> bool:
+        return self.steps is None or self.current_step in self.steps
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- the API -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Begin capturing, if this rank and the current step are selected (else do nothing)."""
+        if self._running or self.failed is not None or not (self.rank_selected and self.step_selected):
+            return
+        self._writer.open()
+        self._capture.new_step()
+        self._hooks.install(self.current_step)
+        if self.dump_torch_api:
+            if self._aten is None:
+                self._aten = AtenCapture(self.model, self._on_op)
+            self._aten.start()
+        self._running = True
+
+    def stop(self) -> Path | None:
+        """Stop capturing and finish the file (complete, renamed into place) and its CSV."""
+        if not self._running:
+            return None
+        self._running = False
+        self._hooks.remove()
+        if self._aten is not None:
+            self._aten.stop()
+        path = self._writer.close()
+        if path is not None:
+            from ..summary.table import write_summary_csv
+            from .reader import read_module_dump
+
+            with read_module_dump(path) as dump:
+                write_summary_csv(dump, self.summary_csv)
+        return path
+
+    def step(self) -> None:
+        """End the current training step: stop if running, and count the next step."""
+        self.stop()
+        self.current_step += 1
+
+    def __enter__(self) -> "PrecisionDebugger":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- callbacks ---------------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq - 1
+
+    def _on_op(self, record: Record) -> None:
+        if not self._running:
+            return
+        record.seq = record.first_seq = record.last_seq = self._next_seq()
+        record.step = self.current_step
+        self._writer.add_aten(self.current_step, record.to_json())
+
+    def _on_overflow(self, call: CallKey, name: str, s: Stats) -> None:
+        if self.first_overflow is not None:
+            return
+        self.first_overflow = OverflowReport(call.step, self.global_rank, name, call.path, call.cls,
+                                             call.call_index, call.direction, s.nan, s.posinf, s.neginf)
+        print(f"xray overflow_check: {self.first_overflow}", file=sys.stderr)
+
+    def _fail(self, e: Exception) -> None:
+        """Stop capturing after an error (disk full, a bug), but never break the user's model."""
+        if self.failed is None:
+            self.failed = f"{type(e).__name__}: {e}"
+            warnings.warn(f"xray PrecisionDebugger: capture stopped: {self.failed}", RuntimeWarning, stacklevel=3)
+            self._hooks.remove()

@@ -1,0 +1,160 @@
+"""Per-module hooks that capture forward inputs, parameters and outputs, and their gradients.
+
+Why not ``register_full_backward_hook``: it wraps outputs in a custom autograd Function whose
+results are views, and ``ReLU(inplace=True)`` downstream then fails ("a view ... is being
+modified inplace"). Instead, gradients w.r.t. outputs come from a multi-grad hook on the
+outputs (the total gradient of each output, which is the module's grad_output), and gradients
+w.r.t. inputs from a multi-grad hook on identity aliases (``view_as``) handed to the module in
+place of grad-requiring inputs, so each module sees only its own share of an input's gradient.
+Parameter gradients come from hooks on the parameters (the gradient summed over all calls).
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .capture import CallKey, TensorCapture
+from .flatten import flatten_tensors, map_tensors
+
+
+def _guard():
+    """Our own tensor work must not be seen by a dispatch mode (dump_torch_api's tracer)."""
+    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
+
+
+class ModuleHooks:
+    """Installs hooks on every submodule of one model for one step; ``remove()`` takes them off."""
+
+    def __init__(self, model: torch.nn.Module, capture: TensorCapture, next_seq: Callable[[], int],
+                 *, backward: bool, on_error: Callable[[Exception], None]) -> None:
+        self.model = model
+        self.capture = capture
+        self.next_seq = next_seq
+        self.backward = backward
+        self.on_error = on_error
+        self.step = 0
+        # A module reachable under two names keeps its first (named_modules' de-duplication).
+        self.paths = {m: name for name, m in model.named_modules()}
+        self.calls: Counter[str] = Counter()
+        self._stack: list[tuple[torch.nn.Module, CallKey, list]] = []
+        self._bw_seq: dict[tuple[str, int], int] = {}
+        self._handles: list = []
+        self._grad_handles: list = []
+        self._params_hooked: set[int] = set()
+
+    def install(self, step: int) -> None:
+        self.step = step
+        self.calls.clear()
+        self._bw_seq.clear()
+        self._params_hooked.clear()
+        for m, path in self.paths.items():
+            cls = type(m).__name__
+            self._handles.append(m.register_forward_pre_hook(
+                functools.partial(self._pre, path, cls), with_kwargs=True))
+            self._handles.append(m.register_forward_hook(
+                functools.partial(self._post, path, cls), with_kwargs=True))
+
+    def remove(self) -> None:
+        for h in self._handles + self._grad_handles:
+            h.remove()
+        self._handles, self._grad_handles = [], []
+        self._stack.clear()
+
+    # -- forward -------------------------------------------------------------------------
+    def _pre(self, path: str, cls: str, module: torch.nn.Module, args: tuple, kwargs: dict):
+        try:
+            with _guard():
+                return self._enter(path, cls, module, args, kwargs)
+        except Exception as e:  # a debugger bug must never break the user's forward
+            self.on_error(e)
+            return None
+
+    def _enter(self, path, cls, module, args, kwargs):
+        call = CallKey(self.step, self.next_seq(), path, cls, self.calls[path], "forward")
+        self.calls[path] += 1
+        grad_mode = self.backward and torch.is_grad_enabled()
+        aliases: list[tuple[int, torch.Tensor]] = []
+        replaced = None
+        if grad_mode and any(t.requires_grad for t in flatten_tensors((args, kwargs))):
+            def alias(i: int, t: torch.Tensor) -> torch.Tensor:
+                if not t.requires_grad:
+                    return t
+                a = t.view_as(t)
+                aliases.append((i, a))
+                return a
+
+            new_args, n = map_tensors(args, alias)
+            new_kwargs, _ = map_tensors(kwargs, alias, start=n)
+            replaced = (new_args, new_kwargs)
+            args, kwargs = new_args, new_kwargs
+        for i, t in enumerate(flatten_tensors((args, kwargs))):
+            self.capture.capture(call, "forward_input", str(i), t)
+        for name, p in module.named_parameters(recurse=False):
+            self.capture.capture(call, "forward_params", name, p, param=True)
+            if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
+                self._params_hooked.add(id(p))
+                self._grad_handles.append(p.register_hook(functools.partial(self._param_grad, path, cls, name)))
+        self._stack.append((module, call, aliases))
+        return replaced
+
+    def _post(self, path: str, cls: str, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
+        # Pop back to this module even if an inner module raised and never ran its own hook.
+        while self._stack and self._stack[-1][0] is not module:
+            self._stack.pop()
+        if not self._stack:
+            return None
+        _, call, aliases = self._stack.pop()
+        try:
+            with _guard():
+                outputs = flatten_tensors(output)
+                for i, t in enumerate(outputs):
+                    self.capture.capture(call, "forward_output", str(i), t)
+                if self.backward and torch.is_grad_enabled():
+                    self._hook_backward(call, outputs, aliases)
+        except Exception as e:
+            self.on_error(e)
+        return None
+
+    # -- backward ------------------------------------------------------------------------
+    def _hook_backward(self, call: CallKey, outputs: list[torch.Tensor], aliases: list) -> None:
+        grad_outs = [(i, t) for i, t in enumerate(outputs) if t.requires_grad]
+        if grad_outs:
+            self._grad_handles.append(torch.autograd.graph.register_multi_grad_hook(
+                [t for _, t in grad_outs],
+                functools.partial(self._grads, call, "backward_input", [i for i, _ in grad_outs]), mode="all"))
+        if aliases:
+            self._grad_handles.append(torch.autograd.graph.register_multi_grad_hook(
+                [a for _, a in aliases],
+                functools.partial(self._grads, call, "backward_output", [i for i, _ in aliases]), mode="all"))
+
+    def _bw_call(self, path: str, cls: str, call_index: int) -> CallKey:
+        key = (path, call_index)
+        seq = self._bw_seq.get(key)
+        if seq is None:
+            seq = self._bw_seq[key] = self.next_seq()
+        return CallKey(self.step, seq, path, cls, call_index, "backward")
+
+    def _grads(self, fwd: CallKey, role: str, indices: list[int], grads) -> None:
+        try:
+            with _guard():
+                call = self._bw_call(fwd.path, fwd.cls, fwd.call_index)
+                for i, g in zip(indices, grads):
+                    if g is not None:
+                        self.capture.capture(call, role, str(i), g)
+        except Exception as e:
+            self.on_error(e)
+
+    def _param_grad(self, path: str, cls: str, name: str, grad: torch.Tensor) -> None:
+        # The parameter's gradient summed over every call; it belongs to the first call,
+        # whose backward runs last.
+        try:
+            with _guard():
+                self.capture.capture(self._bw_call(path, cls, 0), "params_grad", name, grad)
+        except Exception as e:
+            self.on_error(e)
+        return None

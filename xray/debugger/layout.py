@@ -1,0 +1,51 @@
+"""The module-dump file layout (``xray-module`` v1): names, the index table, root attributes.
+
+Writer and reader both import these, so the layout is spelled out once (docs/format.md,
+section 2). Statistics live in one compound ``index`` table per step rather than in per-dataset
+attributes: a table is written in one call and read in one call, which keeps statistics-only
+dumps cheap and lets readers summarise a multi-GB file without touching tensor data.
+"""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+FORMAT_NAME = "xray-module"
+FORMAT_VERSION = 1
+
+FORWARD_ROLES = ("forward_input", "forward_params", "forward_output")
+BACKWARD_ROLES = ("backward_input", "params_grad", "backward_output")
+ROLES = FORWARD_ROLES + BACKWARD_ROLES
+
+_STR = h5py.string_dtype("utf-8")
+
+#: One row per recorded tensor, in the order they were captured. ``seq`` groups rows into
+#: module calls (records); ``data`` is the dataset path inside the file, "" if not saved.
+INDEX_DTYPE = np.dtype([
+    ("seq", np.int64), ("name", _STR), ("module", _STR), ("cls", _STR), ("call_index", np.int32),
+    ("direction", _STR), ("role", _STR), ("key", _STR), ("dtype", _STR), ("shape", _STR),
+    ("device", _STR), ("requires_grad", np.bool_),
+    ("min", np.float64), ("max", np.float64), ("mean", np.float64), ("std", np.float64),
+    ("nan", np.int64), ("posinf", np.int64), ("neginf", np.int64), ("numel", np.int64),
+    ("data", _STR),
+])
+
+INDEX = "index"  # the per-step table: /step_<s>/index
+ATEN = "aten"  # the per-step ATen op records (dump_torch_api=True): /step_<s>/aten, JSON strings
+
+
+def step_group(step: int) -> str:
+    return f"step_{step}"
+
+
+def module_prefix(path: str, cls: str, call_index: int) -> str:
+    """``<path>.<Class>.<call>``; the root module (path "") is named by its class alone."""
+    return f"{path}.{cls}.{call_index}" if path else f"{cls}.{call_index}"
+
+
+def tensor_name(path: str, cls: str, call_index: int, role: str, key: str) -> str:
+    return f"{module_prefix(path, cls, call_index)}.{role}.{key}"
+
+
+def rank_file_stem(global_rank: int, local_rank: int) -> str:
+    return f"globalrank-{global_rank}_localrank-{local_rank}"

@@ -1,0 +1,116 @@
+"""Write one rank's module dump: tensor datasets as they are captured, index tables at close.
+
+Nothing half-written looks valid: while a dump is open the file lives under ``<name>.h5.tmp``
+with the root attribute ``complete = False``; ``close()`` writes the index tables, sets
+``complete = True`` and renames the file into place. A later ``open()`` in the same session
+moves it back to the temporary name before appending the next step.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from ..dump.tensorio import write_dataset
+from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, step_group
+
+
+def _attr_value(v: Any) -> Any:
+    """HDF5 attributes hold plain str/int/float/bool; lists, dicts and None go in as JSON."""
+    if isinstance(v, (list, dict)) or v is None:
+        return json.dumps(v)
+    if isinstance(v, str):
+        return str(v)  # str subclasses (torch.__version__) have no HDF5 type
+    return v
+
+
+class DumpPathError(OSError):
+    """The dump path cannot be written; the message names it."""
+
+
+class ModuleDumpWriter:
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
+        self.rows: dict[int, list[tuple]] = {}  # step -> index rows, for the whole session
+        self._aten: dict[int, list[str]] = {}
+        self._touched: set[int] = set()
+        self._file: h5py.File | None = None
+        self._created = False
+        self.bytes_written = 0
+        self.tensors_written = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._file is not None
+
+    def open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._created and self.path.exists():
+                os.replace(self.path, self.tmp)
+                self._file = h5py.File(self.tmp, "a")
+            else:  # a new session overwrites what an earlier run left at this name
+                self.path.unlink(missing_ok=True)
+                self._file = h5py.File(self.tmp, "w")
+                for k, v in self.header.items():
+                    self._file.attrs[k] = _attr_value(v)
+                self._created = True
+            self._file.attrs["complete"] = False
+        except OSError as e:
+            raise DumpPathError(f"cannot write module dump {self.path}: {e.strerror or e}; "
+                                "pass a writable dump_path") from e
+
+    def group(self, step: int) -> h5py.Group:
+        assert self._file is not None, "writer is not open"
+        self._touched.add(step)
+        return self._file.require_group(step_group(step))
+
+    def write_tensor(self, step: int, name: str, t: torch.Tensor, attrs: dict[str, Any]) -> str:
+        """Copy ``t`` into ``/step_<s>/<name>`` now (so later in-place ops cannot change it)."""
+        g = self.group(step)
+        if name in g:  # the same tensor name twice in one step (re-entered start/stop): keep the last
+            del g[name]
+        write_dataset(g, name, t, **attrs)
+        self.bytes_written += t.numel() * t.element_size()
+        self.tensors_written += 1
+        return f"{step_group(step)}/{name}"
+
+    def add_row(self, step: int, row: tuple) -> None:
+        self.rows.setdefault(step, []).append(row)
+        self._touched.add(step)
+
+    def add_aten(self, step: int, record_json: dict) -> None:
+        self._aten.setdefault(step, []).append(json.dumps(record_json, separators=(",", ":")))
+        self._touched.add(step)
+
+    def close(self) -> Path | None:
+        """Write the index of every step touched, mark the file complete, rename it into place."""
+        if self._file is None:
+            return None
+        f, self._file = self._file, None
+        try:
+            for step in sorted(self._touched):
+                g = f.require_group(step_group(step))
+                g.attrs["step"] = step
+                for name, data in ((INDEX, np.array(self.rows.get(step, []), dtype=INDEX_DTYPE)),
+                                   (ATEN, np.array(self._aten.get(step, []), dtype=h5py.string_dtype()))):
+                    if name in g:
+                        del g[name]
+                    if name == INDEX or len(data):
+                        g.create_dataset(name, data=data)
+            self._touched.clear()
+            f.attrs["steps"] = json.dumps(sorted(int(k.removeprefix("step_")) for k in f.keys()
+                                                 if k.startswith("step_")))
+            f.attrs["complete"] = True
+            f.close()
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            raise DumpPathError(f"cannot finish module dump {self.path}: {e.strerror or e}") from e
+        return self.path

@@ -1,0 +1,268 @@
+"""Rebuild a recorded op call: resolve its OpOverload safely and materialize its inputs.
+
+Shared by ``xray-gen`` (generated tests) and ``xray-replay``. Nothing from a dump is evaluated:
+op names go through a strict regex and an attribute walk on ``torch.ops``; dtypes, layouts and
+memory formats are looked up by validated name and type-checked.
+
+Inputs are built on CPU with a seeded CPU generator and only then moved to the target device, so
+two devices given the same seed see bit-identical inputs.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+from .dump.model import Record, Scalar, TensorMeta
+from .dump.tensorio import dtype_from_name
+
+FACTORIES = ("load", "random", "auto")
+
+# namespace.op.overload; each part a plain identifier, never a dunder (which would reach Python
+# internals of the torch.ops objects instead of operators).
+_OP_RE = re.compile(r"^(?!__)[A-Za-z_][A-Za-z0-9_]*\.(?!__)[A-Za-z_][A-Za-z0-9_]*\.(?!__)[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEVICE_RE = re.compile(r"^[a-z_][a-z0-9_]*(:[0-9]+)?$")
+
+
+class UnknownOpError(ValueError):
+    """The recorded op name is malformed or names no operator in this torch build."""
+
+
+class MissingTensorError(KeyError):
+    """``--factory load`` was asked for a tensor whose data is not in the dump."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message, quotes and all
+        return str(self.args[0]) if self.args else "missing tensor"
+
+
+class UnsupportedValueError(ValueError):
+    """A recorded argument that cannot be rebuilt (an opaque ``repr`` value, e.g. a Generator)."""
+
+
+def resolve_op(name: str) -> torch._ops.OpOverload:
+    """The OpOverload for ``aten.add.Tensor``-style names; raise UnknownOpError otherwise."""
+    if not isinstance(name, str) or not _OP_RE.match(name):
+        raise UnknownOpError(f"invalid op name {name!r}: expected namespace.op.overload made of identifiers")
+    ns, op, overload = name.split(".")
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        func = getattr(packet, overload)
+    except (AttributeError, RuntimeError) as e:
+        raise UnknownOpError(f"unknown op {name!r}: not found in torch.ops of torch {torch.__version__}") from e
+    if not isinstance(func, torch._ops.OpOverload):
+        raise UnknownOpError(f"{name!r} is not an operator overload")
+    return func
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """A recorded dtype name (``bfloat16``) as a torch.dtype; anything else raises ValueError."""
+    if not isinstance(name, str) or not _NAME_RE.match(name.removeprefix("torch.")):
+        raise ValueError(f"invalid dtype name {name!r}")
+    return dtype_from_name(name)
+
+
+def _named_attr(name: Any, kind: type, what: str) -> Any:
+    if not isinstance(name, str) or not _NAME_RE.match(name.removeprefix("torch.")):
+        raise ValueError(f"invalid {what} name {name!r}")
+    v = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(v, kind):
+        raise ValueError(f"unknown {what} {name!r}")
+    return v
+
+
+def materialize_value(value: Any, dump: Any, *, factory: str = "load", generator: torch.Generator | None = None,
+                      device: str | torch.device = "cpu") -> Any:
+    """Turn one recorded value (TensorMeta, Scalar, list, plain) into a live argument.
+
+    Recorded ``device`` arguments are mapped to the target ``device``: a test rebuilt for
+    another machine must allocate there, not on the recording machine's device.
+    """
+    if factory not in FACTORIES:
+        raise ValueError(f"unknown factory {factory!r}; use one of {', '.join(FACTORIES)}")
+    if isinstance(value, TensorMeta):
+        return _tensor(value, dump, factory, generator, torch.device(device))
+    if isinstance(value, Scalar):
+        return _scalar(value, device)
+    if isinstance(value, (list, tuple)):
+        return [materialize_value(v, dump, factory=factory, generator=generator, device=device) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise UnsupportedValueError(f"cannot rebuild value of type {type(value).__name__}")
+
+
+def _scalar(s: Scalar, device: str | torch.device) -> Any:
+    tag, v = s.tag, s.value
+    if tag == "dtype":
+        return dtype_of(v)
+    if tag == "device":
+        if not isinstance(v, str) or not _DEVICE_RE.match(v):
+            raise ValueError(f"invalid device {v!r}")
+        return torch.device(device)
+    if tag == "layout":
+        return _named_attr(v, torch.layout, "layout")
+    if tag == "memory_format":
+        return _named_attr(v, torch.memory_format, "memory_format")
+    if tag == "float":
+        if isinstance(v, str):
+            if v not in ("nan", "inf", "-inf"):
+                raise ValueError(f"invalid float {v!r}")
+            return float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        raise ValueError(f"invalid float {v!r}")
+    if tag == "complex":
+        if (isinstance(v, (list, tuple)) and len(v) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+            return complex(float(v[0]), float(v[1]))
+        raise ValueError(f"invalid complex {v!r}")
+    if tag == "str":
+        if not isinstance(v, str):
+            raise ValueError(f"invalid string {v!r}")
+        return v
+    if tag == "symint":
+        hint = v.get("hint") if isinstance(v, dict) else None
+        if isinstance(hint, int) and not isinstance(hint, bool):
+            return hint
+        raise UnsupportedValueError(f"symbolic int {v!r} has no concrete hint")
+    raise UnsupportedValueError(f"cannot rebuild a {tag!r} value ({str(v)[:60]!r})")
+
+
+# -- tensors --------------------------------------------------------------------------------------
+
+def _check_meta(meta: TensorMeta) -> torch.dtype:
+    dtype = dtype_of(meta.dtype)
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in meta.shape):
+        raise ValueError(f"invalid shape {meta.shape!r}")
+    return dtype
+
+
+def _tensor(meta: TensorMeta, dump: Any, factory: str, generator: torch.Generator | None,
+            device: torch.device) -> torch.Tensor:
+    dtype = _check_meta(meta)
+    saved = dump is not None and meta.data is not None and dump.has_data(meta)
+    if factory == "load" and not saved:
+        where = f"{meta.data!r} in {getattr(dump, 'folder', 'the dump')}" if meta.data else "in the dump"
+        raise MissingTensorError(
+            f"tensor {list(meta.shape)} {meta.dtype} was not saved ({where}); "
+            "use --factory random to regenerate it from its statistics (or record with a larger X_DUMP_NUM)")
+    if saved and factory != "random":
+        data = dump.load_tensor(meta)
+        if data.numel() == meta.numel and tuple(data.shape) != tuple(meta.shape):
+            # tensorio stores 0-d tensors through np.ascontiguousarray, which returns 1-d
+            data = data.reshape(tuple(meta.shape))
+        if tuple(data.shape) != tuple(meta.shape) or data.dtype != dtype:
+            raise ValueError(f"saved tensor {meta.data!r} is {tuple(data.shape)} {data.dtype}, "
+                             f"but the record says {tuple(meta.shape)} {meta.dtype}")
+    else:
+        data = random_like_meta(meta, dtype, generator)
+    return place(data, meta.stride, device)
+
+
+def random_like_meta(meta: TensorMeta, dtype: torch.dtype, generator: torch.Generator | None,
+                     device: str | torch.device = "cpu") -> torch.Tensor:
+    """Random data of ``meta``'s shape that follows its recorded statistics, made on ``device``
+    (``generator`` must live on that device)."""
+    shape = tuple(meta.shape)
+    dev = torch.device(device)
+    st = meta.stats
+    if st is None or st.min is None or st.max is None:
+        return torch.zeros(shape, dtype=dtype, device=dev)
+    lo, hi = float(st.min), float(st.max)
+    if dtype == torch.bool:
+        p = min(max(float(st.mean if st.mean is not None else 0.5), 0.0), 1.0)
+        return torch.bernoulli(torch.full(shape, p, dtype=torch.float64, device=dev), generator=generator).to(torch.bool)
+    if dtype.is_floating_point or dtype.is_complex:
+        def uniform() -> torch.Tensor:
+            return torch.rand(shape, generator=generator, dtype=torch.float64, device=dev) * (hi - lo) + lo
+        if dtype.is_complex:  # stats cover real and imaginary parts together
+            return torch.complex(uniform(), uniform()).to(dtype)
+        return uniform().to(dtype)
+    info = torch.iinfo(dtype)
+    low = max(int(math.floor(lo)), info.min)
+    high = min(int(math.ceil(hi)), info.max - 1)  # randint's bound is exclusive
+    if high < low:
+        high = low
+    return torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64, device=dev).to(dtype)
+
+
+def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _storage_size(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def place(data: torch.Tensor, stride: tuple[int, ...] | None, device: torch.device) -> torch.Tensor:
+    """Move ``data`` to ``device`` with the recorded strides when they are valid and non-contiguous.
+
+    Works through a flat storage and ``as_strided`` so that overlapping layouts (expanded
+    tensors, stride 0) are reproduced too; where elements alias, they hold equal values anyway.
+    """
+    shape = tuple(data.shape)
+    if (stride is None or len(stride) != len(shape) or data.numel() == 0
+            or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in stride)
+            or contiguous_stride(shape) == tuple(stride)):
+        return data.contiguous().to(device)
+    stride = tuple(stride)
+    size = _storage_size(shape, stride)
+    index = torch.arange(size).as_strided(shape, stride).reshape(-1)
+    base = torch.zeros(size, dtype=data.dtype)
+    base[index] = data.reshape(-1)
+    return base.to(device).as_strided(shape, stride)
+
+
+# -- whole calls ----------------------------------------------------------------------------------
+
+def split_args(func: torch._ops.OpOverload, values: dict[str, Any], where: str = "record") -> tuple[tuple, dict]:
+    """Positional args and kwargs in schema order (kwarg-only arguments, and any argument after
+    a skipped one, go to kwargs)."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    schema_names = set()
+    positional = True
+    for a in func._schema.arguments:
+        schema_names.add(a.name)
+        if a.name not in values:
+            positional = False
+            continue
+        if positional and not a.kwarg_only:
+            args.append(values[a.name])
+        else:
+            kwargs[a.name] = values[a.name]
+    extra = [k for k in values if k not in schema_names]
+    if extra:
+        raise ValueError(f"{where}: arguments {extra} are not in the schema of {func}")
+    return tuple(args), kwargs
+
+
+def build_call(record: Record, dump: Any, *, factory: str = "auto", seed: int = 0,
+               device: str | torch.device = "cpu") -> tuple[torch._ops.OpOverload, tuple, dict]:
+    """(op, args, kwargs) to re-run ``record``; the same seed gives the same inputs on any device."""
+    func = resolve_op(record.op)
+    gen = torch.Generator().manual_seed(int(seed))
+    where = f"record seq={record.seq} ({record.op})"
+    values = {}
+    for a in func._schema.arguments:  # schema order: materialization consumes the generator in order
+        if a.name in record.inputs:
+            try:
+                values[a.name] = materialize_value(record.inputs[a.name], dump, factory=factory,
+                                                   generator=gen, device=device)
+            except MissingTensorError as e:
+                raise MissingTensorError(f"{where}, argument {a.name!r}: {e}") from None
+            except ValueError as e:
+                raise type(e)(f"{where}, argument {a.name!r}: {e}") from None
+    for k in record.inputs:
+        if k not in values:
+            raise ValueError(f"{where}: argument {k!r} is not in the schema of {func}")
+    args, kwargs = split_args(func, values, where)
+    return func, args, kwargs

@@ -1,0 +1,96 @@
+"""xray-summary INPUT [OUTPUT]: a statistics table of a module dump (.h5), a folder of them
+(one per rank), or a tracer dump (folder or dump.json)."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from ..debugger.steps import SelectionError, parse_selection
+from ..dump import DumpFormatError, load_dump
+from ..dump.reader import TruncatedDumpWarning
+from .table import SummaryRow, dump_rows, filter_rows, render_table, write_csv
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xray-summary", description=__doc__)
+    p.add_argument("input", help="a module dump .h5, a folder of globalrank-*.h5 files, or a tracer dump")
+    p.add_argument("output", nargs="?", help="also write the table (or, with --csv, the CSV) to this file")
+    p.add_argument("--csv", action="store_true", help="write CSV instead of a table")
+    p.add_argument("--step", help="steps to show: 1,4-6 (default: all)")
+    p.add_argument("--rank", help="global ranks to show: 0,2-3 (default: all)")
+    p.add_argument("--match", metavar="PATTERN", help="show tensors whose name matches this regular expression")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="summarise a module dump whose writer never finished (default: refuse)")
+    return p
+
+
+def _inputs(path: Path) -> list[Path]:
+    """A folder of per-rank module dumps expands to its files; anything else is one dump."""
+    if path.is_dir():
+        files = sorted(path.glob("globalrank-*.h5"))
+        if files:
+            return files
+    return [path]
+
+
+def _open(path: Path, allow_incomplete: bool):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TruncatedDumpWarning)
+        dump = load_dump(path)
+    for w in caught:
+        if issubclass(w.category, TruncatedDumpWarning) and not allow_incomplete:
+            dump.close()
+            raise DumpFormatError(f"{w.message}; pass --allow-incomplete to summarise it anyway")
+        print(f"xray-summary: warning: {w.message}", file=sys.stderr)
+    return dump
+
+
+def _rows(paths: list[Path], args) -> Iterator[SummaryRow]:
+    steps, ranks = parse_selection(args.step, "step"), parse_selection(args.rank, "rank")
+    for p in paths:
+        dump = _open(p, args.allow_incomplete)
+        try:
+            yield from filter_rows(dump_rows(dump), steps, ranks, args.match)
+        finally:
+            dump.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.match:
+            re.compile(args.match)
+        parse_selection(args.step, "step"), parse_selection(args.rank, "rank")
+        paths = _inputs(Path(args.input))
+        rows = tqdm(_rows(paths, args), desc="xray-summary", unit=" tensors", disable=None, leave=False,
+                    file=sys.stderr)
+        if args.csv:
+            if args.output:
+                with open(args.output, "w", newline="", encoding="utf-8") as f:
+                    n = write_csv(rows, f)
+                print(f"xray-summary: wrote {n} rows to {args.output}", file=sys.stderr)
+            else:
+                write_csv(rows, sys.stdout)
+            return 0
+        text = render_table(rows)
+        print(text)
+        if args.output:
+            Path(args.output).write_text(text + "\n", encoding="utf-8")
+        return 0
+    except (DumpFormatError, SelectionError) as e:
+        print(f"xray-summary: error: {e}", file=sys.stderr)
+    except re.error as e:
+        print(f"xray-summary: error: --match {args.match!r} is not a regular expression ({e})", file=sys.stderr)
+    except OSError as e:
+        print(f"xray-summary: error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
