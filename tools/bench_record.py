@@ -1,0 +1,127 @@
+"""Recorder overhead vs plain eager, measured side by side in one run.
+
+Model: transformers LlamaForCausalLM, 4 layers, hidden 256, batch 2x128 tokens (issue 2). Each
+configuration is timed over the same number of forwards, interleaved with eager, and the
+median ratio is printed. msprobe (pip install mindstudio-probe) runs beside it when installed.
+
+    python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+import xray  # noqa: E402
+from xray.models import bench_llama, token_batch  # noqa: E402
+
+CONFIGS = [  # (label, dump kwargs)
+    ("0x102 dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0)),
+    ("0x102 dedup, X_DUMP_NUM=5", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=5)),
+    ("0x112 dedup (+module records)", dict(X_DEBUG=0x112, X_DEDUP=True, X_DUMP_NUM=0)),
+    ("0x102 no dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0)),
+    ("0x102 no dedup, X_DUMP_NUM=5", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=5)),
+]
+
+
+def folder_size(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def time_eager(model, ids) -> float:
+    t = time.perf_counter()
+    model(ids)
+    return time.perf_counter() - t
+
+
+def time_dump(model, ids, root: Path, kw: dict) -> tuple[float, dict, int]:
+    shutil.rmtree(root, ignore_errors=True)
+    t = time.perf_counter()
+    with xray.dump(dump_dir=root, **kw) as session:
+        model(ids)
+    elapsed = time.perf_counter() - t
+    return elapsed, session.summary(), folder_size(root)
+
+
+def time_msprobe(model, ids, root: Path, level: str):
+    """msprobe statistics mode at `level` (L1: torch API, mix: modules + API); None if absent."""
+    try:
+        from msprobe.pytorch import PrecisionDebugger
+    except Exception:
+        return None
+    cfg = root / "msprobe.json"
+    root.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(json.dumps({"task": "statistics", "dump_path": str(root / "out"), "rank": [], "step": [],
+                               "level": level, "statistics": {"scope": [], "list": [], "data_mode": ["all"],
+                                                              "summary_mode": "statistics"}}))
+    debugger = PrecisionDebugger(config_path=str(cfg))
+    t = time.perf_counter()
+    debugger.start(model)
+    model(ids)
+    debugger.stop()
+    debugger.step()
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, ids = bench_llama(), token_batch(batch=2, seq=128, vocab=1000)
+    tmp = Path(tempfile.mkdtemp(prefix="xray-bench-"))
+    rows, results = [], []
+    with torch.no_grad():
+        for _ in range(3):  # warm-up: allocator, lazy inits, first-call costs
+            model(ids)
+        time_dump(model, ids, tmp / "warm", CONFIGS[0][1])
+        for label, kw in CONFIGS:
+            ratios, summary, size = [], {}, 0
+            for _ in range(args.repeats):
+                eager = time_eager(model, ids)
+                dumped, summary, size = time_dump(model, ids, tmp / "d", kw)
+                ratios.append(dumped / eager)
+            r = statistics.median(ratios)
+            rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
+                         f"{size / 2**20:.2f}"])
+            results.append({"config": label, "ratio": r, **summary, "bytes": size})
+        for level in ("L1", "mix"):
+            ratios = []
+            for _ in range(args.repeats):
+                eager = time_eager(model, ids)
+                t = time_msprobe(model, ids, tmp / f"ms{level}", level)
+                if t is None:
+                    break
+                ratios.append(t / eager)
+            if ratios:
+                r = statistics.median(ratios)
+                rows.append([f"msprobe statistics level {level}", f"{r:.2f}x", "", "", "", ""])
+                results.append({"config": f"msprobe {level}", "ratio": r})
+            elif level == "L1":
+                rows.append(["msprobe (pip install mindstudio-probe)", "not installed", "", "", "", ""])
+    eager_ms = statistics.median(time_eager(model, ids) * 1e3 for _ in range(5))
+    print(f"Llama 4x256, batch 2x128, torch {torch.__version__}, {args.threads} threads, "
+          f"eager forward {eager_ms:.1f} ms (median of {args.repeats} interleaved runs per row)")
+    print(tabulate(rows, headers=["configuration", "vs eager", "op calls", "records", "tensors saved",
+                                  "dump MiB"], tablefmt="github"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The ``xray`` command: ``xray demo``, ``xray record script.py``, ``xray info DUMP``."""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections import Counter
+from pathlib import Path
+
+EXAMPLES = """examples:
+  xray demo --out xray-demo                 # the whole workflow on a small real Llama
+  xray record -o dumps/run -- train.py --lr 1e-3   # dump a script without editing it
+  xray info xray_debug/proc_1234            # what a dump holds
+"""
+
+
+def _info(path: str, top: int) -> int:
+    from tabulate import tabulate
+
+    from .dump import DumpFormatError, load_dump
+
+    try:
+        dump = load_dump(path)
+    except DumpFormatError as e:
+        print(f"xray info: {e}", file=sys.stderr)
+        return 2
+    print(info_text(dump, top))
+    return 0
+
+
+def info_text(dump, top: int = 15) -> str:
+    """A short human summary of a dump: what was recorded, top ops, where non-finite values are."""
+    from tabulate import tabulate
+
+    ops = [r for r in dump.records if r.kind == "op"]
+    calls = Counter()
+    for r in ops:
+        calls[r.op] += r.count
+    nonfinite = [r for r in dump.records for _, m in r.output_tensors() if m.stats and not m.stats.finite]
+    lines = [f"{dump!r}",
+             f"records: {len(dump.records)} ({len(ops)} op records covering {sum(calls.values())} calls, "
+             f"{len(dump.records) - len(ops)} module records), distinct ops: {len(calls)}"]
+    if nonfinite:
+        first = nonfinite[0]
+        lines.append(f"first NaN/Inf output: #{first.seq} {first.op} in {first.module or '<no module>'}")
+    lines.append(tabulate(calls.most_common(top), headers=["op", "calls"], tablefmt="github"))
+    return "\n".join(lines)
+
+
+def _record(args) -> int:
+    from .record import begin_dump, end_dump
+
+    script, *script_args = args.script
+    sys.argv = [script, *script_args]
+    folder = begin_dump(args.debug, None if args.dedup is None else args.dedup == "1", args.dump_num, args.output)
+    try:
+        if args.module:
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        if folder is not None:
+            folder = end_dump()
+            print(f"xray: dump written to {folder}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="xray", description="Operator-level precision debugging for PyTorch.",
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    demo = sub.add_parser("demo", help="run the whole workflow on a small real model")
+    demo.add_argument("--out", default="xray-demo", help="output folder (default: xray-demo)")
+    demo.add_argument("--small", action="store_true", help="a smaller model and fewer steps (used by the tests)")
+    demo.add_argument("--no-replay", action="store_true", help="skip the backend replay step")
+    rec = sub.add_parser("record", help="run a Python script with every ATen call recorded")
+    rec.add_argument("-o", "--output", default=None, help="dump dir (default: X_DUMP_DIR or ./xray_debug)")
+    rec.add_argument("--debug", type=lambda s: int(s, 0), default=None, help="X_DEBUG bit mask, e.g. 0x102")
+    rec.add_argument("--dedup", choices=["0", "1"], default=None, help="X_DEDUP")
+    rec.add_argument("--dump-num", type=int, default=None, help="X_DUMP_NUM")
+    rec.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
+    rec.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args...]")
+    info = sub.add_parser("info", help="summarise a dump")
+    info.add_argument("dump")
+    info.add_argument("--top", type=int, default=15)
+    args = ap.parse_args(argv)
+    if args.cmd == "demo":
+        from .demo import run_demo
+
+        return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
+    if args.cmd == "record":
+        if args.script and args.script[0] == "--":
+            args.script = args.script[1:]
+        if not args.script:
+            ap.error("record needs a script to run")
+        return _record(args)
+    return _info(args.dump, args.top)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    sys.exit(main())
