@@ -8,20 +8,24 @@ import torch
 
 
 def tiny_llama(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 256,
-               intermediate: int | None = None, seed: int = 0) -> torch.nn.Module:
-    """A transformers LlamaForCausalLM with random weights, in eval mode."""
+               intermediate: int | None = None, seed: int = 0, attn: str = "eager") -> torch.nn.Module:
+    """A transformers LlamaForCausalLM with random weights, in eval mode.
+
+    ``attn="eager"`` (the default here) spells attention out as matmul/softmax ops, which every
+    replay backend can express; ``"sdpa"`` is transformers' own default."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or hidden * 2 + hidden // 2,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      max_position_embeddings=512, attn_implementation="eager")
+                      max_position_embeddings=512, attn_implementation=attn)
     return LlamaForCausalLM(cfg).eval()
 
 
 def bench_llama(seed: int = 0) -> torch.nn.Module:
     """The benchmark model named by the issues: 4 layers, hidden 256 (run on 2x128 tokens)."""
-    return tiny_llama(layers=4, hidden=256, heads=4, kv_heads=2, vocab=1000, intermediate=688, seed=seed)
+    return tiny_llama(layers=4, hidden=256, heads=4, kv_heads=2, vocab=1000, intermediate=688, seed=seed,
+                      attn="sdpa")
 
 
 def token_batch(batch: int = 2, seq: int = 16, vocab: int = 256, seed: int = 0) -> torch.Tensor:

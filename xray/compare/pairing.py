@@ -38,7 +38,7 @@ def pair_units(bench: str | os.PathLike, target: str | os.PathLike) -> tuple[lis
     ub, ut = dump_units(bench), dump_units(target)
     if len(ub) == 1 and len(ut) == 1:
         (nb, pb), (nt, pt) = next(iter(ub.items())), next(iter(ut.items()))
-        return [(nb if nb == nt else "", pb, pt)], []
+        return [(nb if nb == nt and nb.startswith("rank_") else "", pb, pt)], []
     common = [n for n in ub if n in ut]
     notes = []
     if not common:

@@ -99,8 +99,7 @@ class PrecisionDebugger:
             "rank": self.global_rank, "global_rank": self.global_rank, "local_rank": self.local_rank,
             "world_size": self.world_size, "hook_name": hook_name, "task": task,
             "model_class": type(model).__name__, "dump_torch_api": bool(dump_torch_api)})
-        self._capture = TensorCapture(self._writer, save_data=(task == "tensor" and hook_name == "dump")
-                                      or (task == "tensor" and hook_name == "overflow_check"),
+        self._capture = TensorCapture(self._writer, save_data=task == "tensor",
                                       overflow_only=hook_name == "overflow_check", on_overflow=self._on_overflow)
         self._hooks = ModuleHooks(model, self._capture, self._next_seq, backward=backward, on_error=self._fail)
         self._aten: AtenCapture | None = None

@@ -2,11 +2,13 @@
 
 Why not ``register_full_backward_hook``: it wraps outputs in a custom autograd Function whose
 results are views, and ``ReLU(inplace=True)`` downstream then fails ("a view ... is being
-modified inplace"). Instead, gradients w.r.t. outputs come from a multi-grad hook on the
-outputs (the total gradient of each output, which is the module's grad_output), and gradients
-w.r.t. inputs from a multi-grad hook on identity aliases (``view_as``) handed to the module in
-place of grad-requiring inputs, so each module sees only its own share of an input's gradient.
-Parameter gradients come from hooks on the parameters (the gradient summed over all calls).
+modified inplace"). Instead, multi-grad hooks on the outputs give the module's grad_output,
+and multi-grad hooks on the inputs give the gradient w.r.t. each input tensor. Hooks leave the
+autograd graph untouched, so gradients stay bitwise identical. The price: an input shared by
+several modules (q/k/v projections) reports its total gradient, summed over all its consumers;
+giving each module its own share needs an identity node per module, and that node changed the
+engine's accumulation order (measured: last-bit differences in the attention gradients).
+Parameter gradients come from hooks on the parameters (summed over all calls of the step).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .capture import CallKey, TensorCapture
-from .flatten import flatten_tensors, map_tensors
+from .flatten import flatten_tensors
 
 
 def _guard():
@@ -78,29 +80,17 @@ class ModuleHooks:
         call = CallKey(self.step, self.next_seq(), path, cls, self.calls[path], "forward")
         self.calls[path] += 1
         grad_mode = self.backward and torch.is_grad_enabled()
-        aliases: list[tuple[int, torch.Tensor]] = []
-        replaced = None
-        if grad_mode and any(t.requires_grad for t in flatten_tensors((args, kwargs))):
-            def alias(i: int, t: torch.Tensor) -> torch.Tensor:
-                if not t.requires_grad:
-                    return t
-                a = t.view_as(t)
-                aliases.append((i, a))
-                return a
-
-            new_args, n = map_tensors(args, alias)
-            new_kwargs, _ = map_tensors(kwargs, alias, start=n)
-            replaced = (new_args, new_kwargs)
-            args, kwargs = new_args, new_kwargs
-        for i, t in enumerate(flatten_tensors((args, kwargs))):
+        inputs = flatten_tensors((args, kwargs))
+        for i, t in enumerate(inputs):
             self.capture.capture(call, "forward_input", str(i), t)
+        grad_inputs = [(i, t) for i, t in enumerate(inputs) if grad_mode and t.requires_grad]
         for name, p in module.named_parameters(recurse=False):
             self.capture.capture(call, "forward_params", name, p, param=True)
             if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
                 self._params_hooked.add(id(p))
                 self._grad_handles.append(p.register_hook(functools.partial(self._param_grad, path, cls, name)))
-        self._stack.append((module, call, aliases))
-        return replaced
+        self._stack.append((module, call, grad_inputs))
+        return None
 
     def _post(self, path: str, cls: str, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
         # Pop back to this module even if an inner module raised and never ran its own hook.
@@ -108,29 +98,29 @@ class ModuleHooks:
             self._stack.pop()
         if not self._stack:
             return None
-        _, call, aliases = self._stack.pop()
+        _, call, grad_inputs = self._stack.pop()
         try:
             with _guard():
                 outputs = flatten_tensors(output)
                 for i, t in enumerate(outputs):
                     self.capture.capture(call, "forward_output", str(i), t)
                 if self.backward and torch.is_grad_enabled():
-                    self._hook_backward(call, outputs, aliases)
+                    self._hook_backward(call, outputs, grad_inputs)
         except Exception as e:
             self.on_error(e)
         return None
 
     # -- backward ------------------------------------------------------------------------
-    def _hook_backward(self, call: CallKey, outputs: list[torch.Tensor], aliases: list) -> None:
+    def _hook_backward(self, call: CallKey, outputs: list[torch.Tensor], grad_inputs: list) -> None:
         grad_outs = [(i, t) for i, t in enumerate(outputs) if t.requires_grad]
         if grad_outs:
             self._grad_handles.append(torch.autograd.graph.register_multi_grad_hook(
                 [t for _, t in grad_outs],
                 functools.partial(self._grads, call, "backward_input", [i for i, _ in grad_outs]), mode="all"))
-        if aliases:
+        if grad_inputs:
             self._grad_handles.append(torch.autograd.graph.register_multi_grad_hook(
-                [a for _, a in aliases],
-                functools.partial(self._grads, call, "backward_output", [i for i, _ in aliases]), mode="all"))
+                [t for _, t in grad_inputs],
+                functools.partial(self._grads, call, "backward_output", [i for i, _ in grad_inputs]), mode="all"))
 
     def _bw_call(self, path: str, cls: str, call_index: int) -> CallKey:
         key = (path, call_index)

@@ -19,7 +19,7 @@ from .job import Job, JobContext, JobResult, execute
 _READY = "ready"
 
 
-def _serve(conn, log_path: str, backend: str, threads: int) -> None:
+def _serve(conn, log_path: str, backend: str, threads: int, imports: tuple[str, ...] = ()) -> None:
     """Worker main loop: silence noisy imports into the log, then answer jobs until told to stop."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -34,6 +34,10 @@ def _serve(conn, log_path: str, backend: str, threads: int) -> None:
     torch.set_num_threads(threads)
     ctx = JobContext()
     try:
+        import importlib
+
+        for name in imports:  # e.g. modules that register custom ops the dump uses
+            importlib.import_module(name)
         ctx.backend(backend)
         # Import the backend's libraries now, so the first job's timeout covers only its own work.
         b = ctx.backends[backend]
@@ -55,11 +59,13 @@ def _serve(conn, log_path: str, backend: str, threads: int) -> None:
 class Worker:
     """A restartable worker process for one backend spec."""
 
-    def __init__(self, backend: str, log_dir: Path, *, start_timeout: float = 300.0, threads: int = 1) -> None:
+    def __init__(self, backend: str, log_dir: Path, *, start_timeout: float = 300.0, threads: int = 1,
+                 imports: tuple[str, ...] = ()) -> None:
         self.backend = backend
         self.log_path = Path(log_dir) / f"worker-{_safe(backend)}.log"
         self.start_timeout = start_timeout
         self.threads = threads
+        self.imports = tuple(imports)
         self.proc: mp.Process | None = None
         self.conn = None
         self.starts = 0
@@ -69,7 +75,7 @@ class Worker:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = ctx.Process(target=_serve, args=(child, str(self.log_path), self.backend, self.threads),
+        self.proc = ctx.Process(target=_serve, args=(child, str(self.log_path), self.backend, self.threads, self.imports),
                                 daemon=True, name=f"xray-replay-{self.backend}")
         self.proc.start()
         child.close()

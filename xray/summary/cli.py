@@ -51,24 +51,22 @@ def _open(path: Path, allow_incomplete: bool):
     return dump
 
 
-def _rows(paths: list[Path], args) -> Iterator[SummaryRow]:
+def _rows(dumps: list, args) -> Iterator[SummaryRow]:
     steps, ranks = parse_selection(args.step, "step"), parse_selection(args.rank, "rank")
-    for p in paths:
-        dump = _open(p, args.allow_incomplete)
-        try:
-            yield from filter_rows(dump_rows(dump), steps, ranks, args.match)
-        finally:
-            dump.close()
+    for dump in dumps:
+        yield from filter_rows(dump_rows(dump), steps, ranks, args.match)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    dumps: list = []
     try:
         if args.match:
             re.compile(args.match)
         parse_selection(args.step, "step"), parse_selection(args.rank, "rank")
-        paths = _inputs(Path(args.input))
-        rows = tqdm(_rows(paths, args), desc="xray-summary", unit=" tensors", disable=None, leave=False,
+        for p in _inputs(Path(args.input)):  # open (and validate) every input before writing anything
+            dumps.append(_open(p, args.allow_incomplete))
+        rows = tqdm(_rows(dumps, args), desc="xray-summary", unit=" tensors", disable=None, leave=False,
                     file=sys.stderr)
         if args.csv:
             if args.output:
@@ -83,12 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.output:
             Path(args.output).write_text(text + "\n", encoding="utf-8")
         return 0
+    except BrokenPipeError:  # `xray-summary x.h5 | head`: the reader went away, not an error
+        sys.stderr.close()
+        return 0
     except (DumpFormatError, SelectionError) as e:
         print(f"xray-summary: error: {e}", file=sys.stderr)
     except re.error as e:
         print(f"xray-summary: error: --match {args.match!r} is not a regular expression ({e})", file=sys.stderr)
     except OSError as e:
         print(f"xray-summary: error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+    finally:
+        for d in dumps:
+            d.close()
     return 2
 
 
