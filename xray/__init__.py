@@ -13,9 +13,13 @@ __all__ = ["begin_dump", "end_dump", "dump", "load_dump", "DebugFlags", "DumpCon
            "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "__version__"]
 
 
-def __getattr__(name):  # PrecisionDebugger pulls in more; import it on first use
-    if name == "PrecisionDebugger":
-        from .debugger import PrecisionDebugger
+def __getattr__(name):  # the module debugger pulls in more; import it on first use
+    if name in ("PrecisionDebugger", "OverflowReport"):
+        from . import debugger
 
-        return PrecisionDebugger
+        return getattr(debugger, name)
+    if name == "read_module_dump":
+        from .debugger.reader import read_module_dump
+
+        return read_module_dump
     raise AttributeError(name)

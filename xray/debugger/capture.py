@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -71,9 +72,10 @@ class TensorCapture:
             if not data:
                 data = self.writer.write_tensor(call.step, name, t, {
                     "module": call.path, "module_class": call.cls, "call_index": call.call_index,
-                    "direction": call.direction, "role": role, "min": _f(s.min), "max": _f(s.max),
-                    "mean": _f(s.mean), "std": _f(s.std), "nan": s.nan, "posinf": s.posinf,
-                    "neginf": s.neginf})
+                    "direction": call.direction, "role": role,
+                    # one array attribute, not seven: each HDF5 attribute write costs ~0.2 ms
+                    "stats": np.array([_f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf,
+                                       s.neginf], dtype=np.float64)})
                 if param:
                     self._saved_params[pkey] = data
         self.writer.add_row(call.step, (

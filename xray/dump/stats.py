@@ -52,11 +52,19 @@ def tensor_stats(t: torch.Tensor) -> Stats:
 
 
 def _mean_std(x: torch.Tensor) -> tuple[float, float]:
-    """Population mean and std by the two-pass formula: stable (no E[x^2]-E[x]^2 cancellation)
-    and 4-8x faster on CPU than torch.std_mean, whose Welford kernel dominated dump time."""
-    mean = x.mean()
-    std = torch.linalg.vector_norm(x - mean) / (x.numel() ** 0.5)
-    return float(mean), float(std)
+    """Population mean and std. Fast path: one sum and one dot product (BLAS, no temporary),
+    var = E[x^2] - mean^2. That formula loses digits when |mean| >> std, so when the variance
+    is under 1e-3 of mean^2 we recompute with the exact two-pass formula. (torch.std_mean's
+    Welford kernel is 5-20x slower on CPU and dominated dump time.)"""
+    n = x.numel()
+    flat = x.reshape(-1)
+    total, squares = torch.stack([flat.sum(), torch.dot(flat, flat)]).tolist()
+    mean = total / n
+    var = squares / n - mean * mean
+    if var > 1e-3 * mean * mean:
+        return mean, var ** 0.5
+    m = flat.mean()
+    return float(m), float(torch.linalg.vector_norm(flat - m)) / n ** 0.5
 
 
 def _finite(x: float) -> bool:

@@ -1,0 +1,275 @@
+"""PrecisionDebugger: names, steps and ranks, backward, transparency, in-place safety, modes."""
+from __future__ import annotations
+
+import os
+
+import h5py
+import pytest
+import torch
+
+import xray
+from xray.debugger import DumpPathError, SelectionError, read_module_dump
+from xray.dump.reader import TruncatedDumpWarning
+from xray.dump.stats import tensor_stats
+from xray.models import tiny_llama, token_batch
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+FILE = "globalrank-0_localrank-0.h5"
+
+
+@pytest.fixture(autouse=True)
+def _single_process(monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _llama(train: bool = False) -> torch.nn.Module:
+    m = tiny_llama(layers=1, hidden=32)
+    return m.train() if train else m
+
+
+def _names(dump, step=None) -> dict:
+    return dict(dump.named_tensors(step))
+
+
+def test_name_scheme_and_saved_data_match_the_model(tmp_path):
+    m, ids = _llama(), token_batch()
+    captured = {}
+    m.model.layers[0].self_attn.q_proj.register_forward_hook(lambda mod, a, o: captured.update(q=o.clone()))
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m)
+    with torch.no_grad():
+        dbg.start()
+        logits = m(ids).logits
+        dbg.stop()
+    assert sorted(os.listdir(tmp_path)) == [FILE, FILE.replace(".h5", "_summary.csv")]
+    with xray.load_dump(tmp_path / FILE) as dump:
+        assert dump.format == "xray-module" and dump.header["format_version"] == 1 and dump.complete
+        names = _names(dump)
+        # The root module is named by its class alone; ModelOutput is flattened (logits first).
+        root_in = names["LlamaForCausalLM.0.forward_input.0"]
+        assert torch.equal(dump.load_tensor(root_in), ids)
+        assert torch.equal(dump.load_tensor(names["LlamaForCausalLM.0.forward_output.0"]), logits)
+        q = "model.layers.0.self_attn.q_proj.Linear.0"
+        assert torch.equal(dump.load_tensor(names[f"{q}.forward_output.0"]), captured["q"])
+        assert torch.equal(dump.load_tensor(names[f"{q}.forward_params.weight"]),
+                           m.model.layers[0].self_attn.q_proj.weight)
+        meta = names[f"{q}.forward_output.0"]
+        assert meta.stats == tensor_stats(captured["q"]) and meta.shape == tuple(captured["q"].shape)
+        rec = next(r for r in dump.records if r.module == "model.layers.0.self_attn.q_proj")
+        assert (rec.kind, rec.op, rec.call_index, rec.direction, rec.step) == ("module", "Linear", 0, "forward", 0)
+        assert set(rec.inputs) == {"forward_input.0", "forward_params.weight"} and len(rec.outputs) == 1
+        # Execution order: a module's record precedes those of the modules it calls.
+        order = [r.module for r in dump.records]
+        assert order.index("model.layers.0") < order.index("model.layers.0.self_attn.q_proj")
+
+
+class _Shared(torch.nn.Module):
+    """One Linear used twice per forward, and a dict output: call indices and flattening."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        a = self.shared(x)
+        return {"a": a, "pair": (self.shared(a.relu()), x)}
+
+
+def test_reused_module_gets_increasing_call_index_and_nested_outputs_flatten(tmp_path):
+    torch.manual_seed(0)
+    m, x = _Shared(), torch.randn(3, 8)
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, task="tensor")
+    with torch.no_grad():
+        dbg.start()
+        out = m(x)
+        dbg.stop()
+    with read_module_dump(tmp_path / FILE) as dump:
+        names = _names(dump)
+        assert torch.equal(dump.load_tensor(names["shared.Linear.0.forward_output.0"]), out["a"])
+        assert torch.equal(dump.load_tensor(names["shared.Linear.1.forward_output.0"]), out["pair"][0])
+        assert torch.equal(dump.load_tensor(names["_Shared.0.forward_output.2"]), x)  # dict -> tuple -> 3 leaves
+        assert "_Shared.0.forward_output.3" not in names
+
+
+def test_steps_and_ranks_select_what_is_dumped(tmp_path, monkeypatch):
+    m, ids = _llama(), token_batch()
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "a", model=m, step=[1, "3-4"], task="statistics")
+    with torch.no_grad():
+        for _ in range(6):
+            dbg.start()
+            hooked = bool(m.model.layers[0]._forward_hooks)
+            assert hooked == (dbg.current_step in (1, 3, 4))  # nothing installed outside the selection
+            m(ids)
+            dbg.stop()
+            dbg.step()
+    with read_module_dump(tmp_path / "a" / FILE) as dump:
+        assert dump.steps == [1, 3, 4] and dump.header["steps"] == [1, 3, 4]
+        assert {r.step for r in dump.records} == {1, 3, 4}
+        # Call indices restart each step.
+        assert all(r.call_index == 0 for r in dump.records if r.module == "model.norm")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    skipped = xray.PrecisionDebugger(dump_path=tmp_path / "b", model=m, rank=[0])
+    skipped.start()
+    assert not skipped.running and not (tmp_path / "b").exists()
+    kept = xray.PrecisionDebugger(dump_path=tmp_path / "c", model=m, rank="0-1", task="statistics")
+    with torch.no_grad():
+        kept.start()
+        m(ids)
+        kept.stop()
+    with read_module_dump(tmp_path / "c" / "globalrank-1_localrank-1.h5") as dump:
+        assert dump.header["global_rank"] == 1 and dump.records
+
+
+def _train_step(m, ids, dbg=None):
+    m.zero_grad(set_to_none=True)
+    if dbg:
+        dbg.start()
+    logits = m(ids).logits
+    logits.float().pow(2).mean().backward()
+    if dbg:
+        dbg.stop()
+    return logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def test_backward_names_and_bitwise_transparency(tmp_path):
+    ids = token_batch()
+    ref_logits, ref_grads = _train_step(_llama(train=True), ids)
+    m = _llama(train=True)
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m)
+    logits, grads = _train_step(m, ids, dbg)
+    # Transparent: outputs and every gradient bitwise identical with and without the debugger.
+    assert torch.equal(logits, ref_logits)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+    with read_module_dump(tmp_path / FILE) as dump:
+        names = _names(dump)
+        o = "model.layers.0.self_attn.o_proj.Linear.0"
+        w = m.model.layers[0].self_attn.o_proj.weight
+        assert torch.equal(dump.load_tensor(names[f"{o}.params_grad.weight"]), w.grad)
+        g_out = dump.load_tensor(names[f"{o}.backward_input.0"])
+        g_in = dump.load_tensor(names[f"{o}.backward_output.0"])
+        # o_proj's input has no other consumer, so its gradient is dL/dx = dL/dy @ W.
+        # Tolerance: a separately launched matmul may sum in another order (float32, ~1e-6 relative).
+        torch.testing.assert_close(g_in, g_out @ w.detach(), rtol=1e-5, atol=1e-7)
+        bw = [r for r in dump.records if r.direction == "backward"]
+        assert bw and all(r.step == 0 for r in bw)
+        fw_seq = max(r.seq for r in dump.records if r.direction == "forward")
+        assert min(r.seq for r in bw) > fw_seq
+
+
+def test_inplace_relu_after_norm_keeps_saved_output_and_gradients(tmp_path):
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.LayerNorm(6),  # noqa: E731
+                                       torch.nn.ReLU(inplace=True), torch.nn.Linear(6, 2))
+    m, ref = make(), make()
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(4, 6, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    ref(x_ref).sum().backward()
+    norm_out = ref[1](ref[0](x_ref)).detach()  # the LayerNorm output before ReLU overwrites it
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m)
+    dbg.start()
+    m(x).sum().backward()
+    dbg.stop()
+    assert torch.equal(x.grad, x_ref.grad)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(m.parameters(), ref.parameters()))
+    with read_module_dump(tmp_path / FILE) as dump:
+        names = _names(dump)
+        saved = dump.load_tensor(names["1.LayerNorm.0.forward_output.0"])
+        assert torch.equal(saved, norm_out) and (saved < 0).any()
+        assert names["1.LayerNorm.0.forward_output.0"].stats.min < 0
+        assert "1.LayerNorm.0.backward_output.0" in names and "1.LayerNorm.0.params_grad.weight" in names
+
+
+def test_statistics_only_saves_no_tensor_data(tmp_path):
+    m, ids = _llama(), token_batch()
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, task="statistics")
+    with torch.no_grad():
+        dbg.start()
+        logits = m(ids).logits
+        dbg.stop()
+    with read_module_dump(tmp_path / FILE) as dump:
+        meta = _names(dump)["LlamaForCausalLM.0.forward_output.0"]
+        assert meta.data is None and not dump.has_data(meta) and meta.stats == tensor_stats(logits)
+        with pytest.raises(KeyError):
+            dump.load_tensor(meta)
+    with h5py.File(tmp_path / FILE) as f:
+        assert list(f["step_0"].keys()) == ["index"]
+
+
+class _Blowup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(4, 4)
+        self.div = _Div()
+        self.post = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.post(self.div(self.pre(x)))
+
+
+class _Div(torch.nn.Module):
+    def forward(self, x):
+        return x / (x - x)  # 0/0 and x/0: NaN and Inf appear here first
+
+
+def test_overflow_check_reports_first_module_and_records_only_nonfinite(tmp_path, capsys):
+    torch.manual_seed(0)
+    m = _Blowup()
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, hook_name="overflow_check")
+    with torch.no_grad():
+        dbg.start()
+        m(torch.randn(2, 4))
+        dbg.stop()
+    assert dbg.first_overflow is not None and dbg.first_overflow.name == "div._Div.0.forward_output.0"
+    assert "div._Div.0.forward_output.0" in capsys.readouterr().err
+    with read_module_dump(tmp_path / FILE) as dump:
+        names = _names(dump)
+        assert names and all(not meta.stats.finite for meta in names.values())
+        assert "pre.Linear.0.forward_output.0" not in names and "div._Div.0.forward_input.0" not in names
+
+
+def test_dump_torch_api_records_aten_ops_under_their_module(tmp_path):
+    m, ids = _llama(), token_batch()
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, dump_torch_api=True, task="statistics")
+    with torch.no_grad():
+        dbg.start()
+        m(ids)
+        dbg.stop()
+    with read_module_dump(tmp_path / FILE) as dump:
+        ops = [r for r in dump.records if r.kind == "op"]
+        q_ops = [r for r in ops if r.module == "model.layers.0.self_attn.q_proj"]
+        assert q_ops and any(r.op.startswith(("aten.mm", "aten.addmm", "aten.linear")) for r in q_ops)
+        # ops and module calls share one order: q_proj's ops come right after its module record
+        q_rec = next(r for r in dump.records if r.kind == "module" and r.module == "model.layers.0.self_attn.q_proj")
+        assert all(r.seq > q_rec.seq and r.step == 0 for r in q_ops)
+        assert all(r.outputs[0].stats is not None for r in q_ops if r.outputs)
+        # the module dump's own statistics were not traced as model ops
+        assert not any(r.op.startswith("aten.aminmax") for r in ops)
+
+
+def test_bad_input_errors(tmp_path):
+    with pytest.raises(TypeError, match="nn.Module"):
+        xray.PrecisionDebugger(dump_path=tmp_path, model="not a model")
+    with pytest.raises(SelectionError, match="'4-x'"):
+        xray.PrecisionDebugger(dump_path=tmp_path, model=torch.nn.Linear(2, 2), step=[1, "4-x"])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(DumpPathError, match="dump_path"):
+        xray.PrecisionDebugger(dump_path=blocker / "sub", model=torch.nn.Linear(2, 2))
+
+
+def test_unfinished_dump_never_looks_valid(tmp_path):
+    m = torch.nn.Linear(2, 2)
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m)
+    dbg.start()
+    m(torch.ones(1, 2))
+    assert not (tmp_path / FILE).exists() and (tmp_path / (FILE + ".tmp")).exists()
+    dbg.stop()
+    assert (tmp_path / FILE).exists() and not (tmp_path / (FILE + ".tmp")).exists()
+    with h5py.File(tmp_path / FILE, "a") as f:  # what a writer killed mid-step leaves behind
+        f.attrs["complete"] = False
+    with pytest.warns(TruncatedDumpWarning, match="never finished"):
+        dump = read_module_dump(tmp_path / FILE)
+    assert not dump.complete
+    dump.close()
