@@ -53,7 +53,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def from_numpy(a: np.ndarray, dtype_name_: str) -> torch.Tensor:
     dtype = dtype_from_name(dtype_name_)
-    t = torch.from_numpy(np.ascontiguousarray(a))
+    t = torch.from_numpy(np.asarray(a, order="C"))  # (ascontiguousarray makes 0-d arrays 1-d)
     if t.dtype != dtype:
         t = t.view(dtype)
     return t

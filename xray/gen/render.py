@@ -27,6 +27,10 @@ class RenderError(ValueError):
     """A value cannot be rendered as a safe literal (a hostile or malformed dump)."""
 
 
+class NotRebuildable(RenderError):
+    """A well-formed value that a test cannot recreate (an opaque ``repr``, e.g. a Generator)."""
+
+
 def py_int(v: Any) -> str:
     if not isinstance(v, int) or isinstance(v, bool):
         raise RenderError(f"expected an int, got {type(v).__name__} {str(v)[:60]!r}")
@@ -155,8 +159,8 @@ def _scalar(s: Scalar) -> str:
         hint = v.get("hint") if isinstance(v, dict) else None
         if isinstance(hint, int) and not isinstance(hint, bool):
             return py_int(hint)
-        raise RenderError(f"symbolic int {str(v)[:60]!r} has no concrete value")
-    raise RenderError(f"a {tag!r} value cannot be rebuilt in a test")
+        raise NotRebuildable(f"symbolic int {str(v)[:60]!r} has no concrete value")
+    raise NotRebuildable(f"a {str(tag)[:20]!r} value cannot be rebuilt in a test")
 
 
 # -- the second line of defence ---------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""Hostile and broken dump.json files: xray-gen rejects them clearly or renders them inertly."""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import xray
+from xray.gen.cli import main as gen_main
+from xray.gen.render import RenderError, audit, py_float, py_str
+
+ENV = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> dict:
+    """A real dump (a few ops with saved tensors) as a JSON dict to tamper with."""
+    root = tmp_path_factory.mktemp("base")
+    x = torch.randn(4, 8)
+    with xray.dump(dump_dir=root, X_DUMP_NUM=4) as d:
+        y = torch.nn.functional.gelu(x @ x.T)
+        torch.div(y, 3.0, rounding_mode="floor")
+    data = json.loads((d.folder / "dump.json").read_text())
+    data["_folder"] = str(d.folder)
+    return data
+
+
+def write_dump(tmp: Path, data: dict) -> Path:
+    folder = tmp / "dump"
+    folder.mkdir(parents=True, exist_ok=True)
+    src = Path(data["_folder"])
+    for h5 in src.glob("*.h5"):
+        (folder / h5.name).write_bytes(h5.read_bytes())
+    body = {k: v for k, v in data.items() if k != "_folder"}
+    (folder / "dump.json").write_text(json.dumps(body))
+    return folder
+
+
+def record(data: dict, op: str) -> dict:
+    return next(r for r in data["records"] if r["op"] == op)
+
+
+def generated_sources(folder: Path) -> list[str]:
+    return [f.read_text() for f in folder.glob("test_*.py")] if folder.exists() else []
+
+
+MARK = "XRAY_PWNED_MARKER"
+
+
+def _payload(tmp: Path) -> str:
+    return f'"); import os; os.system("touch {tmp / MARK}"); ("'
+
+
+def check_rejected(tmp: Path, data: dict, capsys, expect: str) -> None:
+    folder = write_dump(tmp, data)
+    out = tmp / "pytests"
+    assert gen_main([str(folder), "-o", str(out), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("xray-gen: error:") and expect in err and len(err.splitlines()) == 1, err
+    assert not generated_sources(out)
+    assert not (tmp / MARK).exists()
+
+
+def test_op_name_injection_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    record(data, "aten.mm.default")["op"] = "aten.mm.default" + _payload(tmp_path)
+    check_rejected(tmp_path, data, capsys, "invalid op name")
+
+
+def test_dunder_op_name_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    record(data, "aten.mm.default")["op"] = "aten.mm.__class__"
+    check_rejected(tmp_path, data, capsys, "invalid op name")
+
+
+def test_unknown_op_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    record(data, "aten.mm.default")["op"] = "aten.no_such_op.default"
+    check_rejected(tmp_path, data, capsys, "unknown op 'aten.no_such_op.default'")
+
+
+def test_dtype_injection_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    record(data, "aten.mm.default")["inputs"]["self"]["dtype"] = "__import__('os').system('touch x')"
+    check_rejected(tmp_path, data, capsys, "dtype")
+
+
+def test_dtype_attribute_that_is_not_a_dtype_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    record(data, "aten.mm.default")["inputs"]["self"]["dtype"] = "load"  # torch.load exists
+    check_rejected(tmp_path, data, capsys, "dtype")
+
+
+def test_shape_with_strings_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    record(data, "aten.mm.default")["inputs"]["self"]["shape"] = [4, "8); import os; (1"]
+    check_rejected(tmp_path, data, capsys, "malformed")
+
+
+def test_nested_dicts_are_rejected(base, tmp_path, capsys):
+    for where in ("untagged", "dtype_value", "stats"):
+        data = copy.deepcopy(base)
+        rec = record(data, "aten.div.Tensor_mode")
+        if where == "untagged":
+            rec["inputs"]["other"] = {"__class__": {"evil": 1}}
+        elif where == "dtype_value":
+            rec["inputs"]["other"] = {"t": "dtype", "v": {"__reduce__": "os.system"}}
+        else:
+            rec["inputs"]["self"]["stats"]["min"] = {"x": 1}
+        sub = tmp_path / where
+        check_rejected(sub, data, capsys, "")
+
+
+def test_huge_shape_is_rejected(base, tmp_path, capsys):
+    data = copy.deepcopy(base)
+    rec = record(data, "aten.mm.default")
+    rec["inputs"]["self"]["shape"] = [2**20, 2**20]
+    rec["inputs"]["self"].pop("data", None)
+    check_rejected(tmp_path, data, capsys, "huge shape")
+
+
+def test_hostile_strings_render_inertly(base, tmp_path, capsys):
+    """Quotes, newlines and triple quotes in a str argument and in the module path (docstring)."""
+    data = copy.deepcopy(base)
+    touch = f"import os; os.system('touch {tmp_path / MARK}')"
+    rec = record(data, "aten.div.Tensor_mode")
+    rec["inputs"]["rounding_mode"] = f'floor"""\n{touch}\n"""\' + "\\\n{touch}#'
+    rec["module"] = f'"""\n{touch}\n"""'
+    for r in data["records"]:
+        r["module"] = f"x'''\n{touch}\n'''\r\n\x00"
+    folder = write_dump(tmp_path, data)
+    out = tmp_path / "pytests"
+    assert gen_main([str(folder), "-o", str(out), "-q"]) == 0
+    sources = generated_sources(out)
+    assert sources
+    for src in sources:
+        tree = ast.parse(src)
+        calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        assert all(c in ("T", "float", "complex") or c.startswith("xray_op.") for c in calls), calls
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import) and n.names[0].name == "os"]
+    # the strings arrive at the op verbatim (so it rejects the bogus rounding mode), nothing executes
+    res = subprocess.run([sys.executable, "-m", "pytest", str(out), "-q", "-p", "no:cacheprovider"], cwd=tmp_path,
+                         env=ENV, capture_output=True, text=True, timeout=300)
+    assert not (tmp_path / MARK).exists()
+    assert "1 failed" in res.stdout and "rounding_mode" in res.stdout, res.stdout[-2000:]
+
+
+def test_corrupt_and_future_dumps_fail_cleanly(base, tmp_path, capsys):
+    folder = write_dump(tmp_path / "corrupt", base)
+    (folder / "dump.json").write_text('{"format": "xray-trace", "records": [')
+    assert gen_main([str(folder), "-o", str(tmp_path / "o1"), "-q"]) == 2
+    assert "corrupt" in capsys.readouterr().err
+    data = copy.deepcopy(base)
+    data["format_version"] = 99
+    folder = write_dump(tmp_path / "future", data)
+    assert gen_main([str(folder), "-o", str(tmp_path / "o2"), "-q"]) == 2
+    assert "upgrade xray" in capsys.readouterr().err
+
+
+def test_missing_tensor_file_with_factory_load(base, tmp_path, capsys):
+    folder = write_dump(tmp_path, base)
+    for h5 in folder.glob("*.h5"):
+        h5.unlink()
+    assert gen_main([str(folder), "-o", str(tmp_path / "o"), "--factory", "load", "-q"]) == 2
+    assert "use --factory random" in capsys.readouterr().err
+    assert gen_main([str(folder), "-o", str(tmp_path / "o"), "--factory", "random", "-q"]) == 0
+
+
+def test_render_literals_roundtrip():
+    for s in ['a"b', "a'b", '"""', "'''", "x\ny\r\0", "\\", "é\u2028"]:
+        assert ast.literal_eval(py_str(s)) == s
+    assert py_float(float("inf")) == "float('inf')" and py_float(1e-7) == "1e-07"
+    with pytest.raises(RenderError):
+        py_str(3)
+    with pytest.raises(RenderError):
+        py_float(True)
+
+
+def test_audit_rejects_foreign_code():
+    audit("import torch\nx = T((1,), torch.float32)\n", "ok.py")
+    for bad in ("import os\n", "from subprocess import run\n", "__import__('os')\n", "torch.load('x')\n",
+                "open('x')\n", "(lambda: 1)\n"):
+        with pytest.raises(RenderError):
+            audit(bad, "bad.py")
