@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any
 
+import torch
+
 from .engine import compare_loaded, first_divergence
 from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 from .result import COLUMNS, CompareResult, Row, Status, Summary
@@ -23,13 +25,27 @@ __all__ = ["compare_dumps", "CompareResult", "CompareInputError", "Row", "Status
 
 
 def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules: Rules | None = None,
-                  reference: str | os.PathLike | None = None, progress: bool | None = None) -> CompareResult:
+                  reference: str | os.PathLike | None = None, progress: bool | None = None,
+                  threads: int | None = 1) -> CompareResult:
     """Compare ``target`` against the trusted ``bench``.
 
     Either side may be a trace folder, its dump.json, a module-level .h5, or a folder of
     ``rank_<r>`` dumps (paired by rank). ``reference`` is an optional float64 run of the bench
-    used for torch._dynamo's rule. Raises CompareInputError when the inputs are unusable.
+    used for torch._dynamo's rule. ``threads`` caps torch's intra-op threads while comparing
+    (None keeps torch's setting): compare's ops are memory-bound chunks of a few MiB, where one
+    thread is as fast as two on an idle machine and far faster on a busy one (OpenMP barriers).
+    Raises CompareInputError when the inputs are unusable.
     """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(max(1, min(threads, previous)))
+    try:
+        return _compare(bench, target, rules, reference, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
     rules = rules or Rules()
     started = time.perf_counter()
     units, notes = pair_units(bench, target)

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="statistics-only: warning up to this multiple of the tolerance (default %(default)s)")
     p.add_argument("--fp64-multiplier", type=float, default=Rules.fp64_multiplier)
     p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
+    p.add_argument("--threads", type=int, default=1, help="torch threads while comparing (default %(default)s; "
+                   "0 keeps torch's setting)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     return p
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         for text in args.tol:
             rules = rules.with_override(*parse_tolerance_arg(text))
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
-                               progress=False if args.no_progress else None)
+                               progress=False if args.no_progress else None, threads=args.threads or None)
         write_csv(result, args.out_csv)
         if args.summary_json:
             write_summary_json(result, args.summary_json)

@@ -16,7 +16,7 @@ from ..dump.tensorio import dtype_from_name
 from .align import align
 from .entries import Entry, entries_of
 from .layout import MAX_NUMEL, find_layout
-from .metrics import Partial, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial, stats_compare
+from .metrics import Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial, stats_compare
 from .result import FAILING, Row, Status
 from .stream import data_bytes, iter_chunks
 from .thresholds import Rules, Tolerance
@@ -53,17 +53,27 @@ def _zip_chunks(a: Iterator[torch.Tensor], b: Iterator[torch.Tensor]) -> Iterato
 class PairComparer:
     """Compares tensor pairs of one bench/target dump pair under the given rules."""
 
-    def __init__(self, bench: Any, target: Any, rules: Rules, reference: Any = None) -> None:
+    def __init__(self, bench: Any, target: Any, rules: Rules, reference: Any = None,
+                 floor: Tolerance | None = None) -> None:
         self.bench, self.target, self.rules, self.reference = bench, target, rules, reference
+        self.floor = floor
+        self.work = Workspace()
         self.bytes = 0
         self.bar: tqdm | None = None
+
+    def tolerance(self, bm: TensorMeta, tm: TensorMeta) -> Tolerance:
+        tol = self.rules.tolerance(bm.dtype, tm.dtype)
+        dt = _torch_dtype(bm.dtype)
+        if self.floor is not None and dt is not None and (dt.is_floating_point or dt.is_complex):
+            tol = Tolerance(max(tol.rtol, self.floor.rtol), max(tol.atol, self.floor.atol))
+        return tol
 
     # -- data ------------------------------------------------------------------------------
     def data_metrics(self, bm: TensorMeta, tm: TensorMeta, tol: Tolerance):
         cd = compute_dtype(dtype_from_name(bm.dtype), dtype_from_name(tm.dtype))
         total = Partial()
         for a, b in _zip_chunks(iter_chunks(self.bench, bm), iter_chunks(self.target, tm)):
-            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol))
+            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work))
             nbytes = a.numel() * a.element_size() + b.numel() * b.element_size()
             self.bytes += nbytes
             if self.bar is not None:
@@ -89,7 +99,7 @@ class PairComparer:
     # -- one output pair --------------------------------------------------------------------
     def compare(self, row: Row, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None) -> Row:
         rules = self.rules
-        tol = rules.tolerance(bm.dtype, tm.dtype)
+        tol = self.tolerance(bm, tm)
         row.rtol, row.atol = tol.rtol, tol.atol
         notes = []
         if bm.dtype != tm.dtype:
@@ -104,7 +114,7 @@ class PairComparer:
         if tuple(bm.shape) != tuple(tm.shape):
             notes.append("shapes differ, same element count: compared in memory order")
         if bm.numel == 0:
-            row.status, row.numel, row.mode = Status.PASS.value, 0, "data"
+            row.status, row.numel = Status.PASS.value, 0
             row.note = "; ".join(notes + ["empty tensor: nothing to compare"])
             return row
         if _torch_dtype(bm.dtype).is_complex != _torch_dtype(tm.dtype).is_complex:
@@ -129,6 +139,7 @@ class PairComparer:
     def _compare_data(self, row: Row, bm, tm, tol: Tolerance, ref, notes: list[str]) -> None:
         m = self.data_metrics(bm, tm, tol)
         row.mode = "data"
+        row.rel_rmse = m.rel_rmse
         row.cosine, row.rmse, row.max_abs_err, row.max_rel_err = m.cosine, m.rmse, m.max_abs_err, m.max_rel_err
         row.isclose_pct, row.gt_num, row.numel = m.isclose_pct, m.gt_num, m.numel
         row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = m.nan_bench, m.nan_target, m.inf_bench, m.inf_target
@@ -138,7 +149,8 @@ class PairComparer:
             notes.append(f"{m.nonfinite_mismatch} positions NaN/Inf on one side only")
         elif m.gt_num == 0:
             row.status = Status.PASS.value
-        elif m.isclose_pct >= r.warn_close_pct and (m.cosine is None or m.cosine >= r.warn_cosine):
+        elif (m.isclose_pct >= r.warn_close_pct and (m.cosine is None or m.cosine >= r.warn_cosine)) or \
+                (m.rel_rmse is not None and m.rel_rmse <= r.warn_rel_rmse * tol.rtol):
             row.status = Status.WARNING.value
         else:
             row.status = Status.FAIL.value
@@ -185,7 +197,7 @@ class PairComparer:
                 return "no"
             if bm.numel == 0:
                 continue
-            tol = self.rules.tolerance(bm.dtype, tm.dtype)
+            tol = self.tolerance(bm, tm)
             # Saved data first: statistics can hide a small difference in a few elements.
             if bm.data is not None and tm.data is not None:
                 row = self.compare(Row(), bm, tm)
@@ -198,6 +210,23 @@ class PairComparer:
             else:
                 unknown = True
         return "unknown" if unknown else "yes"
+
+
+def precision_floor(ea: list[Entry], eb: list[Entry], pairs: list[tuple[int, int]], rules: Rules) -> Tolerance | None:
+    """The loosest tolerance among matched float pairs of different dtypes (bf16 vs fp32), or None.
+
+    A mixed-precision run feeds its low-precision error into ops whose outputs are float32 again
+    (softmax, norms, residual adds), so every float pair of such a compare is judged at that floor.
+    """
+    floor = None
+    for i, j in pairs:
+        for (_, bm), (_, tm) in zip(ea[i].outputs, eb[j].outputs):
+            if bm.dtype != tm.dtype:
+                db, dt = _torch_dtype(bm.dtype), _torch_dtype(tm.dtype)
+                if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
+                    t = rules.tolerance(bm.dtype, tm.dtype)
+                    floor = t if floor is None else Tolerance(max(t.rtol, floor.rtol), max(t.atol, floor.atol))
+    return floor
 
 
 def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
@@ -216,7 +245,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     if reference is not None:
         er = entries_of(reference)
         ref_of = {i: er[j] for i, j in align(ea, er).pairs}
-    comparer = PairComparer(bench, target, rules, reference)
+    comparer = PairComparer(bench, target, rules, reference, precision_floor(ea, eb, alignment.pairs, rules))
     total_bytes = sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None)
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
     comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
@@ -266,7 +295,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
 def _row(rank: str, a: Entry, b: Entry, k: int) -> Row:
     bm = a.outputs[k][1] if k < len(a.outputs) else None
     tm = b.outputs[k][1] if k < len(b.outputs) else None
-    return Row(rank=rank, bench_name=a.name, target_name=b.name, kind=a.kind, bench_op=a.op, target_op=b.op,
+    return Row(rank=rank, bench_name=a.name, target_name=b.name, kind=a.kind, module=a.path, bench_op=a.op, target_op=b.op,
                tensor=(a.outputs[k][0] if bm is not None else b.outputs[k][0]),
                bench_seq=a.record.seq, target_seq=b.record.seq, bench_shape=_shape(bm), target_shape=_shape(tm),
                bench_dtype=bm.dtype if bm else "", target_dtype=tm.dtype if tm else "")
@@ -275,7 +304,7 @@ def _row(rank: str, a: Entry, b: Entry, k: int) -> Row:
 def _unmatched(e: Entry, rank: str, target_side: bool) -> list[Row]:
     rows = []
     for name, m in e.outputs:
-        r = Row(rank=rank, kind=e.kind, tensor=name, status=Status.UNMATCHED.value,
+        r = Row(rank=rank, kind=e.kind, module=e.path, tensor=name, status=Status.UNMATCHED.value,
                 note=f"only in {'target' if target_side else 'bench'}")
         if target_side:
             r.target_name, r.target_op, r.target_seq, r.target_shape, r.target_dtype = \
@@ -288,9 +317,26 @@ def _unmatched(e: Entry, rank: str, target_side: bool) -> list[Row]:
 
 
 def first_divergence(rows: list[Row]) -> Row | None:
-    """The earliest failing row whose inputs agree; else the earliest failing row."""
+    """The earliest failing row whose inputs agree; else the earliest failing row.
+
+    Module-level dumps record a module when it is entered, before its children: when the picked
+    row is a module and a failing, born row inside it follows, the error is born in that child.
+    """
     failing = [r for r in rows if r.status in (Status.FAIL.value, Status.NAN_INF.value)]
-    for r in failing:
-        if r.origin == "born":
-            return r
-    return failing[0] if failing else None
+    born = [r for r in failing if r.origin == "born"]
+    if not born:
+        return failing[0] if failing else None
+    pick = born[0]
+    for r in born[1:]:
+        if r.rank != pick.rank or pick.kind != "module" or r.kind != "module":
+            break
+        if _inside(r.module, pick.module):
+            pick = r
+        elif not _inside(r.module, born[0].module):
+            break
+    return pick
+
+
+def _inside(path: str, parent: str) -> bool:
+    # equal paths: a wrapper (``model``) whose prefix was stripped, entered inside its parent
+    return parent == "" or path == parent or path.startswith(parent + ".")

@@ -63,23 +63,43 @@ def as_real(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.reshape(-1).to(dtype)
 
 
-def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance) -> Partial:
+class Workspace:
+    """Reusable scratch buffers: a compare allocates them once, not three per chunk."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple, list[torch.Tensor]] = {}
+
+    def take(self, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        key = (dtype,)
+        bufs = self._bufs.get(key)
+        if bufs is None or bufs[0].numel() < n:
+            bufs = self._bufs[key] = [torch.empty(n, dtype=dtype) for _ in range(3)]
+        return [b[:n] for b in bufs]
+
+
+def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance,
+                  work: Workspace | None = None) -> Partial:
     """Partial sums of two 1-D real chunks of equal length (the bench is the reference)."""
-    d = target - bench
+    n = bench.numel()
+    if n == 0:
+        return Partial()
+    d, w1, w2 = (work or Workspace()).take(n, bench.dtype)
+    torch.sub(target, bench, out=d)
     sse = float(torch.dot(d, d))
     if not math.isfinite(sse):  # some NaN/Inf (or overflow): take the careful path
         return _nonfinite_partial(bench, target, tol)
-    ad = d.abs_()
-    max_abs = float(ad.max()) if ad.numel() else 0.0
-    abs_b = bench.abs()
-    allowed = abs_b * tol.rtol
-    allowed += tol.atol
-    not_close = int((ad > allowed).sum())
-    rel = ad.div_(abs_b.clamp_min_(REL_EPS))
+    d.abs_()
+    max_abs = float(d.max())
+    torch.abs(bench, out=w1)
+    torch.mul(w1, tol.rtol, out=w2)
+    w2.add_(tol.atol)
+    torch.sub(d, w2, out=w2)  # > 0 exactly where the element is not close
+    not_close = int((w2 > 0).sum()) if float(w2.max()) > 0 else 0  # counting only when needed
+    torch.div(d, w1.clamp_min_(REL_EPS), out=w1)
     return Partial(
-        numel=bench.numel(), sse=sse,
+        numel=n, sse=sse,
         aa=float(torch.dot(bench, bench)), bb=float(torch.dot(target, target)), ab=float(torch.dot(bench, target)),
-        max_abs=max_abs, max_rel=float(rel.max()) if rel.numel() else 0.0, not_close=not_close)
+        max_abs=max_abs, max_rel=float(w1.max()), not_close=not_close)
 
 
 def _nonfinite_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance) -> Partial:
@@ -105,6 +125,7 @@ class PairMetrics:
 
     cosine: float | None
     rmse: float
+    rel_rmse: float | None  # rmse / rms(bench): the error relative to the tensor's own size
     max_abs_err: float
     max_rel_err: float
     isclose_pct: float
@@ -127,6 +148,7 @@ def finish(p: Partial) -> PairMetrics:
     return PairMetrics(
         cosine=cosine if compared > 0 else None,
         rmse=math.sqrt(p.sse / compared) if compared > 0 else 0.0,
+        rel_rmse=(math.sqrt(p.sse / p.aa) if p.aa > 0 else (0.0 if p.sse == 0 else math.inf)) if compared > 0 else None,
         max_abs_err=p.max_abs, max_rel_err=p.max_rel,
         isclose_pct=100.0 * (p.numel - p.not_close) / p.numel if p.numel else 100.0,
         gt_num=p.not_close, numel=p.numel,

@@ -36,6 +36,7 @@ class Row:
     bench_name: str = ""
     target_name: str = ""
     kind: str = ""
+    module: str = ""  # module path (wrapper prefixes stripped) of the bench record, else the target's
     bench_op: str = ""
     target_op: str = ""
     tensor: str = ""  # output name, e.g. out0
@@ -48,6 +49,7 @@ class Row:
     mode: str = ""  # "data" (saved tensors) or "stats" (statistics only)
     cosine: float | None = None
     rmse: float | None = None
+    rel_rmse: float | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     isclose_pct: float | None = None

@@ -47,6 +47,9 @@ def _dataset(dump: Any, meta: TensorMeta):
         if f is None or path not in f:
             raise KeyError(f"{getattr(dump, 'folder', '')}/{fname}: no saved tensor {path!r} (truncated dump?)")
         return f[path]
+    handle = getattr(dump, "_f", None)  # ModuleDump: one open h5py file, data = dataset path
+    if handle is not None and meta.data and meta.data in handle:
+        return handle[meta.data]
     return None
 
 

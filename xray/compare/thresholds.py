@@ -43,8 +43,10 @@ def default_tolerance(dtype: str) -> Tolerance:
 class Rules:
     """How a pair's metrics become a Status. Documented in docs/compare.md.
 
-    With data: pass when every element is close; warning when at least ``warn_close_pct`` % are
-    close and cosine >= ``warn_cosine`` (precision loss, not a bug); fail otherwise.
+    With data: pass when every element is close; warning (precision loss, not a bug) when at
+    least ``warn_close_pct`` % are close and cosine >= ``warn_cosine``, or when the relative RMSE
+    is at most ``warn_rel_rmse`` x rtol (the error is within tolerance on average; the elements
+    that fail are near zero, where atol rules); fail otherwise.
     With statistics only: pass when min/max/mean/std are within the tolerance (scaled by the
     bench's range), warning within ``stats_warn_factor`` times it, fail beyond.
     With a float64 reference: a pair that is not all-close still passes when the target's RMSE
@@ -54,6 +56,7 @@ class Rules:
     overrides: dict[str, Tolerance] = field(default_factory=dict)
     warn_close_pct: float = 99.0
     warn_cosine: float = 0.999
+    warn_rel_rmse: float = 1.0
     stats_warn_factor: float = 10.0
     fp64_multiplier: float = 2.0
 
