@@ -38,19 +38,7 @@ def chunk_selections(shape: tuple[int, ...], max_elems: int = CHUNK_ELEMS) -> It
 def _dataset(dump: Any, meta: TensorMeta):
     """The h5py dataset behind ``meta``, or None when this dump type does not expose one."""
     opener = getattr(dump, "dataset", None)
-    if callable(opener):
-        return opener(meta)
-    file_of = getattr(dump, "_file", None)  # TraceDump: cached, validated h5py files
-    if callable(file_of) and meta.data and ":" in meta.data:
-        fname, _, path = meta.data.partition(":")
-        f = file_of(fname)
-        if f is None or path not in f:
-            raise KeyError(f"{getattr(dump, 'folder', '')}/{fname}: no saved tensor {path!r} (truncated dump?)")
-        return f[path]
-    handle = getattr(dump, "_f", None)  # ModuleDump: one open h5py file, data = dataset path
-    if handle is not None and meta.data and meta.data in handle:
-        return handle[meta.data]
-    return None
+    return opener(meta) if callable(opener) else None
 
 
 def iter_chunks(dump: Any, meta: TensorMeta, max_elems: int = CHUNK_ELEMS) -> Iterator[torch.Tensor]:

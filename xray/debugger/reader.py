@@ -177,14 +177,18 @@ class ModuleDump:
     def has_data(self, meta: TensorMeta) -> bool:
         return meta.data is not None and meta.data in self._f
 
-    def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
-        """The saved tensor for ``meta`` (or a dataset path), on CPU."""
+    def dataset(self, meta: TensorMeta | str) -> h5py.Dataset:
+        """The HDF5 dataset behind ``meta`` (for chunked reads of large tensors)."""
         ref = meta if isinstance(meta, str) else meta.data
         if not ref:
             raise KeyError("this tensor's data was not saved (statistics-only dump: use task='tensor')")
         if ref not in self._f:
             raise KeyError(f"{self.path}: no saved tensor {ref!r} (incomplete dump?)")
-        return read_dataset(self._f[ref])
+        return self._f[ref]
+
+    def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
+        """The saved tensor for ``meta`` (or a dataset path), on CPU."""
+        return read_dataset(self.dataset(meta))
 
     def close(self) -> None:
         if self._f.id.valid:

@@ -55,8 +55,8 @@ class TraceDump:
         f = self._file(fname)
         return f is not None and path in f
 
-    def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
-        """The saved tensor for ``meta`` (or a ``file:path`` reference), on CPU."""
+    def dataset(self, meta: TensorMeta | str) -> h5py.Dataset:
+        """The HDF5 dataset behind ``meta`` (for chunked reads of large tensors)."""
         ref = meta if isinstance(meta, str) else meta.data
         if not ref:
             raise KeyError("this tensor's data was not saved (raise X_DUMP_NUM when dumping)")
@@ -64,7 +64,11 @@ class TraceDump:
         f = self._file(fname)
         if f is None or path not in f:
             raise KeyError(f"{self.folder / fname}: no saved tensor {path!r} (truncated dump?)")
-        return read_dataset(f[path])
+        return f[path]
+
+    def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
+        """The saved tensor for ``meta`` (or a ``file:path`` reference), on CPU."""
+        return read_dataset(self.dataset(meta))
 
     def _file(self, fname: str) -> h5py.File | None:
         if "/" in fname or "\\" in fname or fname.startswith("."):

@@ -57,18 +57,31 @@ def _inputs_like(source: Record, used: list[dict]) -> dict[str, Any]:
 
     def swap(v: Any) -> Any:
         if isinstance(v, TensorMeta):
-            return next(metas, TensorMeta(v.shape, v.dtype, v.stride, v.storage_offset, v.device, stats=v.stats))
+            return next(metas, _no_data(v))
         if isinstance(v, list):
             return [swap(x) for x in v]
         return v
 
-    if source.kind == "module":  # module inputs are already flat and in order
-        return {k: swap(v) for k, v in source.inputs.items()}
+    if source.kind == "module":  # parameters keep their recorded metadata; they are not replay inputs
+        from .modules import input_order
+
+        keys = input_order(source)[0]
+        swapped = {k: swap(source.inputs[k]) for k in keys}
+        return {k: swapped.get(k, _no_data(v)) for k, v in source.inputs.items()}
     from ..inputs import resolve_op
 
     order = [a.name for a in resolve_op(source.op)._schema.arguments if a.name in source.inputs]
     swapped = {k: swap(source.inputs[k]) for k in order}
     return {k: swapped[k] for k in source.inputs}
+
+
+def _no_data(v: Any) -> Any:
+    """A recorded value without its data reference (which points into the source dump)."""
+    if isinstance(v, TensorMeta):
+        return TensorMeta(v.shape, v.dtype, v.stride, v.storage_offset, v.device, v.requires_grad, v.stats)
+    if isinstance(v, list):
+        return [_no_data(x) for x in v]
+    return v
 
 
 def _shape_like(template: list[Any], flat: list[TensorMeta]) -> list[Any]:
