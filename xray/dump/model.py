@@ -76,15 +76,20 @@ class Stats:
     @classmethod
     def from_json(cls, d: dict) -> "Stats":
         return cls(
-            min=decode_float(d.get("min")),
-            max=decode_float(d.get("max")),
-            mean=decode_float(d.get("mean")),
-            std=decode_float(d.get("std")),
+            min=_opt_float(d.get("min")),
+            max=_opt_float(d.get("max")),
+            mean=_opt_float(d.get("mean")),
+            std=_opt_float(d.get("std")),
             nan=int(d.get("nan", 0)),
             posinf=int(d.get("posinf", 0)),
             neginf=int(d.get("neginf", 0)),
             numel=int(d.get("numel", 0)),
         )
+
+
+def _opt_float(x: Any) -> float | None:
+    # Hot in the reader: plain JSON numbers skip decode_float's checks.
+    return float(x) if type(x) is float or type(x) is int else decode_float(x)
 
 
 @dataclass
@@ -126,9 +131,9 @@ class TensorMeta:
     def from_json(cls, d: dict) -> "TensorMeta":
         stride = d.get("stride")
         return cls(
-            shape=tuple(int(s) for s in d["shape"]),
+            shape=tuple(map(int, d["shape"])),
             dtype=str(d["dtype"]),
-            stride=None if stride is None else tuple(int(s) for s in stride),
+            stride=None if stride is None else tuple(map(int, stride)),
             storage_offset=int(d.get("offset", 0)),
             device=str(d.get("device", "cpu")),
             requires_grad=bool(d.get("requires_grad", False)),
