@@ -21,36 +21,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 import xray  # noqa: E402
-from xray.inject import FaultSpec, InjectFault  # noqa: E402
+from xray.examples import record_dedup, record_pair  # noqa: E402
 from xray.models import tiny_llama, token_batch  # noqa: E402
-
-# The corrupted call of the demo's target run: the 6th matmul (call 5) is layer 0's MLP up_proj.
-DEMO_FAULT = FaultSpec(op="aten.mm.default", call=5, scale=1.0, offset=0.05)
-
-
-def _move(folder: Path, dest: Path) -> Path:
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.move(str(folder), dest)
-    shutil.rmtree(folder.parent, ignore_errors=True)
-    return dest
-
-
-def record_pair(out: Path, *, layers: int = 1, hidden: int = 32, seq: int = 8, dump_num: int = 8,
-                fault: FaultSpec = DEMO_FAULT) -> tuple[Path, Path, bool]:
-    """Dump the bench run (fp32) and the target run (bf16 autocast + one injected fault)."""
-    model = tiny_llama(layers=layers, hidden=hidden)
-    ids = token_batch(batch=2, seq=seq, vocab=256)
-    with torch.no_grad(), xray.dump(dump_dir=out / "_tmp_bench", X_DEDUP=False, X_DUMP_NUM=dump_num) as s:
-        model(ids)
-    bench = _move(s.folder, out / "llama-fp32")
-    injector = InjectFault(fault)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), \
-            xray.dump(dump_dir=out / "_tmp_target", X_DEDUP=False, X_DUMP_NUM=dump_num) as s:
-        with injector:
-            model(ids)
-    target = _move(s.folder, out / "llama-bf16-fault")
-    return bench, target, injector.hit
 
 
 def main(argv=None) -> int:
@@ -61,10 +33,8 @@ def main(argv=None) -> int:
     out.mkdir(exist_ok=True)
     bench, target, hit = record_pair(out)
     assert hit, "the injected fault did not fire"
+    record_dedup(out / "llama-dedup")
     model, ids = tiny_llama(layers=1, hidden=32), token_batch(batch=2, seq=8)
-    with torch.no_grad(), xray.dump(dump_dir=out / "_tmp_dedup", X_DEDUP=True, X_DUMP_NUM=8) as s:
-        model(ids)
-    _move(s.folder, out / "llama-dedup")
     module_h5 = out / "llama-module.h5"
     try:
         debugger = xray.PrecisionDebugger(dump_path=str(out / "_tmp_module"), hook_name="dump", model=model.train())

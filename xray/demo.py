@@ -1,41 +1,193 @@
-"""``xray demo``: the whole workflow on a real transformers model built from a small config."""
+"""``xray demo``: the whole workflow on a real transformers model built from a small config.
+
+Every step runs the same public command a user would type (it is printed before it runs), and
+every artefact lands in one folder; the last screen says where each one is.
+"""
 from __future__ import annotations
 
+import html
 import os
 import shutil
+import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+# The "target device" of the demo has a broken matmul kernel: float32 mm results come out
+# 0.05 too high. The generated op tests run their reference in float64, so only the device
+# side is hit, exactly as on real hardware with a kernel bug.
+BROKEN_DEVICE_CONFTEST = '''
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class BrokenMatmul(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mm.default and out.dtype == torch.float32:
+            out = out + 0.05
+        return out
+
+
+@pytest.fixture(autouse=True)
+def broken_matmul():
+    with BrokenMatmul():
+        yield
+'''
+
 
 def _say(step: str) -> None:
-    print(f"\n== {step}", flush=True)
+    print(f"\n\033[1m== {step}\033[0m", flush=True)
+
+
+def _cmd(text: str) -> None:
+    print(f"$ {text}", flush=True)
+
+
+def _pytest(folder: Path, csv: Path) -> int:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder),
+                           "--device", "cpu", "--seed", "42", f"--detail_compare_path={csv}"],
+                          capture_output=True, text=True)
+    tail = [line for line in proc.stdout.splitlines() if line.strip()][-1:]
+    print("\n".join(tail))
+    return proc.returncode
 
 
 def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
+    import pandas as pd
     import torch
 
-    import xray
-    from xray.cli import info_text
-    from xray.models import tiny_llama, token_batch
+    from xray.compare import compare_dumps
+    from xray.compare.report import terminal_report, write_csv, write_html, write_summary_json
+    from xray.gen import cli as gen_cli
+    from xray.gen import diff as diff_cli
+
+    from xray.examples import DEMO_FAULT, record_dedup, record_pair
 
     started = time.perf_counter()
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    layers, hidden, seq = (1, 32, 8) if small else (2, 64, 32)
-    model = tiny_llama(layers=layers, hidden=hidden)
-    ids = token_batch(batch=2, seq=seq, vocab=256)
+    layers, hidden, seq = (1, 32, 8) if small else (2, 64, 16)
+    artefacts: list[tuple[str, Path]] = []
 
-    _say(f"1/1 dump a {layers}-layer Llama (hidden {hidden}) on CPU fp32")
-    with torch.no_grad(), xray.dump(dump_dir=out / "bench", X_DEDUP=False, X_DUMP_NUM=8) as session:
-        model(ids)
-    bench = xray.load_dump(session.folder)
-    print(info_text(bench, top=10))
-    print(f"\ndone in {time.perf_counter() - started:.1f} s; dump: {session.folder}")
-    return 0
+    _say(f"1-2/7 record a {layers}-layer Llama (hidden {hidden}) twice: CPU fp32 (bench) and a "
+         f"'target device' = bf16 autocast + a broken kernel on call {DEMO_FAULT.call} of {DEMO_FAULT.op}")
+    _cmd("with xray.dump(X_DEDUP=False, X_DUMP_NUM=8): model(ids)")
+    with torch.no_grad():
+        bench, target, hit = record_pair(out / "dumps", layers=layers, hidden=hidden, seq=seq, dump_num=8)
+    assert hit, "the injected fault did not fire"
+    artefacts += [("bench dump (fp32)", bench), ("target dump (bf16 + fault)", target)]
+    print(f"bench: {bench}\ntarget: {target}")
+
+    _say("3/7 compare the two runs: where do they diverge, and is it precision or a bug?")
+    csv = out / "compare.csv"
+    _cmd(f"xray-compare {bench} {target} {csv} --html {out / 'compare.html'}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = compare_dumps(bench, target, progress=False)
+    write_csv(result, csv)
+    write_summary_json(result, out / "compare-summary.json")
+    write_html(result, out / "compare.html")
+    print(terminal_report(result, worst=5))
+    s = result.summary
+    first = s.first_divergence or {}
+    verdict = _verdict(result)
+    print(f"\nverdict: {verdict}")
+    import xray
+
+    calls = [r.seq for r in xray.load_dump(bench).records if r.op == DEMO_FAULT.op]
+    injected = calls[DEMO_FAULT.call] if DEMO_FAULT.call < len(calls) else None
+    found = first.get("bench_seq") == injected and first.get("origin") == "born"
+    print(f"the injected fault was bench record #{injected}: "
+          + ("xray found it." if found else "xray did NOT name it (please report this)."))
+    artefacts += [("compare CSV", csv), ("compare report (HTML)", out / "compare.html"),
+                  ("compare summary (JSON)", out / "compare-summary.json")]
+
+    _say("4/7 generate de-duplicated op tests from the bench dump and run them on 'cpu'")
+    suite = out / "pytests"
+    _cmd(f"xray-gen {bench / 'dump.json'} -o {suite}")
+    gen_cli.main([str(bench / "dump.json"), "-o", str(suite), "-q"])
+    _cmd(f"pytest {suite} --device cpu --seed 42 --detail_compare_path={out / 'ops-cpu.csv'}")
+    rc_cpu = _pytest(suite, out / "ops-cpu.csv")
+
+    _say("5/7 run the same tests on the 'target device' (its mm kernel is broken), then diff the CSVs")
+    broken = out / "pytests-target"
+    shutil.copytree(suite, broken)
+    (broken / "conftest.py").write_text(BROKEN_DEVICE_CONFTEST)
+    _cmd(f"pytest {broken} --device <target> ... --detail_compare_path={out / 'ops-target.csv'}")
+    _pytest(broken, out / "ops-target.csv")
+    _cmd(f"xray-diff {out / 'ops-cpu.csv'} {out / 'ops-target.csv'} {out / 'ops-diff.csv'}")
+    diff_cli.main([str(out / "ops-cpu.csv"), str(out / "ops-target.csv"), str(out / "ops-diff.csv"), "--top", "5"])
+    ops = pd.read_csv(out / "ops-target.csv")
+    failing = sorted(set(ops.loc[~ops["is_pass"].astype(bool), "op_name"]))
+    print(f"ops failing on the target device: {', '.join(failing) or 'none'}")
+    artefacts += [("generated op tests", suite), ("op results, cpu", out / "ops-cpu.csv"),
+                  ("op results, target", out / "ops-target.csv"), ("op diff", out / "ops-diff.csv")]
+
+    replay_dir = out / "replay"
+    if replay:
+        _say("6/7 replay the recorded ops on ONNX Runtime and ExecuTorch (XNNPACK)")
+        backends = ["onnxrt-cpu", "executorch-xnnpack"]
+        limit = 12 if small else 40
+        args = [str(out / "dumps" / "llama-dedup-src"), *sum((["--backend", b] for b in backends), []),
+                "--out", str(replay_dir), "--limit", str(limit)]
+        with torch.no_grad():
+            record_dedup(out / "dumps" / "llama-dedup-src", layers=layers, hidden=hidden, seq=seq)
+        _cmd("xray-replay " + " ".join(args))
+        from xray.replay.cli import main as replay_main
+
+        replay_main(args)
+        artefacts += [("replay support matrix", replay_dir)]
+    else:
+        _say("6/7 replay skipped (--no-replay)")
+
+    _say("7/7 write the HTML report")
+    index = out / "index.html"
+    _write_index(index, out, artefacts, verdict, first, failing)
+    artefacts.append(("this report (open it)", index))
+
+    print(f"\n\033[1mDone in {time.perf_counter() - started:.0f} s. Everything is in {out}/:\033[0m")
+    width = max(len(k) for k, _ in artefacts)
+    for what, where in artefacts:
+        print(f"  {what:<{width}}  {where}")
+    return 0 if rc_cpu == 0 else 1
+
+
+def _verdict(result) -> str:
+    """Precision loss or a bug? A bug is born somewhere: a failing record whose inputs agree.
+    bf16 rounding shows up as warnings spread over many records, none of them failing."""
+    first = result.summary.first_divergence
+    warned = result.summary.warned
+    if not first:
+        return f"no divergence beyond tolerance ({warned} records differ within bf16 precision)"
+    module = str(first.get("bench", "")).split("/")[0]
+    where = f"{first.get('op', '?')} in {module} (bench record #{first.get('bench_seq')})"
+    if first.get("origin") != "born":
+        return f"divergence at {where}, inherited from inputs that already differ ({warned} warnings)"
+    return (f"a BUG, born at {where}: its inputs agree but its output fails; {warned} other records "
+            f"differ only within bf16 precision (warnings)")
+
+
+def _write_index(path: Path, out: Path, artefacts, verdict: str, first: dict, failing: list[str]) -> None:
+    rel = lambda p: html.escape(os.path.relpath(p, out))  # noqa: E731
+    items = "\n".join(f'<li><a href="{rel(p)}">{html.escape(k)}</a> <code>{rel(p)}</code></li>' for k, p in artefacts)
+    heat = next(iter(sorted((out / "replay").glob("*.png"))), None) if (out / "replay").exists() else None
+    img = f'<h2>Backend support</h2><img src="{rel(heat)}" style="max-width:100%">' if heat else ""
+    path.write_text(f"""<!doctype html><meta charset="utf-8"><title>xray demo</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto}}code{{color:#555}}</style>
+<h1>xray demo</h1>
+<h2>Verdict</h2><p>{html.escape(verdict)}</p>
+<p>First divergence: <code>{html.escape(str(first))}</code></p>
+<p>Ops failing on the target device's op tests: <code>{html.escape(', '.join(failing) or 'none')}</code></p>
+<p>The full compare report, with the error against execution order: <a href="compare.html">compare.html</a></p>
+{img}
+<h2>Artefacts</h2><ul>{items}</ul>
+""", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Fault injection: make one operator call wrong on purpose, to rehearse a precision hunt.
 
-The demo and the tests use it to play a "target device" with a real kernel bug: the mode is
-pushed inside a dump, so the recorder sees (and records) the faulty output exactly as a buggy
-backend kernel would produce it.
+The demo and the tests use it to play a "target device" with a real kernel bug. Enter it
+*before* the dump: a dispatch mode entered later sits above it and would see the correct
+output, whereas below the tracer the faulty output is recorded as the op's own result, exactly
+as a buggy backend kernel would produce it.
 """
 from __future__ import annotations
 

@@ -185,7 +185,8 @@ class PairComparer:
     # -- inputs of a failing record -----------------------------------------------------------
     def inputs_agree(self, ea: Entry, eb: Entry) -> str:
         """"yes" when every input pair agrees (saved data, else statistics), "no" when one
-        differs, "unknown" when neither was recorded."""
+        differs, "unknown" when neither was recorded. A warning counts as agreeing: it is
+        within the dtype's precision (bf16 inputs of a mixed-precision run), not an error."""
         tb, tt = dict(ea.inputs), dict(eb.inputs)
         names = [n for n in tb if n in tt]
         pairs = [(tb[n], tt[n]) for n in names] if names else list(zip(tb.values(), tt.values()))
@@ -201,7 +202,7 @@ class PairComparer:
             # Saved data first: statistics can hide a small difference in a few elements.
             if bm.data is not None and tm.data is not None:
                 row = self.compare(Row(), bm, tm)
-                if row.status != Status.PASS.value:
+                if row.status not in (Status.PASS.value, Status.WARNING.value):
                     return "no"
             elif bm.stats is not None and tm.stats is not None:
                 s = stats_compare(bm.stats, tm.stats, tol)

@@ -53,11 +53,12 @@ class OpModule(torch.nn.Module):
         self.args_template = args
         self.kwargs_template = kwargs
         self.mutates = mutates
+        # Decided here, not in forward: torch.compile cannot trace through the op's schema objects.
+        names = [a.name for a in op._schema.arguments]
+        self.clone_args = [i < len(names) and names[i] in mutates for i in range(len(args))]
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        names = [a.name for a in self.op._schema.arguments]
-        args = [_fill(v, tensors, names[i] in self.mutates if i < len(names) else False)
-                for i, v in enumerate(self.args_template)]
+        args = [_fill(v, tensors, c) for v, c in zip(self.args_template, self.clone_args)]
         kwargs = {k: _fill(v, tensors, k in self.mutates) for k, v in self.kwargs_template.items()}
         return tuple(flatten_tensors(self.op(*args, **kwargs)))
 

@@ -1,0 +1,88 @@
+"""``xray-replay``: replay a dump's ops (or modules) on deployment backends; write a support matrix.
+
+    xray-replay DUMP --backend onnxrt-cpu --backend executorch-xnnpack --out replay/
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xray-replay", description=__doc__.split("\n")[0],
+                                epilog="Backend presets take overrides: onnxrt-cpu:opset=18, coreml:fp16=true. "
+                                       "See --list-backends and docs/replay.md.")
+    p.add_argument("dump", nargs="?", help="trace dump folder (or its dump.json), or a PrecisionDebugger .h5")
+    p.add_argument("-b", "--backend", action="append", default=[], metavar="PRESET",
+                   help="backend preset to replay on (repeatable)")
+    p.add_argument("--baseline", default="torch-cpu", metavar="PRESET", help="reference backend (default torch-cpu)")
+    p.add_argument("-o", "--out", default="replay", help="output folder (default ./replay)")
+    p.add_argument("--factory", choices=("auto", "load", "random"), default="auto",
+                   help="inputs: saved tensors (load), regenerated from statistics (random), or saved where present (auto)")
+    p.add_argument("--seed", type=int, default=0, help="seed of regenerated inputs")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per (op, backend) before it is TIMEOUT")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per op for the median latency")
+    p.add_argument("--limit", type=int, default=None, help="replay at most N (de-duplicated) records")
+    p.add_argument("--op", action="append", default=[], metavar="PATTERN",
+                   help="only ops matching this glob or substring (repeatable), e.g. 'aten.mm*' or softmax")
+    p.add_argument("--seq", type=int, action="append", default=[], metavar="N",
+                   help="only the record with this sequence number (repeatable)")
+    p.add_argument("--no-dedup", action="store_true", help="replay every record, not one per signature")
+    p.add_argument("--no-cache", action="store_true", help="export every op again (ignore OUT/cache)")
+    p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
+                   help="replay module records; the factory builds the model (called without arguments)")
+    p.add_argument("--module", action="append", default=[], metavar="PATTERN",
+                   help="with --model: only modules whose path matches this glob (repeatable)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="module every worker imports first, e.g. one registering custom ops (repeatable)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per backend worker (default 1)")
+    p.add_argument("--list-backends", action="store_true", help="print the backend presets and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    args = _parser().parse_args(argv)
+    from ..backends.registry import UnknownBackendError, describe, parse_spec
+
+    if args.list_backends:
+        print(tabulate(describe(), headers=["preset", "what"]))
+        return 0
+    if not args.dump:
+        print("xray-replay: error: give a dump to replay (or --list-backends)", file=sys.stderr)
+        return 2
+    if not args.backend:
+        print("xray-replay: error: give at least one --backend (see --list-backends)", file=sys.stderr)
+        return 2
+    from ..dump import DumpFormatError
+    from .matrix import summary_table
+    from .modules import ModelSpecError, factory_spec
+    from .runner import ReplayConfig, ReplayInputError, replay_dump
+
+    try:
+        for spec in [args.baseline, *args.backend]:
+            parse_spec(spec)
+        model = factory_spec(args.model) if args.model else None
+        cfg = ReplayConfig(backends=args.backend, out=Path(args.out), baseline=args.baseline, factory=args.factory,
+                           seed=args.seed, timeout=args.timeout, repeats=args.repeats, limit=args.limit, ops=args.op,
+                           seqs=args.seq,
+                           dedup=not args.no_dedup, cache=not args.no_cache, model=model, modules=args.module,
+                           threads=args.threads, imports=args.imports, progress=not args.quiet)
+        result = replay_dump(args.dump, cfg)
+    except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError) as e:
+        print(f"xray-replay: error: {e}", file=sys.stderr)
+        return 2
+    print(summary_table(result))
+    out = Path(args.out)
+    print(f"\nmatrix: {out / 'matrix.csv'}  heatmap: {out / 'heatmap.png'}, {out / 'heatmap.html'}")
+    print("replay dumps (open with xray-compare): " + ", ".join(str(p) for p in result.dumps.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The support matrix: one CSV row per (record, backend), a terminal summary, and a heatmap.
+
+The CSV columns are declared once (``COLUMNS``) and rows are appended as they are produced, so a
+run that is interrupted still leaves a readable matrix of what was done.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from ..backends.base import Status
+
+if TYPE_CHECKING:
+    from .runner import ReplayResult
+
+FACT_COLUMNS = ("opset", "delegated_nodes", "undelegated_nodes", "pte_bytes", "export_s", "lower_s")
+COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "max_abs_err", "max_rel_err",
+           "latency_ms", "cached", *FACT_COLUMNS, "error", "facts")
+
+# Heatmap colours by status (green = OK ... red = crash), also used by the HTML table.
+COLORS = {Status.OK: "#2e7d32", Status.MISMATCH: "#f9a825", Status.EXPORT_FAIL: "#8e24aa",
+          Status.LOWER_FAIL: "#5e35b1", Status.RUN_FAIL: "#e65100", Status.CRASH: "#b71c1c",
+          Status.TIMEOUT: "#6d4c41", Status.UNSUPPORTED_PLATFORM: "#90a4ae"}
+
+
+@dataclass
+class Row:
+    seq: int
+    op: str
+    module: str
+    count: int
+    signature: str
+    backend: str
+    status: int
+    max_abs_err: float | None
+    max_rel_err: float | None
+    latency_ms: float | None
+    cached: bool
+    error: str | None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def as_csv(self) -> dict[str, Any]:
+        d = {"seq": self.seq, "op": self.op, "module": self.module, "count": self.count, "signature": self.signature,
+             "backend": self.backend, "status": Status(self.status).name, "max_abs_err": _num(self.max_abs_err),
+             "max_rel_err": _num(self.max_rel_err), "latency_ms": _num(self.latency_ms), "cached": int(self.cached),
+             "error": (self.error or "").replace("\n", " "), "facts": json.dumps(self.facts, default=str)}
+        for k in FACT_COLUMNS:
+            d[k] = self.facts.get(k, "")
+        return d
+
+
+def _num(x: float | None) -> Any:
+    return "" if x is None else f"{x:.6g}"
+
+
+class MatrixWriter:
+    """Appends rows to ``matrix.csv`` and flushes each, so a killed run keeps what it did."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "w", newline="", encoding="utf-8")
+        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS)
+        self._w.writeheader()
+
+    def add(self, row: Row) -> None:
+        self._w.writerow(row.as_csv())
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# -- terminal summary -------------------------------------------------------------------------------
+
+def summary_table(result: "ReplayResult", worst: int = 3) -> str:
+    """Per backend: % supported (ran), % within tolerance, median latency, the worst ops."""
+    lines = []
+    table = []
+    for spec in result.backends:
+        rows = [r for r in result.rows if r.backend == spec]
+        if not rows:
+            continue
+        n = len(rows)
+        ran = sum(1 for r in rows if Status(r.status).supported)
+        ok = sum(1 for r in rows if r.status == Status.OK)
+        lat = [r.latency_ms for r in rows if r.latency_ms is not None]
+        counts = {}
+        for r in rows:
+            counts[Status(r.status).name] = counts.get(Status(r.status).name, 0) + 1
+        table.append([spec + (" (baseline)" if spec == result.baseline else ""), n, f"{100 * ran / n:.0f}%",
+                      f"{100 * ok / n:.0f}%", f"{statistics.median(lat):.3f}" if lat else "-",
+                      ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))])
+    lines.append(tabulate(table, headers=["backend", "ops", "supported", "within tol", "median ms", "statuses"]))
+    for spec in result.backends:
+        if spec == result.baseline:
+            continue
+        bad = [r for r in result.rows if r.backend == spec and r.status != Status.OK]
+        bad.sort(key=lambda r: (-r.status if r.status != Status.UNSUPPORTED_PLATFORM else 0,
+                                -(r.max_rel_err or 0.0)))
+        ranked = sorted((r for r in result.rows if r.backend == spec and r.max_rel_err is not None),
+                        key=lambda r: -r.max_rel_err)
+        show = (bad + [r for r in ranked if r not in bad])[:worst]
+        if show:
+            lines.append(f"\nworst on {spec}:")
+            lines.append(tabulate([[r.seq, r.op, Status(r.status).name, _num(r.max_rel_err) or "-",
+                                    " ".join((r.error or "").split())[:90]] for r in show],
+                                  headers=["seq", "op", "status", "max rel err", "error"]))
+    nobody = _unsupported_everywhere(result)
+    if nobody:
+        lines.append(f"\n{len(nobody)} op(s) no backend could run: " + ", ".join(sorted(nobody)))
+    if result.skipped:
+        lines.append(f"\n{len(result.skipped)} record(s) skipped (inputs cannot be rebuilt):")
+        for rec, why in result.skipped[:5]:
+            lines.append(f"  seq={rec.seq} {rec.op}: {why[:150]}")
+    return "\n".join(lines)
+
+
+def _unsupported_everywhere(result: "ReplayResult") -> set[str]:
+    others = [b for b in result.backends if b != result.baseline]
+    if not others:
+        return set()
+    by_seq: dict[int, list[Row]] = {}
+    for r in result.rows:
+        if r.backend in others:
+            by_seq.setdefault(r.seq, []).append(r)
+    return {rows[0].op for rows in by_seq.values()
+            if all(r.status not in (Status.OK, Status.MISMATCH, Status.UNSUPPORTED_PLATFORM) for r in rows)}
+
+
+# -- heatmap ------------------------------------------------------------------------------------------
+
+def _grid(result: "ReplayResult") -> tuple[list[str], list[list[Row | None]]]:
+    labels = [f"{r.op.removeprefix('aten.')} #{r.seq}" for r in result.records]
+    index = {(r.seq, r.backend): r for r in result.rows}
+    grid = [[index.get((rec.seq, b)) for b in result.backends] for rec in result.records]
+    return labels, grid
+
+
+def write_heatmap(result: "ReplayResult", out: Path) -> tuple[Path, Path]:
+    """``heatmap.png`` (matplotlib) and ``heatmap.html`` of ops by backend, coloured by status."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    labels, grid = _grid(result)
+    order = list(COLORS)
+    values = [[order.index(Status(c.status)) if c else math.nan for c in row] for row in grid]
+    fig_h = max(3.0, 0.22 * len(labels) + 1.5)
+    fig, ax = plt.subplots(figsize=(2.0 + 1.4 * len(result.backends), fig_h))
+    ax.imshow(values, cmap=ListedColormap([COLORS[s] for s in order]), vmin=-0.5, vmax=len(order) - 0.5,
+              aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(result.backends)), result.backends, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    ax.legend(handles=[Patch(color=COLORS[s], label=s.name) for s in order], fontsize=6,
+              bbox_to_anchor=(1.02, 1), loc="upper left")
+    ax.set_title("xray-replay support matrix", fontsize=9)
+    fig.tight_layout()
+    png = Path(out) / "heatmap.png"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    page = Path(out) / "heatmap.html"
+    page.write_text(_html(result, labels, grid), encoding="utf-8")
+    return png, page
+
+
+def _html(result: "ReplayResult", labels: list[str], grid: list[list[Row | None]]) -> str:
+    head = "".join(f"<th>{html.escape(b)}</th>" for b in result.backends)
+    body = []
+    for label, row in zip(labels, grid):
+        cells = []
+        for c in row:
+            if c is None:
+                cells.append("<td></td>")
+                continue
+            st = Status(c.status)
+            tip = html.escape(f"{st.name}; max rel err {_num(c.max_rel_err) or '-'}; {c.error or ''}")
+            err = _num(c.max_rel_err)
+            cells.append(f'<td style="background:{COLORS[st]}" title="{tip}">{st.name}'
+                         f'{"<br><small>" + err + "</small>" if err else ""}</td>')
+        body.append(f"<tr><th>{html.escape(label)}</th>{''.join(cells)}</tr>")
+    return ("<!doctype html><meta charset='utf-8'><title>xray-replay</title><style>"
+            "body{font:12px sans-serif}td{color:#fff;padding:2px 6px;text-align:center}"
+            "th{text-align:left;padding:2px 6px}</style><h3>xray-replay support matrix</h3>"
+            f"<table><tr><th>op</th>{head}</tr>{''.join(body)}</table>")

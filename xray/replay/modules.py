@@ -1,0 +1,157 @@
+"""Module replay: rebuild a recorded nn.Module call (PrecisionDebugger or X_DEBUG MODULES dump).
+
+The user names a factory (``pkg.module:factory``, called without arguments) that builds the
+model; the recorded module is found by its dotted path. Positional tensor inputs are passed in
+their recorded order (``forward_input.<i>`` / ``input.<i>``); recorded parameters
+(``forward_params.<name>``) are loaded into the module, so the replay uses the recorded weights
+even when the factory's differ. Keyword tensors of a trace dump (``<kwarg>.<i>``) are passed by
+name. Calls whose tensors came from keyword arguments in a PrecisionDebugger dump cannot be
+rebuilt positionally: their exporters or runs fail and the matrix says so.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any, Callable
+
+import torch
+
+from ..backends.base import flatten_tensors
+from ..dump.model import Record, TensorMeta
+
+_SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_POSITIONAL = ("forward_input", "input")
+_PARAMS = "forward_params"
+
+
+class ModelSpecError(ValueError):
+    """``--model`` is not ``pkg.module:factory`` or does not build an nn.Module."""
+
+
+def factory_spec(factory: str | Callable[[], torch.nn.Module]) -> str:
+    """``pkg.module:name`` for a spec string or an importable top-level function."""
+    if callable(factory) and not isinstance(factory, str):
+        spec = f"{factory.__module__}:{factory.__qualname__}"
+    else:
+        spec = str(factory)
+    if not _SPEC_RE.match(spec) or "<" in spec:
+        raise ModelSpecError(f"model factory {spec!r}: expected an importable 'pkg.module:factory' "
+                             "(a top-level function that takes no arguments and returns the model)")
+    return spec
+
+
+def load_model(spec: str) -> torch.nn.Module:
+    """Import the factory named by ``spec`` and call it; the result must be an nn.Module."""
+    spec = factory_spec(spec)
+    mod_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ModelSpecError(f"model factory {spec!r}: {e}") from e
+    model = obj()
+    if not isinstance(model, torch.nn.Module):
+        raise ModelSpecError(f"model factory {spec!r} returned {type(model).__name__}, not an nn.Module")
+    return model.eval()
+
+
+class ModuleCall(torch.nn.Module):
+    """Calls ``inner`` with tensors in recorded slots: positional first, then named keywords."""
+
+    def __init__(self, inner: torch.nn.Module, n_positional: int, keywords: list[tuple[str, int]]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.n_positional = n_positional
+        self.keywords = keywords  # (name, how many tensors): 1 -> the tensor, >1 -> a tuple
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args = tensors[: self.n_positional]
+        kwargs, i = {}, self.n_positional
+        for name, n in self.keywords:
+            kwargs[name] = tensors[i] if n == 1 else tuple(tensors[i:i + n])
+            i += n
+        return tuple(flatten_tensors(self.inner(*args, **kwargs)))
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    head, _, tail = key.rpartition(".")
+    return (head, tail) if head else (key, "")
+
+
+def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
+    """Input keys in the order ModuleCall takes its tensors: positional by index, then keywords;
+    plus the positional count and (keyword, tensor count) pairs. Parameters are not inputs."""
+    positional: dict[int, str] = {}
+    keywords: dict[str, dict[int, str]] = {}
+    for key, value in record.inputs.items():
+        if not isinstance(value, TensorMeta):
+            continue
+        head, tail = _split_key(key)
+        if head == _PARAMS or not tail.isdigit():
+            continue
+        if head in _POSITIONAL:
+            positional[int(tail)] = key
+        else:
+            keywords.setdefault(head, {})[int(tail)] = key
+    keys = [positional[i] for i in sorted(positional)]
+    for items in keywords.values():
+        keys += [items[i] for i in sorted(items)]
+    return keys, len(positional), [(name, len(items)) for name, items in keywords.items()]
+
+
+def module_call(record: Record, dump: Any, model_spec: str | None, models: dict[str, torch.nn.Module], *,
+                factory: str = "auto", seed: int = 0) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
+    """(module, tensor inputs) replaying ``record``; ``models`` caches built models per spec."""
+    from ..inputs import materialize_value
+
+    if not model_spec:
+        raise ModelSpecError(f"record seq={record.seq} is a module call ({record.op}); pass --model pkg.module:factory")
+    if model_spec not in models:
+        models[model_spec] = load_model(model_spec)
+    root = models[model_spec]
+    try:
+        inner = root.get_submodule(record.module or "")
+    except AttributeError as e:
+        raise ModelSpecError(f"record seq={record.seq}: the model from {model_spec} has no module "
+                             f"{record.module!r} ({e})") from e
+    if type(inner).__name__ != record.op:
+        raise ModelSpecError(f"record seq={record.seq}: module {record.module!r} is a {type(inner).__name__}, "
+                             f"the dump recorded a {record.op}")
+    gen = torch.Generator().manual_seed(int(seed))
+    keys, n_positional, keywords = input_order(record)
+    tensors = tuple(materialize_value(record.inputs[k], dump, factory=factory, generator=gen) for k in keys)
+    _load_recorded_params(inner, record, dump, factory, seed)
+    return ModuleCall(inner, n_positional, keywords), tensors
+
+
+def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Any, factory: str, seed: int) -> None:
+    """Copy the parameters the dump recorded for ``inner`` and its children into it.
+
+    A PrecisionDebugger dump records each module's own parameters (``forward_params.<name>``)
+    on that module's record, so a parent's weights are found on its children's records.
+    """
+    from ..inputs import materialize_value
+
+    path = record.module or ""
+    prefix = path + "." if path else ""
+    found: dict[str, TensorMeta] = {}
+    for r in getattr(dump, "records", []):
+        if r.kind != "module" or r.step != record.step:
+            continue
+        where = r.module or ""
+        if where != path and not where.startswith(prefix):
+            continue
+        rel = where[len(prefix):] if where != path else ""
+        for key, value in r.inputs.items():
+            head, tail = _split_key(key)
+            if head == _PARAMS and isinstance(value, TensorMeta):
+                found.setdefault(f"{rel}.{tail}" if rel else tail, value)
+    if not found:
+        return
+    own = dict(inner.named_parameters())
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    with torch.no_grad():
+        for name, meta in found.items():
+            if name in own and tuple(own[name].shape) == tuple(meta.shape):
+                own[name].copy_(materialize_value(meta, dump, factory=factory, generator=gen).to(own[name].dtype))

@@ -1,0 +1,187 @@
+"""Replay a dump's ops (or modules) on a baseline and a list of backends, isolated per backend.
+
+Order of work: pick and de-duplicate records, check their inputs can be rebuilt, then for each
+backend (baseline first) run every record in that backend's persistent worker, compare with the
+baseline, append a row to the matrix CSV and the outputs to that backend's replay dump.
+"""
+from __future__ import annotations
+
+import fnmatch
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from ..backends.base import Status
+from ..backends.registry import create, parse_spec
+from ..dump import load_dump
+from ..dump.model import Record
+from .isolate import Worker, _safe
+from .job import Job, JobResult, signature_hash
+from .matrix import MatrixWriter, Row
+from .output import ReplayDumpWriter
+from .tolerance import compare
+
+
+class ReplayInputError(ValueError):
+    """The dump cannot be replayed as asked (no records, nothing to rebuild inputs from...)."""
+
+
+@dataclass
+class ReplayConfig:
+    """Options of one replay run (the CLI flags map one to one)."""
+
+    backends: list[str]
+    out: Path
+    baseline: str = "torch-cpu"
+    factory: str = "auto"
+    seed: int = 0
+    timeout: float = 120.0
+    repeats: int = 5
+    limit: int | None = None
+    ops: list[str] = field(default_factory=list)  # fnmatch patterns on op names
+    seqs: list[int] = field(default_factory=list)  # only these record sequence numbers
+    dedup: bool = True
+    cache: bool = True
+    model: str | None = None  # "pkg.module:factory": replay module records instead of ops
+    modules: list[str] = field(default_factory=list)  # fnmatch patterns on module paths
+    threads: int = 1
+    imports: list[str] = field(default_factory=list)  # modules each worker imports first (custom ops)
+    progress: bool = True
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced: one Row per (record, backend), plus the files written."""
+
+    rows: list[Row]
+    records: list[Record]
+    skipped: list[tuple[Record, str]]
+    backends: list[str]
+    baseline: str
+    out: Path
+    dumps: dict[str, Path]
+
+    def status(self, seq: int, backend: str) -> Status:
+        return next(Status(r.status) for r in self.rows if r.seq == seq and r.backend == backend)
+
+
+def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
+    """Forward op records (or module records with a model), filtered, de-duplicated, limited."""
+    kind = "module" if cfg.model else "op"
+    picked = [r for r in records if r.kind == kind and r.direction == "forward"]
+    if cfg.ops:
+        picked = [r for r in picked if any(fnmatch.fnmatchcase(r.op, p) or fnmatch.fnmatchcase(r.op, f"*{p}*")
+                                           for p in cfg.ops)]
+    if cfg.seqs:
+        wanted = set(cfg.seqs)
+        picked = [r for r in picked if r.seq in wanted]
+    if cfg.modules:
+        picked = [r for r in picked if any(fnmatch.fnmatchcase(r.module or "", p) for p in cfg.modules)]
+    picked = [r for r in picked if any(True for _ in r.output_tensors())]  # nothing to compare otherwise
+    if cfg.dedup:
+        seen: set[str] = set()
+        unique = []
+        for r in picked:
+            h = signature_hash(r)
+            if h not in seen:
+                seen.add(h)
+                unique.append(r)
+        picked = unique
+    return picked[: cfg.limit] if cfg.limit else picked
+
+
+def check_inputs(record: Record, dump: Any, cfg: ReplayConfig) -> str | None:
+    """Why the record's inputs cannot be rebuilt, or None. Cheap: runs in the parent."""
+    metas = [m for _, m in record.input_tensors()]
+    if metas and all(m.stats is None and not (m.data and dump.has_data(m)) for m in metas):
+        return "no saved tensors and no statistics for its inputs (record with X_DEBUG STATS or X_DUMP_NUM > 0)"
+    if record.kind == "module":
+        return None
+    from ..inputs import build_call
+
+    try:
+        build_call(record, dump, factory=cfg.factory, seed=cfg.seed)
+    except Exception as e:  # noqa: BLE001 - the message is the reason to skip
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
+                on_row: Callable[[Row], None] | None = None) -> ReplayResult:
+    """Replay ``dump_path`` as configured; write matrix.csv, per-backend dumps and the heatmap."""
+    specs = [cfg.baseline] + [b for b in cfg.backends if b != cfg.baseline]
+    for s in specs:
+        parse_spec(s)  # unknown names fail here, before any work, listing the presets
+    dump = load_dump(dump_path)
+    records = select_records(list(dump.records), cfg)
+    if not records:
+        what = "module records (record with PrecisionDebugger or X_DEBUG MODULES)" if cfg.model else "op records"
+        raise ReplayInputError(f"{dump_path}: no {what} to replay"
+                               + (f" matching {cfg.ops or cfg.modules}" if cfg.ops or cfg.modules else ""))
+    skipped, runnable = [], []
+    for r in records:
+        reason = check_inputs(r, dump, cfg)
+        (skipped.append((r, reason)) if reason else runnable.append(r))
+    if not runnable:
+        raise ReplayInputError(f"{dump_path}: none of the {len(records)} selected records can be rebuilt; "
+                               f"first reason: record seq={skipped[0][0].seq} ({skipped[0][0].op}): {skipped[0][1]}")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache_dir = out / "cache" if cfg.cache else None
+    source = str(Path(dump_path).resolve())  # load_dump accepts it in every form the user may give
+    matrix = MatrixWriter(out / "matrix.csv")
+    baseline_out: dict[int, list[torch.Tensor] | None] = {}
+    rows: list[Row] = []
+    dumps: dict[str, Path] = {}
+    config = dict(dump.header.get("config", {})) if hasattr(dump, "header") else {}
+    for spec in specs:
+        backend = create(spec)
+        writer = ReplayDumpWriter(out / "dumps" / _safe(spec), spec, source, backend.options, config)
+        started = time.perf_counter()
+        precision_of = backend.tolerance_dtype
+        with Worker(spec, out / "logs", threads=cfg.threads, imports=tuple(cfg.imports)) as worker:
+            bar = tqdm(runnable, desc=f"replay {spec}", unit="op", disable=not cfg.progress, leave=False)
+            for rec in bar:
+                job = Job(dump=source, record=rec.to_json(), backend=spec, factory=cfg.factory, seed=cfg.seed,
+                          cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model)
+                res = worker.run(job, cfg.timeout)
+                row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of)
+                if res.status == Status.OK and res.outputs:
+                    writer.add(rec, res.inputs, res.output_tensors())
+                matrix.add(row)
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+        dumps[spec] = writer.close(time.perf_counter() - started)
+    matrix.close()
+    result = ReplayResult(rows, runnable, skipped, specs, cfg.baseline, out, dumps)
+    from .matrix import write_heatmap
+
+    write_heatmap(result, out)
+    return result
+
+
+def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline: bool,
+         precision_of: Callable[[torch.dtype], torch.dtype]) -> Row:
+    status, error = Status(res.status), res.error
+    max_abs = max_rel = None
+    if is_baseline:
+        baseline_out[rec.seq] = res.output_tensors() if status == Status.OK else None
+    elif status == Status.OK:
+        ref = baseline_out.get(rec.seq)
+        if ref is None:
+            error = "not compared: the baseline produced no outputs for this record"
+        else:
+            got = res.output_tensors()
+            dtype = ref[0].dtype if ref else torch.float32
+            cmp = compare(ref, got, precision_of(dtype) if dtype.is_floating_point else None)
+            max_abs, max_rel = cmp.max_abs, cmp.max_rel
+            if not cmp.ok:
+                status, error = Status.MISMATCH, cmp.message
+    return Row(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
+               backend=spec, status=int(status), max_abs_err=max_abs, max_rel_err=max_rel,
+               latency_ms=res.latency_ms, cached=res.cached, error=error, facts=res.facts)
