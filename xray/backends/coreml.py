@@ -74,8 +74,8 @@ class CoreML(Backend):
         with zipfile.ZipFile(io.BytesIO(artifact.data)) as z:
             z.extractall(folder)
         try:
-            model = ct.models.MLModel(str(folder / "model.mlpackage"),
-                                      compute_units=getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY")))
+            units = getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY"))
+            model = ct.models.MLModel(str(folder / "model.mlpackage"), compute_units=units)
         except Exception as e:  # noqa: BLE001
             raise BackendError(Status.RUN_FAIL, f"CoreML could not load the model: {short_error(e)}") from e
         spec = model.get_spec().description

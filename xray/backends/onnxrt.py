@@ -45,7 +45,8 @@ class OnnxRuntime(Backend):
         opts.log_severity_level = 3
         opts.intra_op_num_threads = int(self.options.get("threads", 1))
         try:
-            session = ort.InferenceSession(artifact.data, opts, providers=[self.options.get("provider", "CPUExecutionProvider")])
+            provider = self.options.get("provider", "CPUExecutionProvider")
+            session = ort.InferenceSession(artifact.data, opts, providers=[provider])
         except Exception as e:  # noqa: BLE001
             raise BackendError(Status.RUN_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         names = [i.name for i in session.get_inputs()]
@@ -53,10 +54,8 @@ class OnnxRuntime(Backend):
         def run(inputs: tuple) -> list[torch.Tensor]:
             if len(names) > len(inputs):
                 raise BackendError(Status.RUN_FAIL, f"model wants {len(names)} inputs, op has {len(inputs)}")
-            # The exporter drops inputs the graph does not read; the rest keep their order.
             feed = {}
-            tensors = [t for t in inputs]
-            for name, t in zip(names, _match_inputs(names, tensors)):
+            for name, t in zip(names, _match_inputs(names, list(inputs))):
                 if t.dtype == torch.bfloat16:
                     raise BackendError(Status.RUN_FAIL, "bfloat16 inputs cannot be fed through numpy to onnxruntime")
                 feed[name] = t.detach().contiguous().numpy()
@@ -69,11 +68,14 @@ class OnnxRuntime(Backend):
 def _match_inputs(names: list[str], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     if len(names) == len(tensors):
         return tensors
-    # Inputs are named after the forward's varargs (tensors, tensors_1, ...): map by suffix.
+    # The exporter names inputs after the forward's varargs (tensors_0, tensors_1, ...) and drops
+    # those the graph never reads: map the rest by their index suffix.
     picked = []
     for n in names:
         idx = n.rsplit("_", 1)[-1]
-        picked.append(tensors[int(idx)] if idx.isdigit() and int(idx) < len(tensors) else tensors[0])
+        if not (idx.isdigit() and int(idx) < len(tensors)):
+            raise BackendError(Status.RUN_FAIL, f"cannot match ONNX input {n!r} to the op's {len(tensors)} tensors")
+        picked.append(tensors[int(idx)])
     return picked
 
 

@@ -38,6 +38,15 @@ def no_dispatch_modes():
     return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
 
 
+def _wait_collective(outs: list) -> None:
+    """A collective returns before its tensors are final (async Work): wait, so the recorded
+    result is the reduced one and not a race. Waiting twice is harmless for the user's code."""
+    for o in outs:
+        wait = getattr(o, "wait", None)
+        if callable(wait):
+            wait()
+
+
 class Recorder:
     """State of one dump session: sequence counter, de-dup table, statistics cache, writer."""
 
@@ -141,6 +150,8 @@ class Recorder:
     def _after(self, pending, args: tuple, out: Any) -> None:
         rec, info, key, budget, bound = pending
         outs = list(out) if info.returns > 1 else [out]
+        if info.name.startswith("c10d."):
+            _wait_collective(outs)
         for name in info.mutates:  # the version counter is bumped only after we return
             mutated = bound.get(name)
             if isinstance(mutated, torch.Tensor):

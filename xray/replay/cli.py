@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="torch-cpu", metavar="PRESET", help="reference backend (default torch-cpu)")
     p.add_argument("-o", "--out", default="replay", help="output folder (default ./replay)")
     p.add_argument("--factory", choices=("auto", "load", "random"), default="auto",
-                   help="inputs: saved tensors (load), regenerated from statistics (random), or saved where present (auto)")
+                   help="inputs: saved tensors (load), random from statistics (random), or saved where present (auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of regenerated inputs")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per (op, backend) before it is TIMEOUT")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per op for the median latency")

@@ -62,20 +62,22 @@ class Worker:
     def __init__(self, backend: str, log_dir: Path, *, start_timeout: float = 300.0, threads: int = 1,
                  imports: tuple[str, ...] = ()) -> None:
         self.backend = backend
-        self.log_path = Path(log_dir) / f"worker-{_safe(backend)}.log"
+        self.log_path = Path(log_dir) / f"worker-{safe_name(backend)}.log"
         self.start_timeout = start_timeout
         self.threads = threads
         self.imports = tuple(imports)
         self.proc: mp.Process | None = None
         self.conn = None
         self.starts = 0
+        self.unusable: str | None = None  # set when the backend cannot start here; no more retries
 
     def _start(self) -> str | None:
         """Start the process; return an error text when its set-up failed."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = ctx.Process(target=_serve, args=(child, str(self.log_path), self.backend, self.threads, self.imports),
+        args = (child, str(self.log_path), self.backend, self.threads, self.imports)
+        self.proc = ctx.Process(target=_serve, args=args,
                                 daemon=True, name=f"xray-replay-{self.backend}")
         self.proc.start()
         child.close()
@@ -96,9 +98,13 @@ class Worker:
 
     def run(self, job: Job, timeout: float) -> JobResult:
         """Run ``job`` isolated; CRASH/TIMEOUT results when the worker dies or hangs."""
+        if self.unusable is not None:
+            return JobResult(int(Status.RUN_FAIL), self.unusable)
         if self.proc is None or not self.proc.is_alive():
             error = self._start()
             if error is not None:
+                if self.starts == 1:  # it never worked: every later job would fail the same way
+                    self.unusable = error
                 return JobResult(int(Status.RUN_FAIL), error)
         log_size = self.log_path.stat().st_size if self.log_path.exists() else 0
         try:
@@ -173,5 +179,5 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -22,7 +22,8 @@ from ..dump.writer import DumpWriter
 class ReplayDumpWriter:
     """A DumpWriter for one backend's replay, with the replay described in the header."""
 
-    def __init__(self, folder: Path, backend: str, source: str, options: dict[str, Any], config: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, backend: str, source: str, options: dict[str, Any],
+                 config: dict[str, Any]) -> None:
         header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
                   "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
                   "config": config, "replay": {"backend": backend, "options": options, "source": source}}
@@ -34,7 +35,8 @@ class ReplayDumpWriter:
     def add(self, source: Record, inputs: list[dict], outputs: list[torch.Tensor]) -> None:
         rec = Record(seq=source.seq, kind=source.kind, op=source.op, direction=source.direction, module=source.module,
                      module_stack=list(source.module_stack), mutates=list(source.mutates), count=source.count,
-                     first_seq=source.first_seq, last_seq=source.last_seq, call_index=source.call_index, step=source.step)
+                     first_seq=source.first_seq, last_seq=source.last_seq, call_index=source.call_index,
+                     step=source.step)
         rec.inputs = _inputs_like(source, inputs)
         metas = []
         for i, t in enumerate(outputs):

@@ -19,7 +19,7 @@ from ..backends.base import Status
 from ..backends.registry import create, parse_spec
 from ..dump import load_dump
 from ..dump.model import Record
-from .isolate import Worker, _safe
+from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, Row
 from .output import ReplayDumpWriter
@@ -140,7 +140,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     config = dict(dump.header.get("config", {})) if hasattr(dump, "header") else {}
     for spec in specs:
         backend = create(spec)
-        writer = ReplayDumpWriter(out / "dumps" / _safe(spec), spec, source, backend.options, config)
+        writer = ReplayDumpWriter(out / "dumps" / safe_name(spec), spec, source, backend.options, config)
         started = time.perf_counter()
         precision_of = backend.tolerance_dtype
         with Worker(spec, out / "logs", threads=cfg.threads, imports=tuple(cfg.imports)) as worker:

@@ -71,7 +71,8 @@ def compare(ref: list[torch.Tensor], got: list[torch.Tensor], precision: torch.d
         worst_rel = max(worst_rel, float(diff.max()) / scale)
         if bool(bad.any()):
             ok = False
-            notes.append(f"output {i}: {int(bad.sum())}/{bad.numel()} elements beyond rtol={rtol:g} atol={atol:g}x{scale:.3g}")
+            notes.append(f"output {i}: {int(bad.sum())}/{bad.numel()} elements beyond "
+                         f"rtol={rtol:g} atol={atol:g}x{scale:.3g}")
     return Comparison(ok, worst_abs, worst_rel, "; ".join(notes) or None)
 
 
