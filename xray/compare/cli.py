@@ -14,7 +14,9 @@ from .thresholds import Rules, parse_tolerance_arg
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xray-compare", description=__doc__.splitlines()[0],
-                                epilog="Statuses, rules and CSV columns: docs/compare.md")
+                                epilog="example:\n  xray-compare dumps/llama-fp32 dumps/llama-bf16-fault out.csv --html report.html "
+                                       "--summary-json summary.json\n\nStatuses, rules and CSV columns: docs/compare.md",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bench", help="trusted dump: trace folder, dump.json, module-level .h5, or multi-rank folder")
     p.add_argument("target", help="dump to check, of the same kind")
     p.add_argument("out_csv", help="one row per compared tensor pair")

@@ -12,7 +12,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="xray-gen",
         description="Generate de-duplicated pytest unit tests, one per distinct (op, argument signature), "
-                    "from an xray dump. Run them with: pytest OUT --device cpu --detail_compare_path=result.csv")
+                    "from an xray dump. Run them with: pytest OUT --device cpu --detail_compare_path=result.csv",
+        epilog="example:\n  xray-gen dumps/llama-dedup/dump.json -o pytests/\n"
+               "  pytest pytests/ --device cpu --seed 42 --detail_compare_path=./result.csv -n 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", help="dump.json, its folder, or a dump_dir holding one process folder")
     p.add_argument("-o", "--output", default="pytests", help="output folder (default: pytests/)")
     p.add_argument("--factory", choices=("load", "random", "auto"), default="auto",

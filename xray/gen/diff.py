@@ -99,7 +99,11 @@ def per_op(d: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="xray-diff", description="Compare two devices' xray result CSVs by test name.")
+    p = argparse.ArgumentParser(prog="xray-diff", description="Compare two devices' xray result CSVs by test name.",
+                                epilog="example:\n  pytest pytests --device cpu --detail_compare_path=cpu.csv   # machine A\n"
+                                       "  pytest pytests --device cuda --detail_compare_path=gpu.csv  # machine B\n"
+                                       "  xray-diff cpu.csv gpu.csv diff.csv",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a", help="result CSV of device A (pytest --detail_compare_path)")
     p.add_argument("b", help="result CSV of device B")
     p.add_argument("result", help="where to write the side-by-side CSV")

@@ -18,7 +18,10 @@ from .table import SummaryRow, dump_rows, filter_rows, render_table, write_csv
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xray-summary", description=__doc__)
+    p = argparse.ArgumentParser(prog="xray-summary", description=__doc__,
+                                epilog="examples:\n  xray-summary dumps/llama-module.h5 sum.txt --step 0 --match 'layers\\.0\\.'\n"
+                                       "  xray-summary dumps/llama-fp32 --csv sum.csv",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="a module dump .h5, a folder of globalrank-*.h5 files, or a tracer dump")
     p.add_argument("output", nargs="?", help="also write the table (or, with --csv, the CSV) to this file")
     p.add_argument("--csv", action="store_true", help="write CSV instead of a table")
