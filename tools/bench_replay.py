@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -33,9 +34,18 @@ def main() -> None:
     p.add_argument("--backend", action="append", default=[], help="preset to measure (repeatable)")
     p.add_argument("--limit", type=int, default=20, help="distinct op records replayed per run")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per op (latency)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (dump, matrices, caches)")
     args = p.parse_args()
     backends = args.backend or DEFAULT_BACKENDS
     work = Path(tempfile.mkdtemp(prefix="xray-bench-replay-"))
+    try:
+        run(work, backends, args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path, backends: list[str], args: argparse.Namespace) -> None:
     model, ids = tiny_llama(layers=1, hidden=32), token_batch()
     with torch.no_grad(), xray.dump(X_DEDUP=True, X_DUMP_NUM=5, dump_dir=work / "dump") as d:
         model(ids)
@@ -56,10 +66,12 @@ def main() -> None:
             statuses[Status(r.status).name] = statuses.get(Status(r.status).name, 0) + 1
         n = counts[0]
         rows.append([b, n, f"{times[0]:.1f}", f"{n / times[0]:.2f}", f"{times[1]:.1f}", f"{n / times[1]:.2f}",
-                     f"{times[0] / times[1]:.1f}x", f"{cached}/{n}", ", ".join(f"{k}={v}" for k, v in statuses.items())])
+                     f"{times[0] / times[1]:.1f}x", f"{cached}/{n}",
+                     ", ".join(f"{k}={v}" for k, v in statuses.items())])
     print(tabulate(rows, headers=["backend", "records", "cold s", "cold rec/s", "cached s", "cached rec/s",
                                   "cached speed-up", "cache hits", "statuses"]))
-    print(f"\n(work folder: {work}; times include worker start-up; {os.cpu_count()} CPU cores)")
+    print(f"\n(times include worker start-up; {os.cpu_count()} CPU cores; work folder {work}"
+          f"{' kept' if args.keep else ' removed'})")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ def _import_coremltools():
 
 
 class CoreML(Backend):
-    """Options: ``fp16`` (compute precision; default False = FLOAT32), ``compute_units`` ("CPU_ONLY")."""
+    """Options: ``fp16`` (compute precision; default False = FLOAT32), ``compute_units`` ("CPU_ONLY"),
+    ``target`` (minimum deployment target, "iOS16": the first that takes fp16 inputs)."""
 
     kind = "coreml"
 
@@ -54,6 +55,7 @@ class CoreML(Backend):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = ct.convert(exported, convert_to="mlprogram", compute_precision=precision,
+                                   minimum_deployment_target=getattr(ct.target, self.options.get("target", "iOS16")),
                                    compute_units=getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY")),
                                    skip_model_load=not is_macos())
         except Exception as e:  # noqa: BLE001 - a conversion error is the result

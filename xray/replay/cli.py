@@ -14,8 +14,10 @@ from tabulate import tabulate
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xray-replay", description=__doc__.split("\n")[0],
-                                epilog="Backend presets take overrides: onnxrt-cpu:opset=18, coreml:fp16=true. "
-                                       "See --list-backends and docs/replay.md.")
+                                epilog="example:\n  xray-replay dumps/llama-dedup --backend onnxrt-cpu --backend executorch-xnnpack "
+                                       "--out replay/\n\nBackend presets take overrides: onnxrt-cpu:opset=18, coreml:fp16=true. "
+                                       "See --list-backends and docs/replay.md.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", nargs="?", help="trace dump folder (or its dump.json), or a PrecisionDebugger .h5")
     p.add_argument("-b", "--backend", action="append", default=[], metavar="PRESET",
                    help="backend preset to replay on (repeatable)")
@@ -39,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --model: only modules whose path matches this glob (repeatable)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="module every worker imports first, e.g. one registering custom ops (repeatable)")
+    p.add_argument("--weights-as-inputs", action="store_true",
+                   help="pass recorded parameters (requires_grad tensors) as inputs instead of constants")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per backend worker (default 1)")
     p.add_argument("--list-backends", action="store_true", help="print the backend presets and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                            seed=args.seed, timeout=args.timeout, repeats=args.repeats, limit=args.limit, ops=args.op,
                            seqs=args.seq,
                            dedup=not args.no_dedup, cache=not args.no_cache, model=model, modules=args.module,
-                           threads=args.threads, imports=args.imports, progress=not args.quiet)
+                           threads=args.threads, imports=args.imports,
+                           weights_const=not args.weights_as_inputs, progress=not args.quiet)
         result = replay_dump(args.dump, cfg)
     except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError) as e:
         print(f"xray-replay: error: {e}", file=sys.stderr)

@@ -34,6 +34,7 @@ class Job:
     cache_dir: str | None = None
     repeats: int = 5
     model: str | None = None  # "pkg.module:factory" for module records
+    weights_const: bool = True  # recorded parameters become module constants, not inputs
 
 
 @dataclass
@@ -72,7 +73,7 @@ def signature_hash(record: Record | dict) -> str:
 
 def cache_key(job: Job, backend: Backend) -> str:
     blob = {"sig": signature(job.record), "kind": backend.kind, "options": backend.options,
-            "versions": backend.versions(), "model": job.model}
+            "versions": backend.versions(), "model": job.model, "weights_const": job.weights_const}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -135,31 +136,34 @@ class JobContext:
         return self.backends[spec]
 
 
-def build_module(job: Job, ctx: JobContext) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """The module to replay and its tensor inputs (same seed -> same inputs in every worker)."""
+def build_module(job: Job, ctx: JobContext
+                 ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The module to replay, its tensor inputs, and every tensor argument in order (inputs and
+    baked-in constants: the replay dump describes them all). Same seed -> same tensors anywhere."""
     record = Record.from_json(job.record)
     dump = ctx.dump(job.dump)
     if record.kind == "module":
         from .modules import module_call
 
-        return module_call(record, dump, job.model, ctx.models, factory=job.factory, seed=job.seed)
+        module, inputs = module_call(record, dump, job.model, ctx.models, factory=job.factory, seed=job.seed)
+        return module, inputs, inputs
     from ..inputs import build_call
-    from .opmodule import op_module
+    from .opmodule import op_module, parameter_flags
 
     op, args, kwargs = build_call(record, dump, factory=job.factory, seed=job.seed)
-    return op_module(op, args, kwargs)
+    return op_module(op, args, kwargs, parameter_flags(record, op) if job.weights_const else None)
 
 
 def execute(job: Job, ctx: JobContext) -> JobResult:
     """Run one job; every failure becomes a status with its error text, never an exception."""
     try:
         backend = ctx.backend(job.backend)
-        module, inputs = build_module(job, ctx)
+        module, inputs, every = build_module(job, ctx)
     except Exception as e:  # noqa: BLE001 - reported as the job's result
         return JobResult(int(Status.EXPORT_FAIL), f"cannot rebuild the call: {short_error(e)}")
     if backend.contiguous_inputs:
         inputs = tuple(t.contiguous() for t in inputs)
-    input_metas = [_meta(t) for t in inputs]
+    input_metas = [_meta(t) for t in every]
     artifact, error, cached = None, None, False
     folder = Path(job.cache_dir) if job.cache_dir and backend.cacheable else None
     key = cache_key(job, backend) if folder else ""

@@ -48,6 +48,7 @@ class ReplayConfig:
     cache: bool = True
     model: str | None = None  # "pkg.module:factory": replay module records instead of ops
     modules: list[str] = field(default_factory=list)  # fnmatch patterns on module paths
+    weights_const: bool = True  # recorded parameters are constants of the op module, as in the model
     threads: int = 1
     imports: list[str] = field(default_factory=list)  # modules each worker imports first (custom ops)
     progress: bool = True
@@ -147,7 +148,8 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
             bar = tqdm(runnable, desc=f"replay {spec}", unit="op", disable=not cfg.progress, leave=False)
             for rec in bar:
                 job = Job(dump=source, record=rec.to_json(), backend=spec, factory=cfg.factory, seed=cfg.seed,
-                          cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model)
+                          cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model,
+                          weights_const=cfg.weights_const)
                 res = worker.run(job, cfg.timeout)
                 row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of)
                 if res.status == Status.OK and res.outputs:

@@ -1,0 +1,143 @@
+"""xray-replay on a real transformers model: ONNX Runtime and ExecuTorch-XNNPACK against eager.
+
+One replay of a representative subset of a 1-layer Llama's distinct ops (matmuls, softmax,
+RMSNorm pieces, rotary, embedding, views) is shared by the tests below; each checks one output.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pandas as pd
+import pytest
+import torch
+
+import xray
+from xray.backends.base import Status
+from xray.models import tiny_llama, token_batch
+from xray.replay.matrix import COLUMNS
+from xray.replay.runner import ReplayConfig, replay_dump
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+# One of each kind of op the model runs: GEMMs, reductions, transcendental functions, data
+# movement, integer ops. The first record of each matching signature is replayed.
+OPS = ["aten.mm.default", "aten.bmm.default", "aten._softmax.default", "aten.rsqrt.default", "aten.silu.default",
+       "aten.mean.dim", "aten.pow.Tensor_Scalar", "aten.cat.default", "aten.embedding.default", "aten.neg.default",
+       "aten.where.self", "aten.transpose.int", "aten.cos.default", "aten.sin.default"]
+BACKENDS = ["onnxrt-cpu", "executorch-xnnpack"]
+
+
+@pytest.fixture(scope="module")
+def llama_dump(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dump")
+    model, ids = tiny_llama(layers=1, hidden=32), token_batch()
+    with torch.no_grad(), xray.dump(X_DEDUP=True, X_DUMP_NUM=5, dump_dir=folder) as d:
+        model(ids)
+    return d.folder
+
+
+@pytest.fixture(scope="module")
+def replay(llama_dump, tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay")
+    # One record per op name: the first signature of each is representative and keeps the test short.
+    dump = xray.load_dump(llama_dump)
+    ops_seen, seqs = set(), []
+    for r in dump.records:
+        if r.op in OPS and r.op not in ops_seen:
+            ops_seen.add(r.op)
+            seqs.append(r.seq)
+    cfg = ReplayConfig(backends=BACKENDS, out=out, seqs=seqs, repeats=3, progress=False, timeout=180)
+    result = replay_dump(llama_dump, cfg)
+    return result, seqs
+
+
+def _rows(result, backend, seqs):
+    return [r for r in result.rows if r.backend == backend and r.seq in seqs]
+
+
+def test_every_pair_has_a_status(replay):
+    result, _ = replay
+    assert result.records, "nothing was replayed"
+    for rec in result.records:
+        for b in ["torch-cpu", *BACKENDS]:
+            assert isinstance(result.status(rec.seq, b), Status)
+
+
+def test_baseline_reproduces_the_recording(replay, llama_dump):
+    """Eager replay of saved inputs must give back the recorded outputs bit for bit (same kernels)."""
+    result, seqs = replay
+    dump = xray.load_dump(llama_dump)
+    replayed = xray.load_dump(result.dumps["torch-cpu"])
+    by_seq = {r.seq: r for r in dump.records}
+    checked = 0
+    for rec in replayed.records:
+        src = by_seq[rec.seq]
+        for (_, want), (_, got) in zip(src.output_tensors(), rec.output_tensors()):
+            if want.data and dump.has_data(want) and all(dump.has_data(m) for _, m in src.input_tensors()):
+                torch.testing.assert_close(replayed.load_tensor(got), dump.load_tensor(want), rtol=0, atol=0)
+                checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_most_ops_run_and_match(replay, backend):
+    """Both backends cover these plain fp32 inference ops; we allow 2 of the 14 to fail or drift
+    (XNNPACK or ORT may reject an odd signature such as a 0-size cat) and still call it "most"."""
+    result, seqs = replay
+    rows = [r for r in result.rows if r.backend == backend]
+    ok = [r for r in rows if r.status == Status.OK]
+    bad = [(r.op, Status(r.status).name, r.error) for r in rows if r.status != Status.OK]
+    assert len(ok) >= len(rows) - 2, bad
+    for r in ok:
+        assert r.max_abs_err is not None and math.isfinite(r.max_abs_err)
+        assert r.latency_ms is not None and r.latency_ms > 0
+
+
+def test_matrix_csv_and_facts(replay):
+    result, _ = replay
+    df = pd.read_csv(result.out / "matrix.csv")
+    assert tuple(df.columns) == COLUMNS
+    assert len(df) == len(result.rows) == len(result.records) * (1 + len(BACKENDS))
+    assert set(df.status) <= {s.name for s in Status}
+    onnx = df[(df.backend == "onnxrt-cpu") & (df.status == "OK")]
+    assert (onnx.opset >= 17).all()
+    et = df[(df.backend == "executorch-xnnpack") & (df.status == "OK")]
+    assert (et.pte_bytes > 0).all()
+    assert (et.delegated_nodes + et.undelegated_nodes >= 1).all()
+    assert et.delegated_nodes.sum() >= 1, "XNNPACK delegated nothing at all"
+    assert (result.out / "heatmap.png").stat().st_size > 1000
+    assert "<table>" in (result.out / "heatmap.html").read_text()
+
+
+def test_replay_output_is_an_xray_dump(replay):
+    result, _ = replay
+    for backend in BACKENDS:
+        d = xray.load_dump(result.dumps[backend])
+        assert d.complete and d.header["replay"]["backend"] == backend
+        ok = {r.seq for r in result.rows if r.backend == backend and Status(r.status).supported}
+        assert {r.seq for r in d.records} == ok
+        for rec in d.records:
+            for _, meta in rec.output_tensors():
+                assert meta.stats is not None and d.has_data(meta)
+                t = d.load_tensor(meta)
+                assert tuple(t.shape) == meta.shape
+                if t.is_floating_point() and t.numel():
+                    assert math.isclose(float(t.min()), meta.stats.min, rel_tol=1e-6, abs_tol=1e-6)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(xray.__file__), "compare", "cli.py")),
+                    reason="xray-compare not available")
+def test_xray_compare_reads_replay_output(replay, tmp_path, capsys):
+    from xray.compare.cli import main as compare_main
+
+    result, _ = replay
+    csv = tmp_path / "cmp.csv"
+    rc = compare_main([str(result.dumps["torch-cpu"]), str(result.dumps["onnxrt-cpu"]), str(csv), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(csv)
+    supported = sum(1 for r in result.rows if r.backend == "onnxrt-cpu" and Status(r.status).supported)
+    matched = df[df.status != "unmatched"]
+    assert matched.target_seq.nunique() == supported
+    # Both sides ran the same inputs; compare's own fp32 tolerance should pass nearly all of them.
+    assert (matched.status == "pass").sum() >= 0.8 * len(matched), matched[["target_name", "status"]]

@@ -1,0 +1,95 @@
+"""Isolation: an op that aborts the process is CRASH, one that hangs is TIMEOUT, and the run goes on.
+
+The two custom ops below behave normally while the dump is recorded; in the replay workers
+(which import this module to register them) an environment variable makes ``boom`` call
+``os.abort()`` and ``nap`` sleep far past the timeout.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pandas as pd
+import torch
+
+import xray
+from xray.backends.base import Status
+from xray.replay.cli import main as replay_main
+from xray.replay.runner import ReplayConfig, replay_dump
+
+ARMED = "XRAY_REPLAY_TEST_ARMED"
+
+
+@torch.library.custom_op("xray_replay_test::boom", mutates_args=())
+def boom(x: torch.Tensor) -> torch.Tensor:
+    if os.environ.get(ARMED) == "1":
+        os.abort()
+    return x * 2
+
+
+@boom.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("xray_replay_test::nap", mutates_args=())
+def nap(x: torch.Tensor) -> torch.Tensor:
+    if os.environ.get(ARMED) == "1":
+        time.sleep(600)
+    return x + 1
+
+
+@nap.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _record(folder):
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    with xray.dump(X_DEDUP=True, X_DUMP_NUM=5, dump_dir=folder) as d:
+        y = torch.exp(x)
+        y = boom(y)
+        y = torch.tanh(y)
+        y = nap(y)
+        torch.neg(y)
+    return d.folder
+
+
+def test_crash_and_timeout_are_isolated(tmp_path, monkeypatch):
+    folder = _record(tmp_path / "dump")
+    monkeypatch.setenv(ARMED, "1")  # inherited by the spawned workers
+    cfg = ReplayConfig(backends=[], out=tmp_path / "out", timeout=8, repeats=1, progress=False,
+                       imports=[__name__])
+    result = replay_dump(folder, cfg)
+    got = {r.op: Status(r.status) for r in result.rows}
+    assert got == {"aten.exp.default": Status.OK, "xray_replay_test.boom.default": Status.CRASH,
+                   "aten.tanh.default": Status.OK, "xray_replay_test.nap.default": Status.TIMEOUT,
+                   "aten.neg.default": Status.OK}
+    crash = next(r for r in result.rows if r.status == Status.CRASH)
+    assert "SIGABRT" in crash.error
+    timeout = next(r for r in result.rows if r.status == Status.TIMEOUT)
+    assert "8 s" in timeout.error
+    df = pd.read_csv(result.out / "matrix.csv")
+    assert list(df.status) == ["OK", "CRASH", "OK", "TIMEOUT", "OK"]
+    # The ops after the crash and the hang still made it into the replay dump.
+    assert [r.op for r in xray.load_dump(result.dumps["torch-cpu"]).records] == [
+        "aten.exp.default", "aten.tanh.default", "aten.neg.default"]
+
+
+def test_unknown_backend_lists_presets(tmp_path, capsys):
+    folder = _record(tmp_path / "dump")
+    rc = replay_main([str(folder), "--backend", "tensorrt-gpu", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "unknown backend 'tensorrt-gpu'" in err and "onnxrt-cpu" in err and "executorch-xnnpack" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dump_without_tensors_or_statistics(tmp_path, capsys):
+    x = torch.ones(3)
+    with xray.dump(X_DEBUG=0x100, X_DUMP_NUM=0, dump_dir=tmp_path / "dump") as d:  # META only
+        torch.exp(x)
+    rc = replay_main([str(d.folder), "--backend", "onnxrt-cpu", "--out", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "no saved tensors and no statistics" in err and "aten.exp.default" in err
