@@ -13,10 +13,9 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..dump.model import Stats
-from ..dump.stats import tensor_stats
+from ..dump.stats import StatsCache
 from ..dump.tensorio import dtype_name
 from .layout import tensor_name
 from .writer import ModuleDumpWriter
@@ -45,20 +44,11 @@ class TensorCapture:
         self.save_data = save_data
         self.overflow_only = overflow_only
         self.on_overflow = on_overflow
-        self._stats: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._stats = StatsCache()
         self._saved_params: dict[tuple[int, int], str] = {}  # (step, id(param)) -> dataset path
 
     def stats(self, t: torch.Tensor) -> Stats:
-        try:
-            version = t._version
-        except RuntimeError:  # inference tensors have no version counter
-            return tensor_stats(t)
-        hit = self._stats.get(t)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        s = tensor_stats(t)
-        self._stats[t] = (version, s)
-        return s
+        return self._stats.get(t)
 
     def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False) -> None:
         s = self.stats(t)

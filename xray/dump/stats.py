@@ -6,6 +6,7 @@ input, so recording cannot change the model's numbers.
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .model import Stats
 
@@ -69,3 +70,36 @@ def _mean_std(x: torch.Tensor) -> tuple[float, float]:
 
 def _finite(x: float) -> bool:
     return x - x == 0.0  # False for NaN and +-Inf, faster than math.isfinite on hot paths
+
+
+class StatsCache:
+    """Statistics per tensor object and version counter, so each value is reduced once: an op's
+    output is the next op's input, q/k/v share one input, parameters persist across steps.
+
+    Caveat: the version counter is bumped by the autograd layer *after* an in-place kernel
+    returns, so a dispatch-level caller must ``forget`` a tensor it saw being mutated.
+    """
+
+    def __init__(self) -> None:
+        self._cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def get(self, t: torch.Tensor) -> Stats:
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter: never cached
+            return tensor_stats(t)
+        hit = self._cache.get(t)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        s = tensor_stats(t)
+        self._cache[t] = (version, s)
+        return s
+
+    def put(self, t: torch.Tensor, s: Stats) -> None:
+        try:
+            self._cache[t] = (t._version, s)
+        except RuntimeError:
+            pass
+
+    def forget(self, t: torch.Tensor) -> None:
+        self._cache.pop(t, None)

@@ -14,11 +14,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
-from ..dump.stats import tensor_stats
+from ..dump.stats import StatsCache
 from ..dump.writer import DumpWriteError, DumpWriter
 from .encode import OpInfo, bind_inputs, encode_value, op_info, signature_key, tensor_meta
 from .modules import ModuleStack
@@ -64,31 +63,15 @@ class Recorder:
         self.failed: str | None = None
         self._infos: dict[Any, OpInfo] = {}
         self._seen: dict[tuple, Record] = {}
-        self._stats_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._stats = StatsCache()
         self._module_inputs: list[dict[str, Any]] = []
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
             backward=self.backward_on)
 
-    # -- statistics with a cache: a tensor's stats are computed once, not once per use ----------
     def stats(self, t: torch.Tensor) -> Stats:
-        try:
-            version = t._version
-        except RuntimeError:  # inference tensors have no version counter: do not cache
-            return tensor_stats(t)
-        hit = self._stats_cache.get(t)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        s = tensor_stats(t)
-        self._stats_cache[t] = (version, s)
-        return s
-
-    def _remember(self, t: torch.Tensor, s: Stats) -> None:
-        try:
-            self._stats_cache[t] = (t._version, s)
-        except RuntimeError:
-            pass
+        return self._stats.get(t)
 
     def _meta(self, t: torch.Tensor) -> TensorMeta:
         return tensor_meta(t, self.stats(t) if self.stats_on else None, self.meta_on)
@@ -155,7 +138,7 @@ class Recorder:
         for name in info.mutates:  # the version counter is bumped only after we return
             mutated = bound.get(name)
             if isinstance(mutated, torch.Tensor):
-                self._stats_cache.pop(mutated, None)
+                self._stats.forget(mutated)
         if info.stats_preserving and self.stats_on:
             self._reuse_stats(args, outs)
         if self.meta_on or self.stats_on:
@@ -172,7 +155,7 @@ class Recorder:
         dst = outs[0] if outs else None
         if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
                 and src.numel() == dst.numel()):
-            self._remember(dst, self.stats(src))
+            self._stats.put(dst, self.stats(src))
 
     def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
         """Copy up to ``budget`` tensors (inputs first, then outputs, in schema order)."""
