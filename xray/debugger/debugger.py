@@ -92,6 +92,8 @@ class PrecisionDebugger:
         self._running = False
         self.file = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}.h5"
         self.summary_csv = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}_summary.csv"
+        self._csv_rows = 0  # rows already in summary_csv
+        self._csv_step: int | None = None  # the step last appended to it
         self._check_writable()
         self._writer = ModuleDumpWriter(self.file, {
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
@@ -153,11 +155,18 @@ class PrecisionDebugger:
             self._aten.stop()
         path = self._writer.close()
         if path is not None:
-            from ..summary.table import write_summary_csv
-            from .reader import read_module_dump
+            from ..summary.table import append_summary_csv, module_rows
+            from .reader import index_rows
 
-            with read_module_dump(path) as dump:
-                write_summary_csv(dump, self.summary_csv)
+            if self._csv_step == self.current_step:  # captured this step again: redo the CSV
+                self._csv_rows = 0
+            rows = [] if self._csv_rows else [(s, r) for s in sorted(self._writer.rows) if s != self.current_step
+                                              for r in self._writer.rows[s]]
+            rows += [(self.current_step, r) for r in self._writer.rows.get(self.current_step, [])]
+            tensor_rows = (row for s, r in rows for row in index_rows(s, [r]))
+            self._csv_rows = append_summary_csv(module_rows(tensor_rows, self.global_rank), self.summary_csv,
+                                                self._csv_rows)
+            self._csv_step = self.current_step
         return path
 
     def step(self) -> None:

@@ -11,7 +11,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import h5py
 import numpy as np
@@ -106,17 +106,7 @@ class ModuleDump:
             if ds is None:
                 continue
             for start in range(0, ds.shape[0], _CHUNK):
-                for r in ds[start:start + _CHUNK]:
-                    yield self._row(s, r)
-
-    def _row(self, step: int, r: np.void) -> TensorRow:
-        stats = Stats(_opt(r["min"]), _opt(r["max"]), _opt(r["mean"]), _opt(r["std"]), nan=int(r["nan"]),
-                      posinf=int(r["posinf"]), neginf=int(r["neginf"]), numel=int(r["numel"]))
-        data = _s(r["data"])
-        meta = TensorMeta(shape=tuple(json.loads(_s(r["shape"]))), dtype=_s(r["dtype"]), device=_s(r["device"]),
-                          requires_grad=bool(r["requires_grad"]), stats=stats, data=data or None)
-        return TensorRow(step, int(r["seq"]), _s(r["name"]), _s(r["module"]), _s(r["cls"]), int(r["call_index"]),
-                         _s(r["direction"]), _s(r["role"]), _s(r["key"]), meta)
+                yield from index_rows(s, ds[start:start + _CHUNK].tolist())
 
     def named_tensors(self, step: int | None = None) -> Iterator[tuple[str, TensorMeta]]:
         """(full tensor name, meta) pairs, e.g. ``model.norm.LlamaRMSNorm.0.forward_output.0``.
@@ -199,6 +189,20 @@ class ModuleDump:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def index_rows(step: int, rows: Iterable[tuple]) -> Iterator[TensorRow]:
+    """TensorRows from index rows (tuples in INDEX_DTYPE's field order), as read from the file
+    or as still held by the writer (the debugger's summary CSV needs no read-back)."""
+    for (seq, name, module, cls, call_index, direction, role, key, dtype, shape, device, requires_grad,
+         mn, mx, mean, std, nan, posinf, neginf, numel, data) in rows:
+        stats = Stats(_opt(mn), _opt(mx), _opt(mean), _opt(std), nan=int(nan), posinf=int(posinf),
+                      neginf=int(neginf), numel=int(numel))
+        data = _s(data)
+        meta = TensorMeta(shape=tuple(json.loads(_s(shape))), dtype=_s(dtype), device=_s(device),
+                          requires_grad=bool(requires_grad), stats=stats, data=data or None)
+        yield TensorRow(step, int(seq), _s(name), _s(module), _s(cls), int(call_index), _s(direction), _s(role),
+                        _s(key), meta)
 
 
 def read_module_dump(path: str | os.PathLike) -> ModuleDump:

@@ -48,18 +48,24 @@ def _opt(v: Any) -> Any:
     return "" if v is None else v
 
 
-def dump_rows(dump) -> Iterator[SummaryRow]:
-    """Every tensor of a module dump (lazily, from its index) or of a trace dump's records."""
+def dump_rows(dump, step: int | None = None) -> Iterator[SummaryRow]:
+    """Every tensor of a module dump (lazily, from its index; one ``step`` or all) or of a trace
+    dump's records."""
     rank = dump.header.get("global_rank", dump.header.get("rank"))
     if hasattr(dump, "rows"):  # ModuleDump
-        for r in dump.rows():
-            yield SummaryRow(r.step, rank, r.name, r.direction, r.meta)
+        yield from module_rows(dump.rows(step), rank)
         return
     for rec in dump.records:
         for arg, meta in rec.input_tensors():
             yield SummaryRow(rec.step, rank, f"{rec.name}.{arg}", rec.direction, meta)
         for arg, meta in rec.output_tensors():
             yield SummaryRow(rec.step, rank, f"{rec.name}.{arg}", rec.direction, meta)
+
+
+def module_rows(rows: Iterable, rank: int | None) -> Iterator[SummaryRow]:
+    """Summary rows of a module dump's TensorRows."""
+    for r in rows:
+        yield SummaryRow(r.step, rank, r.name, r.direction, r.meta)
 
 
 def filter_rows(rows: Iterable[SummaryRow], steps: frozenset[int] | None = None,
@@ -81,14 +87,24 @@ def render_table(rows: Iterable[SummaryRow]) -> str:
     return tabulate(body, headers=COLUMNS, tablefmt="simple", floatfmt=".6g", disable_numparse=False)
 
 
-def write_csv(rows: Iterable[SummaryRow], out: IO[str]) -> int:
+def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, start: int = 0) -> int:
     w = csv.writer(out)
-    w.writerow(CSV_COLUMNS)
+    if header:
+        w.writerow(CSV_COLUMNS)
     n = 0
-    for i, r in enumerate(rows):
+    for i, r in enumerate(rows, start):
         w.writerow(["" if v is None else v for v in r.cells(i, csv_extra=True)])
         n += 1
     return n
+
+
+def append_summary_csv(rows: Iterable[SummaryRow], path: str | os.PathLike, start: int) -> int:
+    """Append rows to a ``_summary.csv`` (creating it with its header when ``start`` is 0);
+    returns the next row index. Rewriting the whole CSV at every stop() made a long training
+    run's cost grow with the number of steps dumped."""
+    path = Path(path)
+    with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
+        return start + write_csv(rows, f, header=start == 0, start=start)
 
 
 def write_summary_csv(dump, path: str | os.PathLike) -> Path:
