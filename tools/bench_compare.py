@@ -9,6 +9,7 @@ Usage: python tools/bench_compare.py [--gb 1.2] [--dir /tmp/xray_bench_compare]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=1.2, help="total tensor data of both dumps (GB)")
     ap.add_argument("--dir", default="/tmp/xray_bench_compare")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
     args = ap.parse_args()
     folder = Path(args.dir)
     if "--child-write" in sys.argv:
@@ -98,6 +100,10 @@ def main() -> None:
     print(f"peak RSS  : {peak:.0f} MiB (largest tensor {ELEMS * 4 / 2**20:.0f} MiB)")
     print(f"statuses  : {result.status_counts()}  matched {s.matched}/{s.bench_records}  "
           f"first divergence: {(s.first_divergence or {}).get('bench')}")
+    if args.json:
+        args.json.write_text(json.dumps({"gb": gb, "compare_GBps": gb / t_cmp, "read_GBps": nbytes / 1e9 / t_read,
+                                         "compare_vs_read": t_cmp / t_read, "peak_rss_MiB": peak,
+                                         "largest_tensor_MiB": ELEMS * 4 / 2**20}))
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -9,6 +9,7 @@ ratio (target <= 1.3x); tensor-mode write throughput beside the disk's sequentia
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -59,6 +60,7 @@ def _disk_speed(folder: Path, nbytes: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads for both runs; on a loaded 2-core machine OpenMP "
@@ -95,6 +97,10 @@ def main() -> None:
             ["tensor-mode write throughput", f"{written / dump_s / 1e6:.0f} MB/s", "MB / (time added to the forward)"],
             ["disk sequential write (fsync)", f"{disk:.0f} MB/s", "same size, same folder"],
         ], headers=["what", "time / speed", "note"]))
+        if args.json:
+            args.json.write_text(json.dumps({"eager_ms": e * 1e3, "module_dump_ratio": s / e,
+                                             "module_dump_cold_ratio": cold / e,
+                                             "tensor_write_MBps": written / dump_s / 1e6, "disk_MBps": disk}))
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

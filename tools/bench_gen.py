@@ -70,6 +70,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--distinct", type=int, default=2000)
+    p.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_synthetic(Path(tmp) / "dump", args.records, args.distinct)
@@ -93,6 +94,9 @@ def main() -> None:
           f"{report.tests} tests in {report.files} files ({report.skipped.get('blacklisted', 0):,} blacklisted records)")
     print(tabulate(rows, headers=["stage", "seconds", "records/s"], tablefmt="github"))
     print(f"ratio generate / read: {gen_s / load_s:.2f}x; render share of generate: {(gen_s - plan_s) / gen_s:.0%}")
+    if args.json:
+        args.json.write_text(json.dumps({"records": n, "tests": report.tests, "gen_records_per_s": n / gen_s,
+                                         "read_records_per_s": n / load_s, "gen_vs_read": gen_s / load_s}))
 
 
 if __name__ == "__main__":

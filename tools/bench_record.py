@@ -144,7 +144,14 @@ def main(argv=None) -> int:
     print(tabulate(rows, headers=["configuration", "vs eager", "op calls", "records", "tensors saved",
                                   "dump MiB"], tablefmt="github"))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        headline = {"eager_ms": eager_ms, "configs": results}
+        for r in results:
+            key = {"0x102 dedup, no tensors": "dump_ratio_dedup", "0x102 no dedup, no tensors": "dump_ratio_nodedup",
+                   "0x102 dedup, X_DUMP_NUM=5": "dump_ratio_dedup_tensors", "msprobe L1": "msprobe_L1_ratio",
+                   "msprobe mix": "msprobe_mix_ratio"}.get(r["config"])
+            if key:
+                headline[key] = r["ratio"]
+        Path(args.json).write_text(json.dumps(headline, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

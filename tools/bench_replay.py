@@ -10,6 +10,7 @@ is what a user sees when re-running xray-replay on the same dump. Run side by si
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=20, help="distinct op records replayed per run")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per op (latency)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (dump, matrices, caches)")
+    p.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
     args = p.parse_args()
     backends = args.backend or DEFAULT_BACKENDS
     work = Path(tempfile.mkdtemp(prefix="xray-bench-replay-"))
@@ -49,7 +51,7 @@ def run(work: Path, backends: list[str], args: argparse.Namespace) -> None:
     model, ids = tiny_llama(layers=1, hidden=32), token_batch()
     with torch.no_grad(), xray.dump(X_DEDUP=True, X_DUMP_NUM=5, dump_dir=work / "dump") as d:
         model(ids)
-    rows = []
+    rows, headline = [], {}
     for b in backends:
         out = work / b
         times, counts = [], []
@@ -65,11 +67,14 @@ def run(work: Path, backends: list[str], args: argparse.Namespace) -> None:
         for r in result.rows:
             statuses[Status(r.status).name] = statuses.get(Status(r.status).name, 0) + 1
         n = counts[0]
+        headline[b] = {"records": n, "cold_rps": n / times[0], "cached_rps": n / times[1]}
         rows.append([b, n, f"{times[0]:.1f}", f"{n / times[0]:.2f}", f"{times[1]:.1f}", f"{n / times[1]:.2f}",
                      f"{times[0] / times[1]:.1f}x", f"{cached}/{n}",
                      ", ".join(f"{k}={v}" for k, v in statuses.items())])
     print(tabulate(rows, headers=["backend", "records", "cold s", "cold rec/s", "cached s", "cached rec/s",
                                   "cached speed-up", "cache hits", "statuses"]))
+    if args.json:
+        args.json.write_text(json.dumps(headline))
     print(f"\n(times include worker start-up; {os.cpu_count()} CPU cores; work folder {work}"
           f"{' kept' if args.keep else ' removed'})")
 

@@ -28,7 +28,8 @@ def _as_real(t: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_stats(t: torch.Tensor) -> Stats:
-    """Statistics of ``t``; cheap fast path when every element is finite (the common case)."""
+    """Statistics of ``t``. Fast path (every element finite, the common case): min/max, sum and
+    sum of squares in three reductions and one host transfer, mean and std from those."""
     n = t.numel()
     if n == 0 or t.is_meta or t.layout != torch.strided:
         return Stats(None, None, None, None, numel=n)
@@ -36,9 +37,22 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     if x.dtype == torch.uint8:
         x = x.to(torch.float32)
     mn, mx = torch.aminmax(x)
-    lo, hi = float(mn), float(mx)
+    if x.is_contiguous():
+        flat = x.view(-1)
+        squares = torch.dot(flat, flat)  # BLAS, no temporary
+    else:  # no copy for strided views: the norm kernel walks any layout
+        squares = torch.linalg.vector_norm(x).square()
+    lo, hi, total, sq = torch.stack([mn, mx, x.sum(), squares]).tolist()
     if _finite(lo) and _finite(hi):
-        mean, std = _mean_std(x)
+        if lo == hi:  # constant (or one element): exact without any arithmetic
+            return Stats(lo, hi, lo, 0.0, numel=n)
+        mean = total / n
+        var = sq / n - mean * mean
+        # E[x^2] - mean^2 loses digits when |mean| >> std (or overflows): then take the exact
+        # two-pass formula. (torch.std_mean's Welford kernel is 5-20x slower on CPU.)
+        if _finite(var) and var > 1e-3 * mean * mean:
+            return Stats(lo, hi, mean, var ** 0.5, numel=n)
+        mean, std = _two_pass(x)
         return Stats(lo, hi, mean, std, numel=n)
     # Slow path: some element is NaN or +-Inf. Count them and take the rest's statistics.
     nan = int(torch.isnan(x).sum())
@@ -48,24 +62,15 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     if finite.numel() == 0:
         return Stats(None, None, None, None, nan=nan, posinf=posinf, neginf=neginf, numel=n)
     mn, mx = torch.aminmax(finite)
-    mean, std = _mean_std(finite)
+    mean, std = _two_pass(finite)
     return Stats(float(mn), float(mx), mean, std, nan=nan, posinf=posinf, neginf=neginf, numel=n)
 
 
-def _mean_std(x: torch.Tensor) -> tuple[float, float]:
-    """Population mean and std. Fast path: one sum and one dot product (BLAS, no temporary),
-    var = E[x^2] - mean^2. That formula loses digits when |mean| >> std, so when the variance
-    is under 1e-3 of mean^2 we recompute with the exact two-pass formula. (torch.std_mean's
-    Welford kernel is 5-20x slower on CPU and dominated dump time.)"""
-    n = x.numel()
-    flat = x.reshape(-1)
-    total, squares = torch.stack([flat.sum(), torch.dot(flat, flat)]).tolist()
-    mean = total / n
-    var = squares / n - mean * mean
-    if var > 1e-3 * mean * mean:
-        return mean, var ** 0.5
-    m = flat.mean()
-    return float(m), float(torch.linalg.vector_norm(flat - m)) / n ** 0.5
+def _two_pass(x: torch.Tensor) -> tuple[float, float]:
+    """Exact population mean and std, in float64."""
+    x = x.to(torch.float64)
+    m = x.mean()
+    return float(m), float(torch.linalg.vector_norm(x - m)) / x.numel() ** 0.5
 
 
 def _finite(x: float) -> bool:

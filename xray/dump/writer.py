@@ -79,8 +79,9 @@ class DumpWriter:
         ):
             self.flush()
 
-    def flush(self) -> None:
-        """Write queued tensors as one closed segment, then their records to the journal."""
+    def flush(self, *, updates: bool = True) -> None:
+        """Write queued tensors as one closed segment, then their records to the journal
+        (and, with ``updates``, the changed counts of de-duplicated records)."""
         try:
             if self._tensors:
                 name = f"tensors-{self._segment:05d}.h5"
@@ -101,8 +102,9 @@ class DumpWriter:
                 text = self._encoded[r.seq] = json.dumps(r.to_json(), separators=(",", ":"))
                 self._stale.discard(r.seq)
                 lines.append(text)
-            lines += [json.dumps({"update": r.seq, "count": r.count, "last_seq": r.last_seq})
-                      for r in self._updates.values()]
+            if updates:
+                lines += [json.dumps({"update": r.seq, "count": r.count, "last_seq": r.last_seq})
+                          for r in self._updates.values()]
             if lines:
                 self._journal.write("\n".join(lines) + "\n")
                 self._journal.flush()
@@ -114,7 +116,7 @@ class DumpWriter:
 
     def close(self, summary: dict[str, Any]) -> Path:
         """Flush, write dump.json atomically, and return the dump folder."""
-        self.flush()
+        self.flush(updates=False)  # dump.json, written next, carries the final counts
         self._journal.close()
         return self.snapshot(summary)
 

@@ -32,7 +32,18 @@ _SAME_VALUES = {
 }
 
 
+_OP_INFOS: dict[Any, OpInfo] = {}
+
+
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
+    """Schema facts of ``func``, computed once per process (schemas never change)."""
+    info = _OP_INFOS.get(func)
+    if info is None:
+        info = _OP_INFOS[func] = _op_info(func)
+    return info
+
+
+def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     schema = func._schema
     names = tuple(a.name for a in schema.arguments)
     mutates = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)

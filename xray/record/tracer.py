@@ -19,7 +19,7 @@ from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import StatsCache
 from ..dump.writer import DumpWriteError, DumpWriter
-from .encode import OpInfo, bind_inputs, encode_value, op_info, signature_key, tensor_meta
+from .encode import bind_inputs, encode_value, op_info, signature_key, tensor_meta
 from .modules import ModuleStack
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,6 @@ class Recorder:
         self.records_written = 0
         self.tensors_saved = 0
         self.failed: str | None = None
-        self._infos: dict[Any, OpInfo] = {}
         self._seen: dict[tuple, Record] = {}
         self._stats = StatsCache()
         self._module_inputs: list[dict[str, Any]] = []
@@ -111,9 +110,7 @@ class Recorder:
                 seen.last_seq = seq
                 self.writer.touch(seen)
                 return None
-        info = self._infos.get(func)
-        if info is None:
-            info = self._infos[func] = op_info(func)
+        info = op_info(func)
         frames = self.modules.current(backward)
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
                      module=frames[-1][0] if frames else None, module_stack=list(frames),

@@ -1,0 +1,100 @@
+"""Every capability's benchmark in one run, one table. Each figure is a ratio (or a rate beside
+its own baseline) measured side by side in the same run; absolute times depend on the machine.
+
+    python tools/bench.py [--quick] [--markdown]
+
+Runs, each in its own process: bench_record.py (dump overhead vs eager, and msprobe when it is
+installed), bench_debugger.py (module-dump overhead), bench_compare.py (compare GB/s vs raw
+read), bench_gen.py (generation records/s), bench_replay.py (replay records/s, cold vs cached).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(script: str, args: list[str], out: Path) -> dict | None:
+    cmd = [sys.executable, str(HERE / script), *args, "--json", str(out)]
+    print(f"$ {' '.join(cmd[1:])}", flush=True)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TRANSFORMERS_VERBOSITY="error"))
+    if proc.returncode != 0 or not out.exists():
+        print(f"  failed ({proc.returncode}): {proc.stderr[-1500:]}", file=sys.stderr)
+        return None
+    print(f"  done in {time.perf_counter() - started:.0f} s", flush=True)
+    return json.loads(out.read_text())
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 3 minutes instead of 8)")
+    ap.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="xray-bench-all-"))
+    q = args.quick
+    rec = run("bench_record.py", ["--repeats", "3" if q else "5"], tmp / "record.json")
+    dbg = run("bench_debugger.py", ["--iters", "5" if q else "10"], tmp / "debugger.json")
+    cmp_ = run("bench_compare.py", ["--gb", "0.6" if q else "1.2"], tmp / "compare.json")
+    gen = run("bench_gen.py", ["--records", "100000"], tmp / "gen.json")
+    rep = run("bench_replay.py", ["--limit", "8" if q else "15", "--backend", "onnxrt-cpu",
+                                  "--backend", "executorch-xnnpack"], tmp / "replay.json")
+    rows = []
+    if rec:
+        rows += [["record (ATen tracer)", "0x102 dedup, stats only, vs eager", f"{rec['dump_ratio_dedup']:.2f}x",
+                  "target <= 2x"],
+                 ["", "0x102 every call (no dedup), vs eager", f"{rec['dump_ratio_nodedup']:.2f}x", ""],
+                 ["", "0x102 dedup + 5 tensors/record, vs eager", f"{rec['dump_ratio_dedup_tensors']:.2f}x",
+                  "writes tensors to disk"]]
+        for level in ("L1", "mix"):
+            if f"msprobe_{level}_ratio" in rec:
+                rows.append(["", f"msprobe statistics level {level}, vs eager", f"{rec[f'msprobe_{level}_ratio']:.2f}x",
+                             "torch-API level only"])
+    if dbg:
+        rows += [["module dump (PrecisionDebugger)", "statistics only, vs eager", f"{dbg['module_dump_ratio']:.2f}x",
+                  "target <= 1.3x"],
+                 ["", "tensor mode write speed vs disk", f"{dbg['tensor_write_MBps']:.0f} / {dbg['disk_MBps']:.0f} MB/s",
+                  "fsync'd sequential write"]]
+    if cmp_:
+        rows += [["compare", "tensor data compared", f"{cmp_['compare_GBps']:.2f} GB/s",
+                  f"raw read {cmp_['read_GBps']:.1f} GB/s; target >= 1 GB/s"],
+                 ["", "peak RSS", f"{cmp_['peak_rss_MiB']:.0f} MiB", f"largest tensor {cmp_['largest_tensor_MiB']:.0f} MiB"]]
+    if gen:
+        rows += [["generate (xray-gen)", f"{gen['records']:,} records -> {gen['tests']:,} tests",
+                  f"{gen['gen_records_per_s']:,.0f} rec/s", f"reading the dump: {gen['read_records_per_s']:,.0f} rec/s"]]
+    if rep:
+        for backend, r in rep.items():
+            rows.append(["replay" if backend == next(iter(rep)) else "", f"{backend}, {r['records']} ops",
+                         f"{r['cold_rps']:.2f} / {r['cached_rps']:.2f} rec/s", "cold / cached exports"])
+    print(f"\nxray benchmarks on {machine()}, load average {os.getloadavg()[0]:.1f}")
+    print(tabulate(rows, headers=["capability", "measure", "result", "note"],
+                   tablefmt="github" if args.markdown else "simple"))
+    return 0 if all((rec, dbg, cmp_, gen, rep)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
