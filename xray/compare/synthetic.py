@@ -26,8 +26,9 @@ def meta_of(t: torch.Tensor) -> TensorMeta:
                       stats=tensor_stats(t))
 
 
-def write_dump(folder: Path, ops: list[Op], save: bool = True) -> Path:
-    """A complete trace dump of ``ops`` in order; outputs (and inputs) saved when ``save``."""
+def write_dump(folder: Path, ops: list[Op], save: bool = True, finish: bool = True) -> Path:
+    """A trace dump of ``ops`` in order; outputs saved when ``save``. ``finish=False`` leaves it
+    as a killed process would: journal and segments flushed, no dump.json."""
     w = DumpWriter(Path(folder), {"pid": 0, "rank": None, "config": {}})
     for seq, o in enumerate(ops):
         rec = Record(seq=seq, kind=o.kind, op=o.op, module=o.module)
@@ -37,5 +38,9 @@ def write_dump(folder: Path, ops: list[Op], save: bool = True) -> Path:
             out.data = w.save_tensor(rec, "out.0", o.out.contiguous())
         rec.outputs = [out]
         w.add(rec)
-    w.close({})
+    if finish:
+        w.close({})
+    else:
+        w.flush()
+        w.abandon()
     return Path(folder)

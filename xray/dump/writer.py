@@ -118,7 +118,9 @@ class DumpWriter:
         """Flush, write dump.json atomically, and return the dump folder."""
         self.flush(updates=False)  # dump.json, written next, carries the final counts
         self._journal.close()
-        return self.snapshot(summary)
+        folder = self.snapshot(summary)
+        (self.folder / JOURNAL).unlink(missing_ok=True)  # dump.json now holds all of it
+        return folder
 
     def snapshot(self, summary: dict[str, Any]) -> Path:
         """Write dump.json for everything recorded so far (atomically: tmp file + rename)."""
