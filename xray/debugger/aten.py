@@ -13,7 +13,7 @@ import torch
 
 from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record
-from ..record.tracer import Recorder, XrayTracer
+from ..record.tracer import Recorder, Tracing
 
 
 class _OpSink:
@@ -43,19 +43,13 @@ class AtenCapture:
         config = DumpConfig(debug=DebugFlags.META | DebugFlags.STATS | DebugFlags.BACKWARD, dedup=False, dump_num=0)
         self.recorder = Recorder(config, _OpSink(on_record))
         self.recorder.modules.path_of(model)  # name the model's tree first, so its root path is ""
-        self.mode = XrayTracer(self.recorder)
-        self.active = False
+        self.tracing = Tracing(self.recorder)
 
     def start(self) -> None:
-        self.recorder.modules.install()
-        self.mode.__enter__()
-        self.active = True
+        self.tracing.start()
 
     def stop(self) -> None:
-        if self.active:
-            self.mode.__exit__(None, None, None)
-            self.recorder.modules.remove()
-            self.active = False
+        self.tracing.stop()
 
     @property
     def failed(self) -> str | None:

@@ -13,7 +13,7 @@ import torch
 
 from ..config import DumpConfig
 from ..dump.writer import DumpWriteError, DumpWriter
-from .tracer import Recorder, XrayTracer, no_dispatch_modes
+from .tracer import Recorder, Tracing, no_dispatch_modes
 
 
 class DumpUsageError(RuntimeError):
@@ -36,20 +36,18 @@ class DumpSession:
         self.writer = DumpWriter(folder, header, flush_records=config.flush_records,
                                  flush_seconds=config.flush_seconds)
         self.recorder = Recorder(config, self.writer)
-        self.mode = XrayTracer(self.recorder)
+        self.tracing = Tracing(self.recorder)
         self.started = time.perf_counter()
-        self.active = False
+
+    @property
+    def active(self) -> bool:
+        return self.tracing.active
 
     def start(self) -> None:
-        self.recorder.modules.install()
-        self.mode.__enter__()
-        self.active = True
+        self.tracing.start()
 
     def pause(self) -> None:
-        if self.active:
-            self.mode.__exit__(None, None, None)
-            self.recorder.modules.remove()
-            self.active = False
+        self.tracing.stop()
 
     def summary(self) -> dict:
         r = self.recorder

@@ -220,3 +220,24 @@ class XrayTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.recorder.on_op(func, args, kwargs or {})
+
+
+class Tracing:
+    """A Recorder's dispatch mode and module hooks, switched on and off together."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.mode = XrayTracer(recorder)
+        self.active = False
+
+    def start(self) -> None:
+        if not self.active:
+            self.recorder.modules.install()
+            self.mode.__enter__()
+            self.active = True
+
+    def stop(self) -> None:
+        if self.active:
+            self.mode.__exit__(None, None, None)
+            self.recorder.modules.remove()
+            self.active = False
