@@ -85,7 +85,7 @@ def materialize_value(value: Any, dump: Any, *, factory: str = "load", generator
     if isinstance(value, TensorMeta):
         return _tensor(value, dump, factory, generator, torch.device(device))
     if isinstance(value, Scalar):
-        return _scalar(value, device)
+        return scalar_value(value, device)
     if isinstance(value, (list, tuple)):
         return [materialize_value(v, dump, factory=factory, generator=generator, device=device) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -93,7 +93,9 @@ def materialize_value(value: Any, dump: Any, *, factory: str = "load", generator
     raise UnsupportedValueError(f"cannot rebuild value of type {type(value).__name__}")
 
 
-def _scalar(s: Scalar, device: str | torch.device) -> Any:
+def scalar_value(s: Scalar, device: str | torch.device = "cpu") -> Any:
+    """The live value of a recorded tagged scalar, validated (the generator renders this value,
+    never the raw JSON); a recorded device becomes ``device``."""
     tag, v = s.tag, s.value
     if tag == "dtype":
         return dtype_of(v)
