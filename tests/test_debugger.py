@@ -273,3 +273,22 @@ def test_unfinished_dump_never_looks_valid(tmp_path):
         dump = read_module_dump(tmp_path / FILE)
     assert not dump.complete
     dump.close()
+
+
+def test_summary_csv_written_per_step_equals_xray_summary(tmp_path):
+    """The debugger appends each step's rows as it stops; the result must equal what
+    xray-summary --csv derives from the finished file (also when a step is captured twice)."""
+    from xray.summary.cli import main as summary_main
+
+    m, ids = _llama(), token_batch()
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "d", model=m, task="statistics")
+    with torch.no_grad():
+        for step in range(3):
+            for _ in range(2 if step == 1 else 1):  # step 1 is captured twice
+                dbg.start()
+                m(ids)
+                dbg.stop()
+            dbg.step()
+    written = (tmp_path / "d" / FILE.replace(".h5", "_summary.csv")).read_text()
+    assert summary_main([str(tmp_path / "d" / FILE), str(tmp_path / "again.csv"), "--csv"]) == 0
+    assert written == (tmp_path / "again.csv").read_text()

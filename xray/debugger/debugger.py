@@ -155,17 +155,14 @@ class PrecisionDebugger:
             self._aten.stop()
         path = self._writer.close()
         if path is not None:
-            from ..summary.table import append_summary_csv, module_rows
-            from .reader import index_rows
+            from ..summary.table import append_index_csv
 
             if self._csv_step == self.current_step:  # captured this step again: redo the CSV
                 self._csv_rows = 0
             rows = [] if self._csv_rows else [(s, r) for s in sorted(self._writer.rows) if s != self.current_step
                                               for r in self._writer.rows[s]]
             rows += [(self.current_step, r) for r in self._writer.rows.get(self.current_step, [])]
-            tensor_rows = (row for s, r in rows for row in index_rows(s, [r]))
-            self._csv_rows = append_summary_csv(module_rows(tensor_rows, self.global_rank), self.summary_csv,
-                                                self._csv_rows)
+            self._csv_rows = append_index_csv(rows, self.global_rank, self.summary_csv, self._csv_rows)
             self._csv_step = self.current_step
         return path
 

@@ -98,13 +98,30 @@ def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, 
     return n
 
 
-def append_summary_csv(rows: Iterable[SummaryRow], path: str | os.PathLike, start: int) -> int:
-    """Append rows to a ``_summary.csv`` (creating it with its header when ``start`` is 0);
-    returns the next row index. Rewriting the whole CSV at every stop() made a long training
-    run's cost grow with the number of steps dumped."""
+def append_index_csv(index_rows: Iterable[tuple[int, tuple]], rank: int | None, path: str | os.PathLike,
+                     start: int) -> int:
+    """Append (step, module-index tuple) rows to a ``_summary.csv`` (creating it with its header
+    when ``start`` is 0); returns the next row index. The cells are those of SummaryRow.cells,
+    built straight from the tuples the debugger holds: a stop() must not pay for a read-back
+    (tests check the result equals ``xray-summary --csv``)."""
     path = Path(path)
+    rank_cell = _opt(rank)
+    n = start
     with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
-        return start + write_csv(rows, f, header=start == 0, start=start)
+        w = csv.writer(f)
+        if start == 0:
+            w.writerow(CSV_COLUMNS)
+        for step, (_, name, _, _, _, direction, _, _, dtype, shape, _, _, mn, mx, mean, std, nan, posinf, neginf,
+                   numel, data) in index_rows:
+            dims = shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape
+            w.writerow([n, step, rank_cell, name, dtype, dims or "scalar", _nan_blank(mn), _nan_blank(mx),
+                        _nan_blank(mean), _nan_blank(std), nan, posinf, neginf, numel, direction, data])
+            n += 1
+    return n
+
+
+def _nan_blank(x: float) -> Any:
+    return "" if x != x else x  # the index stores "no finite element" as NaN; the CSV leaves it empty
 
 
 def write_summary_csv(dump, path: str | os.PathLike) -> Path:
