@@ -16,6 +16,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from ..record.flatten import flatten_tensors  # noqa: F401  (re-exported for backends)
+
 
 class Status(enum.IntEnum):
     """Outcome of one (record, backend) replay. Lower is better; ``OK`` is the only success."""
@@ -109,13 +111,6 @@ class Backend:
 
 def is_macos() -> bool:
     return platform.system() == "Darwin"
-
-
-def flatten_tensors(out: Any) -> list[torch.Tensor]:
-    """The tensors of an op/module result in pytree order (non-tensor leaves dropped)."""
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def short_error(e: BaseException, limit: int = 600) -> str:

@@ -21,6 +21,8 @@ from .result import FAILING, Row, Status
 from .stream import data_bytes, iter_chunks
 from .thresholds import Rules, Tolerance
 
+_FAILING = frozenset(s.value for s in FAILING)
+
 PROGRESS_BYTES = 256 << 20  # show a progress bar when more tensor data than this is compared
 
 
@@ -279,11 +281,11 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
         ia, ib = i + 1, j + 1
     comparer.bar.close()
     for a, b, pair_rows in matched_entries:
-        if any(r.status in (s.value for s in FAILING) for r in pair_rows):
+        if any(r.status in _FAILING for r in pair_rows):
             agree = comparer.inputs_agree(a, b)
             for r in pair_rows:
                 r.inputs_agree = agree
-                if r.status in (s.value for s in FAILING):
+                if r.status in _FAILING:
                     r.origin = {"yes": "born", "no": "inherited"}.get(agree, "")
     for n, r in enumerate(rows):
         r.index = n

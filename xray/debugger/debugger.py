@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..dump.model import Record, Stats
+from ..ranks import dist_ranks
 from .aten import AtenCapture
 from .capture import CallKey, TensorCapture
 from .hooks import ModuleHooks
@@ -48,15 +49,6 @@ class OverflowReport:
                 f"nan={self.nan} +inf={self.posinf} -inf={self.neginf}")
 
 
-def _ranks() -> tuple[int, int, int]:
-    """(global rank, local rank, world size) from torch.distributed, else torchrun's variables."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        g, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    else:
-        g, world = int(os.environ.get("RANK", 0) or 0), int(os.environ.get("WORLD_SIZE", 1) or 1)
-    return g, int(os.environ.get("LOCAL_RANK", g) or 0), world
-
-
 class PrecisionDebugger:
     """Module-level precision dump into ``<dump_path>/globalrank-<g>_localrank-<l>.h5``.
 
@@ -83,7 +75,8 @@ class PrecisionDebugger:
         self.steps = parse_selection(step, "step")
         self.ranks = parse_selection(rank, "rank")
         self.dump_torch_api = dump_torch_api
-        self.global_rank, self.local_rank, self.world_size = _ranks()
+        g, local, self.world_size = dist_ranks()  # a single process is rank 0
+        self.global_rank, self.local_rank = g or 0, local or 0
         self.dump_path = Path(dump_path)
         self.current_step = 0
         self.first_overflow: OverflowReport | None = None

@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .capture import CallKey, TensorCapture
-from .flatten import flatten_tensors
-
-
-def _guard():
-    """Our own tensor work must not be seen by a dispatch mode (dump_torch_api's tracer)."""
-    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
+from ..record.flatten import flatten_tensors
+from ..record.tracer import no_dispatch_modes
 
 
 class ModuleHooks:
@@ -70,7 +64,7 @@ class ModuleHooks:
     # -- forward -------------------------------------------------------------------------
     def _pre(self, path: str, cls: str, module: torch.nn.Module, args: tuple, kwargs: dict):
         try:
-            with _guard():
+            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 return self._enter(path, cls, module, args, kwargs)
         except Exception as e:  # a debugger bug must never break the user's forward
             self.on_error(e)
@@ -100,7 +94,7 @@ class ModuleHooks:
             return None
         _, call, grad_inputs = self._stack.pop()
         try:
-            with _guard():
+            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 outputs = flatten_tensors(output)
                 for i, t in enumerate(outputs):
                     self.capture.capture(call, "forward_output", str(i), t)
@@ -131,7 +125,7 @@ class ModuleHooks:
 
     def _grads(self, fwd: CallKey, role: str, indices: list[int], grads) -> None:
         try:
-            with _guard():
+            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 call = self._bw_call(fwd.path, fwd.cls, fwd.call_index)
                 for i, g in zip(indices, grads):
                     if g is not None:
@@ -143,7 +137,7 @@ class ModuleHooks:
         # The parameter's gradient summed over every call; it belongs to the first call,
         # whose backward runs last.
         try:
-            with _guard():
+            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 self.capture.capture(self._bw_call(path, cls, 0), "params_grad", name, grad)
         except Exception as e:
             self.on_error(e)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..dump.tensorio import dtype_name
+
 # The reference runs one step up in precision: the inputs convert exactly, so the reference is the
 # exact result for the very inputs the device saw, up to rounding of the wider type.
 UPCAST = {
@@ -125,12 +127,12 @@ def compare(device_out: Any, ref_out: Any, k: int = 1) -> Comparison:
     if not isinstance(device_out, torch.Tensor):
         return _compare_scalar(device_out, ref_out)
     if not isinstance(ref_out, torch.Tensor):
-        return Comparison(dtype=str(device_out.dtype).removeprefix("torch."), shape=list(device_out.shape),
+        return Comparison(dtype=dtype_name(device_out.dtype), shape=list(device_out.shape),
                           min_val=math.nan, max_val=math.nan, max_abs_err=math.inf, max_rel_err=math.inf,
                           counts={t: device_out.numel() for t in THRESHOLDS}, is_pass=False,
                           reason=f"reference returned {type(ref_out).__name__}")
     dtype = device_out.dtype
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     shape = list(device_out.shape)
     if tuple(device_out.shape) != tuple(ref_out.shape):
         return Comparison(name, shape, math.nan, math.nan, math.inf, math.inf,

@@ -17,7 +17,7 @@ import h5py
 import torch
 
 from ..dump.model import Stats, TensorMeta
-from ..dump.tensorio import read_dataset
+from ..dump.tensorio import dtype_name, read_dataset
 from ..inputs import place, random_like_meta
 from .columns import make_row
 from .reference import Comparison, combine, compare, reduction_size, to_cpu, upcast
@@ -40,7 +40,7 @@ class T:
 
     def meta(self) -> TensorMeta:
         stats = None if self.lo is None or self.hi is None else Stats(self.lo, self.hi, self.mean, None)
-        return TensorMeta(shape=tuple(self.shape), dtype=str(self.dtype).removeprefix("torch."),
+        return TensorMeta(shape=tuple(self.shape), dtype=dtype_name(self.dtype),
                           stride=self.stride, stats=stats)
 
 
@@ -166,7 +166,7 @@ class OpCheck:
 
 
 def _dtype_name(v: Any) -> str:
-    return str(v.dtype).removeprefix("torch.") if isinstance(v, torch.Tensor) else type(v).__name__
+    return dtype_name(v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__
 
 
 def _flat(v: Any) -> list:

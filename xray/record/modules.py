@@ -15,13 +15,13 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .flatten import flatten_tensors
+
 ModuleFrame = tuple[str, str]  # (path, class name)
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.requires_grad]
+    return [t for t in flatten_tensors(value) if t.requires_grad]
 
 
 class ModuleStack:

@@ -12,6 +12,7 @@ from typing import Iterator
 import torch
 
 from ..config import DumpConfig
+from ..ranks import dist_ranks
 from ..dump.writer import DumpWriteError, DumpWriter
 from .tracer import Recorder, Tracing, no_dispatch_modes
 
@@ -72,10 +73,7 @@ _PAUSED: DumpSession | None = None
 
 
 def _rank() -> int | None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    rank = os.environ.get("RANK")
-    return int(rank) if rank and rank.isdigit() else None
+    return dist_ranks()[0]
 
 
 def process_folder(dump_dir: Path) -> Path:

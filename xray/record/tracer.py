@@ -20,6 +20,7 @@ from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import StatsCache
 from ..dump.writer import DumpWriteError, DumpWriter
 from .encode import bind_inputs, encode_value, op_info, signature_key, tensor_meta
+from .flatten import flatten_tensors
 from .modules import ModuleStack
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -146,7 +147,6 @@ class Recorder:
             self._seen[key] = rec
         self._emit(rec)
 
-
     def _reuse_stats(self, args: tuple, outs: list) -> None:
         src = args[0] if args else None
         dst = outs[0] if outs else None
@@ -186,23 +186,18 @@ class Recorder:
 
     # -- module boundaries (X_DEBUG & MODULES) ------------------------------------------------------
     def _module_enter(self, module, frame, args: tuple) -> None:
-        from torch.utils._pytree import tree_leaves
-
-        with _disable_current_modes():
-            self._module_inputs.append(
-                {f"input.{i}": self._meta(t) for i, t in enumerate(tree_leaves(args)) if isinstance(t, torch.Tensor)})
+        with no_dispatch_modes():
+            self._module_inputs.append({f"input.{i}": self._meta(t) for i, t in enumerate(flatten_tensors(args))})
 
     def _module_exit(self, module, frame, call_index: int, kwargs: dict, output: Any) -> None:
-        from torch.utils._pytree import tree_leaves
-
         if self.failed is not None or not self._module_inputs:
             return
         inputs = self._module_inputs.pop()
-        with _disable_current_modes():
+        with no_dispatch_modes():
             for k, v in kwargs.items():
-                for i, t in enumerate(t for t in tree_leaves(v) if isinstance(t, torch.Tensor)):
+                for i, t in enumerate(flatten_tensors(v)):
                     inputs[f"{k}.{i}"] = self._meta(t)
-            outputs = [self._meta(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+            outputs = [self._meta(t) for t in flatten_tensors(output)]
         path, cls = frame
         rec = Record(seq=self.seq, kind="module", op=cls, module=path,
                      module_stack=list(self.modules.forward_stack), inputs=inputs, outputs=outputs,

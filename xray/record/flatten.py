@@ -1,6 +1,8 @@
 """Flatten module arguments and results to tensors with stable indices.
 
-Only tensors count; tuples, lists and dicts (transformers' ModelOutput is an OrderedDict) are
+The one numbering of ``forward_input.<i>``/``forward_output.<i>``: the debugger names tensors
+with it, the tracer's module records and replay's module outputs follow it, so their indices
+always agree. Only tensors count; tuples, lists and dicts (transformers' ModelOutput is an OrderedDict) are
 walked in order, so the same structure always yields the same numbering. Other objects
 (caches, configs) are skipped.
 """
