@@ -39,16 +39,17 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dt
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU numpy array holding exactly the bits of ``t`` (a copy; ``t`` is not touched)."""
+def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
+    """A CPU numpy array holding exactly the bits of ``t``. ``copy=False`` may share memory with
+    ``t``: for callers that consume the array at once (an HDF5 write copies it into the file)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
-    if t.dtype in _NUMPY_NATIVE:
-        return t.numpy().copy() if t.data_ptr() else t.numpy()
-    view = _BIT_VIEW[t.element_size()]
-    return t.view(view).numpy().copy()
+    if t.dtype not in _NUMPY_NATIVE:
+        t = t.view(_BIT_VIEW[t.element_size()])
+    arr = t.numpy()
+    return arr.copy() if copy and t.data_ptr() else arr
 
 
 def from_numpy(a: np.ndarray, dtype_name_: str) -> torch.Tensor:
@@ -60,7 +61,7 @@ def from_numpy(a: np.ndarray, dtype_name_: str) -> torch.Tensor:
 
 
 def write_dataset(group, name: str, t: torch.Tensor, **attrs) -> None:
-    arr = to_numpy(t)
+    arr = to_numpy(t, copy=False)  # create_dataset copies the data into the file right away
     ds = group.create_dataset(name, data=arr)
     ds.attrs[DTYPE_ATTR] = dtype_name(t.dtype)
     for k, v in attrs.items():
