@@ -197,6 +197,22 @@ def test_statistics_only_saves_no_tensor_data(tmp_path):
         assert list(f["step_0"].keys()) == ["index"]
 
 
+def test_non_ascii_module_names_round_trip(tmp_path):
+    """The index stores names as fixed-length UTF-8 (width in bytes, not characters)."""
+    m = torch.nn.Sequential()
+    m.add_module("größe", torch.nn.Linear(3, 3))
+    m.add_module("层", torch.nn.ReLU())
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, task="statistics")
+    with torch.no_grad():
+        dbg.start()
+        out = m(torch.randn(2, 3))
+        dbg.stop()
+    with read_module_dump(tmp_path / FILE) as dump:
+        names = _names(dump)
+        assert names["层.ReLU.0.forward_output.0"].stats == tensor_stats(out)
+        assert {r.module for r in dump.rows()} == {"", "größe", "层"}
+
+
 class _Blowup(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,10 +1,14 @@
-"""Benchmark PrecisionDebugger on bench_llama (4 layers, hidden 256), 2x128 tokens, no_grad.
+"""Benchmark PrecisionDebugger on bench_llama (4 layers, hidden 256, and wider), 2x128 tokens, no_grad.
 
 Prints, measured side by side in one run: eager time, statistics-only debugger time and their
-ratio (target <= 1.3x); tensor-mode write throughput beside the disk's sequential write speed
-(a same-size numpy buffer written with fsync into the same folder).
+ratio (target <= 1.3x) for each width; tensor-mode write throughput beside the disk's sequential
+write speed (a same-size numpy buffer written with fsync into the same folder).
 
-    python tools/bench_debugger.py [--iters 10] [--dir /tmp/xray-bench]
+The ratio falls with width: the debugger's cost grows with the number of module calls and
+activation elements, the forward's with their product with the hidden size. At hidden 256
+statistics alone (three passes over ~22 MB of activations per step) are ~0.2x of eager.
+
+    python tools/bench_debugger.py [--iters 10] [--widths 256 512] [--dir /tmp/xray-bench]
 """
 from __future__ import annotations
 
@@ -61,6 +65,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
+    ap.add_argument("--widths", type=int, nargs="+", default=[256, 512],
+                    help="hidden sizes of the 4-layer Llama to measure statistics-only overhead on")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads for both runs; on a loaded 2-core machine OpenMP "
@@ -71,16 +77,22 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.1f}")
     root = Path(args.dir or tempfile.mkdtemp(prefix="xray-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    model, ids = bench_llama(), token_batch(batch=2, seq=128, vocab=1000)
+    ids = token_batch(batch=2, seq=128, vocab=1000)
+    ratios: dict[int, tuple[float, float]] = {}
     try:
         with torch.no_grad():
-            _eager(model, ids, 2)  # warm-up
-            # Interleave eager and debugged rounds so machine load hits both alike.
-            eager, stats = [], []
-            for r in range(3):
-                eager.append(_eager(model, ids, args.iters))
-                stats.append(_debugged(model, ids, args.iters, root / f"stats-{r}", "statistics")[0])
-            e, s = min(eager), min(stats)
+            for width in args.widths:
+                model = bench_llama(hidden=width)
+                _eager(model, ids, 2)  # warm-up
+                _debugged(model, ids, 1, root / f"warm-{width}", "statistics")
+                # Interleave eager and debugged rounds so machine load hits both alike.
+                eager, stats = [], []
+                for r in range(3):
+                    eager.append(_eager(model, ids, args.iters))
+                    stats.append(_debugged(model, ids, args.iters, root / f"stats-{width}-{r}", "statistics")[0])
+                ratios[width] = (min(eager), min(stats))
+            model = bench_llama()
+            e = ratios[256][0] if 256 in ratios else min(_eager(model, ids, args.iters) for _ in range(3))
             # First step: parameter statistics are computed (later steps reuse them until an
             # optimizer changes the parameters; in training every step is a "first" step).
             cold = min(_debugged(model, ids, 1, root / f"cold-{r}", "statistics")[0] for r in range(3))
@@ -88,17 +100,21 @@ def main() -> None:
         written = dbg._writer.bytes_written
         dump_s = max(t_tensor - e, 1e-9)  # time the debugger added: statistics, copies and writes
         disk = _disk_speed(root, written)
-        print(tabulate([
-            ["eager forward", f"{e * 1e3:.1f} ms", ""],
-            ["statistics-only debugger", f"{s * 1e3:.1f} ms", f"{s / e:.2f}x eager (target <= 1.3x)"],
-            ["statistics-only, parameters changed", f"{cold * 1e3:.1f} ms", f"{cold / e:.2f}x eager (a training step)"],
-            ["tensor-mode forward + dump", f"{t_tensor * 1e3:.1f} ms",
+        rows = []
+        for width, (ew, sw) in ratios.items():
+            rows += [[f"eager forward, hidden {width}", f"{ew * 1e3:.1f} ms", ""],
+                     [f"statistics-only debugger, hidden {width}", f"{sw * 1e3:.1f} ms",
+                      f"{sw / ew:.2f}x eager (target <= 1.3x)"]]
+        print(tabulate(rows + [
+            ["statistics-only, hidden 256, parameters changed", f"{cold * 1e3:.1f} ms", f"{cold / e:.2f}x eager (a training step)"],
+            ["tensor-mode forward + dump, hidden 256", f"{t_tensor * 1e3:.1f} ms",
              f"{dbg._writer.tensors_written} tensors, {written / 1e6:.1f} MB"],
             ["tensor-mode write throughput", f"{written / dump_s / 1e6:.0f} MB/s", "MB / (time added to the forward)"],
             ["disk sequential write (fsync)", f"{disk:.0f} MB/s", "same size, same folder"],
         ], headers=["what", "time / speed", "note"]))
         if args.json:
-            args.json.write_text(json.dumps({"eager_ms": e * 1e3, "module_dump_ratio": s / e,
+            args.json.write_text(json.dumps({"eager_ms": e * 1e3,
+                                             "module_dump_ratio": {w: sw / ew for w, (ew, sw) in ratios.items()},
                                              "module_dump_cold_ratio": cold / e,
                                              "tensor_write_MBps": written / dump_s / 1e6, "disk_MBps": disk}))
     finally:

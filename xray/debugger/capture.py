@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -21,9 +20,9 @@ from .layout import tensor_name
 from .writer import ModuleDumpWriter
 
 
-@dataclass(frozen=True)
-class CallKey:
-    """One module call in one direction: the unit that becomes one Record."""
+class CallKey(NamedTuple):
+    """One module call in one direction: the unit that becomes one Record. (A NamedTuple: one
+    is built per module call, and a frozen dataclass costs several times more to construct.)"""
 
     step: int
     seq: int
@@ -35,6 +34,21 @@ class CallKey:
 
 def _f(x: float | None) -> float:
     return math.nan if x is None else x  # NaN in the table means "no finite element"
+
+
+# The dtype, shape and device cells, memoised: a step writes hundreds of rows that share a
+# handful of each, and formatting them afresh was a visible part of the per-step cost.
+_CELL_TEXT: dict = {}
+
+
+def _cell(v: torch.dtype | torch.Size | torch.device) -> str:
+    text = _CELL_TEXT.get(v)
+    if text is None:
+        if len(_CELL_TEXT) > 4096:  # dynamic shapes: keep the memo bounded
+            _CELL_TEXT.clear()
+        text = _CELL_TEXT[v] = (dtype_name(v) if isinstance(v, torch.dtype)
+                                else json.dumps(list(v)) if isinstance(v, torch.Size) else str(v))
+    return text
 
 
 class TensorCapture:
@@ -51,7 +65,7 @@ class TensorCapture:
         return self._stats.get(t)
 
     def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False) -> None:
-        s = self.stats(t)
+        s = self._stats.get(t)
         if self.overflow_only and s.finite:
             return
         name = tensor_name(call.path, call.cls, call.call_index, role, key)
@@ -70,9 +84,10 @@ class TensorCapture:
                     self._saved_params[pkey] = data
         self.writer.add_row(call.step, (
             call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key,
-            dtype_name(t.dtype), json.dumps(list(t.shape)), str(t.device), bool(t.requires_grad),
-            _f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel, data))
-        if not s.finite and self.on_overflow is not None and role in ("forward_output", "backward_output"):
+            _cell(t.dtype), _cell(t.shape), _cell(t.device),
+            t.requires_grad, _f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel, data))
+        if (s.nan or s.posinf or s.neginf) and self.on_overflow is not None \
+                and role in ("forward_output", "backward_output"):
             self.on_overflow(call, name, s)
 
     def new_step(self) -> None:

@@ -42,18 +42,20 @@ class ModuleHooks:
         self._handles: list = []
         self._grad_handles: list = []
         self._params_hooked: set[int] = set()
+        self._info: dict[torch.nn.Module, tuple[str, str, tuple]] = {}
 
     def install(self, step: int) -> None:
         self.step = step
         self.calls.clear()
         self._bw_seq.clear()
         self._params_hooked.clear()
-        for m, path in self.paths.items():
-            cls = type(m).__name__
-            self._handles.append(m.register_forward_pre_hook(
-                functools.partial(self._pre, path, cls), with_kwargs=True))
-            self._handles.append(m.register_forward_hook(
-                functools.partial(self._post, path, cls), with_kwargs=True))
+        # Per module, resolved once per step rather than once per call: its path, class name
+        # and own parameters (user code may swap a parameter between steps, never within one).
+        self._info = {m: (path, type(m).__name__, tuple(m.named_parameters(recurse=False)))
+                      for m, path in self.paths.items()}
+        for m in self._info:
+            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(self._post, with_kwargs=True))
 
     def remove(self) -> None:
         for h in self._handles + self._grad_handles:
@@ -62,31 +64,33 @@ class ModuleHooks:
         self._stack.clear()
 
     # -- forward -------------------------------------------------------------------------
-    def _pre(self, path: str, cls: str, module: torch.nn.Module, args: tuple, kwargs: dict):
+    def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict):
         try:
             with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
-                return self._enter(path, cls, module, args, kwargs)
+                self._enter(module, args, kwargs)
         except Exception as e:  # a debugger bug must never break the user's forward
             self.on_error(e)
-            return None
+        return None
 
-    def _enter(self, path, cls, module, args, kwargs):
-        call = CallKey(self.step, self.next_seq(), path, cls, self.calls[path], "forward")
-        self.calls[path] += 1
+    def _enter(self, module, args, kwargs):
+        path, cls, params = self._info[module]
+        index = self.calls[path]
+        self.calls[path] = index + 1
+        call = CallKey(self.step, self.next_seq(), path, cls, index, "forward")
         grad_mode = self.backward and torch.is_grad_enabled()
+        capture = self.capture.capture
         inputs = flatten_tensors((args, kwargs))
         for i, t in enumerate(inputs):
-            self.capture.capture(call, "forward_input", str(i), t)
+            capture(call, "forward_input", str(i), t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if grad_mode and t.requires_grad]
-        for name, p in module.named_parameters(recurse=False):
-            self.capture.capture(call, "forward_params", name, p, param=True)
+        for name, p in params:
+            capture(call, "forward_params", name, p, param=True)
             if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
                 self._params_hooked.add(id(p))
                 self._grad_handles.append(p.register_hook(functools.partial(self._param_grad, path, cls, name)))
         self._stack.append((module, call, grad_inputs))
-        return None
 
-    def _post(self, path: str, cls: str, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
+    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
         # Pop back to this module even if an inner module raised and never ran its own hook.
         while self._stack and self._stack[-1][0] is not module:
             self._stack.pop()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..dump.tensorio import write_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, step_group
+from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, index_table, step_group
 
 
 def _attr_value(v: Any) -> Any:
@@ -40,7 +40,8 @@ class ModuleDumpWriter:
         self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
         self.rows: dict[int, list[tuple]] = {}  # step -> index rows, for the whole session
         self._aten: dict[int, list[str]] = {}
-        self._touched: set[int] = set()
+        self._touched: set[int] = set()  # steps written since open()
+        self._steps: set[int] = set()  # every step in the file
         self._file: h5py.File | None = None
         self._created = False
         self.bytes_written = 0
@@ -99,15 +100,15 @@ class ModuleDumpWriter:
             for step in sorted(self._touched):
                 g = f.require_group(step_group(step))
                 g.attrs["step"] = step
-                for name, data in ((INDEX, np.array(self.rows.get(step, []), dtype=INDEX_DTYPE)),
+                for name, data in ((INDEX, index_table(self.rows.get(step, []))),
                                    (ATEN, np.array(self._aten.get(step, []), dtype=h5py.string_dtype()))):
                     if name in g:
                         del g[name]
                     if name == INDEX or len(data):
                         g.create_dataset(name, data=data)
+            self._steps |= self._touched
             self._touched.clear()
-            f.attrs["steps"] = json.dumps(sorted(int(k.removeprefix("step_")) for k in f.keys()
-                                                 if k.startswith("step_")))
+            f.attrs["steps"] = json.dumps(sorted(self._steps))
             f.attrs["complete"] = True
             f.close()
             os.replace(self.tmp, self.path)

@@ -106,22 +106,26 @@ def append_index_csv(index_rows: Iterable[tuple[int, tuple]], rank: int | None, 
     (tests check the result equals ``xray-summary --csv``)."""
     path = Path(path)
     rank_cell = _opt(rank)
+    dims_of: dict[str, str] = {}  # "[2, 128, 256]" -> "2x128x256", formatted once per shape
     n = start
     with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         if start == 0:
             w.writerow(CSV_COLUMNS)
+        out = []
         for step, (_, name, _, _, _, direction, _, _, dtype, shape, _, _, mn, mx, mean, std, nan, posinf, neginf,
                    numel, data) in index_rows:
-            dims = shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape
-            w.writerow([n, step, rank_cell, name, dtype, dims or "scalar", _nan_blank(mn), _nan_blank(mx),
-                        _nan_blank(mean), _nan_blank(std), nan, posinf, neginf, numel, direction, data])
+            dims = dims_of.get(shape)
+            if dims is None:
+                dims = dims_of[shape] = (shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape) \
+                    or "scalar"
+            # NaN in the index means "no finite element": the CSV leaves the cell empty
+            out.append((n, step, rank_cell, name, dtype, dims, mn if mn == mn else "", mx if mx == mx else "",
+                        mean if mean == mean else "", std if std == std else "", nan, posinf, neginf, numel,
+                        direction, data))
             n += 1
+        w.writerows(out)
     return n
-
-
-def _nan_blank(x: float) -> Any:
-    return "" if x != x else x  # the index stores "no finite element" as NaN; the CSV leaves it empty
 
 
 def write_summary_csv(dump, path: str | os.PathLike) -> Path:
