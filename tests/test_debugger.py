@@ -4,11 +4,13 @@ from __future__ import annotations
 import os
 
 import h5py
+import numpy as np
 import pytest
 import torch
 
 import xray
 from xray.debugger import DumpPathError, SelectionError, read_module_dump
+from xray.debugger.layout import INDEX_DTYPE
 from xray.dump.reader import TruncatedDumpWarning
 from xray.dump.stats import tensor_stats
 from xray.models import tiny_llama, token_batch
@@ -43,7 +45,7 @@ def test_name_scheme_and_saved_data_match_the_model(tmp_path):
         dbg.stop()
     assert sorted(os.listdir(tmp_path)) == [FILE, FILE.replace(".h5", "_summary.csv")]
     with xray.load_dump(tmp_path / FILE) as dump:
-        assert dump.format == "xray-module" and dump.header["format_version"] == 1 and dump.complete
+        assert dump.format == "xray-module" and dump.header["format_version"] == 2 and dump.complete
         names = _names(dump)
         # The root module is named by its class alone; ModelOutput is flattened (logits first).
         root_in = names["LlamaForCausalLM.0.forward_input.0"]
@@ -211,6 +213,31 @@ def test_non_ascii_module_names_round_trip(tmp_path):
         names = _names(dump)
         assert names["层.ReLU.0.forward_output.0"].stats == tensor_stats(out)
         assert {r.module for r in dump.rows()} == {"", "größe", "层"}
+
+
+def test_reads_format_1_files_without_the_keyword_column(tmp_path):
+    """Version 1 wrote variable-length strings and had no ``keyword`` column: rewrite a fresh
+    dump that way and read it back (keyword tensors then count as positional)."""
+    m, ids = _llama(), token_batch()
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, task="statistics")
+    with torch.no_grad():
+        dbg.start()
+        m(ids)
+        dbg.stop()
+    with read_module_dump(tmp_path / FILE) as dump:
+        want = [(r.name, r.meta.stats) for r in dump.rows()]
+        assert any(r.keywords for r in dump.records)
+    v1 = np.dtype([(n, INDEX_DTYPE[n]) for n in INDEX_DTYPE.names if n != "keyword"])
+    with h5py.File(tmp_path / FILE, "a") as f:
+        table = f["step_0/index"][()]
+        old = np.array([tuple(c.decode() if isinstance(c, bytes) else c for c in row)[:len(v1)] for row in table.tolist()],
+                       dtype=v1)
+        del f["step_0/index"]
+        f["step_0"].create_dataset("index", data=old)
+        f.attrs["format_version"] = 1
+    with read_module_dump(tmp_path / FILE) as dump:
+        assert [(r.name, r.meta.stats) for r in dump.rows()] == want
+        assert not any(r.keywords for r in dump.records)
 
 
 class _Blowup(torch.nn.Module):

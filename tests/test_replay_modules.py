@@ -29,11 +29,15 @@ def test_module_replay_from_precision_debugger(tmp_path):
         model(token_batch())
         dbg.stop()
     cfg = ReplayConfig(backends=["onnxrt-cpu"], out=tmp_path / "out", model=factory_spec(small_llama),
-                       modules=["*q_proj", "*input_layernorm", "*mlp", "*act_fn"], repeats=1, progress=False)
+                       modules=["*q_proj", "*input_layernorm", "*mlp", "*act_fn", "*self_attn", "*layers.0"],
+                       repeats=1, progress=False)
     result = replay_dump(dbg.file, cfg)
     got = {(r.module, r.backend): Status(r.status) for r in result.rows}
+    # The attention and the decoder layer take keyword tensors (hidden_states, attention_mask,
+    # position_embeddings as a (cos, sin) pair): the dump's keyword column gives them back by name.
     assert {m for m, _ in got} == {"model.layers.0.self_attn.q_proj", "model.layers.0.input_layernorm",
-                                   "model.layers.0.mlp", "model.layers.0.mlp.act_fn"}
+                                   "model.layers.0.mlp", "model.layers.0.mlp.act_fn", "model.layers.0.self_attn",
+                                   "model.layers.0"}
     assert all(s == Status.OK for s in got.values()), [(r.module, r.backend, r.error) for r in result.rows]
     # The baseline ran the recorded weights: its outputs equal the recorded outputs.
     dump, replayed = xray.load_dump(dbg.file), xray.load_dump(result.dumps["torch-cpu"])
@@ -42,7 +46,7 @@ def test_module_replay_from_precision_debugger(tmp_path):
         want = src[(rec.module, rec.seq)]
         for (_, w), (_, g) in zip(want.output_tensors(), rec.output_tensors()):
             torch.testing.assert_close(replayed.load_tensor(g), dump.load_tensor(w), rtol=1e-6, atol=1e-6)
-    assert len(pd.read_csv(result.out / "matrix.csv")) == 8
+    assert len(pd.read_csv(result.out / "matrix.csv")) == 12
 
 
 def test_bad_model_spec(tmp_path, capsys):

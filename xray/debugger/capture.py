@@ -64,7 +64,8 @@ class TensorCapture:
     def stats(self, t: torch.Tensor) -> Stats:
         return self._stats.get(t)
 
-    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False) -> None:
+    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False,
+                keyword: str = "") -> None:
         s = self._stats.get(t)
         if self.overflow_only and s.finite:
             return
@@ -85,7 +86,8 @@ class TensorCapture:
         self.writer.add_row(call.step, (
             call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key,
             _cell(t.dtype), _cell(t.shape), _cell(t.device),
-            t.requires_grad, _f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel, data))
+            t.requires_grad, _f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel, data,
+            keyword))
         if (s.nan or s.posinf or s.neginf) and self.on_overflow is not None \
                 and role in ("forward_output", "backward_output"):
             self.on_overflow(call, name, s)

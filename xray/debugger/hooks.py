@@ -79,9 +79,15 @@ class ModuleHooks:
         call = CallKey(self.step, self.next_seq(), path, cls, index, "forward")
         grad_mode = self.backward and torch.is_grad_enabled()
         capture = self.capture.capture
-        inputs = flatten_tensors((args, kwargs))
+        # Numbered as flatten_tensors((args, kwargs)) numbers them; each keyword tensor also
+        # notes its argument's name, so replay can pass it back by name.
+        inputs = flatten_tensors(args)
         for i, t in enumerate(inputs):
             capture(call, "forward_input", str(i), t)
+        for keyword, value in kwargs.items():
+            for t in flatten_tensors(value):
+                capture(call, "forward_input", str(len(inputs)), t, keyword=keyword)
+                inputs.append(t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if grad_mode and t.requires_grad]
         for name, p in params:
             capture(call, "forward_params", name, p, param=True)

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 FORMAT_NAME = "xray-module"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the index column `keyword`
 
 FORWARD_ROLES = ("forward_input", "forward_params", "forward_output")
 BACKWARD_ROLES = ("backward_input", "params_grad", "backward_output")
@@ -20,15 +20,18 @@ ROLES = FORWARD_ROLES + BACKWARD_ROLES
 _STR = h5py.string_dtype("utf-8")
 
 #: One row per recorded tensor, in the order they were captured. ``seq`` groups rows into
-#: module calls (records); ``data`` is the dataset path inside the file, "" if not saved.
+#: module calls (records); ``data`` is the dataset path inside the file, "" if not saved;
+#: ``keyword`` names the keyword argument a forward input came from ("" if positional).
 INDEX_DTYPE = np.dtype([
     ("seq", np.int64), ("name", _STR), ("module", _STR), ("cls", _STR), ("call_index", np.int32),
     ("direction", _STR), ("role", _STR), ("key", _STR), ("dtype", _STR), ("shape", _STR),
     ("device", _STR), ("requires_grad", np.bool_),
     ("min", np.float64), ("max", np.float64), ("mean", np.float64), ("std", np.float64),
     ("nan", np.int64), ("posinf", np.int64), ("neginf", np.int64), ("numel", np.int64),
-    ("data", _STR),
+    ("data", _STR), ("keyword", _STR),
 ])
+#: Columns a reader must not require: added after version 1 (their value there is "").
+OPTIONAL_COLUMNS = frozenset({"keyword"})
 
 #: The string columns, which the writer stores as fixed-length UTF-8: writing a table of
 #: variable-length strings cost h5py ~0.5 us per cell, a third of a statistics-only step's

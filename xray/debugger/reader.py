@@ -20,7 +20,7 @@ import torch
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.reader import DumpFormatError, TruncatedDumpWarning
 from ..dump.tensorio import read_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, step_group
+from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, step_group
 
 _CHUNK = 65536  # index rows read at a time
 _INPUT_ROLES = {"forward": ("forward_input", "forward_params"), "backward": ("backward_input", "params_grad")}
@@ -41,6 +41,7 @@ class TensorRow:
     role: str
     key: str
     meta: TensorMeta
+    keyword: str = ""  # forward inputs: the keyword argument the tensor came from ("" if positional)
 
 
 def _s(v: Any) -> str:
@@ -93,7 +94,7 @@ class ModuleDump:
         if g is None or INDEX not in g:
             return None
         ds = g[INDEX]
-        missing = set(INDEX_DTYPE.names) - set(ds.dtype.names or ())
+        missing = set(INDEX_DTYPE.names) - OPTIONAL_COLUMNS - set(ds.dtype.names or ())
         if missing:
             raise DumpFormatError(f"{self.path}: /{step_group(step)}/{INDEX} lacks columns {sorted(missing)}; "
                                   "the file is damaged or not written by xray")
@@ -140,6 +141,8 @@ class ModuleDump:
                 outputs.setdefault(k, {})[int(row.key)] = row.meta
             else:
                 rec.inputs[f"{row.role}.{row.key}"] = row.meta
+                if row.keyword:
+                    rec.keywords[f"{row.role}.{row.key}"] = row.keyword
         for k, outs in outputs.items():  # outputs not recorded (overflow_check) stay None
             by_call[k].outputs = [outs.get(i) for i in range(max(outs) + 1)]
         records = list(by_call.values())
@@ -193,16 +196,18 @@ class ModuleDump:
 
 def index_rows(step: int, rows: Iterable[tuple]) -> Iterator[TensorRow]:
     """TensorRows from index rows (tuples in INDEX_DTYPE's field order), as read from the file
-    or as still held by the writer (the debugger's summary CSV needs no read-back)."""
-    for (seq, name, module, cls, call_index, direction, role, key, dtype, shape, device, requires_grad,
-         mn, mx, mean, std, nan, posinf, neginf, numel, data) in rows:
+    or as still held by the writer (the debugger's summary CSV needs no read-back). Version 1
+    rows end before the ``keyword`` column."""
+    for row in rows:
+        (seq, name, module, cls, call_index, direction, role, key, dtype, shape, device, requires_grad,
+         mn, mx, mean, std, nan, posinf, neginf, numel, data) = row[:21]
         stats = Stats(_opt(mn), _opt(mx), _opt(mean), _opt(std), nan=int(nan), posinf=int(posinf),
                       neginf=int(neginf), numel=int(numel))
         data = _s(data)
         meta = TensorMeta(shape=tuple(json.loads(_s(shape))), dtype=_s(dtype), device=_s(device),
                           requires_grad=bool(requires_grad), stats=stats, data=data or None)
         yield TensorRow(step, int(seq), _s(name), _s(module), _s(cls), int(call_index), _s(direction), _s(role),
-                        _s(key), meta)
+                        _s(key), meta, _s(row[21]) if len(row) > 21 else "")
 
 
 def read_module_dump(path: str | os.PathLike) -> ModuleDump:

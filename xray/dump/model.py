@@ -215,6 +215,10 @@ class Record:
     stack: list[str] | None = None
     call_index: int = 0  # for modules: how many times this module path ran before
     step: int | None = None  # training step, for module-level dumps (PrecisionDebugger)
+    # Module dumps: input key -> the keyword argument its tensor came from ("forward_input.3" ->
+    # "position_embeddings"); absent keys were positional. (Trace module records need none:
+    # they name keyword inputs "<kwarg>.<i>".)
+    keywords: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -251,6 +255,8 @@ class Record:
             d["call_index"] = self.call_index
         if self.step is not None:
             d["step"] = self.step
+        if self.keywords:
+            d["keywords"] = dict(self.keywords)
         return d
 
     @classmethod
@@ -271,4 +277,5 @@ class Record:
             stack=d.get("stack"),
             call_index=int(d.get("call_index", 0)),
             step=None if d.get("step") is None else int(d["step"]),
+            keywords={str(k): str(v) for k, v in (d.get("keywords") or {}).items()},
         )

@@ -79,7 +79,13 @@ class Worker:
         args = (child, str(self.log_path), self.backend, self.threads, self.imports)
         self.proc = ctx.Process(target=_serve, args=args,
                                 daemon=True, name=f"xray-replay-{self.backend}")
-        self.proc.start()
+        try:
+            self.proc.start()
+        except (OSError, RuntimeError) as e:  # e.g. a script without `if __name__ == "__main__":`
+            self.proc = None
+            child.close()
+            parent.close()
+            return f"cannot start a worker process for {self.backend}: {' '.join(str(e).split())}"
         child.close()
         self.conn = parent
         self.starts += 1

@@ -4,9 +4,10 @@ The user names a factory (``pkg.module:factory``, called without arguments) that
 model; the recorded module is found by its dotted path. Positional tensor inputs are passed in
 their recorded order (``forward_input.<i>`` / ``input.<i>``); recorded parameters
 (``forward_params.<name>``) are loaded into the module, so the replay uses the recorded weights
-even when the factory's differ. Keyword tensors of a trace dump (``<kwarg>.<i>``) are passed by
-name. Calls whose tensors came from keyword arguments in a PrecisionDebugger dump cannot be
-rebuilt positionally: their exporters or runs fail and the matrix says so.
+even when the factory's differ. Keyword tensors are passed by name: a trace dump names them
+``<kwarg>.<i>``; a module dump (format 2) notes each one's keyword in its index. Non-tensor
+arguments (flags, caches) are not recorded, so the module runs with their defaults; a module
+dump of format 1 has no keyword column, and its keyword tensors are passed positionally.
 """
 from __future__ import annotations
 
@@ -81,7 +82,9 @@ def _split_key(key: str) -> tuple[str, str]:
 
 def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
     """Input keys in the order ModuleCall takes its tensors: positional by index, then keywords;
-    plus the positional count and (keyword, tensor count) pairs. Parameters are not inputs."""
+    plus the positional count and (keyword, tensor count) pairs. Parameters are not inputs.
+    Keyword tensors are named ``<kwarg>.<i>`` in trace dumps and listed in ``record.keywords``
+    in module dumps."""
     positional: dict[int, str] = {}
     keywords: dict[str, dict[int, str]] = {}
     for key, value in record.inputs.items():
@@ -90,7 +93,9 @@ def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
         head, tail = _split_key(key)
         if head == _PARAMS or not tail.isdigit():
             continue
-        if head in _POSITIONAL:
+        if key in record.keywords:
+            keywords.setdefault(record.keywords[key], {})[int(tail)] = key
+        elif head in _POSITIONAL:
             positional[int(tail)] = key
         else:
             keywords.setdefault(head, {})[int(tail)] = key

@@ -114,7 +114,7 @@ def append_index_csv(index_rows: Iterable[tuple[int, tuple]], rank: int | None, 
             w.writerow(CSV_COLUMNS)
         out = []
         for step, (_, name, _, _, _, direction, _, _, dtype, shape, _, _, mn, mx, mean, std, nan, posinf, neginf,
-                   numel, data) in index_rows:
+                   numel, data, *_) in index_rows:
             dims = dims_of.get(shape)
             if dims is None:
                 dims = dims_of[shape] = (shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape) \
