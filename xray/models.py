@@ -4,7 +4,29 @@ Shared by the demo, the tests and the benchmarks so that they all exercise the s
 """
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
+
+# Loggers that speak while transformers imports its optional torchao integration: torchao's
+# prebuilt kernels for other Python versions and CUDA ("Failed to load ... .so") and torch's
+# note about torchao registering enums. Neither concerns these CPU demo models.
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
+@contextmanager
+def _quiet_import() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _IMPORT_NOISE]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def tiny_llama(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 256,
@@ -13,7 +35,8 @@ def tiny_llama(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int 
 
     ``attn="eager"`` (the default here) spells attention out as matmul/softmax ops, which every
     replay backend can express; ``"sdpa"`` is transformers' own default."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    with _quiet_import():
+        from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or hidden * 2 + hidden // 2,
@@ -36,7 +59,8 @@ def token_batch(batch: int = 2, seq: int = 16, vocab: int = 256, seed: int = 0) 
 
 def tiny_vit(seed: int = 0) -> torch.nn.Module:
     """A transformers ViTForImageClassification (LayerNorm, GELU, conv patch embedding)."""
-    from transformers import ViTConfig, ViTForImageClassification
+    with _quiet_import():
+        from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(seed)
     cfg = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64, num_hidden_layers=2,

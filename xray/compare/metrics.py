@@ -91,10 +91,8 @@ def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance,
     d.abs_()
     max_abs = float(d.max())
     torch.abs(bench, out=w1)
-    torch.mul(w1, tol.rtol, out=w2)
-    w2.add_(tol.atol)
-    torch.sub(d, w2, out=w2)  # > 0 exactly where the element is not close
-    not_close = int((w2 > 0).sum()) if float(w2.max()) > 0 else 0  # counting only when needed
+    torch.sub(d, w1, alpha=tol.rtol, out=w2)  # > atol exactly where the element is not close
+    not_close = int((w2 > tol.atol).sum()) if float(w2.max()) > tol.atol else 0  # counting only when needed
     torch.div(d, w1.clamp_min_(REL_EPS), out=w1)
     return Partial(
         numel=n, sse=sse,
