@@ -60,9 +60,6 @@ class TensorCapture:
         self._stats = StatsCache()
         self._saved_params: dict[tuple[int, int], str] = {}  # (step, id(param)) -> dataset path
 
-    def stats(self, t: torch.Tensor) -> Stats:
-        return self._stats.get(t)
-
     def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False,
                 keyword: str = "") -> None:
         s = self._stats.get(t)

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 FORMAT_NAME = "xray-module"
-FORMAT_VERSION = 2  # 2 added the index column `keyword`
+FORMAT_VERSION = 2  # 2: index column `keyword`, fixed-length strings, datasets carry only torch_dtype
 
 FORWARD_ROLES = ("forward_input", "forward_params", "forward_output")
 BACKWARD_ROLES = ("backward_input", "params_grad", "backward_output")
