@@ -87,6 +87,7 @@ class PrecisionDebugger:
         self.summary_csv = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}_summary.csv"
         self._csv_rows = 0  # rows already in summary_csv
         self._csv_step: int | None = None  # the step last appended to it
+        self._csv_mark = (0, 0)  # (bytes, rows) of the CSV before that step's rows
         self._check_writable()
         self._writer = ModuleDumpWriter(self.file, {
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
@@ -150,13 +151,18 @@ class PrecisionDebugger:
         if path is not None:
             from ..summary.table import append_index_csv
 
-            if self._csv_step == self.current_step:  # captured this step again: redo the CSV
-                self._csv_rows = 0
-            rows = [] if self._csv_rows else [(s, r) for s in sorted(self._writer.rows) if s != self.current_step
-                                              for r in self._writer.rows[s]]
-            rows += [(self.current_step, r) for r in self._writer.rows.get(self.current_step, [])]
+            if self._csv_step == self.current_step:  # captured this step again: replace its rows
+                size, self._csv_rows = self._csv_mark
+                if self._csv_rows:
+                    os.truncate(self.summary_csv, size)
+            else:
+                self._csv_mark = (self.summary_csv.stat().st_size if self._csv_rows else 0, self._csv_rows)
+            rows = [(self.current_step, r) for r in self._writer.rows.get(self.current_step, [])]
             self._csv_rows = append_index_csv(rows, self.global_rank, self.summary_csv, self._csv_rows)
             self._csv_step = self.current_step
+            # Only this step can be captured again (steps only advance): earlier rows are in the
+            # file and the CSV, and keeping them would grow memory with every step of a long run.
+            self._writer.forget_before(self.current_step)
         return path
 
     def step(self) -> None:

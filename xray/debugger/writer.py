@@ -38,7 +38,7 @@ class ModuleDumpWriter:
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
-        self.rows: dict[int, list[tuple]] = {}  # step -> index rows, for the whole session
+        self.rows: dict[int, list[tuple]] = {}  # step -> index rows, until forget_before()
         self._aten: dict[int, list[str]] = {}
         self._touched: set[int] = set()  # steps written since open()
         self._steps: set[int] = set()  # every step in the file
@@ -91,6 +91,13 @@ class ModuleDumpWriter:
         self.bytes_written += t.numel() * t.element_size()
         self.tensors_written += 1
         return f"{step_group(step)}/{name}"
+
+    def forget_before(self, step: int) -> None:
+        """Drop the rows, op records and dataset names held for steps before ``step`` (already
+        written): only the current step can be captured again."""
+        for held in (self.rows, self._aten, self._names):
+            for s in [s for s in held if s < step]:
+                del held[s]
 
     def add_row(self, step: int, row: tuple) -> None:
         self.rows.setdefault(step, []).append(row)
