@@ -154,10 +154,8 @@ def _anchors(bench: list[Entry], target: list[Entry], fa: _Features, fb: _Featur
         return {k: v for k, v in seen.items() if v >= 0}
 
     ua, ub = unique(bench), unique(target)
-    cands = sorted((i, ub[k]) for k, i in ua.items() if k in ub)
-    cands = [(i, j) for i, j in cands
-             if score_matrix(fa, slice(i, i + 1), fb, slice(j, j + 1))[0, 0] > 0]
-    return _longest_increasing(cands)
+    # Equal anchor keys already mean same group, path, shapes and op: every candidate scores > 0.
+    return _longest_increasing(sorted((i, ub[k]) for k, i in ua.items() if k in ub))
 
 
 def _fill(fa: _Features, i0: int, i1: int, fb: _Features, j0: int, j1: int) -> list[tuple[int, int]]:

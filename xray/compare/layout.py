@@ -28,6 +28,15 @@ def _candidates(ndim: int) -> list[tuple[int, ...]]:
     return list(dict.fromkeys([swap_last, to_last, to_first]))
 
 
+def could_be_permuted(bench_norm: float, target_norm: float, numel: int, tol: Tolerance) -> bool:
+    """A cheap necessary condition for find_layout, from norms the metrics pass already summed.
+    If target == P(bench) within tolerance elementwise, then by the triangle inequality
+    ``|‖t‖ - ‖b‖| <= ‖t - Pb‖ <= sqrt(n) * atol + rtol * ‖b‖`` (P keeps the norm). A pair that
+    merely drifted (every element 5 % off) fails this and skips the dozens of full-tensor checks."""
+    slack = numel ** 0.5 * tol.atol + tol.rtol * bench_norm
+    return abs(target_norm - bench_norm) <= slack * (1 + 1e-6) + 1e-12 * max(bench_norm, target_norm)
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> bool:
     return bool(torch.isclose(b, a, rtol=tol.rtol, atol=tol.atol, equal_nan=True).all())
 

@@ -134,6 +134,8 @@ class PairMetrics:
     inf_bench: int
     inf_target: int
     nonfinite_mismatch: int
+    bench_norm: float = 0.0  # L2 norms over the compared positions (a permutation keeps them)
+    target_norm: float = 0.0
 
 
 def finish(p: Partial) -> PairMetrics:
@@ -151,7 +153,7 @@ def finish(p: Partial) -> PairMetrics:
         isclose_pct=100.0 * (p.numel - p.not_close) / p.numel if p.numel else 100.0,
         gt_num=p.not_close, numel=p.numel,
         nan_bench=p.nan_bench, nan_target=p.nan_target, inf_bench=p.inf_bench, inf_target=p.inf_target,
-        nonfinite_mismatch=p.nonfinite_mismatch)
+        nonfinite_mismatch=p.nonfinite_mismatch, bench_norm=math.sqrt(p.aa), target_norm=math.sqrt(p.bb))
 
 
 def rmse_partial(ref: torch.Tensor, x: torch.Tensor) -> tuple[float, int]:
