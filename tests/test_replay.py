@@ -141,3 +141,20 @@ def test_xray_compare_reads_replay_output(replay, tmp_path, capsys):
     assert matched.target_seq.nunique() == supported
     # Both sides ran the same inputs; compare's own fp32 tolerance should pass nearly all of them.
     assert (matched.status == "pass").sum() >= 0.8 * len(matched), matched[["target_name", "status"]]
+
+
+def test_export_cache_never_shares_baked_in_weights(tmp_path):
+    """Two calls of one signature with different weights: exporters bake the weights into the
+    artifact, so a cache keyed on the signature alone replayed the first call's weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False))
+    with xray.dump(X_DEDUP=False, X_DUMP_NUM=5, dump_dir=tmp_path / "dump") as d:
+        model(torch.randn(4, 8))  # grad enabled: the weights are recorded as parameters
+    dump = xray.load_dump(d.folder)
+    seqs = [r.seq for r in dump.records if r.op == "aten.mm.default"]
+    assert len(seqs) == 2
+    cfg = ReplayConfig(backends=["onnxrt-cpu"], out=tmp_path / "out", seqs=seqs, dedup=False, repeats=0,
+                       progress=False)
+    result = replay_dump(d.folder, cfg)
+    rows = [r for r in result.rows if r.backend == "onnxrt-cpu"]
+    assert [Status(r.status) for r in rows] == [Status.OK, Status.OK], [(r.seq, r.error) for r in rows]

@@ -71,9 +71,17 @@ def signature_hash(record: Record | dict) -> str:
     return hashlib.sha256(json.dumps(signature(record), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cache_key(job: Job, backend: Backend) -> str:
+def cache_key(job: Job, backend: Backend, module: torch.nn.Module) -> str:
+    """The export's identity: the call's signature, the backend, and the values of the module's
+    parameters and buffers, which exporters bake into the artifact as constants (two calls of
+    one signature with different weights must not share an export)."""
+    weights = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        weights.update(name.encode())
+        weights.update(to_numpy(t).tobytes())
     blob = {"sig": signature(job.record), "kind": backend.kind, "options": backend.options,
-            "versions": backend.versions(), "model": job.model, "weights_const": job.weights_const}
+            "versions": backend.versions(), "model": job.model, "weights_const": job.weights_const,
+            "weights": weights.hexdigest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -166,7 +174,7 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
     input_metas = [_meta(t) for t in every]
     artifact, error, cached = None, None, False
     folder = Path(job.cache_dir) if job.cache_dir and backend.cacheable else None
-    key = cache_key(job, backend) if folder else ""
+    key = cache_key(job, backend, module) if folder else ""
     if folder:
         artifact, error = _cache_load(folder, key)
         cached = artifact is not None or error is not None
@@ -184,6 +192,7 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
     facts = dict(artifact.facts)
     try:
         runner = backend.load(artifact, module, inputs)
+        facts = dict(artifact.facts)  # load may add facts (torch.compile's lower_s)
         outputs = runner(inputs)
         times = []
         for _ in range(max(job.repeats, 0)):
