@@ -394,3 +394,17 @@ def test_tensor_reference_cannot_escape_the_dump_folder(tmp_path):
     meta = TensorMeta(shape=(2,), dtype="float32", data="../../etc/passwd:x")
     with pytest.raises(DumpFormatError, match="outside the dump"):
         dump.load_tensor(meta)
+
+
+def test_nonfinite_scalars_are_valid_json_and_tensor_lists_kept_without_meta(tmp_path):
+    """dump.json is strict JSON (no -Infinity), and aten.cat's Tensor[] input is recorded with
+    statistics only (X_DEBUG=0x002)."""
+    import json
+
+    with xray.dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0, dump_dir=tmp_path / "a") as a:
+        torch.ones(2).clamp(min=float("-inf"))
+    json.loads((a.folder / "dump.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    with xray.dump(X_DEBUG=0x002, X_DEDUP=False, X_DUMP_NUM=0, dump_dir=tmp_path / "b") as b:
+        torch.cat([torch.ones(2, 3), torch.zeros(1, 3)])
+    cat = next(r for r in xray.load_dump(b.folder).records if r.op == "aten.cat.default")
+    assert [m.stats.max for _, m in cat.input_tensors()] == [1.0, 0.0]

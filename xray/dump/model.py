@@ -150,7 +150,8 @@ class Scalar:
     value: Any
 
     def to_json(self) -> dict:
-        return {"t": self.tag, "v": self.value}
+        # JSON has no NaN/Inf: a non-finite float travels as "nan"/"inf"/"-inf" (docs/format.md)
+        return {"t": self.tag, "v": encode_float(self.value) if self.tag == "float" else self.value}
 
 
 def value_to_json(v: Any) -> Any:
@@ -158,7 +159,7 @@ def value_to_json(v: Any) -> Any:
     if isinstance(v, (TensorMeta, Scalar)):
         return v.to_json()
     if isinstance(v, float):
-        return v if math.isfinite(v) else {"t": "float", "v": encode_float(v)}
+        return v if math.isfinite(v) else Scalar("float", v).to_json()
     if isinstance(v, (list, tuple)):
         return [value_to_json(x) for x in v]
     return v

@@ -38,6 +38,11 @@ def no_dispatch_modes():
     return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
 
 
+def _holds_tensor(v: Any) -> bool:
+    """A tensor or a Tensor[] argument (aten.cat's inputs): kept even without META."""
+    return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v))
+
+
 def _wait_collective(outs: list) -> None:
     """A collective returns before its tensors are final (async Work): wait, so the recorded
     result is the reduced one and not a race. Waiting twice is harmless for the user's code."""
@@ -123,7 +128,7 @@ class Recorder:
         bound = bind_inputs(info, args, kwargs)
         if self.meta_on or self.stats_on:
             rec.inputs = {k: encode_value(v, self._meta) for k, v in bound.items()
-                          if self.meta_on or isinstance(v, torch.Tensor)}
+                          if self.meta_on or _holds_tensor(v)}
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
         return rec, info, key, budget, bound
@@ -165,7 +170,8 @@ class Recorder:
                 if not isinstance(t, torch.Tensor) or not isinstance(meta, TensorMeta) or t.layout != torch.strided:
                     continue
                 arg = f"{prefix}.{name}" + (f".{i}" if isinstance(value, (list, tuple)) else "")
-                copy = t.detach().to("cpu", copy=True)
+                # contiguous now, so the flush's to_numpy need not copy a strided view again
+                copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
                 meta.data = self.writer.save_tensor(rec, arg, copy)
                 self.tensors_saved += 1
                 budget[0] -= 1
