@@ -408,3 +408,30 @@ def test_nonfinite_scalars_are_valid_json_and_tensor_lists_kept_without_meta(tmp
         torch.cat([torch.ones(2, 3), torch.zeros(1, 3)])
     cat = next(r for r in xray.load_dump(b.folder).records if r.op == "aten.cat.default")
     assert [m.stats.max for _, m in cat.input_tensors()] == [1.0, 0.0]
+
+
+class _Raises(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("inner failure")
+
+
+class _CatchesInner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Raises()
+
+    def forward(self, x):
+        try:
+            self.inner(x[:1])
+        except ValueError:
+            pass
+        return x * 2
+
+
+def test_module_that_raises_leaves_its_caller_inputs_intact(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the always_call hook must not raise on the error path
+        with xray.dump(X_DEBUG=0x112, X_DEDUP=False, X_DUMP_NUM=0, dump_dir=tmp_path) as d:
+            _CatchesInner()(torch.ones(4, 3))
+    outer = [r for r in xray.load_dump(d.folder).records if r.kind == "module"]
+    assert [(r.op, r.inputs["input.0"].shape) for r in outer] == [("_CatchesInner", (4, 3))]

@@ -25,7 +25,8 @@ def _grad_tensors(value: Any) -> list[torch.Tensor]:
 
 
 class ModuleStack:
-    """Maintains the stack of running modules; calls ``on_enter``/``on_exit`` around forward."""
+    """Maintains the stack of running modules; calls ``on_enter(frame, args)`` before a forward and
+    ``on_exit(frame, call_index, kwargs, output, <on_enter's result>)`` after it returns."""
 
     def __init__(self, *, on_enter: Callable | None = None, on_exit: Callable | None = None,
                  backward: bool = False) -> None:
@@ -38,7 +39,7 @@ class ModuleStack:
         self._paths: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._roots = 0
         self._handles: list = []
-        self._objects: list[Any] = []  # modules entered, parallel to forward_stack
+        self._objects: list[tuple[Any, Any]] = []  # (module, on_enter's result), parallel to forward_stack
         self._bw_task = -1
 
     # -- life cycle -------------------------------------------------------------------
@@ -87,27 +88,32 @@ class ModuleStack:
         path = self.path_of(module)
         frame = (path, type(module).__name__)
         self.forward_stack.append(frame)
-        self._objects.append(module)
-        if self.on_enter is not None:
-            self.on_enter(module, frame, args)
+        # on_enter's result (the module's inputs) rides in the same entry as the module, so the
+        # two can never get out of step when a module raises.
+        self._objects.append((module, self.on_enter(frame, args) if self.on_enter is not None else None))
         if self.backward and torch.is_grad_enabled():
             inputs = _grad_tensors(args)
             if inputs:  # gradients w.r.t. the inputs ready: this module's backward is over
                 torch.autograd.graph.register_multi_grad_hook(
                     inputs, lambda grads, f=frame: self._bw_exit(f), mode="any")
 
-    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
         # Pop back to this module even if an inner module raised and never ran its own hook.
-        while self._objects and self._objects[-1] is not module:
+        while self._objects and self._objects[-1][0] is not module:
             self._objects.pop()
             self.forward_stack.pop()
         if not self._objects:
             return
+        if len(rest) != 2:  # always_call after forward raised: hook(module, args, None); no record
+            self._objects.pop()
+            self.forward_stack.pop()
+            return
+        kwargs, output = rest
         frame = self.forward_stack[-1]
         call_index = self.calls[frame[0]]
         self.calls[frame[0]] += 1
-        if self.on_exit is not None:
-            self.on_exit(module, frame, call_index, kwargs, output)
+        if self.on_exit is not None:  # while the module is still on the stack
+            self.on_exit(frame, call_index, kwargs, output, self._objects[-1][1])
         self._objects.pop()
         self.forward_stack.pop()
         if self.backward and torch.is_grad_enabled():

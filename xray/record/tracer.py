@@ -69,7 +69,6 @@ class Recorder:
         self.failed: str | None = None
         self._seen: dict[tuple, Record] = {}
         self._stats = StatsCache()
-        self._module_inputs: list[dict[str, Any]] = []
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
@@ -191,14 +190,14 @@ class Recorder:
         self.writer.abandon()
 
     # -- module boundaries (X_DEBUG & MODULES) ------------------------------------------------------
-    def _module_enter(self, module, frame, args: tuple) -> None:
+    def _module_enter(self, frame, args: tuple) -> dict[str, Any]:
+        """The module's positional inputs, described before it runs (it may mutate them)."""
         with no_dispatch_modes():
-            self._module_inputs.append({f"input.{i}": self._meta(t) for i, t in enumerate(flatten_tensors(args))})
+            return {f"input.{i}": self._meta(t) for i, t in enumerate(flatten_tensors(args))}
 
-    def _module_exit(self, module, frame, call_index: int, kwargs: dict, output: Any) -> None:
-        if self.failed is not None or not self._module_inputs:
+    def _module_exit(self, frame, call_index: int, kwargs: dict, output: Any, inputs: dict[str, Any] | None) -> None:
+        if self.failed is not None or inputs is None:
             return
-        inputs = self._module_inputs.pop()
         with no_dispatch_modes():
             for k, v in kwargs.items():
                 for i, t in enumerate(flatten_tensors(v)):
