@@ -152,9 +152,6 @@ def _tensor(meta: TensorMeta, dump: Any, factory: str, generator: torch.Generato
             "use --factory random to regenerate it from its statistics (or record with a larger X_DUMP_NUM)")
     if saved and factory != "random":
         data = dump.load_tensor(meta)
-        if data.numel() == meta.numel and tuple(data.shape) != tuple(meta.shape):
-            # tensorio stores 0-d tensors through np.ascontiguousarray, which returns 1-d
-            data = data.reshape(tuple(meta.shape))
         if tuple(data.shape) != tuple(meta.shape) or data.dtype != dtype:
             raise ValueError(f"saved tensor {meta.data!r} is {tuple(data.shape)} {data.dtype}, "
                              f"but the record says {tuple(meta.shape)} {meta.dtype}")

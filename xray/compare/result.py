@@ -109,10 +109,6 @@ class CompareResult:
     rows: list[Row]
     summary: Summary
 
-    @property
-    def first_divergence(self) -> dict | None:
-        return self.summary.first_divergence
-
     def status_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rows:

@@ -34,9 +34,6 @@ class _OpSink:
     def abandon(self) -> None:
         pass
 
-    def flush(self) -> None:
-        pass
-
 
 class AtenCapture:
     def __init__(self, model: torch.nn.Module, on_record: Callable[[Record], None]) -> None:

@@ -95,9 +95,6 @@ class StatsCache:
     def __init__(self) -> None:
         self._cache: dict[int, tuple[weakref.ref, int, Stats]] = {}
 
-    def __len__(self) -> int:
-        return len(self._cache)
-
     def get(self, t: torch.Tensor) -> Stats:
         try:
             version = t._version

@@ -60,13 +60,10 @@ def from_numpy(a: np.ndarray, dtype_name_: str) -> torch.Tensor:
     return t
 
 
-def write_dataset(group, name: str, t: torch.Tensor, **attrs) -> None:
+def write_dataset(group, name: str, t: torch.Tensor) -> None:
     arr = to_numpy(t, copy=False)  # create_dataset copies the data into the file right away
     ds = group.create_dataset(name, data=arr)
     ds.attrs[DTYPE_ATTR] = dtype_name(t.dtype)
-    for k, v in attrs.items():
-        if v is not None:
-            ds.attrs[k] = v
 
 
 def read_dataset(ds) -> torch.Tensor:

@@ -41,7 +41,7 @@ class DumpWriter:
         self._updates: dict[int, Record] = {}  # de-duplicated records whose count changed
         self._encoded: dict[int, str] = {}  # seq -> JSON text, so dump.json re-encodes nothing
         self._stale: set[int] = set()  # records changed since they were encoded
-        self._tensors: list[tuple[str, torch.Tensor, dict]] = []  # (dataset path, data, attrs)
+        self._tensors: list[tuple[str, torch.Tensor]] = []  # (dataset path, data)
         self._segment = 0
         self._last_flush = time.monotonic()
         try:
@@ -70,7 +70,7 @@ class DumpWriter:
     def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
         """Queue a copy of ``t`` for the current segment; return its data reference."""
         path = f"r{record.seq}/{arg}"
-        self._tensors.append((path, t, {}))
+        self._tensors.append((path, t))
         return f"tensors-{self._segment:05d}.h5:{path}"
 
     def _maybe_flush(self) -> None:
@@ -90,8 +90,8 @@ class DumpWriter:
                 # own writes fail (full disk) h5py can crash the process instead of raising.
                 buffer = io.BytesIO()
                 with h5py.File(buffer, "w") as f:
-                    for path, t, attrs in self._tensors:
-                        write_dataset(f, path, t, **attrs)
+                    for path, t in self._tensors:
+                        write_dataset(f, path, t)
                 with open(tmp, "wb") as out:
                     out.write(buffer.getbuffer())
                 os.replace(tmp, self.folder / name)

@@ -294,8 +294,6 @@ class Renderer:
             self.random_inputs += 1
             return None
         t = self.dump.load_tensor(meta)
-        if t.numel() == meta.numel:
-            t = t.reshape(meta.shape)
         if tuple(t.shape) != tuple(meta.shape):
             raise GenerationError(f"{where}: saved tensor {meta.data!r} has shape {list(t.shape)}, "
                                   f"the record says {list(meta.shape)}")

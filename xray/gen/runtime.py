@@ -64,8 +64,6 @@ class OpCheck:
         self.seed = case_seed(seed, name)
         self.cpu_init = cpu_init or self.device.type == "cpu"
         self.on_row = on_row
-        self.rows: list[dict] = []
-        self.last: Comparison | None = None
         self._files: dict[str, h5py.File] = {}
 
     # -- inputs ------------------------------------------------------------------------------------
@@ -93,7 +91,6 @@ class OpCheck:
         meta = spec.meta()
         if spec.data is not None:
             data = self._load(spec.data)
-            data = data.reshape(meta.shape)  # 0-d tensors come back from HDF5 as 1-element arrays
         else:
             dev = "cpu" if self.cpu_init else self.device
             data = random_like_meta(meta, spec.dtype, gen, device=dev)
@@ -152,7 +149,6 @@ class OpCheck:
             self._row(op_name, None, ref_dtype, f"{len(dev_outs)} outputs vs {len(ref_outs)} in the reference")
             raise OpCheckFailed(f"{self.name}: output count differs from the reference")
         cmp = combine([compare(d, r, k) for d, r in zip(dev_outs, ref_outs)])
-        self.last = cmp
         self._row(op_name, cmp, ref_dtype, cmp.reason)
         if not cmp.is_pass:
             raise OpCheckFailed(f"{self.name} ({op_name} on {self.device}): {cmp.reason}")
@@ -160,7 +156,6 @@ class OpCheck:
 
     def _row(self, op_name: str, cmp: Comparison | None, ref_dtype: str, error: str) -> None:
         row = make_row(self.name, op_name, cmp, ref_dtype=ref_dtype, device=str(self.device), error=error)
-        self.rows.append(row)
         if self.on_row is not None:
             self.on_row(row)
 

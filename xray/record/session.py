@@ -40,10 +40,6 @@ class DumpSession:
         self.tracing = Tracing(self.recorder)
         self.started = time.perf_counter()
 
-    @property
-    def active(self) -> bool:
-        return self.tracing.active
-
     def start(self) -> None:
         self.tracing.start()
 
