@@ -62,12 +62,18 @@ class DumpConfig:
             X_DUMP_NUM = _env_int("X_DUMP_NUM", env["X_DUMP_NUM"])
         if dump_dir is None and "X_DUMP_DIR" in env:
             dump_dir = env["X_DUMP_DIR"]
-        debug = DebugFlags(DEFAULT_DEBUG if X_DEBUG is None else int(X_DEBUG))
-        dump_num = 5 if X_DUMP_NUM is None else int(X_DUMP_NUM)
-        if dump_num < 0:
-            raise ValueError(f"X_DUMP_NUM must be >= 0, got {dump_num}")
-        return cls(debug=debug, dedup=True if X_DEDUP is None else bool(X_DEDUP), dump_num=dump_num,
-                   dump_dir=Path(dump_dir if dump_dir is not None else "xray_debug"), **extra)
+        given = dict(extra)  # anything left None takes the dataclass default, spelled once above
+        if X_DEBUG is not None:
+            given["debug"] = DebugFlags(int(X_DEBUG))
+        if X_DEDUP is not None:
+            given["dedup"] = bool(X_DEDUP)
+        if X_DUMP_NUM is not None:
+            if int(X_DUMP_NUM) < 0:
+                raise ValueError(f"X_DUMP_NUM must be >= 0, got {X_DUMP_NUM}")
+            given["dump_num"] = int(X_DUMP_NUM)
+        if dump_dir is not None:
+            given["dump_dir"] = Path(dump_dir)
+        return cls(**given)
 
     def to_json(self) -> dict:
         return {"X_DEBUG": int(self.debug), "X_DEDUP": self.dedup, "X_DUMP_NUM": self.dump_num,

@@ -49,7 +49,7 @@ class _Features:
         self.path = np.array([code("p", e.path) for e in entries], dtype=np.int64)
         self.shape = np.array([code("s", e.shapes) for e in entries], dtype=np.int64)
         self.perm = np.array([code("q", tuple(tuple(sorted(s)) for s in e.shapes)) for e in entries], dtype=np.int64)
-        self.numel = np.array([code("n", tuple(int(np.prod(s)) for s in e.shapes)) for e in entries], dtype=np.int64)
+        self.numel = np.array([code("n", tuple(m.numel for _, m in e.outputs)) for e in entries], dtype=np.int64)
         self.dtype = np.array([code("d", e.dtypes) for e in entries], dtype=np.int64)
         self.module = np.array([e.kind == "module" for e in entries], dtype=bool)
         self.paths = [e.path for e in entries]
@@ -128,13 +128,12 @@ class Alignment:
 
 
 def align(bench: list[Entry], target: list[Entry]) -> Alignment:
-    keys_a = [anchor_key(e) + (e.op,) for e in bench]
-    keys_b = [anchor_key(e) + (e.op,) for e in target]
-    if keys_a == keys_b:  # same structure: nothing to search
-        return Alignment([(i, i) for i in range(len(bench))], len(bench))
+    anchors_a, anchors_b = [anchor_key(e) for e in bench], [anchor_key(e) for e in target]
+    if [k + (e.op,) for k, e in zip(anchors_a, bench)] == [k + (e.op,) for k, e in zip(anchors_b, target)]:
+        return Alignment([(i, i) for i in range(len(bench))], len(bench))  # same structure: nothing to search
     codes: dict = {}
     fa, fb = _Features(bench, codes), _Features(target, codes)
-    anchors = _anchors(bench, target, fa, fb)
+    anchors = _anchors(anchors_a, anchors_b)
     pairs: list[tuple[int, int]] = []
     prev = (-1, -1)
     for a in anchors + [(len(bench), len(target))]:
@@ -145,15 +144,15 @@ def align(bench: list[Entry], target: list[Entry]) -> Alignment:
     return Alignment(pairs, len(anchors))
 
 
-def _anchors(bench: list[Entry], target: list[Entry], fa: _Features, fb: _Features) -> list[tuple[int, int]]:
-    def unique(entries):
+def _anchors(keys_a: list[tuple], keys_b: list[tuple]) -> list[tuple[int, int]]:
+    """Entries whose anchor key is unique on both sides, matched, kept in increasing order."""
+    def unique(keys):
         seen: dict = {}
-        for e in entries:
-            k = anchor_key(e)
-            seen[k] = -1 if k in seen else e.pos
+        for pos, k in enumerate(keys):
+            seen[k] = -1 if k in seen else pos
         return {k: v for k, v in seen.items() if v >= 0}
 
-    ua, ub = unique(bench), unique(target)
+    ua, ub = unique(keys_a), unique(keys_b)
     # Equal anchor keys already mean same group, path, shapes and op: every candidate scores > 0.
     return _longest_increasing(sorted((i, ub[k]) for k, i in ua.items() if k in ub))
 

@@ -6,6 +6,7 @@ format ``xray.load_dump`` reads. Wrapper prefixes are stripped from module paths
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..dump.model import Record, TensorMeta
@@ -57,11 +58,11 @@ class Entry:
         r = self.record
         return (r.kind, r.direction, r.step)
 
-    @property
+    @cached_property  # read for every feature, anchor key and score: build it once
     def shapes(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(m.shape for _, m in self.outputs)
+        return tuple(tuple(m.shape) for _, m in self.outputs)
 
-    @property
+    @cached_property
     def dtypes(self) -> tuple[str, ...]:
         return tuple(m.dtype for _, m in self.outputs)
 
