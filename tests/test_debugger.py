@@ -335,3 +335,27 @@ def test_summary_csv_written_per_step_equals_xray_summary(tmp_path):
     written = (tmp_path / "d" / FILE.replace(".h5", "_summary.csv")).read_text()
     assert summary_main([str(tmp_path / "d" / FILE), str(tmp_path / "again.csv"), "--csv"]) == 0
     assert written == (tmp_path / "again.csv").read_text()
+
+
+def test_summary_csv_quotes_odd_module_names_like_csv_writer(tmp_path):
+    """Module names may hold commas, quotes and newlines (ModuleDict keys); the per-step CSV
+    formats most rows itself, so these rows must come out exactly as csv.writer writes them,
+    and a tensor without finite elements leaves its statistics cells empty."""
+    import pandas as pd
+    from xray.summary.cli import main as summary_main
+
+    odd = ['a,b', 'say "hi"', 'two\nlines', 'plain']
+    m = torch.nn.ModuleDict({k: torch.nn.Linear(2, 2) for k in odd})
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "d", model=m, task="statistics")
+    dbg.start()
+    with torch.no_grad():
+        for k in odd:
+            m[k](torch.full((1, 2), float("nan")) if k == "plain" else torch.ones(1, 2))
+    dbg.stop()
+    written = (tmp_path / "d" / FILE.replace(".h5", "_summary.csv")).read_text()
+    assert summary_main([str(tmp_path / "d" / FILE), str(tmp_path / "again.csv"), "--csv"]) == 0
+    assert written == (tmp_path / "again.csv").read_text()
+    table = pd.read_csv(tmp_path / "again.csv", keep_default_na=False)
+    assert [n.split(".Linear.")[0] for n in table["Module"][::4]] == odd  # input, weight, bias, output
+    nan_input = table[table["Module"] == "plain.Linear.0.forward_input.0"].iloc[0]
+    assert nan_input["Min"] == "" and nan_input["NaN"] == 2

@@ -42,17 +42,16 @@ class ModuleHooks:
         self._handles: list = []
         self._grad_handles: list = []
         self._params_hooked: set[int] = set()
-        self._info: dict[torch.nn.Module, tuple[str, str, tuple]] = {}
+        # Per module, resolved once: its path, class name and own parameter dict. The dict is
+        # the module's live ``_parameters``, so a parameter swapped between steps is seen (and
+        # named_parameters() per module per step was half of install()'s cost).
+        self._info = {m: (path, type(m).__name__, m._parameters) for m, path in self.paths.items()}
 
     def install(self, step: int) -> None:
         self.step = step
         self.calls.clear()
         self._bw_seq.clear()
         self._params_hooked.clear()
-        # Per module, resolved once per step rather than once per call: its path, class name
-        # and own parameters (user code may swap a parameter between steps, never within one).
-        self._info = {m: (path, type(m).__name__, tuple(m.named_parameters(recurse=False)))
-                      for m, path in self.paths.items()}
         for m in self._info:
             self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(m.register_forward_hook(self._post, with_kwargs=True))
@@ -89,7 +88,9 @@ class ModuleHooks:
                 capture(call, "forward_input", str(len(inputs)), t, keyword=keyword)
                 inputs.append(t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if grad_mode and t.requires_grad]
-        for name, p in params:
+        for name, p in params.items():
+            if p is None:  # Linear(bias=False) registers its bias as None
+                continue
             capture(call, "forward_params", name, p, param=True)
             if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
                 self._params_hooked.add(id(p))

@@ -39,19 +39,31 @@ OPTIONAL_COLUMNS = frozenset({"keyword"})
 _STR_COLUMNS = frozenset(n for n in INDEX_DTYPE.names if INDEX_DTYPE[n] == _STR)
 
 
+_STRING_TYPES: dict[int, np.dtype] = {}  # width -> h5py fixed-length UTF-8 dtype (~5 us to build)
+
+
+def _string_type(width: int) -> np.dtype:
+    t = _STRING_TYPES.get(width)
+    if t is None:
+        t = _STRING_TYPES[width] = h5py.string_dtype("utf-8", width)
+    return t
+
+
 def index_table(rows: list[tuple]) -> np.ndarray:
     """The index rows (tuples in INDEX_DTYPE's field order) as one structured array whose string
     columns are fixed-length UTF-8, each as wide as its longest cell."""
     if not rows:
         return np.array([], dtype=INDEX_DTYPE)
     fields, columns = [], []
-    for (name, dtype), column in zip(INDEX_DTYPE.descr, zip(*rows)):
+    for name, column in zip(INDEX_DTYPE.names, zip(*rows)):
         if name in _STR_COLUMNS:
-            column = np.array([c.encode("utf-8") for c in column], dtype=np.bytes_)
-            fields.append((name, h5py.string_dtype("utf-8", column.dtype.itemsize)))
+            try:  # numpy encodes ASCII itself, in one call
+                column = np.array(column, dtype=np.bytes_)
+            except UnicodeEncodeError:
+                column = np.array([c.encode("utf-8") for c in column], dtype=np.bytes_)
+            fields.append((name, _string_type(max(column.dtype.itemsize, 1))))
         else:
-            column = np.array(column, dtype=INDEX_DTYPE[name])
-            fields.append((name, column.dtype))
+            fields.append((name, INDEX_DTYPE[name]))
         columns.append(column)
     table = np.empty(len(rows), dtype=fields)
     for (name, _), column in zip(fields, columns):

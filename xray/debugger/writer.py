@@ -29,6 +29,24 @@ def _attr_value(v: Any) -> Any:
     return v
 
 
+# HDF5 types of index tables, by numpy dtype: a step's table usually has the widths of the last.
+_TABLE_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
+
+
+def _write_table(group: h5py.Group, name: str, table: np.ndarray) -> None:
+    """``group[name] = table``, through h5py's low-level API with the memory type equal to the
+    file type: HDF5 then copies the rows as they are. (create_dataset converted the 22-field
+    compound field by field: 0.8 ms a step against 0.15 ms.)"""
+    tid = _TABLE_TYPES.get(table.dtype)
+    if tid is None:
+        if len(_TABLE_TYPES) > 64:
+            _TABLE_TYPES.clear()
+        tid = _TABLE_TYPES[table.dtype] = h5py.h5t.py_create(table.dtype, logical=True)
+    dataset = h5py.h5d.create(group.id, name.encode(), tid, h5py.h5s.create_simple(table.shape))
+    if len(table):
+        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, table, mtype=tid)
+
+
 class DumpPathError(OSError):
     """The dump path cannot be written; the message names it."""
 
@@ -117,12 +135,12 @@ class ModuleDumpWriter:
             for step in sorted(self._touched):
                 g = f.require_group(step_group(step))
                 g.attrs["step"] = step
-                for name, data in ((INDEX, index_table(self.rows.get(step, []))),
-                                   (ATEN, np.array(self._aten.get(step, []), dtype=h5py.string_dtype()))):
+                for name in (INDEX, ATEN):
                     if name in g:
                         del g[name]
-                    if name == INDEX or len(data):
-                        g.create_dataset(name, data=data)
+                _write_table(g, INDEX, index_table(self.rows.get(step, [])))
+                if self._aten.get(step):
+                    g.create_dataset(ATEN, data=np.array(self._aten[step], dtype=h5py.string_dtype()))
             self._steps |= self._touched
             self._touched.clear()
             f.attrs["steps"] = json.dumps(sorted(self._steps))

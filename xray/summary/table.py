@@ -7,6 +7,7 @@ with their size.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -98,33 +99,51 @@ def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, 
     return n
 
 
+# A cell csv would quote (QUOTE_MINIMAL): only such rows go through csv.writer.
+_NEEDS_QUOTING = re.compile(r'[",\r\n]')
+
+
 def append_index_csv(index_rows: Iterable[tuple[int, tuple]], rank: int | None, path: str | os.PathLike,
                      start: int) -> int:
     """Append (step, module-index tuple) rows to a ``_summary.csv`` (creating it with its header
     when ``start`` is 0); returns the next row index. The cells are those of SummaryRow.cells,
     built straight from the tuples the debugger holds: a stop() must not pay for a read-back
-    (tests check the result equals ``xray-summary --csv``)."""
+    (tests check the result equals ``xray-summary --csv``).
+
+    Rows whose text cells need no quoting (nearly all) are formatted as csv.writer would format
+    them, in one f-string: csv.writer's per-cell work was 1.3 ms of a statistics-only step."""
     path = Path(path)
     rank_cell = _opt(rank)
     dims_of: dict[str, str] = {}  # "[2, 128, 256]" -> "2x128x256", formatted once per shape
     n = start
+    buffer = io.StringIO()  # the header and the rows that need quoting, in csv.writer's text
+    writer = csv.writer(buffer)
+    lines = []
+    if start == 0:
+        writer.writerow(CSV_COLUMNS)
+    for step, (_, name, _, _, _, direction, _, _, dtype, shape, _, _, mn, mx, mean, std, nan, posinf, neginf,
+               numel, data, *_) in index_rows:
+        dims = dims_of.get(shape)
+        if dims is None:
+            dims = dims_of[shape] = (shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape) \
+                or "scalar"
+        # NaN in the index means "no finite element": the CSV leaves the cell empty. (repr is
+        # what csv.writer writes for a float.)
+        mn, mx, mean, std = (repr(v) if v == v else "" for v in (mn, mx, mean, std))
+        if _NEEDS_QUOTING.search(name) or _NEEDS_QUOTING.search(data):
+            writer.writerow((n, step, rank_cell, name, dtype, dims, mn, mx, mean, std, nan, posinf, neginf, numel,
+                             direction, data))
+        else:
+            if buffer.tell():
+                lines.append(buffer.getvalue())
+                buffer.seek(0)
+                buffer.truncate()
+            lines.append(f"{n},{step},{rank_cell},{name},{dtype},{dims},{mn},{mx},{mean},{std},"
+                         f"{nan},{posinf},{neginf},{numel},{direction},{data}\r\n")
+        n += 1
+    lines.append(buffer.getvalue())
     with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        if start == 0:
-            w.writerow(CSV_COLUMNS)
-        out = []
-        for step, (_, name, _, _, _, direction, _, _, dtype, shape, _, _, mn, mx, mean, std, nan, posinf, neginf,
-                   numel, data, *_) in index_rows:
-            dims = dims_of.get(shape)
-            if dims is None:
-                dims = dims_of[shape] = (shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape) \
-                    or "scalar"
-            # NaN in the index means "no finite element": the CSV leaves the cell empty
-            out.append((n, step, rank_cell, name, dtype, dims, mn if mn == mn else "", mx if mx == mx else "",
-                        mean if mean == mean else "", std if std == std else "", nan, posinf, neginf, numel,
-                        direction, data))
-            n += 1
-        w.writerows(out)
+        f.write("".join(lines))
     return n
 
 
