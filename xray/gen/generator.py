@@ -24,7 +24,8 @@ import xray
 
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.tensorio import write_dataset
-from ..inputs import FACTORIES, MissingTensorError, UnknownOpError, resolve_op
+from ..inputs import FACTORIES, MissingTensorError, UnknownOpError, resolve_op, split_args
+from ..record.encode import op_info
 from .blacklist import Blacklist
 from .render import NotRebuildable, RenderError, audit, identifier, py_op, py_tensor, py_text, py_value
 
@@ -100,13 +101,12 @@ def signature(rec: Record) -> tuple:
 
 
 def classify(func: torch._ops.OpOverload, rec: Record) -> str:
-    schema = func._schema
-    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if any(a.kwarg_only for a in written):
+    info = op_info(func)
+    if any(a.kwarg_only for a in func._schema.arguments if a.name in info.mutates):
         return "out"
-    if written:
+    if info.mutates:
         return "inplace"
-    if len(schema.returns) > 1:
+    if info.returns > 1:
         return "multi_output"
     if any(isinstance(v, list) and any(isinstance(x, TensorMeta) for x in v) for v in rec.inputs.values()):
         return "tensor_list"
@@ -232,15 +232,13 @@ class Renderer:
         if unknown:
             raise GenerationError(f"{where}: arguments {[str(u)[:40] for u in unknown]} are not in the schema "
                                   f"of {rec.op}")
-        written = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        written = op_info(func).mutates
         out_only = case.kind == "out"
         assigns: list[tuple[str, str]] = []
         lists: list[tuple[str, list[str]]] = []
-        call: list[str] = [py_op(rec.op)]
-        positional = True
-        for a in func._schema.arguments:  # schema order, like xray.inputs.build_call
+        sources: dict[str, str] = {}
+        for a in func._schema.arguments:  # schema order: assignments and data files follow it
             if a.name not in rec.inputs:
-                positional = False
                 continue
             value = rec.inputs[a.name]
             var = identifier(a.name)
@@ -265,12 +263,14 @@ class Renderer:
                 raise
             except (RenderError, ValueError) as e:
                 raise GenerationError(f"{where}, argument {a.name!r}: {e}") from None
-            if positional and not a.kwarg_only:
-                call.append(arg_src)
-            elif var != a.name:  # a Python keyword as argument name: pass it through a dict
-                call.append(f"**{{{py_text(a.name)}: {arg_src}}}")
+            sources[a.name] = arg_src
+        args, kwargs = split_args(func, sources, where)  # the same call shape as xray.inputs.build_call
+        call = [py_op(rec.op), *args]
+        for name, arg_src in kwargs.items():
+            if identifier(name) != name:  # a Python keyword as argument name: pass it through a dict
+                call.append(f"**{{{py_text(name)}: {arg_src}}}")
             else:
-                call.append(f"{a.name}={arg_src}")
+                call.append(f"{name}={arg_src}")
         module = rec.module if rec.module is not None else "<no module>"
         doc = py_text(f"{rec.op}: {case.calls} call(s) in {case.records} record(s); first seq {rec.seq}; "
                       f"{rec.direction}; module {module}", 300)

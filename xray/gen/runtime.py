@@ -19,6 +19,7 @@ import torch
 from ..dump.model import Stats, TensorMeta
 from ..dump.tensorio import dtype_name, read_dataset
 from ..inputs import place, random_like_meta
+from ..record.encode import op_info
 from .columns import make_row
 from .reference import Comparison, combine, compare, reduction_size, to_cpu, upcast
 
@@ -183,11 +184,10 @@ def _for_reference(args: list, kwargs: dict, convert: Callable[[Any], Any]) -> t
 
 def _written(op: torch._ops.OpOverload, args: list, kwargs: dict) -> list:
     """The arguments ``op`` writes (schema ``Tensor(a!)``), flattened, after the call."""
-    names = [a.name for a in op._schema.arguments]
-    bound = dict(zip(names, args))
+    info = op_info(op)
+    bound = dict(zip(info.arg_names, args))
     bound.update(kwargs)
-    written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    return _flat([bound[n] for n in written if n in bound])
+    return _flat([bound[n] for n in info.mutates if n in bound])
 
 
 __all__ = ["T", "OpCheck", "OpCheckFailed", "case_seed"]

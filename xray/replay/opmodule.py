@@ -18,6 +18,7 @@ import torch
 
 from ..backends.base import flatten_tensors
 from ..dump.model import Record, iter_tensors
+from ..record.encode import op_info
 
 
 class _Slot:
@@ -104,8 +105,7 @@ def op_module(op: torch._ops.OpOverload, args: tuple, kwargs: dict, constant: li
     flags = list(constant or [])
     a = tuple(_templatize(v, tensors, every, flags, consts) for v in args)
     k = {name: _templatize(v, tensors, every, flags, consts) for name, v in kwargs.items()}
-    mutates = {arg.name for arg in op._schema.arguments if arg.alias_info is not None and arg.alias_info.is_write}
-    return OpModule(op, a, k, mutates, consts), tuple(tensors), tuple(every)
+    return OpModule(op, a, k, set(op_info(op).mutates), consts), tuple(tensors), tuple(every)
 
 
 def parameter_flags(record: Record, op: torch._ops.OpOverload) -> list[bool]:
