@@ -158,3 +158,49 @@ def test_export_cache_never_shares_baked_in_weights(tmp_path):
     result = replay_dump(d.folder, cfg)
     rows = [r for r in result.rows if r.backend == "onnxrt-cpu"]
     assert [Status(r.status) for r in rows] == [Status.OK, Status.OK], [(r.seq, r.error) for r in rows]
+
+
+def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
+    """The parent checks every record without reading tensor data (each worker loads its own
+    inputs): a missing dataset is still skipped with the parent's message, and data that only
+    fails when read is reported in the record's row."""
+    import h5py
+
+    from xray.dump.reader import TraceDump
+
+    with xray.dump(X_DEDUP=False, X_DUMP_NUM=10, dump_dir=tmp_path / "dump") as d:
+        x = torch.randn(3, 5)
+        torch.exp(x), torch.neg(x + 1), torch.sin(x * 2)
+    dump = xray.load_dump(d.folder)
+    rec = {r.op: r for r in dump.records}
+    exp, neg, sin = rec["aten.exp.default"], rec["aten.neg.default"], rec["aten.sin.default"]
+    dump.close()
+
+    def tamper(meta, unreadable: bool) -> None:
+        fname, _, path = meta.data.partition(":")
+        with h5py.File(d.folder / fname, "r+") as f:
+            shape, dtype, attrs = f[path].shape, f[path].dtype, dict(f[path].attrs)
+            del f[path]
+            if unreadable:  # header intact, data in an external file that does not exist
+                ds = f.create_dataset(path, shape=shape, dtype=dtype,
+                                      external=[(str(tmp_path / "gone.bin"), 0, h5py.h5f.UNLIMITED)])
+                ds.attrs.update(attrs)
+
+    tamper(exp.inputs["self"], unreadable=False)
+    tamper(neg.inputs["self"], unreadable=True)
+    loads = []
+    real_load = TraceDump.load_tensor
+    monkeypatch.setattr(TraceDump, "load_tensor", lambda self, meta: loads.append(meta) or real_load(self, meta))
+    cfg = ReplayConfig(backends=[], out=tmp_path / "out", factory="load", dedup=False, repeats=0, progress=False,
+                       seqs=[exp.seq, neg.seq, sin.seq])
+    result = replay_dump(d.folder, cfg)
+
+    assert loads == [], "the parent read tensor data"
+    [(skipped, why)] = result.skipped
+    assert skipped.seq == exp.seq
+    assert why.startswith(f"MissingTensorError: record seq={exp.seq} (aten.exp.default), argument 'self': "
+                          "tensor [3, 5] float32 was not saved") and "--factory random" in why
+    assert result.status(sin.seq, "torch-cpu") == Status.OK
+    assert result.status(neg.seq, "torch-cpu") == Status.EXPORT_FAIL
+    row = next(r for r in result.rows if r.seq == neg.seq)
+    assert row.error.startswith("cannot rebuild the call: OSError") and "external raw data file" in row.error

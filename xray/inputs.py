@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .dump.model import Record, Scalar, TensorMeta
-from .dump.tensorio import dtype_from_name
+from .dump.tensorio import dtype_from_name, stored_dtype_name
 
 FACTORIES = ("load", "random", "auto")
 
@@ -80,14 +80,23 @@ def materialize_value(value: Any, dump: Any, *, factory: str = "load", generator
     Recorded ``device`` arguments are mapped to the target ``device``: a test rebuilt for
     another machine must allocate there, not on the recording machine's device.
     """
+    _check_factory(factory)
+    return _walk(value, lambda meta: _tensor(meta, dump, factory, generator, torch.device(device)), device)
+
+
+def _check_factory(factory: str) -> None:
     if factory not in FACTORIES:
         raise ValueError(f"unknown factory {factory!r}; use one of {', '.join(FACTORIES)}")
+
+
+def _walk(value: Any, tensor: Callable[[TensorMeta], Any], device: str | torch.device) -> Any:
+    """``value`` with each TensorMeta replaced by ``tensor(meta)`` and each Scalar made live."""
     if isinstance(value, TensorMeta):
-        return _tensor(value, dump, factory, generator, torch.device(device))
+        return tensor(value)
     if isinstance(value, Scalar):
         return scalar_value(value, device)
     if isinstance(value, (list, tuple)):
-        return [materialize_value(v, dump, factory=factory, generator=generator, device=device) for v in value]
+        return [_walk(v, tensor, device) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise UnsupportedValueError(f"cannot rebuild value of type {type(value).__name__}")
@@ -143,6 +152,25 @@ def _check_meta(meta: TensorMeta) -> torch.dtype:
 
 def _tensor(meta: TensorMeta, dump: Any, factory: str, generator: torch.Generator | None,
             device: torch.device) -> torch.Tensor:
+    dtype, saved = _source(meta, dump, factory)
+    if saved:
+        data = dump.load_tensor(meta)
+        _check_saved(meta, dtype, data.shape, data.dtype)
+    else:
+        data = random_like_meta(meta, dtype, generator)
+    return place(data, meta.stride, device)
+
+
+def _check_tensor(meta: TensorMeta, dump: Any, factory: str) -> None:
+    """``_tensor``'s checks, with the saved data's shape and dtype taken from its dataset header."""
+    dtype, saved = _source(meta, dump, factory)
+    if saved:
+        ds = dump.dataset(meta)
+        _check_saved(meta, dtype, ds.shape, dtype_from_name(stored_dtype_name(ds)))
+
+
+def _source(meta: TensorMeta, dump: Any, factory: str) -> tuple[torch.dtype, bool]:
+    """The tensor's validated dtype, and whether its data is loaded from the dump (else random)."""
     dtype = _check_meta(meta)
     saved = dump is not None and meta.data is not None and dump.has_data(meta)
     if factory == "load" and not saved:
@@ -150,14 +178,13 @@ def _tensor(meta: TensorMeta, dump: Any, factory: str, generator: torch.Generato
         raise MissingTensorError(
             f"tensor {list(meta.shape)} {meta.dtype} was not saved ({where}); "
             "use --factory random to regenerate it from its statistics (or record with a larger X_DUMP_NUM)")
-    if saved and factory != "random":
-        data = dump.load_tensor(meta)
-        if tuple(data.shape) != tuple(meta.shape) or data.dtype != dtype:
-            raise ValueError(f"saved tensor {meta.data!r} is {tuple(data.shape)} {data.dtype}, "
-                             f"but the record says {tuple(meta.shape)} {meta.dtype}")
-    else:
-        data = random_like_meta(meta, dtype, generator)
-    return place(data, meta.stride, device)
+    return dtype, saved and factory != "random"
+
+
+def _check_saved(meta: TensorMeta, dtype: torch.dtype, shape: tuple[int, ...], saved_dtype: torch.dtype) -> None:
+    if tuple(shape) != tuple(meta.shape) or saved_dtype != dtype:
+        raise ValueError(f"saved tensor {meta.data!r} is {tuple(shape)} {saved_dtype}, "
+                         f"but the record says {tuple(meta.shape)} {meta.dtype}")
 
 
 def random_like_meta(meta: TensorMeta, dtype: torch.dtype, generator: torch.Generator | None,
@@ -247,15 +274,34 @@ def split_args(func: torch._ops.OpOverload, values: dict[str, Any], where: str =
 def build_call(record: Record, dump: Any, *, factory: str = "auto", seed: int = 0,
                device: str | torch.device = "cpu") -> tuple[torch._ops.OpOverload, tuple, dict]:
     """(op, args, kwargs) to re-run ``record``; the same seed gives the same inputs on any device."""
-    func = resolve_op(record.op)
     gen = torch.Generator().manual_seed(int(seed))
+    return _call(record, lambda v: materialize_value(v, dump, factory=factory, generator=gen, device=device))
+
+
+def check_call(record: Record, dump: Any, *, factory: str = "auto") -> None:
+    """Raise what ``build_call`` would for ``record``, without reading or generating tensor data.
+
+    Lets a caller vet many records cheaply and leave materializing to whoever runs them; only
+    faults in the data itself (an unreadable dataset, statistics that random generation rejects)
+    are left for ``build_call`` to raise.
+    """
+    def check(value: Any) -> None:
+        _check_factory(factory)
+        _walk(value, lambda meta: _check_tensor(meta, dump, factory), "cpu")
+
+    _call(record, check)
+
+
+def _call(record: Record, convert: Callable[[Any], Any]) -> tuple[torch._ops.OpOverload, tuple, dict]:
+    """Resolve ``record``'s op and convert its inputs in schema order (random materialization
+    consumes the generator in that order); errors name the record and argument."""
+    func = resolve_op(record.op)
     where = f"record seq={record.seq} ({record.op})"
     values = {}
-    for a in func._schema.arguments:  # schema order: materialization consumes the generator in order
+    for a in func._schema.arguments:
         if a.name in record.inputs:
             try:
-                values[a.name] = materialize_value(record.inputs[a.name], dump, factory=factory,
-                                                   generator=gen, device=device)
+                values[a.name] = convert(record.inputs[a.name])
             except MissingTensorError as e:
                 raise MissingTensorError(f"{where}, argument {a.name!r}: {e}") from None
             except ValueError as e:

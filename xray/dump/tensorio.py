@@ -66,11 +66,17 @@ def write_dataset(group, name: str, t: torch.Tensor) -> None:
     ds.attrs[DTYPE_ATTR] = dtype_name(t.dtype)
 
 
-def read_dataset(ds) -> torch.Tensor:
+def stored_dtype_name(ds) -> str:
+    """The torch dtype name ``read_dataset`` gives ``ds``, from its header alone (no data read)."""
     name = ds.attrs.get(DTYPE_ATTR)
     if isinstance(name, bytes):
         name = name.decode()
+    return name or str(ds.dtype)
+
+
+def read_dataset(ds) -> torch.Tensor:
+    name = stored_dtype_name(ds)
     arr = ds[()]
     if not isinstance(arr, np.ndarray):
         arr = np.asarray(arr)
-    return from_numpy(arr, name or str(arr.dtype))
+    return from_numpy(arr, name)

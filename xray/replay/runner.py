@@ -96,16 +96,17 @@ def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
 
 
 def check_inputs(record: Record, dump: Any, cfg: ReplayConfig) -> str | None:
-    """Why the record's inputs cannot be rebuilt, or None. Cheap: runs in the parent."""
+    """Why the record's inputs cannot be rebuilt, or None. Runs in the parent for every record, so
+    it reads no tensor data: each worker loads the inputs of its own jobs."""
     metas = [m for _, m in record.input_tensors()]
     if metas and all(m.stats is None and not (m.data and dump.has_data(m)) for m in metas):
         return "no saved tensors and no statistics for its inputs (record with X_DEBUG STATS or X_DUMP_NUM > 0)"
     if record.kind == "module":
         return None
-    from ..inputs import build_call
+    from ..inputs import check_call
 
     try:
-        build_call(record, dump, factory=cfg.factory, seed=cfg.seed)
+        check_call(record, dump, factory=cfg.factory)
     except Exception as e:  # noqa: BLE001 - the message is the reason to skip
         return f"{type(e).__name__}: {e}"
     return None
