@@ -1,0 +1,209 @@
+/* xray.dump._moments: min, max, sum and sum of squares of a contiguous CPU buffer in ONE pass.
+ *
+ * Why it exists: tensor_stats (xray/dump/stats.py) runs on every recorded tensor. Through torch
+ * it takes three reductions (aminmax, dot, sum) and four .item() calls, i.e. three passes over
+ * memory plus dispatcher overhead; this reads the memory once and returns all four numbers.
+ *
+ * NaN/Inf are not counted here. Any non-finite element makes the sum NaN or +-Inf (Inf + finite
+ * is Inf, Inf - Inf and NaN + x are NaN), so the caller sees it and takes its exact slow path.
+ * A large but finite tensor may overflow sum/sumsq too; the slow path is then merely slower.
+ *
+ * Vectorisation uses GCC/Clang vector extensions with two accumulators per statistic: 16-byte
+ * vectors by default (SSE2 on x86-64, NEON on arm64) and a 32-byte copy compiled for AVX2,
+ * picked at import with __builtin_cpu_supports. Never compile the 32-byte kernels without AVX:
+ * GCC then emulates them through the stack, several times slower than torch. Other compilers
+ * get the plain C loop. float32/bfloat16 lanes sum in float32 and are flushed into doubles every
+ * CHUNK steps (at most 2*CHUNK terms per float partial sum); float64 sums in double.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { KIND_FLOAT32, KIND_FLOAT64, KIND_BFLOAT16, NKINDS };
+
+typedef struct { double min, max, sum, sumsq; } moments_t;
+typedef void (*kernel_t)(const void *, size_t, moments_t *);
+
+static float bf16_to_float(uint16_t bits) {
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Plain C: the tail after the vector loop, and the whole job on other compilers. */
+#define SCALAR_KERNEL(NAME, ELEM, TO_DOUBLE)                                                   \
+    static void NAME(const void *data, size_t n, moments_t *r) {                              \
+        const ELEM *p = (const ELEM *)data;                                                    \
+        double lo = r->min, hi = r->max, s = r->sum, q = r->sumsq;                             \
+        for (size_t i = 0; i < n; i++) {                                                       \
+            ELEM e;                                                                            \
+            memcpy(&e, p + i, sizeof e);                                                       \
+            double x = TO_DOUBLE(e);                                                           \
+            lo = x < lo ? x : lo;                                                              \
+            hi = x > hi ? x : hi;                                                              \
+            s += x;                                                                            \
+            q += x * x;                                                                        \
+        }                                                                                      \
+        r->min = lo, r->max = hi, r->sum = s, r->sumsq = q;                                    \
+    }
+#define AS_DOUBLE(e) ((double)(e))
+#define BF16_AS_DOUBLE(e) ((double)bf16_to_float(e))
+SCALAR_KERNEL(scalar_f32, float, AS_DOUBLE)
+SCALAR_KERNEL(scalar_f64, double, AS_DOUBLE)
+SCALAR_KERNEL(scalar_bf16, uint16_t, BF16_AS_DOUBLE)
+static const kernel_t scalar_kernels[NKINDS] = {scalar_f32, scalar_f64, scalar_bf16};
+
+/* 16-byte vectors are native on SSE2 (every x86-64) and NEON; elsewhere GCC would emulate them. */
+#if (defined(__GNUC__) || defined(__clang__)) && \
+    (defined(__SSE2__) || defined(__ARM_NEON) || defined(__aarch64__))
+#define HAVE_VECTORS 1
+#define CHUNK 64 /* vector steps between flushes of the float32 partial sums into double */
+
+/* One vector step loads two vectors x0, x1 of lanes (STEP elements). bfloat16 reinterprets
+ * VB bytes as uint32 pairs: the low halves shifted up and the high halves masked are both
+ * exact float32 values (in a different order, which min/max/sums ignore). */
+#define LOAD_PLAIN(x0, x1, q)                                                                  \
+    (memcpy(&x0, (q), sizeof x0), memcpy(&x1, (q) + L, sizeof x1))
+#define LOAD_BF16(x0, x1, q)                                                                   \
+    do {                                                                                       \
+        W w_;                                                                                  \
+        memcpy(&w_, (q), sizeof w_);                                                           \
+        x0 = (V)(w_ << 16);                                                                    \
+        x1 = (V)(w_ & 0xFFFF0000u);                                                            \
+    } while (0)
+
+/* Elementwise x < m ? x : m without a vector ternary (C has none): a bitwise blend. */
+#define SELECT(mask, a, b)                                                                     \
+    ((__typeof__(a))(((mask) & (__typeof__(mask))(a)) | (~(mask) & (__typeof__(mask))(b))))
+#define BLEND_MIN(x, m) SELECT((x) < (m), x, m)
+#define BLEND_MAX(x, m) SELECT((x) > (m), x, m)
+
+#define VECTOR_KERNEL(NAME, ATTR, ELEM, LANE, VB, LOAD, VMIN, VMAX, TAIL)                      \
+    ATTR static void NAME(const void *data, size_t n, moments_t *r) {                         \
+        typedef LANE V __attribute__((vector_size(VB)));                                       \
+        typedef uint32_t W __attribute__((vector_size(VB), unused));                           \
+        enum { L = VB / sizeof(LANE), STEP = 2 * L };                                          \
+        const ELEM *p = (const ELEM *)data;                                                    \
+        const size_t steps = n / STEP;                                                         \
+        V mn0 = (V){0} + (LANE)INFINITY, mn1 = mn0, mx0 = -mn0, mx1 = mx0;                     \
+        double S[L], Q[L];                                                                     \
+        for (int l = 0; l < L; l++) S[l] = Q[l] = 0.0;                                         \
+        for (size_t done = 0; done < steps;) {                                                 \
+            size_t end = steps - done < CHUNK ? steps : done + CHUNK;                          \
+            V s0 = {0}, s1 = {0}, q0 = {0}, q1 = {0};                                          \
+            for (; done < end; done++) {                                                       \
+                V x0, x1;                                                                      \
+                LOAD(x0, x1, p + done * STEP);                                                 \
+                mn0 = VMIN(x0, mn0), mn1 = VMIN(x1, mn1);                                      \
+                mx0 = VMAX(x0, mx0), mx1 = VMAX(x1, mx1);                                      \
+                s0 += x0, s1 += x1;                                                            \
+                q0 += x0 * x0, q1 += x1 * x1;                                                  \
+            }                                                                                  \
+            s0 += s1, q0 += q1;                                                                \
+            for (int l = 0; l < L; l++) S[l] += s0[l], Q[l] += q0[l];                          \
+        }                                                                                      \
+        double lo = r->min, hi = r->max;                                                       \
+        for (int l = 0; l < L; l++) {                                                          \
+            lo = mn0[l] < lo ? mn0[l] : lo, lo = mn1[l] < lo ? mn1[l] : lo;                    \
+            hi = mx0[l] > hi ? mx0[l] : hi, hi = mx1[l] > hi ? mx1[l] : hi;                    \
+            r->sum += S[l], r->sumsq += Q[l];                                                  \
+        }                                                                                      \
+        r->min = lo, r->max = hi;                                                              \
+        TAIL(p + steps * STEP, n - steps * STEP, r);                                           \
+    }
+
+#if defined(__SSE2__) /* every x86-64 */
+#include <immintrin.h> /* min/max intrinsics: one instruction instead of a 4-op blend */
+#define MIN_F32 _mm_min_ps
+#define MAX_F32 _mm_max_ps
+#define MIN_F64 _mm_min_pd
+#define MAX_F64 _mm_max_pd
+#ifndef XRAY_NO_AVX2 /* defined only to benchmark the 16-byte kernels on an AVX2 machine */
+#define DISPATCH_AVX2 1
+#define AVX2 __attribute__((target("avx2")))
+VECTOR_KERNEL(avx2_f32, AVX2, float, float, 32, LOAD_PLAIN, _mm256_min_ps, _mm256_max_ps, scalar_f32)
+VECTOR_KERNEL(avx2_f64, AVX2, double, double, 32, LOAD_PLAIN, _mm256_min_pd, _mm256_max_pd, scalar_f64)
+VECTOR_KERNEL(avx2_bf16, AVX2, uint16_t, float, 32, LOAD_BF16, _mm256_min_ps, _mm256_max_ps, scalar_bf16)
+static const kernel_t avx2_kernels[NKINDS] = {avx2_f32, avx2_f64, avx2_bf16};
+#endif
+#else
+#define MIN_F32 BLEND_MIN
+#define MAX_F32 BLEND_MAX
+#define MIN_F64 BLEND_MIN
+#define MAX_F64 BLEND_MAX
+#endif
+
+VECTOR_KERNEL(v16_f32, , float, float, 16, LOAD_PLAIN, MIN_F32, MAX_F32, scalar_f32)
+VECTOR_KERNEL(v16_f64, , double, double, 16, LOAD_PLAIN, MIN_F64, MAX_F64, scalar_f64)
+VECTOR_KERNEL(v16_bf16, , uint16_t, float, 16, LOAD_BF16, MIN_F32, MAX_F32, scalar_bf16)
+static const kernel_t v16_kernels[NKINDS] = {v16_f32, v16_f64, v16_bf16};
+#endif /* HAVE_VECTORS */
+
+static const kernel_t *kernels = scalar_kernels;
+
+static PyObject *moments(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "moments(address, n, kind) takes 3 arguments");
+        return NULL;
+    }
+    const void *p = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long kind = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (p == NULL || n <= 0 || kind < 0 || kind >= NKINDS) {
+        PyErr_SetString(PyExc_ValueError, "moments: need a non-null address, n > 0, a known kind");
+        return NULL;
+    }
+    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+    kernel_t kernel = kernels[kind];
+    Py_BEGIN_ALLOW_THREADS
+    kernel(p, (size_t)n, &r);
+    Py_END_ALLOW_THREADS
+    PyObject *out = PyTuple_New(4);
+    double v[4] = {r.min, r.max, r.sum, r.sumsq};
+    for (int i = 0; out != NULL && i < 4; i++) {
+        PyObject *f = PyFloat_FromDouble(v[i]);
+        if (f == NULL)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, i, f);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"moments", (PyCFunction)(void (*)(void))moments, METH_FASTCALL,
+     "moments(address, n, kind) -> (min, max, sum, sumsq) of n contiguous elements at the raw\n"
+     "address (tensor.data_ptr()); kind is FLOAT32, FLOAT64 or BFLOAT16. The caller keeps the\n"
+     "memory alive. NaN/Inf are not counted: any makes sum non-finite."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_moments", .m_size = -1, .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__moments(void) {
+    const char *isa = "scalar";
+#ifdef HAVE_VECTORS
+    kernels = v16_kernels, isa = "vec16";
+#endif
+#ifdef DISPATCH_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        kernels = avx2_kernels, isa = "avx2";
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL || PyModule_AddStringConstant(m, "ISA", isa) < 0 ||
+        PyModule_AddIntConstant(m, "FLOAT32", KIND_FLOAT32) < 0 ||
+        PyModule_AddIntConstant(m, "FLOAT64", KIND_FLOAT64) < 0 ||
+        PyModule_AddIntConstant(m, "BFLOAT16", KIND_BFLOAT16) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
+}
