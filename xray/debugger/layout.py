@@ -49,6 +49,24 @@ def _string_type(width: int) -> np.dtype:
     return t
 
 
+# The last table's encoded string columns, by column name: (cells, encoded array). A module
+# dump's steps repeat the same names, classes, shapes... so a step usually re-uses every string
+# column of the one before (a tuple comparison) instead of encoding it again.
+_ENCODED: dict[str, tuple[tuple, np.ndarray]] = {}
+
+
+def _encode(name: str, cells: tuple) -> np.ndarray:
+    hit = _ENCODED.get(name)
+    if hit is not None and hit[0] == cells:
+        return hit[1]
+    try:  # numpy encodes ASCII itself, in one call
+        column = np.array(cells, dtype=np.bytes_)
+    except UnicodeEncodeError:
+        column = np.array([c.encode("utf-8") for c in cells], dtype=np.bytes_)
+    _ENCODED[name] = (cells, column)
+    return column
+
+
 def index_table(rows: list[tuple]) -> np.ndarray:
     """The index rows (tuples in INDEX_DTYPE's field order) as one structured array whose string
     columns are fixed-length UTF-8, each as wide as its longest cell."""
@@ -57,10 +75,7 @@ def index_table(rows: list[tuple]) -> np.ndarray:
     fields, columns = [], []
     for name, column in zip(INDEX_DTYPE.names, zip(*rows)):
         if name in _STR_COLUMNS:
-            try:  # numpy encodes ASCII itself, in one call
-                column = np.array(column, dtype=np.bytes_)
-            except UnicodeEncodeError:
-                column = np.array([c.encode("utf-8") for c in column], dtype=np.bytes_)
+            column = _encode(name, column)
             fields.append((name, _string_type(max(column.dtype.itemsize, 1))))
         else:
             fields.append((name, INDEX_DTYPE[name]))
