@@ -123,6 +123,42 @@ def test_steps_and_ranks_select_what_is_dumped(tmp_path, monkeypatch):
         assert dump.header["global_rank"] == 1 and dump.records
 
 
+def _hook_count(m: torch.nn.Module) -> int:
+    return sum(len(x._forward_hooks) + len(x._forward_pre_hooks) for x in m.modules())
+
+
+def test_hooks_stay_inert_between_selected_steps_and_go_after_the_last(tmp_path):
+    m, ids = _llama(), token_batch()
+    with torch.no_grad():
+        expected = m(ids).logits
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "a", model=m, step="0-1", task="statistics")
+    with torch.no_grad():
+        dbg.start(); m(ids); dbg.stop()
+        # step 1 is selected: hooks stay registered, but a forward between steps records nothing
+        assert _hook_count(m) == 2 * len(list(m.modules()))
+        rows = len(dbg._writer.rows[0])
+        assert torch.equal(m(ids).logits, expected)
+        assert len(dbg._writer.rows[0]) == rows
+        dbg.step()
+        dbg.start(); m(ids); dbg.stop()
+        assert _hook_count(m) == 0  # the last selected step: nothing left on the model
+        dbg.step()
+    with read_module_dump(tmp_path / "a" / FILE) as dump:
+        assert dump.steps == [0, 1]
+        per_step = [sum(1 for r in dump.rows(s)) for s in (0, 1)]
+        assert per_step[0] == per_step[1] == rows
+    # Every step selected (the default): close() and a with-block take the hooks off.
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "b", model=m, task="statistics")
+    with torch.no_grad():
+        dbg.start(); m(ids); dbg.stop(); dbg.step()
+        assert _hook_count(m) > 0
+        dbg.close()
+        assert _hook_count(m) == 0
+        with xray.PrecisionDebugger(dump_path=tmp_path / "c", model=m, task="statistics"):
+            m(ids)
+    assert _hook_count(m) == 0
+
+
 def _train_step(m, ids, dbg=None):
     m.zero_grad(set_to_none=True)
     if dbg:

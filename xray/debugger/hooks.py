@@ -41,29 +41,49 @@ class ModuleHooks:
         self._bw_seq: dict[tuple[str, int], int] = {}
         self._handles: list = []
         self._grad_handles: list = []
+        self.active = False
         self._params_hooked: set[int] = set()
         # Per module, resolved once: its path, class name and own parameter dict. The dict is
         # the module's live ``_parameters``, so a parameter swapped between steps is seen (and
         # named_parameters() per module per step was half of install()'s cost).
         self._info = {m: (path, type(m).__name__, m._parameters) for m, path in self.paths.items()}
 
+    @property
+    def installed(self) -> bool:
+        return bool(self._handles)
+
     def install(self, step: int) -> None:
+        """Capture ``step`` from now on (the module hooks are registered unless still there)."""
         self.step = step
         self.calls.clear()
         self._bw_seq.clear()
         self._params_hooked.clear()
-        for m in self._info:
-            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(m.register_forward_hook(self._post, with_kwargs=True))
+        if not self._handles:
+            for m in self._info:
+                self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+                self._handles.append(m.register_forward_hook(self._post, with_kwargs=True))
+        self.active = True
+
+    def deactivate(self) -> None:
+        """Stop capturing but leave the module hooks registered, inert (they return at once),
+        for the next selected step: registering and removing 2 hooks per module cost ~0.8 ms a
+        step on a 4-layer Llama. Gradient hooks on tensors and parameters always go."""
+        self.active = False
+        for h in self._grad_handles:
+            h.remove()
+        self._grad_handles = []
+        self._stack.clear()
 
     def remove(self) -> None:
-        for h in self._handles + self._grad_handles:
+        self.deactivate()
+        for h in self._handles:
             h.remove()
-        self._handles, self._grad_handles = [], []
-        self._stack.clear()
+        self._handles = []
 
     # -- forward -------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict):
+        if not self.active:
+            return None
         try:
             with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 self._enter(module, args, kwargs)
@@ -98,6 +118,8 @@ class ModuleHooks:
         self._stack.append((module, call, grad_inputs))
 
     def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
+        if not self.active:
+            return None
         # Pop back to this module even if an inner module raised and never ran its own hook.
         while self._stack and self._stack[-1][0] is not module:
             self._stack.pop()
