@@ -7,10 +7,11 @@ throughput beside the disk's sequential write speed (a same-size numpy buffer wr
 fsync into the same folder).
 
 The ratio falls with width: the debugger's cost has a fixed part per module call and per step
-(hooks, index rows, the file's index and CSV: ~5 ms for this model's 58 calls) and a part that
-grows with the activations (three reduction passes over each distinct tensor), while the
-forward grows with activations times hidden size. At hidden 256 the fixed part alone is ~0.3x
-of eager, so that width stays above 1.3x.
+(hooks, 181 index rows, the file's index and CSV: ~5-6 ms for this model's 58 calls, measured
+in place) and a part that grows with the activations (one native statistics pass over each
+distinct tensor, ~1.7 ms at hidden 256), while the forward grows with activations times hidden
+size. At hidden 256 the fixed part alone is ~0.25x of eager, so that width sits at the 1.3x
+line and the wider ones well below it.
 
     python tools/bench_debugger.py [--iters 10] [--widths 256 512 768] [--dir /tmp/xray-bench]
 """
