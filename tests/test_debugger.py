@@ -373,6 +373,23 @@ def test_summary_csv_written_per_step_equals_xray_summary(tmp_path):
     assert written == (tmp_path / "again.csv").read_text()
 
 
+def test_summary_csv_keeps_the_sign_of_zero(tmp_path):
+    """The CSV formats each distinct (min, max, mean, std) once; -0.0 equals 0.0 as a key, yet
+    a tensor of -0.0 must read "-0" and one of +0.0 "0", exactly as xray-summary writes them."""
+    from xray.summary.cli import main as summary_main
+
+    m = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity())
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "d", model=m, task="statistics")
+    dbg.start()
+    m(torch.zeros(3))
+    m(torch.full((3,), -0.0))
+    dbg.stop()
+    written = (tmp_path / "d" / FILE.replace(".h5", "_summary.csv")).read_text()
+    assert summary_main([str(tmp_path / "d" / FILE), str(tmp_path / "again.csv"), "--csv"]) == 0
+    assert written == (tmp_path / "again.csv").read_text()
+    assert ",-0,-0,-0,0," in written and ",0,0,0,0," in written
+
+
 def test_summary_csv_quotes_odd_module_names_like_csv_writer(tmp_path):
     """Module names may hold commas, quotes and newlines (ModuleDict keys); the per-step CSV
     formats most rows itself, so these rows must come out exactly as csv.writer writes them,

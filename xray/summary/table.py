@@ -148,10 +148,14 @@ def append_index_csv(index_rows: Iterable[tuple[int, tuple]], rank: int | None, 
                 dims = dims_of[shape] = _dims(shape)
             # A module's input is the output before it, and parameters keep their statistics
             # across steps: most rows repeat a (min, max, mean, std) already formatted.
+            # Equal keys must mean equal text: -0.0 == 0.0 (and hashes alike) but prints "-0",
+            # so a key holding a zero is formatted afresh.
             key = row[12:16]
             stats = stat_text.get(key)
             if stats is None:
-                stats = stat_text[key] = ",".join([_stat_cell(v) for v in key])
+                stats = ",".join([_stat_cell(v) for v in key])
+                if 0.0 not in key:
+                    stat_text[key] = stats
             lines.append(f"{n},{step},{rank_cell},{row[1]},{row[8]},{dims},{stats},{row[16]},{row[17]},{row[18]},"
                          f"{row[19]},{row[5]},{row[20]}\r\n")
     with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
