@@ -71,16 +71,10 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     mean and std from those. ``native=False`` forces the torch path (tests, benchmarks)."""
     n = t.numel()
     x = None  # the tensor the torch reductions below read; None after the native pass
-    kind = _NATIVE_KINDS.get(t.dtype) if native and n <= _NATIVE_MAX else None
-    if (kind is not None and n and type(t) in _PLAIN_TYPES and t.is_cpu and t.layout is _STRIDED
-            and t.is_contiguous() and not t.is_neg()):
-        try:  # the extension only reads the memory; t keeps it alive during the call
-            lo, hi, total, sq = _moments(t.data_ptr(), n, kind)
-        except (RuntimeError, ValueError):  # no storage behind it (functorch wrappers), null data
-            kind = None
+    sums = _native_moments(t, n) if native else None
+    if sums is not None:
+        lo, hi, total, sq = sums
     else:
-        kind = None
-    if kind is None:
         if n == 0 or t.layout != torch.strided or t.is_meta:
             return Stats(None, None, None, None, numel=n)
         # float32/float64 (nearly every activation) skip the dtype ladder: it cost ~3 us a tensor
@@ -123,6 +117,19 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     mn, mx = torch.aminmax(finite)
     mean, std = _two_pass(finite)
     return Stats(float(mn), float(mx), mean, std, nan=nan, posinf=posinf, neginf=neginf, numel=n)
+
+
+def _native_moments(t: torch.Tensor, n: int) -> tuple[float, float, float, float] | None:
+    """(min, max, sum, sum of squares) from the extension's one pass, or None where it does not
+    apply: no extension, another dtype, too large, empty, not plain contiguous CPU memory."""
+    kind = _NATIVE_KINDS.get(t.dtype)
+    if (kind is None or not 0 < n <= _NATIVE_MAX or type(t) not in _PLAIN_TYPES or not t.is_cpu
+            or t.layout is not _STRIDED or not t.is_contiguous() or t.is_neg()):
+        return None
+    try:  # the extension only reads the memory; t keeps it alive during the call
+        return _moments(t.data_ptr(), n, kind)
+    except (RuntimeError, ValueError):  # no storage behind it (functorch wrappers), null data
+        return None
 
 
 def _two_pass(x: torch.Tensor) -> tuple[float, float]:
