@@ -119,7 +119,10 @@ class PrecisionDebugger:
 
     @property
     def step_selected(self) -> bool:
-        return self.steps is None or self.current_step in self.steps
+        return self._selected(self.current_step)
+
+    def _selected(self, step: int) -> bool:
+        return self.steps is None or step in self.steps
 
     @property
     def running(self) -> bool:
@@ -148,7 +151,7 @@ class PrecisionDebugger:
         if not self._running:
             return None
         self._running = False
-        if self.steps is None or self.current_step + 1 in self.steps:
+        if self._selected(self.current_step + 1):
             self._hooks.deactivate()
         else:
             self._hooks.remove()
