@@ -13,9 +13,9 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..dump.model import Stats
-from ..dump.stats import StatsCache
+from ..dump.stats import StatsCache, tensor_stats
 from ..dump.tensorio import dtype_name
-from .layout import tensor_name
+from .layout import module_prefix
 from .writer import ModuleDumpWriter
 
 
@@ -50,6 +50,16 @@ def _cell(v: torch.dtype | torch.Size | torch.device) -> str:
     return text
 
 
+def _cells(t: torch.Tensor) -> tuple[Stats, tuple, tuple]:
+    """What a tensor version contributes to every row that names it: its statistics, its
+    (dtype, shape, device) cells and its numeric cells. Cached per tensor version with the
+    statistics, so the many rows that re-name a tensor (a module's input is the output before
+    it; parameters recur every step) build none of it again."""
+    s = tensor_stats(t)
+    return (s, (_cell(t.dtype), _cell(t.shape), _cell(t.device)),
+            (_f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel))
+
+
 class TensorCapture:
     def __init__(self, writer: ModuleDumpWriter, *, save_data: bool, overflow_only: bool,
                  on_overflow: Callable[[CallKey, str, Stats], None] | None = None) -> None:
@@ -57,15 +67,21 @@ class TensorCapture:
         self.save_data = save_data
         self.overflow_only = overflow_only
         self.on_overflow = on_overflow
-        self._stats = StatsCache()
+        self._cells = StatsCache(_cells)
         self._saved_params: dict[tuple[int, int], str] = {}  # (step, id(param)) -> dataset path
+        self._rows: list | None = None  # the writer's row list of step self._rows_step
+        self._rows_step = -1
+        self._call: CallKey | None = None  # the last call named, and its name prefix
+        self._prefix = ""
 
     def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False,
                 keyword: str = "") -> None:
-        s = self._stats.get(t)
+        s, meta, numbers = self._cells.get(t)
         if self.overflow_only and s.finite:
             return
-        name = tensor_name(call.path, call.cls, call.call_index, role, key)
+        if call is not self._call:  # a call's tensors mostly come in a run: prefix it once
+            self._call, self._prefix = call, module_prefix(call.path, call.cls, call.call_index)
+        name = f"{self._prefix}.{role}.{key}"  # = layout.tensor_name(...)
         data = ""
         if self.save_data and t.layout == torch.strided and not t.is_meta:
             pkey = (call.step, id(t))
@@ -74,14 +90,17 @@ class TensorCapture:
                 data = self.writer.write_tensor(call.step, name, t)
                 if param:
                     self._saved_params[pkey] = data
-        self.writer.add_row(call.step, (
-            call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key,
-            _cell(t.dtype), _cell(t.shape), _cell(t.device),
-            t.requires_grad, _f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel, data,
-            keyword))
+        rows = self._rows if self._rows_step == call.step else self._step_rows(call.step)
+        rows.append((call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *meta,
+                     t.requires_grad, *numbers, data, keyword))
         if (s.nan or s.posinf or s.neginf) and self.on_overflow is not None \
                 and role in ("forward_output", "backward_output"):
             self.on_overflow(call, name, s)
 
+    def _step_rows(self, step: int) -> list:
+        self._rows, self._rows_step = self.writer.step_rows(step), step
+        return self._rows
+
     def new_step(self) -> None:
         self._saved_params.clear()
+        self._rows, self._rows_step, self._call = None, -1, None

@@ -6,6 +6,7 @@ steps and ranks ``start()`` installs nothing, so the cost there is one compariso
 """
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import sys
@@ -81,7 +82,7 @@ class PrecisionDebugger:
         self.current_step = 0
         self.first_overflow: OverflowReport | None = None
         self.failed: str | None = None
-        self._seq = 0
+        self._next_seq = itertools.count().__next__  # the sequence number of the next record
         self._running = False
         self.file = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}.h5"
         self.summary_csv = self.dump_path / f"{rank_file_stem(self.global_rank, self.local_rank)}_summary.csv"
@@ -167,8 +168,8 @@ class PrecisionDebugger:
                     os.truncate(self.summary_csv, size)
             else:
                 self._csv_mark = (self.summary_csv.stat().st_size if self._csv_rows else 0, self._csv_rows)
-            rows = [(self.current_step, r) for r in self._writer.rows.get(self.current_step, [])]
-            self._csv_rows = append_index_csv(rows, self.global_rank, self.summary_csv, self._csv_rows)
+            self._csv_rows = append_index_csv(self._writer.rows.get(self.current_step, []), self.current_step,
+                                              self.global_rank, self.summary_csv, self._csv_rows)
             self._csv_step = self.current_step
             # Only this step can be captured again (steps only advance): earlier rows are in the
             # file and the CSV, and keeping them would grow memory with every step of a long run.
@@ -196,10 +197,6 @@ class PrecisionDebugger:
         self.close()  # a ``with`` block leaves nothing on the model
 
     # -- callbacks ---------------------------------------------------------------------------
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq - 1
-
     def _on_op(self, record: Record) -> None:
         if not self._running:
             return

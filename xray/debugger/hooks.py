@@ -13,7 +13,6 @@ Parameter gradients come from hooks on the parameters (summed over all calls of 
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -21,6 +20,10 @@ import torch
 from .capture import CallKey, TensorCapture
 from ..record.flatten import flatten_tensors
 from ..record.tracer import no_dispatch_modes
+
+
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_KEYS = tuple(str(i) for i in range(16))  # "0".."15": the indices of nearly every input and output
 
 
 class ModuleHooks:
@@ -36,7 +39,7 @@ class ModuleHooks:
         self.step = 0
         # A module reachable under two names keeps its first (named_modules' de-duplication).
         self.paths = {m: name for name, m in model.named_modules()}
-        self.calls: Counter[str] = Counter()
+        self.calls: dict[str, int] = {}  # module path -> calls so far this step
         self._stack: list[tuple[torch.nn.Module, CallKey, list]] = []
         self._bw_seq: dict[tuple[str, int], int] = {}
         self._handles: list = []
@@ -85,7 +88,10 @@ class ModuleHooks:
         if not self.active:
             return None
         try:
-            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
+            if _dispatch_depth():  # dump_torch_api's tracer must not see our own tensor work
+                with no_dispatch_modes():
+                    self._enter(module, args, kwargs)
+            else:
                 self._enter(module, args, kwargs)
         except Exception as e:  # a debugger bug must never break the user's forward
             self.on_error(e)
@@ -93,7 +99,7 @@ class ModuleHooks:
 
     def _enter(self, module, args, kwargs):
         path, cls, params = self._info[module]
-        index = self.calls[path]
+        index = self.calls.get(path, 0)
         self.calls[path] = index + 1
         call = CallKey(self.step, self.next_seq(), path, cls, index, "forward")
         grad_mode = self.backward and torch.is_grad_enabled()
@@ -102,12 +108,12 @@ class ModuleHooks:
         # notes its argument's name, so replay can pass it back by name.
         inputs = flatten_tensors(args)
         for i, t in enumerate(inputs):
-            capture(call, "forward_input", str(i), t)
+            capture(call, "forward_input", _KEYS[i] if i < len(_KEYS) else str(i), t)
         for keyword, value in kwargs.items():
             for t in flatten_tensors(value):
                 capture(call, "forward_input", str(len(inputs)), t, keyword=keyword)
                 inputs.append(t)
-        grad_inputs = [(i, t) for i, t in enumerate(inputs) if grad_mode and t.requires_grad]
+        grad_inputs = [(i, t) for i, t in enumerate(inputs) if t.requires_grad] if grad_mode else []
         for name, p in params.items():
             if p is None:  # Linear(bias=False) registers its bias as None
                 continue
@@ -127,15 +133,22 @@ class ModuleHooks:
             return None
         _, call, grad_inputs = self._stack.pop()
         try:
-            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
-                outputs = flatten_tensors(output)
-                for i, t in enumerate(outputs):
-                    self.capture.capture(call, "forward_output", str(i), t)
-                if self.backward and torch.is_grad_enabled():
-                    self._hook_backward(call, outputs, grad_inputs)
+            if _dispatch_depth():  # dump_torch_api's tracer must not see our own tensor work
+                with no_dispatch_modes():
+                    self._exit(call, output, grad_inputs)
+            else:
+                self._exit(call, output, grad_inputs)
         except Exception as e:
             self.on_error(e)
         return None
+
+    def _exit(self, call: CallKey, output: Any, grad_inputs: list) -> None:
+        outputs = flatten_tensors(output)
+        capture = self.capture.capture
+        for i, t in enumerate(outputs):
+            capture(call, "forward_output", _KEYS[i] if i < len(_KEYS) else str(i), t)
+        if self.backward and torch.is_grad_enabled():
+            self._hook_backward(call, outputs, grad_inputs)
 
     # -- backward ------------------------------------------------------------------------
     def _hook_backward(self, call: CallKey, outputs: list[torch.Tensor], grad_inputs: list) -> None:

@@ -147,31 +147,41 @@ class StatsCache:
     """Statistics per tensor object and version counter, so each value is reduced once: an op's
     output is the next op's input, q/k/v share one input, parameters persist across steps.
 
-    Keyed by ``id`` with a weak reference that confirms the identity and drops the entry when
-    the tensor dies (torch's WeakIdKeyDictionary cost ~1 us per lookup, hundreds per step).
+    Keyed by ``id`` with a weak reference that confirms the identity (torch's
+    WeakIdKeyDictionary cost ~1 us per lookup, hundreds per step). The references carry no
+    callback: a callback per tensor cost a closure at store and a Python call when the tensor
+    died, mid-forward. Entries of dead tensors are dropped in batches instead, whenever the
+    table has doubled since the last sweep, so memory stays proportional to live tensors.
+
+    ``compute`` maps a tensor to what is cached (default: its Stats); the module debugger caches
+    the row cells it derives from them too.
 
     Caveat: the version counter is bumped by the autograd layer *after* an in-place kernel
     returns, so a dispatch-level caller must ``forget`` a tensor it saw being mutated.
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[weakref.ref, int, Stats]] = {}
+    _MIN_SWEEP = 1024  # entries before the first sweep of dead ones
 
-    def get(self, t: torch.Tensor) -> Stats:
+    def __init__(self, compute=None) -> None:
+        self._compute = tensor_stats if compute is None else compute
+        self._cache: dict[int, tuple[weakref.ref, int, object]] = {}
+        self._sweep_at = self._MIN_SWEEP
+
+    def get(self, t: torch.Tensor):
         try:
             version = t._version
         except RuntimeError:  # inference tensors have no version counter: never cached
-            return tensor_stats(t)
+            return self._compute(t)
         hit = self._cache.get(id(t))
         if hit is not None and hit[1] == version and hit[0]() is t:
             return hit[2]
-        s = tensor_stats(t)
-        self._store(t, version, s)
-        return s
+        value = self._compute(t)
+        self._store(t, version, value)
+        return value
 
-    def put(self, t: torch.Tensor, s: Stats) -> None:
+    def put(self, t: torch.Tensor, value) -> None:
         try:
-            self._store(t, t._version, s)
+            self._store(t, t._version, value)
         except RuntimeError:
             pass
 
@@ -180,12 +190,15 @@ class StatsCache:
         if hit is not None and hit[0]() is t:
             del self._cache[id(t)]
 
-    def _store(self, t: torch.Tensor, version: int, s: Stats) -> None:
-        key, cache = id(t), self._cache
+    def __len__(self) -> int:
+        return len(self._cache)
 
-        def drop(ref: weakref.ref) -> None:  # the tensor died; its id may already be reused
-            hit = cache.get(key)
-            if hit is not None and hit[0] is ref:
+    def _store(self, t: torch.Tensor, version: int, value) -> None:
+        # A dead tensor's entry may still sit under a reused id: overwritten here, and never
+        # returned meanwhile, since its reference no longer resolves to the asking tensor.
+        cache = self._cache
+        cache[id(t)] = (weakref.ref(t), version, value)
+        if len(cache) >= self._sweep_at:
+            for key in [k for k, hit in cache.items() if hit[0]() is None]:
                 del cache[key]
-
-        cache[key] = (weakref.ref(t, drop), version, s)
+            self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
