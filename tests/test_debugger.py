@@ -412,3 +412,17 @@ def test_summary_csv_quotes_odd_module_names_like_csv_writer(tmp_path):
     assert [n.split(".Linear.")[0] for n in table["Module"][::4]] == odd  # input, weight, bias, output
     nan_input = table[table["Module"] == "plain.Linear.0.forward_input.0"].iloc[0]
     assert nan_input["Min"] == "" and nan_input["NaN"] == 2
+
+
+def test_flatten_fast_paths_number_as_the_walk_does():
+    """flatten_tensors short-cuts a bare tensor, None and a one-tensor tuple; every shape of
+    input must still get the walk's numbering."""
+    from xray.record.flatten import _walk, flatten_tensors
+
+    a, b, c = torch.ones(1), torch.zeros(2), torch.nn.Parameter(torch.ones(3))
+    cases = [a, None, (a,), (c,), (a, b), [a], ((a, b),), {"x": a, "y": (b, None, c)}, (None,), (1, a), "text", ()]
+    for value in cases:
+        walked: list = []
+        _walk(value, walked)
+        got = flatten_tensors(value)
+        assert [id(t) for t in got] == [id(t) for t in walked], value

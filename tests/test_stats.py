@@ -200,3 +200,48 @@ def test_never_mutates(dtype):
     tensor_stats(t[100:])
     assert t._version == version and torch.equal(t.nan_to_num(0.0), before.nan_to_num(0.0))
     assert t.isnan().sum() == 1
+
+
+def test_stats_cache_follows_versions_and_never_serves_a_dead_tensors_entry():
+    """Entries are keyed by id; a dead tensor's id is soon reused by a new tensor (CPython hands
+    freed ids straight back), which must get its own statistics, never the dead one's."""
+    cache = stats.StatsCache()
+    t = torch.arange(4.0)
+    assert cache.get(t).max == 3.0
+    t.add_(10)  # in place: the version counter moves, so the entry is stale
+    assert cache.get(t).max == 13.0
+    reused = 0
+    for i in range(2000):
+        old = torch.full((3,), float(i))
+        old_id = id(old)
+        assert cache.get(old).mean == i
+        del old
+        new = torch.full((3,), -float(i))
+        reused += id(new) == old_id
+        assert cache.get(new).mean == -i  # same id, same version 0: only the weak reference tells
+    assert reused > 0, "the test never exercised id reuse"
+
+
+def test_stats_cache_memory_follows_live_tensors():
+    """Dead tensors' entries are swept once the table doubles. 3,000 tensors are cached and die;
+    1,200 others, alive all along (so none reuses a dead one's id), are cached next: the table
+    must shrink to the live ones, not hold 4,200 entries."""
+    cache = stats.StatsCache()
+    later = [torch.randn(2) for _ in range(1200)]
+    doomed = [torch.randn(2) for _ in range(3000)]
+    for t in doomed:
+        cache.get(t)
+    del doomed, t
+    for t in later:
+        cache.get(t)
+    assert len(cache) <= 1200
+    assert all(cache.get(t) == tensor_stats(t) for t in later)
+
+
+def test_stats_cache_custom_compute_is_cached_per_version():
+    calls = []
+    cache = stats.StatsCache(lambda t: calls.append(1) or float(t.sum()))
+    t = torch.ones(3)
+    assert cache.get(t) == cache.get(t) == 3.0 and len(calls) == 1
+    t.mul_(2)
+    assert cache.get(t) == 6.0 and len(calls) == 2

@@ -74,8 +74,10 @@ class TensorCapture:
         self._call: CallKey | None = None  # the last call named, and its name prefix
         self._prefix = ""
 
-    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, *, param: bool = False,
+    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, param: bool = False,
                 keyword: str = "") -> None:
+        """Add ``t``'s row to its step's index (``param``: a parameter, saved once per step;
+        ``keyword``: the keyword argument it came from). Positional, for the hot path."""
         s, meta, numbers = self._cells.get(t)
         if self.overflow_only and s.finite:
             return

@@ -23,6 +23,7 @@ from ..record.tracer import no_dispatch_modes
 
 
 _dispatch_depth = torch._C._len_torch_dispatch_stack
+_new_call = tuple.__new__  # CallKey(*fields) without the NamedTuple's Python-level __new__
 _KEYS = tuple(str(i) for i in range(16))  # "0".."15": the indices of nearly every input and output
 
 
@@ -101,7 +102,7 @@ class ModuleHooks:
         path, cls, params = self._info[module]
         index = self.calls.get(path, 0)
         self.calls[path] = index + 1
-        call = CallKey(self.step, self.next_seq(), path, cls, index, "forward")
+        call = _new_call(CallKey, (self.step, self.next_seq(), path, cls, index, "forward"))
         grad_mode = self.backward and torch.is_grad_enabled()
         capture = self.capture.capture
         # Numbered as flatten_tensors((args, kwargs)) numbers them; each keyword tensor also
@@ -111,13 +112,13 @@ class ModuleHooks:
             capture(call, "forward_input", _KEYS[i] if i < len(_KEYS) else str(i), t)
         for keyword, value in kwargs.items():
             for t in flatten_tensors(value):
-                capture(call, "forward_input", str(len(inputs)), t, keyword=keyword)
+                capture(call, "forward_input", str(len(inputs)), t, False, keyword)
                 inputs.append(t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if t.requires_grad] if grad_mode else []
         for name, p in params.items():
             if p is None:  # Linear(bias=False) registers its bias as None
                 continue
-            capture(call, "forward_params", name, p, param=True)
+            capture(call, "forward_params", name, p, True)
             if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
                 self._params_hooked.add(id(p))
                 self._grad_handles.append(p.register_hook(functools.partial(self._param_grad, path, cls, name)))
@@ -167,7 +168,7 @@ class ModuleHooks:
         seq = self._bw_seq.get(key)
         if seq is None:
             seq = self._bw_seq[key] = self.next_seq()
-        return CallKey(self.step, seq, path, cls, call_index, "backward")
+        return _new_call(CallKey, (self.step, seq, path, cls, call_index, "backward"))
 
     def _grads(self, fwd: CallKey, role: str, indices: list[int], grads) -> None:
         try:

@@ -14,6 +14,12 @@ import torch
 
 
 def flatten_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):  # the common cases, without the walk: one tensor,
+        return [value]
+    if value is None:  # an absent optional argument,
+        return []
+    if type(value) is tuple and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        return [value[0]]  # and a module's usual positional arguments
     out: list[torch.Tensor] = []
     _walk(value, out)
     return out
