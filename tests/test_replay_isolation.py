@@ -1,4 +1,5 @@
-"""Isolation: an op that aborts the process is CRASH, one that hangs is TIMEOUT, and the run goes on.
+"""Isolation: an op that aborts the process is CRASH, one that hangs is TIMEOUT, and the run goes on;
+an op the baseline cannot run is BASELINE_FAIL for the backends that ran it.
 
 The two custom ops below behave normally while the dump is recorded; in the replay workers
 (which import this module to register them) an environment variable makes ``boom`` call
@@ -93,3 +94,27 @@ def test_dump_without_tensors_or_statistics(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert "no saved tensors and no statistics" in err and "aten.exp.default" in err
+
+
+def test_a_record_the_baseline_cannot_run_is_baseline_fail_never_within_tolerance(tmp_path):
+    """ExecuTorch cannot lower a zero-size cat (a 0 stride), eager can: with ExecuTorch as the
+    baseline, eager's row for that record ran but was compared with nothing. It must say so
+    (BASELINE_FAIL: supported, not within tolerance), not pass as OK; the heatmap draws it."""
+    from xray.replay.matrix import summary_table
+
+    with torch.no_grad(), xray.dump(X_DEDUP=True, X_DUMP_NUM=5, dump_dir=tmp_path / "dump") as d:
+        x = torch.arange(12.0).reshape(1, 3, 4)
+        torch.cat([torch.empty(1, 0, 4), x], dim=1)
+        torch.sin(x)
+    cfg = ReplayConfig(backends=["torch-cpu"], baseline="executorch-portable", out=tmp_path / "out", progress=False,
+                       timeout=180)
+    result = replay_dump(d.folder, cfg)
+    by_op = {(r.op, r.backend): r for r in result.rows}
+    assert Status(by_op["aten.cat.default", "executorch-portable"].status) == Status.LOWER_FAIL
+    cat = by_op["aten.cat.default", "torch-cpu"]
+    assert Status(cat.status) == Status.BASELINE_FAIL and Status(cat.status).supported
+    assert cat.max_abs_err is None and "not compared" in cat.error
+    assert Status(by_op["aten.sin.default", "torch-cpu"].status) == Status.OK
+    table = summary_table(result)
+    assert "BASELINE_FAIL=1" in table
+    assert (tmp_path / "out" / "heatmap.png").stat().st_size > 0 and "BASELINE_FAIL" in (tmp_path / "out" / "heatmap.html").read_text()

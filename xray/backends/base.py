@@ -39,12 +39,12 @@ class Status(enum.IntEnum):
     UNSUPPORTED_PLATFORM = 7
     """The backend cannot execute on this OS (e.g. CoreML predict on Linux); conversion was still tried."""
     BASELINE_FAIL = 8
-    """The baseline itself did not produce outputs, so nothing could be compared."""
+    """The backend ran, but the baseline produced no outputs for this record: not compared."""
 
     @property
     def supported(self) -> bool:
-        """The backend expressed and ran the op (numbers may still drift)."""
-        return self in (Status.OK, Status.MISMATCH)
+        """The backend expressed and ran the op (numbers may still drift, or be uncompared)."""
+        return self in (Status.OK, Status.MISMATCH, Status.BASELINE_FAIL)
 
 
 class BackendError(RuntimeError):

@@ -28,7 +28,7 @@ COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "ma
 # Heatmap colours by status (green = OK ... red = crash), also used by the HTML table.
 COLORS = {Status.OK: "#2e7d32", Status.MISMATCH: "#f9a825", Status.EXPORT_FAIL: "#8e24aa",
           Status.LOWER_FAIL: "#5e35b1", Status.RUN_FAIL: "#e65100", Status.CRASH: "#b71c1c",
-          Status.TIMEOUT: "#6d4c41", Status.UNSUPPORTED_PLATFORM: "#90a4ae"}
+          Status.TIMEOUT: "#6d4c41", Status.UNSUPPORTED_PLATFORM: "#90a4ae", Status.BASELINE_FAIL: "#cfd8dc"}
 
 
 @dataclass
@@ -103,7 +103,7 @@ def summary_table(result: "ReplayResult", worst: int = 3) -> str:
         if spec == result.baseline:
             continue
         bad = [r for r in result.rows if r.backend == spec and r.status != Status.OK]
-        bad.sort(key=lambda r: (-r.status if r.status != Status.UNSUPPORTED_PLATFORM else 0,
+        bad.sort(key=lambda r: (0 if r.status in (Status.UNSUPPORTED_PLATFORM, Status.BASELINE_FAIL) else -r.status,
                                 -(r.max_rel_err or 0.0)))
         ranked = sorted((r for r in result.rows if r.backend == spec and r.max_rel_err is not None),
                         key=lambda r: -r.max_rel_err)
@@ -132,7 +132,7 @@ def _unsupported_everywhere(result: "ReplayResult") -> set[str]:
         if r.backend in others:
             by_seq.setdefault(r.seq, []).append(r)
     return {rows[0].op for rows in by_seq.values()
-            if all(r.status not in (Status.OK, Status.MISMATCH, Status.UNSUPPORTED_PLATFORM) for r in rows)}
+            if all(not Status(r.status).supported and r.status != Status.UNSUPPORTED_PLATFORM for r in rows)}
 
 
 # -- heatmap ------------------------------------------------------------------------------------------

@@ -176,8 +176,8 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
         baseline_out[rec.seq] = res.output_tensors() if status == Status.OK else None
     elif status == Status.OK:
         ref = baseline_out.get(rec.seq)
-        if ref is None:
-            error = "not compared: the baseline produced no outputs for this record"
+        if ref is None:  # it ran, but against nothing: never counted as within tolerance
+            status, error = Status.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
         else:
             got = res.output_tensors()
             dtype = ref[0].dtype if ref else torch.float32
