@@ -15,7 +15,7 @@ import torch
 from ..dump.model import Stats
 from ..dump.stats import StatsCache, tensor_stats
 from ..dump.tensorio import dtype_name
-from .layout import module_prefix
+from .layout import module_prefix, prefixed_name
 from .writer import ModuleDumpWriter
 
 
@@ -50,7 +50,7 @@ def _cell(v: torch.dtype | torch.Size | torch.device) -> str:
     return text
 
 
-def _cells(t: torch.Tensor) -> tuple[Stats, tuple, tuple]:
+def _tensor_cells(t: torch.Tensor) -> tuple[Stats, tuple, tuple]:
     """What a tensor version contributes to every row that names it: its statistics, its
     (dtype, shape, device) cells and its numeric cells. Cached per tensor version with the
     statistics, so the many rows that re-name a tensor (a module's input is the output before
@@ -67,10 +67,8 @@ class TensorCapture:
         self.save_data = save_data
         self.overflow_only = overflow_only
         self.on_overflow = on_overflow
-        self._cells = StatsCache(_cells)
+        self._cells = StatsCache(_tensor_cells)
         self._saved_params: dict[tuple[int, int], str] = {}  # (step, id(param)) -> dataset path
-        self._rows: list | None = None  # the writer's row list of step self._rows_step
-        self._rows_step = -1
         self._call: CallKey | None = None  # the last call named, and its name prefix
         self._prefix = ""
 
@@ -83,7 +81,7 @@ class TensorCapture:
             return
         if call is not self._call:  # a call's tensors mostly come in a run: prefix it once
             self._call, self._prefix = call, module_prefix(call.path, call.cls, call.call_index)
-        name = f"{self._prefix}.{role}.{key}"  # = layout.tensor_name(...)
+        name = prefixed_name(self._prefix, role, key)
         data = ""
         if self.save_data and t.layout == torch.strided and not t.is_meta:
             pkey = (call.step, id(t))
@@ -92,17 +90,12 @@ class TensorCapture:
                 data = self.writer.write_tensor(call.step, name, t)
                 if param:
                     self._saved_params[pkey] = data
-        rows = self._rows if self._rows_step == call.step else self._step_rows(call.step)
-        rows.append((call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *meta,
+        self.writer.step_rows(call.step).append((call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *meta,
                      t.requires_grad, *numbers, data, keyword))
         if (s.nan or s.posinf or s.neginf) and self.on_overflow is not None \
                 and role in ("forward_output", "backward_output"):
             self.on_overflow(call, name, s)
 
-    def _step_rows(self, step: int) -> list:
-        self._rows, self._rows_step = self.writer.step_rows(step), step
-        return self._rows
-
     def new_step(self) -> None:
         self._saved_params.clear()
-        self._rows, self._rows_step, self._call = None, -1, None
+        self._call = None

@@ -22,11 +22,6 @@ from ..record.flatten import flatten_tensors
 from ..record.tracer import no_dispatch_modes
 
 
-_dispatch_depth = torch._C._len_torch_dispatch_stack
-_new_call = tuple.__new__  # CallKey(*fields) without the NamedTuple's Python-level __new__
-_KEYS = tuple(str(i) for i in range(16))  # "0".."15": the indices of nearly every input and output
-
-
 class ModuleHooks:
     """Installs hooks on every submodule of one model for one step; ``remove()`` takes them off."""
 
@@ -89,10 +84,7 @@ class ModuleHooks:
         if not self.active:
             return None
         try:
-            if _dispatch_depth():  # dump_torch_api's tracer must not see our own tensor work
-                with no_dispatch_modes():
-                    self._enter(module, args, kwargs)
-            else:
+            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 self._enter(module, args, kwargs)
         except Exception as e:  # a debugger bug must never break the user's forward
             self.on_error(e)
@@ -102,14 +94,14 @@ class ModuleHooks:
         path, cls, params = self._info[module]
         index = self.calls.get(path, 0)
         self.calls[path] = index + 1
-        call = _new_call(CallKey, (self.step, self.next_seq(), path, cls, index, "forward"))
+        call = CallKey(self.step, self.next_seq(), path, cls, index, "forward")
         grad_mode = self.backward and torch.is_grad_enabled()
         capture = self.capture.capture
         # Numbered as flatten_tensors((args, kwargs)) numbers them; each keyword tensor also
         # notes its argument's name, so replay can pass it back by name.
         inputs = flatten_tensors(args)
         for i, t in enumerate(inputs):
-            capture(call, "forward_input", _KEYS[i] if i < len(_KEYS) else str(i), t)
+            capture(call, "forward_input", str(i), t)
         for keyword, value in kwargs.items():
             for t in flatten_tensors(value):
                 capture(call, "forward_input", str(len(inputs)), t, False, keyword)
@@ -134,10 +126,7 @@ class ModuleHooks:
             return None
         _, call, grad_inputs = self._stack.pop()
         try:
-            if _dispatch_depth():  # dump_torch_api's tracer must not see our own tensor work
-                with no_dispatch_modes():
-                    self._exit(call, output, grad_inputs)
-            else:
+            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
                 self._exit(call, output, grad_inputs)
         except Exception as e:
             self.on_error(e)
@@ -147,7 +136,7 @@ class ModuleHooks:
         outputs = flatten_tensors(output)
         capture = self.capture.capture
         for i, t in enumerate(outputs):
-            capture(call, "forward_output", _KEYS[i] if i < len(_KEYS) else str(i), t)
+            capture(call, "forward_output", str(i), t)
         if self.backward and torch.is_grad_enabled():
             self._hook_backward(call, outputs, grad_inputs)
 
@@ -168,7 +157,7 @@ class ModuleHooks:
         seq = self._bw_seq.get(key)
         if seq is None:
             seq = self._bw_seq[key] = self.next_seq()
-        return _new_call(CallKey, (self.step, seq, path, cls, call_index, "backward"))
+        return CallKey(self.step, seq, path, cls, call_index, "backward")
 
     def _grads(self, fwd: CallKey, role: str, indices: list[int], grads) -> None:
         try:

@@ -100,7 +100,13 @@ def module_prefix(path: str, cls: str, call_index: int) -> str:
 
 
 def tensor_name(path: str, cls: str, call_index: int, role: str, key: str) -> str:
-    return f"{module_prefix(path, cls, call_index)}.{role}.{key}"
+    return prefixed_name(module_prefix(path, cls, call_index), role, key)
+
+
+def prefixed_name(prefix: str, role: str, key: str) -> str:
+    """A tensor's name from its module prefix: callers naming many tensors of one call build
+    the prefix once."""
+    return f"{prefix}.{role}.{key}"
 
 
 def rank_file_stem(global_rank: int, local_rank: int) -> str:

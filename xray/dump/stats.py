@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from typing import Any, Callable
 
 import torch
 
@@ -162,12 +163,12 @@ class StatsCache:
 
     _MIN_SWEEP = 1024  # entries before the first sweep of dead ones
 
-    def __init__(self, compute=None) -> None:
+    def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None) -> None:
         self._compute = tensor_stats if compute is None else compute
-        self._cache: dict[int, tuple[weakref.ref, int, object]] = {}
+        self._cache: dict[int, tuple[weakref.ref, int, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
-    def get(self, t: torch.Tensor):
+    def get(self, t: torch.Tensor) -> Any:
         try:
             version = t._version
         except RuntimeError:  # inference tensors have no version counter: never cached
@@ -179,7 +180,7 @@ class StatsCache:
         self._store(t, version, value)
         return value
 
-    def put(self, t: torch.Tensor, value) -> None:
+    def put(self, t: torch.Tensor, value: Any) -> None:
         try:
             self._store(t, t._version, value)
         except RuntimeError:
@@ -193,7 +194,7 @@ class StatsCache:
     def __len__(self) -> int:
         return len(self._cache)
 
-    def _store(self, t: torch.Tensor, version: int, value) -> None:
+    def _store(self, t: torch.Tensor, version: int, value: Any) -> None:
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self._cache

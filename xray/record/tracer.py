@@ -34,8 +34,13 @@ def _user_stack(depth: int) -> list[str]:
 
 
 def no_dispatch_modes():
-    """Our own tensor work must bypass any dispatch mode below ours (ours is already off)."""
-    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else nullcontext()
+    """Our own tensor work must bypass any dispatch mode below ours (ours is already off).
+    Without any mode it returns one shared no-op context: the module debugger enters this
+    twice per module call, and a fresh nullcontext per call cost twice as much."""
+    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else _NO_MODES
+
+
+_NO_MODES = nullcontext()  # reusable: nullcontext keeps no state between uses
 
 
 def _holds_tensor(v: Any) -> bool:

@@ -10,8 +10,8 @@ import csv
 import io
 import os
 import re
-from operator import itemgetter
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
