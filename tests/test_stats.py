@@ -89,6 +89,32 @@ def test_native_matches_torch_path_and_exact(n, dtype):
     assert (native.numel, native.nan, native.posinf, native.neginf) == (n, 0, 0, 0)
 
 
+INT_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 256, 4097])
+def test_native_integers_match_the_torch_path(n, dtype):
+    """Integer and bool tensors (token ids, positions, masks) take the native pass too, in
+    double as the torch path's float64 copy does: min/max exact, mean/std to rounding. The
+    extremes of each type sit at both ends, so a narrowing conversion would show."""
+    assert stats._NATIVE_KINDS.get(dtype) is not None
+    if dtype == torch.bool:
+        t = torch.rand(n) < 0.3
+    else:
+        info = torch.iinfo(dtype)
+        lo, hi = (max(info.min, -2**40), min(info.max, 2**40))
+        t = torch.randint(lo, hi, (n,), dtype=dtype)
+        t[0], t[-1] = lo, hi
+    native, torch_path = tensor_stats(t), tensor_stats(t, native=False)
+    _close(native, t, 1e-12)
+    assert (native.min, native.max, native.numel) == (torch_path.min, torch_path.max, n)
+    _, _, _, std, scale = _exact(t)
+    assert abs(native.mean - torch_path.mean) <= 1e-12 * scale
+    assert abs(native.std - torch_path.std) <= 1e-12 * std + 1e-300
+
+
 @needs_native
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 9, 17, 33, 513, 65536 + 3])

@@ -21,7 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { KIND_FLOAT32, KIND_FLOAT64, KIND_BFLOAT16, NKINDS };
+enum { KIND_FLOAT32, KIND_FLOAT64, KIND_BFLOAT16, KIND_INT64, KIND_INT32, KIND_INT16, KIND_INT8, KIND_UINT8,
+       NKINDS };
 
 typedef struct { double min, max, sum, sumsq; } moments_t;
 typedef void (*kernel_t)(const void *, size_t, moments_t *);
@@ -54,7 +55,15 @@ static float bf16_to_float(uint16_t bits) {
 SCALAR_KERNEL(scalar_f32, float, AS_DOUBLE)
 SCALAR_KERNEL(scalar_f64, double, AS_DOUBLE)
 SCALAR_KERNEL(scalar_bf16, uint16_t, BF16_AS_DOUBLE)
-static const kernel_t scalar_kernels[NKINDS] = {scalar_f32, scalar_f64, scalar_bf16};
+/* Integer tensors (token ids, positions, masks; bool is stored as uint8) are small: the plain
+ * loop in double, as the torch path's float64 copy would do, but without ~30 us of dispatch. */
+SCALAR_KERNEL(scalar_i64, int64_t, AS_DOUBLE)
+SCALAR_KERNEL(scalar_i32, int32_t, AS_DOUBLE)
+SCALAR_KERNEL(scalar_i16, int16_t, AS_DOUBLE)
+SCALAR_KERNEL(scalar_i8, int8_t, AS_DOUBLE)
+SCALAR_KERNEL(scalar_u8, uint8_t, AS_DOUBLE)
+#define INT_KERNELS scalar_i64, scalar_i32, scalar_i16, scalar_i8, scalar_u8
+static const kernel_t scalar_kernels[NKINDS] = {scalar_f32, scalar_f64, scalar_bf16, INT_KERNELS};
 
 /* 16-byte vectors are native on SSE2 (every x86-64) and NEON; elsewhere GCC would emulate them. */
 #if (defined(__GNUC__) || defined(__clang__)) && \
@@ -127,7 +136,7 @@ static const kernel_t scalar_kernels[NKINDS] = {scalar_f32, scalar_f64, scalar_b
 VECTOR_KERNEL(avx2_f32, AVX2, float, float, 32, LOAD_PLAIN, _mm256_min_ps, _mm256_max_ps, scalar_f32)
 VECTOR_KERNEL(avx2_f64, AVX2, double, double, 32, LOAD_PLAIN, _mm256_min_pd, _mm256_max_pd, scalar_f64)
 VECTOR_KERNEL(avx2_bf16, AVX2, uint16_t, float, 32, LOAD_BF16, _mm256_min_ps, _mm256_max_ps, scalar_bf16)
-static const kernel_t avx2_kernels[NKINDS] = {avx2_f32, avx2_f64, avx2_bf16};
+static const kernel_t avx2_kernels[NKINDS] = {avx2_f32, avx2_f64, avx2_bf16, INT_KERNELS};
 #endif
 #else
 #define MIN_F32 BLEND_MIN
@@ -139,7 +148,7 @@ static const kernel_t avx2_kernels[NKINDS] = {avx2_f32, avx2_f64, avx2_bf16};
 VECTOR_KERNEL(v16_f32, , float, float, 16, LOAD_PLAIN, MIN_F32, MAX_F32, scalar_f32)
 VECTOR_KERNEL(v16_f64, , double, double, 16, LOAD_PLAIN, MIN_F64, MAX_F64, scalar_f64)
 VECTOR_KERNEL(v16_bf16, , uint16_t, float, 16, LOAD_BF16, MIN_F32, MAX_F32, scalar_bf16)
-static const kernel_t v16_kernels[NKINDS] = {v16_f32, v16_f64, v16_bf16};
+static const kernel_t v16_kernels[NKINDS] = {v16_f32, v16_f64, v16_bf16, INT_KERNELS};
 #endif /* HAVE_VECTORS */
 
 static const kernel_t *kernels = scalar_kernels;
@@ -179,8 +188,9 @@ static PyObject *moments(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 static PyMethodDef methods[] = {
     {"moments", (PyCFunction)(void (*)(void))moments, METH_FASTCALL,
      "moments(address, n, kind) -> (min, max, sum, sumsq) of n contiguous elements at the raw\n"
-     "address (tensor.data_ptr()); kind is FLOAT32, FLOAT64 or BFLOAT16. The caller keeps the\n"
-     "memory alive. NaN/Inf are not counted: any makes sum non-finite."},
+     "address (tensor.data_ptr()); kind is FLOAT32, FLOAT64, BFLOAT16, INT64, INT32, INT16, INT8 or\n"
+     "UINT8 (also bool). The caller keeps the memory alive. NaN/Inf are not counted: any makes\n"
+     "sum non-finite."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -201,7 +211,10 @@ PyMODINIT_FUNC PyInit__moments(void) {
     if (m == NULL || PyModule_AddStringConstant(m, "ISA", isa) < 0 ||
         PyModule_AddIntConstant(m, "FLOAT32", KIND_FLOAT32) < 0 ||
         PyModule_AddIntConstant(m, "FLOAT64", KIND_FLOAT64) < 0 ||
-        PyModule_AddIntConstant(m, "BFLOAT16", KIND_BFLOAT16) < 0) {
+        PyModule_AddIntConstant(m, "BFLOAT16", KIND_BFLOAT16) < 0 ||
+        PyModule_AddIntConstant(m, "INT64", KIND_INT64) < 0 || PyModule_AddIntConstant(m, "INT32", KIND_INT32) < 0 ||
+        PyModule_AddIntConstant(m, "INT16", KIND_INT16) < 0 || PyModule_AddIntConstant(m, "INT8", KIND_INT8) < 0 ||
+        PyModule_AddIntConstant(m, "UINT8", KIND_UINT8) < 0) {
         Py_XDECREF(m);
         return NULL;
     }

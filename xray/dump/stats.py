@@ -3,10 +3,12 @@
 Must be called with every dispatch mode disabled (the tracer does that); it never mutates its
 input, so recording cannot change the model's numbers.
 
-Contiguous CPU tensors of float32, float64 and bfloat16 are reduced in ONE pass by the optional
-C extension ``xray.dump._moments`` (min, max, sum, sum of squares; built by ``pip install``,
-see setup.py) instead of three torch reductions and four ``.item()`` calls: 3-8x faster per
-tensor up to 1M elements (AVX2 build, 2-core CPU). Everything else, and any tensor holding a
+Contiguous CPU tensors of float32, float64, bfloat16, the integer types and bool are reduced in
+ONE pass by the optional C extension ``xray.dump._moments`` (min, max, sum, sum of squares;
+built by ``pip install``, see setup.py) instead of three torch reductions and four ``.item()``
+calls: 3-8x faster per float tensor up to 1M elements (AVX2 build, 2-core CPU), and ~30x for
+the small integer tensors every transformer step carries (token ids, positions, masks), where
+torch's dispatch was the whole cost (28 us warm, 130-350 us measured inside a forward). Everything else, and any tensor holding a
 NaN or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
 ``XRAY_NATIVE_STATS=0`` in the environment (read once, at import) to force the torch path.
 """
@@ -30,8 +32,9 @@ NATIVE = (_ext is not None and _ext.ISA != "scalar"
           and os.environ.get("XRAY_NATIVE_STATS", "1").strip().lower() not in ("0", "false", "no", "off"))
 _moments = _ext.moments if NATIVE else None
 # dtype -> the extension's kind; empty when not NATIVE, so the hot path needs no extra flag test
-_NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64,
-                 torch.bfloat16: _ext.BFLOAT16} if NATIVE else {}
+_NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch.bfloat16: _ext.BFLOAT16,
+                 torch.int64: _ext.INT64, torch.int32: _ext.INT32, torch.int16: _ext.INT16,
+                 torch.int8: _ext.INT8, torch.uint8: _ext.UINT8, torch.bool: _ext.UINT8} if NATIVE else {}
 # Subclasses (fake, wrapper, distributed tensors) may have no plain storage behind data_ptr.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
