@@ -354,13 +354,15 @@ def test_unfinished_dump_never_looks_valid(tmp_path):
     dump.close()
 
 
-def test_summary_csv_written_per_step_equals_xray_summary(tmp_path):
+@pytest.mark.parametrize("flush_secs", [0, 3600])
+def test_summary_csv_written_per_step_equals_xray_summary(tmp_path, flush_secs):
     """The debugger appends each step's rows as it stops; the result must equal what
-    xray-summary --csv derives from the finished file (also when a step is captured twice)."""
+    xray-summary --csv derives from the finished file (also when a step is captured twice,
+    and whether the file was written at every stop or only at the first and at close)."""
     from xray.summary.cli import main as summary_main
 
     m, ids = _llama(), token_batch()
-    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "d", model=m, task="statistics")
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "d", model=m, task="statistics", flush_secs=flush_secs)
     with torch.no_grad():
         for step in range(3):
             for _ in range(2 if step == 1 else 1):  # step 1 is captured twice
@@ -369,6 +371,7 @@ def test_summary_csv_written_per_step_equals_xray_summary(tmp_path):
                 dbg.stop()
             dbg.step()
     written = (tmp_path / "d" / FILE.replace(".h5", "_summary.csv")).read_text()
+    dbg.close()
     assert summary_main([str(tmp_path / "d" / FILE), str(tmp_path / "again.csv"), "--csv"]) == 0
     assert written == (tmp_path / "again.csv").read_text()
 
@@ -415,9 +418,9 @@ def test_summary_csv_quotes_odd_module_names_like_csv_writer(tmp_path):
 
 
 def test_flatten_fast_paths_number_as_the_walk_does():
-    """flatten_tensors short-cuts a bare tensor, None and a one-tensor tuple; every shape of
-    input must still get the walk's numbering."""
-    from xray.record.flatten import _walk, flatten_tensors
+    """flatten_tensors short-cuts a bare tensor, None and a one-tensor tuple, flatten_kwargs
+    skips plain values; every shape of input must still get the walk's numbering."""
+    from xray.record.flatten import _walk, flatten_kwargs, flatten_tensors
 
     a, b, c = torch.ones(1), torch.zeros(2), torch.nn.Parameter(torch.ones(3))
     cases = [a, None, (a,), (c,), (a, b), [a], ((a, b),), {"x": a, "y": (b, None, c)}, (None,), (1, a), "text", ()]
@@ -426,3 +429,91 @@ def test_flatten_fast_paths_number_as_the_walk_does():
         _walk(value, walked)
         got = flatten_tensors(value)
         assert [id(t) for t in got] == [id(t) for t in walked], value
+    # Keyword arguments: each tensor with its keyword, numbered as the walk over the dict.
+    kwargs = {f"k{i}": v for i, v in enumerate(cases)} | {"flag": True, "n": 3, "none": None}
+    walked = []
+    _walk(kwargs, walked)
+    pairs = flatten_kwargs(kwargs)
+    assert [id(t) for _, t in pairs] == [id(t) for t in walked]
+    assert [k for k, _ in pairs] == [k for k, v in kwargs.items() for _ in flatten_tensors(v)]
+
+
+def _steps_in_file(path) -> list[int]:
+    with read_module_dump(path) as dump:
+        assert dump.complete
+        return dump.steps
+
+
+def _csv_steps(folder) -> set[int]:
+    import pandas as pd
+
+    return set(pd.read_csv(folder / FILE.replace(".h5", "_summary.csv"))["Step"])
+
+
+def test_statistics_index_is_written_every_flush_secs_and_the_csv_every_step(tmp_path):
+    """flush_secs=0 writes the file at every stop(). A long flush_secs writes it at the first
+    stop(), at the last selected step, at flush() and close(): in between the file stays
+    complete and valid with the steps written so far, while the CSV already has every step."""
+    m, ids = _llama(), token_batch()
+    eager = xray.PrecisionDebugger(dump_path=tmp_path / "e", model=m, task="statistics", flush_secs=0)
+    lazy = xray.PrecisionDebugger(dump_path=tmp_path / "l", model=m, task="statistics", flush_secs=3600)
+    with torch.no_grad():
+        for step in range(3):
+            for dbg in (eager, lazy):
+                dbg.start(); m(ids); assert dbg.stop() == (dbg.file if dbg is eager or step == 0 else None)
+                dbg.step()
+            assert _steps_in_file(eager.file) == list(range(step + 1))
+            assert _steps_in_file(lazy.file) == [0]
+            assert _csv_steps(tmp_path / "l") == set(range(step + 1))
+        assert lazy.flush() == lazy.file and _steps_in_file(lazy.file) == [0, 1, 2]
+        lazy.start(); m(ids); lazy.stop()
+        lazy.close()
+    assert _steps_in_file(lazy.file) == [0, 1, 2, 3]
+    with read_module_dump(eager.file) as a, read_module_dump(lazy.file) as b:
+        assert [r.name for r in a.rows(2)] == [r.name for r in b.rows(2)]
+    # The last selected step writes the file, whatever flush_secs says.
+    last = xray.PrecisionDebugger(dump_path=tmp_path / "s", model=m, task="statistics", step="0-2", flush_secs=3600)
+    with torch.no_grad():
+        for _ in range(4):
+            last.start(); m(ids); last.stop(); last.step()
+    assert _steps_in_file(last.file) == [0, 1, 2]
+    with pytest.raises(ValueError, match="flush_secs"):
+        xray.PrecisionDebugger(dump_path=tmp_path / "x", model=m, flush_secs=-1)
+    with pytest.raises(RuntimeError, match="between steps"):
+        with xray.PrecisionDebugger(dump_path=tmp_path / "y", model=m) as running:
+            running.flush()
+
+
+_EXIT_SCRIPT = """
+import sys, torch, xray
+from xray.models import tiny_llama, token_batch
+m, ids = tiny_llama(layers=1, hidden=32), token_batch()
+norm = m.model.norm
+def boom(mod, args):
+    if dbg.current_step == 2:
+        raise RuntimeError("device fault")
+norm.register_forward_pre_hook(boom)
+dbg = xray.PrecisionDebugger(dump_path=sys.argv[1], model=m, task="statistics", flush_secs=3600)
+with torch.no_grad():
+    for _ in range(3):
+        dbg.start(); m(ids); dbg.stop(); dbg.step()
+"""
+
+
+def test_rows_in_memory_reach_the_file_when_the_program_dies_of_an_exception(tmp_path):
+    """No close(): steps 1 and 2 are only in memory when step 2's forward raises. Python's exit
+    writes them, the failing step with the rows captured before the fault (what one needs to
+    find it), and the file is complete."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(_EXIT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "d")], capture_output=True, text=True,
+                         env=dict(os.environ, TRANSFORMERS_VERBOSITY="error"), timeout=300)
+    assert out.returncode == 1 and "device fault" in out.stderr and "could not write" not in out.stderr
+    with read_module_dump(tmp_path / "d" / FILE) as dump:
+        assert dump.complete and dump.steps == [0, 1, 2]
+        full, cut = [r.name for r in dump.rows(1)], [r.name for r in dump.rows(2)]
+        assert len(cut) < len(full) and cut == full[:len(cut)]
+        assert not any(n.startswith("model.norm.") for n in cut) and any(n.startswith("model.layers.0.") for n in cut)

@@ -15,6 +15,7 @@ import torch
 from ..dump.model import Stats
 from ..dump.stats import StatsCache, tensor_stats
 from ..dump.tensorio import dtype_name
+from ..summary.table import csv_head_cells, csv_number_cells
 from .layout import module_prefix, prefixed_name
 from .writer import ModuleDumpWriter
 
@@ -31,33 +32,43 @@ class CallKey(NamedTuple):
     direction: str  # "forward" | "backward"
 
 
-def _f(x: float | None) -> float:
-    return math.nan if x is None else x  # NaN in the table means "no finite element"
+# The (dtype, shape, device) cells and the CSV's Dtype,Shape text, memoised: a step writes
+# hundreds of rows that share a handful of them, and formatting them afresh was a visible part
+# of the per-step cost.
+_META_TEXT: dict[tuple, tuple[tuple[str, str, str], str]] = {}
 
 
-# The dtype, shape and device cells, memoised: a step writes hundreds of rows that share a
-# handful of each, and formatting them afresh was a visible part of the per-step cost.
-_CELL_TEXT: dict = {}
-
-
-def _cell(v: torch.dtype | torch.Size | torch.device) -> str:
-    text = _CELL_TEXT.get(v)
+def _meta_cells(t: torch.Tensor) -> tuple[tuple[str, str, str], str]:
+    key = (t.dtype, t.shape, t.device)
+    text = _META_TEXT.get(key)
     if text is None:
-        if len(_CELL_TEXT) > 4096:  # dynamic shapes: keep the memo bounded
-            _CELL_TEXT.clear()
-        text = _CELL_TEXT[v] = (dtype_name(v) if isinstance(v, torch.dtype)
-                                else json.dumps(list(v)) if isinstance(v, torch.Size) else str(v))
+        if len(_META_TEXT) > 4096:  # dynamic shapes: keep the memo bounded
+            _META_TEXT.clear()
+        meta = (dtype_name(t.dtype), json.dumps(list(t.shape)), str(t.device))
+        text = _META_TEXT[key] = (meta, csv_head_cells(meta[0], meta[1]))
     return text
 
 
-def _tensor_cells(t: torch.Tensor) -> tuple[Stats, tuple, tuple]:
-    """What a tensor version contributes to every row that names it: its statistics, its
-    (dtype, shape, device) cells and its numeric cells. Cached per tensor version with the
-    statistics, so the many rows that re-name a tensor (a module's input is the output before
-    it; parameters recur every step) build none of it again."""
+class Cells(NamedTuple):
+    """What a tensor version contributes to every row that names it, computed once: the many
+    rows that re-name a tensor (a module's input is the output before it; parameters recur
+    every step) build none of it again. Cached per tensor version with the statistics."""
+
+    stats: Stats
+    meta: tuple[str, str, str]  # the dtype, shape and device cells
+    numbers: tuple  # min, max, mean, std (NaN: no finite element), nan, posinf, neginf, numel
+    csv: str  # the summary CSV's Dtype..Numel cells
+    finite: bool
+
+
+def _tensor_cells(t: torch.Tensor) -> Cells:
     s = tensor_stats(t)
-    return (s, (_cell(t.dtype), _cell(t.shape), _cell(t.device)),
-            (_f(s.min), _f(s.max), _f(s.mean), _f(s.std), s.nan, s.posinf, s.neginf, s.numel))
+    meta, csv_head = _meta_cells(t)
+    if s.min is None:  # NaN in the table means "no finite element"
+        numbers = (math.nan,) * 4 + (s.nan, s.posinf, s.neginf, s.numel)
+    else:
+        numbers = (s.min, s.max, s.mean, s.std, s.nan, s.posinf, s.neginf, s.numel)
+    return Cells(s, meta, numbers, f"{csv_head},{csv_number_cells(numbers)}", not (s.nan or s.posinf or s.neginf))
 
 
 class TensorCapture:
@@ -69,18 +80,20 @@ class TensorCapture:
         self.on_overflow = on_overflow
         self._cells = StatsCache(_tensor_cells)
         self._saved_params: dict[tuple[int, int], str] = {}  # (step, id(param)) -> dataset path
-        self._call: CallKey | None = None  # the last call named, and its name prefix
+        self._call: CallKey | None = None  # the last call named, its name prefix and step rows
         self._prefix = ""
+        self._rows: list[tuple] = []
 
     def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, param: bool = False,
                 keyword: str = "") -> None:
         """Add ``t``'s row to its step's index (``param``: a parameter, saved once per step;
         ``keyword``: the keyword argument it came from). Positional, for the hot path."""
-        s, meta, numbers = self._cells.get(t)
-        if self.overflow_only and s.finite:
+        cells = self._cells.get(t)
+        if self.overflow_only and cells.finite:
             return
-        if call is not self._call:  # a call's tensors mostly come in a run: prefix it once
+        if call is not self._call:  # a call's tensors come in a run: look its step up once
             self._call, self._prefix = call, module_prefix(call.path, call.cls, call.call_index)
+            self._rows = self.writer.step_rows(call.step)
         name = prefixed_name(self._prefix, role, key)
         data = ""
         if self.save_data and t.layout == torch.strided and not t.is_meta:
@@ -90,11 +103,9 @@ class TensorCapture:
                 data = self.writer.write_tensor(call.step, name, t)
                 if param:
                     self._saved_params[pkey] = data
-        self.writer.step_rows(call.step).append((call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *meta,
-                     t.requires_grad, *numbers, data, keyword))
-        if (s.nan or s.posinf or s.neginf) and self.on_overflow is not None \
-                and role in ("forward_output", "backward_output"):
-            self.on_overflow(call, name, s)
+        self._rows.append((call, name, role, key, cells, t.requires_grad, data, keyword))
+        if not cells.finite and self.on_overflow is not None and role in ("forward_output", "backward_output"):
+            self.on_overflow(call, name, cells.stats)
 
     def new_step(self) -> None:
         self._saved_params.clear()

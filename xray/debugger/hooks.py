@@ -18,8 +18,10 @@ from typing import Any, Callable
 import torch
 
 from .capture import CallKey, TensorCapture
-from ..record.flatten import flatten_tensors
+from ..record.flatten import flatten_kwargs, flatten_tensors
 from ..record.tracer import no_dispatch_modes
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is on
 
 
 class ModuleHooks:
@@ -84,7 +86,10 @@ class ModuleHooks:
         if not self.active:
             return None
         try:
-            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
+            if _dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
+                with no_dispatch_modes():
+                    self._enter(module, args, kwargs)
+            else:  # the usual case, without a context manager's two Python calls per hook
                 self._enter(module, args, kwargs)
         except Exception as e:  # a debugger bug must never break the user's forward
             self.on_error(e)
@@ -102,10 +107,9 @@ class ModuleHooks:
         inputs = flatten_tensors(args)
         for i, t in enumerate(inputs):
             capture(call, "forward_input", str(i), t)
-        for keyword, value in kwargs.items():
-            for t in flatten_tensors(value):
-                capture(call, "forward_input", str(len(inputs)), t, False, keyword)
-                inputs.append(t)
+        for keyword, t in flatten_kwargs(kwargs):
+            capture(call, "forward_input", str(len(inputs)), t, False, keyword)
+            inputs.append(t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if t.requires_grad] if grad_mode else []
         for name, p in params.items():
             if p is None:  # Linear(bias=False) registers its bias as None
@@ -126,7 +130,10 @@ class ModuleHooks:
             return None
         _, call, grad_inputs = self._stack.pop()
         try:
-            with no_dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
+            if _dispatch_modes():
+                with no_dispatch_modes():
+                    self._exit(call, output, grad_inputs)
+            else:
                 self._exit(call, output, grad_inputs)
         except Exception as e:
             self.on_error(e)

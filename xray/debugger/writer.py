@@ -4,6 +4,10 @@ Nothing half-written looks valid: while a dump is open the file lives under ``<n
 with the root attribute ``complete = False``; ``close()`` writes the index tables, sets
 ``complete = True`` and renames the file into place. A later ``open()`` in the same session
 moves it back to the temporary name before appending the next step.
+
+Index rows wait in memory until ``close()``, which opens the file itself when nothing did:
+a statistics-only dump has no tensor data, so it touches the file only when its owner decides
+to write (PrecisionDebugger's ``flush_secs``), not at every step.
 """
 from __future__ import annotations
 
@@ -77,6 +81,12 @@ _ATTR_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
 _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 
 
+def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str) -> tuple:
+    """A held row as the index table's columns (layout.INDEX_DTYPE order)."""
+    return (call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *cells.meta,
+            requires_grad, *cells.numbers, data, keyword)
+
+
 class DumpPathError(OSError):
     """The dump path cannot be written; the message names it."""
 
@@ -100,6 +110,11 @@ class ModuleDumpWriter:
     @property
     def is_open(self) -> bool:
         return self._file is not None
+
+    @property
+    def pending(self) -> bool:
+        """Whether steps were captured that the file does not hold yet."""
+        return bool(self._touched)
 
     def open(self) -> None:
         try:
@@ -148,7 +163,10 @@ class ModuleDumpWriter:
                 del held[s]
 
     def step_rows(self, step: int) -> list[tuple]:
-        """The list the index rows of ``step`` go in (appended to directly: hundreds a step)."""
+        """The list the rows of ``step`` go in (appended to directly: hundreds a step). A row is
+        (call, name, role, key, cells, requires_grad, data, keyword): ``call`` a capture.CallKey
+        and ``cells`` a capture.Cells, shared by every row of the same call or tensor version;
+        they become the index's columns only when the file is written."""
         self._touched.add(step)
         return self.rows.setdefault(step, [])
 
@@ -157,9 +175,12 @@ class ModuleDumpWriter:
         self._touched.add(step)
 
     def close(self) -> Path | None:
-        """Write the index of every step touched, mark the file complete, rename it into place."""
+        """Write the index of every step touched, mark the file complete, rename it into place
+        (opening the file first if no tensor data did). None if there was nothing to write."""
         if self._file is None:
-            return None
+            if not self._touched:
+                return None
+            self.open()
         f, self._file = self._file, None
         self._groups.clear()
         try:
@@ -169,7 +190,7 @@ class ModuleDumpWriter:
                 for name in (INDEX, ATEN):
                     if name.encode() in g.id:
                         del g[name]
-                _write_table(g, INDEX, index_table(self.rows.get(step, [])))
+                _write_table(g, INDEX, index_table([_index_row(*r) for r in self.rows.get(step, [])]))
                 if self._aten.get(step):
                     g.create_dataset(ATEN, data=np.array(self._aten[step], dtype=h5py.string_dtype()))
             self._steps |= self._touched

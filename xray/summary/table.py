@@ -116,58 +116,47 @@ def _needs_quoting(text: str) -> bool:
     return '"' in text or "," in text or "\n" in text or "\r" in text
 
 
-def append_index_csv(index_rows: list[tuple], step: int, rank: int | None, path: str | os.PathLike,
-                     start: int) -> int:
-    """Append one step's module-index tuples to a ``_summary.csv`` (creating it with its header
-    when ``start`` is 0); returns the next row index. The cells are those of SummaryRow.cells,
-    built straight from the tuples the debugger holds: a stop() must not pay for a read-back
-    (tests check the result equals ``xray-summary --csv``).
+def csv_head_cells(dtype: str, shape: str) -> str:
+    """The Dtype and Shape cells of a CSV row, joined; ``shape`` as the module index spells it
+    ("[2, 128, 256]")."""
+    return f"{dtype},{_dims(shape)}"
 
-    When no text cell needs quoting (nearly always: one scan over the batch's names and data
-    paths decides), every row is one f-string, formatted as csv.writer would; csv.writer's
-    per-cell work was 1.3 ms of a statistics-only step. Otherwise every row goes through
-    csv.writer."""
-    path = Path(path)
+
+def csv_number_cells(numbers: tuple) -> str:
+    """The Min..Numel cells of a CSV row, joined, from (min, max, mean, std, nan, posinf,
+    neginf, numel) with NaN for "no finite element". The debugger formats them once per tensor
+    version and re-uses the text in every row naming that version, in every step (parameters)."""
+    lo, hi, mean, std = numbers[:4]
+    if lo == lo and hi == hi and mean == mean and std == std:  # no NaN: one format call
+        return "%.9g,%.9g,%.9g,%.9g,%d,%d,%d,%d" % numbers
+    return ",".join((*[_stat_cell(v) for v in numbers[:4]], *map(str, numbers[4:])))
+
+
+def append_index_csv(rows: list[tuple[str, str, str, str]], step: int, rank: int | None,
+                     path: str | os.PathLike, start: int) -> int:
+    """Append one step's rows to a ``_summary.csv`` (creating it with its header when ``start``
+    is 0); returns the next row index. Each row is (name, the Dtype..Numel cells text, direction,
+    data path): the cells of SummaryRow.cells, built by the debugger without a read-back (tests
+    check the result equals ``xray-summary --csv``). When no name or data path needs quoting
+    (nearly always: one scan over the batch decides) each line is one f-string, as csv.writer
+    would write it; otherwise every row goes through csv.writer."""
     rank_cell = _opt(rank)
     lines = []
     if start == 0:
         lines.append(",".join(CSV_COLUMNS) + "\r\n")
-    if _needs_quoting("".join(map(itemgetter(1), index_rows)) + "".join(map(itemgetter(20), index_rows))):
+    if _needs_quoting("".join(map(itemgetter(0), rows)) + "".join(map(itemgetter(3), rows))):
         buffer = io.StringIO()
         writer = csv.writer(buffer)
-        for n, r in enumerate(index_rows, start):
-            writer.writerow((n, step, rank_cell, r[1], r[8], _dims(r[9]), *map(_stat_cell, r[12:16]), *r[16:20], r[5],
-                             r[20]))
+        for n, (name, cells, direction, data) in enumerate(rows, start):
+            writer.writerow((n, step, rank_cell, name, *cells.split(","), direction, data))
         lines.append(buffer.getvalue())
     else:
         head = f",{step},{rank_cell},"
-        dims_of: dict[str, str] = {}  # "[2, 128, 256]" -> "2x128x256", formatted once per shape
-        stat_text = _STAT_TEXT
-        if len(stat_text) > 16384:  # kept across steps for parameters; bounded
-            stat_text.clear()
-        for n, row in enumerate(index_rows, start):
-            shape = row[9]
-            dims = dims_of.get(shape)
-            if dims is None:
-                dims = dims_of[shape] = _dims(shape)
-            # A module's input is the output before it, and parameters keep their statistics
-            # across steps: most rows repeat a (min, max, mean, std) already formatted.
-            # Equal keys must mean equal text: -0.0 == 0.0 (and hashes alike) but prints "-0",
-            # so a key holding a zero is formatted afresh.
-            key = row[12:16]
-            stats = stat_text.get(key)
-            if stats is None:
-                stats = ",".join([_stat_cell(v) for v in key])
-                if 0.0 not in key:
-                    stat_text[key] = stats
-            lines.append(f"{n}{head}{row[1]},{row[8]},{dims},{stats},{row[16]},{row[17]},{row[18]},{row[19]},"
-                         f"{row[5]},{row[20]}\r\n")
+        lines += [f"{n}{head}{name},{cells},{direction},{data}\r\n"
+                  for n, (name, cells, direction, data) in enumerate(rows, start)]
     with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
         f.write("".join(lines))
-    return start + len(index_rows)
-
-
-_STAT_TEXT: dict[tuple, str] = {}  # (min, max, mean, std) -> their four CSV cells
+    return start + len(rows)
 
 
 def _dims(shape: str) -> str:
