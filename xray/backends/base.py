@@ -20,7 +20,8 @@ from ..record.flatten import flatten_tensors  # noqa: F401  (re-exported for bac
 
 
 class Status(enum.IntEnum):
-    """Outcome of one (record, backend) replay. Lower is better; ``OK`` is the only success."""
+    """Outcome of one (record, backend) replay. ``OK`` is the only pass; 1-6 are failures, worse as
+    they grow; 7-9 say why the values were not compared (platform, baseline, nondeterministic op)."""
 
     OK = 0
     """Exported, lowered, ran, and matched the baseline within the dtype's tolerance."""
@@ -40,11 +41,14 @@ class Status(enum.IntEnum):
     """The backend cannot execute on this OS (e.g. CoreML predict on Linux); conversion was still tried."""
     BASELINE_FAIL = 8
     """The backend ran, but the baseline produced no outputs for this record: not compared."""
+    NONDETERMINISTIC = 9
+    """It ran with the baseline's output count, shapes and dtypes, but the op's values are random
+    (an RNG op) or uninitialized (``empty``), so they were not compared."""
 
     @property
     def supported(self) -> bool:
         """The backend expressed and ran the op (numbers may still drift, or be uncompared)."""
-        return self in (Status.OK, Status.MISMATCH, Status.BASELINE_FAIL)
+        return self in (Status.OK, Status.MISMATCH, Status.BASELINE_FAIL, Status.NONDETERMINISTIC)
 
 
 class BackendError(RuntimeError):

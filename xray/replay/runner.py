@@ -22,8 +22,9 @@ from ..dump.model import Record
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, Row
+from .nondeterminism import nondeterministic
 from .output import ReplayDumpWriter
-from .tolerance import compare
+from .tolerance import compare, compare_layout
 
 
 class ReplayInputError(ValueError):
@@ -137,6 +138,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     source = str(Path(dump_path).resolve())  # load_dump accepts it in every form the user may give
     matrix = MatrixWriter(out / "matrix.csv")
     baseline_out: dict[int, list[torch.Tensor] | None] = {}
+    uncompared = {r.seq: nondeterministic(r) for r in runnable}  # seq -> why its values are not compared
     rows: list[Row] = []
     dumps: dict[str, Path] = {}
     config = dict(dump.header.get("config", {})) if hasattr(dump, "header") else {}
@@ -152,7 +154,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
                           cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model,
                           weights_const=cfg.weights_const)
                 res = worker.run(job, cfg.timeout)
-                row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of)
+                row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of, uncompared[rec.seq])
                 if res.status == Status.OK and res.outputs:
                     writer.add(rec, res.inputs, res.output_tensors())
                 matrix.add(row)
@@ -169,15 +171,25 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
 
 
 def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline: bool,
-         precision_of: Callable[[torch.dtype], torch.dtype]) -> Row:
+         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None) -> Row:
+    """The matrix row of one job; ``uncompared`` says why the op's values cannot be compared
+    (random or uninitialized outputs): then only output count, shapes and dtypes are."""
     status, error = Status(res.status), res.error
     max_abs = max_rel = None
     if is_baseline:
         baseline_out[rec.seq] = res.output_tensors() if status == Status.OK else None
+        if status == Status.OK and uncompared:
+            status, error = Status.NONDETERMINISTIC, f"values not compared: {uncompared}"
     elif status == Status.OK:
         ref = baseline_out.get(rec.seq)
         if ref is None:  # it ran, but against nothing: never counted as within tolerance
             status, error = Status.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
+        elif uncompared:  # a wrong layout is still a mismatch; differing values are expected
+            cmp = compare_layout(ref, res.output_tensors())
+            status = Status.NONDETERMINISTIC if cmp.ok else Status.MISMATCH
+            error = f"values not compared: {uncompared}"
+            if not cmp.ok:
+                error = f"{cmp.message} ({error})"
         else:
             got = res.output_tensors()
             dtype = ref[0].dtype if ref else torch.float32

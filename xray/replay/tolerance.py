@@ -76,6 +76,20 @@ def compare(ref: list[torch.Tensor], got: list[torch.Tensor], precision: torch.d
     return Comparison(ok, worst_abs, worst_rel, "; ".join(notes) or None)
 
 
+def compare_layout(ref: list[torch.Tensor], got: list[torch.Tensor]) -> Comparison:
+    """Output count, shapes and dtypes only, for outputs whose values are random or uninitialized.
+    Float dtypes may differ, as in ``compare`` (fp16 presets return float16)."""
+    if len(ref) != len(got):
+        return Comparison(False, None, None, f"{len(got)} outputs, baseline has {len(ref)}")
+    notes = []
+    for i, (r, g) in enumerate(zip(ref, got)):
+        if tuple(r.shape) != tuple(g.shape):
+            notes.append(f"output {i}: shape {tuple(g.shape)}, baseline {tuple(r.shape)}")
+        elif r.dtype != g.dtype and not (r.dtype.is_floating_point and g.dtype.is_floating_point):
+            notes.append(f"output {i}: dtype {g.dtype}, baseline {r.dtype}")
+    return Comparison(not notes, None, None, "; ".join(notes) or None)
+
+
 def _as_float(t: torch.Tensor) -> torch.Tensor:
     if t.is_complex():
         return torch.view_as_real(t).to(torch.float64)
