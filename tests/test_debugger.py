@@ -450,7 +450,7 @@ def _csv_steps(folder) -> set[int]:
     return set(pd.read_csv(folder / FILE.replace(".h5", "_summary.csv"))["Step"])
 
 
-def test_statistics_index_is_written_every_flush_secs_and_the_csv_every_step(tmp_path):
+def test_statistics_index_is_written_every_flush_secs_and_the_csv_every_step(tmp_path, monkeypatch):
     """flush_secs=0 writes the file at every stop(). A long flush_secs writes it at the first
     stop(), at the last selected step, at flush() and close(): in between the file stays
     complete and valid with the steps written so far, while the CSV already has every step."""
@@ -471,6 +471,13 @@ def test_statistics_index_is_written_every_flush_secs_and_the_csv_every_step(tmp
     assert _steps_in_file(lazy.file) == [0, 1, 2, 3]
     with read_module_dump(eager.file) as a, read_module_dump(lazy.file) as b:
         assert [r.name for r in a.rows(2)] == [r.name for r in b.rows(2)]
+    # A bound on the rows held writes the file whatever flush_secs says (memory stays bounded).
+    bounded = xray.PrecisionDebugger(dump_path=tmp_path / "b", model=m, task="statistics", flush_secs=3600)
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr("xray.debugger.debugger.MAX_HELD_ROWS", 1)
+        for step in range(3):
+            bounded.start(); m(ids); bounded.stop(); bounded.step()
+            assert _steps_in_file(bounded.file) == list(range(step + 1))
     # The last selected step writes the file, whatever flush_secs says.
     last = xray.PrecisionDebugger(dump_path=tmp_path / "s", model=m, task="statistics", step="0-2", flush_secs=3600)
     with torch.no_grad():

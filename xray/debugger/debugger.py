@@ -5,12 +5,12 @@ The API mirrors the ptdbg / torch_xray one users know: ``start()`` before the fo
 steps and ranks ``start()`` installs nothing, so the cost there is one comparison.
 
 When the file is written: tensor mode at every ``stop()`` (its data is in the file already).
-Statistics-only dumps keep their index rows in memory and write them at most every
-``flush_secs`` (one second by default), at the last selected step, at ``flush()``/``close()``
-and at interpreter exit; the summary CSV gets every step at ``stop()``. Opening, indexing and
-closing the HDF5 file was ~3 ms a step in place, half of the statistics-only overhead on a
-small Llama; a hard crash (a segfault, SIGKILL) loses at most the last ``flush_secs`` of the
-HDF5 index, never the CSV's rows.
+Statistics-only dumps keep their index rows in memory and write them every ``flush_secs``
+(one second by default) or MAX_HELD_ROWS rows, at the last selected step, at ``flush()`` /
+``close()`` and at interpreter exit; the summary CSV gets every step at ``stop()``. Opening,
+indexing and closing the HDF5 file was ~3 ms a step in place, half of the statistics-only
+overhead on a small Llama; a hard crash (a segfault, SIGKILL) loses at most the last
+``flush_secs`` of the HDF5 index, never the CSV's rows.
 """
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ from .steps import Selection, parse_selection
 from .writer import DumpPathError, ModuleDumpWriter
 
 HOOK_NAMES = ("dump", "overflow_check")
+# Statistics-only rows held in memory before the file is written whatever flush_secs says
+# (~0.2 KB each: a long flush_secs on a fast loop must not grow memory without bound).
+MAX_HELD_ROWS = 1 << 16
 TASKS = ("tensor", "statistics")
 
 
@@ -94,6 +97,7 @@ class PrecisionDebugger:
         self.dump_torch_api = dump_torch_api
         self.flush_secs = float(flush_secs)
         self._flushed_at = -math.inf  # time.monotonic() of the last write: the first stop() writes
+        self._held_rows = 0  # rows captured since then
         g, local, self.world_size = dist_ranks()  # a single process is rank 0
         self.global_rank, self.local_rank = g or 0, local or 0
         self.dump_path = Path(dump_path)
@@ -188,7 +192,9 @@ class PrecisionDebugger:
         if self._aten is not None:
             self._aten.stop()
         self._append_csv()
-        if self._writer.is_open or last or time.monotonic() - self._flushed_at >= self.flush_secs:
+        self._held_rows += len(self._writer.rows.get(self.current_step, ()))
+        if (self._writer.is_open or last or self._held_rows >= MAX_HELD_ROWS
+                or time.monotonic() - self._flushed_at >= self.flush_secs):
             return self.flush()
         return None
 
@@ -199,6 +205,7 @@ class PrecisionDebugger:
             raise RuntimeError("PrecisionDebugger.flush() is for between steps: call stop() first")
         path = self._writer.close()
         self._flushed_at = time.monotonic()
+        self._held_rows = 0
         # Only the current step can be captured again (steps only advance): earlier rows are in
         # the file and the CSV, and keeping them would grow memory with every step of a long run.
         self._writer.forget_before(self.current_step)
