@@ -524,3 +524,23 @@ def test_rows_in_memory_reach_the_file_when_the_program_dies_of_an_exception(tmp
         full, cut = [r.name for r in dump.rows(1)], [r.name for r in dump.rows(2)]
         assert len(cut) < len(full) and cut == full[:len(cut)]
         assert not any(n.startswith("model.norm.") for n in cut) and any(n.startswith("model.layers.0.") for n in cut)
+
+
+def test_held_rows_are_written_when_the_debugger_is_collected_but_never_into_a_removed_folder(tmp_path):
+    import gc
+    import shutil
+
+    m, ids = _llama(), token_batch()
+    for name in ("kept", "removed"):
+        dbg = xray.PrecisionDebugger(dump_path=tmp_path / name, model=m, task="statistics", flush_secs=3600)
+        with torch.no_grad():
+            for _ in range(2):
+                dbg.start(); m(ids); dbg.stop(); dbg.step()
+        dbg._hooks.remove()  # the model's hooks hold the debugger; a user would call close()
+        assert _steps_in_file(tmp_path / name / FILE) == [0]
+        if name == "removed":
+            shutil.rmtree(tmp_path / name)
+        del dbg
+        gc.collect()
+    assert _steps_in_file(tmp_path / "kept" / FILE) == [0, 1]
+    assert not (tmp_path / "removed").exists()

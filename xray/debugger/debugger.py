@@ -271,8 +271,9 @@ class PrecisionDebugger:
 
 
 def _write_pending(writer: ModuleDumpWriter) -> None:
-    """The finalizer's job (no reference to the debugger, or it would never be collected)."""
-    if writer.pending or writer.is_open:
+    """The finalizer's job (no reference to the debugger, or it would never be collected). A
+    dump folder removed meanwhile is left removed."""
+    if (writer.pending or writer.is_open) and writer.path.parent.is_dir():
         try:
             writer.close()
         except Exception as e:  # at exit there is no caller to raise to
