@@ -166,3 +166,30 @@ def test_module_level_dumps_from_precision_debugger(tmp_path):
     # earlier rows fail only when they are the modules enclosing v_proj (recorded on entry)
     earlier_fails = [row.module for row in r.rows[:fd["index"]] if row.status != "pass"]
     assert earlier_fails and all("layers.0.self_attn.v_proj".startswith(m) for m in earlier_fails)
+
+
+def test_random_ops_are_not_compared_nor_named_as_the_divergence(tmp_path):
+    """Two training-mode runs with different dropout masks: the random ops (and the uninitialized
+    buffer CPU dropout fills) differ by nature, so their rows, and those of the modules they ran
+    in, are skipped with the reason; what follows differs only because its input does
+    (inherited), and the Linear before the dropout passes."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 16)).train()
+    x = torch.randn(4, 16)
+    folders = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        with torch.no_grad(), xray.dump(dump_dir=tmp_path / str(seed), **DUMP) as d:
+            model(x)
+        folders.append(d.folder)
+    r = compare_dumps(*folders)
+    ops = [row for row in r.rows if row.kind == "op"]
+    skipped = [row for row in ops if row.status == "skip"]
+    assert skipped and all("values not compared" in row.note for row in skipped)
+    assert any("random" in row.note for row in skipped)
+    assert [row.status for row in ops[:2]] == ["pass", "pass"] and ops[1].bench_op == "aten.addmm.default"
+    modules = {row.module: row for row in r.rows if row.kind == "module"}
+    assert modules["0"].status == "pass"
+    assert modules["1"].status == modules[""].status == "skip" and "random op ran inside" in modules["1"].note
+    assert modules["2"].status == "fail" and modules["2"].origin == "inherited"
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["origin"] == "inherited" and fd["status"] == "fail", fd

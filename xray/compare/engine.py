@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from ..dump.model import TensorMeta
 from ..dump.tensorio import dtype_from_name
+from ..nondeterminism import nondeterministic
 from .align import align
 from .entries import Entry, entries_of
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
@@ -242,6 +243,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
         er = entries_of(reference)
         ref_of = {i: er[j] for i, j in align(ea, er).pairs}
     comparer = PairComparer(bench, target, rules, reference, precision_floor(ea, eb, alignment.pairs, rules))
+    random_of = _random_entries(ea)
     total_bytes = sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None)
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
     comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
@@ -259,13 +261,18 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
         if i == len(ea):
             break
         a, b = ea[i], eb[j]
+        random = random_of.get(a.pos)
         pair_rows = []
         for k in range(max(len(a.outputs), len(b.outputs))):
             row = _row(rank, a, b, k)
             if k < len(a.outputs) and k < len(b.outputs):
+                bm, tm = a.outputs[k][1], b.outputs[k][1]
                 ref = ref_of.get(i)
                 ref_meta = ref.outputs[k][1] if ref is not None and k < len(ref.outputs) else None
-                comparer.compare(row, a.outputs[k][1], b.outputs[k][1], ref_meta)
+                if random and _same_layout(bm, tm):  # random values differ by nature: never a divergence
+                    row.status, row.note = Status.SKIP.value, f"values not compared: {random}"
+                else:
+                    comparer.compare(row, bm, tm, ref_meta)
             else:
                 row.status, row.note = Status.UNMATCHED.value, "output present on one side only"
             pair_rows.append(row)
@@ -286,6 +293,35 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
               "anchors": alignment.anchors, "bytes_compared": comparer.bytes,
               "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals
+
+
+def _random_entries(entries: list[Entry]) -> dict[int, str]:
+    """Entry position -> why its values are random: ops that draw random numbers or return
+    uninitialized memory (xray.nondeterminism), and the modules such an op ran inside (a
+    training-mode Dropout and every module enclosing it)."""
+    out: dict[int, str] = {}
+    sources: dict[str, str] = {}  # module path an op ran in -> why the op is random
+    for e in entries:
+        why = nondeterministic(e.record) if e.kind == "op" else None
+        if why:
+            out[e.pos] = why
+            sources.setdefault(e.path, why)
+    for e in entries:
+        if e.kind == "module" and sources:
+            inner = next((why for path, why in sources.items() if _inside(path, e.path)), None)
+            if inner:
+                out[e.pos] = f"a random op ran inside it ({inner})"
+    return out
+
+
+def _same_layout(bm: TensorMeta, tm: TensorMeta) -> bool:
+    """Equal shapes, and equal dtypes or both floating (a bf16 target of a float32 bench)."""
+    if tuple(bm.shape) != tuple(tm.shape):
+        return False
+    if bm.dtype == tm.dtype:
+        return True
+    db, dt = _torch_dtype(bm.dtype), _torch_dtype(tm.dtype)
+    return db is not None and dt is not None and db.is_floating_point and dt.is_floating_point
 
 
 def _row(rank: str, a: Entry, b: Entry, k: int) -> Row:

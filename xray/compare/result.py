@@ -18,7 +18,7 @@ class Status(str, enum.Enum):
     FAIL = "fail"  #: beyond the warning rule, or shapes that cannot be compared
     NAN_INF = "nan/inf"  #: NaN/Inf where the other side has a finite value (or different counts)
     UNMATCHED = "unmatched"  #: present on one side only (fused, decomposed, or not recorded)
-    SKIP = "skip"  #: nothing to compare: no saved data and no statistics on one side
+    SKIP = "skip"  #: nothing to compare: no saved data and no statistics on one side, or random values
 
 
 FAILING = (Status.FAIL, Status.NAN_INF)

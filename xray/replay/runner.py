@@ -22,7 +22,7 @@ from ..dump.model import Record
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, Row
-from .nondeterminism import nondeterministic
+from ..nondeterminism import nondeterministic
 from .output import ReplayDumpWriter
 from .tolerance import compare, compare_layout
 

@@ -1,4 +1,5 @@
-"""Which recorded calls produce values their inputs do not determine, so replay must not compare them.
+"""Which recorded calls produce values their inputs do not determine: replay and compare check
+only their shapes and dtypes.
 
 Random ops: torch tags the ATen ops that draw from a generator ``Tag.nondeterministic_seeded``
 (randn, rand, randint, randperm, normal_, uniform_, bernoulli, multinomial, exponential_, dropout,
@@ -12,10 +13,12 @@ returned; a training dropout records ``empty_like`` before ``bernoulli_``. They 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..dump.model import Record
-from ..inputs import UnknownOpError, resolve_op
+from .dump.model import Record
+from .inputs import UnknownOpError, resolve_op
 
 # Recorded False: dropout, rrelu and RNNs run in eval mode and draw nothing.
 _TRAIN_FLAGS = ("train", "training")
@@ -30,15 +33,25 @@ def nondeterministic(record: Record) -> str | None:
     """Why the record's output values are not a function of its inputs, or None when they are."""
     if record.kind != "op" or all(m.numel == 0 for _, m in record.output_tensors()):
         return None  # no values to differ
+    kind = _op_kind(record.op)
+    if kind == "uninitialized":
+        return f"{record.op} returns uninitialized memory"
+    if kind == "random" and not _draws_nothing(record):
+        return f"{record.op} draws random numbers (tagged nondeterministic_seeded)"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_kind(name: str) -> str | None:
+    """"uninitialized", "random" or None for an op name; once per name (compare asks for every
+    record of a dump)."""
     try:
-        op = resolve_op(record.op)
+        op = resolve_op(name)
     except UnknownOpError:
         return None
     if op._schema.name.split("::")[-1] in _UNINITIALIZED:
-        return f"{record.op} returns uninitialized memory"
-    if torch.Tag.nondeterministic_seeded not in op.tags or _draws_nothing(record):
-        return None
-    return f"{record.op} draws random numbers (tagged nondeterministic_seeded)"
+        return "uninitialized"
+    return "random" if torch.Tag.nondeterministic_seeded in op.tags else None
 
 
 def _draws_nothing(record: Record) -> bool:
