@@ -58,7 +58,7 @@ class Cells(NamedTuple):
     meta: tuple[str, str, str]  # the dtype, shape and device cells
     numbers: tuple  # min, max, mean, std (NaN: no finite element), nan, posinf, neginf, numel
     csv: str  # the summary CSV's Dtype..Numel cells
-    finite: bool
+    finite: bool  # stats.finite, read per row on the hot path
 
 
 def _tensor_cells(t: torch.Tensor) -> Cells:
@@ -68,7 +68,7 @@ def _tensor_cells(t: torch.Tensor) -> Cells:
         numbers = (math.nan,) * 4 + (s.nan, s.posinf, s.neginf, s.numel)
     else:
         numbers = (s.min, s.max, s.mean, s.std, s.nan, s.posinf, s.neginf, s.numel)
-    return Cells(s, meta, numbers, f"{csv_head},{csv_number_cells(numbers)}", not (s.nan or s.posinf or s.neginf))
+    return Cells(s, meta, numbers, f"{csv_head},{csv_number_cells(numbers)}", s.finite)
 
 
 class TensorCapture:

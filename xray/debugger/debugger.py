@@ -30,6 +30,7 @@ import torch
 
 from ..dump.model import Record, Stats
 from ..ranks import dist_ranks
+from ..summary.table import append_index_csv
 from .aten import AtenCapture
 from .capture import CallKey, TensorCapture
 from .hooks import ModuleHooks
@@ -97,7 +98,6 @@ class PrecisionDebugger:
         self.dump_torch_api = dump_torch_api
         self.flush_secs = float(flush_secs)
         self._flushed_at = -math.inf  # time.monotonic() of the last write: the first stop() writes
-        self._held_rows = 0  # rows captured since then
         g, local, self.world_size = dist_ranks()  # a single process is rank 0
         self.global_rank, self.local_rank = g or 0, local or 0
         self.dump_path = Path(dump_path)
@@ -192,8 +192,7 @@ class PrecisionDebugger:
         if self._aten is not None:
             self._aten.stop()
         self._append_csv()
-        self._held_rows += len(self._writer.rows.get(self.current_step, ()))
-        if (self._writer.is_open or last or self._held_rows >= MAX_HELD_ROWS
+        if (self._writer.is_open or last or self._writer.held_rows >= MAX_HELD_ROWS
                 or time.monotonic() - self._flushed_at >= self.flush_secs):
             return self.flush()
         return None
@@ -205,24 +204,20 @@ class PrecisionDebugger:
             raise RuntimeError("PrecisionDebugger.flush() is for between steps: call stop() first")
         path = self._writer.close()
         self._flushed_at = time.monotonic()
-        self._held_rows = 0
         # Only the current step can be captured again (steps only advance): earlier rows are in
         # the file and the CSV, and keeping them would grow memory with every step of a long run.
         self._writer.forget_before(self.current_step)
         return path
 
     def _append_csv(self) -> None:
-        from ..summary.table import append_index_csv
-
         if self._csv_step == self.current_step:  # captured this step again: replace its rows
             size, self._csv_rows = self._csv_mark
             if self._csv_rows:
                 os.truncate(self.summary_csv, size)
         else:
             self._csv_mark = (self.summary_csv.stat().st_size if self._csv_rows else 0, self._csv_rows)
-        rows = [(name, cells.csv, call.direction, data)
-                for call, name, _, _, cells, _, data, _ in self._writer.rows.get(self.current_step, [])]
-        self._csv_rows = append_index_csv(rows, self.current_step, self.global_rank, self.summary_csv, self._csv_rows)
+        self._csv_rows = append_index_csv(self._writer.csv_rows(self.current_step), self.current_step,
+                                          self.global_rank, self.summary_csv, self._csv_rows)
         self._csv_step = self.current_step
 
     def step(self) -> None:

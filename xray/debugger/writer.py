@@ -82,7 +82,8 @@ _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 
 
 def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str) -> tuple:
-    """A held row as the index table's columns (layout.INDEX_DTYPE order)."""
+    """A held row (see ModuleDumpWriter.step_rows) as the index table's columns (INDEX_DTYPE
+    order); csv_rows gives the summary CSV's view of it."""
     return (call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *cells.meta,
             requires_grad, *cells.numbers, data, keyword)
 
@@ -115,6 +116,11 @@ class ModuleDumpWriter:
     def pending(self) -> bool:
         """Whether steps were captured that the file does not hold yet."""
         return bool(self._touched)
+
+    @property
+    def held_rows(self) -> int:
+        """Index rows captured that the file does not hold yet."""
+        return sum(len(self.rows.get(step, ())) for step in self._touched)
 
     def open(self) -> None:
         try:
@@ -169,6 +175,12 @@ class ModuleDumpWriter:
         they become the index's columns only when the file is written."""
         self._touched.add(step)
         return self.rows.setdefault(step, [])
+
+    def csv_rows(self, step: int) -> list[tuple[str, str, str, str]]:
+        """The held rows of ``step`` as summary.table.append_index_csv takes them: (name,
+        Dtype..Numel cells, direction, data). Every stop() asks, so no call per row."""
+        return [(name, cells.csv, call.direction, data)
+                for call, name, _, _, cells, _, data, _ in self.rows.get(step, ())]
 
     def add_aten(self, step: int, record_json: dict) -> None:
         self._aten.setdefault(step, []).append(json.dumps(record_json, separators=(",", ":")))

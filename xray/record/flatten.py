@@ -29,18 +29,14 @@ def flatten_kwargs(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """(keyword, tensor) for each tensor of a call's keyword arguments, in the order (and so
     with the numbering) ``flatten_tensors(kwargs)`` gives them. One call per module call: most
     keyword values (None, flags, caches) hold no tensor."""
-    out: list[torch.Tensor] = []
-    pairs = []
+    pairs: list[tuple[str, torch.Tensor]] = []
     for keyword, value in kwargs.items():
-        if value is None or type(value) in _NO_TENSORS:
-            continue
-        n = len(out)
-        _walk(value, out)
-        pairs += [(keyword, t) for t in out[n:]]
+        if type(value) not in _NO_TENSORS:
+            pairs += [(keyword, t) for t in flatten_tensors(value)]
     return pairs
 
 
-_NO_TENSORS = frozenset({bool, int, float, str})
+_NO_TENSORS = frozenset({type(None), bool, int, float, str})
 
 
 def _walk(v: Any, out: list) -> None:

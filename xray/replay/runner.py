@@ -19,10 +19,10 @@ from ..backends.base import Status
 from ..backends.registry import create, parse_spec
 from ..dump import load_dump
 from ..dump.model import Record
+from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, Row
-from ..nondeterminism import nondeterministic
 from .output import ReplayDumpWriter
 from .tolerance import compare, compare_layout
 

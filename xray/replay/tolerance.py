@@ -46,13 +46,14 @@ class Comparison:
 def compare(ref: list[torch.Tensor], got: list[torch.Tensor], precision: torch.dtype | None = None) -> Comparison:
     """Compare every output; ``precision`` overrides the dtype whose tolerance applies (fp16 presets)."""
     if len(ref) != len(got):
-        return Comparison(False, None, None, f"{len(got)} outputs, baseline has {len(ref)}")
+        return Comparison(False, None, None, _count_note(ref, got))
     worst_abs, worst_rel, ok, notes = 0.0, 0.0, True, []
     for i, (r, g) in enumerate(zip(ref, got)):
         if tuple(r.shape) != tuple(g.shape):
-            return Comparison(False, None, None, f"output {i}: shape {tuple(g.shape)}, baseline {tuple(r.shape)}")
-        if r.dtype != g.dtype and not (r.dtype.is_floating_point and g.dtype.is_floating_point):
-            notes.append(f"output {i}: dtype {g.dtype}, baseline {r.dtype}")
+            return Comparison(False, None, None, _shape_note(i, r, g))
+        note = _dtype_note(i, r, g)
+        if note:
+            notes.append(note)
             ok = False
         if r.numel() == 0:
             continue
@@ -80,14 +81,28 @@ def compare_layout(ref: list[torch.Tensor], got: list[torch.Tensor]) -> Comparis
     """Output count, shapes and dtypes only, for outputs whose values are random or uninitialized.
     Float dtypes may differ, as in ``compare`` (fp16 presets return float16)."""
     if len(ref) != len(got):
-        return Comparison(False, None, None, f"{len(got)} outputs, baseline has {len(ref)}")
+        return Comparison(False, None, None, _count_note(ref, got))
     notes = []
     for i, (r, g) in enumerate(zip(ref, got)):
-        if tuple(r.shape) != tuple(g.shape):
-            notes.append(f"output {i}: shape {tuple(g.shape)}, baseline {tuple(r.shape)}")
-        elif r.dtype != g.dtype and not (r.dtype.is_floating_point and g.dtype.is_floating_point):
-            notes.append(f"output {i}: dtype {g.dtype}, baseline {r.dtype}")
+        note = _shape_note(i, r, g) if tuple(r.shape) != tuple(g.shape) else _dtype_note(i, r, g)
+        if note:
+            notes.append(note)
     return Comparison(not notes, None, None, "; ".join(notes) or None)
+
+
+def _count_note(ref: list[torch.Tensor], got: list[torch.Tensor]) -> str:
+    return f"{len(got)} outputs, baseline has {len(ref)}"
+
+
+def _shape_note(i: int, r: torch.Tensor, g: torch.Tensor) -> str:
+    return f"output {i}: shape {tuple(g.shape)}, baseline {tuple(r.shape)}"
+
+
+def _dtype_note(i: int, r: torch.Tensor, g: torch.Tensor) -> str | None:
+    """A dtype difference that matters: float outputs may differ (fp16 presets return float16)."""
+    if r.dtype != g.dtype and not (r.dtype.is_floating_point and g.dtype.is_floating_point):
+        return f"output {i}: dtype {g.dtype}, baseline {r.dtype}"
+    return None
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:

@@ -107,7 +107,11 @@ def _stat_cell(v: float | None) -> str:
     value exactly ("%.9g" costs a third of repr's shortest round-trip form, and the debugger
     writes four per tensor per step). ``None`` or NaN ("no finite element") is an empty cell;
     the .h5 index keeps the exact float64 values."""
-    return "" if v is None or v != v else "%.9g" % v
+    return "" if v is None or v != v else _STAT_FORMAT % v
+
+
+_STAT_FORMAT = "%.9g"
+_NUMBERS_FORMAT = ",".join([_STAT_FORMAT] * 4 + ["%d"] * 4)  # min, max, mean, std, nan, posinf, neginf, numel
 
 
 def _needs_quoting(text: str) -> bool:
@@ -128,7 +132,7 @@ def csv_number_cells(numbers: tuple) -> str:
     version and re-uses the text in every row naming that version, in every step (parameters)."""
     lo, hi, mean, std = numbers[:4]
     if lo == lo and hi == hi and mean == mean and std == std:  # no NaN: one format call
-        return "%.9g,%.9g,%.9g,%.9g,%d,%d,%d,%d" % numbers
+        return _NUMBERS_FORMAT % numbers
     return ",".join((*[_stat_cell(v) for v in numbers[:4]], *map(str, numbers[4:])))
 
 
