@@ -1,11 +1,15 @@
-"""Builds the optional C accelerator of xray.dump.stats; all metadata lives in pyproject.toml.
+"""Builds xray's optional C accelerators; all metadata lives in pyproject.toml.
 
-``optional=True``: without a C compiler the install still succeeds and xray uses torch for
-statistics. No -march flags: the AVX2 kernel is picked at run time, so the build runs anywhere.
+xray.dump._moments (statistics in one pass) and xray.debugger._tap (PrecisionDebugger's
+per-module-call work). ``optional=True``: without a C compiler the install still succeeds and
+xray runs their Python equivalents. No -march flags: the AVX2 kernel is picked at run time,
+so the build runs anywhere.
 """
 import sys
 
 from setuptools import Extension, setup
+
+_FLAGS = [] if sys.platform == "win32" else ["-O3"]
 
 setup(
     ext_modules=[
@@ -13,7 +17,8 @@ setup(
             "xray.dump._moments",
             ["xray/dump/_moments.c"],
             optional=True,
-            extra_compile_args=[] if sys.platform == "win32" else ["-O3"],
-        )
+            extra_compile_args=_FLAGS,
+        ),
+        Extension("xray.debugger._tap", ["xray/debugger/_tap.c"], optional=True, extra_compile_args=_FLAGS),
     ]
 )

@@ -1,6 +1,7 @@
 """PrecisionDebugger: names, steps and ranks, backward, transparency, in-place safety, modes."""
 from __future__ import annotations
 
+import inspect
 import os
 
 import h5py
@@ -99,7 +100,7 @@ def test_steps_and_ranks_select_what_is_dumped(tmp_path, monkeypatch):
     with torch.no_grad():
         for _ in range(6):
             dbg.start()
-            hooked = bool(m.model.layers[0]._forward_hooks)
+            hooked = "forward" in vars(m.model.layers[0])
             assert hooked == (dbg.current_step in (1, 3, 4))  # nothing installed outside the selection
             m(ids)
             dbg.stop()
@@ -123,40 +124,79 @@ def test_steps_and_ranks_select_what_is_dumped(tmp_path, monkeypatch):
         assert dump.header["global_rank"] == 1 and dump.records
 
 
-def _hook_count(m: torch.nn.Module) -> int:
-    return sum(len(x._forward_hooks) + len(x._forward_pre_hooks) for x in m.modules())
+def _wrapped_count(m: torch.nn.Module) -> int:
+    """Modules whose forward the debugger wraps (it sets ``forward`` in the instance's dict)."""
+    return sum("forward" in vars(x) for x in m.modules())
 
 
-def test_hooks_stay_inert_between_selected_steps_and_go_after_the_last(tmp_path):
+def test_the_model_carries_nothing_outside_start_and_stop(tmp_path):
     m, ids = _llama(), token_batch()
     with torch.no_grad():
         expected = m(ids).logits
+    signature = inspect.signature(m.model.layers[0].forward)
     dbg = xray.PrecisionDebugger(dump_path=tmp_path / "a", model=m, step="0-1", task="statistics")
     with torch.no_grad():
-        dbg.start(); m(ids); dbg.stop()
-        # step 1 is selected: hooks stay registered, but a forward between steps records nothing
-        assert _hook_count(m) == 2 * len(list(m.modules()))
+        dbg.start()
+        assert _wrapped_count(m) == len(list(m.modules()))
+        # transformers validates generate()'s keywords against the forward's signature
+        assert inspect.signature(m.model.layers[0].forward) == signature
+        m(ids)
+        dbg.stop()
+        assert _wrapped_count(m) == 0
         rows = len(dbg._writer.rows[0])
-        assert torch.equal(m(ids).logits, expected)
+        assert torch.equal(m(ids).logits, expected)  # a forward between steps records nothing
         assert len(dbg._writer.rows[0]) == rows
         dbg.step()
         dbg.start(); m(ids); dbg.stop()
-        assert _hook_count(m) == 0  # the last selected step: nothing left on the model
+        assert _wrapped_count(m) == 0
         dbg.step()
     with read_module_dump(tmp_path / "a" / FILE) as dump:
         assert dump.steps == [0, 1]
         per_step = [sum(1 for r in dump.rows(s)) for s in (0, 1)]
         assert per_step[0] == per_step[1] == rows
-    # Every step selected (the default): close() and a with-block take the hooks off.
-    dbg = xray.PrecisionDebugger(dump_path=tmp_path / "b", model=m, task="statistics")
     with torch.no_grad():
-        dbg.start(); m(ids); dbg.stop(); dbg.step()
-        assert _hook_count(m) > 0
-        dbg.close()
-        assert _hook_count(m) == 0
         with xray.PrecisionDebugger(dump_path=tmp_path / "c", model=m, task="statistics"):
+            assert _wrapped_count(m) == len(list(m.modules()))
             m(ids)
-    assert _hook_count(m) == 0
+    assert _wrapped_count(m) == 0
+
+
+def test_a_forward_set_on_the_instance_is_captured_and_given_back(tmp_path):
+    """Another tool (accelerate's hooks, a user's patch) may have set ``forward`` on the
+    instance: it is wrapped, runs, and is back in place after stop(). One replaced during a
+    step is left to whoever replaced it, and every later step still captures the module once:
+    through a new wrapper if theirs dropped ours, through ours if theirs wraps it."""
+    import functools
+
+    m, ids = _llama(), token_batch()
+    mlp, norm, final = m.model.layers[0].mlp, m.model.layers[0].input_layernorm, m.model.norm
+    seen = []
+
+    def patched(x, _orig=mlp.forward):
+        seen.append(x.shape)
+        return _orig(x)
+
+    mlp.forward = patched
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, task="statistics", flush_secs=3600)
+
+    def names(step, module):  # both steps' rows are still held: only the first stop() wrote
+        return [row[0] for row in dbg._writer.csv_rows(step) if row[0].startswith(module + ".") and "output" in row[0]]
+
+    with torch.no_grad():
+        dbg.start(); m(ids)
+        dropped = final.forward = lambda x, _f=type(final).forward.__get__(final): _f(x)
+        ours = vars(norm)["forward"]
+        kept = norm.forward = functools.wraps(ours)(lambda *a, **k: ours(*a, **k))
+        dbg.stop(); dbg.step()
+        assert vars(mlp)["forward"] is patched and len(seen) == 1
+        assert vars(final)["forward"] is dropped and vars(norm)["forward"] is kept
+        dbg.start(); m(ids); dbg.stop()
+    assert names(0, "model.layers.0.mlp.LlamaMLP.0") == ["model.layers.0.mlp.LlamaMLP.0.forward_output.0"]
+    for step in (0, 1):
+        assert names(step, "model.norm.LlamaRMSNorm.0") == ["model.norm.LlamaRMSNorm.0.forward_output.0"]
+        assert names(step, "model.layers.0.input_layernorm.LlamaRMSNorm.0") == [
+            "model.layers.0.input_layernorm.LlamaRMSNorm.0.forward_output.0"]
+    assert vars(final)["forward"] is dropped and vars(norm)["forward"] is kept
 
 
 def _train_step(m, ids, dbg=None):
@@ -536,7 +576,6 @@ def test_held_rows_are_written_when_the_debugger_is_collected_but_never_into_a_r
         with torch.no_grad():
             for _ in range(2):
                 dbg.start(); m(ids); dbg.stop(); dbg.step()
-        dbg._hooks.remove()  # the model's hooks hold the debugger; a user would call close()
         assert _steps_in_file(tmp_path / name / FILE) == [0]
         if name == "removed":
             shutil.rmtree(tmp_path / name)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="xray-bench-all-"))
     q = args.quick
     rec = run("bench_record.py", ["--repeats", "3" if q else "5"], tmp / "record.json")
-    dbg = run("bench_debugger.py", ["--iters", "5" if q else "10"], tmp / "debugger.json")
+    dbg = run("bench_debugger.py", ["--steps", "20" if q else "40"], tmp / "debugger.json")
     cmp_ = run("bench_compare.py", ["--gb", "0.6" if q else "1.2"], tmp / "compare.json")
     gen = run("bench_gen.py", ["--records", "100000"], tmp / "gen.json")
     rep = run("bench_replay.py", ["--limit", "8" if q else "15", "--backend", "onnxrt-cpu",

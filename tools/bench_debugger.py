@@ -7,19 +7,19 @@ at every stop() (flush_secs=0; the default writes it once a second); tensor-mode
 throughput beside the disk's sequential write speed (a same-size numpy buffer written with
 fsync into the same folder).
 
+Eager and debugged steps alternate (see _paired): this 2-core host moves eager by +-20% within
+a minute, and rounds of ten steps each let a busy moment land on one side only. The ratio is
+of the totals, every .h5 write and the final close() included; the median of the per-pair
+ratios is printed beside it, less swayed by one slow step.
+
 The ratio falls with width: the debugger's cost has a fixed part per module call and per step
 and a part that grows with the activations (one native statistics pass over each distinct
-tensor), while the forward grows with activations times hidden size. Measured in place at
-hidden 256 (58 module calls, 181 index rows, 63 new tensor versions a step): 4.8-5.5 ms inside
-the module hooks (statistics included; the same work costs ~2x less in a warm loop, the forward
-evicts it from the caches), ~0.5 ms in stop() (the step's CSV rows), ~0 in start(); the .h5
-index is written once a second, ~0.7 ms per step it holds. Counted with callgrind (hidden 128,
-8 tokens, 1 thread), the debugger adds 6.5 M instructions a step to eager's 11.3 M: hook
-walking 1.75 M, statistics 2.86 M (about a third of it formatting the CSV's numbers), rows
-0.83 M, stop/CSV 1.07 M. The host's noise moves eager by +-20%, so the table gives the ratio of
-the minima and the per-round median side by side.
+tensor), while the forward grows with activations times hidden size. A step at hidden 256
+makes 58 module calls, 181 index rows and 63 new tensor versions. Counted with callgrind
+(hidden 128, 8 tokens, 1 thread, garbage collector frozen after warm-up), the debugger adds
+5.1 M instructions a step to eager's 10.4 M (7.6 M before the C wrappers of _tap.c).
 
-    python tools/bench_debugger.py [--iters 10] [--rounds 5] [--widths 256 512 768] [--dir /tmp/xray-bench]
+    python tools/bench_debugger.py [--steps 40] [--widths 256 512 768] [--dir /tmp/xray-bench]
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -49,30 +50,65 @@ def _eager(model, batches, iters: int) -> float:
     return (time.perf_counter() - t) / iters
 
 
-def _debugged(model, batches, iters: int, folder: Path, task: str, *, new_params: bool = False,
-              flush_secs: float = 1.0) -> tuple[float, xray.PrecisionDebugger]:
-    """Seconds per debugged step, the final close() (which writes what the file still lacks)
-    included. ``new_params``: before each step, change every parameter a little (an in-place
-    add, outside the timing), as an optimizer step would: new versions and new values, so no
-    statistic of a parameter is reused. ``flush_secs``: how often a statistics-only dump
-    writes its .h5 (the default 1 s writes it at the first step and at close(), so twice in 10
-    steps here, against every ~30 steps in a longer run)."""
-    dbg = xray.PrecisionDebugger(dump_path=folder, model=model, task=task, flush_secs=flush_secs)
-    params = list(model.parameters()) if new_params else []
-    total = 0.0
+def _debugged(model, batches, iters: int, folder: Path, task: str) -> tuple[float, xray.PrecisionDebugger]:
+    """Seconds per debugged step, the final close() included (tensor mode's arm)."""
+    dbg = xray.PrecisionDebugger(dump_path=folder, model=model, task=task)
+    t = time.perf_counter()
     for i in range(iters):
-        for p in params:
-            p.add_(1e-6)
-        t = time.perf_counter()
         dbg.start()
         model(batches[i % len(batches)])
         dbg.stop()
         dbg.step()
-        total += time.perf_counter() - t
-    t = time.perf_counter()
     dbg.close()
-    total += time.perf_counter() - t
-    return total / iters, dbg
+    return (time.perf_counter() - t) / iters, dbg
+
+
+class Paired(NamedTuple):
+    eager: float  # seconds, all eager steps
+    debugged: float  # seconds, all debugged steps plus the final close()
+    median_ratio: float  # median over pairs of (debugged step / the eager step just before it)
+    steps: int
+
+    @property
+    def ratio(self) -> float:
+        return self.debugged / self.eager
+
+    @property
+    def added_ms(self) -> float:
+        return (self.debugged - self.eager) / self.steps * 1e3
+
+
+def _paired(model, batches, steps: int, folder: Path, *, new_params: bool = False, flush_secs: float = 1.0) -> Paired:
+    """Eager and statistics-only debugged steps, alternating: each debugged step comes right
+    after an eager step on the same tokens, so a busy moment of a shared host hits both alike.
+    (The debugger leaves the model untouched between stop() and start(), so the eager steps
+    are plain eager.) The debugged total includes every .h5 write (once a second by default,
+    at every stop() with ``flush_secs=0``) and the final close(). ``new_params``: before each
+    debugged step, change every parameter a little (outside the timing), as an optimizer step
+    would: no statistic of a parameter is reused."""
+    dbg = xray.PrecisionDebugger(dump_path=folder, model=model, task="statistics", flush_secs=flush_secs)
+    params = list(model.parameters()) if new_params else []
+    eager, debugged, ratios = 0.0, 0.0, []
+    pc = time.perf_counter
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        t = pc()
+        model(batch)
+        e = pc() - t
+        for p in params:
+            p.add_(1e-6)
+        t = pc()
+        dbg.start()
+        model(batch)
+        dbg.stop()
+        dbg.step()
+        d = pc() - t
+        eager, debugged = eager + e, debugged + d
+        ratios.append(d / e)
+    t = pc()
+    dbg.close()
+    debugged += pc() - t
+    return Paired(eager, debugged, statistics.median(ratios), steps)
 
 
 def _disk_speed(folder: Path, nbytes: int) -> float:
@@ -90,8 +126,7 @@ def _disk_speed(folder: Path, nbytes: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved eager/debugged rounds per width")
+    ap.add_argument("--steps", type=int, default=40, help="eager/debugged step pairs per arm and width")
     ap.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
     ap.add_argument("--widths", type=int, nargs="+", default=[256, 512, 768],
                     help="hidden sizes of the 4-layer Llama to measure statistics-only overhead on")
@@ -108,32 +143,20 @@ def main() -> None:
     # Different tokens each step, as in real use: a step that repeats the last one's activations
     # would repeat its statistics too, and flatter every cache keyed on values.
     ids = [token_batch(batch=2, seq=128, vocab=1000, seed=s) for s in range(4)]
-    ratios: dict[int, tuple[float, float, float, float]] = {}
-    paired: dict[int, float] = {}
+    arms: dict[int, tuple[Paired, Paired, Paired]] = {}
     try:
         with torch.no_grad():
             for width in args.widths:
                 model = bench_llama(hidden=width)
                 _eager(model, ids, 2)  # warm-up
-                _debugged(model, ids, 1, root / f"warm-{width}", "statistics")
-                # Interleave eager and debugged rounds so machine load hits both alike. Later
-                # steps reuse parameter statistics until the parameters change; in training
-                # they change every step, hence the third arm.
-                eager, stats, trained, every = [], [], [], []
-                for r in range(args.rounds):
-                    eager.append(_eager(model, ids, args.iters))
-                    stats.append(_debugged(model, ids, args.iters, root / f"stats-{width}-{r}", "statistics")[0])
-                    trained.append(_debugged(model, ids, args.iters, root / f"trained-{width}-{r}", "statistics",
-                                             new_params=True)[0])
-                    every.append(_debugged(model, ids, args.iters, root / f"every-{width}-{r}", "statistics",
-                                           flush_secs=0)[0])
-                ratios[width] = (min(eager), min(stats), min(trained), min(every))
-                # The same ratio per round (each debugged round against the eager round just
-                # before it), median over rounds: a second estimate, less swayed by one quiet
-                # or busy moment of a shared host than the ratio of the two minima.
-                paired[width] = statistics.median(s / e for s, e in zip(stats, eager))
+                _paired(model, ids, 2, root / f"warm-{width}")
+                # Later steps reuse parameter statistics until the parameters change; in
+                # training they change every step, hence the second arm.
+                arms[width] = (_paired(model, ids, args.steps, root / f"stats-{width}"),
+                               _paired(model, ids, args.steps, root / f"trained-{width}", new_params=True),
+                               _paired(model, ids, args.steps, root / f"every-{width}", flush_secs=0))
             model = bench_llama()
-            e = ratios[256][0] if 256 in ratios else min(_eager(model, ids, args.iters) for _ in range(3))
+            e = min(_eager(model, ids, 10) for _ in range(3))
             # Tensor mode, best of three: page-cache writeback makes single writes very noisy.
             t_tensor, dbg = min((_debugged(model, ids, 1, root / f"tensor-{r}", "tensor") for r in range(3)),
                                 key=lambda pair: pair[0])
@@ -141,16 +164,16 @@ def main() -> None:
         dump_s = max(t_tensor - e, 1e-9)  # time the debugger added: statistics, copies and writes
         disk = max(_disk_speed(root, written) for _ in range(3))
         rows = []
-        for width, (ew, sw, tw, fw) in ratios.items():
-            verdict = "meets" if sw / ew <= 1.3 else "over"
-            rows += [[f"eager forward, hidden {width}", f"{ew * 1e3:.1f} ms", ""],
-                     [f"statistics-only debugger, hidden {width}", f"{sw * 1e3:.1f} ms",
-                      f"{sw / ew:.2f}x eager (target <= 1.3x: {verdict}); +{(sw - ew) * 1e3:.1f} ms a step; "
-                      f"per-round median {paired[width]:.2f}x"],
-                     [f"same, parameters changed each step", f"{tw * 1e3:.1f} ms",
-                      f"{tw / ew:.2f}x eager (a training step)"],
-                     [f"same, .h5 written at every stop()", f"{fw * 1e3:.1f} ms",
-                      f"{fw / ew:.2f}x eager (flush_secs=0)"]]
+        for width, (plain, trained, every) in arms.items():
+            verdict = "meets" if plain.ratio <= 1.3 else "over"
+            rows += [[f"eager forward, hidden {width}", f"{plain.eager / plain.steps * 1e3:.1f} ms", ""],
+                     [f"statistics-only debugger, hidden {width}", f"{plain.debugged / plain.steps * 1e3:.1f} ms",
+                      f"{plain.ratio:.2f}x eager (target <= 1.3x: {verdict}); +{plain.added_ms:.1f} ms a step; "
+                      f"median of step pairs {plain.median_ratio:.2f}x"],
+                     ["same, parameters changed each step", f"{trained.debugged / trained.steps * 1e3:.1f} ms",
+                      f"{trained.ratio:.2f}x eager (a training step); median of pairs {trained.median_ratio:.2f}x"],
+                     ["same, .h5 written at every stop()", f"{every.debugged / every.steps * 1e3:.1f} ms",
+                      f"{every.ratio:.2f}x eager (flush_secs=0); median of pairs {every.median_ratio:.2f}x"]]
         print(tabulate(rows + [
             ["tensor-mode forward + dump, hidden 256", f"{t_tensor * 1e3:.1f} ms",
              f"{dbg._writer.tensors_written} tensors, {written / 1e6:.1f} MB"],
@@ -158,12 +181,13 @@ def main() -> None:
             ["disk sequential write (fsync)", f"{disk:.0f} MB/s", "same size, same folder, best of 3"],
         ], headers=["what", "time / speed", "note"]))
         if args.json:
-            args.json.write_text(json.dumps({"eager_ms": e * 1e3,
-                                             "module_dump_ratio": {w: sw / ew for w, (ew, sw, _, _) in ratios.items()},
-                                             "module_dump_paired_ratio": paired,
-                                             "module_dump_trained_ratio": {w: tw / ew for w, (ew, _, tw, _) in ratios.items()},
-                                             "module_dump_every_stop_ratio": {w: fw / ew for w, (ew, _, _, fw) in ratios.items()},
-                                             "tensor_write_MBps": written / dump_s / 1e6, "disk_MBps": disk}))
+            args.json.write_text(json.dumps({
+                "eager_ms": e * 1e3,
+                "module_dump_ratio": {w: a[0].ratio for w, a in arms.items()},
+                "module_dump_paired_ratio": {w: a[0].median_ratio for w, a in arms.items()},
+                "module_dump_trained_ratio": {w: a[1].ratio for w, a in arms.items()},
+                "module_dump_every_stop_ratio": {w: a[2].ratio for w, a in arms.items()},
+                "tensor_write_MBps": written / dump_s / 1e6, "disk_MBps": disk}))
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

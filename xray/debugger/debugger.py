@@ -174,26 +174,19 @@ class PrecisionDebugger:
         self._running = True
 
     def stop(self) -> Path | None:
-        """Stop capturing, append the step's rows to the summary CSV and, when due (see the
-        module docstring), finish the file: complete, renamed into place. Returns the file's
-        path if it was written.
-
-        If the next step is selected too, the module hooks stay registered but inert until its
-        ``start()`` (``step()`` or ``close()`` removes them otherwise): re-registering them cost
-        ~0.8 ms a step. Gradient hooks are always removed here."""
+        """Stop capturing (every forward is restored), append the step's rows to the summary
+        CSV and, when due (see the module docstring), finish the file: complete, renamed into
+        place. Returns the file's path if it was written."""
         if not self._running:
             return None
         self._running = False
-        last = not self._selected(self.current_step + 1)
-        if last:
-            self._hooks.remove()
-        else:
-            self._hooks.deactivate()
+        self._hooks.remove()
         if self._aten is not None:
             self._aten.stop()
-        self._append_csv()
-        if (self._writer.is_open or last or self._writer.held_rows >= MAX_HELD_ROWS
-                or time.monotonic() - self._flushed_at >= self.flush_secs):
+        self._append_csv()  # seals the step's rows (see ModuleDumpWriter.seal)
+        self._capture.stats_cache.sweep()  # this step's dead activations: young garbage, not old
+        if (self._writer.is_open or not self._selected(self.current_step + 1)
+                or self._writer.held_rows >= MAX_HELD_ROWS or time.monotonic() - self._flushed_at >= self.flush_secs):
             return self.flush()
         return None
 
@@ -224,16 +217,12 @@ class PrecisionDebugger:
         """End the current training step: stop if running, and count the next step."""
         self.stop()
         self.current_step += 1
-        if self._hooks.installed and not self.step_selected:
-            self._hooks.remove()
 
     def close(self) -> None:
-        """Stop if running, write what the file lacks and take every hook off the model (also
-        done by ``stop()`` at the last selected step). Call it before exporting or compiling a
-        model between steps."""
+        """Stop if running and write what the file lacks. (The model carries nothing of the
+        debugger's outside ``start()``/``stop()``.)"""
         self.stop()
         self.flush()
-        self._hooks.remove()
 
     def __enter__(self) -> "PrecisionDebugger":
         self.start()

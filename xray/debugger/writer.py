@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..dump.tensorio import write_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, index_table, step_group
+from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, index_table, step_group
 
 
 def _attr_value(v: Any) -> Any:
@@ -81,9 +81,14 @@ _ATTR_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
 _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 
 
+_CAPTURED = 8  # fields of a captured row; a sealed one has INDEX_DTYPE's and the CSV text
+_NAME, _DIRECTION, _DATA = (INDEX_DTYPE.names.index(c) for c in ("name", "direction", "data"))
+_CSV = len(INDEX_DTYPE.names)
+
+
 def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str) -> tuple:
-    """A held row (see ModuleDumpWriter.step_rows) as the index table's columns (INDEX_DTYPE
-    order); csv_rows gives the summary CSV's view of it."""
+    """A captured row (see ModuleDumpWriter.step_rows) as the index table's columns (INDEX_DTYPE
+    order)."""
     return (call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *cells.meta,
             requires_grad, *cells.numbers, data, keyword)
 
@@ -131,8 +136,8 @@ class ModuleDumpWriter:
             else:  # a new session overwrites what an earlier run left at this name
                 self.path.unlink(missing_ok=True)
                 self._file = h5py.File(self.tmp, "w")
-                for k, v in self.header.items():
-                    self._file.attrs[k] = _attr_value(v)
+                for k, v in self.header.items():  # ~15 attributes: h5py's setter cost ~0.2 ms each
+                    _set_attr(self._file, k, _attr_value(v))
                 self._created = True
             _set_attr(self._file, "complete", False)
         except OSError as e:
@@ -170,17 +175,28 @@ class ModuleDumpWriter:
 
     def step_rows(self, step: int) -> list[tuple]:
         """The list the rows of ``step`` go in (appended to directly: hundreds a step). A row is
-        (call, name, role, key, cells, requires_grad, data, keyword): ``call`` a capture.CallKey
-        and ``cells`` a capture.Cells, shared by every row of the same call or tensor version;
-        they become the index's columns only when the file is written."""
+        captured as (call, name, role, key, cells, requires_grad, data, keyword), ``call`` a
+        capture.CallKey and ``cells`` a capture.Cells shared by every row of the same call or
+        tensor version, and sealed into plain values at the end of the step (seal())."""
         self._touched.add(step)
         return self.rows.setdefault(step, [])
 
+    def seal(self, step: int) -> None:
+        """Turn the captured rows of ``step`` into their index form, in place: INDEX_DTYPE's
+        columns, then the summary CSV's Dtype..Numel text. A sealed row holds only strings and
+        numbers, which Python's garbage collector stops tracking; captured rows held until the
+        file is written (a second) reached the oldest generation by the thousand and brought a
+        full collection, ~200 ms on a small Llama, every few hundred steps. Rows captured
+        again into a sealed step are sealed at the next call."""
+        rows = self.rows.get(step)
+        if rows and len(rows[-1]) == _CAPTURED:
+            rows[:] = [(*_index_row(*r), r[4].csv) if len(r) == _CAPTURED else r for r in rows]
+
     def csv_rows(self, step: int) -> list[tuple[str, str, str, str]]:
-        """The held rows of ``step`` as summary.table.append_index_csv takes them: (name,
-        Dtype..Numel cells, direction, data). Every stop() asks, so no call per row."""
-        return [(name, cells.csv, call.direction, data)
-                for call, name, _, _, cells, _, data, _ in self.rows.get(step, ())]
+        """The rows of ``step`` (sealed first) as summary.table.append_index_csv takes them:
+        (name, Dtype..Numel cells, direction, data)."""
+        self.seal(step)
+        return [(r[_NAME], r[_CSV], r[_DIRECTION], r[_DATA]) for r in self.rows.get(step, ())]
 
     def add_aten(self, step: int, record_json: dict) -> None:
         self._aten.setdefault(step, []).append(json.dumps(record_json, separators=(",", ":")))
@@ -202,7 +218,8 @@ class ModuleDumpWriter:
                 for name in (INDEX, ATEN):
                     if name.encode() in g.id:
                         del g[name]
-                _write_table(g, INDEX, index_table([_index_row(*r) for r in self.rows.get(step, [])]))
+                self.seal(step)  # a step cut short by an exception was not
+                _write_table(g, INDEX, index_table(self.rows.get(step, [])))
                 if self._aten.get(step):
                     g.create_dataset(ATEN, data=np.array(self._aten[step], dtype=h5py.string_dtype()))
             self._steps |= self._touched

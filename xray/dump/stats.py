@@ -168,7 +168,9 @@ class StatsCache:
 
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None) -> None:
         self._compute = tensor_stats if compute is None else compute
-        self._cache: dict[int, tuple[weakref.ref, int, Any]] = {}
+        # id(t) -> (weak reference to t, t's version, value). Hot loops may look a hit up here
+        # themselves, in get()'s order (reference first: only a stored tensor has a version).
+        self.entries: dict[int, tuple[weakref.ref, int, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
     def get(self, t: torch.Tensor) -> Any:
@@ -176,7 +178,7 @@ class StatsCache:
             version = t._version
         except RuntimeError:  # inference tensors have no version counter: never cached
             return self._compute(t)
-        hit = self._cache.get(id(t))
+        hit = self.entries.get(id(t))
         if hit is not None and hit[1] == version and hit[0]() is t:
             return hit[2]
         value = self._compute(t)
@@ -190,19 +192,24 @@ class StatsCache:
             pass
 
     def forget(self, t: torch.Tensor) -> None:
-        hit = self._cache.get(id(t))
+        hit = self.entries.get(id(t))
         if hit is not None and hit[0]() is t:
-            del self._cache[id(t)]
+            del self.entries[id(t)]
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self.entries)
 
     def _store(self, t: torch.Tensor, version: int, value: Any) -> None:
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
-        cache = self._cache
+        cache = self.entries
         cache[id(t)] = (weakref.ref(t), version, value)
         if len(cache) >= self._sweep_at:
-            for key in [k for k, hit in cache.items() if hit[0]() is None]:
-                del cache[key]
-            self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Drop the entries of dead tensors now (a caller between steps: the module debugger)."""
+        cache = self.entries
+        for key in [k for k, hit in cache.items() if hit[0]() is None]:
+            del cache[key]
+        self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))

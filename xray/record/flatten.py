@@ -14,11 +14,14 @@ import torch
 
 
 def flatten_tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):  # the common cases, without the walk: one tensor,
+    # Exact types first: isinstance(x, torch.Tensor) is fast for tensors but ~250 ns for any
+    # other object (torch's metaclass), and this runs on every module call's arguments and results.
+    kind = type(value)
+    if kind in _PLAIN_TENSORS:  # the common cases, without the walk: one tensor,
         return [value]
-    if value is None:  # an absent optional argument,
+    if kind in _NO_TENSORS:  # an absent optional argument or a flag,
         return []
-    if type(value) is tuple and len(value) == 1 and isinstance(value[0], torch.Tensor):
+    if kind is tuple and len(value) == 1 and type(value[0]) in _PLAIN_TENSORS:
         return [value[0]]  # and a module's usual positional arguments
     out: list[torch.Tensor] = []
     _walk(value, out)
@@ -31,16 +34,25 @@ def flatten_kwargs(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     keyword values (None, flags, caches) hold no tensor."""
     pairs: list[tuple[str, torch.Tensor]] = []
     for keyword, value in kwargs.items():
-        if type(value) not in _NO_TENSORS:
+        kind = type(value)
+        if kind in _PLAIN_TENSORS:
+            pairs.append((keyword, value))
+        elif kind not in _NO_TENSORS:
             pairs += [(keyword, t) for t in flatten_tensors(value)]
     return pairs
 
 
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _NO_TENSORS = frozenset({type(None), bool, int, float, str})
 
 
 def _walk(v: Any, out: list) -> None:
-    if isinstance(v, torch.Tensor):
+    kind = type(v)
+    if kind in _PLAIN_TENSORS:
+        out.append(v)
+    elif kind in _NO_TENSORS:
+        pass
+    elif isinstance(v, torch.Tensor):  # subclasses
         out.append(v)
     elif isinstance(v, (list, tuple)):
         for x in v:
@@ -48,4 +60,3 @@ def _walk(v: Any, out: list) -> None:
     elif isinstance(v, dict):
         for x in v.values():
             _walk(x, out)
-
