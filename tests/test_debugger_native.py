@@ -186,3 +186,22 @@ def test_an_error_inside_the_c_capture_stops_the_capture_but_not_the_forward(tmp
     assert any("capture stopped" in str(w.message) for w in caught)
     assert "forward" not in vars(model) and "forward" not in vars(model.inner)  # nothing left on the model
     dbg.close()
+
+
+def test_a_module_is_not_copied_mid_step_but_is_after_stop(tmp_path):
+    """A copy made between start() and stop() would carry a wrapper that runs the original
+    module's forward: deepcopy and pickle refuse it with the reason; after stop() they work."""
+    import copy
+    import pickle
+
+    hooks.NATIVE = True
+    model = tiny_llama(layers=1, hidden=32)
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=model, task="statistics")
+    dbg.start()
+    for copier in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="between start\\(\\) and stop\\(\\)"):
+            copier(model)
+    dbg.stop()
+    twin = copy.deepcopy(model)
+    assert not any("forward" in vars(m) for m in twin.modules())
+    dbg.close()

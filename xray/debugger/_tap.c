@@ -458,6 +458,19 @@ static PyObject *Tap_call(Tap *tap, PyObject *args, PyObject *kwargs) {
     return PyVectorcall_Call((PyObject *)tap, args, kwargs);
 }
 
+static PyObject *Tap_reduce(Tap *tap, PyObject *unused) {
+    /* A copy would run the original module's forward: refuse loudly (copy, deepcopy, pickle). */
+    PyErr_SetString(PyExc_TypeError, "xray PrecisionDebugger: a module cannot be copied or pickled between "
+                                     "start() and stop(); do it before start() or after stop()");
+    return NULL;
+}
+
+static PyMethodDef Tap_methods[] = {
+    {"__reduce__", (PyCFunction)Tap_reduce, METH_NOARGS, NULL},
+    {"__reduce_ex__", (PyCFunction)Tap_reduce, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMemberDef Tap_members[] = {
     {"__wrapped__", T_OBJECT, offsetof(Tap, forward), READONLY, "the forward this Tap wraps"},
     {NULL, 0, 0, 0, NULL},
@@ -475,6 +488,7 @@ static PyTypeObject TapType = {
     .tp_clear = (inquiry)Tap_clear,
     .tp_dealloc = (destructor)Tap_dealloc,
     .tp_members = Tap_members,
+    .tp_methods = Tap_methods,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_tap", .m_size = -1};
