@@ -50,17 +50,15 @@ def _eager(model, batches, iters: int) -> float:
     return (time.perf_counter() - t) / iters
 
 
-def _debugged(model, batches, iters: int, folder: Path, task: str) -> tuple[float, xray.PrecisionDebugger]:
-    """Seconds per debugged step, the final close() included (tensor mode's arm)."""
-    dbg = xray.PrecisionDebugger(dump_path=folder, model=model, task=task)
+def _tensor_mode(model, batch, folder: Path) -> tuple[float, xray.PrecisionDebugger]:
+    """Seconds for one step that saves every tensor, the final close() included."""
+    dbg = xray.PrecisionDebugger(dump_path=folder, model=model, task="tensor")
     t = time.perf_counter()
-    for i in range(iters):
-        dbg.start()
-        model(batches[i % len(batches)])
-        dbg.stop()
-        dbg.step()
+    dbg.start()
+    model(batch)
+    dbg.stop()
     dbg.close()
-    return (time.perf_counter() - t) / iters, dbg
+    return time.perf_counter() - t, dbg
 
 
 class Paired(NamedTuple):
@@ -158,7 +156,7 @@ def main() -> None:
             model = bench_llama()
             e = min(_eager(model, ids, 10) for _ in range(3))
             # Tensor mode, best of three: page-cache writeback makes single writes very noisy.
-            t_tensor, dbg = min((_debugged(model, ids, 1, root / f"tensor-{r}", "tensor") for r in range(3)),
+            t_tensor, dbg = min((_tensor_mode(model, ids[0], root / f"tensor-{r}") for r in range(3)),
                                 key=lambda pair: pair[0])
         written = dbg._writer.bytes_written
         dump_s = max(t_tensor - e, 1e-9)  # time the debugger added: statistics, copies and writes

@@ -426,21 +426,19 @@ static PyObject *Tap_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     return (PyObject *)tap;
 }
 
+#define TAP_OBJECTS(X) X(state) X(forward) X(slow) X(path) X(cls) X(params)
+
 static int Tap_traverse(Tap *tap, visitproc visit, void *arg) {
-    Py_VISIT(tap->state);
-    Py_VISIT(tap->forward);
-    Py_VISIT(tap->slow);
-    Py_VISIT(tap->params);
+#define VISIT(f) Py_VISIT(tap->f);
+    TAP_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int Tap_clear(Tap *tap) {
-    Py_CLEAR(tap->state);
-    Py_CLEAR(tap->forward);
-    Py_CLEAR(tap->slow);
-    Py_CLEAR(tap->path);
-    Py_CLEAR(tap->cls);
-    Py_CLEAR(tap->params);
+#define CLEAR(f) Py_CLEAR(tap->f);
+    TAP_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
@@ -448,14 +446,6 @@ static void Tap_dealloc(Tap *tap) {
     PyObject_GC_UnTrack(tap);
     Tap_clear(tap);
     Py_TYPE(tap)->tp_free((PyObject *)tap);
-}
-
-static PyObject *Tap_call(Tap *tap, PyObject *args, PyObject *kwargs) {
-    if (tap->state == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "Tap was cleared");
-        return NULL;
-    }
-    return PyVectorcall_Call((PyObject *)tap, args, kwargs);
 }
 
 static PyObject *Tap_reduce(Tap *tap, PyObject *unused) {
@@ -482,7 +472,7 @@ static PyTypeObject TapType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Tap(state, forward, slow, path, cls, params): a module's forward, captured (see the module doc).",
     .tp_new = Tap_new,
-    .tp_call = (ternaryfunc)Tap_call,
+    .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(Tap, vectorcall),
     .tp_traverse = (traverseproc)Tap_traverse,
     .tp_clear = (inquiry)Tap_clear,

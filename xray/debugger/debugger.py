@@ -183,8 +183,8 @@ class PrecisionDebugger:
         self._hooks.remove()
         if self._aten is not None:
             self._aten.stop()
-        self._append_csv()  # seals the step's rows (see ModuleDumpWriter.seal)
-        self._capture.stats_cache.sweep()  # this step's dead activations: young garbage, not old
+        self._capture.end_step(self.current_step)
+        self._append_csv()
         if (self._writer.is_open or not self._selected(self.current_step + 1)
                 or self._writer.held_rows >= MAX_HELD_ROWS or time.monotonic() - self._flushed_at >= self.flush_secs):
             return self.flush()

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from .capture import CallKey, Cells, TensorCapture, call_key
-from ..record.flatten import flatten_kwargs, flatten_tensors
+from ..record.flatten import PLAIN_TENSORS, flatten_kwargs, flatten_tensors
 from ..record.tracer import no_dispatch_modes
 
 try:  # the C fast path of a plain call (see _tap.c); without a compiler, Python does it all
@@ -100,7 +100,7 @@ class ModuleHooks:
         state.next_seq, state.call_key, state.flatten = self.next_seq, call_key, flatten_tensors
         state.on_overflow, state.on_error = self.capture.on_overflow, self.on_error
         state.grad_enabled, state.dispatch_depth = torch.is_grad_enabled, _dispatch_modes
-        state.tensor_types = (torch.Tensor, torch.nn.Parameter)
+        state.tensor_types = tuple(PLAIN_TENSORS)
         return state
 
     @property
@@ -112,10 +112,6 @@ class ModuleHooks:
         self._active = on
         if self._state is not None:
             self._state.active = on
-
-    @property
-    def installed(self) -> bool:
-        return bool(self._wrapped)
 
     def install(self, step: int) -> None:
         """Capture ``step``: wrap every module's forward (unless still wrapped)."""

@@ -168,8 +168,8 @@ class StatsCache:
 
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None) -> None:
         self._compute = tensor_stats if compute is None else compute
-        # id(t) -> (weak reference to t, t's version, value). Hot loops may look a hit up here
-        # themselves, in get()'s order (reference first: only a stored tensor has a version).
+        # id(t) -> (weak reference to t, t's version, value). The module debugger's C wrappers
+        # (xray/debugger/_tap.c) look hits up here themselves, and call get() on a miss.
         self.entries: dict[int, tuple[weakref.ref, int, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 

@@ -17,11 +17,11 @@ def flatten_tensors(value: Any) -> list[torch.Tensor]:
     # Exact types first: isinstance(x, torch.Tensor) is fast for tensors but ~250 ns for any
     # other object (torch's metaclass), and this runs on every module call's arguments and results.
     kind = type(value)
-    if kind in _PLAIN_TENSORS:  # the common cases, without the walk: one tensor,
+    if kind in PLAIN_TENSORS:  # the common cases, without the walk: one tensor,
         return [value]
     if kind in _NO_TENSORS:  # an absent optional argument or a flag,
         return []
-    if kind is tuple and len(value) == 1 and type(value[0]) in _PLAIN_TENSORS:
+    if kind is tuple and len(value) == 1 and type(value[0]) in PLAIN_TENSORS:
         return [value[0]]  # and a module's usual positional arguments
     out: list[torch.Tensor] = []
     _walk(value, out)
@@ -35,20 +35,21 @@ def flatten_kwargs(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     pairs: list[tuple[str, torch.Tensor]] = []
     for keyword, value in kwargs.items():
         kind = type(value)
-        if kind in _PLAIN_TENSORS:
+        if kind in PLAIN_TENSORS:
             pairs.append((keyword, value))
         elif kind not in _NO_TENSORS:
             pairs += [(keyword, t) for t in flatten_tensors(value)]
     return pairs
 
 
-_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+# The exact types taken as tensors without an isinstance check (also the C wrappers' list).
+PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _NO_TENSORS = frozenset({type(None), bool, int, float, str})
 
 
 def _walk(v: Any, out: list) -> None:
     kind = type(v)
-    if kind in _PLAIN_TENSORS:
+    if kind in PLAIN_TENSORS:
         out.append(v)
     elif kind in _NO_TENSORS:
         pass
