@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .model import FORMAT_NAME, FORMAT_VERSION, Record, Scalar, Stats, TensorMeta
+from .model import FORMAT_NAME, FORMAT_VERSION, Record, Scalar, Source, Stats, TensorMeta
 from .reader import DumpFormatError, TraceDump, TruncatedDumpWarning, read_trace
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Stats", "TensorMeta", "DumpFormatError",
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Source", "Stats", "TensorMeta", "DumpFormatError",
            "TraceDump", "TruncatedDumpWarning", "load_dump", "find_dump_folders"]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 FORMAT_NAME = "xray-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tensors name their producer ("src"), module records carry "params"
 
 # Non-tensor values are stored as tagged JSON objects so that nothing from a dump is ever
 # evaluated: readers map each tag to a constructor explicitly (see xray.gen for rendering).
@@ -104,6 +104,9 @@ class TensorMeta:
     requires_grad: bool = False
     stats: Stats | None = None
     data: str | None = None  # "<file relative to the dump folder>:<dataset path>" when saved
+    # Where the value came from (format v2; None in v1 dumps): "op:<seq>:<output index>",
+    # "param:<qualified name>", "buffer:<qualified name>" or "input". See Source.
+    source: str | None = None
 
     @property
     def numel(self) -> int:
@@ -125,6 +128,8 @@ class TensorMeta:
             d["stats"] = self.stats.to_json()
         if self.data is not None:
             d["data"] = self.data
+        if self.source is not None:
+            d["src"] = self.source
         return d
 
     @classmethod
@@ -139,7 +144,46 @@ class TensorMeta:
             requires_grad=bool(d.get("requires_grad", False)),
             stats=Stats.from_json(d["stats"]) if d.get("stats") is not None else None,
             data=d.get("data"),
+            source=None if d.get("src") is None else str(d["src"]),
         )
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed ``TensorMeta.source``: the data edge a value arrived on.
+
+    kind "op": produced by output ``index`` of the call with sequence number ``seq`` in the
+    same run (the record may be absent when de-duplication folded that call into an earlier
+    one); "param" / "buffer": the module state ``name``; "input": it existed before recording
+    or came from outside it (model inputs, tensors built before begin_dump).
+    """
+
+    kind: str
+    seq: int | None = None
+    index: int | None = None
+    name: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "op":
+            return f"op:{self.seq}:{self.index}"
+        return self.kind if self.name is None else f"{self.kind}:{self.name}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Source | None":
+        """None for None (a v1 dump); ValueError for text that is not a source."""
+        if text is None:
+            return None
+        kind, _, rest = text.partition(":")
+        if kind == "op":
+            seq, _, index = rest.partition(":")
+            if not (seq.isdigit() and index.isdigit()):
+                raise ValueError(f"bad op source {text[:80]!r}")
+            return cls("op", seq=int(seq), index=int(index))
+        if kind in ("param", "buffer") and rest:
+            return cls(kind, name=rest)
+        if kind == "input" and not rest:
+            return cls("input")
+        raise ValueError(f"unknown source {text[:80]!r}")
 
 
 @dataclass(frozen=True)
@@ -220,6 +264,9 @@ class Record:
     # "position_embeddings"); absent keys were positional. (Trace module records need none:
     # they name keyword inputs "<kwarg>.<i>".)
     keywords: dict[str, str] = field(default_factory=dict)
+    # Module records (format v2): the module's own parameters and buffers used by this call,
+    # by name relative to the module ("weight"); never counted among ``inputs``.
+    params: dict[str, "TensorMeta"] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -258,6 +305,8 @@ class Record:
             d["step"] = self.step
         if self.keywords:
             d["keywords"] = dict(self.keywords)
+        if self.params:
+            d["params"] = {k: v.to_json() for k, v in self.params.items()}
         return d
 
     @classmethod
@@ -279,4 +328,5 @@ class Record:
             call_index=int(d.get("call_index", 0)),
             step=None if d.get("step") is None else int(d["step"]),
             keywords={str(k): str(v) for k, v in (d.get("keywords") or {}).items()},
+            params={str(k): TensorMeta.from_json(v) for k, v in (d.get("params") or {}).items()},
         )
