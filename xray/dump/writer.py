@@ -82,21 +82,52 @@ class DumpWriter:
     def flush(self, *, updates: bool = True) -> None:
         """Write queued tensors as one closed segment, then their records to the journal
         (and, with ``updates``, the changed counts of de-duplicated records)."""
+        lost = None
         try:
-            if self._tensors:
-                name = f"tensors-{self._segment:05d}.h5"
-                tmp = self.folder / (name + ".tmp")
-                # Build the HDF5 image in memory and write it with plain file I/O: when HDF5's
-                # own writes fail (full disk) h5py can crash the process instead of raising.
-                buffer = io.BytesIO()
-                with h5py.File(buffer, "w") as f:
-                    for path, t in self._tensors:
-                        write_dataset(f, path, t)
-                with open(tmp, "wb") as out:
-                    out.write(buffer.getbuffer())
-                os.replace(tmp, self.folder / name)
-                self._tensors.clear()
-                self._segment += 1
+            lost = self._write_segment()
+        finally:
+            # The records go to the journal even when their segment could not be written
+            # (a full disk): a lost tensor copy must not take the records' metadata with it.
+            self._write_journal(updates)
+        if lost is not None:
+            raise DumpWriteError(f"cannot write to dump folder {self.folder}: {lost.strerror or lost}; "
+                                 "the tensors of the last records were not saved") from lost
+
+    def _write_segment(self) -> OSError | None:
+        """Write the queued tensors as one closed segment; on failure, remove the partial file,
+        drop the data references to it, and return the error."""
+        if not self._tensors:
+            return None
+        name = f"tensors-{self._segment:05d}.h5"
+        tmp = self.folder / (name + ".tmp")
+        try:
+            # Build the HDF5 image in memory and write it with plain file I/O: when HDF5's
+            # own writes fail (full disk) h5py can crash the process instead of raising.
+            buffer = io.BytesIO()
+            with h5py.File(buffer, "w") as f:
+                for path, t in self._tensors:
+                    write_dataset(f, path, t)
+            with open(tmp, "wb") as out:
+                out.write(buffer.getbuffer())
+            os.replace(tmp, self.folder / name)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)  # give the space back to the journal
+            self._forget_segment(name)
+            return e
+        finally:
+            self._tensors.clear()
+            self._segment += 1
+        return None
+
+    def _forget_segment(self, name: str) -> None:
+        prefix = name + ":"
+        for r in self._pending:
+            for _, meta in (*r.input_tensors(), *r.output_tensors()):
+                if meta.data is not None and meta.data.startswith(prefix):
+                    meta.data = None
+
+    def _write_journal(self, updates: bool) -> None:
+        try:
             lines = []
             for r in self._pending:
                 text = self._encoded[r.seq] = json.dumps(r.to_json(), separators=(",", ":"))
@@ -108,11 +139,11 @@ class DumpWriter:
             if lines:
                 self._journal.write("\n".join(lines) + "\n")
                 self._journal.flush()
-            self._pending.clear()
-            self._updates.clear()
-            self._last_flush = time.monotonic()
         except OSError as e:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
+        self._pending.clear()
+        self._updates.clear()
+        self._last_flush = time.monotonic()
 
     def close(self, summary: dict[str, Any]) -> Path:
         """Flush, write dump.json atomically, and return the dump folder."""
