@@ -5,6 +5,10 @@ the qualified names from the outermost module seen (``model.layers.0.self_attn.q
 outermost module itself has the empty path. Backward attribution uses multi-grad hooks rather
 than full backward hooks, because full backward hooks wrap outputs in a custom autograd
 Function that breaks ``ReLU(inplace=True)`` and similar in-place code downstream.
+
+The stack also names module state for the data edges (``producers``): each module's own
+parameters and buffers under ``<module path>.<name>``, when its tree is first named and again
+each time it is entered (a parameter may have been replaced since).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .flatten import flatten_tensors
+from .producers import Producers
 
 ModuleFrame = tuple[str, str]  # (path, class name)
 
@@ -25,11 +30,11 @@ def _grad_tensors(value: Any) -> list[torch.Tensor]:
 
 
 class ModuleStack:
-    """Maintains the stack of running modules; calls ``on_enter(frame, args)`` before a forward and
-    ``on_exit(frame, call_index, kwargs, output, <on_enter's result>)`` after it returns."""
+    """Maintains the stack of running modules; calls ``on_enter(frame, module, args)`` before a
+    forward and ``on_exit(frame, call_index, kwargs, output, <on_enter's result>)`` after it returns."""
 
     def __init__(self, *, on_enter: Callable | None = None, on_exit: Callable | None = None,
-                 backward: bool = False) -> None:
+                 backward: bool = False, producers: Producers | None = None) -> None:
         self.forward_stack: list[ModuleFrame] = []
         self.backward_stack: list[ModuleFrame] = []
         self.on_enter = on_enter
@@ -41,6 +46,7 @@ class ModuleStack:
         self._handles: list = []
         self._objects: list[tuple[Any, Any]] = []  # (module, on_enter's result), parallel to forward_stack
         self._bw_task = -1
+        self.producers = producers
 
     # -- life cycle -------------------------------------------------------------------
     def install(self) -> None:
@@ -81,16 +87,29 @@ class ModuleStack:
     def _name_tree(self, root: torch.nn.Module, prefix: str) -> None:
         for name, sub in root.named_modules(remove_duplicate=False):
             if sub not in self._paths:
-                self._paths[sub] = f"{prefix}.{name}" if prefix and name else (name or prefix)
+                path = self._paths[sub] = f"{prefix}.{name}" if prefix and name else (name or prefix)
+                self._name_state(sub, path)
+
+    def _name_state(self, module: torch.nn.Module, path: str) -> None:
+        """Register the module's own parameters and buffers under their qualified names."""
+        if self.producers is None:
+            return
+        dot = f"{path}." if path else ""
+        for name, p in module._parameters.items():
+            self.producers.name_state(p, "param", dot + name)
+        for name, b in module._buffers.items():
+            self.producers.name_state(b, "buffer", dot + name)
 
     # -- hooks ------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         path = self.path_of(module)
         frame = (path, type(module).__name__)
+        if module._parameters or module._buffers:
+            self._name_state(module, path)
         self.forward_stack.append(frame)
         # on_enter's result (the module's inputs) rides in the same entry as the module, so the
         # two can never get out of step when a module raises.
-        self._objects.append((module, self.on_enter(frame, args) if self.on_enter is not None else None))
+        self._objects.append((module, self.on_enter(frame, module, args) if self.on_enter is not None else None))
         if self.backward and torch.is_grad_enabled():
             inputs = _grad_tensors(args)
             if inputs:  # gradients w.r.t. the inputs ready: this module's backward is over

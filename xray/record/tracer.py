@@ -22,6 +22,7 @@ from ..dump.writer import DumpWriteError, DumpWriter
 from .encode import bind_inputs, encode_value, op_info, signature_key, tensor_meta
 from .flatten import flatten_tensors
 from .modules import ModuleStack
+from .producers import Producers
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -74,16 +75,23 @@ class Recorder:
         self.failed: str | None = None
         self._seen: dict[tuple, Record] = {}
         self._stats = StatsCache()
+        self.producers = Producers()
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
-            backward=self.backward_on)
+            backward=self.backward_on, producers=self.producers)
 
     def stats(self, t: torch.Tensor) -> Stats:
         return self._stats.get(t)
 
     def _meta(self, t: torch.Tensor) -> TensorMeta:
         return tensor_meta(t, self.stats(t) if self.stats_on else None, self.meta_on)
+
+    def _input_meta(self, t: torch.Tensor) -> TensorMeta:
+        """An input's meta names the data edge it arrived on (outputs are the record's own)."""
+        meta = self._meta(t)
+        meta.source = self.producers.source_of(t)
+        return meta
 
     # -- the hot path ----------------------------------------------------------------------------
     def on_op(self, func, args: tuple, kwargs: dict) -> Any:
@@ -115,11 +123,11 @@ class Recorder:
         if self.config.dedup:
             key = signature_key(func, args, kwargs)
             seen = self._seen.get(key)
-            if seen is not None:
+            if seen is not None:  # no record of its own, but its outputs are still its values
                 seen.count += 1
                 seen.last_seq = seq
                 self.writer.touch(seen)
-                return None
+                return None, seq, op_info(func), None, None, None
         info = op_info(func)
         frames = self.modules.current(backward)
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
@@ -131,15 +139,18 @@ class Recorder:
         # Inputs are described (and copied) before the call: in-place ops mutate them.
         bound = bind_inputs(info, args, kwargs)
         if self.meta_on or self.stats_on:
-            rec.inputs = {k: encode_value(v, self._meta) for k, v in bound.items()
+            rec.inputs = {k: encode_value(v, self._input_meta) for k, v in bound.items()
                           if self.meta_on or _holds_tensor(v)}
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
-        return rec, info, key, budget, bound
+        return rec, seq, info, key, budget, bound
 
     def _after(self, pending, args: tuple, out: Any) -> None:
-        rec, info, key, budget, bound = pending
+        rec, seq, info, key, budget, bound = pending
         outs = list(out) if info.returns > 1 else [out]
+        self.producers.produced(seq, outs)
+        if rec is None:  # folded into an earlier record by de-duplication
+            return
         if info.name.startswith("c10d."):
             _wait_collective(outs)
         for name in info.mutates:  # the version counter is bumped only after we return
@@ -195,23 +206,29 @@ class Recorder:
         self.writer.abandon()
 
     # -- module boundaries (X_DEBUG & MODULES) ------------------------------------------------------
-    def _module_enter(self, frame, args: tuple) -> dict[str, Any]:
-        """The module's positional inputs, described before it runs (it may mutate them)."""
+    def _module_enter(self, frame, module: torch.nn.Module, args: tuple) -> tuple[dict, dict]:
+        """The module's positional inputs and its own parameters and buffers, described before
+        it runs (it may mutate them). State goes to ``Record.params``, never among the inputs."""
         with no_dispatch_modes():
-            return {f"input.{i}": self._meta(t) for i, t in enumerate(flatten_tensors(args))}
+            inputs = {f"input.{i}": self._input_meta(t) for i, t in enumerate(flatten_tensors(args))}
+            params = {name: self._input_meta(t) for state in (module._parameters, module._buffers)
+                      for name, t in state.items() if isinstance(t, torch.Tensor)}
+        return inputs, params
 
-    def _module_exit(self, frame, call_index: int, kwargs: dict, output: Any, inputs: dict[str, Any] | None) -> None:
-        if self.failed is not None or inputs is None:
+    def _module_exit(self, frame, call_index: int, kwargs: dict, output: Any,
+                     entered: tuple[dict, dict] | None) -> None:
+        if self.failed is not None or entered is None:
             return
+        inputs, params = entered
         with no_dispatch_modes():
             for k, v in kwargs.items():
                 for i, t in enumerate(flatten_tensors(v)):
-                    inputs[f"{k}.{i}"] = self._meta(t)
+                    inputs[f"{k}.{i}"] = self._input_meta(t)
             outputs = [self._meta(t) for t in flatten_tensors(output)]
         path, cls = frame
         rec = Record(seq=self.seq, kind="module", op=cls, module=path,
                      module_stack=list(self.modules.forward_stack), inputs=inputs, outputs=outputs,
-                     call_index=call_index)
+                     call_index=call_index, params=params)
         self.seq += 1
         self._emit(rec)
 

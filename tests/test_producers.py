@@ -1,0 +1,241 @@
+"""Data edges in trace dumps (format v2, issue 17): every recorded input names its producer."""
+from __future__ import annotations
+
+import gc
+import json
+import warnings
+
+import pytest
+import torch
+
+import xray
+from xray.dump import TruncatedDumpWarning
+from xray.dump.model import Source
+from xray.record.producers import Producers
+
+Q_PROJ = "model.layers.0.self_attn.q_proj"
+
+
+def record(fn, tmp_path, **kw):
+    kw.setdefault("X_DEDUP", False)
+    with xray.dump(dump_dir=tmp_path, **kw) as session:
+        out = fn()
+    return out, xray.load_dump(session.folder)
+
+
+def op_records(dump):
+    return {r.seq: r for r in dump.records if r.kind == "op"}
+
+
+def llama_step(model, ids):
+    model.zero_grad()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.fixture(scope="module")
+def llama_backward(tmp_path_factory):
+    """A real transformers Llama (2 layers, hidden 64), forward + backward recorded without
+    de-duplication, with module records; also the same step run without recording."""
+    from xray.models import tiny_llama, token_batch
+
+    ids = token_batch(batch=2, seq=8)
+    model = tiny_llama(layers=2, hidden=64).train()
+    eager = llama_step(model, ids)
+    recorded, dump = record(lambda: llama_step(model, ids), tmp_path_factory.mktemp("llama"), X_DEBUG=0x11A)
+    return eager, recorded, dump
+
+
+def test_recording_stays_bitwise_transparent(llama_backward):
+    (loss0, grads0), (loss1, grads1), _ = llama_backward
+    assert torch.equal(loss0, loss1)
+    assert len(grads0) == len(grads1) and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
+
+
+def test_every_op_source_names_an_earlier_output_of_the_same_shape(llama_backward):
+    *_, dump = llama_backward
+    ops = op_records(dump)
+    kinds = set()
+    assert any(r.direction == "backward" for r in ops.values())
+    for r in ops.values():
+        for name, meta in r.input_tensors():
+            src = Source.parse(meta.source)
+            assert src is not None, f"{r.name} {name} has no source"
+            kinds.add(src.kind)
+            if src.kind != "op":
+                continue
+            assert src.seq < r.seq, f"{r.name} {name}: producer {src} is not earlier"
+            producer = ops.get(src.seq)
+            assert producer is not None, f"{r.name} {name}: no record {src.seq}"
+            outs = [m for _, m in producer.output_tensors()]
+            assert len(outs) > src.index, f"{r.name} {name}: {producer.name} has {len(outs)} outputs"
+            out = outs[src.index]
+            assert (out.shape, out.dtype) == (meta.shape, meta.dtype), f"{r.name} {name} vs {producer.name}"
+    assert kinds == {"op", "param", "buffer", "input"}
+
+
+def _producer_chain_reaches(ops, meta, wanted: str) -> bool:
+    """The source is ``wanted``, directly or through view ops (t, view, ...) whose input is."""
+    for _ in range(4):
+        if meta.source == wanted:
+            return True
+        src = Source.parse(meta.source)
+        if src.kind != "op":
+            return False
+        producer = ops[src.seq]
+        if producer.op.split(".")[1] not in ("t", "view", "transpose", "permute", "expand", "_unsafe_view",
+                                            "detach", "alias"):
+            return False
+        meta = producer.inputs["self"]
+    return False
+
+
+def test_linear_weight_traces_to_its_parameter(llama_backward):
+    *_, dump = llama_backward
+    ops = op_records(dump)
+    matmuls = [r for r in ops.values() if r.module == Q_PROJ and r.direction == "forward"
+               and r.op.split(".")[1] in ("mm", "addmm", "linear", "matmul", "bmm")]
+    assert matmuls
+    wanted = f"param:{Q_PROJ}.weight"
+    assert any(_producer_chain_reaches(ops, m, wanted) for r in matmuls for _, m in r.input_tensors())
+
+
+def test_token_ids_are_model_inputs_and_rope_frequencies_a_buffer(llama_backward):
+    *_, dump = llama_backward
+    emb = [r for r in dump.records if r.op == "aten.embedding.default"]
+    assert emb and emb[0].inputs["indices"].source == "input"
+    assert emb[0].inputs["weight"].source == "param:model.embed_tokens.weight"
+    assert any(m.source == "buffer:model.rotary_emb.inv_freq" for r in dump.records for _, m in r.input_tensors())
+
+
+def test_module_records_carry_their_own_state_as_params_not_inputs(llama_backward):
+    *_, dump = llama_backward
+    q = [r for r in dump.records if r.kind == "module" and r.module == Q_PROJ]
+    assert q and set(q[0].params) == {"weight"}
+    assert q[0].params["weight"].source == f"param:{Q_PROJ}.weight"
+    assert q[0].params["weight"].shape == (64, 64) and q[0].params["weight"].stats is not None
+    assert all(not m.source.startswith(("param:", "buffer:")) for _, m in q[0].input_tensors())
+    assert Source.parse(q[0].inputs["input.0"].source).kind == "op"  # the layer norm's output
+    norm = [r for r in dump.records if r.kind == "module" and r.module == "model.norm"][0]
+    assert norm.params["weight"].source == "param:model.norm.weight"
+    layer = [r for r in dump.records if r.kind == "module" and r.module == "model.layers.0"][0]
+    assert layer.params == {}  # a container's parameters belong to its submodules' records
+
+
+def test_in_place_and_out_calls_become_the_latest_producer(tmp_path):
+    a = torch.randn(5)
+
+    def fn():
+        x = a + 1
+        x.mul_(2)  # re-produces x
+        y = x.exp()
+        out = torch.empty(5)
+        torch.add(a, x, out=out)
+        return y, out.neg(), torch.cat([x, out])
+
+    _, dump = record(fn, tmp_path)
+    seq = {r.op: r.seq for r in dump.records}
+    by_op = {r.op: r for r in dump.records}
+    assert by_op["aten.add.Tensor"].inputs["self"].source == "input"
+    assert by_op["aten.mul_.Tensor"].inputs["self"].source == f"op:{seq['aten.add.Tensor']}:0"
+    assert by_op["aten.exp.default"].inputs["self"].source == f"op:{seq['aten.mul_.Tensor']}:0"
+    assert by_op["aten.add.out"].inputs["out"].source == f"op:{seq['aten.empty.memory_format']}:0"
+    assert by_op["aten.neg.default"].inputs["self"].source == f"op:{seq['aten.add.out']}:0"
+    assert [m.source for _, m in by_op["aten.cat.default"].input_tensors()] == [
+        f"op:{seq['aten.mul_.Tensor']}:0", f"op:{seq['aten.add.out']}:0"]
+
+
+def test_list_outputs_are_numbered_item_by_item(tmp_path):
+    x = torch.randn(4, 6)
+    _, dump = record(lambda: [p.sum() for p in torch.split(x, 2, dim=1)], tmp_path)
+    split = [r for r in dump.records if r.op == "aten.split.Tensor"][0]
+    sums = [r for r in dump.records if r.op == "aten.sum.default"]
+    assert [r.inputs["self"].source for r in sums] == [f"op:{split.seq}:{k}" for k in range(3)]
+
+
+def test_dedup_folded_calls_still_produce_under_their_own_seq(tmp_path):
+    x = torch.randn(3)
+
+    def fn():
+        a = x.exp()
+        b = x.exp()  # same signature: folded into a's record
+        return b.neg()
+
+    _, dump = record(fn, tmp_path, X_DEDUP=True)
+    exp = [r for r in dump.records if r.op == "aten.exp.default"]
+    assert len(exp) == 1 and exp[0].count == 2
+    (neg,) = [r for r in dump.records if r.op == "aten.neg.default"]
+    src = Source.parse(neg.inputs["self"].source)
+    assert src.seq == exp[0].last_seq != exp[0].seq and src.seq not in {r.seq for r in dump.records}
+
+
+def test_producer_map_keeps_nothing_alive_and_survives_id_reuse():
+    producers = Producers()
+    t = torch.randn(3)
+    producers.produced(7, [t])
+    assert producers.source_of(t) == "op:7:0"
+    ref, old_id = torch.utils.weak.WeakRef(t), id(t)
+    del t
+    gc.collect()
+    assert ref() is None  # the map held no reference
+    held = []  # kept alive, so the allocator moves on until it hands out the freed slot
+    for _ in range(10000):
+        reused = torch.empty(3)
+        if id(reused) == old_id:
+            assert producers.source_of(reused) == "input"
+            break
+        held.append(reused)
+    else:
+        pytest.skip("the allocator never reused the id")
+
+
+def test_data_swap_and_module_state_names():
+    producers = Producers()
+    x = torch.randn(3)
+    producers.produced(1, [x])
+    x.data = torch.randn(3)  # no ATen call: the old producer no longer holds
+    assert producers.source_of(x) == "input"
+    lin = torch.nn.Linear(2, 2)
+    producers.name_state(lin.weight, "param", "lin.weight")
+    producers.produced(9, [lin.weight])  # an in-place update (optimizer step) keeps the name
+    assert producers.source_of(lin.weight) == "param:lin.weight"
+
+
+def _downgrade_to_v1(obj: dict) -> dict:
+    """What a version-1 writer produced: no "src", no "params"."""
+    if isinstance(obj, dict):
+        return {k: _downgrade_to_v1(v) for k, v in obj.items() if k not in ("src", "params")}
+    if isinstance(obj, list):
+        return [_downgrade_to_v1(v) for v in obj]
+    return obj
+
+
+def test_version_1_dumps_and_journals_still_read(tmp_path):
+    _, dump = record(lambda: torch.ones(2).exp(), tmp_path / "a")
+    assert dump.header["format_version"] == 2
+    assert dump.records[-1].inputs["self"].source.startswith("op:")
+    index = dump.folder / "dump.json"
+    data = _downgrade_to_v1(json.loads(index.read_text()))
+    data["format_version"] = 1
+    index.write_text(json.dumps(data))
+    old = xray.load_dump(dump.folder)
+    assert len(old.records) == 2 and all(m.source is None for r in old.records for _, m in r.input_tensors())
+    # the journal of a v1 dump that was never finished
+    index.unlink()
+    lines = [json.dumps({"header": {k: v for k, v in data.items() if k not in ("records", "summary", "complete")}})]
+    lines += [json.dumps(r) for r in data["records"]]
+    (dump.folder / "journal.jsonl").write_text("\n".join(lines) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncatedDumpWarning)
+        journal = xray.load_dump(dump.folder)
+    assert [r.op for r in journal.records] == [r.op for r in old.records]
+    assert journal.records[-1].inputs["self"].source is None
+
+
+def test_journal_of_a_v2_dump_keeps_sources(tmp_path):
+    with xray.dump(dump_dir=tmp_path, X_DEDUP=False) as session:
+        torch.ones(2).exp()
+        session.writer.flush()
+        journal = (session.folder / "journal.jsonl").read_text()
+    assert '"format_version": 2' in journal and '"src":"op:' in journal

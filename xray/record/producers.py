@@ -1,0 +1,86 @@
+"""Where each live tensor's value came from: the data edges of the format's ``src`` (v2).
+
+The tracer registers every op call's output tensors under the call's sequence number, and the
+module stack registers each entered module's parameters and buffers under their qualified
+names. Looking a tensor up then names its producer: ``op:<seq>:<k>``, ``param:<name>``,
+``buffer:<name>``, or ``input`` for anything never registered (model inputs, tensors made
+before recording, or made by code the recorder does not see).
+
+Identity is the Python tensor object, checked through a weak reference, so the map keeps no
+tensor alive and an ``id`` reused by a new object never inherits a dead one's producer. The
+data pointer is checked too: ``x.data = y`` swaps the storage under the same object without an
+ATen call, and the old producer no longer describes the value (it then reads as ``input``).
+In-place and ``out=`` calls return their mutated tensor, so registering outputs makes the
+mutating call its latest producer. Module state keeps its name even when an in-place call
+updates it (an optimizer step, running statistics): to compare runs, a parameter is the edge.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+# ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
+# order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
+_Entry = tuple  # (weakref to the tensor, source: (seq, k) or "param:..."/"buffer:...", data_ptr)
+
+
+def _data_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # sparse, nested and wrapper-subclass tensors have no single pointer
+        return None
+
+
+class Producers:
+    """id(tensor) -> (weak reference, source, data pointer); dead entries swept as it grows."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, _Entry] = {}
+        self._sweep_at = 4096
+
+    def source_of(self, t: torch.Tensor) -> str:
+        entry = self._by_id.get(id(t))
+        if entry is None or entry[0]() is not t or entry[2] != _data_ptr(t):
+            return "input"
+        src = entry[1]
+        return src if type(src) is str else f"op:{src[0]}:{src[1]}"
+
+    def produced(self, seq: int, outputs: list) -> None:
+        """Output tensors of call ``seq`` (its schema returns, in order) now hold its values."""
+        k = 0
+        for o in outputs:
+            if isinstance(o, torch.Tensor):
+                self._produce(o, (seq, k))
+                k += 1
+            elif isinstance(o, (list, tuple)):
+                for x in o:
+                    if isinstance(x, torch.Tensor):
+                        self._produce(x, (seq, k))
+                        k += 1
+
+    def _produce(self, t: torch.Tensor, src: tuple[int, int]) -> None:
+        key = id(t)
+        entry = self._by_id.get(key)
+        if entry is not None and type(entry[1]) is str and entry[0]() is t:
+            return  # module state mutated in place keeps its name
+        self._by_id[key] = (weakref.ref(t), src, _data_ptr(t))
+        if len(self._by_id) > self._sweep_at:
+            self._sweep()
+
+    def name_state(self, t: Any, kind: str, name: str) -> None:
+        """``t`` is module state: ``kind`` "param" or "buffer", ``name`` its qualified name."""
+        if not isinstance(t, torch.Tensor):  # a buffer slot registered as None
+            return
+        src = f"{kind}:{name}"
+        entry = self._by_id.get(id(t))
+        if entry is None or entry[1] != src or entry[0]() is not t or entry[2] != _data_ptr(t):
+            self._by_id[id(t)] = (weakref.ref(t), src, _data_ptr(t))
+
+    def _sweep(self) -> None:
+        self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}
+        self._sweep_at = max(4096, 2 * len(self._by_id))
+
+    def __len__(self) -> int:
+        return len(self._by_id)
