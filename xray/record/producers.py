@@ -24,6 +24,7 @@ import torch
 # ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
 # order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
 _Entry = tuple  # (weakref to the tensor, source: (seq, k) or "param:..."/"buffer:...", data_ptr)
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _data_ptr(t: torch.Tensor) -> int | None:
@@ -42,31 +43,45 @@ class Producers:
 
     def source_of(self, t: torch.Tensor) -> str:
         entry = self._by_id.get(id(t))
-        if entry is None or entry[0]() is not t or entry[2] != _data_ptr(t):
+        if entry is None or entry[0]() is not t:
             return "input"
+        try:
+            if t.data_ptr() != entry[2]:
+                return "input"
+        except RuntimeError:  # no single data pointer (see _data_ptr)
+            if entry[2] is not None:
+                return "input"
         src = entry[1]
         return src if type(src) is str else f"op:{src[0]}:{src[1]}"
 
-    def produced(self, seq: int, outputs: list) -> None:
-        """Output tensors of call ``seq`` (its schema returns, in order) now hold its values."""
-        k = 0
-        for o in outputs:
-            if isinstance(o, torch.Tensor):
-                self._produce(o, (seq, k))
-                k += 1
-            elif isinstance(o, (list, tuple)):
-                for x in o:
-                    if isinstance(x, torch.Tensor):
-                        self._produce(x, (seq, k))
-                        k += 1
+    def produced(self, seq: int, out: Any) -> None:
+        """The output tensors of call ``seq`` (its raw result) now hold its values. Hot: runs
+        for every call, de-duplicated ones included."""
+        if type(out) in _PLAIN or isinstance(out, torch.Tensor):
+            self._produce(out, (seq, 0))
+        elif isinstance(out, (list, tuple)):
+            k = 0
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    self._produce(o, (seq, k))
+                    k += 1
+                elif isinstance(o, (list, tuple)):
+                    for x in o:
+                        if isinstance(x, torch.Tensor):
+                            self._produce(x, (seq, k))
+                            k += 1
 
     def _produce(self, t: torch.Tensor, src: tuple[int, int]) -> None:
-        key = id(t)
-        entry = self._by_id.get(key)
+        by_id = self._by_id
+        entry = by_id.get(id(t))
         if entry is not None and type(entry[1]) is str and entry[0]() is t:
             return  # module state mutated in place keeps its name
-        self._by_id[key] = (weakref.ref(t), src, _data_ptr(t))
-        if len(self._by_id) > self._sweep_at:
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:
+            ptr = None
+        by_id[id(t)] = (weakref.ref(t), src, ptr)
+        if len(by_id) > self._sweep_at:
             self._sweep()
 
     def name_state(self, t: Any, kind: str, name: str) -> None:

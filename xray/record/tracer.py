@@ -106,13 +106,19 @@ class Recorder:
         out = func(*args, **kwargs)
         if pending is not None:
             try:
-                with no_dispatch_modes():
-                    self._after(pending, args, out)
+                if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
+                    self.producers.produced(pending, out)
+                else:
+                    with no_dispatch_modes():
+                        self._after(pending, args, out)
             except Exception as e:
                 self._fail(e)
         return out
 
     def _before(self, func, args: tuple, kwargs: dict):
+        """None: not recorded (backward without BACKWARD); the call's seq: folded by de-dup into
+        an earlier record, it still produces its outputs under its own seq; else the pending
+        record with what _after needs."""
         backward = torch._C._current_graph_task_id() != -1
         if backward and not self.backward_on:
             return None
@@ -123,11 +129,11 @@ class Recorder:
         if self.config.dedup:
             key = signature_key(func, args, kwargs)
             seen = self._seen.get(key)
-            if seen is not None:  # no record of its own, but its outputs are still its values
+            if seen is not None:
                 seen.count += 1
                 seen.last_seq = seq
                 self.writer.touch(seen)
-                return None, seq, op_info(func), None, None, None
+                return seq
         info = op_info(func)
         frames = self.modules.current(backward)
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
@@ -143,14 +149,12 @@ class Recorder:
                           if self.meta_on or _holds_tensor(v)}
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
-        return rec, seq, info, key, budget, bound
+        return rec, info, key, budget, bound
 
     def _after(self, pending, args: tuple, out: Any) -> None:
-        rec, seq, info, key, budget, bound = pending
+        rec, info, key, budget, bound = pending
+        self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
-        self.producers.produced(seq, outs)
-        if rec is None:  # folded into an earlier record by de-duplication
-            return
         if info.name.startswith("c10d."):
             _wait_collective(outs)
         for name in info.mutates:  # the version counter is bumped only after we return
