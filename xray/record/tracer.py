@@ -1,7 +1,7 @@
 """The recording TorchDispatchMode: sees every ATen call, turns it into a Record, hands it on.
 
-The mode only collects. Statistics live in ``xray.dump.stats``, encoding in ``encode``, storage
-in ``xray.dump.writer``. All of the tracer's own tensor work runs with dispatch modes disabled,
+The mode only collects. Statistics live in ``xray.dump.stats``, encoding in ``encode``, data
+edges (each input's ``src``) in ``producers``, storage in ``xray.dump.writer``. All of the tracer's own tensor work runs with dispatch modes disabled,
 so it never records itself and never disturbs another active mode.
 """
 from __future__ import annotations
