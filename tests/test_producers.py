@@ -284,3 +284,13 @@ def test_journal_of_a_v2_dump_keeps_sources(tmp_path):
         session.writer.flush()
         journal = (session.folder / "journal.jsonl").read_text()
     assert '"format_version": 2' in journal and '"src":"op:' in journal
+
+
+def test_dead_outputs_are_swept_so_the_map_follows_live_tensors():
+    producers = Producers()
+    keep = torch.randn(2)
+    producers.produced(0, keep)
+    for seq in range(1, 20001):
+        producers.produced(seq, torch.empty(1))  # dies at once
+    assert len(producers._by_id) <= 8192
+    assert producers.source_of(keep) == "op:0:0"

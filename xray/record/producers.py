@@ -56,13 +56,14 @@ class Producers:
 
     def produced(self, seq: int, out: Any) -> None:
         """The output tensors of call ``seq`` (its raw result) now hold its values. Hot: runs
-        for every call, de-duplicated ones included."""
-        if type(out) in _PLAIN or isinstance(out, torch.Tensor):
+        for every call, de-duplicated ones included, so exact types are tried first."""
+        kind = type(out)
+        if kind in _PLAIN:
             self._produce(out, (seq, 0))
-        elif isinstance(out, (list, tuple)):
+        elif kind is tuple or kind is list:
             k = 0
             for o in out:
-                if isinstance(o, torch.Tensor):
+                if type(o) in _PLAIN or isinstance(o, torch.Tensor):
                     self._produce(o, (seq, k))
                     k += 1
                 elif isinstance(o, (list, tuple)):
@@ -70,17 +71,15 @@ class Producers:
                         if isinstance(x, torch.Tensor):
                             self._produce(x, (seq, k))
                             k += 1
+        elif isinstance(out, torch.Tensor):  # a subclass
+            self._produce(out, (seq, 0))
 
     def _produce(self, t: torch.Tensor, src: tuple[int, int]) -> None:
         by_id = self._by_id
         entry = by_id.get(id(t))
         if entry is not None and type(entry[1]) is str and entry[0]() is t:
             return  # module state mutated in place keeps its name
-        try:
-            ptr = t.data_ptr()
-        except RuntimeError:
-            ptr = None
-        by_id[id(t)] = (weakref.ref(t), src, ptr)
+        by_id[id(t)] = (weakref.ref(t), src, _data_ptr(t))
         if len(by_id) > self._sweep_at:
             self._sweep()
 
@@ -96,6 +95,3 @@ class Producers:
     def _sweep(self) -> None:
         self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}
         self._sweep_at = max(4096, 2 * len(self._by_id))
-
-    def __len__(self) -> int:
-        return len(self._by_id)
