@@ -294,3 +294,23 @@ def test_dead_outputs_are_swept_so_the_map_follows_live_tensors():
         producers.produced(seq, torch.empty(1))  # dies at once
     assert len(producers._by_id) <= 8192
     assert producers.source_of(keep) == "op:0:0"
+
+
+def test_buffers_updated_in_place_keep_their_names(tmp_path):
+    """BatchNorm in training updates running statistics and num_batches_tracked in place: the
+    next call still reads them as the module's buffers."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).train()
+    x = torch.randn(8, 4)
+    _, dump = record(lambda: (net(x), net(x)), tmp_path, X_DEBUG=0x112)
+    increments = [r for r in dump.records if r.op == "aten.add_.Tensor"]
+    assert [r.inputs["self"].source for r in increments] == ["buffer:1.num_batches_tracked"] * 2
+    norms = [r for r in dump.records if r.kind == "op" and "batch_norm" in r.op]
+    assert len(norms) == 2
+    for r in norms:
+        assert r.inputs["running_mean"].source == "buffer:1.running_mean"
+        assert r.inputs["weight"].source == "param:1.weight"
+    bn = [r for r in dump.records if r.kind == "module" and r.op == "BatchNorm1d"]
+    assert set(bn[0].params) == {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}
+    assert bn[0].params["running_var"].source == "buffer:1.running_var"
+    lin = [r for r in dump.records if r.kind == "module" and r.op == "Linear"]
+    assert lin[0].params["bias"].source == "param:0.bias" and lin[0].inputs["input.0"].source == "input"
