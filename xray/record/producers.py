@@ -11,7 +11,8 @@ tensor alive and an ``id`` reused by a new object never inherits a dead one's pr
 data pointer is checked too: ``x.data = y`` swaps the storage under the same object without an
 ATen call, and the old producer no longer describes the value (it then reads as ``input``).
 In-place and ``out=`` calls return their mutated tensor, so registering outputs makes the
-mutating call its latest producer. Module state keeps its name even when an in-place call
+mutating call its latest producer. A base written through a view (``x[0].zero_()``) keeps its
+earlier producer: no output of the writing call has the base's shape to name. Module state keeps its name even when an in-place call
 updates it (an optimizer step, running statistics): to compare runs, a parameter is the edge.
 """
 from __future__ import annotations
