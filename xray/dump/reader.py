@@ -10,7 +10,7 @@ import h5py
 import torch
 
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
-from .tensorio import read_dataset
+from .tensorio import open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
 
@@ -64,7 +64,7 @@ class TraceDump:
         f = self._file(fname)
         if f is None or path not in f:
             raise KeyError(f"{self.folder / fname}: no saved tensor {path!r} (truncated dump?)")
-        return f[path]
+        return open_dataset(f, path)
 
     def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
         """The saved tensor for ``meta`` (or a ``file:path`` reference), on CPU."""
