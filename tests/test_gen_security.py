@@ -189,3 +189,99 @@ def test_audit_rejects_foreign_code():
                 "open('x')\n", "(lambda: 1)\n"):
         with pytest.raises(RenderError):
             audit(bad, "bad.py")
+
+
+# -- ops and HDF5 objects that could reach the file system (issue 18, items 1-2) ----------------------
+
+def _from_file_dump(base: dict, target: Path) -> dict:
+    """The base dump with its mm turned into aten.from_file(target, shared=True, size=64)."""
+    data = copy.deepcopy(base)
+    rec = record(data, "aten.mm.default")
+    rec["op"] = "aten.from_file.default"
+    rec["inputs"] = {"filename": str(target), "shared": True, "size": 64}
+    rec["outputs"] = [{"t": "tensor", "shape": [64], "dtype": "float32", "device": "cpu"}]
+    return data
+
+
+def test_file_touching_op_is_refused_by_gen(base, tmp_path, capsys):
+    target = tmp_path / "created_by_dump"
+    check_rejected(tmp_path, _from_file_dump(base, target), capsys, "refused op 'aten.from_file.default'")
+    assert not target.exists()
+
+
+def test_file_touching_op_is_refused_by_replay(base, tmp_path):
+    target = tmp_path / "created_by_dump"
+    folder = write_dump(tmp_path, _from_file_dump(base, target))
+    res = subprocess.run([sys.executable, "-m", "xray.replay.cli", str(folder), "-o", str(tmp_path / "replay"),
+                          "-b", "torch-cpu", "-q"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert not target.exists(), res.stdout + res.stderr
+    assert "refused op 'aten.from_file.default'" in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_schema_rule_refuses_without_a_list():
+    from xray.inputs import UnsafeOpError, resolve_op
+    from xray.op_safety import refusal
+    for name in ("aten.from_file.default", "aten.set_.source_Storage", "profiler._record_function_enter.default"):
+        with pytest.raises(UnsafeOpError):
+            resolve_op(name)
+    # the schema rule, on an op no list names: a custom op with a path argument
+    lib = torch.library.Library("xray_test_fs", "DEF")
+    lib.define("write_to(Tensor x, str out_path) -> Tensor")
+    assert "out_path" in refusal(torch.ops.xray_test_fs.write_to.default)
+    assert refusal(torch.ops.aten.div.Tensor_mode) is None  # a string argument that is not a path
+
+
+def _secret(tmp_path: Path) -> Path:
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np_bytes := bytes(range(256)) * 4)
+    assert len(np_bytes) == 1024
+    return secret
+
+
+def _redirect(folder: Path, how: str, secret: Path) -> None:
+    """Replace the first saved tensor of the dump by an HDF5 object whose bytes live elsewhere."""
+    import h5py
+    import numpy as np
+    seg = sorted(folder.glob("tensors-*.h5"))[0]
+    with h5py.File(seg, "a") as f:
+        name = "r0/in.self"
+        shape, attrs = f[name].shape, dict(f[name].attrs)
+        del f[name]
+        if how == "external_storage":
+            ds = f.create_dataset(name, shape=shape, dtype="float32", external=[(str(secret), 0, 4 * int(np.prod(shape)))])
+        elif how == "external_link":
+            other = folder / "other.h5"
+            with h5py.File(other, "w") as g:
+                g.create_dataset("x", data=np.zeros(shape, np.float32))
+            f[name] = h5py.ExternalLink(str(other), "x")
+            return
+        elif how == "soft_link":
+            f[name] = h5py.SoftLink("/r0/out0")
+            return
+        else:  # virtual dataset mapped from another file
+            other = folder / "other.h5"
+            with h5py.File(other, "w") as g:
+                g.create_dataset("x", data=np.zeros(shape, np.float32))
+            layout = h5py.VirtualLayout(shape=shape, dtype="float32")
+            layout[...] = h5py.VirtualSource(str(other), "x", shape=shape)
+            ds = f.create_virtual_dataset(name, layout)
+        for k, v in attrs.items():
+            ds.attrs[k] = v
+
+
+@pytest.mark.parametrize("how", ["external_storage", "external_link", "soft_link", "virtual"])
+def test_hdf5_escape_hatches_are_refused(base, tmp_path, capsys, how):
+    from xray.dump.tensorio import UnsafeDatasetError
+    secret = _secret(tmp_path)
+    folder = write_dump(tmp_path, base)
+    _redirect(folder, how, secret)
+    dump = xray.load_dump(folder)
+    meta = next(m for r in dump.records for n, m in r.input_tensors() if m.data and m.data.endswith("r0/in.self"))
+    with pytest.raises(UnsafeDatasetError, match="refused"):
+        dump.load_tensor(meta)
+    out = tmp_path / "pytests"
+    gen_main([str(folder), "-o", str(out), "--factory", "load", "-q"])
+    capsys.readouterr()
+    for h5 in out.rglob("*.h5"):  # whatever was generated holds none of the secret's bytes
+        assert bytes(range(64, 128)) not in h5.read_bytes()

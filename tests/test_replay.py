@@ -179,12 +179,17 @@ def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
     def tamper(meta, unreadable: bool) -> None:
         fname, _, path = meta.data.partition(":")
         with h5py.File(d.folder / fname, "r+") as f:
-            shape, dtype, attrs = f[path].shape, f[path].dtype, dict(f[path].attrs)
+            data, attrs = f[path][()], dict(f[path].attrs)
             del f[path]
-            if unreadable:  # header intact, data in an external file that does not exist
-                ds = f.create_dataset(path, shape=shape, dtype=dtype,
-                                      external=[(str(tmp_path / "gone.bin"), 0, h5py.h5f.UNLIMITED)])
+            if unreadable:  # header intact, compressed bytes that fail to decompress when read
+                ds = f.create_dataset(path, data=data, chunks=data.shape, compression="gzip")
                 ds.attrs.update(attrs)
+                chunk = ds.id.get_chunk_info(0)
+                offset, size = chunk.byte_offset, chunk.size
+        if unreadable:
+            with open(d.folder / fname, "r+b") as raw:
+                raw.seek(offset)
+                raw.write(b"\xff" * size)
 
     tamper(exp.inputs["self"], unreadable=False)
     tamper(neg.inputs["self"], unreadable=True)
@@ -203,4 +208,39 @@ def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
     assert result.status(sin.seq, "torch-cpu") == Status.OK
     assert result.status(neg.seq, "torch-cpu") == Status.EXPORT_FAIL
     row = next(r for r in result.rows if r.seq == neg.seq)
-    assert row.error.startswith("cannot rebuild the call: OSError") and "external raw data file" in row.error
+    assert row.error.startswith("cannot rebuild the call: OSError"), row.error
+
+
+CUSTOM_OP_MODULE = '''
+import torch
+
+lib = torch.library.Library("xray_test_custom", "DEF")
+lib.define("twice(Tensor x) -> Tensor")
+lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+'''
+
+
+def test_import_makes_custom_ops_replayable(tmp_path, monkeypatch):
+    """``--import MODULE`` is imported by the parent too, so a custom op is vetted and replayed
+    instead of being skipped as unknown (issue 18, item 13)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "xray_custom_ops_mod.py").write_text(CUSTOM_OP_MODULE)
+    script = ("import sys, torch, xray, xray_custom_ops_mod\n"
+              "with xray.dump(X_DEDUP=False, X_DUMP_NUM=5, dump_dir=sys.argv[1]) as d:\n"
+              "    torch.ops.xray_test_custom.twice(torch.randn(3, 4))\n"
+              "print(d.folder)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    folder = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dump")], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])  # the workers import it as well
+    cfg = ReplayConfig(backends=[], out=tmp_path / "out", dedup=False, repeats=0, progress=False,
+                       ops=["xray_test_custom.*"], imports=["xray_custom_ops_mod"])
+    result = replay_dump(folder, cfg)
+    assert not result.skipped, result.skipped
+    (row,) = [r for r in result.rows if r.op == "xray_test_custom.twice.default"]
+    assert row.status == Status.OK, row
+    with pytest.raises(ValueError, match="--import no_such_module_xray"):
+        replay_dump(folder, ReplayConfig(backends=[], out=tmp_path / "o2", imports=["no_such_module_xray"]))

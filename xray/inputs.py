@@ -17,6 +17,7 @@ import torch
 
 from .dump.model import Record, Scalar, TensorMeta
 from .dump.tensorio import dtype_from_name, stored_dtype_name
+from .op_safety import refusal
 
 FACTORIES = ("load", "random", "auto")
 
@@ -29,6 +30,10 @@ _DEVICE_RE = re.compile(r"^[a-z_][a-z0-9_]*(:[0-9]+)?$")
 
 class UnknownOpError(ValueError):
     """The recorded op name is malformed or names no operator in this torch build."""
+
+
+class UnsafeOpError(UnknownOpError):
+    """The recorded op could touch files or the process (xray.op_safety): never run it."""
 
 
 class MissingTensorError(KeyError):
@@ -54,6 +59,9 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
         raise UnknownOpError(f"unknown op {name!r}: not found in torch.ops of torch {torch.__version__}") from e
     if not isinstance(func, torch._ops.OpOverload):
         raise UnknownOpError(f"{name!r} is not an operator overload")
+    why = refusal(func)
+    if why is not None:
+        raise UnsafeOpError(f"refused op {name!r}: {why}")
     return func
 
 

@@ -115,6 +115,7 @@ class TensorCapture:
 
     def new_step(self) -> None:
         self._saved_params.clear()
+        self.stats_cache.forget_parameters()
         self._call = None
 
     def end_step(self, step: int) -> None:

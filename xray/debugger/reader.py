@@ -19,7 +19,7 @@ import torch
 
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.reader import DumpFormatError, TruncatedDumpWarning
-from ..dump.tensorio import read_dataset
+from ..dump.tensorio import open_dataset, read_dataset
 from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, step_group
 
 _CHUNK = 65536  # index rows read at a time
@@ -177,7 +177,7 @@ class ModuleDump:
             raise KeyError("this tensor's data was not saved (statistics-only dump: use task='tensor')")
         if ref not in self._f:
             raise KeyError(f"{self.path}: no saved tensor {ref!r} (incomplete dump?)")
-        return self._f[ref]
+        return open_dataset(self._f, ref)
 
     def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
         """The saved tensor for ``meta`` (or a dataset path), on CPU."""

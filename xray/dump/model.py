@@ -17,6 +17,62 @@ FORMAT_VERSION = 2  # 2: tensors name their producer ("src"), module records car
 # evaluated: readers map each tag to a constructor explicitly (see xray.gen for rendering).
 SCALAR_TAGS = ("dtype", "device", "layout", "memory_format", "str", "float", "complex", "symint", "repr")
 
+# Load-time limits: a dump is untrusted input, and every tool holds, prints and renders what it
+# reads. Real dumps stay far below these (the longest module path of a 70B model is ~60 chars).
+MAX_NAME = 1024        # op names, module paths, dtype/device names, argument names
+MAX_TEXT = 65536       # any other string value (stack frames, a str argument)
+MAX_DEPTH = 32         # nesting of list values (Tensor[][] is 2)
+MAX_ITEMS = 1 << 16    # arguments, outputs, list items, stack frames, module-stack entries
+MAX_DIMS = 64          # tensor rank
+ECHO = 120             # characters of a bad value that an error message repeats
+
+
+def echo(value: Any) -> str:
+    """``repr(value)`` cut to ECHO characters: error messages never repeat a hostile payload."""
+    text = repr(value)
+    return text if len(text) <= ECHO else f"{text[:ECHO]}... ({len(text)} chars)"
+
+
+def _int(v: Any, what: str, lo: int = 0) -> int:
+    if type(v) is not int or v < lo:
+        raise ValueError(f"{what} must be an integer >= {lo}, got {echo(v)}")
+    return v
+
+
+def _str(v: Any, what: str, limit: int = MAX_NAME) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{what} must be a string, got {type(v).__name__} {echo(v)}")
+    if len(v) > limit:
+        raise ValueError(f"{what} is {len(v)} characters long (limit {limit}): {echo(v)}")
+    return v
+
+
+def _opt_str(v: Any, what: str, limit: int = MAX_NAME) -> str | None:
+    return None if v is None else _str(v, what, limit)
+
+
+def _list(v: Any, what: str) -> list:
+    if not isinstance(v, list):
+        raise ValueError(f"{what} must be a list, got {type(v).__name__} {echo(v)}")
+    if len(v) > MAX_ITEMS:
+        raise ValueError(f"{what} has {len(v)} items (limit {MAX_ITEMS})")
+    return v
+
+
+def _dict(v: Any, what: str) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"{what} must be an object, got {type(v).__name__} {echo(v)}")
+    if len(v) > MAX_ITEMS:
+        raise ValueError(f"{what} has {len(v)} entries (limit {MAX_ITEMS})")
+    return v
+
+
+def _ints(v: Any, what: str) -> tuple[int, ...]:
+    items = _list(v, what)
+    if len(items) > MAX_DIMS:
+        raise ValueError(f"{what} has {len(items)} dimensions (limit {MAX_DIMS})")
+    return tuple(_int(x, what, lo=-(1 << 62)) for x in items)
+
 
 def encode_float(x: float) -> Any:
     """JSON has no NaN/Inf: encode them as strings, keep finite floats as numbers."""
@@ -30,7 +86,7 @@ def decode_float(x: Any) -> float | None:
         return None
     if isinstance(x, str):
         if x not in ("nan", "inf", "-inf"):
-            raise ValueError(f"not a float: {x!r}")
+            raise ValueError(f"not a float: {echo(x)}")
         return float(x)
     return float(x)
 
@@ -75,21 +131,26 @@ class Stats:
 
     @classmethod
     def from_json(cls, d: dict) -> "Stats":
+        _dict(d, "stats")
         return cls(
             min=_opt_float(d.get("min")),
             max=_opt_float(d.get("max")),
             mean=_opt_float(d.get("mean")),
             std=_opt_float(d.get("std")),
-            nan=int(d.get("nan", 0)),
-            posinf=int(d.get("posinf", 0)),
-            neginf=int(d.get("neginf", 0)),
-            numel=int(d.get("numel", 0)),
+            nan=_int(d.get("nan", 0), "stats.nan"),
+            posinf=_int(d.get("posinf", 0), "stats.posinf"),
+            neginf=_int(d.get("neginf", 0), "stats.neginf"),
+            numel=_int(d.get("numel", 0), "stats.numel"),
         )
 
 
 def _opt_float(x: Any) -> float | None:
     # Hot in the reader: plain JSON numbers skip decode_float's checks.
-    return float(x) if type(x) is float or type(x) is int else decode_float(x)
+    if type(x) is float or type(x) is int:
+        return float(x)
+    if x is not None and not isinstance(x, str):
+        raise ValueError(f"a statistic must be a number, got {echo(x)}")
+    return decode_float(x)
 
 
 @dataclass
@@ -134,17 +195,21 @@ class TensorMeta:
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorMeta":
+        _dict(d, "tensor")
         stride = d.get("stride")
+        shape = _ints(d.get("shape"), "tensor shape")
+        if any(n < 0 for n in shape):
+            raise ValueError(f"tensor shape has a negative size: {echo(list(shape))}")
         return cls(
-            shape=tuple(map(int, d["shape"])),
-            dtype=str(d["dtype"]),
-            stride=None if stride is None else tuple(map(int, stride)),
-            storage_offset=int(d.get("offset", 0)),
-            device=str(d.get("device", "cpu")),
+            shape=shape,
+            dtype=_str(d.get("dtype"), "tensor dtype"),
+            stride=None if stride is None else _ints(stride, "tensor stride"),
+            storage_offset=_int(d.get("offset", 0), "tensor offset"),
+            device=_str(d.get("device", "cpu"), "tensor device"),
             requires_grad=bool(d.get("requires_grad", False)),
             stats=Stats.from_json(d["stats"]) if d.get("stats") is not None else None,
-            data=d.get("data"),
-            source=None if d.get("src") is None else str(d["src"]),
+            data=_opt_str(d.get("data"), "tensor data reference"),
+            source=_opt_str(d.get("src"), "tensor source"),
         )
 
 
@@ -209,22 +274,44 @@ def value_to_json(v: Any) -> Any:
     return v
 
 
-def value_from_json(v: Any) -> Any:
-    """Decode a JSON value of a record argument; unknown tags raise ValueError."""
+def value_from_json(v: Any, depth: int = 0) -> Any:
+    """Decode a JSON value of a record argument; unknown tags, over-long strings and lists
+    nested deeper than MAX_DEPTH raise ValueError."""
     if isinstance(v, dict):
         tag = v.get("t")
         if tag == "tensor":
             return TensorMeta.from_json(v)
         if tag == "float":
-            return Scalar("float", decode_float(v["v"]))
+            return Scalar("float", decode_float(v.get("v")))
         if tag in SCALAR_TAGS:
-            return Scalar(tag, v.get("v"))
-        raise ValueError(f"unknown value tag {tag!r}")
+            inner = v.get("v")
+            if isinstance(inner, str):
+                _str(inner, f"{tag} value", MAX_TEXT)
+            elif isinstance(inner, (list, dict)):
+                _check_plain(inner, depth + 1)
+            return Scalar(tag, inner)
+        raise ValueError(f"unknown value tag {echo(tag)}")
     if isinstance(v, list):
-        return [value_from_json(x) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
+        if depth >= MAX_DEPTH:
+            raise ValueError(f"lists nested deeper than {MAX_DEPTH} levels")
+        return [value_from_json(x, depth + 1) for x in _list(v, "list value")]
+    if isinstance(v, str):
+        return _str(v, "string value", MAX_TEXT)
+    if v is None or isinstance(v, (bool, int, float)):
         return v
-    raise ValueError(f"unsupported value {v!r}")
+    raise ValueError(f"unsupported value {echo(v)}")
+
+
+def _check_plain(v: Any, depth: int) -> None:
+    """A tagged scalar's payload (a symint's hint dict, a complex pair): bounded plain JSON."""
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"values nested deeper than {MAX_DEPTH} levels")
+    items = _dict(v, "value").values() if isinstance(v, dict) else _list(v, "value")
+    for x in items:
+        if isinstance(x, (list, dict)):
+            _check_plain(x, depth + 1)
+        elif isinstance(x, str):
+            _str(x, "string value", MAX_TEXT)
 
 
 def iter_tensors(v: Any, prefix: str) -> Iterator[tuple[str, TensorMeta]]:
@@ -311,22 +398,41 @@ class Record:
 
     @classmethod
     def from_json(cls, d: dict) -> "Record":
+        _dict(d, "record")
+        kind = d.get("kind")
+        if kind not in ("op", "module"):
+            raise ValueError(f"kind must be 'op' or 'module', got {echo(kind)}")
+        direction = d.get("direction", "forward")
+        if direction not in ("forward", "backward"):
+            raise ValueError(f"direction must be 'forward' or 'backward', got {echo(direction)}")
+        stack = d.get("stack")
+        first, last, step = d.get("first_seq"), d.get("last_seq"), d.get("step")
         return cls(
-            seq=int(d["seq"]),
-            kind=str(d["kind"]),
-            op=str(d["op"]),
-            direction=str(d.get("direction", "forward")),
-            module=d.get("module"),
-            module_stack=[(str(p), str(c)) for p, c in d.get("module_stack", [])],
-            inputs={str(k): value_from_json(v) for k, v in d.get("inputs", {}).items()},
-            outputs=[value_from_json(v) for v in d.get("outputs", [])],
-            mutates=[str(m) for m in d.get("mutates", [])],
-            count=int(d.get("count", 1)),
-            first_seq=d.get("first_seq"),
-            last_seq=d.get("last_seq"),
-            stack=d.get("stack"),
-            call_index=int(d.get("call_index", 0)),
-            step=None if d.get("step") is None else int(d["step"]),
-            keywords={str(k): str(v) for k, v in (d.get("keywords") or {}).items()},
-            params={str(k): TensorMeta.from_json(v) for k, v in (d.get("params") or {}).items()},
+            seq=_int(d.get("seq"), "seq"),
+            kind=kind,
+            op=_str(d.get("op"), "op"),
+            direction=direction,
+            module=_opt_str(d.get("module"), "module"),
+            module_stack=[_frame(p) for p in _list(d.get("module_stack", []), "module_stack")],
+            inputs={_str(k, "input name"): value_from_json(v)
+                    for k, v in _dict(d.get("inputs", {}), "inputs").items()},
+            outputs=[value_from_json(v) for v in _list(d.get("outputs", []), "outputs")],
+            mutates=[_str(m, "mutated argument") for m in _list(d.get("mutates", []), "mutates")],
+            count=_int(d.get("count", 1), "count", lo=1),
+            first_seq=None if first is None else _int(first, "first_seq"),
+            last_seq=None if last is None else _int(last, "last_seq"),
+            stack=None if stack is None else [_str(x, "stack frame", MAX_TEXT) for x in _list(stack, "stack")],
+            call_index=_int(d.get("call_index", 0), "call_index"),
+            step=None if step is None else _int(step, "step"),
+            keywords={_str(k, "keyword key"): _str(v, "keyword")
+                      for k, v in _dict(d.get("keywords") or {}, "keywords").items()},
+            params={_str(k, "parameter name"): TensorMeta.from_json(v)
+                    for k, v in _dict(d.get("params") or {}, "params").items()},
         )
+
+
+def _frame(p: Any) -> tuple[str, str]:
+    """One module_stack entry: [path, class name]."""
+    if not isinstance(p, list) or len(p) != 2:
+        raise ValueError(f"module_stack entries must be [path, class] pairs, got {echo(p)}")
+    return _str(p[0], "module_stack path"), _str(p[1], "module_stack class")

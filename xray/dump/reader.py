@@ -10,7 +10,7 @@ import h5py
 import torch
 
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
-from .tensorio import read_dataset
+from .tensorio import open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
 
@@ -64,7 +64,7 @@ class TraceDump:
         f = self._file(fname)
         if f is None or path not in f:
             raise KeyError(f"{self.folder / fname}: no saved tensor {path!r} (truncated dump?)")
-        return f[path]
+        return open_dataset(f, path)
 
     def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
         """The saved tensor for ``meta`` (or a ``file:path`` reference), on CPU."""
@@ -96,6 +96,8 @@ class TraceDump:
 
 
 def _check_header(header: dict, where: Path) -> None:
+    if not isinstance(header, dict):
+        raise DumpFormatError(f"{where}: not an xray trace dump (no header object)")
     if header.get("format") != FORMAT_NAME:
         raise DumpFormatError(f"{where}: not an xray trace dump (format={header.get('format')!r})")
     version = header.get("format_version")
@@ -111,7 +113,7 @@ def _parse_records(raw: list, where: Path) -> list[Record]:
         try:
             records.append(Record.from_json(r))
         except (KeyError, TypeError, ValueError) as e:
-            raise DumpFormatError(f"{where}: record #{i} is malformed ({type(e).__name__}: {e})") from e
+            raise DumpFormatError(f"{where}: record #{i} is malformed ({e})") from None
     return records
 
 
@@ -120,6 +122,8 @@ def read_trace(folder: Path) -> TraceDump:
     if index.exists():
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
+        except RecursionError:
+            raise DumpFormatError(f"{index}: corrupt dump index (values nested too deep to be a dump)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             if journal.exists():
                 warnings.warn(f"{index} is corrupt ({e}); recovering records from {journal}",
@@ -146,27 +150,34 @@ def _read_journal(folder: Path) -> TraceDump:
         for line in f:
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 bad += 1  # the last line may be cut mid-write by a kill
                 continue
             if header is None:
                 header = obj.get("header") if isinstance(obj, dict) else None
-                if header is None:
+                if not isinstance(header, dict):
                     raise DumpFormatError(f"{journal}: first line is not a dump header")
                 _check_header(header, journal)
                 continue
+            if not isinstance(obj, dict):
+                bad += 1
+                continue
             if "update" in obj:
-                rec = by_seq.get(obj["update"])
-                if rec is not None:
-                    rec["count"], rec["last_seq"] = obj["count"], obj["last_seq"]
-            else:
+                if not all(type(obj.get(k)) is int for k in ("update", "count", "last_seq")):
+                    bad += 1
+                elif obj["update"] in by_seq:
+                    by_seq[obj["update"]].update(count=obj["count"], last_seq=obj["last_seq"])
+            elif type(obj.get("seq")) is int:
+                if obj["seq"] not in by_seq:
+                    order.append(obj["seq"])
                 by_seq[obj["seq"]] = obj
-                order.append(obj["seq"])
+            else:
+                bad += 1
     if header is None:
         raise DumpFormatError(f"{journal}: empty journal; nothing was recorded")
     records = _parse_records([by_seq[s] for s in order], journal)
     warnings.warn(
         f"{folder}: dump was not finalised (process killed before end_dump?); recovered "
-        f"{len(records)} records from {JOURNAL}" + (f", skipped {bad} partial line(s)" if bad else ""),
+        f"{len(records)} records from {JOURNAL}" + (f", skipped {bad} unreadable line(s)" if bad else ""),
         TruncatedDumpWarning, stacklevel=3)
     return TraceDump(folder, header, records, False)

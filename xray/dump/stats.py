@@ -160,23 +160,31 @@ class StatsCache:
     ``compute`` maps a tensor to what is cached (default: its Stats); the module debugger caches
     the row cells it derives from them too.
 
+    A hit needs the same object, version counter *and* data pointer: ``p.data = t`` and
+    FSDP/ZeRO-style storage swaps change a parameter's bytes without moving its version. Writes
+    through an alias with its own counter (``p.data.add_()``, EMA updates) change neither, so
+    parameters are never trusted across steps: ``keep_parameters=False`` never caches them, and
+    the module debugger calls ``forget_parameters`` at each step.
+
     Caveat: the version counter is bumped by the autograd layer *after* an in-place kernel
     returns, so a dispatch-level caller must ``forget`` a tensor it saw being mutated.
     """
 
     _MIN_SWEEP = 1024  # entries before the first sweep of dead ones
 
-    def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None) -> None:
+    def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True) -> None:
         self._compute = tensor_stats if compute is None else compute
-        # id(t) -> (weak reference to t, t's version, value). The module debugger's C wrappers
-        # (xray/debugger/_tap.c) look hits up here themselves, and call get() on a miss.
-        self.entries: dict[int, tuple[weakref.ref, int, Any]] = {}
+        self._keep_parameters = keep_parameters
+        # id(t) -> (weak reference to t, (t's version, t's data pointer), value).
+        self.entries: dict[int, tuple[weakref.ref, tuple[int, int], Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
     def get(self, t: torch.Tensor) -> Any:
         try:
-            version = t._version
-        except RuntimeError:  # inference tensors have no version counter: never cached
+            version = (t._version, t.data_ptr())
+        except RuntimeError:  # inference tensors (no version counter), tensors without storage
+            return self._compute(t)
+        if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
             return self._compute(t)
         hit = self.entries.get(id(t))
         if hit is not None and hit[1] == version and hit[0]() is t:
@@ -186,8 +194,10 @@ class StatsCache:
         return value
 
     def put(self, t: torch.Tensor, value: Any) -> None:
+        if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
+            return
         try:
-            self._store(t, t._version, value)
+            self._store(t, (t._version, t.data_ptr()), value)
         except RuntimeError:
             pass
 
@@ -199,7 +209,13 @@ class StatsCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def _store(self, t: torch.Tensor, version: int, value: Any) -> None:
+    def forget_parameters(self) -> None:
+        """Drop every parameter's entry: a new step may have changed them behind their counter."""
+        cache = self.entries
+        for key in [k for k, hit in cache.items() if isinstance(hit[0](), torch.nn.Parameter)]:
+            del cache[key]
+
+    def _store(self, t: torch.Tensor, version: tuple[int, int], value: Any) -> None:
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self.entries

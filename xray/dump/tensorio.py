@@ -6,6 +6,7 @@ are stored natively. Reading never executes anything from the file.
 """
 from __future__ import annotations
 
+import h5py
 import numpy as np
 import torch
 
@@ -72,6 +73,37 @@ def stored_dtype_name(ds) -> str:
     if isinstance(name, bytes):
         name = name.decode()
     return name or str(ds.dtype)
+
+
+class UnsafeDatasetError(ValueError):
+    """An HDF5 object whose bytes could come from outside its file: never read it."""
+
+
+def open_dataset(f: h5py.File, path: str) -> h5py.Dataset:
+    """``f[path]``, refusing every way HDF5 offers to reach outside ``f``.
+
+    External links, soft links (a dump never writes links; following one is how a crafted file
+    would redirect a read), datasets whose bytes live in another file (external storage) and
+    virtual datasets (mapped from other files) are all refused, so a dump can only ever make
+    xray read bytes that are inside the file the user named.
+    """
+    where = f"{f.filename}:{path}"
+    node = ""
+    for part in str(path).strip("/").split("/"):
+        node = f"{node}/{part}"
+        link = f.get(node, getlink=True)
+        if link is None:
+            raise KeyError(f"{where}: no such dataset")
+        if not isinstance(link, h5py.HardLink):
+            raise UnsafeDatasetError(f"{where}: refused: {node} is a {type(link).__name__}, not stored in the file")
+    ds = f[path]
+    if not isinstance(ds, h5py.Dataset):
+        raise UnsafeDatasetError(f"{where}: not a dataset (a {type(ds).__name__})")
+    if ds.is_virtual:
+        raise UnsafeDatasetError(f"{where}: refused: a virtual dataset (its bytes are mapped from other files)")
+    if ds.external:
+        raise UnsafeDatasetError(f"{where}: refused: external storage (its bytes live in another file)")
+    return ds
 
 
 def read_dataset(ds) -> torch.Tensor:

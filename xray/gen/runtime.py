@@ -17,7 +17,7 @@ import h5py
 import torch
 
 from ..dump.model import Stats, TensorMeta
-from ..dump.tensorio import dtype_name, read_dataset
+from ..dump.tensorio import dtype_name, open_dataset, read_dataset
 from ..inputs import place, random_like_meta
 from ..record.encode import op_info
 from .columns import make_row
@@ -86,7 +86,7 @@ class OpCheck:
                 raise FileNotFoundError(f"{self.name}: {path} is missing; copy the data/ folder along with the "
                                         "tests, or regenerate them with xray-gen --factory random")
             self._files[fname] = h5py.File(path, "r")
-        return read_dataset(self._files[fname][dataset])
+        return read_dataset(open_dataset(self._files[fname], dataset))
 
     def _build(self, spec: T, gen: torch.Generator) -> torch.Tensor:
         meta = spec.meta()

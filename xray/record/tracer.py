@@ -74,7 +74,7 @@ class Recorder:
         self.tensors_saved = 0
         self.failed: str | None = None
         self._seen: dict[tuple, Record] = {}
-        self._stats = StatsCache()
+        self._stats = StatsCache(keep_parameters=False)
         self.producers = Producers()
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,

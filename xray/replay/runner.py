@@ -96,6 +96,17 @@ def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
     return picked[: cfg.limit] if cfg.limit else picked
 
 
+def import_user_modules(names: list[str]) -> None:
+    """Import ``--import`` modules (e.g. ones registering custom ops) in this process."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported as such
+            raise ReplayInputError(f"--import {name}: {type(e).__name__}: {e}") from None
+
+
 def check_inputs(record: Record, dump: Any, cfg: ReplayConfig) -> str | None:
     """Why the record's inputs cannot be rebuilt, or None. Runs in the parent for every record, so
     it reads no tensor data: each worker loads the inputs of its own jobs."""
@@ -119,6 +130,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     specs = [cfg.baseline] + [b for b in cfg.backends if b != cfg.baseline]
     for s in specs:
         parse_spec(s)  # unknown names fail here, before any work, listing the presets
+    import_user_modules(cfg.imports)  # the parent resolves ops too: custom ones need their library
     dump = load_dump(dump_path)
     records = select_records(list(dump.records), cfg)
     if not records:
