@@ -11,7 +11,7 @@ import torch
 
 import xray
 from xray.debugger import DumpPathError, SelectionError, read_module_dump
-from xray.debugger.layout import INDEX_DTYPE
+from xray.dump.module_layout import INDEX_DTYPE
 from xray.dump.reader import TruncatedDumpWarning
 from xray.dump.stats import tensor_stats
 from xray.models import tiny_llama, token_batch

@@ -13,7 +13,7 @@ import torch
 
 import xray
 from xray.debugger.capture import CallKey, TensorCapture
-from xray.debugger.writer import ModuleDumpWriter
+from xray.dump.module_writer import ModuleDumpWriter
 from xray.models import tiny_llama, token_batch
 from xray.summary.cli import main
 

@@ -17,8 +17,8 @@ from ..dump.model import Stats
 from ..dump.stats import StatsCache, tensor_stats
 from ..dump.tensorio import dtype_name
 from ..summary.table import csv_head_cells, csv_number_cells
-from .layout import module_prefix, prefixed_name
-from .writer import ModuleDumpWriter
+from ..dump.module_layout import module_prefix, prefixed_name
+from ..dump.module_writer import ModuleDumpWriter
 
 
 class CallKey(NamedTuple):

@@ -34,9 +34,9 @@ from ..summary.table import append_index_csv
 from .aten import AtenCapture
 from .capture import CallKey, TensorCapture
 from .hooks import ModuleHooks
-from .layout import rank_file_stem
+from ..dump.module_layout import rank_file_stem
 from .steps import Selection, parse_selection
-from .writer import DumpPathError, ModuleDumpWriter
+from ..dump.module_writer import DumpPathError, ModuleDumpWriter
 
 HOOK_NAMES = ("dump", "overflow_check")
 # Statistics-only rows held in memory before the file is written whatever flush_secs says

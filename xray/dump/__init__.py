@@ -32,7 +32,7 @@ def load_dump(path: str | os.PathLike):
     if not p.exists():
         raise DumpFormatError(f"{p}: no such file or folder")
     if p.is_file() and p.suffix in (".h5", ".hdf5"):
-        from ..debugger.reader import read_module_dump
+        from .module_reader import read_module_dump
 
         return read_module_dump(p)
     if p.is_file() and p.name not in ("dump.json", "journal.jsonl"):

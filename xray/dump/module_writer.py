@@ -20,8 +20,8 @@ import h5py
 import numpy as np
 import torch
 
-from ..dump.tensorio import write_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, index_table, step_group
+from .tensorio import write_dataset
+from .module_layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, index_table, step_group
 
 
 def _attr_value(v: Any) -> Any:

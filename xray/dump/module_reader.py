@@ -17,10 +17,10 @@ import h5py
 import numpy as np
 import torch
 
-from ..dump.model import Record, Stats, TensorMeta
-from ..dump.reader import DumpFormatError, TruncatedDumpWarning
-from ..dump.tensorio import read_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, step_group
+from .model import Record, Stats, TensorMeta
+from .reader import DumpFormatError, TruncatedDumpWarning
+from .tensorio import read_dataset
+from .module_layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, step_group
 
 _CHUNK = 65536  # index rows read at a time
 _INPUT_ROLES = {"forward": ("forward_input", "forward_params"), "backward": ("backward_input", "params_grad")}
