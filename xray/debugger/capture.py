@@ -16,7 +16,7 @@ import torch
 from ..dump.model import Stats
 from ..dump.stats import StatsCache, tensor_stats
 from ..dump.tensorio import dtype_name
-from ..summary.table import csv_head_cells, csv_number_cells
+from ..dump.summary_csv import csv_head_cells, csv_number_cells
 from ..dump.module_layout import module_prefix, prefixed_name
 from ..dump.module_writer import ModuleDumpWriter
 

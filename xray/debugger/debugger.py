@@ -30,7 +30,7 @@ import torch
 
 from ..dump.model import Record, Stats
 from ..ranks import dist_ranks
-from ..summary.table import append_index_csv
+from ..dump.summary_csv import append_index_csv
 from .aten import AtenCapture
 from .capture import CallKey, TensorCapture
 from .hooks import ModuleHooks

@@ -193,7 +193,7 @@ class ModuleDumpWriter:
             rows[:] = [(*_index_row(*r), r[4].csv) if len(r) == _CAPTURED else r for r in rows]
 
     def csv_rows(self, step: int) -> list[tuple[str, str, str, str]]:
-        """The rows of a sealed step as summary.table.append_index_csv takes them: (name,
+        """The rows of a sealed step as summary_csv.append_index_csv takes them: (name,
         Dtype..Numel cells, direction, data)."""
         return [(r[_NAME], r[_CSV], r[_DIRECTION], r[_DATA]) for r in self.rows.get(step, ())]
 
