@@ -19,6 +19,7 @@ import torch
 
 from ..backends.base import flatten_tensors
 from ..dump.model import Record, TensorMeta
+from ..dump.protocol import Dump
 
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _POSITIONAL = ("forward_input", "input")
@@ -105,7 +106,7 @@ def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
     return keys, len(positional), [(name, len(items)) for name, items in keywords.items()]
 
 
-def module_call(record: Record, dump: Any, model_spec: str | None, models: dict[str, torch.nn.Module], *,
+def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict[str, torch.nn.Module], *,
                 factory: str = "auto", seed: int = 0) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """(module, tensor inputs) replaying ``record``; ``models`` caches built models per spec."""
     from ..inputs import materialize_value
@@ -130,7 +131,7 @@ def module_call(record: Record, dump: Any, model_spec: str | None, models: dict[
     return ModuleCall(inner, n_positional, keywords), tensors
 
 
-def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Any, factory: str, seed: int) -> None:
+def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Dump, factory: str, seed: int) -> None:
     """Copy the parameters the dump recorded for ``inner`` and its children into it.
 
     A PrecisionDebugger dump records each module's own parameters (``forward_params.<name>``)

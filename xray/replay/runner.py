@@ -10,7 +10,7 @@ import fnmatch
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -19,6 +19,7 @@ from ..backends.base import Status
 from ..backends.registry import create, parse_spec
 from ..dump import load_dump
 from ..dump.model import Record
+from ..dump.protocol import Dump
 from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
@@ -96,7 +97,7 @@ def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
     return picked[: cfg.limit] if cfg.limit else picked
 
 
-def check_inputs(record: Record, dump: Any, cfg: ReplayConfig) -> str | None:
+def check_inputs(record: Record, dump: Dump, cfg: ReplayConfig) -> str | None:
     """Why the record's inputs cannot be rebuilt, or None. Runs in the parent for every record, so
     it reads no tensor data: each worker loads the inputs of its own jobs."""
     metas = [m for _, m in record.input_tensors()]
