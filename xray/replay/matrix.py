@@ -12,14 +12,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tabulate import tabulate
 
 from ..backends.base import Status
-
-if TYPE_CHECKING:
-    from .runner import ReplayResult
+from ..dump.model import Record
 
 FACT_COLUMNS = ("opset", "delegated_nodes", "undelegated_nodes", "pte_bytes", "export_s", "lower_s")
 COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "max_abs_err", "max_rel_err",
@@ -58,6 +56,22 @@ class Row:
         return d
 
 
+@dataclass
+class ReplayResult:
+    """What a replay produced: one Row per (record, backend), plus the files written."""
+
+    rows: list[Row]
+    records: list[Record]
+    skipped: list[tuple[Record, str]]
+    backends: list[str]
+    baseline: str
+    out: Path
+    dumps: dict[str, Path]
+
+    def status(self, seq: int, backend: str) -> Status:
+        return next(Status(r.status) for r in self.rows if r.seq == seq and r.backend == backend)
+
+
 def _num(x: float | None) -> Any:
     return "" if x is None else f"{x:.6g}"
 
@@ -81,7 +95,7 @@ class MatrixWriter:
 
 # -- terminal summary -------------------------------------------------------------------------------
 
-def summary_table(result: "ReplayResult", worst: int = 3) -> str:
+def summary_table(result: ReplayResult, worst: int = 3) -> str:
     """Per backend: % supported (ran), % within tolerance, median latency, the worst ops."""
     lines = []
     table = []
@@ -125,7 +139,7 @@ def summary_table(result: "ReplayResult", worst: int = 3) -> str:
     return "\n".join(lines)
 
 
-def _unsupported_everywhere(result: "ReplayResult") -> set[str]:
+def _unsupported_everywhere(result: ReplayResult) -> set[str]:
     others = [b for b in result.backends if b != result.baseline]
     if not others:
         return set()
@@ -139,14 +153,14 @@ def _unsupported_everywhere(result: "ReplayResult") -> set[str]:
 
 # -- heatmap ------------------------------------------------------------------------------------------
 
-def _grid(result: "ReplayResult") -> tuple[list[str], list[list[Row | None]]]:
+def _grid(result: ReplayResult) -> tuple[list[str], list[list[Row | None]]]:
     labels = [f"{r.op.removeprefix('aten.')} #{r.seq}" for r in result.records]
     index = {(r.seq, r.backend): r for r in result.rows}
     grid = [[index.get((rec.seq, b)) for b in result.backends] for rec in result.records]
     return labels, grid
 
 
-def write_heatmap(result: "ReplayResult", out: Path) -> tuple[Path, Path]:
+def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
     """``heatmap.png`` (matplotlib) and ``heatmap.html`` of ops by backend, coloured by status."""
     import matplotlib
 
@@ -176,7 +190,7 @@ def write_heatmap(result: "ReplayResult", out: Path) -> tuple[Path, Path]:
     return png, page
 
 
-def _html(result: "ReplayResult", labels: list[str], grid: list[list[Row | None]]) -> str:
+def _html(result: ReplayResult, labels: list[str], grid: list[list[Row | None]]) -> str:
     head = "".join(f"<th>{html.escape(b)}</th>" for b in result.backends)
     body = []
     for label, row in zip(labels, grid):

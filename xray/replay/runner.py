@@ -23,7 +23,7 @@ from ..dump.protocol import Dump
 from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
-from .matrix import MatrixWriter, Row
+from .matrix import MatrixWriter, ReplayResult, Row
 from .output import ReplayDumpWriter
 from .tolerance import compare, compare_layout
 
@@ -54,22 +54,6 @@ class ReplayConfig:
     threads: int = 1
     imports: list[str] = field(default_factory=list)  # modules each worker imports first (custom ops)
     progress: bool = True
-
-
-@dataclass
-class ReplayResult:
-    """What a replay produced: one Row per (record, backend), plus the files written."""
-
-    rows: list[Row]
-    records: list[Record]
-    skipped: list[tuple[Record, str]]
-    backends: list[str]
-    baseline: str
-    out: Path
-    dumps: dict[str, Path]
-
-    def status(self, seq: int, backend: str) -> Status:
-        return next(Status(r.status) for r in self.rows if r.seq == seq and r.backend == backend)
 
 
 def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
