@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from ..backends.base import Status
+from ..backends.base import ReplayStatus
 from ..backends.registry import create, parse_spec
 from ..dump import load_dump
 from ..dump.model import Record
@@ -23,7 +23,7 @@ from ..dump.protocol import Dump
 from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
-from .matrix import MatrixWriter, ReplayResult, Row
+from .matrix import MatrixWriter, ReplayResult, MatrixRow
 from .output import ReplayDumpWriter
 from .tolerance import compare, compare_layout
 
@@ -99,7 +99,7 @@ def check_inputs(record: Record, dump: Dump, cfg: ReplayConfig) -> str | None:
 
 
 def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
-                on_row: Callable[[Row], None] | None = None) -> ReplayResult:
+                on_row: Callable[[MatrixRow], None] | None = None) -> ReplayResult:
     """Replay ``dump_path`` as configured; write matrix.csv, per-backend dumps and the heatmap."""
     specs = [cfg.baseline] + [b for b in cfg.backends if b != cfg.baseline]
     for s in specs:
@@ -124,7 +124,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     matrix = MatrixWriter(out / "matrix.csv")
     baseline_out: dict[int, list[torch.Tensor] | None] = {}
     uncompared = {r.seq: nondeterministic(r) for r in runnable}  # seq -> why its values are not compared
-    rows: list[Row] = []
+    rows: list[MatrixRow] = []
     dumps: dict[str, Path] = {}
     config = dict(dump.header.get("config", {})) if hasattr(dump, "header") else {}
     for spec in specs:
@@ -140,7 +140,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
                           weights_const=cfg.weights_const)
                 res = worker.run(job, cfg.timeout)
                 row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of, uncompared[rec.seq])
-                if res.status == Status.OK and res.outputs:
+                if res.status == ReplayStatus.OK and res.outputs:
                     writer.add(rec, res.inputs, res.output_tensors())
                 matrix.add(row)
                 rows.append(row)
@@ -156,22 +156,22 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
 
 
 def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline: bool,
-         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None) -> Row:
+         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None) -> MatrixRow:
     """The matrix row of one job; ``uncompared`` says why the op's values cannot be compared
     (random or uninitialized outputs): then only output count, shapes and dtypes are."""
-    status, error = Status(res.status), res.error
+    status, error = ReplayStatus(res.status), res.error
     max_abs = max_rel = None
     if is_baseline:
-        baseline_out[rec.seq] = res.output_tensors() if status == Status.OK else None
-        if status == Status.OK and uncompared:
-            status, error = Status.NONDETERMINISTIC, f"values not compared: {uncompared}"
-    elif status == Status.OK:
+        baseline_out[rec.seq] = res.output_tensors() if status == ReplayStatus.OK else None
+        if status == ReplayStatus.OK and uncompared:
+            status, error = ReplayStatus.NONDETERMINISTIC, f"values not compared: {uncompared}"
+    elif status == ReplayStatus.OK:
         ref = baseline_out.get(rec.seq)
         if ref is None:  # it ran, but against nothing: never counted as within tolerance
-            status, error = Status.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
+            status, error = ReplayStatus.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
         elif uncompared:  # a wrong layout is still a mismatch; differing values are expected
             cmp = compare_layout(ref, res.output_tensors())
-            status = Status.NONDETERMINISTIC if cmp.ok else Status.MISMATCH
+            status = ReplayStatus.NONDETERMINISTIC if cmp.ok else ReplayStatus.MISMATCH
             error = f"values not compared: {uncompared}"
             if not cmp.ok:
                 error = f"{cmp.message} ({error})"
@@ -181,7 +181,7 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
             cmp = compare(ref, got, precision_of(dtype) if dtype.is_floating_point else None)
             max_abs, max_rel = cmp.max_abs, cmp.max_rel
             if not cmp.ok:
-                status, error = Status.MISMATCH, cmp.message
-    return Row(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
+                status, error = ReplayStatus.MISMATCH, cmp.message
+    return MatrixRow(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
                backend=spec, status=int(status), max_abs_err=max_abs, max_rel_err=max_rel,
                latency_ms=res.latency_ms, cached=res.cached, error=error, facts=res.facts)

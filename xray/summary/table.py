@@ -19,7 +19,7 @@ from ..dump.model import TensorMeta
 from ..dump.summary_csv import CSV_COLUMNS, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
-COLUMNS = CSV_COLUMNS[:10]
+SUMMARY_COLUMNS = CSV_COLUMNS[:10]
 
 
 @dataclass
@@ -84,7 +84,7 @@ def filter_rows(rows: Iterable[SummaryRow], steps: frozenset[int] | None = None,
 
 def render_table(rows: Iterable[SummaryRow]) -> str:
     body = [r.cells(i, csv_extra=False) for i, r in enumerate(rows)]
-    return tabulate(body, headers=COLUMNS, tablefmt="simple", floatfmt=".6g", disable_numparse=False)
+    return tabulate(body, headers=SUMMARY_COLUMNS, tablefmt="simple", floatfmt=".6g", disable_numparse=False)
 
 
 def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, start: int = 0) -> int:
