@@ -14,7 +14,7 @@ from xray.debugger import DumpPathError, SelectionError, read_module_dump
 from xray.dump.module_layout import INDEX_DTYPE
 from xray.dump.reader import TruncatedDumpWarning
 from xray.dump.stats import tensor_stats
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 FILE = "globalrank-0_localrank-0.h5"
@@ -533,7 +533,7 @@ def test_statistics_index_is_written_every_flush_secs_and_the_csv_every_step(tmp
 
 _EXIT_SCRIPT = """
 import sys, torch, xray
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 m, ids = tiny_llama(layers=1, hidden=32), token_batch()
 norm = m.model.norm
 def boom(mod, args):

@@ -17,7 +17,7 @@ import torch
 import xray
 from xray.debugger import hooks
 from xray.dump.module_layout import INDEX_DTYPE
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

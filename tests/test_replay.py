@@ -14,7 +14,7 @@ import torch
 
 import xray
 from xray.backends.base import ReplayStatus
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 from xray.replay.matrix import MATRIX_COLUMNS
 from xray.replay.runner import ReplayConfig, replay_dump
 

@@ -11,7 +11,7 @@ import torch
 
 import xray
 from xray.backends.base import ReplayStatus
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 from xray.replay.cli import main as replay_main
 from xray.replay.modules import ModelSpecError, factory_spec
 from xray.replay.runner import ReplayConfig, replay_dump

@@ -15,7 +15,7 @@ import xray
 from xray.debugger.capture import CallKey, TensorCapture
 from xray.dump import Dump, ModuleDump, TraceDump
 from xray.dump.module_writer import ModuleDumpWriter
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 from xray.summary.cli import main
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

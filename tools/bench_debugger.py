@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import xray  # noqa: E402
-from xray.models import bench_llama, token_batch  # noqa: E402
+from xray.demo.models import bench_llama, token_batch  # noqa: E402
 
 
 def _eager(model, batches, iters: int) -> float:

@@ -24,7 +24,7 @@ from tabulate import tabulate  # noqa: E402
 
 import xray  # noqa: E402
 from xray.backends.base import ReplayStatus  # noqa: E402
-from xray.models import tiny_llama, token_batch  # noqa: E402
+from xray.demo.models import tiny_llama, token_batch  # noqa: E402
 from xray.replay.runner import ReplayConfig, replay_dump  # noqa: E402
 
 DEFAULT_BACKENDS = ["torch-cpu", "torch-compile", "onnxrt-cpu", "executorch-xnnpack", "executorch-portable", "coreml"]

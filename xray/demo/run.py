@@ -73,7 +73,7 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     from xray.gen import cli as gen_cli
     from xray.gen import diff as diff_cli
 
-    from xray.examples import DEMO_FAULT, record_dedup, record_pair
+    from xray.demo.examples import DEMO_FAULT, record_dedup, record_pair
 
     started = time.perf_counter()
     if out.exists():
