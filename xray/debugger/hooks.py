@@ -14,25 +14,51 @@ Parameter gradients come from hooks on the parameters (summed over all calls of 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable
 
 import torch
 
-from .capture import CallKey, Cells, TensorCapture, call_key
-from ..record.flatten import PLAIN_TENSORS, flatten_kwargs, flatten_tensors
+from ..record.flatten import flatten_kwargs, flatten_tensors
 from ..record.tracer import no_dispatch_modes
-
-try:  # the C fast path of a plain call (see _tap.c); without a compiler, Python does it all
-    from . import _tap
-except ImportError:
-    _tap = None
+from .capture import CallKey, TensorCapture, call_key
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is on
-# Whether wrappers take the C fast path where it applies: XRAY_NATIVE_HOOKS=0 (read at import)
-# forces the Python wrappers everywhere, which remain the reference behaviour.
-NATIVE = _tap is not None and os.environ.get("XRAY_NATIVE_HOOKS", "1").strip().lower() not in ("0", "false", "no", "off")
 _ABSENT = object()
+_NO_COPY = ("xray PrecisionDebugger: a module cannot be copied or pickled between start() and stop(); "
+            "do it before start() or after stop()")
+
+
+class CapturedForward:
+    """The wrapper set in a module's ``__dict__`` while capturing (see ModuleHooks).
+
+    A class rather than a closure for one reason: a copy made mid-step (copy.deepcopy, pickle)
+    would carry a wrapper that runs the *original* module's forward, so it refuses with the
+    reason. It carries ``__wrapped__``, so ``inspect.signature(module.forward)`` still reads the
+    real signature (transformers validates ``generate``'s keywords with it).
+    """
+
+    __slots__ = ("__wrapped__", "_hooks", "_module")
+
+    def __init__(self, hooks: "ModuleHooks", module: torch.nn.Module, forward: Callable) -> None:
+        self.__wrapped__ = forward
+        self._hooks = hooks
+        self._module = module
+
+    def __call__(self, *args, **kwargs):
+        hooks = self._hooks
+        if not hooks.active:
+            return self.__wrapped__(*args, **kwargs)
+        entered = hooks._enter(self._module, args, kwargs)
+        output = self.__wrapped__(*args, **kwargs)
+        if entered is not None:
+            hooks._exit(entered, output)
+        return output
+
+    def __deepcopy__(self, memo):
+        raise TypeError(_NO_COPY)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(_NO_COPY)
 
 
 def _reaches(forward: Any, target: Callable | None) -> bool:
@@ -57,13 +83,8 @@ class ModuleHooks:
     one hook to the other. A wrapper is one frame around the forward, set in the instance's
     ``__dict__`` (where ``__call__`` looks ``forward`` up first) and deleted afterwards, so
     installing and removing it costs ~0.5 us a module and the model carries nothing between
-    steps. It carries ``__wrapped__``, so ``inspect.signature(module.forward)`` still reads the
-    real signature (transformers validates ``generate``'s keywords with it). Unlike a forward
-    hook, it sees the output the forward returned, before any user forward hook rewrites it.
-
-    In a statistics-only dump the wrapper is a ``_tap.Tap``: C does a plain call's work (no
-    dispatch mode, no gradients to capture; see _tap.c) and hands every other call to the
-    Python wrapper below, whose rows it reproduces exactly.
+    steps (CapturedForward). Unlike a forward hook, it sees the output the forward returned,
+    before any user forward hook rewrites it.
     """
 
     def __init__(self, model: torch.nn.Module, capture: TensorCapture, next_seq: Callable[[], int],
@@ -83,35 +104,11 @@ class ModuleHooks:
         self._wrappers: dict[torch.nn.Module, Callable] = {}  # module -> its last wrapper
         self._grad_handles: list = []
         self._params_hooked: set[int] = set()
-        self._state = self._tap_state() if NATIVE and not (capture.save_data or capture.overflow_only) else None
-        self._active = False
+        self.active = False  # the wrappers capture only while True (a copy made after stop() is inert)
         # Per module, resolved once: its path, class name and own parameter dict. The dict is
         # the module's live ``_parameters``, so a parameter swapped between steps is seen (and
         # named_parameters() per module per step was half of install()'s cost).
         self._info = {m: (path, type(m).__name__, m._parameters) for m, path in self.paths.items()}
-
-    def _tap_state(self):
-        # The C side reads a row's Cells by position: (stats, meta, numbers, csv, finite).
-        assert Cells._fields[0] == "stats" and Cells._fields[4] == "finite", Cells._fields
-        state = _tap.State()
-        state.backward = self.backward
-        state.calls = self.calls
-        state.entries, state.cells_of = self.capture.stats_cache.entries, self.capture.stats_cache.get
-        state.next_seq, state.call_key, state.flatten = self.next_seq, call_key, flatten_tensors
-        state.on_overflow, state.on_error = self.capture.on_overflow, self.on_error
-        state.grad_enabled, state.dispatch_depth = torch.is_grad_enabled, _dispatch_modes
-        state.tensor_types = tuple(PLAIN_TENSORS)
-        return state
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
-    @active.setter
-    def active(self, on: bool) -> None:
-        self._active = on
-        if self._state is not None:
-            self._state.active = on
 
     def install(self, step: int) -> None:
         """Capture ``step``: wrap every module's forward (unless still wrapped)."""
@@ -119,8 +116,6 @@ class ModuleHooks:
         self.calls.clear()
         self._bw_seq.clear()
         self._params_hooked.clear()
-        if self._state is not None:
-            self._state.step, self._state.rows = step, self.capture.writer.step_rows(step)
         if not self._wrapped:
             for m in self._info:
                 before = m.__dict__.get("forward", _ABSENT)
@@ -156,22 +151,7 @@ class ModuleHooks:
         cached = self._wrappers.get(module)
         if cached is not None and cached.__wrapped__ == forward:
             return cached
-        enter, exit_ = self._enter, self._exit
-
-        def captured_forward(*args, **kwargs):
-            if not self._active:
-                return forward(*args, **kwargs)
-            entered = enter(module, args, kwargs)
-            output = forward(*args, **kwargs)
-            if entered is not None:
-                exit_(entered, output)
-            return output
-
-        captured_forward.__wrapped__ = forward
-        wrapper = captured_forward
-        if self._state is not None:
-            path, cls, params = self._info[module]
-            wrapper = _tap.Tap(self._state, forward, captured_forward, path, cls, params)
+        wrapper = CapturedForward(self, module, forward)
         self._wrappers[module] = wrapper
         return wrapper
 

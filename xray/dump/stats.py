@@ -168,8 +168,7 @@ class StatsCache:
 
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None) -> None:
         self._compute = tensor_stats if compute is None else compute
-        # id(t) -> (weak reference to t, t's version, value). The module debugger's C wrappers
-        # (xray/debugger/_tap.c) look hits up here themselves, and call get() on a miss.
+        # id(t) -> (weak reference to t, t's version, value)
         self.entries: dict[int, tuple[weakref.ref, int, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
