@@ -23,7 +23,7 @@ from ..dump.module_writer import ModuleDumpWriter
 
 class CallKey(NamedTuple):
     """One module call in one direction: the unit that becomes one Record. (A NamedTuple: one
-    is built per module call, and a frozen dataclass costs several times more to construct.)"""
+    is built per module call, cheaper than a frozen dataclass.)"""
 
     step: int
     seq: int
@@ -33,14 +33,12 @@ class CallKey(NamedTuple):
     direction: str  # "forward" | "backward"
 
 
-# CallKey(...) runs the NamedTuple's generated __new__, a Python function (~360 ns); the hooks
-# build one per module call, from one tuple, through tuple.__new__ (~200 ns).
+# Built from one tuple through tuple.__new__, skipping the NamedTuple's Python-level __new__.
 call_key = functools.partial(tuple.__new__, CallKey)
 
 
 # The (dtype, shape, device) cells and the CSV's Dtype,Shape text, memoised: a step writes
-# hundreds of rows that share a handful of them, and formatting them afresh was a visible part
-# of the per-step cost.
+# hundreds of rows that share a handful of them.
 _META_TEXT: dict[tuple, tuple[tuple[str, str, str], str]] = {}
 
 

@@ -7,10 +7,9 @@ steps and ranks ``start()`` installs nothing, so the cost there is one compariso
 When the file is written: tensor mode at every ``stop()`` (its data is in the file already).
 Statistics-only dumps keep their index rows in memory and write them every ``flush_secs``
 (one second by default) or MAX_HELD_ROWS rows, at the last selected step, at ``flush()`` /
-``close()`` and at interpreter exit; the summary CSV gets every step at ``stop()``. Opening,
-indexing and closing the HDF5 file was ~3 ms a step in place, half of the statistics-only
-overhead on a small Llama; a hard crash (a segfault, SIGKILL) loses at most the last
-``flush_secs`` of the HDF5 index, never the CSV's rows.
+``close()`` and at interpreter exit (writing the file every step was half of the
+statistics-only overhead); the summary CSV gets every step at ``stop()``. A hard crash (a
+segfault, SIGKILL) loses at most the last ``flush_secs`` of the HDF5 index, never the CSV's rows.
 """
 from __future__ import annotations
 

@@ -77,14 +77,12 @@ class ModuleHooks:
     in front of each module's ``forward``, ``remove()`` takes them all off.
 
     Why wrappers and not ``register_forward_pre_hook``/``register_forward_hook``: a module with
-    hooks leaves ``nn.Module.__call__``'s fast path for its general one, which cost ~9 us a
-    module call on a small Llama before any capture (measured: 0.5 ms a step over 58 calls,
-    against 0.05 ms for a wrapper), and a pre/post pair needs a stack to carry each call from
-    one hook to the other. A wrapper is one frame around the forward, set in the instance's
-    ``__dict__`` (where ``__call__`` looks ``forward`` up first) and deleted afterwards, so
-    installing and removing it costs ~0.5 us a module and the model carries nothing between
-    steps (CapturedForward). Unlike a forward hook, it sees the output the forward returned,
-    before any user forward hook rewrites it.
+    hooks leaves ``nn.Module.__call__``'s fast path for its slower general one (measured in
+    tools/bench_debugger.py), and a pre/post pair needs a stack to carry each call from one hook
+    to the other. A wrapper (CapturedForward) is one frame around the forward, set in the
+    instance's ``__dict__`` (where ``__call__`` looks ``forward`` up first) and deleted
+    afterwards, so the model carries nothing between steps. Unlike a forward hook, it sees the
+    output the forward returned, before any user forward hook rewrites it.
     """
 
     def __init__(self, model: torch.nn.Module, capture: TensorCapture, next_seq: Callable[[], int],
@@ -106,8 +104,7 @@ class ModuleHooks:
         self._params_hooked: set[int] = set()
         self.active = False  # the wrappers capture only while True (a copy made after stop() is inert)
         # Per module, resolved once: its path, class name and own parameter dict. The dict is
-        # the module's live ``_parameters``, so a parameter swapped between steps is seen (and
-        # named_parameters() per module per step was half of install()'s cost).
+        # the module's live ``_parameters``, so a parameter swapped between steps is seen.
         self._info = {m: (path, type(m).__name__, m._parameters) for m, path in self.paths.items()}
 
     def install(self, step: int) -> None:
@@ -144,9 +141,8 @@ class ModuleHooks:
 
     # -- forward -------------------------------------------------------------------------
     def _wrapper(self, module: torch.nn.Module) -> Callable:
-        """The wrapper around ``module.forward`` as it is now. Kept from step to step while that
-        forward stays the same: building ~60 closures afresh each step was measurable (in the
-        allocator and the garbage collector's young generation)."""
+        """The wrapper around ``module.forward`` as it is now, kept from step to step while that
+        forward stays the same."""
         forward = module.forward  # a new bound method each time, equal while nothing changed
         cached = self._wrappers.get(module)
         if cached is not None and cached.__wrapped__ == forward:

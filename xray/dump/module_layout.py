@@ -33,13 +33,12 @@ INDEX_DTYPE = np.dtype([
 #: Columns a reader must not require: added after version 1 (their value there is "").
 OPTIONAL_COLUMNS = frozenset({"keyword"})
 
-#: The string columns, which the writer stores as fixed-length UTF-8: writing a table of
-#: variable-length strings cost h5py ~0.5 us per cell, a third of a statistics-only step's
-#: file work. Readers take both kinds (h5py hands fixed-length ones back as bytes).
+#: The string columns, which the writer stores as fixed-length UTF-8 (variable-length cells are
+#: slow to write). Readers take both kinds (h5py hands fixed-length ones back as bytes).
 _STR_COLUMNS = frozenset(n for n in INDEX_DTYPE.names if INDEX_DTYPE[n] == _STR)
 
 
-_STRING_TYPES: dict[int, np.dtype] = {}  # width -> h5py fixed-length UTF-8 dtype (~5 us to build)
+_STRING_TYPES: dict[int, np.dtype] = {}  # width -> h5py fixed-length UTF-8 dtype, built once
 
 
 def _string_type(width: int) -> np.dtype:

@@ -39,8 +39,7 @@ _TABLE_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
 
 def _write_table(group: h5py.Group, name: str, table: np.ndarray) -> None:
     """``group[name] = table``, through h5py's low-level API with the memory type equal to the
-    file type: HDF5 then copies the rows as they are. (create_dataset converted the 22-field
-    compound field by field: 0.8 ms a step against 0.15 ms.)"""
+    file type: HDF5 then copies the rows as they are (create_dataset converts field by field)."""
     tid = _TABLE_TYPES.get(table.dtype)
     if tid is None:
         if len(_TABLE_TYPES) > 64:
@@ -52,7 +51,7 @@ def _write_table(group: h5py.Group, name: str, table: np.ndarray) -> None:
 
 
 def _require_group(f: h5py.File, step: int) -> h5py.Group:
-    """The step's group, created if missing (h5py's require_group costs ~100 us, this ~30)."""
+    """The step's group, created if missing (cheaper than h5py's require_group)."""
     name = step_group(step).encode()
     if name in f.id:
         return h5py.Group(h5py.h5g.open(f.id, name))
@@ -60,10 +59,9 @@ def _require_group(f: h5py.File, step: int) -> h5py.Group:
 
 
 def _set_attr(obj: h5py.Group | h5py.File, name: str, value: bool | int | str) -> None:
-    """``obj.attrs[name] = value`` at a quarter of the cost, with the types h5py's setter would
-    store (bool as its enum, int as int64, str as variable-length UTF-8): an attribute that
-    exists is written in place (the setter deletes and re-creates it, ~150 us), a new one is
-    created through the low-level API. This runs several times per step."""
+    """``obj.attrs[name] = value`` with the types h5py's setter would store (bool as its enum,
+    int as int64, str as variable-length UTF-8), but an attribute that exists is written in
+    place (the setter deletes and re-creates it). This runs several times per step."""
     data = np.array(value, dtype=_VLEN_STR) if isinstance(value, str) else np.array(value)
     key = name.encode()
     if h5py.h5a.exists(obj.id, key):
@@ -136,7 +134,7 @@ class ModuleDumpWriter:
             else:  # a new session overwrites what an earlier run left at this name
                 self.path.unlink(missing_ok=True)
                 self._file = h5py.File(self.tmp, "w")
-                for k, v in self.header.items():  # ~15 attributes: h5py's setter cost ~0.2 ms each
+                for k, v in self.header.items():
                     _set_attr(self._file, k, _attr_value(v))
                 self._created = True
             _set_attr(self._file, "complete", False)
@@ -155,7 +153,7 @@ class ModuleDumpWriter:
     def write_tensor(self, step: int, name: str, t: torch.Tensor) -> str:
         """Copy ``t`` into ``/step_<s>/<name>`` now (so later in-place ops cannot change it).
         The dataset carries only ``torch_dtype``: its module, role and statistics are in the
-        step's index, and each HDF5 attribute cost ~50 us, a third of tensor mode's time."""
+        step's index (HDF5 attributes are slow to write)."""
         g = self.group(step)
         names = self._names.setdefault(step, set())
         if name in names:  # the same tensor name twice in one step (re-entered start/stop): keep the last
@@ -184,10 +182,9 @@ class ModuleDumpWriter:
     def seal(self, step: int) -> None:
         """Turn the captured rows of ``step`` into their index form, in place: INDEX_DTYPE's
         columns, then the summary CSV's Dtype..Numel text. A sealed row holds only strings and
-        numbers, which Python's garbage collector stops tracking; captured rows held until the
-        file is written (a second) reached the oldest generation by the thousand and brought a
-        full collection, ~200 ms on a small Llama, every few hundred steps. Rows captured
-        again into a sealed step are sealed at the next call."""
+        numbers, which Python's garbage collector stops tracking, so rows held until the file
+        is written bring no full collections. Rows captured again into a sealed step are
+        sealed at the next call."""
         rows = self.rows.get(step)
         if rows and len(rows[-1]) == _CAPTURED:
             rows[:] = [(*_index_row(*r), r[4].csv) if len(r) == _CAPTURED else r for r in rows]

@@ -21,9 +21,8 @@ def _opt(v):
 
 def stat_cell(v: float | None) -> str:
     """A statistic as the CSV writes it: 9 significant digits, which round-trip every float32
-    value exactly ("%.9g" costs a third of repr's shortest round-trip form, and the debugger
-    writes four per tensor per step). ``None`` or NaN ("no finite element") is an empty cell;
-    the .h5 index keeps the exact float64 values."""
+    value exactly. ``None`` or NaN ("no finite element") is an empty cell; the .h5 index keeps
+    the exact float64 values."""
     return "" if v is None or v != v else _STAT_FORMAT % v
 
 
@@ -32,8 +31,7 @@ _NUMBERS_FORMAT = ",".join([_STAT_FORMAT] * 4 + ["%d"] * 4)  # min, max, mean, s
 
 
 def _needs_quoting(text: str) -> bool:
-    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``: four substring scans in C, a
-    fraction of a regex search over the same text."""
+    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``."""
     return '"' in text or "," in text or "\n" in text or "\r" in text
 
 
