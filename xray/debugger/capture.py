@@ -88,10 +88,11 @@ class TensorCapture:
         self._prefix = ""
         self._rows: list[tuple] = []
 
-    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, param: bool = False,
+    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, source: str = "",
                 keyword: str = "") -> None:
-        """Add ``t``'s row to its step's index (``param``: a parameter, saved once per step;
-        ``keyword``: the keyword argument it came from). Positional, for the hot path."""
+        """Add ``t``'s row to its step's index (``source``: "param:<name>" or "buffer:<name>" for
+        the module's own state, saved once per step; ``keyword``: the keyword argument it came
+        from). Positional, for the hot path."""
         cells = self.stats_cache.get(t)
         if self.overflow_only and cells.finite:
             return
@@ -102,12 +103,12 @@ class TensorCapture:
         data = ""
         if self.save_data and t.layout == torch.strided and not t.is_meta:
             pkey = (call.step, id(t))
-            data = self._saved_params.get(pkey, "") if param else ""
+            data = self._saved_params.get(pkey, "") if source else ""
             if not data:
                 data = self.writer.write_tensor(call.step, name, t)
-                if param:
+                if source:
                     self._saved_params[pkey] = data
-        self._rows.append((call, name, role, key, cells, t.requires_grad, data, keyword))
+        self._rows.append((call, name, role, key, cells, t.requires_grad, data, keyword, source))
         if not cells.finite and self.on_overflow is not None and role in ("forward_output", "backward_output"):
             self.on_overflow(call, name, cells.stats)
 

@@ -1,5 +1,6 @@
-"""Capture every module's forward inputs, parameters and outputs (wrappers around each
-forward, see ModuleHooks), and their gradients (hooks on tensors).
+"""Capture every module's forward inputs, parameters, buffers and outputs (wrappers around each
+forward, see ModuleHooks), and their gradients (hooks on tensors). Parameters and buffers are
+named by their qualified name in the model (``source``), so readers keep them apart from inputs.
 
 Why not ``register_full_backward_hook``: it wraps outputs in a custom autograd Function whose
 results are views, and ``ReLU(inplace=True)`` downstream then fails ("a view ... is being
@@ -103,9 +104,14 @@ class ModuleHooks:
         self._grad_handles: list = []
         self._params_hooked: set[int] = set()
         self.active = False  # the wrappers capture only while True (a copy made after stop() is inert)
-        # Per module, resolved once: its path, class name and own parameter dict. The dict is
-        # the module's live ``_parameters``, so a parameter swapped between steps is seen.
-        self._info = {m: (path, type(m).__name__, m._parameters) for m, path in self.paths.items()}
+        # Per module, resolved once: its path, class name and own parameter and buffer dicts.
+        # The dicts are the module's live ones, so a parameter swapped between steps is seen.
+        self._info = {m: (path, type(m).__name__, m._parameters, m._buffers) for m, path in self.paths.items()}
+        # id(tensor) -> "param:<name>" / "buffer:<name>", by named_parameters()' names (a tied
+        # weight keeps its first name); a tensor swapped in later is named by its module's path.
+        self._sources = {id(t): f"{kind}:{name}" for kind, named in (("buffer", model.named_buffers()),
+                                                                    ("param", model.named_parameters()))
+                         for name, t in named}
 
     def install(self, step: int) -> None:
         """Capture ``step``: wrap every module's forward (unless still wrapped)."""
@@ -165,7 +171,7 @@ class ModuleHooks:
             return None
 
     def _capture_inputs(self, module, args, kwargs):
-        path, cls, params = self._info[module]
+        path, cls, params, buffers = self._info[module]
         index = self.calls.get(path, 0)
         self.calls[path] = index + 1
         call = call_key((self.step, self.next_seq(), path, cls, index, "forward"))
@@ -184,11 +190,20 @@ class ModuleHooks:
         for name, p in params.items():
             if p is None:  # Linear(bias=False) registers its bias as None
                 continue
-            capture(call, "forward_params", name, p, True)
+            capture(call, "forward_params", name, p, self._source(p, "param", path, name))
             if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
                 self._params_hooked.add(id(p))
                 self._grad_handles.append(p.register_hook(functools.partial(self._param_grad, path, cls, name)))
+        for name, b in buffers.items():
+            if b is not None:
+                capture(call, "forward_buffers", name, b, self._source(b, "buffer", path, name))
         return call, grad_inputs
+
+    def _source(self, t: torch.Tensor, kind: str, path: str, name: str) -> str:
+        source = self._sources.get(id(t))
+        if source is None or not source.startswith(kind):
+            source = f"{kind}:{path}.{name}" if path else f"{kind}:{name}"
+        return source
 
     def _exit(self, entered: tuple, output: Any) -> None:
         if not self.active:  # an error inside the forward stopped the capture

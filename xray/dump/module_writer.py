@@ -79,16 +79,17 @@ _ATTR_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
 _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 
 
-_CAPTURED = 8  # fields of a captured row; a sealed one has INDEX_DTYPE's and the CSV text
+_CAPTURED = 9  # fields of a captured row; a sealed one has INDEX_DTYPE's and the CSV text
 _NAME, _DIRECTION, _DATA = (INDEX_DTYPE.names.index(c) for c in ("name", "direction", "data"))
 _CSV = len(INDEX_DTYPE.names)
 
 
-def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str) -> tuple:
+def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str,
+               source: str) -> tuple:
     """A captured row (see ModuleDumpWriter.step_rows) as the index table's columns (INDEX_DTYPE
     order)."""
     return (call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *cells.meta,
-            requires_grad, *cells.numbers, data, keyword)
+            requires_grad, *cells.numbers, data, keyword, source)
 
 
 class DumpPathError(OSError):
@@ -173,7 +174,7 @@ class ModuleDumpWriter:
 
     def step_rows(self, step: int) -> list[tuple]:
         """The list the rows of ``step`` go in (appended to directly: hundreds a step). A row is
-        captured as (call, name, role, key, cells, requires_grad, data, keyword), ``call`` a
+        captured as (call, name, role, key, cells, requires_grad, data, keyword, source), ``call`` a
         capture.CallKey and ``cells`` a capture.Cells shared by every row of the same call or
         tensor version, and sealed into plain values at the end of the step (seal())."""
         self._touched.add(step)
