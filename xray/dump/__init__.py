@@ -10,7 +10,8 @@ from .protocol import Dump
 from .reader import DumpFormatError, TraceDump, TruncatedDumpWarning, read_trace
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Source", "Stats", "TensorMeta", "DumpFormatError",
-           "Dump", "TraceDump", "ModuleDump", "TruncatedDumpWarning", "read_module_dump", "load_dump", "find_dump_folders"]
+           "Dump", "TraceDump", "ModuleDump", "TruncatedDumpWarning", "read_module_dump", "load_dump",
+           "find_dump_folders"]
 
 
 def find_dump_folders(path: str | os.PathLike) -> list[Path]:
