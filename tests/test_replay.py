@@ -16,7 +16,7 @@ import xray
 from xray.backends.base import ReplayStatus
 from xray.demo.models import tiny_llama, token_batch
 from xray.replay.matrix import MATRIX_COLUMNS
-from xray.replay.runner import ReplayConfig, replay_dump
+from xray.replay.runner import ReplayConfig, replay_dump, select_records
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -204,3 +204,17 @@ def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
     assert result.status(neg.seq, "torch-cpu") == ReplayStatus.EXPORT_FAIL
     row = next(r for r in result.rows if r.seq == neg.seq)
     assert row.error.startswith("cannot rebuild the call: OSError") and "external raw data file" in row.error
+
+
+def test_constant_lifting_and_alias_no_ops_are_never_replayed(tmp_path):
+    """aten.lift_fresh (a torch.tensor(...) inside the model), detach and alias return their
+    input: they stay out of the replay and its support matrix, even when asked for by pattern."""
+    x = torch.randn(3)
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0) as d:
+        y = (x * torch.tensor([1.0, 2.0, 3.0])).detach()
+        torch.ops.aten.alias(y)
+    records = xray.load_dump(d.folder).records
+    assert {"aten.lift_fresh.default", "aten.detach.default", "aten.alias.default"} <= {r.op for r in records}
+    for ops in ([], ["aten.*"]):
+        picked = select_records(records, ReplayConfig(backends=[], out=tmp_path / "out", ops=ops))
+        assert [r.op for r in picked] == ["aten.mul.Tensor"]

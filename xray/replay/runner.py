@@ -28,6 +28,18 @@ from .output import ReplayDumpWriter
 from .tolerance import compare, compare_layout
 
 
+# Ops that compute nothing a backend could get wrong: tracing and autograd bookkeeping that
+# returns its input (a constant lifted into the graph, an alias, a detach). Exporting one alone
+# tells nothing about a backend (XNNPACK reports an empty graph as LOWER_FAIL), so they are
+# never replayed and never appear in the support matrix.
+NOT_REPLAYED = ("aten.lift.*", "aten.lift_fresh.*", "aten.lift_fresh_copy.*", "aten.alias.*", "aten.detach.*",
+                "aten.detach_.*")
+
+
+def is_not_replayed(op: str) -> bool:
+    return any(fnmatch.fnmatchcase(op, p) for p in NOT_REPLAYED)
+
+
 class ReplayInputError(ValueError):
     """The dump cannot be replayed as asked (no records, nothing to rebuild inputs from...)."""
 
@@ -59,7 +71,7 @@ class ReplayConfig:
 def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
     """Forward op records (or module records with a model), filtered, de-duplicated, limited."""
     kind = "module" if cfg.model else "op"
-    picked = [r for r in records if r.kind == kind and r.direction == "forward"]
+    picked = [r for r in records if r.kind == kind and r.direction == "forward" and not is_not_replayed(r.op)]
     if cfg.ops:
         picked = [r for r in picked if any(fnmatch.fnmatchcase(r.op, p) or fnmatch.fnmatchcase(r.op, f"*{p}*")
                                            for p in cfg.ops)]
