@@ -1,9 +1,8 @@
 """Builds xray's optional C accelerators; all metadata lives in pyproject.toml.
 
-xray.dump._moments (statistics in one pass) and xray.debugger._tap (PrecisionDebugger's
-per-module-call work). ``optional=True``: without a C compiler the install still succeeds and
-xray runs their Python equivalents. No -march flags: the AVX2 kernel is picked at run time,
-so the build runs anywhere.
+xray.dump._moments: tensor statistics in one pass. ``optional=True``: without a C compiler the
+install still succeeds and xray takes the torch path. No -march flags: the AVX2 kernel is
+picked at run time, so the build runs anywhere.
 """
 import sys
 
@@ -19,6 +18,5 @@ setup(
             optional=True,
             extra_compile_args=_FLAGS,
         ),
-        Extension("xray.debugger._tap", ["xray/debugger/_tap.c"], optional=True, extra_compile_args=_FLAGS),
     ]
 )

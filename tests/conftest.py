@@ -19,14 +19,14 @@ def _no_leaked_dump():
 
 @pytest.fixture(scope="session")
 def llama():
-    from xray.models import tiny_llama
+    from xray.demo.models import tiny_llama
 
     return tiny_llama(layers=2, hidden=64)
 
 
 @pytest.fixture(scope="session")
 def tokens():
-    from xray.models import token_batch
+    from xray.demo.models import token_batch
 
     return token_batch(batch=2, seq=16, vocab=256)
 

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import xray
 from xray.compare import COLUMNS, compare_dumps
 from xray.compare.cli import main
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 DUMP = dict(X_DEDUP=False, X_DUMP_NUM=100, X_DEBUG=0x112)  # META|STATS|MODULES, every output saved

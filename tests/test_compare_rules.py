@@ -14,7 +14,7 @@ from xray.compare.entries import Entry, normalize_path
 from xray.compare.layout import find_layout
 from xray.compare.metrics import Partial, as_real, chunk_partial, finish, merge
 from xray.compare.stream import chunk_selections
-from xray.compare.synthetic import Op, write_dump
+from xray.demo.synthetic import Op, write_dump
 from xray.compare.thresholds import Tolerance, default_tolerance, parse_tolerance_arg
 from xray.dump.model import Record, TensorMeta
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -11,10 +12,10 @@ import torch
 
 import xray
 from xray.debugger import DumpPathError, SelectionError, read_module_dump
-from xray.debugger.layout import INDEX_DTYPE
+from xray.dump.module_layout import INDEX_DTYPE
 from xray.dump.reader import TruncatedDumpWarning
 from xray.dump.stats import tensor_stats
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 FILE = "globalrank-0_localrank-0.h5"
@@ -46,7 +47,7 @@ def test_name_scheme_and_saved_data_match_the_model(tmp_path):
         dbg.stop()
     assert sorted(os.listdir(tmp_path)) == [FILE, FILE.replace(".h5", "_summary.csv")]
     with xray.load_dump(tmp_path / FILE) as dump:
-        assert dump.format == "xray-module" and dump.header["format_version"] == 2 and dump.complete
+        assert dump.format == "xray-module" and dump.header["format_version"] == 3 and dump.complete
         names = _names(dump)
         # The root module is named by its class alone; ModelOutput is flattened (logits first).
         root_in = names["LlamaForCausalLM.0.forward_input.0"]
@@ -60,7 +61,8 @@ def test_name_scheme_and_saved_data_match_the_model(tmp_path):
         assert meta.stats == tensor_stats(captured["q"]) and meta.shape == tuple(captured["q"].shape)
         rec = next(r for r in dump.records if r.module == "model.layers.0.self_attn.q_proj")
         assert (rec.kind, rec.op, rec.call_index, rec.direction, rec.step) == ("module", "Linear", 0, "forward", 0)
-        assert set(rec.inputs) == {"forward_input.0", "forward_params.weight"} and len(rec.outputs) == 1
+        assert set(rec.inputs) == {"forward_input.0"} and len(rec.outputs) == 1  # the weight is no input
+        assert set(rec.params) == {"weight"} and rec.params["weight"].source == f"param:{rec.module}.weight"
         # Execution order: a module's record precedes those of the modules it calls.
         order = [r.module for r in dump.records]
         assert order.index("model.layers.0") < order.index("model.layers.0.self_attn.q_proj")
@@ -303,7 +305,7 @@ def test_reads_format_1_files_without_the_keyword_column(tmp_path):
     with read_module_dump(tmp_path / FILE) as dump:
         want = [(r.name, r.meta.stats) for r in dump.rows()]
         assert any(r.keywords for r in dump.records)
-    v1 = np.dtype([(n, INDEX_DTYPE[n]) for n in INDEX_DTYPE.names if n != "keyword"])
+    v1 = np.dtype([(n, INDEX_DTYPE[n]) for n in INDEX_DTYPE.names if n not in ("keyword", "source")])
     with h5py.File(tmp_path / FILE, "a") as f:
         table = f["step_0/index"][()]
         old = np.array([tuple(c.decode() if isinstance(c, bytes) else c for c in row)[:len(v1)] for row in table.tolist()],
@@ -314,6 +316,57 @@ def test_reads_format_1_files_without_the_keyword_column(tmp_path):
     with read_module_dump(tmp_path / FILE) as dump:
         assert [(r.name, r.meta.stats) for r in dump.rows()] == want
         assert not any(r.keywords for r in dump.records)
+        # parameters of an old file are still parameters, named by their module's path
+        q = next(r for r in dump.records if r.module == "model.layers.0.self_attn.q_proj")
+        assert q.params["weight"].source == "param:model.layers.0.self_attn.q_proj.weight"
+        assert not any(k.startswith("forward_params") for r in dump.records for k in r.inputs)
+
+
+class _Stateful(torch.nn.Module):
+    """Parameters, buffers and a weight tied across two modules (named as named_parameters names it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.proj = torch.nn.Linear(8, 10, bias=False)
+        self.proj.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.proj(self.norm(self.embed(ids)))
+
+
+def test_parameters_and_buffers_are_recorded_as_parameters_never_inputs(tmp_path):
+    torch.manual_seed(0)
+    m = _Stateful().eval()
+    ids = torch.tensor([1, 2, 3])
+    dbg = xray.PrecisionDebugger(dump_path=tmp_path, model=m, backward=False)
+    with torch.no_grad():
+        dbg.start()
+        m(ids)
+        dbg.stop()
+    with read_module_dump(tmp_path / FILE) as dump:
+        by_module = {r.module: r for r in dump.records}
+        proj, norm = by_module["proj"], by_module["norm"]
+        assert set(proj.inputs) == {"forward_input.0"} and set(norm.inputs) == {"forward_input.0"}
+        assert proj.params["weight"].source == "param:embed.weight"  # tied: one parameter, one name
+        assert {k: v.source for k, v in norm.params.items()} == {
+            "weight": "param:norm.weight", "bias": "param:norm.bias", "running_mean": "buffer:norm.running_mean",
+            "running_var": "buffer:norm.running_var", "num_batches_tracked": "buffer:norm.num_batches_tracked"}
+        assert torch.equal(dump.load_tensor(norm.params["running_var"]), m.norm.running_var)
+        # the .h5 index and the summary CSV still list them, under their role
+        names = {r.name for r in dump.rows()}
+        assert {"norm.BatchNorm1d.0.forward_params.weight", "norm.BatchNorm1d.0.forward_buffers.running_mean"} <= names
+
+
+def test_the_shipped_version_2_module_dump_reads_parameters_as_parameters():
+    """dumps/llama-module.h5 was written by format version 2 (no ``source`` column, no buffers)."""
+    path = Path(__file__).resolve().parents[1] / "dumps" / "llama-module.h5"
+    with read_module_dump(path) as dump:
+        assert dump.header["format_version"] == 2
+        linear = next(r for r in dump.records if r.op == "Linear" and r.direction == "forward")
+        assert "weight" in linear.params and not any("params" in k for k in linear.inputs)
+        assert linear.params["weight"].source == f"param:{linear.module}.weight"
 
 
 class _Blowup(torch.nn.Module):
@@ -533,7 +586,7 @@ def test_statistics_index_is_written_every_flush_secs_and_the_csv_every_step(tmp
 
 _EXIT_SCRIPT = """
 import sys, torch, xray
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 m, ids = tiny_llama(layers=1, hidden=32), token_batch()
 norm = m.model.norm
 def boom(mod, args):

@@ -7,6 +7,8 @@ import sys
 
 import pandas as pd
 
+from xray.demo.run import divergence_table
+
 
 def test_demo_runs_every_step_and_finds_the_injected_fault(tmp_path):
     out = tmp_path / "demo"
@@ -29,3 +31,17 @@ def test_demo_runs_every_step_and_finds_the_injected_fault(tmp_path):
     assert (out / "replay" / "heatmap.png").exists() and (out / "index.html").exists()
     for what in ("compare.html", "index.html"):
         assert (out / what).stat().st_size > 1000
+    index = (out / "index.html").read_text()
+    assert 'href="replay/heatmap.html"' in index and "{'" not in index  # a page, never a folder or a dict
+
+
+def test_index_renders_the_first_divergence_as_a_table():
+    first = {"rank": 0, "index": 7, "status": "fail", "origin": "born", "bench": "model.mlp/aten.mm.default#12",
+             "target": "model.mlp/aten.mm.default#12", "bench_seq": 12, "op": "aten.mm.default", "cosine": 0.999912345,
+             "max_abs_err": 0.05, "layout": None, "cause": {"local_error": 0.05, "floor": None}}
+    table = divergence_table(first)
+    assert table.startswith("<table") and "{" not in table and "None" not in table
+    assert "<th>operator</th><td><code>aten.mm.default</code>" in table and "<code>0.9999</code>" in table
+    assert "local_error: 0.05" in table
+    assert table.index("operator") < table.index("bench record") < table.index("origin")
+    assert "every record agrees" in divergence_table(None)

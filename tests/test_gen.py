@@ -18,7 +18,7 @@ from xray.gen.blacklist import Blacklist
 from xray.gen.cli import main as gen_main
 from xray.gen.columns import COLUMNS
 from xray.gen.diff import main as diff_main
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 
 ENV = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
 

@@ -38,7 +38,7 @@ def llama_step(model, ids):
 def llama_backward(tmp_path_factory):
     """A real transformers Llama (2 layers, hidden 64), forward + backward recorded without
     de-duplication, with module records; also the same step run without recording."""
-    from xray.models import tiny_llama, token_batch
+    from xray.demo.models import tiny_llama, token_batch
 
     ids = token_batch(batch=2, seq=8)
     model = tiny_llama(layers=2, hidden=64).train()

@@ -198,7 +198,7 @@ def test_no_grad_inference_mode_and_autocast(llama, tokens, tmp_path):
 
 
 def test_backward_ops_and_gradients_are_bitwise_identical(tmp_path):
-    from xray.models import tiny_llama, token_batch
+    from xray.demo.models import tiny_llama, token_batch
 
     ids = token_batch(seq=8)
 

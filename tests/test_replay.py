@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import xray
-from xray.backends.base import Status
-from xray.models import tiny_llama, token_batch
-from xray.replay.matrix import COLUMNS
-from xray.replay.runner import ReplayConfig, replay_dump
+from xray.backends.base import ReplayStatus
+from xray.demo.models import tiny_llama, token_batch
+from xray.replay.matrix import MATRIX_COLUMNS
+from xray.replay.runner import ReplayConfig, replay_dump, select_records
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -61,7 +61,7 @@ def test_every_pair_has_a_status(replay):
     assert result.records, "nothing was replayed"
     for rec in result.records:
         for b in ["torch-cpu", *BACKENDS]:
-            assert isinstance(result.status(rec.seq, b), Status)
+            assert isinstance(result.status(rec.seq, b), ReplayStatus)
 
 
 def test_baseline_reproduces_the_recording(replay, llama_dump):
@@ -86,8 +86,8 @@ def test_most_ops_run_and_match(replay, backend):
     (XNNPACK or ORT may reject an odd signature such as a 0-size cat) and still call it "most"."""
     result, seqs = replay
     rows = [r for r in result.rows if r.backend == backend]
-    ok = [r for r in rows if r.status == Status.OK]
-    bad = [(r.op, Status(r.status).name, r.error) for r in rows if r.status != Status.OK]
+    ok = [r for r in rows if r.status == ReplayStatus.OK]
+    bad = [(r.op, ReplayStatus(r.status).name, r.error) for r in rows if r.status != ReplayStatus.OK]
     assert len(ok) >= len(rows) - 2, bad
     for r in ok:
         assert r.max_abs_err is not None and math.isfinite(r.max_abs_err)
@@ -97,9 +97,9 @@ def test_most_ops_run_and_match(replay, backend):
 def test_matrix_csv_and_facts(replay):
     result, _ = replay
     df = pd.read_csv(result.out / "matrix.csv")
-    assert tuple(df.columns) == COLUMNS
+    assert tuple(df.columns) == MATRIX_COLUMNS
     assert len(df) == len(result.rows) == len(result.records) * (1 + len(BACKENDS))
-    assert set(df.status) <= {s.name for s in Status}
+    assert set(df.status) <= {s.name for s in ReplayStatus}
     onnx = df[(df.backend == "onnxrt-cpu") & (df.status == "OK")]
     assert (onnx.opset >= 17).all()
     et = df[(df.backend == "executorch-xnnpack") & (df.status == "OK")]
@@ -115,7 +115,7 @@ def test_replay_output_is_an_xray_dump(replay):
     for backend in BACKENDS:
         d = xray.load_dump(result.dumps[backend])
         assert d.complete and d.header["replay"]["backend"] == backend
-        ok = {r.seq for r in result.rows if r.backend == backend and Status(r.status).supported}
+        ok = {r.seq for r in result.rows if r.backend == backend and ReplayStatus(r.status).supported}
         assert {r.seq for r in d.records} == ok
         for rec in d.records:
             for _, meta in rec.output_tensors():
@@ -136,7 +136,7 @@ def test_xray_compare_reads_replay_output(replay, tmp_path, capsys):
     rc = compare_main([str(result.dumps["torch-cpu"]), str(result.dumps["onnxrt-cpu"]), str(csv), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     df = pd.read_csv(csv)
-    supported = sum(1 for r in result.rows if r.backend == "onnxrt-cpu" and Status(r.status).supported)
+    supported = sum(1 for r in result.rows if r.backend == "onnxrt-cpu" and ReplayStatus(r.status).supported)
     matched = df[df.status != "unmatched"]
     assert matched.target_seq.nunique() == supported
     # Both sides ran the same inputs; compare's own fp32 tolerance should pass nearly all of them.
@@ -157,7 +157,7 @@ def test_export_cache_never_shares_baked_in_weights(tmp_path):
                        progress=False)
     result = replay_dump(d.folder, cfg)
     rows = [r for r in result.rows if r.backend == "onnxrt-cpu"]
-    assert [Status(r.status) for r in rows] == [Status.OK, Status.OK], [(r.seq, r.error) for r in rows]
+    assert [ReplayStatus(r.status) for r in rows] == [ReplayStatus.OK, ReplayStatus.OK], [(r.seq, r.error) for r in rows]
 
 
 def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
@@ -205,8 +205,8 @@ def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
     assert skipped.seq == exp.seq
     assert why.startswith(f"MissingTensorError: record seq={exp.seq} (aten.exp.default), argument 'self': "
                           "tensor [3, 5] float32 was not saved") and "--factory random" in why
-    assert result.status(sin.seq, "torch-cpu") == Status.OK
-    assert result.status(neg.seq, "torch-cpu") == Status.EXPORT_FAIL
+    assert result.status(sin.seq, "torch-cpu") == ReplayStatus.OK
+    assert result.status(neg.seq, "torch-cpu") == ReplayStatus.EXPORT_FAIL
     row = next(r for r in result.rows if r.seq == neg.seq)
     assert row.error.startswith("cannot rebuild the call: OSError"), row.error
 
@@ -241,6 +241,20 @@ def test_import_makes_custom_ops_replayable(tmp_path, monkeypatch):
     result = replay_dump(folder, cfg)
     assert not result.skipped, result.skipped
     (row,) = [r for r in result.rows if r.op == "xray_test_custom.twice.default"]
-    assert row.status == Status.OK, row
+    assert row.status == ReplayStatus.OK, row
     with pytest.raises(ValueError, match="--import no_such_module_xray"):
         replay_dump(folder, ReplayConfig(backends=[], out=tmp_path / "o2", imports=["no_such_module_xray"]))
+
+
+def test_constant_lifting_and_alias_no_ops_are_never_replayed(tmp_path):
+    """aten.lift_fresh (a torch.tensor(...) inside the model), detach and alias return their
+    input: they stay out of the replay and its support matrix, even when asked for by pattern."""
+    x = torch.randn(3)
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0) as d:
+        y = (x * torch.tensor([1.0, 2.0, 3.0])).detach()
+        torch.ops.aten.alias(y)
+    records = xray.load_dump(d.folder).records
+    assert {"aten.lift_fresh.default", "aten.detach.default", "aten.alias.default"} <= {r.op for r in records}
+    for ops in ([], ["aten.*"]):
+        picked = select_records(records, ReplayConfig(backends=[], out=tmp_path / "out", ops=ops))
+        assert [r.op for r in picked] == ["aten.mul.Tensor"]

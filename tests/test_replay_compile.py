@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import xray
-from xray.backends.base import Status
+from xray.backends.base import ReplayStatus
 from xray.backends.registry import UnknownBackendError, create
 from xray.replay.runner import ReplayConfig, replay_dump
 
@@ -21,7 +21,7 @@ def test_compile_and_portable(tmp_path):
                                                 out=tmp_path / "out", repeats=1, progress=False))
     assert len(result.records) == 4  # mm, _softmax, add, rsqrt
     for r in result.rows:
-        assert r.status == Status.OK, (r.op, r.backend, r.error)
+        assert r.status == ReplayStatus.OK, (r.op, r.backend, r.error)
     portable = [r for r in result.rows if r.backend == "executorch-portable"]
     assert all(r.facts["delegated_nodes"] == 0 and r.facts["undelegated_nodes"] >= 1 for r in portable)
 

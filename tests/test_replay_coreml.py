@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 import xray
-from xray.backends.base import Status, is_macos
+from xray.backends.base import ReplayStatus, is_macos
 from xray.replay.runner import ReplayConfig, replay_dump
 
 
@@ -40,4 +40,4 @@ def test_coreml_conversion_status_per_op(tmp_path):
         for _, row in rows[rows.status == "EXPORT_FAIL"].iterrows():
             assert "coremltools" in row.error or "torch.export" in row.error
     if not is_macos():
-        assert all(Status(r.status) != Status.OK for r in result.rows if r.backend.startswith("coreml"))
+        assert all(ReplayStatus(r.status) != ReplayStatus.OK for r in result.rows if r.backend.startswith("coreml"))

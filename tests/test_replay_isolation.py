@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 import xray
-from xray.backends.base import Status
+from xray.backends.base import ReplayStatus
 from xray.replay.cli import main as replay_main
 from xray.replay.runner import ReplayConfig, replay_dump
 
@@ -62,13 +62,13 @@ def test_crash_and_timeout_are_isolated(tmp_path, monkeypatch):
     cfg = ReplayConfig(backends=[], out=tmp_path / "out", timeout=8, repeats=1, progress=False,
                        imports=[__name__])
     result = replay_dump(folder, cfg)
-    got = {r.op: Status(r.status) for r in result.rows}
-    assert got == {"aten.exp.default": Status.OK, "xray_replay_test.boom.default": Status.CRASH,
-                   "aten.tanh.default": Status.OK, "xray_replay_test.nap.default": Status.TIMEOUT,
-                   "aten.neg.default": Status.OK}
-    crash = next(r for r in result.rows if r.status == Status.CRASH)
+    got = {r.op: ReplayStatus(r.status) for r in result.rows}
+    assert got == {"aten.exp.default": ReplayStatus.OK, "xray_replay_test.boom.default": ReplayStatus.CRASH,
+                   "aten.tanh.default": ReplayStatus.OK, "xray_replay_test.nap.default": ReplayStatus.TIMEOUT,
+                   "aten.neg.default": ReplayStatus.OK}
+    crash = next(r for r in result.rows if r.status == ReplayStatus.CRASH)
     assert "SIGABRT" in crash.error
-    timeout = next(r for r in result.rows if r.status == Status.TIMEOUT)
+    timeout = next(r for r in result.rows if r.status == ReplayStatus.TIMEOUT)
     assert "8 s" in timeout.error
     df = pd.read_csv(result.out / "matrix.csv")
     assert list(df.status) == ["OK", "CRASH", "OK", "TIMEOUT", "OK"]
@@ -110,11 +110,11 @@ def test_a_record_the_baseline_cannot_run_is_baseline_fail_never_within_toleranc
                        timeout=180)
     result = replay_dump(d.folder, cfg)
     by_op = {(r.op, r.backend): r for r in result.rows}
-    assert Status(by_op["aten.cat.default", "executorch-portable"].status) == Status.LOWER_FAIL
+    assert ReplayStatus(by_op["aten.cat.default", "executorch-portable"].status) == ReplayStatus.LOWER_FAIL
     cat = by_op["aten.cat.default", "torch-cpu"]
-    assert Status(cat.status) == Status.BASELINE_FAIL and Status(cat.status).supported
+    assert ReplayStatus(cat.status) == ReplayStatus.BASELINE_FAIL and ReplayStatus(cat.status).supported
     assert cat.max_abs_err is None and "not compared" in cat.error
-    assert Status(by_op["aten.sin.default", "torch-cpu"].status) == Status.OK
+    assert ReplayStatus(by_op["aten.sin.default", "torch-cpu"].status) == ReplayStatus.OK
     table = summary_table(result)
     assert "BASELINE_FAIL=1" in table
     assert (tmp_path / "out" / "heatmap.png").stat().st_size > 0 and "BASELINE_FAIL" in (tmp_path / "out" / "heatmap.html").read_text()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import xray
-from xray.backends.base import Status
-from xray.models import tiny_llama, token_batch
+from xray.backends.base import ReplayStatus
+from xray.demo.models import tiny_llama, token_batch
 from xray.replay.cli import main as replay_main
 from xray.replay.modules import ModelSpecError, factory_spec
 from xray.replay.runner import ReplayConfig, replay_dump
@@ -32,13 +32,13 @@ def test_module_replay_from_precision_debugger(tmp_path):
                        modules=["*q_proj", "*input_layernorm", "*mlp", "*act_fn", "*self_attn", "*layers.0"],
                        repeats=1, progress=False)
     result = replay_dump(dbg.file, cfg)
-    got = {(r.module, r.backend): Status(r.status) for r in result.rows}
+    got = {(r.module, r.backend): ReplayStatus(r.status) for r in result.rows}
     # The attention and the decoder layer take keyword tensors (hidden_states, attention_mask,
     # position_embeddings as a (cos, sin) pair): the dump's keyword column gives them back by name.
     assert {m for m, _ in got} == {"model.layers.0.self_attn.q_proj", "model.layers.0.input_layernorm",
                                    "model.layers.0.mlp", "model.layers.0.mlp.act_fn", "model.layers.0.self_attn",
                                    "model.layers.0"}
-    assert all(s == Status.OK for s in got.values()), [(r.module, r.backend, r.error) for r in result.rows]
+    assert all(s == ReplayStatus.OK for s in got.values()), [(r.module, r.backend, r.error) for r in result.rows]
     # The baseline ran the recorded weights: its outputs equal the recorded outputs.
     dump, replayed = xray.load_dump(dbg.file), xray.load_dump(result.dumps["torch-cpu"])
     src = {(r.module, r.seq): r for r in dump.records if r.kind == "module"}

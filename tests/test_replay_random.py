@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import xray
-from xray.backends.base import Status
+from xray.backends.base import ReplayStatus
 from xray.replay.job import JobResult
 from xray.replay.matrix import summary_table
 from xray.nondeterminism import nondeterministic
@@ -46,11 +46,11 @@ def test_random_ops_run_on_each_backend_but_are_not_compared(dropout_dump, tmp_p
     for backend in ("torch-cpu", "onnxrt-cpu"):
         for op in RANDOM:
             row = by_op[op, backend]
-            assert Status(row.status) == Status.NONDETERMINISTIC, (op, backend, row.error)
-            assert Status(row.status).supported and row.max_abs_err is None
+            assert ReplayStatus(row.status) == ReplayStatus.NONDETERMINISTIC, (op, backend, row.error)
+            assert ReplayStatus(row.status).supported and row.max_abs_err is None
             assert row.error.startswith("values not compared")
         sin = by_op["aten.sin.default", backend]
-        assert Status(sin.status) == Status.OK, (backend, sin.error)
+        assert ReplayStatus(sin.status) == ReplayStatus.OK, (backend, sin.error)
     assert "nondeterministic_seeded" in by_op["aten.randn.default", "onnxrt-cpu"].error
     assert "uninitialized" in by_op["aten.empty_like.default", "onnxrt-cpu"].error
 
@@ -70,17 +70,17 @@ def test_a_random_op_with_a_wrong_layout_is_still_mismatch(dropout_dump):
     baseline = {rec.seq: [torch.randn(3, 4)]}
 
     def row(*outputs: np.ndarray):
-        res = JobResult(int(Status.OK), outputs=[(str(a.dtype), a) for a in outputs], latency_ms=0.1)
+        res = JobResult(int(ReplayStatus.OK), outputs=[(str(a.dtype), a) for a in outputs], latency_ms=0.1)
         return _row(rec, "b", res, baseline, False, lambda d: d, why)
 
     same = row(np.ones((3, 4), np.float32))
-    assert Status(same.status) == Status.NONDETERMINISTIC and same.max_abs_err is None
-    assert Status(row(np.ones((3, 4), np.float16)).status) == Status.NONDETERMINISTIC  # fp16 presets
+    assert ReplayStatus(same.status) == ReplayStatus.NONDETERMINISTIC and same.max_abs_err is None
+    assert ReplayStatus(row(np.ones((3, 4), np.float16)).status) == ReplayStatus.NONDETERMINISTIC  # fp16 presets
     for outputs, what in [((np.ones((4, 3), np.float32),), "shape (4, 3), baseline (3, 4)"),
                           ((np.ones((3, 4), np.int64),), "dtype torch.int64"),
                           ((np.ones((3, 4), np.float32),) * 2, "2 outputs, baseline has 1")]:
         bad = row(*outputs)
-        assert Status(bad.status) == Status.MISMATCH and what in bad.error and "values not compared" in bad.error
+        assert ReplayStatus(bad.status) == ReplayStatus.MISMATCH and what in bad.error and "values not compared" in bad.error
 
 
 def test_which_recorded_calls_are_random(tmp_path):

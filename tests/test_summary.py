@@ -13,8 +13,9 @@ import torch
 
 import xray
 from xray.debugger.capture import CallKey, TensorCapture
-from xray.debugger.writer import ModuleDumpWriter
-from xray.models import tiny_llama, token_batch
+from xray.dump import Dump, ModuleDump, TraceDump
+from xray.dump.module_writer import ModuleDumpWriter
+from xray.demo.models import tiny_llama, token_batch
 from xray.summary.cli import main
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -72,6 +73,17 @@ def test_accepts_tracer_dumps(tmp_path, capsys):
         assert main([str(target), "--match", "aten.mm"]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert len(lines) > 2 and all("aten.mm" in line for line in lines[2:])
+
+
+def test_both_formats_are_dumps(module_dump, tmp_path):
+    """Every tool takes a ``Dump``: the trace reader and the module reader both provide it."""
+    m, ids = tiny_llama(layers=1, hidden=32), token_batch()
+    with torch.no_grad(), xray.dump(X_DEDUP=True, X_DUMP_NUM=0, dump_dir=tmp_path) as d:
+        m(ids)
+    for path, kind in ((d.folder, TraceDump), (module_dump / FILE, ModuleDump)):
+        with xray.load_dump(path) as dump:
+            assert isinstance(dump, kind) and isinstance(dump, Dump)
+            assert dump.records and dump.header and dump.complete and dump.folder.is_dir()
 
 
 def test_bad_input_gives_one_line_error(module_dump, tmp_path, capsys):

@@ -24,7 +24,7 @@ ELEMS = 1 << 20  # 4 MiB float32 tensors
 def write(folder: Path, gb_per_side: float) -> None:
     import torch
 
-    from xray.compare.synthetic import Op, write_dump
+    from xray.demo.synthetic import Op, write_dump
 
     n = max(1, int(gb_per_side * 1e9 / (ELEMS * 4)))
     g = torch.Generator().manual_seed(0)

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import xray  # noqa: E402
-from xray.models import bench_llama, token_batch  # noqa: E402
+from xray.demo.models import bench_llama, token_batch  # noqa: E402
 
 CONFIGS = [  # (label, dump kwargs)
     ("0x102 dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0)),

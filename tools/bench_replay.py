@@ -23,8 +23,8 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import xray  # noqa: E402
-from xray.backends.base import Status  # noqa: E402
-from xray.models import tiny_llama, token_batch  # noqa: E402
+from xray.backends.base import ReplayStatus  # noqa: E402
+from xray.demo.models import tiny_llama, token_batch  # noqa: E402
 from xray.replay.runner import ReplayConfig, replay_dump  # noqa: E402
 
 DEFAULT_BACKENDS = ["torch-cpu", "torch-compile", "onnxrt-cpu", "executorch-xnnpack", "executorch-portable", "coreml"]
@@ -65,7 +65,7 @@ def run(work: Path, backends: list[str], args: argparse.Namespace) -> None:
             cached = sum(r.cached for r in result.rows)
         statuses = {}
         for r in result.rows:
-            statuses[Status(r.status).name] = statuses.get(Status(r.status).name, 0) + 1
+            statuses[ReplayStatus(r.status).name] = statuses.get(ReplayStatus(r.status).name, 0) + 1
         n = counts[0]
         headline[b] = {"records": n, "cold_rps": n / times[0], "cached_rps": n / times[1]}
         rows.append([b, n, f"{times[0]:.1f}", f"{n / times[0]:.2f}", f"{times[1]:.1f}", f"{n / times[1]:.2f}",

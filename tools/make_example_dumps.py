@@ -21,8 +21,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 import xray  # noqa: E402
-from xray.examples import record_dedup, record_pair  # noqa: E402
-from xray.models import tiny_llama, token_batch  # noqa: E402
+from xray.demo.examples import record_dedup, record_pair  # noqa: E402
+from xray.demo.models import tiny_llama, token_batch  # noqa: E402
 
 
 def main(argv=None) -> int:

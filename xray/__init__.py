@@ -19,7 +19,7 @@ def __getattr__(name):  # the module debugger pulls in more; import it on first 
 
         return getattr(debugger, name)
     if name == "read_module_dump":
-        from .debugger.reader import read_module_dump
+        from .dump.module_reader import read_module_dump
 
         return read_module_dump
     raise AttributeError(name)

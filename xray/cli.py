@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--top", type=int, default=15)
     args = ap.parse_args(argv)
     if args.cmd == "demo":
-        from .demo import run_demo
+        from .demo.run import run_demo
 
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
     if args.cmd == "record":

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .dump.model import Record, Scalar, TensorMeta
+from .dump.protocol import Dump
 from .dump.tensorio import dtype_from_name, stored_dtype_name
 from .op_safety import refusal
 
@@ -81,7 +82,7 @@ def _named_attr(name: Any, kind: type, what: str) -> Any:
     return v
 
 
-def materialize_value(value: Any, dump: Any, *, factory: str = "load", generator: torch.Generator | None = None,
+def materialize_value(value: Any, dump: Dump, *, factory: str = "load", generator: torch.Generator | None = None,
                       device: str | torch.device = "cpu") -> Any:
     """Turn one recorded value (TensorMeta, Scalar, list, plain) into a live argument.
 
@@ -158,7 +159,7 @@ def _check_meta(meta: TensorMeta) -> torch.dtype:
     return dtype
 
 
-def _tensor(meta: TensorMeta, dump: Any, factory: str, generator: torch.Generator | None,
+def _tensor(meta: TensorMeta, dump: Dump, factory: str, generator: torch.Generator | None,
             device: torch.device) -> torch.Tensor:
     dtype, saved = _source(meta, dump, factory)
     if saved:
@@ -169,7 +170,7 @@ def _tensor(meta: TensorMeta, dump: Any, factory: str, generator: torch.Generato
     return place(data, meta.stride, device)
 
 
-def _check_tensor(meta: TensorMeta, dump: Any, factory: str) -> None:
+def _check_tensor(meta: TensorMeta, dump: Dump, factory: str) -> None:
     """``_tensor``'s checks, with the saved data's shape and dtype taken from its dataset header."""
     dtype, saved = _source(meta, dump, factory)
     if saved:
@@ -177,7 +178,7 @@ def _check_tensor(meta: TensorMeta, dump: Any, factory: str) -> None:
         _check_saved(meta, dtype, ds.shape, dtype_from_name(stored_dtype_name(ds)))
 
 
-def _source(meta: TensorMeta, dump: Any, factory: str) -> tuple[torch.dtype, bool]:
+def _source(meta: TensorMeta, dump: Dump, factory: str) -> tuple[torch.dtype, bool]:
     """The tensor's validated dtype, and whether its data is loaded from the dump (else random)."""
     dtype = _check_meta(meta)
     saved = dump is not None and meta.data is not None and dump.has_data(meta)
@@ -279,14 +280,14 @@ def split_args(func: torch._ops.OpOverload, values: dict[str, Any], where: str =
     return tuple(args), kwargs
 
 
-def build_call(record: Record, dump: Any, *, factory: str = "auto", seed: int = 0,
+def build_call(record: Record, dump: Dump, *, factory: str = "auto", seed: int = 0,
                device: str | torch.device = "cpu") -> tuple[torch._ops.OpOverload, tuple, dict]:
     """(op, args, kwargs) to re-run ``record``; the same seed gives the same inputs on any device."""
     gen = torch.Generator().manual_seed(int(seed))
     return _call(record, lambda v: materialize_value(v, dump, factory=factory, generator=gen, device=device))
 
 
-def check_call(record: Record, dump: Any, *, factory: str = "auto") -> None:
+def check_call(record: Record, dump: Dump, *, factory: str = "auto") -> None:
     """Raise what ``build_call`` would for ``record``, without reading or generating tensor data.
 
     Lets a caller vet many records cheaply and leave materializing to whoever runs them; only

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import xray
-from xray.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama, token_batch
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -19,7 +19,7 @@ import torch
 from ..record.flatten import flatten_tensors  # noqa: F401  (re-exported for backends)
 
 
-class Status(enum.IntEnum):
+class ReplayStatus(enum.IntEnum):
     """Outcome of one (record, backend) replay. ``OK`` is the only pass; 1-6 are failures, worse as
     they grow; 7-9 say why the values were not compared (platform, baseline, nondeterministic op)."""
 
@@ -48,13 +48,14 @@ class Status(enum.IntEnum):
     @property
     def supported(self) -> bool:
         """The backend expressed and ran the op (numbers may still drift, or be uncompared)."""
-        return self in (Status.OK, Status.MISMATCH, Status.BASELINE_FAIL, Status.NONDETERMINISTIC)
+        return self in (ReplayStatus.OK, ReplayStatus.MISMATCH, ReplayStatus.BASELINE_FAIL,
+                        ReplayStatus.NONDETERMINISTIC)
 
 
 class BackendError(RuntimeError):
     """A backend step failed; ``status`` says which step (EXPORT_FAIL, LOWER_FAIL, RUN_FAIL...)."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: ReplayStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Artifact, Backend, BackendError, Runner, Status, short_error, is_macos
+from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, short_error, is_macos
 
 
 def _import_coremltools():
@@ -47,7 +47,7 @@ class CoreML(Backend):
         try:
             exported = torch.export.export(module, args, strict=False).run_decompositions({})
         except Exception as e:  # noqa: BLE001
-            raise BackendError(Status.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
         export_s = time.perf_counter() - start
         start = time.perf_counter()
         precision = ct.precision.FLOAT16 if self.options.get("fp16") else ct.precision.FLOAT32
@@ -59,7 +59,7 @@ class CoreML(Backend):
                                    compute_units=getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY")),
                                    skip_model_load=not is_macos())
         except Exception as e:  # noqa: BLE001 - a conversion error is the result
-            raise BackendError(Status.EXPORT_FAIL, f"coremltools.convert: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"coremltools.convert: {short_error(e)}") from e
         facts = {"precision": "fp16" if self.options.get("fp16") else "fp32",
                  "mil_ops": _count_mil_ops(model), "export_s": round(export_s, 4),
                  "lower_s": round(time.perf_counter() - start, 4)}
@@ -70,7 +70,8 @@ class CoreML(Backend):
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         if not is_macos():
-            raise BackendError(Status.UNSUPPORTED_PLATFORM, artifact.unsupported_reason or "CoreML runs on macOS only")
+            raise BackendError(ReplayStatus.UNSUPPORTED_PLATFORM,
+                               artifact.unsupported_reason or "CoreML runs on macOS only")
         ct = _import_coremltools()
         folder = Path(tempfile.mkdtemp(prefix="xray-coreml-"))
         with zipfile.ZipFile(io.BytesIO(artifact.data)) as z:
@@ -79,7 +80,7 @@ class CoreML(Backend):
             units = getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY"))
             model = ct.models.MLModel(str(folder / "model.mlpackage"), compute_units=units)
         except Exception as e:  # noqa: BLE001
-            raise BackendError(Status.RUN_FAIL, f"CoreML could not load the model: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.RUN_FAIL, f"CoreML could not load the model: {short_error(e)}") from e
         spec = model.get_spec().description
         in_names = [i.name for i in spec.input]
         out_names = [o.name for o in spec.output]

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .base import Artifact, Backend, BackendError, Runner, Status, short_error
+from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, short_error
 
 
 class ExecuTorch(Backend):
@@ -27,7 +27,7 @@ class ExecuTorch(Backend):
             from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
             return [XnnpackPartitioner()]
-        raise BackendError(Status.LOWER_FAIL, f"unknown ExecuTorch partitioner {name!r} (known: xnnpack, None)")
+        raise BackendError(ReplayStatus.LOWER_FAIL, f"unknown ExecuTorch partitioner {name!r} (known: xnnpack, None)")
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
         from executorch.exir import to_edge_transform_and_lower
@@ -36,7 +36,7 @@ class ExecuTorch(Backend):
         try:
             exported = torch.export.export(module, args, strict=False)
         except Exception as e:  # noqa: BLE001 - the exporter's error is the result
-            raise BackendError(Status.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
         export_s = time.perf_counter() - start
         start = time.perf_counter()
         try:
@@ -47,7 +47,7 @@ class ExecuTorch(Backend):
         except BackendError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise BackendError(Status.LOWER_FAIL, f"lowering: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"lowering: {short_error(e)}") from e
         facts = {"partitioner": self.options.get("partitioner") or "portable", "delegated_nodes": delegated,
                  "undelegated_nodes": undelegated, "pte_bytes": len(data), "export_s": round(export_s, 4),
                  "lower_s": round(time.perf_counter() - start, 4)}
@@ -59,9 +59,9 @@ class ExecuTorch(Backend):
         try:
             method = Runtime.get().load_program(artifact.data).load_method("forward")
         except Exception as e:  # noqa: BLE001
-            raise BackendError(Status.RUN_FAIL, f"ExecuTorch could not load the program: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.RUN_FAIL, f"ExecuTorch could not load the program: {short_error(e)}") from e
         if method is None:
-            raise BackendError(Status.RUN_FAIL, "ExecuTorch could not load method 'forward'")
+            raise BackendError(ReplayStatus.RUN_FAIL, "ExecuTorch could not load method 'forward'")
 
         def run(inputs: tuple) -> list[torch.Tensor]:
             outs = method.execute([t.contiguous() for t in inputs])

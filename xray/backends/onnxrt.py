@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..dump.tensorio import from_numpy
-from .base import Artifact, Backend, BackendError, Runner, Status, short_error
+from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, short_error
 
 
 class OnnxRuntime(Backend):
@@ -27,9 +27,9 @@ class OnnxRuntime(Backend):
             program = torch.onnx.export(module, args, dynamo=True, opset_version=self.options.get("opset"),
                                         verbose=False, report=False)
         except Exception as e:  # noqa: BLE001 - the exporter's error is the result
-            raise BackendError(Status.EXPORT_FAIL, f"torch.onnx.export: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.onnx.export: {short_error(e)}") from e
         if program is None:
-            raise BackendError(Status.EXPORT_FAIL, "torch.onnx.export returned no program")
+            raise BackendError(ReplayStatus.EXPORT_FAIL, "torch.onnx.export returned no program")
         proto = program.model_proto
         buf = io.BytesIO()
         buf.write(proto.SerializeToString())
@@ -48,16 +48,17 @@ class OnnxRuntime(Backend):
             provider = self.options.get("provider", "CPUExecutionProvider")
             session = ort.InferenceSession(artifact.data, opts, providers=[provider])
         except Exception as e:  # noqa: BLE001
-            raise BackendError(Status.RUN_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.RUN_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         names = [i.name for i in session.get_inputs()]
 
         def run(inputs: tuple) -> list[torch.Tensor]:
             if len(names) > len(inputs):
-                raise BackendError(Status.RUN_FAIL, f"model wants {len(names)} inputs, op has {len(inputs)}")
+                raise BackendError(ReplayStatus.RUN_FAIL, f"model wants {len(names)} inputs, op has {len(inputs)}")
             feed = {}
             for name, t in zip(names, _match_inputs(names, list(inputs))):
                 if t.dtype == torch.bfloat16:
-                    raise BackendError(Status.RUN_FAIL, "bfloat16 inputs cannot be fed through numpy to onnxruntime")
+                    raise BackendError(ReplayStatus.RUN_FAIL,
+                                       "bfloat16 inputs cannot be fed through numpy to onnxruntime")
                 feed[name] = t.detach().contiguous().numpy()
             outs = session.run(None, feed)
             return [from_numpy(np.asarray(o), str(np.asarray(o).dtype)) for o in outs]
@@ -74,7 +75,8 @@ def _match_inputs(names: list[str], tensors: list[torch.Tensor]) -> list[torch.T
     for n in names:
         idx = n.rsplit("_", 1)[-1]
         if not (idx.isdigit() and int(idx) < len(tensors)):
-            raise BackendError(Status.RUN_FAIL, f"cannot match ONNX input {n!r} to the op's {len(tensors)} tensors")
+            raise BackendError(ReplayStatus.RUN_FAIL,
+                               f"cannot match ONNX input {n!r} to the op's {len(tensors)} tensors")
         picked.append(tensors[int(idx)])
     return picked
 

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from .base import Artifact, Backend, BackendError, Runner, Status, flatten_tensors, short_error
+from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, flatten_tensors, short_error
 
 
 class TorchCompile(Backend):
@@ -34,7 +34,7 @@ class TorchCompile(Backend):
         try:
             run(args)  # compile now, so a compiler error is LOWER_FAIL and not a run failure
         except Exception as e:  # noqa: BLE001 - any compiler error is the result we report
-            raise BackendError(Status.LOWER_FAIL, f"torch.compile failed: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"torch.compile failed: {short_error(e)}") from e
         artifact.facts["lower_s"] = round(time.perf_counter() - start, 4)
         return run
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Artifact, Backend, BackendError, Runner, Status, flatten_tensors
+from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, flatten_tensors
 
 
 class TorchEager(Backend):
@@ -19,7 +19,7 @@ class TorchEager(Backend):
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         device = torch.device(self.options.get("device", "cpu"))
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise BackendError(Status.UNSUPPORTED_PLATFORM, "CUDA is not available on this machine")
+            raise BackendError(ReplayStatus.UNSUPPORTED_PLATFORM, "CUDA is not available on this machine")
         module = module.to(device)
 
         def run(inputs: tuple) -> list[torch.Tensor]:

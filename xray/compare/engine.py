@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from ..dump.model import TensorMeta
+from ..dump.protocol import Dump
 from ..dump.tensorio import dtype_from_name
 from ..nondeterminism import nondeterministic
 from .align import align
@@ -96,7 +97,7 @@ class PairComparer:
             st, nt = st + s, nt + n
         return (sb / nb) ** 0.5 if nb else 0.0, (st / nt) ** 0.5 if nt else 0.0
 
-    def load_whole(self, dump: Any, meta: TensorMeta) -> torch.Tensor:
+    def load_whole(self, dump: Dump, meta: TensorMeta) -> torch.Tensor:
         return dump.load_tensor(meta).reshape(meta.shape)
 
     # -- one output pair --------------------------------------------------------------------

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 from ..dump.model import Record, TensorMeta
+from ..dump.protocol import Dump
 
 # Prefixes added by wrappers (DDP/FSDP ``module.``, torch.compile ``_orig_mod.``, HF ``model.``);
 # stripped repeatedly so ``module._orig_mod.model.layers.0`` and ``layers.0`` name the same module.
@@ -67,7 +67,7 @@ class Entry:
         return tuple(m.dtype for _, m in self.outputs)
 
 
-def entries_of(dump: Any) -> list[Entry]:
+def entries_of(dump: Dump) -> list[Entry]:
     """The dump's records that output at least one tensor, in execution order."""
     out: list[Entry] = []
     for rec in dump.records:

@@ -5,12 +5,13 @@ shape into contiguous hyperslabs of at most ``max_elems`` elements.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..dump.model import TensorMeta
+from ..dump.protocol import Dump
 from ..dump.tensorio import DTYPE_ATTR, from_numpy
 
 CHUNK_ELEMS = 1 << 20  # 4 MiB of float32 per side: large enough to amortise call overhead, cache friendly
@@ -35,13 +36,13 @@ def chunk_selections(shape: tuple[int, ...], max_elems: int = CHUNK_ELEMS) -> It
             yield (i,) + sub
 
 
-def _dataset(dump: Any, meta: TensorMeta):
+def _dataset(dump: Dump, meta: TensorMeta):
     """The h5py dataset behind ``meta``, or None when this dump type does not expose one."""
     opener = getattr(dump, "dataset", None)
     return opener(meta) if callable(opener) else None
 
 
-def iter_chunks(dump: Any, meta: TensorMeta, max_elems: int = CHUNK_ELEMS) -> Iterator[torch.Tensor]:
+def iter_chunks(dump: Dump, meta: TensorMeta, max_elems: int = CHUNK_ELEMS) -> Iterator[torch.Tensor]:
     """The saved tensor of ``meta`` as flat chunks in C order, in its own dtype."""
     ds = _dataset(dump, meta)
     if ds is None:  # unknown dump type: fall back to its whole-tensor loader

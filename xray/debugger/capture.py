@@ -16,14 +16,14 @@ import torch
 from ..dump.model import Stats
 from ..dump.stats import StatsCache, tensor_stats
 from ..dump.tensorio import dtype_name
-from ..summary.table import csv_head_cells, csv_number_cells
-from .layout import module_prefix, prefixed_name
-from .writer import ModuleDumpWriter
+from ..dump.summary_csv import csv_head_cells, csv_number_cells
+from ..dump.module_layout import module_prefix, prefixed_name
+from ..dump.module_writer import ModuleDumpWriter
 
 
 class CallKey(NamedTuple):
     """One module call in one direction: the unit that becomes one Record. (A NamedTuple: one
-    is built per module call, and a frozen dataclass costs several times more to construct.)"""
+    is built per module call, cheaper than a frozen dataclass.)"""
 
     step: int
     seq: int
@@ -33,14 +33,12 @@ class CallKey(NamedTuple):
     direction: str  # "forward" | "backward"
 
 
-# CallKey(...) runs the NamedTuple's generated __new__, a Python function (~360 ns); the hooks
-# build one per module call, from one tuple, through tuple.__new__ (~200 ns).
+# Built from one tuple through tuple.__new__, skipping the NamedTuple's Python-level __new__.
 call_key = functools.partial(tuple.__new__, CallKey)
 
 
 # The (dtype, shape, device) cells and the CSV's Dtype,Shape text, memoised: a step writes
-# hundreds of rows that share a handful of them, and formatting them afresh was a visible part
-# of the per-step cost.
+# hundreds of rows that share a handful of them.
 _META_TEXT: dict[tuple, tuple[tuple[str, str, str], str]] = {}
 
 
@@ -90,10 +88,11 @@ class TensorCapture:
         self._prefix = ""
         self._rows: list[tuple] = []
 
-    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, param: bool = False,
+    def capture(self, call: CallKey, role: str, key: str, t: torch.Tensor, source: str = "",
                 keyword: str = "") -> None:
-        """Add ``t``'s row to its step's index (``param``: a parameter, saved once per step;
-        ``keyword``: the keyword argument it came from). Positional, for the hot path."""
+        """Add ``t``'s row to its step's index (``source``: "param:<name>" or "buffer:<name>" for
+        the module's own state, saved once per step; ``keyword``: the keyword argument it came
+        from). Positional, for the hot path."""
         cells = self.stats_cache.get(t)
         if self.overflow_only and cells.finite:
             return
@@ -104,12 +103,12 @@ class TensorCapture:
         data = ""
         if self.save_data and t.layout == torch.strided and not t.is_meta:
             pkey = (call.step, id(t))
-            data = self._saved_params.get(pkey, "") if param else ""
+            data = self._saved_params.get(pkey, "") if source else ""
             if not data:
                 data = self.writer.write_tensor(call.step, name, t)
-                if param:
+                if source:
                     self._saved_params[pkey] = data
-        self._rows.append((call, name, role, key, cells, t.requires_grad, data, keyword))
+        self._rows.append((call, name, role, key, cells, t.requires_grad, data, keyword, source))
         if not cells.finite and self.on_overflow is not None and role in ("forward_output", "backward_output"):
             self.on_overflow(call, name, cells.stats)
 

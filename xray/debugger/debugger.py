@@ -7,10 +7,9 @@ steps and ranks ``start()`` installs nothing, so the cost there is one compariso
 When the file is written: tensor mode at every ``stop()`` (its data is in the file already).
 Statistics-only dumps keep their index rows in memory and write them every ``flush_secs``
 (one second by default) or MAX_HELD_ROWS rows, at the last selected step, at ``flush()`` /
-``close()`` and at interpreter exit; the summary CSV gets every step at ``stop()``. Opening,
-indexing and closing the HDF5 file was ~3 ms a step in place, half of the statistics-only
-overhead on a small Llama; a hard crash (a segfault, SIGKILL) loses at most the last
-``flush_secs`` of the HDF5 index, never the CSV's rows.
+``close()`` and at interpreter exit (writing the file every step was half of the
+statistics-only overhead); the summary CSV gets every step at ``stop()``. A hard crash (a
+segfault, SIGKILL) loses at most the last ``flush_secs`` of the HDF5 index, never the CSV's rows.
 """
 from __future__ import annotations
 
@@ -30,13 +29,13 @@ import torch
 
 from ..dump.model import Record, Stats
 from ..ranks import dist_ranks
-from ..summary.table import append_index_csv
+from ..dump.summary_csv import append_index_csv
 from .aten import AtenCapture
 from .capture import CallKey, TensorCapture
 from .hooks import ModuleHooks
-from .layout import rank_file_stem
+from ..dump.module_layout import rank_file_stem
 from .steps import Selection, parse_selection
-from .writer import DumpPathError, ModuleDumpWriter
+from ..dump.module_writer import DumpPathError, ModuleDumpWriter
 
 HOOK_NAMES = ("dump", "overflow_check")
 # Statistics-only rows held in memory before the file is written whatever flush_secs says

@@ -1,5 +1,6 @@
-"""Capture every module's forward inputs, parameters and outputs (wrappers around each
-forward, see ModuleHooks), and their gradients (hooks on tensors).
+"""Capture every module's forward inputs, parameters, buffers and outputs (wrappers around each
+forward, see ModuleHooks), and their gradients (hooks on tensors). Parameters and buffers are
+named by their qualified name in the model (``source``), so readers keep them apart from inputs.
 
 Why not ``register_full_backward_hook``: it wraps outputs in a custom autograd Function whose
 results are views, and ``ReLU(inplace=True)`` downstream then fails ("a view ... is being
@@ -14,25 +15,51 @@ Parameter gradients come from hooks on the parameters (summed over all calls of 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable
 
 import torch
 
-from .capture import CallKey, Cells, TensorCapture, call_key
-from ..record.flatten import PLAIN_TENSORS, flatten_kwargs, flatten_tensors
+from ..record.flatten import flatten_kwargs, flatten_tensors
 from ..record.tracer import no_dispatch_modes
-
-try:  # the C fast path of a plain call (see _tap.c); without a compiler, Python does it all
-    from . import _tap
-except ImportError:
-    _tap = None
+from .capture import CallKey, TensorCapture, call_key
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is on
-# Whether wrappers take the C fast path where it applies: XRAY_NATIVE_HOOKS=0 (read at import)
-# forces the Python wrappers everywhere, which remain the reference behaviour.
-NATIVE = _tap is not None and os.environ.get("XRAY_NATIVE_HOOKS", "1").strip().lower() not in ("0", "false", "no", "off")
 _ABSENT = object()
+_NO_COPY = ("xray PrecisionDebugger: a module cannot be copied or pickled between start() and stop(); "
+            "do it before start() or after stop()")
+
+
+class CapturedForward:
+    """The wrapper set in a module's ``__dict__`` while capturing (see ModuleHooks).
+
+    A class rather than a closure for one reason: a copy made mid-step (copy.deepcopy, pickle)
+    would carry a wrapper that runs the *original* module's forward, so it refuses with the
+    reason. It carries ``__wrapped__``, so ``inspect.signature(module.forward)`` still reads the
+    real signature (transformers validates ``generate``'s keywords with it).
+    """
+
+    __slots__ = ("__wrapped__", "_hooks", "_module")
+
+    def __init__(self, hooks: "ModuleHooks", module: torch.nn.Module, forward: Callable) -> None:
+        self.__wrapped__ = forward
+        self._hooks = hooks
+        self._module = module
+
+    def __call__(self, *args, **kwargs):
+        hooks = self._hooks
+        if not hooks.active:
+            return self.__wrapped__(*args, **kwargs)
+        entered = hooks._enter(self._module, args, kwargs)
+        output = self.__wrapped__(*args, **kwargs)
+        if entered is not None:
+            hooks._exit(entered, output)
+        return output
+
+    def __deepcopy__(self, memo):
+        raise TypeError(_NO_COPY)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(_NO_COPY)
 
 
 def _reaches(forward: Any, target: Callable | None) -> bool:
@@ -51,19 +78,12 @@ class ModuleHooks:
     in front of each module's ``forward``, ``remove()`` takes them all off.
 
     Why wrappers and not ``register_forward_pre_hook``/``register_forward_hook``: a module with
-    hooks leaves ``nn.Module.__call__``'s fast path for its general one, which cost ~9 us a
-    module call on a small Llama before any capture (measured: 0.5 ms a step over 58 calls,
-    against 0.05 ms for a wrapper), and a pre/post pair needs a stack to carry each call from
-    one hook to the other. A wrapper is one frame around the forward, set in the instance's
-    ``__dict__`` (where ``__call__`` looks ``forward`` up first) and deleted afterwards, so
-    installing and removing it costs ~0.5 us a module and the model carries nothing between
-    steps. It carries ``__wrapped__``, so ``inspect.signature(module.forward)`` still reads the
-    real signature (transformers validates ``generate``'s keywords with it). Unlike a forward
-    hook, it sees the output the forward returned, before any user forward hook rewrites it.
-
-    In a statistics-only dump the wrapper is a ``_tap.Tap``: C does a plain call's work (no
-    dispatch mode, no gradients to capture; see _tap.c) and hands every other call to the
-    Python wrapper below, whose rows it reproduces exactly.
+    hooks leaves ``nn.Module.__call__``'s fast path for its slower general one (measured in
+    tools/bench_debugger.py), and a pre/post pair needs a stack to carry each call from one hook
+    to the other. A wrapper (CapturedForward) is one frame around the forward, set in the
+    instance's ``__dict__`` (where ``__call__`` looks ``forward`` up first) and deleted
+    afterwards, so the model carries nothing between steps. Unlike a forward hook, it sees the
+    output the forward returned, before any user forward hook rewrites it.
     """
 
     def __init__(self, model: torch.nn.Module, capture: TensorCapture, next_seq: Callable[[], int],
@@ -83,35 +103,15 @@ class ModuleHooks:
         self._wrappers: dict[torch.nn.Module, Callable] = {}  # module -> its last wrapper
         self._grad_handles: list = []
         self._params_hooked: set[int] = set()
-        self._state = self._tap_state() if NATIVE and not (capture.save_data or capture.overflow_only) else None
-        self._active = False
-        # Per module, resolved once: its path, class name and own parameter dict. The dict is
-        # the module's live ``_parameters``, so a parameter swapped between steps is seen (and
-        # named_parameters() per module per step was half of install()'s cost).
-        self._info = {m: (path, type(m).__name__, m._parameters) for m, path in self.paths.items()}
-
-    def _tap_state(self):
-        # The C side reads a row's Cells by position: (stats, meta, numbers, csv, finite).
-        assert Cells._fields[0] == "stats" and Cells._fields[4] == "finite", Cells._fields
-        state = _tap.State()
-        state.backward = self.backward
-        state.calls = self.calls
-        state.entries, state.cells_of = self.capture.stats_cache.entries, self.capture.stats_cache.get
-        state.next_seq, state.call_key, state.flatten = self.next_seq, call_key, flatten_tensors
-        state.on_overflow, state.on_error = self.capture.on_overflow, self.on_error
-        state.grad_enabled, state.dispatch_depth = torch.is_grad_enabled, _dispatch_modes
-        state.tensor_types = tuple(PLAIN_TENSORS)
-        return state
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
-    @active.setter
-    def active(self, on: bool) -> None:
-        self._active = on
-        if self._state is not None:
-            self._state.active = on
+        self.active = False  # the wrappers capture only while True (a copy made after stop() is inert)
+        # Per module, resolved once: its path, class name and own parameter and buffer dicts.
+        # The dicts are the module's live ones, so a parameter swapped between steps is seen.
+        self._info = {m: (path, type(m).__name__, m._parameters, m._buffers) for m, path in self.paths.items()}
+        # id(tensor) -> "param:<name>" / "buffer:<name>", by named_parameters()' names (a tied
+        # weight keeps its first name); a tensor swapped in later is named by its module's path.
+        self._sources = {id(t): f"{kind}:{name}" for kind, named in (("buffer", model.named_buffers()),
+                                                                    ("param", model.named_parameters()))
+                         for name, t in named}
 
     def install(self, step: int) -> None:
         """Capture ``step``: wrap every module's forward (unless still wrapped)."""
@@ -119,8 +119,6 @@ class ModuleHooks:
         self.calls.clear()
         self._bw_seq.clear()
         self._params_hooked.clear()
-        if self._state is not None:
-            self._state.step, self._state.rows = step, self.capture.writer.step_rows(step)
         if not self._wrapped:
             for m in self._info:
                 before = m.__dict__.get("forward", _ABSENT)
@@ -149,29 +147,13 @@ class ModuleHooks:
 
     # -- forward -------------------------------------------------------------------------
     def _wrapper(self, module: torch.nn.Module) -> Callable:
-        """The wrapper around ``module.forward`` as it is now. Kept from step to step while that
-        forward stays the same: building ~60 closures afresh each step was measurable (in the
-        allocator and the garbage collector's young generation)."""
+        """The wrapper around ``module.forward`` as it is now, kept from step to step while that
+        forward stays the same."""
         forward = module.forward  # a new bound method each time, equal while nothing changed
         cached = self._wrappers.get(module)
         if cached is not None and cached.__wrapped__ == forward:
             return cached
-        enter, exit_ = self._enter, self._exit
-
-        def captured_forward(*args, **kwargs):
-            if not self._active:
-                return forward(*args, **kwargs)
-            entered = enter(module, args, kwargs)
-            output = forward(*args, **kwargs)
-            if entered is not None:
-                exit_(entered, output)
-            return output
-
-        captured_forward.__wrapped__ = forward
-        wrapper = captured_forward
-        if self._state is not None:
-            path, cls, params = self._info[module]
-            wrapper = _tap.Tap(self._state, forward, captured_forward, path, cls, params)
+        wrapper = CapturedForward(self, module, forward)
         self._wrappers[module] = wrapper
         return wrapper
 
@@ -189,7 +171,7 @@ class ModuleHooks:
             return None
 
     def _capture_inputs(self, module, args, kwargs):
-        path, cls, params = self._info[module]
+        path, cls, params, buffers = self._info[module]
         index = self.calls.get(path, 0)
         self.calls[path] = index + 1
         call = call_key((self.step, self.next_seq(), path, cls, index, "forward"))
@@ -208,11 +190,20 @@ class ModuleHooks:
         for name, p in params.items():
             if p is None:  # Linear(bias=False) registers its bias as None
                 continue
-            capture(call, "forward_params", name, p, True)
+            capture(call, "forward_params", name, p, self._source(p, "param", path, name))
             if grad_mode and p.requires_grad and id(p) not in self._params_hooked:
                 self._params_hooked.add(id(p))
                 self._grad_handles.append(p.register_hook(functools.partial(self._param_grad, path, cls, name)))
+        for name, b in buffers.items():
+            if b is not None:
+                capture(call, "forward_buffers", name, b, self._source(b, "buffer", path, name))
         return call, grad_inputs
+
+    def _source(self, t: torch.Tensor, kind: str, path: str, name: str) -> str:
+        source = self._sources.get(id(t))
+        if source is None or not source.startswith(kind):
+            source = f"{kind}:{path}.{name}" if path else f"{kind}:{name}"
+        return source
 
     def _exit(self, entered: tuple, output: Any) -> None:
         if not self.active:  # an error inside the forward stopped the capture

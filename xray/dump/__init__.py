@@ -5,10 +5,13 @@ import os
 from pathlib import Path
 
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, Scalar, Source, Stats, TensorMeta
+from .module_reader import ModuleDump, read_module_dump
+from .protocol import Dump
 from .reader import DumpFormatError, TraceDump, TruncatedDumpWarning, read_trace
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Source", "Stats", "TensorMeta", "DumpFormatError",
-           "TraceDump", "TruncatedDumpWarning", "load_dump", "find_dump_folders"]
+           "Dump", "TraceDump", "ModuleDump", "TruncatedDumpWarning", "read_module_dump", "load_dump",
+           "find_dump_folders"]
 
 
 def find_dump_folders(path: str | os.PathLike) -> list[Path]:
@@ -24,7 +27,7 @@ def find_dump_folders(path: str | os.PathLike) -> list[Path]:
                   if d.is_dir() and ((d / "dump.json").exists() or (d / "journal.jsonl").exists()))
 
 
-def load_dump(path: str | os.PathLike):
+def load_dump(path: str | os.PathLike) -> Dump:
     """Open any xray dump: a trace folder, its dump.json, a dump_dir holding one process
     folder, or a module-level ``.h5`` written by PrecisionDebugger. Returns an object whose
     ``.records`` iterate in execution order."""
@@ -32,8 +35,6 @@ def load_dump(path: str | os.PathLike):
     if not p.exists():
         raise DumpFormatError(f"{p}: no such file or folder")
     if p.is_file() and p.suffix in (".h5", ".hdf5"):
-        from ..debugger.reader import read_module_dump
-
         return read_module_dump(p)
     if p.is_file() and p.name not in ("dump.json", "journal.jsonl"):
         raise DumpFormatError(f"{p}: expected a dump folder, its dump.json, or a module-level .h5 file")

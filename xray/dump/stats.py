@@ -6,10 +6,8 @@ input, so recording cannot change the model's numbers.
 Contiguous CPU tensors of float32, float64, bfloat16, the integer types and bool are reduced in
 ONE pass by the optional C extension ``xray.dump._moments`` (min, max, sum, sum of squares;
 built by ``pip install``, see setup.py) instead of three torch reductions and four ``.item()``
-calls: 3-8x faster per float tensor up to 1M elements (AVX2 build, 2-core CPU), and ~7x for
-the small integer tensors every transformer step carries (token ids, positions, masks), where
-torch's dispatch was the whole cost (28 us -> 4 us warm; 130-350 us measured inside a forward).
-Everything else, and any tensor holding a NaN or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
+calls (measurements: tools/bench_debugger.py). Everything else, and any tensor holding a NaN
+or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
 ``XRAY_NATIVE_STATS=0`` in the environment (read once, at import) to force the torch path.
 """
 from __future__ import annotations
@@ -38,15 +36,8 @@ _NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch
 # Subclasses (fake, wrapper, distributed tensors) may have no plain storage behind data_ptr.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
-# Size cap for the native path, chosen from torch's thread count at import. Native is one
-# single-threaded pass; torch runs three reductions, each split over threads in 32768-element
-# grains. Measured on 2 cores (Zen 3, AVX2): native 3-8x faster than one-thread torch at every
-# size from 64K to 64M elements, and faster than two-thread torch too. Up to 4 threads torch's
-# parallel speed-up cannot make up for three passes; 16M elements (64 MB of float32, DRAM-bound,
-# a wash) only bounds one call's GIL-free hold on a core. With more threads, those numbers
-# (torch ~0.14 ns per element per reduction per thread plus ~5 us fork/join per reduction;
-# native ~0.09 ns per element) put the crossover near 400K elements at 8 threads and 250K at
-# 16, hence 256K there: it still covers typical activations (e.g. 256 x 1000 floats).
+# Size cap for the native path: one single-threaded pass against torch's three threaded
+# reductions, so the crossover depends on torch's thread count (derivation: tools/bench_debugger.py).
 _NATIVE_MAX = 1 << 24 if torch.get_num_threads() <= 4 else 1 << 18
 
 _FLOATING_UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
@@ -81,7 +72,7 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     else:
         if n == 0 or t.layout != torch.strided or t.is_meta:
             return Stats(None, None, None, None, numel=n)
-        # float32/float64 (nearly every activation) skip the dtype ladder: it cost ~3 us a tensor
+        # float32/float64 (nearly every activation) skip the dtype ladder
         x = t.detach() if t.dtype in _FAST_DTYPES else _as_real(t.detach())
         if x.dtype == torch.uint8:
             x = x.to(torch.float32)
@@ -91,7 +82,7 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
             squares = torch.dot(flat, flat)  # BLAS, no temporary
         else:  # no copy for strided views: the norm kernel walks any layout
             squares = torch.linalg.vector_norm(x).square()
-        if x.device.type == "cpu":  # four item() calls cost less than a stack kernel plus tolist
+        if x.device.type == "cpu":  # four item() calls are cheaper than a stack kernel plus tolist
             lo, hi, total, sq = mn.item(), mx.item(), x.sum().item(), squares.item()
         else:  # one device-to-host transfer instead of four synchronisations
             lo, hi, total, sq = torch.stack([mn, mx, x.sum(), squares]).tolist()
@@ -103,7 +94,7 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
         mean = total / n
         var = sq / n - mean * mean
         # E[x^2] - mean^2 loses digits when |mean| >> std (or overflows): then take the exact
-        # two-pass formula. (torch.std_mean's Welford kernel is 5-20x slower on CPU.)
+        # two-pass formula (torch.std_mean's Welford kernel is much slower on CPU).
         if var - var == 0.0 and var > 1e-3 * mean * mean:
             return Stats(lo, hi, mean, var ** 0.5, numel=n)
         mean, std = _two_pass(_as_real(t.detach()) if x is None else x)
@@ -151,11 +142,10 @@ class StatsCache:
     """Statistics per tensor object and version counter, so each value is reduced once: an op's
     output is the next op's input, q/k/v share one input, parameters persist across steps.
 
-    Keyed by ``id`` with a weak reference that confirms the identity (torch's
-    WeakIdKeyDictionary cost ~1 us per lookup, hundreds per step). The references carry no
-    callback: a callback per tensor cost a closure at store and a Python call when the tensor
-    died, mid-forward. Entries of dead tensors are dropped in batches instead, whenever the
-    table has doubled since the last sweep, so memory stays proportional to live tensors.
+    Keyed by ``id`` with a weak reference that confirms the identity (cheaper than torch's
+    WeakIdKeyDictionary), without a callback per tensor: entries of dead tensors are dropped in
+    batches, whenever the table has doubled since the last sweep, so memory stays proportional
+    to live tensors.
 
     ``compute`` maps a tensor to what is cached (default: its Stats); the module debugger caches
     the row cells it derives from them too.

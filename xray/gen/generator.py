@@ -23,6 +23,7 @@ import torch
 import xray
 
 from ..dump.model import Record, Scalar, TensorMeta
+from ..dump.protocol import Dump
 from ..dump.tensorio import write_dataset
 from ..inputs import FACTORIES, MissingTensorError, UnknownOpError, resolve_op, split_args
 from ..record.encode import op_info
@@ -176,7 +177,7 @@ class _DataSink:
 
 
 class Renderer:
-    def __init__(self, dump: Any, out_dir: Path, factory: str, cpu_init: bool, seed: int,
+    def __init__(self, dump: Dump, out_dir: Path, factory: str, cpu_init: bool, seed: int,
                  templates: Path | None = None) -> None:
         from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -318,7 +319,7 @@ def _clean(out_dir: Path) -> None:
             p.unlink()
 
 
-def generate(dump: Any, out_dir: str | Path, *, factory: str = "auto", cpu_init: bool = True, seed: int = 0,
+def generate(dump: Dump, out_dir: str | Path, *, factory: str = "auto", cpu_init: bool = True, seed: int = 0,
              blacklist: Blacklist | None = None, progress: Callable[[int], None] | None = None) -> GenReport:
     """Write one test file per op (one test per distinct signature) into ``out_dir``.
 

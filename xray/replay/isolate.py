@@ -13,7 +13,7 @@ import signal
 import warnings
 from pathlib import Path
 
-from ..backends.base import Status
+from ..backends.base import ReplayStatus
 from .job import Job, JobContext, JobResult, execute
 
 _READY = "ready"
@@ -105,13 +105,13 @@ class Worker:
     def run(self, job: Job, timeout: float) -> JobResult:
         """Run ``job`` isolated; CRASH/TIMEOUT results when the worker dies or hangs."""
         if self.unusable is not None:
-            return JobResult(int(Status.RUN_FAIL), self.unusable)
+            return JobResult(int(ReplayStatus.RUN_FAIL), self.unusable)
         if self.proc is None or not self.proc.is_alive():
             error = self._start()
             if error is not None:
                 if self.starts == 1:  # it never worked: every later job would fail the same way
                     self.unusable = error
-                return JobResult(int(Status.RUN_FAIL), error)
+                return JobResult(int(ReplayStatus.RUN_FAIL), error)
         log_size = self.log_path.stat().st_size if self.log_path.exists() else 0
         try:
             self.conn.send(job)
@@ -120,12 +120,13 @@ class Worker:
             ready = True
         if not ready:
             self.kill()
-            return JobResult(int(Status.TIMEOUT), f"no answer within {timeout:g} s; worker killed")
+            return JobResult(int(ReplayStatus.TIMEOUT), f"no answer within {timeout:g} s; worker killed")
         try:
             return self.conn.recv()
         except (EOFError, OSError, ConnectionResetError):
             code = self._reap()
-            return JobResult(int(Status.CRASH), f"worker process died ({_exit_text(code)}){self._log_tail(log_size)}")
+            return JobResult(int(ReplayStatus.CRASH),
+                             f"worker process died ({_exit_text(code)}){self._log_tail(log_size)}")
 
     def _reap(self) -> int | None:
         if self.proc is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backends.base import Artifact, Backend, BackendError, Status, short_error
+from ..backends.base import Artifact, Backend, BackendError, ReplayStatus, short_error
 from ..dump.model import Record, TensorMeta
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name, from_numpy, to_numpy
@@ -93,7 +93,7 @@ def _cache_load(folder: Path, key: str) -> tuple[Artifact | None, BackendError |
         return None, None
     meta = json.loads(meta_path.read_text())
     if meta.get("status") is not None:  # a cached failure: don't pay for the export again
-        return None, BackendError(Status(meta["status"]), meta.get("error") or "")
+        return None, BackendError(ReplayStatus(meta["status"]), meta.get("error") or "")
     data = None
     if meta.get("suffix") and (folder / f"{key}{meta['suffix']}").exists():
         data = (folder / f"{key}{meta['suffix']}").read_bytes()
@@ -168,7 +168,7 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
         backend = ctx.backend(job.backend)
         module, inputs, every = build_module(job, ctx)
     except Exception as e:  # noqa: BLE001 - reported as the job's result
-        return JobResult(int(Status.EXPORT_FAIL), f"cannot rebuild the call: {short_error(e)}")
+        return JobResult(int(ReplayStatus.EXPORT_FAIL), f"cannot rebuild the call: {short_error(e)}")
     if backend.contiguous_inputs:
         inputs = tuple(t.contiguous() for t in inputs)
     input_metas = [_meta(t) for t in every]
@@ -184,7 +184,7 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
         except BackendError as e:
             error = e
         except Exception as e:  # noqa: BLE001
-            error = BackendError(Status.EXPORT_FAIL, short_error(e))
+            error = BackendError(ReplayStatus.EXPORT_FAIL, short_error(e))
         if folder:
             _cache_store(folder, key, artifact, error)
     if error is not None:
@@ -202,8 +202,8 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
     except BackendError as e:
         return JobResult(int(e.status), str(e), inputs=input_metas, facts=facts, cached=cached)
     except Exception as e:  # noqa: BLE001
-        return JobResult(int(Status.RUN_FAIL), short_error(e), inputs=input_metas, facts=facts, cached=cached)
-    return JobResult(int(Status.OK), None, outputs=[(dtype_name(t.dtype), to_numpy(t)) for t in outputs],
+        return JobResult(int(ReplayStatus.RUN_FAIL), short_error(e), inputs=input_metas, facts=facts, cached=cached)
+    return JobResult(int(ReplayStatus.OK), None, outputs=[(dtype_name(t.dtype), to_numpy(t)) for t in outputs],
                      inputs=input_metas, facts=facts, latency_ms=statistics.median(times) if times else None,
                      cached=cached)
 

@@ -1,6 +1,6 @@
 """The support matrix: one CSV row per (record, backend), a terminal summary, and a heatmap.
 
-The CSV columns are declared once (``COLUMNS``) and rows are appended as they are produced, so a
+The CSV columns are declared once (``MATRIX_COLUMNS``) and rows are appended as they are produced, so a
 run that is interrupted still leaves a readable matrix of what was done.
 """
 from __future__ import annotations
@@ -12,28 +12,27 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tabulate import tabulate
 
-from ..backends.base import Status
-
-if TYPE_CHECKING:
-    from .runner import ReplayResult
+from ..backends.base import ReplayStatus
+from ..dump.model import Record
 
 FACT_COLUMNS = ("opset", "delegated_nodes", "undelegated_nodes", "pte_bytes", "export_s", "lower_s")
-COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "max_abs_err", "max_rel_err",
+MATRIX_COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "max_abs_err", "max_rel_err",
            "latency_ms", "cached", *FACT_COLUMNS, "error", "facts")
 
 # Heatmap colours by status (green = OK ... red = crash), also used by the HTML table.
-COLORS = {Status.OK: "#2e7d32", Status.MISMATCH: "#f9a825", Status.EXPORT_FAIL: "#8e24aa",
-          Status.LOWER_FAIL: "#5e35b1", Status.RUN_FAIL: "#e65100", Status.CRASH: "#b71c1c",
-          Status.TIMEOUT: "#6d4c41", Status.UNSUPPORTED_PLATFORM: "#90a4ae", Status.BASELINE_FAIL: "#cfd8dc",
-          Status.NONDETERMINISTIC: "#00838f"}
+COLORS = {ReplayStatus.OK: "#2e7d32", ReplayStatus.MISMATCH: "#f9a825", ReplayStatus.EXPORT_FAIL: "#8e24aa",
+          ReplayStatus.LOWER_FAIL: "#5e35b1", ReplayStatus.RUN_FAIL: "#e65100", ReplayStatus.CRASH: "#b71c1c",
+          ReplayStatus.TIMEOUT: "#6d4c41", ReplayStatus.UNSUPPORTED_PLATFORM: "#90a4ae",
+          ReplayStatus.BASELINE_FAIL: "#cfd8dc",
+          ReplayStatus.NONDETERMINISTIC: "#00838f"}
 
 
 @dataclass
-class Row:
+class MatrixRow:
     seq: int
     op: str
     module: str
@@ -50,12 +49,28 @@ class Row:
 
     def as_csv(self) -> dict[str, Any]:
         d = {"seq": self.seq, "op": self.op, "module": self.module, "count": self.count, "signature": self.signature,
-             "backend": self.backend, "status": Status(self.status).name, "max_abs_err": _num(self.max_abs_err),
+             "backend": self.backend, "status": ReplayStatus(self.status).name, "max_abs_err": _num(self.max_abs_err),
              "max_rel_err": _num(self.max_rel_err), "latency_ms": _num(self.latency_ms), "cached": int(self.cached),
              "error": (self.error or "").replace("\n", " "), "facts": json.dumps(self.facts, default=str)}
         for k in FACT_COLUMNS:
             d[k] = self.facts.get(k, "")
         return d
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced: one MatrixRow per (record, backend), plus the files written."""
+
+    rows: list[MatrixRow]
+    records: list[Record]
+    skipped: list[tuple[Record, str]]
+    backends: list[str]
+    baseline: str
+    out: Path
+    dumps: dict[str, Path]
+
+    def status(self, seq: int, backend: str) -> ReplayStatus:
+        return next(ReplayStatus(r.status) for r in self.rows if r.seq == seq and r.backend == backend)
 
 
 def _num(x: float | None) -> Any:
@@ -68,10 +83,10 @@ class MatrixWriter:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._f = open(self.path, "w", newline="", encoding="utf-8")
-        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS)
+        self._w = csv.DictWriter(self._f, fieldnames=MATRIX_COLUMNS)
         self._w.writeheader()
 
-    def add(self, row: Row) -> None:
+    def add(self, row: MatrixRow) -> None:
         self._w.writerow(row.as_csv())
         self._f.flush()
 
@@ -81,7 +96,7 @@ class MatrixWriter:
 
 # -- terminal summary -------------------------------------------------------------------------------
 
-def summary_table(result: "ReplayResult", worst: int = 3) -> str:
+def summary_table(result: ReplayResult, worst: int = 3) -> str:
     """Per backend: % supported (ran), % within tolerance, median latency, the worst ops."""
     lines = []
     table = []
@@ -90,12 +105,12 @@ def summary_table(result: "ReplayResult", worst: int = 3) -> str:
         if not rows:
             continue
         n = len(rows)
-        ran = sum(1 for r in rows if Status(r.status).supported)
-        ok = sum(1 for r in rows if r.status == Status.OK)
+        ran = sum(1 for r in rows if ReplayStatus(r.status).supported)
+        ok = sum(1 for r in rows if r.status == ReplayStatus.OK)
         lat = [r.latency_ms for r in rows if r.latency_ms is not None]
         counts = {}
         for r in rows:
-            counts[Status(r.status).name] = counts.get(Status(r.status).name, 0) + 1
+            counts[ReplayStatus(r.status).name] = counts.get(ReplayStatus(r.status).name, 0) + 1
         table.append([spec + (" (baseline)" if spec == result.baseline else ""), n, f"{100 * ran / n:.0f}%",
                       f"{100 * ok / n:.0f}%", f"{statistics.median(lat):.3f}" if lat else "-",
                       ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))])
@@ -104,15 +119,17 @@ def summary_table(result: "ReplayResult", worst: int = 3) -> str:
         if spec == result.baseline:
             continue
         # A random op's differing values are expected, not a problem: never among the worst.
-        bad = [r for r in result.rows if r.backend == spec and r.status not in (Status.OK, Status.NONDETERMINISTIC)]
-        bad.sort(key=lambda r: (0 if r.status in (Status.UNSUPPORTED_PLATFORM, Status.BASELINE_FAIL) else -r.status,
+        bad = [r for r in result.rows
+               if r.backend == spec and r.status not in (ReplayStatus.OK, ReplayStatus.NONDETERMINISTIC)]
+        bad.sort(key=lambda r: (0 if r.status in (ReplayStatus.UNSUPPORTED_PLATFORM, ReplayStatus.BASELINE_FAIL)
+                                else -r.status,
                                 -(r.max_rel_err or 0.0)))
         ranked = sorted((r for r in result.rows if r.backend == spec and r.max_rel_err is not None),
                         key=lambda r: -r.max_rel_err)
         show = (bad + [r for r in ranked if r not in bad])[:worst]
         if show:
             lines.append(f"\nworst on {spec}:")
-            lines.append(tabulate([[r.seq, r.op, Status(r.status).name, _num(r.max_rel_err) or "-",
+            lines.append(tabulate([[r.seq, r.op, ReplayStatus(r.status).name, _num(r.max_rel_err) or "-",
                                     " ".join((r.error or "").split())[:90]] for r in show],
                                   headers=["seq", "op", "status", "max rel err", "error"]))
     nobody = _unsupported_everywhere(result)
@@ -125,28 +142,29 @@ def summary_table(result: "ReplayResult", worst: int = 3) -> str:
     return "\n".join(lines)
 
 
-def _unsupported_everywhere(result: "ReplayResult") -> set[str]:
+def _unsupported_everywhere(result: ReplayResult) -> set[str]:
     others = [b for b in result.backends if b != result.baseline]
     if not others:
         return set()
-    by_seq: dict[int, list[Row]] = {}
+    by_seq: dict[int, list[MatrixRow]] = {}
     for r in result.rows:
         if r.backend in others:
             by_seq.setdefault(r.seq, []).append(r)
     return {rows[0].op for rows in by_seq.values()
-            if all(not Status(r.status).supported and r.status != Status.UNSUPPORTED_PLATFORM for r in rows)}
+            if all(not ReplayStatus(r.status).supported and r.status != ReplayStatus.UNSUPPORTED_PLATFORM
+                   for r in rows)}
 
 
 # -- heatmap ------------------------------------------------------------------------------------------
 
-def _grid(result: "ReplayResult") -> tuple[list[str], list[list[Row | None]]]:
+def _grid(result: ReplayResult) -> tuple[list[str], list[list[MatrixRow | None]]]:
     labels = [f"{r.op.removeprefix('aten.')} #{r.seq}" for r in result.records]
     index = {(r.seq, r.backend): r for r in result.rows}
     grid = [[index.get((rec.seq, b)) for b in result.backends] for rec in result.records]
     return labels, grid
 
 
-def write_heatmap(result: "ReplayResult", out: Path) -> tuple[Path, Path]:
+def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
     """``heatmap.png`` (matplotlib) and ``heatmap.html`` of ops by backend, coloured by status."""
     import matplotlib
 
@@ -157,7 +175,7 @@ def write_heatmap(result: "ReplayResult", out: Path) -> tuple[Path, Path]:
 
     labels, grid = _grid(result)
     order = list(COLORS)
-    values = [[order.index(Status(c.status)) if c else math.nan for c in row] for row in grid]
+    values = [[order.index(ReplayStatus(c.status)) if c else math.nan for c in row] for row in grid]
     fig_h = max(3.0, 0.22 * len(labels) + 1.5)
     fig, ax = plt.subplots(figsize=(2.0 + 1.4 * len(result.backends), fig_h))
     ax.imshow(values, cmap=ListedColormap([COLORS[s] for s in order]), vmin=-0.5, vmax=len(order) - 0.5,
@@ -176,7 +194,7 @@ def write_heatmap(result: "ReplayResult", out: Path) -> tuple[Path, Path]:
     return png, page
 
 
-def _html(result: "ReplayResult", labels: list[str], grid: list[list[Row | None]]) -> str:
+def _html(result: ReplayResult, labels: list[str], grid: list[list[MatrixRow | None]]) -> str:
     head = "".join(f"<th>{html.escape(b)}</th>" for b in result.backends)
     body = []
     for label, row in zip(labels, grid):
@@ -185,7 +203,7 @@ def _html(result: "ReplayResult", labels: list[str], grid: list[list[Row | None]
             if c is None:
                 cells.append("<td></td>")
                 continue
-            st = Status(c.status)
+            st = ReplayStatus(c.status)
             tip = html.escape(f"{st.name}; max rel err {_num(c.max_rel_err) or '-'}; {c.error or ''}")
             err = _num(c.max_rel_err)
             cells.append(f'<td style="background:{COLORS[st]}" title="{tip}">{st.name}'

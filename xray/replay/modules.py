@@ -2,8 +2,8 @@
 
 The user names a factory (``pkg.module:factory``, called without arguments) that builds the
 model; the recorded module is found by its dotted path. Positional tensor inputs are passed in
-their recorded order (``forward_input.<i>`` / ``input.<i>``); recorded parameters
-(``forward_params.<name>``) are loaded into the module, so the replay uses the recorded weights
+their recorded order (``forward_input.<i>`` / ``input.<i>``); recorded parameters and buffers
+(``Record.params``) are loaded into the module, so the replay uses the recorded weights
 even when the factory's differ. Keyword tensors are passed by name: a trace dump names them
 ``<kwarg>.<i>``; a module dump (format 2) notes each one's keyword in its index. Non-tensor
 arguments (flags, caches) are not recorded, so the module runs with their defaults; a module
@@ -19,10 +19,10 @@ import torch
 
 from ..backends.base import flatten_tensors
 from ..dump.model import Record, TensorMeta
+from ..dump.protocol import Dump
 
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _POSITIONAL = ("forward_input", "input")
-_PARAMS = "forward_params"
 
 
 class ModelSpecError(ValueError):
@@ -91,7 +91,7 @@ def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
         if not isinstance(value, TensorMeta):
             continue
         head, tail = _split_key(key)
-        if head == _PARAMS or not tail.isdigit():
+        if not tail.isdigit():
             continue
         if key in record.keywords:
             keywords.setdefault(record.keywords[key], {})[int(tail)] = key
@@ -105,7 +105,7 @@ def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
     return keys, len(positional), [(name, len(items)) for name, items in keywords.items()]
 
 
-def module_call(record: Record, dump: Any, model_spec: str | None, models: dict[str, torch.nn.Module], *,
+def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict[str, torch.nn.Module], *,
                 factory: str = "auto", seed: int = 0) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """(module, tensor inputs) replaying ``record``; ``models`` caches built models per spec."""
     from ..inputs import materialize_value
@@ -130,11 +130,11 @@ def module_call(record: Record, dump: Any, model_spec: str | None, models: dict[
     return ModuleCall(inner, n_positional, keywords), tensors
 
 
-def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Any, factory: str, seed: int) -> None:
-    """Copy the parameters the dump recorded for ``inner`` and its children into it.
+def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Dump, factory: str, seed: int) -> None:
+    """Copy the parameters and buffers the dump recorded for ``inner`` and its children into it.
 
-    A PrecisionDebugger dump records each module's own parameters (``forward_params.<name>``)
-    on that module's record, so a parent's weights are found on its children's records.
+    A module record carries the module's own parameters and buffers (``Record.params``), so a
+    parent's weights are found on its children's records.
     """
     from ..inputs import materialize_value
 
@@ -148,13 +148,12 @@ def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Any, fac
         if where != path and not where.startswith(prefix):
             continue
         rel = where[len(prefix):] if where != path else ""
-        for key, value in r.inputs.items():
-            head, tail = _split_key(key)
-            if head == _PARAMS and isinstance(value, TensorMeta):
-                found.setdefault(f"{rel}.{tail}" if rel else tail, value)
+        for name, meta in r.params.items():
+            found.setdefault(f"{rel}.{name}" if rel else name, meta)
     if not found:
         return
     own = dict(inner.named_parameters())
+    own.update(inner.named_buffers())
     gen = torch.Generator().manual_seed(int(seed) + 1)
     with torch.no_grad():
         for name, meta in found.items():

@@ -10,21 +10,34 @@ import fnmatch
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from tqdm import tqdm
 
-from ..backends.base import Status
+from ..backends.base import ReplayStatus
 from ..backends.registry import create, parse_spec
 from ..dump import load_dump
 from ..dump.model import Record
+from ..dump.protocol import Dump
 from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
-from .matrix import MatrixWriter, Row
+from .matrix import MatrixWriter, ReplayResult, MatrixRow
 from .output import ReplayDumpWriter
 from .tolerance import compare, compare_layout
+
+
+# Ops that compute nothing a backend could get wrong: tracing and autograd bookkeeping that
+# returns its input (a constant lifted into the graph, an alias, a detach). Exporting one alone
+# tells nothing about a backend (XNNPACK reports an empty graph as LOWER_FAIL), so they are
+# never replayed and never appear in the support matrix.
+NOT_REPLAYED = ("aten.lift.*", "aten.lift_fresh.*", "aten.lift_fresh_copy.*", "aten.alias.*", "aten.detach.*",
+                "aten.detach_.*")
+
+
+def is_not_replayed(op: str) -> bool:
+    return any(fnmatch.fnmatchcase(op, p) for p in NOT_REPLAYED)
 
 
 class ReplayInputError(ValueError):
@@ -55,26 +68,10 @@ class ReplayConfig:
     progress: bool = True
 
 
-@dataclass
-class ReplayResult:
-    """What a replay produced: one Row per (record, backend), plus the files written."""
-
-    rows: list[Row]
-    records: list[Record]
-    skipped: list[tuple[Record, str]]
-    backends: list[str]
-    baseline: str
-    out: Path
-    dumps: dict[str, Path]
-
-    def status(self, seq: int, backend: str) -> Status:
-        return next(Status(r.status) for r in self.rows if r.seq == seq and r.backend == backend)
-
-
 def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
     """Forward op records (or module records with a model), filtered, de-duplicated, limited."""
     kind = "module" if cfg.model else "op"
-    picked = [r for r in records if r.kind == kind and r.direction == "forward"]
+    picked = [r for r in records if r.kind == kind and r.direction == "forward" and not is_not_replayed(r.op)]
     if cfg.ops:
         picked = [r for r in picked if any(fnmatch.fnmatchcase(r.op, p) or fnmatch.fnmatchcase(r.op, f"*{p}*")
                                            for p in cfg.ops)]
@@ -107,7 +104,7 @@ def import_user_modules(names: list[str]) -> None:
             raise ReplayInputError(f"--import {name}: {type(e).__name__}: {e}") from None
 
 
-def check_inputs(record: Record, dump: Any, cfg: ReplayConfig) -> str | None:
+def check_inputs(record: Record, dump: Dump, cfg: ReplayConfig) -> str | None:
     """Why the record's inputs cannot be rebuilt, or None. Runs in the parent for every record, so
     it reads no tensor data: each worker loads the inputs of its own jobs."""
     metas = [m for _, m in record.input_tensors()]
@@ -125,7 +122,7 @@ def check_inputs(record: Record, dump: Any, cfg: ReplayConfig) -> str | None:
 
 
 def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
-                on_row: Callable[[Row], None] | None = None) -> ReplayResult:
+                on_row: Callable[[MatrixRow], None] | None = None) -> ReplayResult:
     """Replay ``dump_path`` as configured; write matrix.csv, per-backend dumps and the heatmap."""
     specs = [cfg.baseline] + [b for b in cfg.backends if b != cfg.baseline]
     for s in specs:
@@ -151,7 +148,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     matrix = MatrixWriter(out / "matrix.csv")
     baseline_out: dict[int, list[torch.Tensor] | None] = {}
     uncompared = {r.seq: nondeterministic(r) for r in runnable}  # seq -> why its values are not compared
-    rows: list[Row] = []
+    rows: list[MatrixRow] = []
     dumps: dict[str, Path] = {}
     config = dict(dump.header.get("config", {})) if hasattr(dump, "header") else {}
     for spec in specs:
@@ -167,7 +164,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
                           weights_const=cfg.weights_const)
                 res = worker.run(job, cfg.timeout)
                 row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of, uncompared[rec.seq])
-                if res.status == Status.OK and res.outputs:
+                if res.status == ReplayStatus.OK and res.outputs:
                     writer.add(rec, res.inputs, res.output_tensors())
                 matrix.add(row)
                 rows.append(row)
@@ -183,22 +180,22 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
 
 
 def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline: bool,
-         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None) -> Row:
+         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None) -> MatrixRow:
     """The matrix row of one job; ``uncompared`` says why the op's values cannot be compared
     (random or uninitialized outputs): then only output count, shapes and dtypes are."""
-    status, error = Status(res.status), res.error
+    status, error = ReplayStatus(res.status), res.error
     max_abs = max_rel = None
     if is_baseline:
-        baseline_out[rec.seq] = res.output_tensors() if status == Status.OK else None
-        if status == Status.OK and uncompared:
-            status, error = Status.NONDETERMINISTIC, f"values not compared: {uncompared}"
-    elif status == Status.OK:
+        baseline_out[rec.seq] = res.output_tensors() if status == ReplayStatus.OK else None
+        if status == ReplayStatus.OK and uncompared:
+            status, error = ReplayStatus.NONDETERMINISTIC, f"values not compared: {uncompared}"
+    elif status == ReplayStatus.OK:
         ref = baseline_out.get(rec.seq)
         if ref is None:  # it ran, but against nothing: never counted as within tolerance
-            status, error = Status.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
+            status, error = ReplayStatus.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
         elif uncompared:  # a wrong layout is still a mismatch; differing values are expected
             cmp = compare_layout(ref, res.output_tensors())
-            status = Status.NONDETERMINISTIC if cmp.ok else Status.MISMATCH
+            status = ReplayStatus.NONDETERMINISTIC if cmp.ok else ReplayStatus.MISMATCH
             error = f"values not compared: {uncompared}"
             if not cmp.ok:
                 error = f"{cmp.message} ({error})"
@@ -208,7 +205,7 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
             cmp = compare(ref, got, precision_of(dtype) if dtype.is_floating_point else None)
             max_abs, max_rel = cmp.max_abs, cmp.max_rel
             if not cmp.ok:
-                status, error = Status.MISMATCH, cmp.message
-    return Row(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
+                status, error = ReplayStatus.MISMATCH, cmp.message
+    return MatrixRow(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
                backend=spec, status=int(status), max_abs_err=max_abs, max_rel_err=max_rel,
                latency_ms=res.latency_ms, cached=res.cached, error=error, facts=res.facts)

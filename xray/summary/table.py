@@ -7,21 +7,19 @@ with their size.
 from __future__ import annotations
 
 import csv
-import io
 import os
 import re
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
 from tabulate import tabulate
 
 from ..dump.model import TensorMeta
+from ..dump.summary_csv import CSV_COLUMNS, stat_cell
 
-#: The table's columns (issue 3); the CSV adds the non-finite counts and where the data lives.
-COLUMNS = ("Index", "Step", "Rank", "Module", "Dtype", "Shape", "Min", "Max", "Mean", "Std")
-CSV_COLUMNS = COLUMNS + ("NaN", "PosInf", "NegInf", "Numel", "Direction", "Data")
+#: The table's columns: the CSV's without the non-finite counts and where the data lives.
+SUMMARY_COLUMNS = CSV_COLUMNS[:10]
 
 
 @dataclass
@@ -86,7 +84,7 @@ def filter_rows(rows: Iterable[SummaryRow], steps: frozenset[int] | None = None,
 
 def render_table(rows: Iterable[SummaryRow]) -> str:
     body = [r.cells(i, csv_extra=False) for i, r in enumerate(rows)]
-    return tabulate(body, headers=COLUMNS, tablefmt="simple", floatfmt=".6g", disable_numparse=False)
+    return tabulate(body, headers=SUMMARY_COLUMNS, tablefmt="simple", floatfmt=".6g", disable_numparse=False)
 
 
 def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, start: int = 0) -> int:
@@ -96,76 +94,10 @@ def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, 
     n = 0
     for i, r in enumerate(rows, start):
         cells = r.cells(i, csv_extra=True)
-        cells[6:10] = [_stat_cell(v) for v in cells[6:10]]
+        cells[6:10] = [stat_cell(v) for v in cells[6:10]]
         w.writerow(["" if v is None else v for v in cells])
         n += 1
     return n
-
-
-def _stat_cell(v: float | None) -> str:
-    """A statistic as the CSV writes it: 9 significant digits, which round-trip every float32
-    value exactly ("%.9g" costs a third of repr's shortest round-trip form, and the debugger
-    writes four per tensor per step). ``None`` or NaN ("no finite element") is an empty cell;
-    the .h5 index keeps the exact float64 values."""
-    return "" if v is None or v != v else _STAT_FORMAT % v
-
-
-_STAT_FORMAT = "%.9g"
-_NUMBERS_FORMAT = ",".join([_STAT_FORMAT] * 4 + ["%d"] * 4)  # min, max, mean, std, nan, posinf, neginf, numel
-
-
-def _needs_quoting(text: str) -> bool:
-    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``: four substring scans in C, a
-    fraction of a regex search over the same text."""
-    return '"' in text or "," in text or "\n" in text or "\r" in text
-
-
-def csv_head_cells(dtype: str, shape: str) -> str:
-    """The Dtype and Shape cells of a CSV row, joined; ``shape`` as the module index spells it
-    ("[2, 128, 256]")."""
-    return f"{dtype},{_dims(shape)}"
-
-
-def csv_number_cells(numbers: tuple) -> str:
-    """The Min..Numel cells of a CSV row, joined, from (min, max, mean, std, nan, posinf,
-    neginf, numel) with NaN for "no finite element". The debugger formats them once per tensor
-    version and re-uses the text in every row naming that version, in every step (parameters)."""
-    lo, hi, mean, std = numbers[:4]
-    if lo == lo and hi == hi and mean == mean and std == std:  # no NaN: one format call
-        return _NUMBERS_FORMAT % numbers
-    return ",".join((*[_stat_cell(v) for v in numbers[:4]], *map(str, numbers[4:])))
-
-
-def append_index_csv(rows: list[tuple[str, str, str, str]], step: int, rank: int | None,
-                     path: str | os.PathLike, start: int) -> int:
-    """Append one step's rows to a ``_summary.csv`` (creating it with its header when ``start``
-    is 0); returns the next row index. Each row is (name, the Dtype..Numel cells text, direction,
-    data path): the cells of SummaryRow.cells, built by the debugger without a read-back (tests
-    check the result equals ``xray-summary --csv``). When no name or data path needs quoting
-    (nearly always: one scan over the batch decides) each line is one f-string, as csv.writer
-    would write it; otherwise every row goes through csv.writer."""
-    rank_cell = _opt(rank)
-    lines = []
-    if start == 0:
-        lines.append(",".join(CSV_COLUMNS) + "\r\n")
-    if _needs_quoting("".join(map(itemgetter(0), rows)) + "".join(map(itemgetter(3), rows))):
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        for n, (name, cells, direction, data) in enumerate(rows, start):
-            writer.writerow((n, step, rank_cell, name, *cells.split(","), direction, data))
-        lines.append(buffer.getvalue())
-    else:
-        head = f",{step},{rank_cell},"
-        lines += [f"{n}{head}{name},{cells},{direction},{data}\r\n"
-                  for n, (name, cells, direction, data) in enumerate(rows, start)]
-    with open(path, "w" if start == 0 else "a", newline="", encoding="utf-8") as f:
-        f.write("".join(lines))
-    return start + len(rows)
-
-
-def _dims(shape: str) -> str:
-    """The index's shape cell ("[2, 128, 256]") as the summary writes it ("2x128x256")."""
-    return (shape[1:-1].replace(", ", "x") if shape.startswith("[") else shape) or "scalar"
 
 
 def write_summary_csv(dump, path: str | os.PathLike) -> Path:

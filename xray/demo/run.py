@@ -73,7 +73,7 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     from xray.gen import cli as gen_cli
     from xray.gen import diff as diff_cli
 
-    from xray.examples import DEMO_FAULT, record_dedup, record_pair
+    from xray.demo.examples import DEMO_FAULT, record_dedup, record_pair
 
     started = time.perf_counter()
     if out.exists():
@@ -149,7 +149,8 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
         from xray.replay.cli import main as replay_main
 
         replay_main(args)
-        artefacts += [("replay support matrix", replay_dir)]
+        artefacts += [("replay support matrix", replay_dir / "heatmap.html"),
+                      ("replay support matrix (CSV)", replay_dir / "matrix.csv")]
     else:
         _say("6/7 replay skipped (--no-replay)")
 
@@ -180,16 +181,46 @@ def _verdict(result) -> str:
             f"differ only within bf16 precision (warnings)")
 
 
+# The first divergence's fields as people read them, in this order; fields not named here
+# follow under their own key. ``None`` values (not measured) are left out.
+_DIVERGENCE_LABELS = {
+    "op": "operator", "bench": "bench record", "target": "target record", "origin": "origin",
+    "cause": "cause", "status": "status", "tensor": "tensor", "max_abs_err": "max abs error",
+    "cosine": "cosine similarity", "bench_seq": "bench seq", "target_seq": "target seq", "target_op": "target operator",
+    "rank": "rank", "index": "row in compare.csv", "layout": "layout note",
+}
+
+
+def divergence_table(first: dict | None) -> str:
+    """The summary's first divergence as a two-column HTML table (a sentence when there is none)."""
+    if not first:
+        return "<p>None: every record agrees within tolerance.</p>"
+    keys = [k for k in _DIVERGENCE_LABELS if k in first] + [k for k in first if k not in _DIVERGENCE_LABELS]
+    rows = [f"<tr><th>{html.escape(_DIVERGENCE_LABELS.get(k, k))}</th><td><code>{html.escape(_cell(first[k]))}</code>"
+            "</td></tr>" for k in keys if first[k] is not None and first[k] != ""]
+    return '<table class="kv">' + "".join(rows) + "</table>"
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):  # a nested detail (e.g. local and accumulated error): "key: value, ..."
+        return ", ".join(f"{k}: {_cell(x)}" for k, x in v.items() if x is not None)
+    return str(v)
+
+
 def _write_index(path: Path, out: Path, artefacts, verdict: str, first: dict, failing: list[str]) -> None:
     rel = lambda p: html.escape(os.path.relpath(p, out))  # noqa: E731
     items = "\n".join(f'<li><a href="{rel(p)}">{html.escape(k)}</a> <code>{rel(p)}</code></li>' for k, p in artefacts)
     heat = next(iter(sorted((out / "replay").glob("*.png"))), None) if (out / "replay").exists() else None
-    img = f'<h2>Backend support</h2><img src="{rel(heat)}" style="max-width:100%">' if heat else ""
+    img = (f'<h2>Backend support</h2><a href="{rel(heat.with_suffix(".html"))}">'
+           f'<img src="{rel(heat)}" style="max-width:100%"></a>') if heat else ""
     path.write_text(f"""<!doctype html><meta charset="utf-8"><title>xray demo</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto}}code{{color:#555}}</style>
+<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto}}code{{color:#555}}
+table.kv th{{text-align:left;padding-right:1em;font-weight:normal;color:#555}}</style>
 <h1>xray demo</h1>
 <h2>Verdict</h2><p>{html.escape(verdict)}</p>
-<p>First divergence: <code>{html.escape(str(first))}</code></p>
+<h2>First divergence</h2>{divergence_table(first)}
 <p>Ops failing on the target device's op tests: <code>{html.escape(', '.join(failing) or 'none')}</code></p>
 <p>The full compare report, with the error against execution order: <a href="compare.html">compare.html</a></p>
 {img}

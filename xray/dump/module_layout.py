@@ -1,4 +1,4 @@
-"""The module-dump file layout (``xray-module`` v1): names, the index table, root attributes.
+"""The module-dump file layout (``xray-module``): names, the index table, root attributes.
 
 Writer and reader both import these, so the layout is spelled out once (docs/format.md,
 section 2). Statistics live in one compound ``index`` table per step rather than in per-dataset
@@ -11,35 +11,39 @@ import h5py
 import numpy as np
 
 FORMAT_NAME = "xray-module"
-FORMAT_VERSION = 2  # 2: index column `keyword`, fixed-length strings, datasets carry only torch_dtype
+# 2: index column `keyword`, fixed-length strings, datasets carry only torch_dtype;
+# 3: buffers (role `forward_buffers`) and index column `source` ("param:<name>" / "buffer:<name>")
+FORMAT_VERSION = 3
 
-FORWARD_ROLES = ("forward_input", "forward_params", "forward_output")
+FORWARD_ROLES = ("forward_input", "forward_params", "forward_buffers", "forward_output")
 BACKWARD_ROLES = ("backward_input", "params_grad", "backward_output")
 ROLES = FORWARD_ROLES + BACKWARD_ROLES
+#: Roles whose tensors are the module's own state: read into Record.params, never its inputs.
+STATE_ROLES = {"forward_params": "param", "forward_buffers": "buffer"}
 
 _STR = h5py.string_dtype("utf-8")
 
 #: One row per recorded tensor, in the order they were captured. ``seq`` groups rows into
 #: module calls (records); ``data`` is the dataset path inside the file, "" if not saved;
-#: ``keyword`` names the keyword argument a forward input came from ("" if positional).
+#: ``keyword`` names the keyword argument a forward input came from ("" if positional);
+#: ``source`` names a parameter or buffer by its qualified name in the model ("" otherwise).
 INDEX_DTYPE = np.dtype([
     ("seq", np.int64), ("name", _STR), ("module", _STR), ("cls", _STR), ("call_index", np.int32),
     ("direction", _STR), ("role", _STR), ("key", _STR), ("dtype", _STR), ("shape", _STR),
     ("device", _STR), ("requires_grad", np.bool_),
     ("min", np.float64), ("max", np.float64), ("mean", np.float64), ("std", np.float64),
     ("nan", np.int64), ("posinf", np.int64), ("neginf", np.int64), ("numel", np.int64),
-    ("data", _STR), ("keyword", _STR),
+    ("data", _STR), ("keyword", _STR), ("source", _STR),
 ])
 #: Columns a reader must not require: added after version 1 (their value there is "").
-OPTIONAL_COLUMNS = frozenset({"keyword"})
+OPTIONAL_COLUMNS = frozenset({"keyword", "source"})
 
-#: The string columns, which the writer stores as fixed-length UTF-8: writing a table of
-#: variable-length strings cost h5py ~0.5 us per cell, a third of a statistics-only step's
-#: file work. Readers take both kinds (h5py hands fixed-length ones back as bytes).
+#: The string columns, which the writer stores as fixed-length UTF-8 (variable-length cells are
+#: slow to write). Readers take both kinds (h5py hands fixed-length ones back as bytes).
 _STR_COLUMNS = frozenset(n for n in INDEX_DTYPE.names if INDEX_DTYPE[n] == _STR)
 
 
-_STRING_TYPES: dict[int, np.dtype] = {}  # width -> h5py fixed-length UTF-8 dtype (~5 us to build)
+_STRING_TYPES: dict[int, np.dtype] = {}  # width -> h5py fixed-length UTF-8 dtype, built once
 
 
 def _string_type(width: int) -> np.dtype:

@@ -17,13 +17,13 @@ import h5py
 import numpy as np
 import torch
 
-from ..dump.model import Record, Stats, TensorMeta
-from ..dump.reader import DumpFormatError, TruncatedDumpWarning
-from ..dump.tensorio import open_dataset, read_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, step_group
+from .model import Record, Stats, TensorMeta
+from .reader import DumpFormatError, TruncatedDumpWarning
+from .tensorio import open_dataset, read_dataset
+from .module_layout import (ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, STATE_ROLES,
+                            step_group)
 
 _CHUNK = 65536  # index rows read at a time
-_INPUT_ROLES = {"forward": ("forward_input", "forward_params"), "backward": ("backward_input", "params_grad")}
 _OUTPUT_ROLES = ("forward_output", "backward_output")
 
 
@@ -93,7 +93,7 @@ class ModuleDump:
         g = self._f.get(step_group(step))
         if g is None or INDEX not in g:
             return None
-        ds = g[INDEX]
+        ds = open_dataset(self._f, f"{step_group(step)}/{INDEX}")
         missing = set(INDEX_DTYPE.names) - OPTIONAL_COLUMNS - set(ds.dtype.names or ())
         if missing:
             raise DumpFormatError(f"{self.path}: /{step_group(step)}/{INDEX} lacks columns {sorted(missing)}; "
@@ -139,6 +139,8 @@ class ModuleDump:
                                           module=row.module, call_index=row.call_index, step=row.step)
             if row.role in _OUTPUT_ROLES:
                 outputs.setdefault(k, {})[int(row.key)] = row.meta
+            elif row.role in STATE_ROLES:  # the module's own parameters and buffers: never inputs
+                rec.params[row.key] = row.meta
             else:
                 rec.inputs[f"{row.role}.{row.key}"] = row.meta
                 if row.keyword:
@@ -156,7 +158,7 @@ class ModuleDump:
             g = self._f[step_group(s)]
             if ATEN not in g:
                 continue
-            for i, line in enumerate(g[ATEN].asstr()[()]):
+            for i, line in enumerate(open_dataset(self._f, f"{step_group(s)}/{ATEN}").asstr()[()]):
                 try:
                     rec = Record.from_json(json.loads(line))
                 except (KeyError, TypeError, ValueError) as e:
@@ -197,17 +199,21 @@ class ModuleDump:
 def index_rows(step: int, rows: Iterable[tuple]) -> Iterator[TensorRow]:
     """TensorRows from index rows (tuples in INDEX_DTYPE's field order), as read from the file
     or as still held by the writer (the debugger's summary CSV needs no read-back). Version 1
-    rows end before the ``keyword`` column."""
+    rows end before the ``keyword`` column, version 2 rows before ``source``: a parameter there
+    is named by its module's path."""
     for row in rows:
         (seq, name, module, cls, call_index, direction, role, key, dtype, shape, device, requires_grad,
          mn, mx, mean, std, nan, posinf, neginf, numel, data) = row[:21]
         stats = Stats(_opt(mn), _opt(mx), _opt(mean), _opt(std), nan=int(nan), posinf=int(posinf),
                       neginf=int(neginf), numel=int(numel))
-        data = _s(data)
+        data, module, role, key = _s(data), _s(module), _s(role), _s(key)
+        source = _s(row[22]) if len(row) > 22 else ""
+        if not source and role in STATE_ROLES:
+            source = f"{STATE_ROLES[role]}:{module}.{key}" if module else f"{STATE_ROLES[role]}:{key}"
         meta = TensorMeta(shape=tuple(json.loads(_s(shape))), dtype=_s(dtype), device=_s(device),
-                          requires_grad=bool(requires_grad), stats=stats, data=data or None)
-        yield TensorRow(step, int(seq), _s(name), _s(module), _s(cls), int(call_index), _s(direction), _s(role),
-                        _s(key), meta, _s(row[21]) if len(row) > 21 else "")
+                          requires_grad=bool(requires_grad), stats=stats, data=data or None, source=source or None)
+        yield TensorRow(step, int(seq), _s(name), module, _s(cls), int(call_index), _s(direction), role,
+                        key, meta, _s(row[21]) if len(row) > 21 else "")
 
 
 def read_module_dump(path: str | os.PathLike) -> ModuleDump:

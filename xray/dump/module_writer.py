@@ -20,8 +20,8 @@ import h5py
 import numpy as np
 import torch
 
-from ..dump.tensorio import write_dataset
-from .layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, index_table, step_group
+from .tensorio import write_dataset
+from .module_layout import ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, index_table, step_group
 
 
 def _attr_value(v: Any) -> Any:
@@ -39,8 +39,7 @@ _TABLE_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
 
 def _write_table(group: h5py.Group, name: str, table: np.ndarray) -> None:
     """``group[name] = table``, through h5py's low-level API with the memory type equal to the
-    file type: HDF5 then copies the rows as they are. (create_dataset converted the 22-field
-    compound field by field: 0.8 ms a step against 0.15 ms.)"""
+    file type: HDF5 then copies the rows as they are (create_dataset converts field by field)."""
     tid = _TABLE_TYPES.get(table.dtype)
     if tid is None:
         if len(_TABLE_TYPES) > 64:
@@ -52,7 +51,7 @@ def _write_table(group: h5py.Group, name: str, table: np.ndarray) -> None:
 
 
 def _require_group(f: h5py.File, step: int) -> h5py.Group:
-    """The step's group, created if missing (h5py's require_group costs ~100 us, this ~30)."""
+    """The step's group, created if missing (cheaper than h5py's require_group)."""
     name = step_group(step).encode()
     if name in f.id:
         return h5py.Group(h5py.h5g.open(f.id, name))
@@ -60,10 +59,9 @@ def _require_group(f: h5py.File, step: int) -> h5py.Group:
 
 
 def _set_attr(obj: h5py.Group | h5py.File, name: str, value: bool | int | str) -> None:
-    """``obj.attrs[name] = value`` at a quarter of the cost, with the types h5py's setter would
-    store (bool as its enum, int as int64, str as variable-length UTF-8): an attribute that
-    exists is written in place (the setter deletes and re-creates it, ~150 us), a new one is
-    created through the low-level API. This runs several times per step."""
+    """``obj.attrs[name] = value`` with the types h5py's setter would store (bool as its enum,
+    int as int64, str as variable-length UTF-8), but an attribute that exists is written in
+    place (the setter deletes and re-creates it). This runs several times per step."""
     data = np.array(value, dtype=_VLEN_STR) if isinstance(value, str) else np.array(value)
     key = name.encode()
     if h5py.h5a.exists(obj.id, key):
@@ -81,16 +79,17 @@ _ATTR_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
 _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 
 
-_CAPTURED = 8  # fields of a captured row; a sealed one has INDEX_DTYPE's and the CSV text
+_CAPTURED = 9  # fields of a captured row; a sealed one has INDEX_DTYPE's and the CSV text
 _NAME, _DIRECTION, _DATA = (INDEX_DTYPE.names.index(c) for c in ("name", "direction", "data"))
 _CSV = len(INDEX_DTYPE.names)
 
 
-def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str) -> tuple:
+def _index_row(call, name: str, role: str, key: str, cells, requires_grad: bool, data: str, keyword: str,
+               source: str) -> tuple:
     """A captured row (see ModuleDumpWriter.step_rows) as the index table's columns (INDEX_DTYPE
     order)."""
     return (call.seq, name, call.path, call.cls, call.call_index, call.direction, role, key, *cells.meta,
-            requires_grad, *cells.numbers, data, keyword)
+            requires_grad, *cells.numbers, data, keyword, source)
 
 
 class DumpPathError(OSError):
@@ -136,7 +135,7 @@ class ModuleDumpWriter:
             else:  # a new session overwrites what an earlier run left at this name
                 self.path.unlink(missing_ok=True)
                 self._file = h5py.File(self.tmp, "w")
-                for k, v in self.header.items():  # ~15 attributes: h5py's setter cost ~0.2 ms each
+                for k, v in self.header.items():
                     _set_attr(self._file, k, _attr_value(v))
                 self._created = True
             _set_attr(self._file, "complete", False)
@@ -155,7 +154,7 @@ class ModuleDumpWriter:
     def write_tensor(self, step: int, name: str, t: torch.Tensor) -> str:
         """Copy ``t`` into ``/step_<s>/<name>`` now (so later in-place ops cannot change it).
         The dataset carries only ``torch_dtype``: its module, role and statistics are in the
-        step's index, and each HDF5 attribute cost ~50 us, a third of tensor mode's time."""
+        step's index (HDF5 attributes are slow to write)."""
         g = self.group(step)
         names = self._names.setdefault(step, set())
         if name in names:  # the same tensor name twice in one step (re-entered start/stop): keep the last
@@ -175,7 +174,7 @@ class ModuleDumpWriter:
 
     def step_rows(self, step: int) -> list[tuple]:
         """The list the rows of ``step`` go in (appended to directly: hundreds a step). A row is
-        captured as (call, name, role, key, cells, requires_grad, data, keyword), ``call`` a
+        captured as (call, name, role, key, cells, requires_grad, data, keyword, source), ``call`` a
         capture.CallKey and ``cells`` a capture.Cells shared by every row of the same call or
         tensor version, and sealed into plain values at the end of the step (seal())."""
         self._touched.add(step)
@@ -184,16 +183,15 @@ class ModuleDumpWriter:
     def seal(self, step: int) -> None:
         """Turn the captured rows of ``step`` into their index form, in place: INDEX_DTYPE's
         columns, then the summary CSV's Dtype..Numel text. A sealed row holds only strings and
-        numbers, which Python's garbage collector stops tracking; captured rows held until the
-        file is written (a second) reached the oldest generation by the thousand and brought a
-        full collection, ~200 ms on a small Llama, every few hundred steps. Rows captured
-        again into a sealed step are sealed at the next call."""
+        numbers, which Python's garbage collector stops tracking, so rows held until the file
+        is written bring no full collections. Rows captured again into a sealed step are
+        sealed at the next call."""
         rows = self.rows.get(step)
         if rows and len(rows[-1]) == _CAPTURED:
             rows[:] = [(*_index_row(*r), r[4].csv) if len(r) == _CAPTURED else r for r in rows]
 
     def csv_rows(self, step: int) -> list[tuple[str, str, str, str]]:
-        """The rows of a sealed step as summary.table.append_index_csv takes them: (name,
+        """The rows of a sealed step as summary_csv.append_index_csv takes them: (name,
         Dtype..Numel cells, direction, data)."""
         return [(r[_NAME], r[_CSV], r[_DIRECTION], r[_DATA]) for r in self.rows.get(step, ())]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 import xray
-from xray.inject import FaultSpec, InjectFault
-from xray.models import tiny_llama, token_batch
+from xray.demo.inject import FaultSpec, InjectFault
+from xray.demo.models import tiny_llama, token_batch
 
 # The corrupted call of the demo's target run: the 6th matmul (call 5) is layer 0's MLP up_proj.
 DEMO_FAULT = FaultSpec(op="aten.mm.default", call=5, scale=1.0, offset=0.05)
