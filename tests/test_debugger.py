@@ -14,6 +14,7 @@ import xray
 from xray.debugger import DumpPathError, SelectionError, read_module_dump
 from xray.dump.module_layout import INDEX_DTYPE
 from xray.dump.reader import TruncatedDumpWarning
+from xray.dump.model import Source
 from xray.dump.stats import tensor_stats
 from xray.demo.models import tiny_llama, token_batch
 
@@ -418,6 +419,15 @@ def test_dump_torch_api_records_aten_ops_under_their_module(tmp_path):
         assert all(r.outputs[0].stats is not None for r in q_ops if r.outputs)
         # the module dump's own statistics were not traced as model ops
         assert not any(r.op.startswith("aten.aminmax") for r in ops)
+        # op sources use the dump's numbering: each names an earlier op record with that output
+        by_seq = {r.seq: r for r in ops}
+        sources = [Source.parse(m.source) for r in ops for _, m in r.input_tensors()]
+        produced = [s for s in sources if s.kind == "op"]
+        assert len(produced) > len(ops) // 2
+        for src, (r, meta) in zip(sources, [(r, m) for r in ops for _, m in r.input_tensors()]):
+            if src.kind == "op":
+                producer = [m for _, m in by_seq[src.seq].output_tensors()][src.index]
+                assert src.seq < r.seq and producer.shape == meta.shape, (src, r.name)
 
 
 def test_bad_input_errors(tmp_path):

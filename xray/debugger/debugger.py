@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..dump.model import Record, Stats
+from ..dump.model import Record, Source, Stats
 from ..ranks import dist_ranks
 from ..dump.summary_csv import append_index_csv
 from .aten import AtenCapture
@@ -121,6 +121,7 @@ class PrecisionDebugger:
                                       overflow_only=hook_name == "overflow_check", on_overflow=self._on_overflow)
         self._hooks = ModuleHooks(model, self._capture, self._next_seq, backward=backward, on_error=self._fail)
         self._aten: AtenCapture | None = None
+        self._aten_seq: dict[int, int] = {}  # this step's recorder seq -> the dump's seq
         # Rows still in memory reach the file when the debugger is collected or Python exits,
         # even without close(): including a step cut short by an exception, the rows up to it.
         self._finalizer = weakref.finalize(self, _write_pending, self._writer)
@@ -165,6 +166,7 @@ class PrecisionDebugger:
         if self.task == "tensor":  # its data goes into the file during the step
             self._writer.open()
         self._capture.new_step()
+        self._aten_seq.clear()
         self._hooks.install(self.current_step)
         if self.dump_torch_api:
             if self._aten is None:
@@ -234,7 +236,10 @@ class PrecisionDebugger:
     def _on_op(self, record: Record) -> None:
         if not self._running:
             return
-        record.seq = record.first_seq = record.last_seq = self._next_seq()
+        seq = self._next_seq()
+        self._aten_seq[record.seq] = seq
+        _renumber_sources(record, self._aten_seq)
+        record.seq = record.first_seq = record.last_seq = seq
         record.step = self.current_step
         self._writer.add_aten(self.current_step, record.to_json())
 
@@ -261,3 +266,13 @@ def _write_pending(writer: ModuleDumpWriter) -> None:
             writer.close()
         except Exception as e:  # at exit there is no caller to raise to
             print(f"xray PrecisionDebugger: could not write {writer.path}: {e}", file=sys.stderr)
+
+
+def _renumber_sources(record: Record, seq_of: dict[int, int]) -> None:
+    """Point op sources at the dump's numbering; a producer outside this step's records is an
+    input of the step (it ran before start())."""
+    for _, meta in record.input_tensors():
+        src = Source.parse(meta.source)
+        if src is not None and src.kind == "op":
+            new = seq_of.get(src.seq)
+            meta.source = "input" if new is None else f"op:{new}:{src.index}"
