@@ -47,8 +47,13 @@ DEMO_REPLAY_OPS = ["aten.mm.default", "aten.bmm.default", "aten._softmax.default
                    "aten.cos.default", "aten.embedding.default", "aten.neg.default", "aten.mul.Tensor"]
 
 
+def _bold(text: str) -> str:
+    """Bold on a terminal; plain text in files and pipes."""
+    return f"\033[1m{text}\033[0m" if sys.stdout.isatty() else text
+
+
 def _say(step: str) -> None:
-    print(f"\n\033[1m== {step}\033[0m", flush=True)
+    print("\n" + _bold(f"== {step}"), flush=True)
 
 
 def _cmd(text: str) -> None:
@@ -158,7 +163,7 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     _write_index(index, out, artefacts, verdict, first, failing)
     artefacts.append(("this report (open it)", index))
 
-    print(f"\n\033[1mDone in {time.perf_counter() - started:.0f} s. Everything is in {out}/:\033[0m")
+    print("\n" + _bold(f"Done in {time.perf_counter() - started:.0f} s. Everything is in {out}/:"))
     width = max(len(k) for k, _ in artefacts)
     for what, where in artefacts:
         print(f"  {what:<{width}}  {where}")
