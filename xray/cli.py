@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("dump", help="trace dump folder, its dump.json, or a module-level .h5")
     info.add_argument("--top", type=int, default=15, help="how many ops to list, most called first (default 15)")
     args = ap.parse_args(argv)
+    from .quiet import quiet_third_party
+
+    quiet_third_party()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # a recorded script's transformers too
     if args.cmd == "demo":
         from .demo import run_demo
 

@@ -130,7 +130,7 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     _say("5/7 run the same tests on the 'target device' (its mm kernel is broken), then diff the CSVs")
     broken = out / "pytests-target"
     shutil.copytree(suite, broken)
-    (broken / "conftest.py").write_text(BROKEN_DEVICE_CONFTEST)
+    (broken / "conftest.py").write_text((suite / "conftest.py").read_text() + BROKEN_DEVICE_CONFTEST)
     _cmd(f"pytest {broken} --device <target> ... --detail_compare_path={out / 'ops-target.csv'}")
     _pytest(broken, out / "ops-target.csv")
     _cmd(f"xray-diff {out / 'ops-cpu.csv'} {out / 'ops-target.csv'} {out / 'ops-diff.csv'}")

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
     from . import CompareInputError, compare_dumps  # torch and h5py: only once a compare runs
     from .report import terminal_report, write_csv, write_html, write_summary_json
 

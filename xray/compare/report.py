@@ -47,6 +47,15 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
+def _table_rows(rows: list[Row]) -> list[list[str]]:
+    return [[r.index, r.status, r.origin, _short(r.bench_name or "-"), _short(r.target_name or "-"), r.tensor,
+             r.mode, _fmt(r.cosine), _fmt(r.max_abs_err), _fmt(r.isclose_pct), _fmt(r.stats_err), r.layout]
+            for r in rows]
+
+
+TABLE_HEADERS = ["#", "status", "origin", "bench", "target", "out", "mode", "cosine", "max abs", "close %",
+                 "stats err", "layout"]  # the HTML report's worst rows (a page has room for every column)
+
 TERMINAL_WIDTH = 120  # the worst-rows table fits a common terminal; every column is in the CSV
 
 #: The worst-rows table: (header, Row -> cell). The record column shows the bench's name.

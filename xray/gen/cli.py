@@ -49,6 +49,9 @@ def _require_op_records(dump, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
     from tabulate import tabulate  # torch and h5py come in with the dump: only once a command runs
     from tqdm import tqdm
 

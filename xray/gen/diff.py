@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", help="where to write the side-by-side CSV")
     p.add_argument("--top", type=int, default=15, help="how many ops to list in the summary (default 15)")
     args = p.parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
     import numpy as np  # pandas: only once a command runs
     from tabulate import tabulate
 

@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = _parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
     from tabulate import tabulate  # torch and the backends: only once a command runs
 
     from ..backends.registry import UnknownBackendError, describe, parse_spec

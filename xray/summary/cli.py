@@ -96,6 +96,9 @@ def _rows(dumps: list, args) -> Iterator:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
     from tqdm import tqdm  # torch and h5py come in with the dump: only once a command runs
 
     from ..debugger.steps import SelectionError, parse_selection
