@@ -17,7 +17,7 @@ _FLAGS = [] if sys.platform == "win32" else ["-O3"]
 setup(
     packages=[*find_packages(include=["xray", "xray.*"]), "xray._templates"],
     package_dir={"xray._templates": "templates"},
-    package_data={"xray._templates": ["*.j2"]},
+    package_data={"xray": ["py.typed", "gen/*.txt"], "xray._templates": ["*.j2"]},
     ext_modules=[
         Extension(
             "xray.dump._moments",
