@@ -173,3 +173,44 @@ def test_record_of_a_users_transformers_model_prints_only_xray(tmp_path):
     assert proc.stdout.strip() == "done"
     assert not FOREIGN.search(proc.stderr), proc.stderr
     assert proc.stderr.strip().startswith("xray: dump written to"), proc.stderr
+
+
+def test_compare_of_two_kinds_of_dump_reads_an_xray(tmp_path):
+    proc = _run("xray-compare", str(DUMPS / "llama-fp32"), str(DUMPS / "llama-module.h5"), "o.csv", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "is an xray-trace dump but" in proc.stderr and "is an xray-module dump" in proc.stderr
+
+
+def test_generated_suite_loads_its_plugin_and_labels_the_reference_dtype(tmp_path):
+    """The suite's conftest.py brings --device/--seed/--detail_compare_path; ops on integer inputs
+    say their reference ran at the same dtype (nothing was widened), float ops say upcast."""
+    from importlib.metadata import distributions
+
+    assert _run("xray-gen", str(DUMPS / "llama-dedup"), "-o", "suite", "-q", cwd=tmp_path).returncode == 0
+    assert "xray.gen.plugin" in (tmp_path / "suite" / "conftest.py").read_text()
+    env = dict(ENV)
+    if any(e.group == "pytest11" and e.value.startswith("xray") for d in distributions() for e in d.entry_points):
+        env["PYTEST_ADDOPTS"] = "-p no:xray"  # an older xray install still registers the plugin globally
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suite", "--device", "cpu", "--seed", "42",
+                           "--detail_compare_path=r.csv", "-q", "-p", "no:cacheprovider"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "r.csv")
+    assert len(rows) == 48
+    integer = rows[rows["dtype"].astype(str).str.startswith("int")]
+    assert len(integer) and set(integer["ref_dtype"]) == {"int64 (same)"}  # was "int64 (upcast)"
+    assert set(rows.loc[rows["op_name"] == "aten.mm.default", "ref_dtype"]) == {"float64 (upcast)"}
+
+
+def test_gen_never_overwrites_a_users_conftest(tmp_path):
+    mine = tmp_path / "suite" / "conftest.py"
+    mine.parent.mkdir()
+    mine.write_text("# my fixtures\n")
+    proc = _run("xray-gen", str(DUMPS / "llama-dedup"), "-o", "suite", "-q", cwd=tmp_path)
+    assert proc.returncode == 2 and "was not written by xray-gen" in proc.stderr
+    assert mine.read_text() == "# my fixtures\n" and not list(mine.parent.glob("test_*.py"))
+    again = _run("xray-gen", str(DUMPS / "llama-dedup"), "-o", "ours", "-q", cwd=tmp_path)
+    assert again.returncode == 0 and _run("xray-gen", str(DUMPS / "llama-dedup"), "-o", "ours", "-q",
+                                          cwd=tmp_path).returncode == 0  # its own conftest is regenerated
