@@ -214,3 +214,28 @@ def test_gen_never_overwrites_a_users_conftest(tmp_path):
     again = _run("xray-gen", str(DUMPS / "llama-dedup"), "-o", "ours", "-q", cwd=tmp_path)
     assert again.returncode == 0 and _run("xray-gen", str(DUMPS / "llama-dedup"), "-o", "ours", "-q",
                                           cwd=tmp_path).returncode == 0  # its own conftest is regenerated
+
+
+def test_only_the_known_foreign_lines_are_dropped():
+    import logging
+
+    from xray.quiet import quiet_third_party
+
+    quiet_third_party()
+    quiet_third_party()  # idempotent
+    assert len(logging.getLogger("torchao").filters) == 1
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    loggers = [logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        loggers[0].warning("Failed to load /x/torchao/_C_mxfp8.so: cannot open")
+        loggers[1].warning("%s is an Enum subclass and is now natively supported by torch.compile", "<enum 'K'>")
+        loggers[0].warning("quantization config is invalid")
+        loggers[1].warning("some other pytree warning")
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    assert seen == ["quantization config is invalid", "some other pytree warning"]
