@@ -1,8 +1,16 @@
-"""The `xray` command: record a script without editing it, and summarise a dump."""
+"""The console scripts: `xray record`/`info`, fast --help everywhere, clear one-line errors, plain
+output in files and pipes, and nothing printed that is not xray's."""
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
+
+import pytest
 
 import xray
 
@@ -32,14 +40,6 @@ def test_xray_info_summarises_and_rejects_bad_paths(tmp_path):
 
 # -- every console script: fast --help, clear errors, plain output in pipes ------------------------------
 
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import tomllib  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 DUMPS = ROOT / "dumps"
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -52,7 +52,8 @@ def _heavy_imports(target: str, argv: list[str]) -> tuple[list[str], str]:
     the heavy modules it imported and what it printed."""
     module, function = target.split(":")
     code = (f"import sys, json, io, contextlib\nfrom {module} import {function} as main\nout = io.StringIO()\n"
-            f"with contextlib.redirect_stdout(out):\n    try:\n        main({argv!r})\n    except SystemExit:\n        pass\n"
+            "with contextlib.redirect_stdout(out):\n    try:\n"
+            f"        main({argv!r})\n    except SystemExit:\n        pass\n"
             f"print(json.dumps([[m for m in {HEAVY!r} if m in sys.modules], out.getvalue()]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -73,7 +73,8 @@ def test_wheel_carries_the_templates_and_registers_no_pytest_plugin(installed):
     assert {f"xray/_templates/{p.name}" for p in (ROOT / "templates").glob("*.j2")} <= names
     assert "xray/_templates/conftest.py.j2" in names
     assert "pytest11" not in entry_points and "xray-gen = xray.gen.cli:main" in entry_points
-    where = _run([bin_dir / "python", "-c", "import xray.gen.generator as g; print(g.templates_dir())"], cwd=wheel.parent)
+    where = _run([bin_dir / "python", "-c", "import xray.gen.generator as g; print(g.templates_dir())"],
+                 cwd=wheel.parent)
     assert where.stdout.strip().endswith("site-packages/xray/_templates")
 
 
@@ -88,7 +89,8 @@ def test_installed_wheel_runs_the_readme_commands(installed, tmp_path):
                 "--detail_compare_path=./result.csv", "-q", "-p", "no:cacheprovider", *stale], cwd=tmp_path)
     assert "48 passed" in run.stdout
     assert len(pd.read_csv(tmp_path / "result.csv")) == 48
-    compare = _run([bin_dir / "xray-compare", dumps / "llama-fp32", dumps / "llama-bf16-fault", "out.csv"], cwd=tmp_path)
+    compare = _run([bin_dir / "xray-compare", dumps / "llama-fp32", dumps / "llama-bf16-fault", "out.csv"],
+                   cwd=tmp_path)
     assert "FIRST DIVERGENCE" in compare.stdout
     summary = _run([bin_dir / "xray-summary", dumps / "llama-module.h5", "--match", r"layers\.0\."], cwd=tmp_path)
     assert "layers.0." in summary.stdout

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     rec.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args...]")
     info = sub.add_parser("info", help="summarise a dump",
-                          description="What a dump holds: record counts, the most called ops, the first NaN/Inf output.")
+                          description="What a dump holds: record counts, the most called ops, the first NaN/Inf "
+                                      "output.")
     info.add_argument("dump", help="trace dump folder, its dump.json, or a module-level .h5")
     info.add_argument("--top", type=int, default=15, help="how many ops to list, most called first (default 15)")
     args = ap.parse_args(argv)
