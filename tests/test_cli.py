@@ -80,9 +80,10 @@ def test_xray_subcommand_help_is_light_and_explained(command):
 def test_import_xray_is_light_and_names_still_resolve():
     code = ("import sys, xray; light = 'torch' not in sys.modules\n"
             "import xray.dump.model\n"  # the subpackage import must not hide the session function
-            "print(light, callable(xray.dump), xray.load_dump.__module__, xray.PrecisionDebugger.__name__)")
+            "print(light, callable(xray.dump), xray.load_dump.__module__, xray.PrecisionDebugger.__name__)\n"
+            "missing = [n for n in [*xray.__all__, *dir(xray)] if not hasattr(xray, n)]; print(missing or 'ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
-    assert proc.stdout.split() == ["True", "True", "xray.dump", "PrecisionDebugger"], proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "True", "xray.dump", "PrecisionDebugger", "ok"], proc.stderr[-2000:]
 
 
 def _run(*cmd: str, cwd: Path) -> subprocess.CompletedProcess:
