@@ -1,16 +1,22 @@
-"""Builds xray's optional C accelerators; all metadata lives in pyproject.toml.
+"""Builds xray's optional C accelerators and lists the packages; all other metadata lives in pyproject.toml.
 
 xray.dump._moments: tensor statistics in one pass. ``optional=True``: without a C compiler the
 install still succeeds and xray takes the torch path. No -march flags: the AVX2 kernel is
 picked at run time, so the build runs anywhere.
+
+xray-gen's Jinja templates live in the repository's top-level ``templates/`` folder; the wheel
+carries them as the data package ``xray._templates``.
 """
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 _FLAGS = [] if sys.platform == "win32" else ["-O3"]
 
 setup(
+    packages=[*find_packages(include=["xray", "xray.*"]), "xray._templates"],
+    package_dir={"xray._templates": "templates"},
+    package_data={"xray": ["py.typed", "gen/*.txt"], "xray._templates": ["*.j2"]},
     ext_modules=[
         Extension(
             "xray.dump._moments",

@@ -143,7 +143,7 @@ def perturbed(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("perturbed")
     broken = out / "pytests"
     shutil.copytree(folder, broken)
-    (broken / "conftest.py").write_text(PERTURB_CONFTEST)
+    (broken / "conftest.py").write_text((folder / "conftest.py").read_text() + PERTURB_CONFTEST)  # keeps the plugin
     csv = out / "broken.csv"
     res = run_pytest(broken, "--seed", "42", f"--detail_compare_path={csv}")
     return csv, res

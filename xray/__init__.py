@@ -2,24 +2,53 @@
 
 Record every ATen call (``begin_dump``/``end_dump``) or every module (``PrecisionDebugger``),
 then generate op tests, replay on deployment backends, and compare dumps.
+
+The public names are imported on first use (PEP 562): ``import xray`` and every console
+script's ``--help`` stay free of torch, which takes seconds to import.
 """
-from .config import DebugFlags, DumpConfig
-from .dump import DumpFormatError, Record, Stats, TensorMeta, load_dump
-from .record import DumpUsageError, begin_dump, dump, end_dump
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
+
+_PUBLIC = {  # name -> the module that defines it
+    "begin_dump": ".record", "end_dump": ".record", "dump": ".record", "DumpUsageError": ".record",
+    "load_dump": ".dump", "DumpFormatError": ".dump", "Record": ".dump", "Stats": ".dump", "TensorMeta": ".dump",
+    "DebugFlags": ".config", "DumpConfig": ".config",
+    "PrecisionDebugger": ".debugger", "OverflowReport": ".debugger",
+    "read_module_dump": ".dump.module_reader",
+}
 
 __all__ = ["begin_dump", "end_dump", "dump", "load_dump", "DebugFlags", "DumpConfig", "Record", "Stats",
            "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "__version__"]
 
 
-def __getattr__(name):  # the module debugger pulls in more; import it on first use
-    if name in ("PrecisionDebugger", "OverflowReport"):
-        from . import debugger
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'xray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value
+    return value
 
-        return getattr(debugger, name)
-    if name == "read_module_dump":
-        from .dump.module_reader import read_module_dump
 
-        return read_module_dump
-    raise AttributeError(name)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+class _Package(types.ModuleType):
+    """``xray.dump`` is the recording session (``with xray.dump(...)``), not the ``xray.dump`` subpackage.
+
+    The import system binds every loaded subpackage on its parent; this keeps that binding from
+    hiding the function (the subpackage stays importable by its full name).
+    """
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "dump" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -70,21 +70,33 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="xray", description="Operator-level precision debugging for PyTorch.",
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    demo = sub.add_parser("demo", help="run the whole workflow on a small real model")
+    demo = sub.add_parser("demo", help="run the whole workflow on a small real model",
+                          description="Record a 2-layer Llama (random weights) on CPU fp32 and on a simulated target "
+                                      "device (bf16 autocast plus one broken matmul call), compare the two dumps, "
+                                      "generate and run op tests, replay ops on ONNX Runtime and ExecuTorch, and "
+                                      "write everything with an index.html into --out. Takes a few minutes on CPU.")
     demo.add_argument("--out", default="xray-demo", help="output folder (default: xray-demo)")
     demo.add_argument("--small", action="store_true", help="a smaller model and fewer steps (used by the tests)")
     demo.add_argument("--no-replay", action="store_true", help="skip the backend replay step")
-    rec = sub.add_parser("record", help="run a Python script with every ATen call recorded")
+    rec = sub.add_parser("record", help="run a Python script with every ATen call recorded",
+                         description="Run a Python script (or -m module) unchanged, with every ATen call recorded "
+                                     "into a trace dump. Settings default to the X_* environment variables.")
     rec.add_argument("-o", "--output", default=None, help="dump dir (default: X_DUMP_DIR or ./xray_debug)")
     rec.add_argument("--debug", type=lambda s: int(s, 0), default=None, help="X_DEBUG bit mask, e.g. 0x102")
     rec.add_argument("--dedup", choices=["0", "1"], default=None, help="X_DEDUP")
     rec.add_argument("--dump-num", type=int, default=None, help="X_DUMP_NUM")
     rec.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     rec.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args...]")
-    info = sub.add_parser("info", help="summarise a dump")
-    info.add_argument("dump")
-    info.add_argument("--top", type=int, default=15)
+    info = sub.add_parser("info", help="summarise a dump",
+                          description="What a dump holds: record counts, the most called ops, the first NaN/Inf "
+                                      "output.")
+    info.add_argument("dump", help="trace dump folder, its dump.json, or a module-level .h5")
+    info.add_argument("--top", type=int, default=15, help="how many ops to list, most called first (default 15)")
     args = ap.parse_args(argv)
+    from .quiet import quiet_third_party
+
+    quiet_third_party()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # a recorded script's transformers too
     if args.cmd == "demo":
         from .demo.run import run_demo
 

@@ -13,10 +13,6 @@ import os
 import time
 from typing import Any
 
-import torch
-
-from .engine import compare_loaded, first_divergence
-from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 from .result import COLUMNS, CompareResult, Row, Status, Summary
 from .thresholds import Rules, Tolerance, default_tolerance
 
@@ -36,6 +32,8 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     thread is as fast as two on an idle machine and far faster on a busy one (OpenMP barriers).
     Raises CompareInputError when the inputs are unusable.
     """
+    import torch
+
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, previous)))
@@ -46,6 +44,9 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
 
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
+    from .engine import compare_loaded, first_divergence
+    from .pairing import CompareInputError, check_same_format, open_dump, pair_units
+
     rules = rules or Rules()
     started = time.perf_counter()
     units, notes = pair_units(bench, target)
@@ -82,6 +83,14 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
     summary.first_divergence = _divergence(fd)
     summary.seconds = round(time.perf_counter() - started, 3)
     return CompareResult(rows, summary)
+
+
+def __getattr__(name: str):  # PEP 562: the CLI's --help must not pay for torch and h5py
+    if name == "CompareInputError":
+        from .pairing import CompareInputError
+
+        return CompareInputError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _count(s: Summary, rows: list[Row]) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import CompareInputError, compare_dumps
-from .report import terminal_report, write_csv, write_html, write_summary_json
 from .thresholds import Rules, parse_tolerance_arg
 
 
@@ -32,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="... and cosine is at least this (default %(default)s)")
     p.add_argument("--stats-warn-factor", type=float, default=Rules.stats_warn_factor,
                    help="statistics-only: warning up to this multiple of the tolerance (default %(default)s)")
-    p.add_argument("--fp64-multiplier", type=float, default=Rules.fp64_multiplier)
+    p.add_argument("--fp64-multiplier", type=float, default=Rules.fp64_multiplier,
+                   help="with --reference: a pair passes when its error against the float64 run is at most this "
+                        "multiple of the bench's own error against it (default %(default)s)")
     p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
     p.add_argument("--threads", type=int, default=1, help="torch threads while comparing (default %(default)s; "
                    "0 keeps torch's setting)")
@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
+    from . import CompareInputError, compare_dumps  # torch and h5py: only once a compare runs
+    from .report import terminal_report, write_csv, write_html, write_summary_json
+
     try:
         rules = Rules(warn_close_pct=args.warn_close_pct, warn_cosine=args.warn_cosine,
                       stats_warn_factor=args.stats_warn_factor, fp64_multiplier=args.fp64_multiplier)

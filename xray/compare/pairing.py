@@ -77,7 +77,7 @@ def open_dump(path: Path, side: str, notes: list[str]) -> Any:
 def check_same_format(bench: Any, target: Any, bench_path: Path, target_path: Path, notes: list[str]) -> None:
     fb, ft = getattr(bench, "format", "?"), getattr(target, "format", "?")
     if fb != ft:
-        raise CompareInputError(f"{bench_path} is a {fb} dump but {target_path} is a {ft} dump; "
+        raise CompareInputError(f"{bench_path} is an {fb} dump but {target_path} is an {ft} dump; "
                                 "compare two dumps of the same kind (both traces or both module-level)")
     vb = (getattr(bench, "header", None) or {}).get("format_version")
     vt = (getattr(target, "header", None) or {}).get("format_version")

@@ -54,7 +54,31 @@ def _table_rows(rows: list[Row]) -> list[list[str]]:
 
 
 TABLE_HEADERS = ["#", "status", "origin", "bench", "target", "out", "mode", "cosine", "max abs", "close %",
-                 "stats err", "layout"]
+                 "stats err", "layout"]  # the HTML report's worst rows (a page has room for every column)
+
+TERMINAL_WIDTH = 120  # the worst-rows table fits a common terminal; every column is in the CSV
+
+#: The worst-rows table: (header, Row -> cell). The record column shows the bench's name.
+_WORST_COLUMNS = [("#", lambda r: r.index), ("status", lambda r: r.status), ("origin", lambda r: r.origin),
+                  ("record (bench)", lambda r: r.bench_name or r.target_name or "-"), ("out", lambda r: r.tensor),
+                  ("cosine", lambda r: _fmt(r.cosine)), ("max abs", lambda r: _fmt(r.max_abs_err)),
+                  ("close %", lambda r: _fmt(r.isclose_pct)), ("stats err", lambda r: _fmt(r.stats_err)),
+                  ("layout", lambda r: r.layout)]
+
+
+def worst_table(rows: list[Row], width: int = TERMINAL_WIDTH) -> str:
+    """The worst rows as a table at most ``width`` wide: columns empty in every row are left
+    out, and record names are shortened from the left (their tail names the op and its #seq)."""
+    columns = [(h, f) for h, f in _WORST_COLUMNS if any(f(r) not in (None, "") for r in rows)]
+    cells = [[f(r) for _, f in columns] for r in rows]
+    name = [h for h, _ in columns].index("record (bench)")
+    longest = max(len(str(c[name])) for c in cells)
+    for name_width in range(longest, 11, -1):
+        shown = [c[:name] + [_short(str(c[name]), name_width)] + c[name + 1:] for c in cells]
+        text = tabulate(shown, headers=[h for h, _ in columns], tablefmt="simple")
+        if max(map(len, text.splitlines())) <= width:
+            break
+    return text
 
 
 def terminal_report(result: CompareResult, worst: int = 10) -> str:
@@ -74,7 +98,7 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
         out.append("\nNo divergence: no row failed.")
     bad = worst_rows(result.rows, worst)
     if bad:
-        out.append("\nWorst rows:\n" + tabulate(_table_rows(bad), headers=TABLE_HEADERS, tablefmt="simple"))
+        out.append("\nWorst rows (all columns, target names included, are in the CSV):\n" + worst_table(bad))
     for w in s.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out)

@@ -47,8 +47,13 @@ DEMO_REPLAY_OPS = ["aten.mm.default", "aten.bmm.default", "aten._softmax.default
                    "aten.cos.default", "aten.embedding.default", "aten.neg.default", "aten.mul.Tensor"]
 
 
+def _bold(text: str) -> str:
+    """Bold on a terminal; plain text in files and pipes."""
+    return f"\033[1m{text}\033[0m" if sys.stdout.isatty() else text
+
+
 def _say(step: str) -> None:
-    print(f"\n\033[1m== {step}\033[0m", flush=True)
+    print("\n" + _bold(f"== {step}"), flush=True)
 
 
 def _cmd(text: str) -> None:
@@ -125,7 +130,7 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     _say("5/7 run the same tests on the 'target device' (its mm kernel is broken), then diff the CSVs")
     broken = out / "pytests-target"
     shutil.copytree(suite, broken)
-    (broken / "conftest.py").write_text(BROKEN_DEVICE_CONFTEST)
+    (broken / "conftest.py").write_text((suite / "conftest.py").read_text() + BROKEN_DEVICE_CONFTEST)
     _cmd(f"pytest {broken} --device <target> ... --detail_compare_path={out / 'ops-target.csv'}")
     _pytest(broken, out / "ops-target.csv")
     _cmd(f"xray-diff {out / 'ops-cpu.csv'} {out / 'ops-target.csv'} {out / 'ops-diff.csv'}")
@@ -159,7 +164,7 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     _write_index(index, out, artefacts, verdict, first, failing)
     artefacts.append(("this report (open it)", index))
 
-    print(f"\n\033[1mDone in {time.perf_counter() - started:.0f} s. Everything is in {out}/:\033[0m")
+    print("\n" + _bold(f"Done in {time.perf_counter() - started:.0f} s. Everything is in {out}/:"))
     width = max(len(k) for k, _ in artefacts)
     for what, where in artefacts:
         print(f"  {what:<{width}}  {where}")

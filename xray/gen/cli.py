@@ -5,8 +5,6 @@ import argparse
 import sys
 import warnings
 
-from tabulate import tabulate
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -14,7 +12,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Generate de-duplicated pytest unit tests, one per distinct (op, argument signature), "
                     "from an xray dump. Run them with: pytest OUT --device cpu --detail_compare_path=result.csv",
         epilog="example:\n  xray-gen dumps/llama-dedup/dump.json -o pytests/\n"
-               "  pytest pytests/ --device cpu --seed 42 --detail_compare_path=./result.csv -n 2",
+               "  pytest pytests/ --device cpu --seed 42 --detail_compare_path=./result.csv\n\n"
+               "The output folder gets a conftest.py that loads xray's pytest plugin (those options) for it only.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", help="dump.json, its folder, or a dump_dir holding one process folder")
     p.add_argument("-o", "--output", default="pytests", help="output folder (default: pytests/)")
@@ -32,8 +31,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class NoOpRecordsError(ValueError):
+    """The dump holds no ATen op record, so there is nothing to generate tests from."""
+
+
+def _require_op_records(dump, path: str) -> None:
+    if any(r.kind == "op" for r in dump.records):
+        return
+    if getattr(dump, "format", None) == "xray-module":
+        raise NoOpRecordsError(
+            f"{path} is a module-level dump (PrecisionDebugger) with no ATen op records; xray-gen makes one test "
+            "per op call: pass a trace dump (xray.begin_dump()/end_dump() or `xray record`: its folder or "
+            "dump.json), or dump with PrecisionDebugger(..., dump_torch_api=True)")
+    raise NoOpRecordsError(f"{path} holds no ATen op records; record with the X_DEBUG default 0x102 "
+                           "(META|STATS) and pass that dump")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
+    from tabulate import tabulate  # torch and h5py come in with the dump: only once a command runs
     from tqdm import tqdm
 
     from ..dump import DumpFormatError, load_dump
@@ -48,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             dump = load_dump(args.dump)
         for w in caught:
             print(f"xray-gen: warning: {w.message}", file=sys.stderr)
+        _require_op_records(dump, args.dump)
         bar = tqdm(total=None, unit="test", desc="xray-gen", disable=args.quiet, file=sys.stderr)
         try:
             report = generate(dump, args.output, factory=args.factory, cpu_init=args.cpu_init, seed=args.seed,
@@ -57,10 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             close = getattr(dump, "close", None)
             if close is not None:
                 close()
-    except MissingTensorError as e:
+    except (MissingTensorError, DumpFormatError, NoOpRecordsError) as e:  # these name the file already
         print(f"xray-gen: error: {e}", file=sys.stderr)
         return 2
-    except (DumpFormatError, GenerationError, ValueError, OSError) as e:
+    except OSError as e:
+        print(f"xray-gen: error: {e.filename or args.dump}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except (GenerationError, ValueError) as e:
         print(f"xray-gen: error: {args.dump}: {e}", file=sys.stderr)
         return 2
     if not args.quiet:

@@ -8,12 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
-from tabulate import tabulate
-
-from .columns import COLUMNS
+if TYPE_CHECKING:
+    import pandas as pd
 
 REQUIRED = ["name", "op_name", "is_pass", "max_abs_err", "max_rel_err"]
 DIFF_COLUMNS = ["name", "op_name", "dtype", "shape", "present", "a_is_pass", "b_is_pass", "a_max_abs_err",
@@ -26,6 +24,10 @@ class DiffInputError(ValueError):
 
 def read_result(path: str | Path) -> pd.DataFrame:
     """A result CSV written by the xray pytest plugin, validated."""
+    import pandas as pd
+
+    from .columns import COLUMNS
+
     p = Path(path)
     try:
         df = pd.read_csv(p, dtype={"name": str, "op_name": str, "dtype": str, "shape": str})
@@ -48,12 +50,17 @@ def read_result(path: str | Path) -> pd.DataFrame:
 
 def _score(df: pd.DataFrame, side: str) -> pd.Series:
     """Badness for comparing the sides: a failed run or missing value counts as infinitely bad."""
+    import numpy as np
+
     rel = df[f"{side}_max_rel_err"].fillna(np.inf)
     return rel
 
 
 def diff(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """One row per test name in either file; ``worse`` is a, b, tie, or the side that has it."""
+    import numpy as np
+    import pandas as pd
+
     keep = ["name", "op_name", "dtype", "shape", "is_pass", "max_abs_err", "max_rel_err"]
     a = a[[c for c in keep if c in a.columns]]
     b = b[[c for c in keep if c in b.columns]]
@@ -83,6 +90,9 @@ def diff(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 def per_op(d: pd.DataFrame) -> pd.DataFrame:
     """Per op: tests, failures on each side, worst relative error on each side, and who is worse."""
+    import numpy as np
+    import pandas as pd
+
     g = d.groupby("op_name", sort=True)
     s = pd.DataFrame({
         "tests": g.size(),
@@ -109,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", help="where to write the side-by-side CSV")
     p.add_argument("--top", type=int, default=15, help="how many ops to list in the summary (default 15)")
     args = p.parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
+    import numpy as np  # pandas: only once a command runs
+    from tabulate import tabulate
+
     try:
         a, b = read_result(args.a), read_result(args.b)
     except DiffInputError as e:
@@ -129,13 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         ["tie", int((both["worse"] == "tie").sum())],
     ]
     print(f"xray-diff: a = {args.a}, b = {args.b}")
-    print(tabulate(summary, tablefmt="simple"))
+    print(tabulate(summary, headers=["by test", "tests"], tablefmt="simple"))
     ops = per_op(d)
     ops["spread"] = (ops[["a_max_rel_err", "b_max_rel_err"]].max(axis=1)
                      / ops[["a_max_rel_err", "b_max_rel_err"]].min(axis=1).replace(0, np.nan)).fillna(0)
-    ops = ops.sort_values(["a_fail", "b_fail", "spread"], ascending=False).head(args.top).drop(columns="spread")
-    print()
-    print(tabulate(ops, headers="keys", tablefmt="github", showindex=False, floatfmt=".3g"))
+    shown = ops.sort_values(["a_fail", "b_fail", "spread"], ascending=False).head(args.top).drop(columns="spread")
+    print(f"\nby op, failures and error spread first ({len(shown)} of {len(ops)} ops):")
+    print(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=".3g"))
     print(f"\nxray-diff: {len(d)} tests -> {args.result}")
     return 0
 

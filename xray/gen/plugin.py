@@ -1,7 +1,9 @@
-"""The xray pytest plugin (entry point ``pytest11: xray``): options, the ``xray_op`` fixture, the CSV.
+"""The pytest plugin of generated suites: options, the ``xray_op`` fixture, the CSV.
 
-Every pytest run in an environment with xray installed loads this module, so it imports
-nothing heavy at import time (torch is only imported by the fixture).
+Not registered globally (its generic ``--device`` and ``--seed`` would clash with projects that
+define their own): the ``conftest.py`` xray-gen writes into each suite loads it with
+``pytest_plugins``, so it is active only where generated tests run. Torch is imported by the
+fixture, not here.
 
 CSV under pytest-xdist: each test's row rides on ``report.user_properties``, which xdist ships
 from the worker to the controller; only the controller (or a plain single-process run) writes

@@ -143,6 +143,8 @@ class OpCheck:
             ref_outs = _written(op, ref_args, ref_kwargs)
         else:
             dev_outs, ref_outs = _flat(out), _flat(ref)
+        if ref_dtype == "upcast" and not _widened([dev_args, dev_kwargs], [ref_args, ref_kwargs]):
+            ref_dtype = "same"  # nothing to widen (integer or bool inputs): the reference ran at their dtypes
         ref_dtype = ",".join(dict.fromkeys(_dtype_name(r) for r in ref_outs)) + f" ({ref_dtype})"
         tensors_in = [t for t in _flat([ref_args, list(ref_kwargs.values())]) if isinstance(t, torch.Tensor)]
         k = reduction_size(op_name, tensors_in, [o for o in ref_outs if isinstance(o, torch.Tensor)])
@@ -169,6 +171,12 @@ def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for item in v for x in _flat(item)]
     return [] if v is None else [v]
+
+
+def _widened(dev: list, ref: list) -> bool:
+    """Whether any reference input tensor is wider than the device's."""
+    flat = lambda v: [t for t in _flat([*v[0], *v[1].values()]) if isinstance(t, torch.Tensor)]  # noqa: E731
+    return any(d.dtype != r.dtype for d, r in zip(flat(dev), flat(ref)))
 
 
 def _for_reference(args: list, kwargs: dict, convert: Callable[[Any], Any]) -> tuple[list, dict]:

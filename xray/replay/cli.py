@@ -9,8 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-from tabulate import tabulate
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xray-replay", description=__doc__.split("\n")[0],
@@ -52,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = _parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
+    from tabulate import tabulate  # torch and the backends: only once a command runs
+
     from ..backends.registry import UnknownBackendError, describe, parse_spec
 
     if args.list_backends:

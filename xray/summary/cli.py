@@ -9,12 +9,6 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from tqdm import tqdm
-
-from ..debugger.steps import SelectionError, parse_selection
-from ..dump import DumpFormatError, load_dump
-from ..dump.reader import TruncatedDumpWarning
-from .table import SummaryRow, dump_rows, filter_rows, render_table, write_csv
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +37,9 @@ def _inputs(path: Path) -> list[Path]:
 
 
 def _open(path: Path, allow_incomplete: bool):
+    from ..dump import DumpFormatError, load_dump
+    from ..dump.reader import TruncatedDumpWarning
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TruncatedDumpWarning)
         dump = load_dump(path)
@@ -54,7 +51,44 @@ def _open(path: Path, allow_incomplete: bool):
     return dump
 
 
-def _rows(dumps: list, args) -> Iterator[SummaryRow]:
+def _steps(dump) -> set[int]:
+    """The steps a dump holds: a module dump's step groups, a trace dump's record steps."""
+    if hasattr(dump, "steps"):
+        return set(dump.steps)
+    return {r.step for r in dump.records if r.step is not None}
+
+
+def _spans(numbers: set[int]) -> str:
+    """0,1,2,5 -> '0-2,5' (the --step syntax)."""
+    out: list[str] = []
+    for n in sorted(numbers):
+        if out and int(out[-1].rpartition("-")[2]) == n - 1:
+            out[-1] = f"{out[-1].partition('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ",".join(out)
+
+
+def _check_steps(selected: frozenset[int] | None, dumps: list) -> None:
+    """Refuse a --step selection that matches no step (an empty table reads as "no tensors")."""
+    if selected is None:
+        return
+    present = set().union(*(_steps(d) for d in dumps))
+    missing = selected - present
+    if missing == selected:
+        from ..debugger.steps import SelectionError
+
+        has = f"the dump has steps {_spans(present)}" if present else "the dump records no step numbers"
+        raise SelectionError(f"--step {_spans(set(selected))}: no such step; {has}")
+    if missing:
+        print(f"xray-summary: warning: steps {_spans(set(missing))} are not in the dump "
+              f"(it has {_spans(present)})", file=sys.stderr)
+
+
+def _rows(dumps: list, args) -> Iterator:
+    from ..debugger.steps import parse_selection
+    from .table import dump_rows, filter_rows
+
     steps, ranks = parse_selection(args.step, "step"), parse_selection(args.rank, "rank")
     for dump in dumps:
         yield from filter_rows(dump_rows(dump), steps, ranks, args.match)
@@ -62,13 +96,24 @@ def _rows(dumps: list, args) -> Iterator[SummaryRow]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()
+    from tqdm import tqdm  # torch and h5py come in with the dump: only once a command runs
+
+    from ..debugger.steps import SelectionError, parse_selection
+    from ..dump import DumpFormatError
+    from .table import render_table, write_csv
+
     dumps: list = []
     try:
         if args.match:
             re.compile(args.match)
-        parse_selection(args.step, "step"), parse_selection(args.rank, "rank")
+        steps = parse_selection(args.step, "step")
+        parse_selection(args.rank, "rank")
         for p in _inputs(Path(args.input)):  # open (and validate) every input before writing anything
             dumps.append(_open(p, args.allow_incomplete))
+        _check_steps(steps, dumps)
         rows = tqdm(_rows(dumps, args), desc="xray-summary", unit=" tensors", disable=None, leave=False,
                     file=sys.stderr)
         if args.csv:
