@@ -16,7 +16,7 @@ import torch
 import xray
 from xray.gen.blacklist import Blacklist
 from xray.gen.cli import main as gen_main
-from xray.gen.columns import COLUMNS
+from xray.gen.columns import RESULT_COLUMNS
 from xray.gen.diff import main as diff_main
 from xray.models import tiny_llama, token_batch
 
@@ -70,7 +70,7 @@ def test_generated_suite_passes_on_cpu_and_writes_csv(suite):
     folder, csv, res = suite
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     df = pd.read_csv(csv)
-    assert list(df.columns) == COLUMNS
+    assert list(df.columns) == RESULT_COLUMNS
     assert len(df) == len(test_functions(folder)) > 20
     assert df["is_pass"].all(), df.loc[~df["is_pass"], ["name", "error"]].to_string()
     assert set(df["ref_dtype"].str.split(" ").str[0]) >= {"float64"}  # fp32 ops checked against fp64

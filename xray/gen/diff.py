@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from .columns import COLUMNS
+from .columns import RESULT_COLUMNS
 
 REQUIRED = ["name", "op_name", "is_pass", "max_abs_err", "max_rel_err"]
 DIFF_COLUMNS = ["name", "op_name", "dtype", "shape", "present", "a_is_pass", "b_is_pass", "a_max_abs_err",
@@ -36,7 +36,7 @@ def read_result(path: str | Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise DiffInputError(f"{p}: missing columns {missing}; expected a CSV written by "
-                             "pytest --detail_compare_path (columns: " + ", ".join(COLUMNS[:9]) + ", ...)")
+                             "pytest --detail_compare_path (columns: " + ", ".join(RESULT_COLUMNS[:9]) + ", ...)")
     if df["name"].duplicated().any():
         dup = df.loc[df["name"].duplicated(), "name"].iloc[0]
         raise DiffInputError(f"{p}: test name {dup!r} appears twice")
