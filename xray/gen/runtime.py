@@ -144,7 +144,7 @@ class OpCheck:
                 cpu = op(*cpu_args, **cpu_kwargs)
             except Exception:  # CPU has no kernel at this dtype: the noise level falls back to its floor
                 cpu = None
-        if ref_dtype == "upcast" and not _widened(cpu_args, ref_args):
+        if ref_dtype == "upcast" and not _widened([*cpu_args, *cpu_kwargs.values()], [*ref_args, *ref_kwargs.values()]):
             ref_dtype = "same"  # nothing to widen (integer or bool inputs): the reference ran at their dtypes
         if compare_mutated:
             dev_outs = _written(op, dev_args, dev_kwargs)
@@ -158,7 +158,7 @@ class OpCheck:
             raise OpCheckFailed(f"{self.name}: output count differs from the reference")
         if len(cpu_outs) != len(ref_outs):
             cpu_outs = [None] * len(ref_outs)
-        depth = noise.depth_of(_tensors([ref_args, ref_kwargs]), _tensors(ref_outs))
+        depth = noise.depth_of(_tensors([*ref_args, *ref_kwargs.values()]), _tensors(ref_outs))
         verdict = combine_verdicts([judge_output(d, r, c, depth) for d, r, c in zip(dev_outs, ref_outs, cpu_outs)])
         self._row(op_name, verdict, ref_dtype, verdict.reason)
         if not verdict.is_pass:
@@ -183,15 +183,13 @@ def _run_reference(op: torch._ops.OpOverload, ref_args: list, ref_kwargs: dict, 
         return op(*ref_args, **ref_kwargs), "same"
 
 
-def _tensors(v: Any) -> list[torch.Tensor]:
-    if isinstance(v, dict):
-        v = list(v.values())
+def _tensors(v: list) -> list[torch.Tensor]:
     return [t for t in _flat(v) if isinstance(t, torch.Tensor)]
 
 
-def _widened(cpu_args: list, ref_args: list) -> bool:
+def _widened(cpu_inputs: list, ref_inputs: list) -> bool:
     """Whether any reference input tensor is wider than the device's."""
-    return any(c.dtype != r.dtype for c, r in zip(_tensors(cpu_args), _tensors(ref_args)))
+    return any(c.dtype != r.dtype for c, r in zip(_tensors(cpu_inputs), _tensors(ref_inputs)))
 
 
 def _dtype_name(v: Any) -> str:

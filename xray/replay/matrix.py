@@ -29,7 +29,7 @@ COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "ma
 COLORS = {Status.OK: "#2e7d32", Status.MISMATCH: "#f9a825", Status.EXPORT_FAIL: "#8e24aa",
           Status.LOWER_FAIL: "#5e35b1", Status.RUN_FAIL: "#e65100", Status.CRASH: "#b71c1c",
           Status.TIMEOUT: "#6d4c41", Status.UNSUPPORTED_PLATFORM: "#90a4ae", Status.BASELINE_FAIL: "#cfd8dc",
-          Status.NONDETERMINISTIC: "#00838f"}
+          Status.NONDETERMINISTIC: "#00838f", Status.SECONDARY_DIFFERS: "#7cb342"}
 
 
 @dataclass
