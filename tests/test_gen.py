@@ -120,8 +120,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class WrongMul(TorchDispatchMode):
-    """A broken "device": aten.mul.Tensor in float32 comes out 1e-2 off. The reference runs in
-    float64, so only the device side is hit."""
+    """A broken "device": aten.mul.Tensor in float32 comes out 1e-2 off. The CPU runs (fp64
+    reference, same-dtype noise) happen outside dispatch modes, so only the device side is hit."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -143,7 +143,8 @@ def perturbed(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("perturbed")
     broken = out / "pytests"
     shutil.copytree(folder, broken)
-    (broken / "conftest.py").write_text(PERTURB_CONFTEST)
+    conftest = broken / "conftest.py"  # appended: a suite's own conftest stays in force
+    conftest.write_text((conftest.read_text() if conftest.exists() else "") + PERTURB_CONFTEST)
     csv = out / "broken.csv"
     res = run_pytest(broken, "--seed", "42", f"--detail_compare_path={csv}")
     return csv, res

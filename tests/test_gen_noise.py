@@ -97,11 +97,11 @@ def test_exact_dtypes_nonfinite_values_and_flushed_subnormals():
 
 def test_sdpa_flash_attention_for_cpu_passes_its_own_check():
     """Issue 17 class 9: the per-op ULP lists failed this op on the CPU that recorded it."""
-    for seed in range(3):
-        g = torch.Generator().manual_seed(seed)
-        q, k, v = (torch.randn(2, 4, 128, 64, generator=g) for _ in range(3))
-        verdict = OpCheck("sdpa", ROOT).check(SDPA, q, k, v, 0.0, True)
-        assert verdict.is_pass and verdict.err_vs_noise == pytest.approx(1.0)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 64, generator=g) for _ in range(3))  # 65,536 outputs, causal
+    verdict = OpCheck("sdpa", ROOT).check(SDPA, q, k, v, 0.0, True)
+    assert verdict.is_pass and verdict.err_vs_noise == pytest.approx(1.0)
+    assert verdict.noise_level > 4 * noise.eps(torch.float32)  # the CPU's own noise is beyond the old 4-ulp budget
 
 
 def test_device_hooks_do_not_reach_the_cpu_runs():
@@ -115,7 +115,7 @@ def test_device_hooks_do_not_reach_the_cpu_runs():
 
 # -- real models ---------------------------------------------------------------------------------
 
-ARCHS = ("llama-sdpa", "t5")  # tools/gen_selfcheck.py runs all seven over three seeds
+ARCHS = ("llama-sdpa", "t5", "vit")  # tools/gen_selfcheck.py runs all seven over three seeds
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,9 @@ def wrong_rsqrt():
 
 def test_pytest_run_names_exactly_the_faulty_op_and_writes_noise_columns(suites, tmp_path):
     folder = suites["llama-sdpa"]
-    (folder / "conftest.py").write_text(FAULT_CONFTEST)
+    conftest = folder / "conftest.py"
+    kept = conftest.read_text() if conftest.exists() else None  # a suite's own conftest stays in force
+    conftest.write_text((kept or "") + FAULT_CONFTEST)
     csv = tmp_path / "r.csv"
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
     try:
@@ -181,7 +183,7 @@ def test_pytest_run_names_exactly_the_faulty_op_and_writes_noise_columns(suites,
                               "--device", "cpu", f"--detail_compare_path={csv}"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     finally:
-        (folder / "conftest.py").unlink()
+        conftest.write_text(kept) if kept is not None else conftest.unlink()
     df = pd.read_csv(csv)
     assert res.returncode == 1, res.stdout[-2000:]
     assert set(df.loc[~df["is_pass"], "op_name"]) == {"aten.rsqrt.default"}
