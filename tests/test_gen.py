@@ -40,7 +40,9 @@ def dumps(tmp_path_factory):
 
 
 def run_pytest(folder: Path, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider", "--device", "cpu", *extra]
+    # the plugin by name: installed entry point or not, and the same name a suite's conftest uses
+    cmd = [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider", "-p", "xray.gen.plugin",
+           "--device", "cpu", *extra]
     return subprocess.run(cmd, cwd=cwd or folder.parent, env=ENV, capture_output=True, text=True, timeout=300)
 
 

@@ -53,10 +53,6 @@ def test_metrics_stay_finite_for_values_near_the_dtype_range():
     assert v.ok and v.max_abs_err == 0.0
 
 
-def _sum_rows(x: torch.Tensor) -> torch.Tensor:
-    return x.sum(-1)
-
-
 def test_another_summation_order_passes_and_a_1e3_error_in_three_elements_fails():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4096, generator=g)
@@ -127,7 +123,7 @@ def suites(tmp_path_factory):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_recording_cpu_passes_its_own_suite_and_another_order_too(suites, arch):
     tests = list(selfcheck.generated_tests(suites[arch]))
-    assert len(tests) > 20
+    assert len(tests) > 10
     failed = [r.error for r in (selfcheck.run_test(*t, seed=0) for t in tests) if not r.passed]
     assert not failed, failed[:3]
     other = [r for r in (selfcheck.run_test(*t, seed=0, mode=selfcheck.Decomposed()) for t in tests)]
@@ -180,12 +176,12 @@ def test_pytest_run_names_exactly_the_faulty_op_and_writes_noise_columns(suites,
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
     try:
         res = subprocess.run([sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider",
-                              "--device", "cpu", f"--detail_compare_path={csv}"], cwd=tmp_path, env=env,
+                              "-p", "xray.gen.plugin", "--device", "cpu", f"--detail_compare_path={csv}"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     finally:
         conftest.write_text(kept) if kept is not None else conftest.unlink()
+    assert res.returncode == 1 and csv.exists(), res.stdout[-2000:] + res.stderr[-2000:]
     df = pd.read_csv(csv)
-    assert res.returncode == 1, res.stdout[-2000:]
     assert set(df.loc[~df["is_pass"], "op_name"]) == {"aten.rsqrt.default"}
     floats = df[df["dtype"].str.startswith("float")]
     assert (floats["noise_level"] >= noise.eps(torch.float32)).all()
