@@ -13,7 +13,8 @@ process, exactly as the pytest fixture does (``OpCheck``), on CPU:
 * faults: every test again with a 1e-3 relative error in its op's first output: the whole
   tensor, and 3 elements only (those of largest magnitude among the first quarter). Must fail.
 
-    python tools/gen_selfcheck.py [--archs llama-sdpa,gpt2,...] [--seeds 0,1,2] [--json out.json]
+    python tools/gen_selfcheck.py [--archs llama-sdpa,gpt2,...] [--seeds 0,1,2] [--dtype bfloat16]
+                                  [--json out.json]
 """
 from __future__ import annotations
 
@@ -100,10 +101,13 @@ ARCHS: dict[str, Callable[[int], tuple]] = {
 }
 
 
-def record_and_generate(arch: str, seed: int, root: Path) -> Path:
-    """One forward of ``arch`` recorded with every tensor saved; its generated suite's folder."""
+def record_and_generate(arch: str, seed: int, root: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """One forward of ``arch`` (weights and float inputs in ``dtype``) recorded with every tensor
+    saved; its generated suite's folder."""
     with _quiet_import():
         model, args, kwargs = ARCHS[arch](seed)
+    model = model.to(dtype)
+    args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
     with torch.no_grad(), xray.dump(dump_dir=root / f"{arch}-{seed}-dump", X_DEDUP=True, X_DUMP_NUM=1_000_000) as d:
         model(*args, **kwargs)
     folder = root / f"{arch}-{seed}"
@@ -281,14 +285,14 @@ def check_suite(folder: Path, seed: int, faults: bool = True) -> dict:
             out["self_fail"].append(f"{name}: {res.error[:200]}")
         out["self_worst"] = max(out["self_worst"], _num(res.row.get("err_vs_noise")))
         lvl = _num(res.row.get("noise_level"))
-        if res.row.get("dtype", "").startswith("float"):
+        if res.row.get("dtype", "").startswith(("float", "bfloat")):
             out["noise_level_max"] = max(out["noise_level_max"], lvl)
         for arm, mode in (("decomp", decomp), ("threads1", one_thread())):
             r = run_test(name, fn, path, seed, mode)
             if not r.passed:
                 out[f"{arm}_fail"].append(f"{name}: {r.error[:200]}")
             out[f"{arm}_worst"] = max(out[f"{arm}_worst"], _num(r.row.get("err_vs_noise")))
-        if not faults or not res.row.get("dtype", "").startswith(("float", "complex")):
+        if not faults or not res.row.get("dtype", "").startswith(("float", "bfloat", "complex")):
             continue
         out["fault_tests"] += 1
         for key, elements in (("fault_whole_missed", None), ("fault_few_missed", 3)):
@@ -314,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archs", default=",".join(ARCHS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the models' weights and float inputs")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     torch.set_num_threads(2)
@@ -322,14 +328,14 @@ def main(argv: list[str] | None = None) -> int:
         for arch in a.archs.split(","):
             for seed in (int(s) for s in a.seeds.split(",")):
                 t0 = time.perf_counter()
-                folder = record_and_generate(arch, seed, Path(tmp))
+                folder = record_and_generate(arch, seed, Path(tmp), getattr(torch, a.dtype))
                 r = check_suite(folder, seed, faults=not a.no_faults)
                 r["seconds"] = round(time.perf_counter() - t0, 1)
                 results[f"{arch}/{seed}"] = r
                 print(f"{arch:12s} seed {seed}: {r['tests']:3d} tests, self fail {len(r['self_fail'])}, "
                       f"worst x noise: self {r['self_worst']:.2f} decomp {r['decomp_worst']:.2f} "
                       f"(fail {len(r['decomp_fail'])}) threads1 {r['threads1_worst']:.2f} "
-                      f"(fail {len(r['threads1_fail'])}); max fp32 noise level {r['noise_level_max']:.2e}; "
+                      f"(fail {len(r['threads1_fail'])}); max noise level {r['noise_level_max']:.2e}; "
                       f"1e-3 faults missed: whole {len(r['fault_whole_missed'])}, "
                       f"3 elements {len(r['fault_few_missed'])} of {r['fault_tests']}; {r['seconds']} s", flush=True)
                 for key in ("self_fail", "decomp_fail", "threads1_fail", "fault_whole_missed", "fault_few_missed"):
@@ -342,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{max(r['threads1_worst'] for r in results.values()):.2f}; faults missed whole "
           f"{sum(len(r['fault_whole_missed']) for r in results.values())}, few "
           f"{sum(len(r['fault_few_missed']) for r in results.values())} of "
-          f"{sum(r['fault_tests'] for r in results.values())}")
+          f"{sum(r['fault_tests'] for r in results.values())} (x2 runs; "
+          f"{sum(r['fault_noop'] for r in results.values())} runs changed nothing: zeros, non-finite values)")
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
     return 0 if all(not r["self_fail"] for r in results.values()) else 1
