@@ -21,7 +21,8 @@ from ..record.flatten import flatten_tensors  # noqa: F401  (re-exported for bac
 
 class Status(enum.IntEnum):
     """Outcome of one (record, backend) replay. ``OK`` is the only pass; 1-6 are failures, worse as
-    they grow; 7-9 say why the values were not compared (platform, baseline, nondeterministic op)."""
+    they grow; 7-10 say why values were not compared (platform, baseline, nondeterministic op,
+    secondary output defined differently)."""
 
     OK = 0
     """Exported, lowered, ran, and matched the baseline within the dtype's tolerance."""
