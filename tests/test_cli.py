@@ -135,15 +135,15 @@ def test_compare_console_report_fits_120_columns_and_has_no_ansi(tmp_path):
 
 
 def test_diff_tables_have_headers(tmp_path):
-    from xray.gen.columns import COLUMNS
+    from xray.gen.columns import RESULT_COLUMNS
 
     for side, err in (("a", "1e-7"), ("b", "2e-3")):
-        rows = [dict.fromkeys(COLUMNS, ""), dict.fromkeys(COLUMNS, "")]
+        rows = [dict.fromkeys(RESULT_COLUMNS, ""), dict.fromkeys(RESULT_COLUMNS, "")]
         for i, r in enumerate(rows):
             r.update(name=f"test_x.py::t{i}", op_name="aten.mm.default", is_pass="True", max_abs_err=err,
                      max_rel_err=err)
-        (tmp_path / f"{side}.csv").write_text(",".join(COLUMNS) + "\n" + "\n".join(
-            ",".join(r[c] for c in COLUMNS) for r in rows) + "\n")
+        (tmp_path / f"{side}.csv").write_text(",".join(RESULT_COLUMNS) + "\n" + "\n".join(
+            ",".join(r[c] for c in RESULT_COLUMNS) for r in rows) + "\n")
     proc = _run("xray-diff", "a.csv", "b.csv", "d.csv", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()

@@ -16,7 +16,7 @@ import torch
 import xray
 from xray.gen.blacklist import Blacklist
 from xray.gen.cli import main as gen_main
-from xray.gen.columns import COLUMNS
+from xray.gen.columns import RESULT_COLUMNS
 from xray.gen.diff import main as diff_main
 from xray.demo.models import tiny_llama, token_batch
 
@@ -40,7 +40,9 @@ def dumps(tmp_path_factory):
 
 
 def run_pytest(folder: Path, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider", "--device", "cpu", *extra]
+    # the plugin by name: installed entry point or not, and the same name a suite's conftest uses
+    cmd = [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider", "-p", "xray.gen.plugin",
+           "--device", "cpu", *extra]
     return subprocess.run(cmd, cwd=cwd or folder.parent, env=ENV, capture_output=True, text=True, timeout=300)
 
 
@@ -70,7 +72,7 @@ def test_generated_suite_passes_on_cpu_and_writes_csv(suite):
     folder, csv, res = suite
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     df = pd.read_csv(csv)
-    assert list(df.columns) == COLUMNS
+    assert list(df.columns) == RESULT_COLUMNS
     assert len(df) == len(test_functions(folder)) > 20
     assert df["is_pass"].all(), df.loc[~df["is_pass"], ["name", "error"]].to_string()
     assert set(df["ref_dtype"].str.split(" ").str[0]) >= {"float64"}  # fp32 ops checked against fp64
@@ -120,8 +122,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class WrongMul(TorchDispatchMode):
-    """A broken "device": aten.mul.Tensor in float32 comes out 1e-2 off. The reference runs in
-    float64, so only the device side is hit."""
+    """A broken "device": aten.mul.Tensor in float32 comes out 1e-2 off. The CPU runs (fp64
+    reference, same-dtype noise) happen outside dispatch modes, so only the device side is hit."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -143,7 +145,8 @@ def perturbed(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("perturbed")
     broken = out / "pytests"
     shutil.copytree(folder, broken)
-    (broken / "conftest.py").write_text((folder / "conftest.py").read_text() + PERTURB_CONFTEST)  # keeps the plugin
+    conftest = broken / "conftest.py"  # appended: a suite's own conftest stays in force
+    conftest.write_text((conftest.read_text() if conftest.exists() else "") + PERTURB_CONFTEST)
     csv = out / "broken.csv"
     res = run_pytest(broken, "--seed", "42", f"--detail_compare_path={csv}")
     return csv, res

@@ -21,7 +21,8 @@ from ..record.flatten import flatten_tensors  # noqa: F401  (re-exported for bac
 
 class ReplayStatus(enum.IntEnum):
     """Outcome of one (record, backend) replay. ``OK`` is the only pass; 1-6 are failures, worse as
-    they grow; 7-9 say why the values were not compared (platform, baseline, nondeterministic op)."""
+    they grow; 7-10 say why values were not compared (platform, baseline, nondeterministic op,
+    secondary output defined differently)."""
 
     OK = 0
     """Exported, lowered, ran, and matched the baseline within the dtype's tolerance."""
@@ -44,12 +45,15 @@ class ReplayStatus(enum.IntEnum):
     NONDETERMINISTIC = 9
     """It ran with the baseline's output count, shapes and dtypes, but the op's values are random
     (an RNG op) or uninitialized (``empty``), so they were not compared."""
+    SECONDARY_DIFFERS = 10
+    """The primary output matched; a secondary one is defined differently (another shape or dtype
+    kind: the export's SDPA decomposition returns attention weights, not the logsumexp): not compared."""
 
     @property
     def supported(self) -> bool:
         """The backend expressed and ran the op (numbers may still drift, or be uncompared)."""
         return self in (ReplayStatus.OK, ReplayStatus.MISMATCH, ReplayStatus.BASELINE_FAIL,
-                        ReplayStatus.NONDETERMINISTIC)
+                        ReplayStatus.NONDETERMINISTIC, ReplayStatus.SECONDARY_DIFFERS)
 
 
 class BackendError(RuntimeError):

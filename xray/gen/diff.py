@@ -26,7 +26,7 @@ def read_result(path: str | Path) -> pd.DataFrame:
     """A result CSV written by the xray pytest plugin, validated."""
     import pandas as pd
 
-    from .columns import COLUMNS
+    from .columns import RESULT_COLUMNS
 
     p = Path(path)
     try:
@@ -38,7 +38,7 @@ def read_result(path: str | Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise DiffInputError(f"{p}: missing columns {missing}; expected a CSV written by "
-                             "pytest --detail_compare_path (columns: " + ", ".join(COLUMNS[:9]) + ", ...)")
+                             "pytest --detail_compare_path (columns: " + ", ".join(RESULT_COLUMNS[:9]) + ", ...)")
     if df["name"].duplicated().any():
         dup = df.loc[df["name"].duplicated(), "name"].iloc[0]
         raise DiffInputError(f"{p}: test name {dup!r} appears twice")

@@ -220,8 +220,8 @@ class Renderer:
         if not bodies:
             return f"{stem}.py", "", 0
         source_note = f"{MARKER} from {self.dump.folder} ({op}, {len(cases)} distinct signature(s)). " \
-                      "Each test runs the recorded call on --device and checks it against a " \
-                      "higher-precision CPU reference (docs/gen.md)."
+                      "Each test runs the recorded call on --device and checks its error against an " \
+                      "fp64 CPU reference, within a few times the CPU's own noise at the same dtype (docs/gen.md)."
         text = self.module.render(docstring=py_text(source_note, 400), seed=repr(self.seed),
                                   cpu_init=repr(bool(self.cpu_init)), cases="\n\n\n".join(bodies))
         audit(text, f"{stem}.py")

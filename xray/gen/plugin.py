@@ -33,7 +33,7 @@ class CsvReporter:
     keeps what was done), rewritten sorted by name at the end of the session."""
 
     def __init__(self, path: Path) -> None:
-        from .columns import COLUMNS
+        from .columns import RESULT_COLUMNS
 
         self.path = path
         self.rows: dict[str, dict] = {}
@@ -41,7 +41,7 @@ class CsvReporter:
         self._live = open(path, "w", encoding="utf-8", newline="")
         import csv
 
-        self._writer = csv.DictWriter(self._live, fieldnames=COLUMNS, extrasaction="ignore")
+        self._writer = csv.DictWriter(self._live, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         self._writer.writeheader()
 
     def pytest_runtest_logreport(self, report) -> None:

@@ -2,8 +2,9 @@
 
 A generated test declares its inputs as ``T(...)`` specs (shape, dtype, stride, saved data or
 recorded range) and calls ``xray_op.check(op, *args, **kwargs)``. The check builds the inputs
-on the device under test, runs the op there and on a CPU reference one precision step up,
-compares (``xray.gen.reference``) and hands one CSV row to the pytest plugin.
+on the device under test, runs the op there, in fp64 on CPU (the reference) and at the same
+dtype on CPU (the noise), judges with ``xray.numerics.noise`` and hands one CSV row to the
+pytest plugin.
 """
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from typing import Any, Callable
 
 import h5py
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..dump.model import Stats, TensorMeta
 from ..dump.tensorio import dtype_name, open_dataset, read_dataset
 from ..inputs import place, random_like_meta
 from ..record.encode import op_info
 from .columns import make_row
-from .reference import Comparison, combine, compare, reduction_size, to_cpu, upcast
+from ..numerics import noise
+from .reference import OutputVerdict, combine_verdicts, judge_output, to_cpu, widen
 
 _DATA_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.h5$")
 
@@ -46,7 +49,7 @@ class T:
 
 
 class OpCheckFailed(AssertionError):
-    """The device result is outside the documented error budget."""
+    """The device result is beyond the CPU's measured noise (docs/gen.md, "Pass criteria")."""
 
 
 def case_seed(seed: int, name: str) -> int:
@@ -112,55 +115,81 @@ class OpCheck:
         self._files.clear()
 
     # -- the check ---------------------------------------------------------------------------------
-    def check(self, op: torch._ops.OpOverload, *args: Any, compare_mutated: bool = False, **kwargs: Any) -> Comparison:
-        """Run ``op`` on the device and on the reference, record one row, fail if out of budget.
+    def check(self, op: torch._ops.OpOverload, *args: Any, compare_mutated: bool = False,
+              **kwargs: Any) -> OutputVerdict:
+        """Run ``op`` on the device, in fp64 on CPU (the reference) and at the device's dtype on CPU
+        (the noise), record one row, fail when the device's error is beyond the noise.
 
-        ``compare_mutated``: compare the arguments the op writes (in-place and ``out=``) after
-        the call instead of its return values.
+        ``compare_mutated``: judge the arguments the op writes (in-place and ``out=``) after the
+        call instead of its return values.
         """
         op_name = str(op)
         gen = self._generator()
         dev_args = self._materialize(list(args), gen)
         dev_kwargs = {k: self._materialize(v, gen) for k, v in kwargs.items()}
-        # The reference sees exactly the device's inputs (copied back), so inputs never differ.
-        ref_args, ref_kwargs = _for_reference(dev_args, dev_kwargs, upcast)
+        # Both CPU runs see exactly the device's inputs (copied back), so inputs never differ.
+        # They run outside any dispatch mode the test runs under (a device emulation, a fault
+        # injector): the copies and the CPU runs are plain ATen on CPU.
+        with _disable_current_modes():
+            ref_args, ref_kwargs = _for_reference(dev_args, dev_kwargs, widen)
+            cpu_args, cpu_kwargs = _for_reference(dev_args, dev_kwargs, to_cpu)
         try:
             out = op(*dev_args, **dev_kwargs)
         except Exception as e:
             self._row(op_name, None, "", f"device run failed: {type(e).__name__}: {e}")
             raise
-        ref_dtype = "upcast"
-        try:
-            ref = op(*ref_args, **ref_kwargs)
-        except Exception:
-            # Some ops refuse wider inputs (e.g. _softmax with half_to_float); fall back to the
-            # same precision on CPU, and say so in the ref_dtype column.
-            ref_args, ref_kwargs = _for_reference(dev_args, dev_kwargs, to_cpu)
-            ref = op(*ref_args, **ref_kwargs)
-            ref_dtype = "same"
+        with _disable_current_modes():
+            ref, ref_dtype = _run_reference(op, ref_args, ref_kwargs, cpu_args, cpu_kwargs)
+            try:
+                cpu = op(*cpu_args, **cpu_kwargs)
+            except Exception:  # CPU has no kernel at this dtype: the noise level falls back to its floor
+                cpu = None
+        if ref_dtype == "upcast" and not _widened([*cpu_args, *cpu_kwargs.values()], [*ref_args, *ref_kwargs.values()]):
+            ref_dtype = "same"  # nothing to widen (integer or bool inputs): the reference ran at their dtypes
         if compare_mutated:
             dev_outs = _written(op, dev_args, dev_kwargs)
             ref_outs = _written(op, ref_args, ref_kwargs)
+            cpu_outs = _written(op, cpu_args, cpu_kwargs) if cpu is not None else []
         else:
-            dev_outs, ref_outs = _flat(out), _flat(ref)
-        if ref_dtype == "upcast" and not _widened([dev_args, dev_kwargs], [ref_args, ref_kwargs]):
-            ref_dtype = "same"  # nothing to widen (integer or bool inputs): the reference ran at their dtypes
+            dev_outs, ref_outs, cpu_outs = _flat(out), _flat(ref), _flat(cpu)
         ref_dtype = ",".join(dict.fromkeys(_dtype_name(r) for r in ref_outs)) + f" ({ref_dtype})"
-        tensors_in = [t for t in _flat([ref_args, list(ref_kwargs.values())]) if isinstance(t, torch.Tensor)]
-        k = reduction_size(op_name, tensors_in, [o for o in ref_outs if isinstance(o, torch.Tensor)])
         if len(dev_outs) != len(ref_outs):
             self._row(op_name, None, ref_dtype, f"{len(dev_outs)} outputs vs {len(ref_outs)} in the reference")
             raise OpCheckFailed(f"{self.name}: output count differs from the reference")
-        cmp = combine([compare(d, r, k) for d, r in zip(dev_outs, ref_outs)])
-        self._row(op_name, cmp, ref_dtype, cmp.reason)
-        if not cmp.is_pass:
-            raise OpCheckFailed(f"{self.name} ({op_name} on {self.device}): {cmp.reason}")
-        return cmp
+        if len(cpu_outs) != len(ref_outs):
+            cpu_outs = [None] * len(ref_outs)
+        depth = noise.depth_of(_tensors([*ref_args, *ref_kwargs.values()]), _tensors(ref_outs))
+        verdict = combine_verdicts([judge_output(d, r, c, depth) for d, r, c in zip(dev_outs, ref_outs, cpu_outs)])
+        self._row(op_name, verdict, ref_dtype, verdict.reason)
+        if not verdict.is_pass:
+            raise OpCheckFailed(f"{self.name} ({op_name} on {self.device}): {verdict.reason}")
+        return verdict
 
-    def _row(self, op_name: str, cmp: Comparison | None, ref_dtype: str, error: str) -> None:
-        row = make_row(self.name, op_name, cmp, ref_dtype=ref_dtype, device=str(self.device), error=error)
+    def _row(self, op_name: str, verdict: OutputVerdict | None, ref_dtype: str, error: str) -> None:
+        row = make_row(self.name, op_name, verdict, ref_dtype=ref_dtype, device=str(self.device), error=error)
         if self.on_row is not None:
             self.on_row(row)
+
+
+def _run_reference(op: torch._ops.OpOverload, ref_args: list, ref_kwargs: dict, cpu_args: list,
+                   cpu_kwargs: dict) -> tuple[Any, str]:
+    """The op in fp64 on CPU; an op that refuses wider inputs (``_softmax(half_to_float=True)``)
+    runs at the same dtype on fresh copies, and the ref_dtype column says ``(same)``."""
+    try:
+        return op(*ref_args, **ref_kwargs), "upcast"
+    except Exception:
+        ref_args[:] = to_cpu(cpu_args)
+        ref_kwargs.update({k: to_cpu(v) for k, v in cpu_kwargs.items()})
+        return op(*ref_args, **ref_kwargs), "same"
+
+
+def _tensors(v: list) -> list[torch.Tensor]:
+    return [t for t in _flat(v) if isinstance(t, torch.Tensor)]
+
+
+def _widened(cpu_inputs: list, ref_inputs: list) -> bool:
+    """Whether any reference input tensor is wider than the device's."""
+    return any(c.dtype != r.dtype for c, r in zip(_tensors(cpu_inputs), _tensors(ref_inputs)))
 
 
 def _dtype_name(v: Any) -> str:
@@ -171,12 +200,6 @@ def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for item in v for x in _flat(item)]
     return [] if v is None else [v]
-
-
-def _widened(dev: list, ref: list) -> bool:
-    """Whether any reference input tensor is wider than the device's."""
-    flat = lambda v: [t for t in _flat([*v[0], *v[1].values()]) if isinstance(t, torch.Tensor)]  # noqa: E731
-    return any(d.dtype != r.dtype for d, r in zip(flat(dev), flat(ref)))
 
 
 def _for_reference(args: list, kwargs: dict, convert: Callable[[Any], Any]) -> tuple[list, dict]:

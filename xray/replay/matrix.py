@@ -28,7 +28,7 @@ COLORS = {ReplayStatus.OK: "#2e7d32", ReplayStatus.MISMATCH: "#f9a825", ReplaySt
           ReplayStatus.LOWER_FAIL: "#5e35b1", ReplayStatus.RUN_FAIL: "#e65100", ReplayStatus.CRASH: "#b71c1c",
           ReplayStatus.TIMEOUT: "#6d4c41", ReplayStatus.UNSUPPORTED_PLATFORM: "#90a4ae",
           ReplayStatus.BASELINE_FAIL: "#cfd8dc",
-          ReplayStatus.NONDETERMINISTIC: "#00838f"}
+          ReplayStatus.NONDETERMINISTIC: "#00838f", ReplayStatus.SECONDARY_DIFFERS: "#7cb342"}
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, ReplayResult, MatrixRow
 from .output import ReplayDumpWriter
-from .tolerance import compare, compare_layout
+from .tolerance import judge_backend, judge_layout
 
 
 # Ops that compute nothing a backend could get wrong: tracing and autograd bookkeeping that
@@ -194,7 +194,7 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
         if ref is None:  # it ran, but against nothing: never counted as within tolerance
             status, error = ReplayStatus.BASELINE_FAIL, "not compared: the baseline produced no outputs for this record"
         elif uncompared:  # a wrong layout is still a mismatch; differing values are expected
-            cmp = compare_layout(ref, res.output_tensors())
+            cmp = judge_layout(ref, res.output_tensors())
             status = ReplayStatus.NONDETERMINISTIC if cmp.ok else ReplayStatus.MISMATCH
             error = f"values not compared: {uncompared}"
             if not cmp.ok:
@@ -202,10 +202,10 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
         else:
             got = res.output_tensors()
             dtype = ref[0].dtype if ref else torch.float32
-            cmp = compare(ref, got, precision_of(dtype) if dtype.is_floating_point else None)
+            cmp = judge_backend(ref, got, precision_of(dtype) if dtype.is_floating_point else None, op=rec.op)
             max_abs, max_rel = cmp.max_abs, cmp.max_rel
             if not cmp.ok:
-                status, error = ReplayStatus.MISMATCH, cmp.message
+                status, error = cmp.status, cmp.message
     return MatrixRow(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
                backend=spec, status=int(status), max_abs_err=max_abs, max_rel_err=max_rel,
                latency_ms=res.latency_ms, cached=res.cached, error=error, facts=res.facts)
