@@ -327,3 +327,18 @@ def test_failed_index_write_keeps_the_previous_dump_json_and_names_it(tmp_path):
     index = json.loads((tmp_path / "d" / "dump.json").read_text())
     assert len(index["records"]) == 10  # the previous, complete index
     assert not list((tmp_path / "d").glob("*.tmp"))
+
+
+def test_paused_dump_with_a_jagged_tensor_writes_its_index(tmp_path):
+    """end_dump(clear_context=False) writes dump.json too; a symbolic size used to raise
+    TypeError out of it with nothing written."""
+    folder = xray.begin_dump(dump_dir=tmp_path, X_DEDUP=False)
+    try:
+        jagged_nested()
+    finally:
+        xray.end_dump(clear_context=False)
+    xray.begin_dump()
+    torch.ones(2) * 2
+    xray.end_dump()
+    ops = [r.op for r in xray.load_dump(folder).records]
+    assert "aten.sin.default" in ops and ops[-1] == "aten.mul.Tensor"

@@ -183,10 +183,16 @@ def end_dump(clear_context: bool = True) -> Path | None:
     if clear_context:
         return session.finish()
     session.pause()
-    with no_dispatch_modes():
-        session.writer.flush()
-        session.writer.snapshot(session.summary())
     _PAUSED = session
+    if session.recorder.failed is not None and session.writer.closed:
+        return session.folder
+    try:
+        with no_dispatch_modes():
+            session.writer.flush()
+            session.writer.snapshot(session.summary())
+    except Exception as e:  # noqa: BLE001 - as in finish(): warn, never raise into the program
+        warnings.warn(f"xray: {e}; the journal in {session.folder} still holds what was recorded",
+                      RuntimeWarning, stacklevel=2)
     return session.folder
 
 
