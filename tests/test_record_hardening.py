@@ -3,6 +3,7 @@ cannot read, huge tensors, two processes on one folder, a failing index write.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -263,7 +264,7 @@ SAME_RANK_SCRIPT = textwrap.dedent("""
 def test_same_rank_twice_into_one_dump_dir_keeps_both_dumps(tmp_path):
     """Both processes are alive and recording at once; the second to claim rank_0 gets
     rank_0.<pid> (with a warning) instead of replacing the first one's dump."""
-    env = dict(__import__("os").environ, RANK="0")
+    env = dict(os.environ, RANK="0")
     procs = [subprocess.Popen([sys.executable, "-c", SAME_RANK_SCRIPT, str(tmp_path), me, other],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for me, other in (("2", "3"), ("3", "2"))]

@@ -144,7 +144,9 @@ def begin_dump(X_DEBUG: int | None = None, X_DEDUP: bool | None = None, X_DUMP_N
 
     Arguments left out come from the environment variables of the same names (X_DUMP_DIR for
     ``dump_dir``), then defaults. An unwritable ``dump_dir`` gives a warning and no dump (the
-    program goes on); calling begin_dump while a dump is active is an error.
+    program goes on); calling begin_dump while a dump is active is an error. A folder another
+    live process writes (same RANK, same dump_dir) is left alone: this one gets
+    ``<folder>.<pid>`` and a warning. Only this process and thread are recorded.
     """
     global _ACTIVE, _PAUSED
     if _ACTIVE is not None:
