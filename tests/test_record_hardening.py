@@ -343,3 +343,41 @@ def test_paused_dump_with_a_jagged_tensor_writes_its_index(tmp_path):
     xray.end_dump()
     ops = [r.op for r in xray.load_dump(folder).records]
     assert "aten.sin.default" in ops and ops[-1] == "aten.mul.Tensor"
+
+
+STOP_SCRIPT = textwrap.dedent("""
+    import resource, signal, sys, warnings
+    import torch, xray
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+    xray.begin_dump(dump_dir=sys.argv[1], X_DEDUP=False, X_DUMP_NUM=1, flush_records=10**6,
+                    flush_seconds=10**6, flush_bytes=2 << 20)
+    x = torch.ones(4)
+    for _ in range(5):
+        x = x + 1  # records and tiny copies, all still in memory
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        big = torch.randn(1 << 20) * 2  # 4 MiB copies: the byte cap writes a segment over the limit
+        big = big * 2
+        y = x * 3
+    print("WARNED", any("recording stopped" in str(w.message) for w in caught))
+    print("FOLDER", xray.end_dump())
+""")
+
+
+def test_a_stop_writes_the_records_made_before_it(tmp_path):
+    """A segment write forced by the byte cap fails (file size limit): recording stops, and
+    the records still in memory go to the journal first, readable with their earlier data."""
+    proc = subprocess.run([sys.executable, "-c", STOP_SCRIPT, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WARNED True" in proc.stdout
+    folder = proc.stdout.split("FOLDER ")[1].strip()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dump = xray.load_dump(folder)
+    adds = [r for r in dump.records if r.op == "aten.add.Tensor"]
+    assert len(adds) == 5
+    for r in adds:
+        assert dump.load_tensor(r.inputs["self"]).shape == (4,)
+    assert not any(r.op == "aten.mul.Tensor" and r.inputs["other"] == 3 for r in dump.records)
