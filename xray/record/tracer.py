@@ -248,7 +248,7 @@ class Recorder:
             try:
                 with no_dispatch_modes():
                     self.writer.flush()
-            except (OSError, ValueError):
+            except Exception:  # noqa: BLE001 - an I/O error now, or a writer without flush()
                 self.writer.abandon()
 
     # -- module boundaries (X_DEBUG & MODULES) ------------------------------------------------------
