@@ -86,6 +86,8 @@ OWNER = "owner.pid"  # the pid of the process that writes (or last wrote) the fo
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return False
+    if os.name == "nt":  # os.kill would terminate it there: assume the owner still runs
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -111,6 +113,13 @@ def claim_folder(folder: Path) -> bool:
             return True
         except FileExistsError:
             pass
+        except OSError:  # no hard links on this file system: exclusive create instead
+            try:
+                with open(owner, "x") as f:
+                    f.write(str(os.getpid()))
+                return True
+            except FileExistsError:
+                pass
         try:
             other = int(owner.read_text().strip())
         except (OSError, ValueError):
