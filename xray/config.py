@@ -45,6 +45,7 @@ class DumpConfig:
     stack_depth: int = 8
     flush_records: int = 512
     flush_seconds: float = 1.0
+    flush_bytes: int = 256 << 20  # saved tensor bytes held in memory before a segment is written
 
     def has(self, flag: DebugFlags) -> bool:
         return bool(self.debug & flag)
@@ -63,6 +64,10 @@ class DumpConfig:
         if dump_dir is None and "X_DUMP_DIR" in env:
             dump_dir = env["X_DUMP_DIR"]
         given = dict(extra)  # anything left None takes the dataclass default, spelled once above
+        if "flush_bytes" not in given and "X_FLUSH_BYTES" in env:
+            given["flush_bytes"] = _env_int("X_FLUSH_BYTES", env["X_FLUSH_BYTES"])
+        if int(given.get("flush_bytes", 1)) <= 0:
+            raise ValueError(f"flush_bytes (X_FLUSH_BYTES) must be > 0, got {given['flush_bytes']}")
         if X_DEBUG is not None:
             given["debug"] = DebugFlags(int(X_DEBUG))
         if X_DEDUP is not None:

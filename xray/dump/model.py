@@ -168,6 +168,8 @@ class TensorMeta:
     # Where the value came from (format v2; None in v1 dumps): "op:<seq>:<output index>",
     # "param:<qualified name>", "buffer:<qualified name>" or "input". See Source.
     source: str | None = None
+    # Why this tensor has no statistics or data (a meta, nested or quantized tensor...).
+    note: str | None = None
 
     @property
     def numel(self) -> int:
@@ -191,6 +193,8 @@ class TensorMeta:
             d["data"] = self.data
         if self.source is not None:
             d["src"] = self.source
+        if self.note is not None:
+            d["note"] = self.note
         return d
 
     @classmethod
@@ -210,6 +214,7 @@ class TensorMeta:
             stats=Stats.from_json(d["stats"]) if d.get("stats") is not None else None,
             data=_opt_str(d.get("data"), "tensor data reference"),
             source=_opt_str(d.get("src"), "tensor source"),
+            note=_opt_str(d.get("note"), "tensor note"),
         )
 
 

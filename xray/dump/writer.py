@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,13 @@ from .tensorio import write_dataset
 
 JOURNAL = "journal.jsonl"
 INDEX = "dump.json"
+FLUSH_BYTES = 256 << 20  # default cap on tensor bytes held in memory before a segment is written
+
+
+def _encode(obj: Any) -> str:
+    """Compact JSON; a value JSON cannot hold (a symbolic size) is written as its text rather
+    than losing the whole record."""
+    return json.dumps(obj, separators=(",", ":"), default=str)
 
 
 class DumpWriteError(OSError):
@@ -31,11 +39,18 @@ class DumpWriteError(OSError):
 
 class DumpWriter:
     def __init__(self, folder: Path, header: dict[str, Any], *, flush_records: int = 512,
-                 flush_seconds: float = 1.0) -> None:
+                 flush_seconds: float = 1.0, flush_bytes: int = FLUSH_BYTES) -> None:
         self.folder = Path(folder)
         self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
         self.flush_records = flush_records
         self.flush_seconds = flush_seconds
+        self.flush_bytes = flush_bytes
+        self.pending_bytes = 0  # bytes of queued tensor copies, bounded by flush_bytes + one tensor
+        self.peak_pending_bytes = 0
+        # Segment names are unique per writer (pid + random token): a forked child, or a second
+        # writer on the same folder, can never replace a segment this writer's records point to.
+        self.pid = os.getpid()
+        self._prefix = f"tensors-{self.pid}-{secrets.token_hex(4)}"
         self._records: dict[int, Record] = {}  # seq -> record, every record, for dump.json
         self._pending: list[Record] = []  # not yet in the journal
         self._updates: dict[int, Record] = {}  # de-duplicated records whose count changed
@@ -69,9 +84,17 @@ class DumpWriter:
 
     def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
         """Queue a copy of ``t`` for the current segment; return its data reference."""
+        nbytes = t.numel() * t.element_size()
+        if self._tensors and self.pending_bytes + nbytes > self.flush_bytes:
+            self._raise_lost(self._write_segment())  # bound memory by bytes, not only by time
         path = f"r{record.seq}/{arg}"
         self._tensors.append((path, t))
-        return f"tensors-{self._segment:05d}.h5:{path}"
+        self.pending_bytes += nbytes
+        self.peak_pending_bytes = max(self.peak_pending_bytes, self.pending_bytes)
+        return f"{self._segment_name()}:{path}"
+
+    def _segment_name(self) -> str:
+        return f"{self._prefix}-{self._segment:05d}.h5"
 
     def _maybe_flush(self) -> None:
         if len(self._pending) >= self.flush_records or (
@@ -79,9 +102,19 @@ class DumpWriter:
         ):
             self.flush()
 
+    @property
+    def closed(self) -> bool:
+        return self._journal.closed
+
+    def _foreign(self) -> bool:
+        """A forked child inherits this writer; only the process that opened it writes."""
+        return os.getpid() != self.pid
+
     def flush(self, *, updates: bool = True) -> None:
         """Write queued tensors as one closed segment, then their records to the journal
         (and, with ``updates``, the changed counts of de-duplicated records)."""
+        if self._foreign():
+            return
         lost = None
         try:
             lost = self._write_segment()
@@ -89,6 +122,9 @@ class DumpWriter:
             # The records go to the journal even when their segment could not be written
             # (a full disk): a lost tensor copy must not take the records' metadata with it.
             self._write_journal(updates)
+        self._raise_lost(lost)
+
+    def _raise_lost(self, lost: OSError | None) -> None:
         if lost is not None:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {lost.strerror or lost}; "
                                  "the tensors of the last records were not saved") from lost
@@ -98,7 +134,7 @@ class DumpWriter:
         drop the data references to it, and return the error."""
         if not self._tensors:
             return None
-        name = f"tensors-{self._segment:05d}.h5"
+        name = self._segment_name()
         tmp = self.folder / (name + ".tmp")
         try:
             # Build the HDF5 image in memory and write it with plain file I/O: when HDF5's
@@ -116,6 +152,7 @@ class DumpWriter:
             return e
         finally:
             self._tensors.clear()
+            self.pending_bytes = 0
             self._segment += 1
         return None
 
@@ -130,7 +167,7 @@ class DumpWriter:
         try:
             lines = []
             for r in self._pending:
-                text = self._encoded[r.seq] = json.dumps(r.to_json(), separators=(",", ":"))
+                text = self._encoded[r.seq] = _encode(r.to_json())
                 self._stale.discard(r.seq)
                 lines.append(text)
             if updates:
@@ -155,23 +192,32 @@ class DumpWriter:
 
     def snapshot(self, summary: dict[str, Any]) -> Path:
         """Write dump.json for everything recorded so far (atomically: tmp file + rename)."""
+        if self._foreign():
+            raise DumpWriteError(f"not writing {self.folder / INDEX}: the dump belongs to process "
+                                 f"{self.pid}, not to this forked child")
         for seq in self._stale:
-            self._encoded[seq] = json.dumps(self._records[seq].to_json(), separators=(",", ":"))
+            self._encoded[seq] = _encode(self._records[seq].to_json())
         self._stale.clear()
-        head = json.dumps(dict(self.header, complete=True, summary=summary), separators=(",", ":"))
+        head = _encode(dict(self.header, complete=True, summary=summary))
         tmp = self.folder / (INDEX + ".tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(head[:-1] + ',"records":[')
-                f.write(",".join(self._encoded[seq] for seq in self._records))
+                f.write(",".join(self._encoded.get(seq) or _encode(r.to_json()) for seq, r in self._records.items()))
                 f.write("]}")
             os.replace(tmp, self.folder / INDEX)
         except OSError as e:
+            tmp.unlink(missing_ok=True)  # the previous dump.json, if any, stays in place
             raise DumpWriteError(f"cannot write {self.folder / INDEX}: {e.strerror or e}") from e
         return self.folder
 
     def abandon(self) -> None:
-        """Stop writing after an error; what is already on disk stays readable."""
+        """Stop writing after an error: the records not yet in the journal go there first (the
+        tensors they saved too, where that still works), so what was recorded stays readable."""
+        try:
+            self.flush()
+        except (OSError, ValueError):
+            pass
         try:
             self._journal.close()
         except OSError:

@@ -103,11 +103,36 @@ def encode_value(v: Any, meta_of: Callable[[torch.Tensor], TensorMeta]) -> Any:
     if isinstance(v, complex):
         return Scalar("complex", [v.real, v.imag])
     if isinstance(v, torch.SymInt):
-        hint = v.node.hint if hasattr(v.node, "hint") else None
-        return Scalar("symint", {"expr": str(v), "hint": hint})
+        hint = getattr(v.node, "hint", None)
+        return Scalar("symint", {"expr": str(v), "hint": hint if type(hint) is int else None})
     if isinstance(v, (torch.SymFloat, torch.SymBool)):
         return Scalar("repr", str(v))
     return Scalar("repr", repr(v)[:200])
+
+
+def unsupported(t: torch.Tensor) -> str | None:
+    """Why ``t`` cannot be described by statistics and saved data, or None when it can."""
+    if t.is_meta:
+        return "meta tensor"
+    if t.is_nested:
+        return f"nested tensor ({str(t.layout).removeprefix('torch.')} layout)"
+    if t.is_quantized:
+        return "quantized tensor"
+    return None
+
+
+def noted_meta(t: torch.Tensor, why: str) -> TensorMeta:
+    """The description of a tensor the recorder cannot read: what is known, and why no more.
+    A symbolic size (a jagged dimension) leaves the shape empty; the note spells it out."""
+    try:
+        sizes = list(t.shape)
+    except RuntimeError:  # a strided nested tensor has no single shape
+        sizes = []
+    text = ", ".join(str(s) for s in sizes) if sizes else "?"
+    shape = tuple(sizes) if all(type(s) is int for s in sizes) else ()
+    return TensorMeta(shape=shape, dtype=dtype_name(t.dtype), device=str(t.device),
+                      requires_grad=bool(t.requires_grad),
+                      note=f"{why}, shape ({text}): no statistics or data recorded")
 
 
 def tensor_meta(t: torch.Tensor, stats: Stats | None, with_layout: bool) -> TensorMeta:

@@ -9,9 +9,17 @@ Function that breaks ``ReLU(inplace=True)`` and similar in-place code downstream
 The stack also names module state for the data edges (``producers``): each module's own
 parameters and buffers under ``<module path>.<name>``, when its tree is first named and again
 each time it is entered (a parameter may have been replaced since).
+
+Module hooks are process-wide but a recording belongs to one thread (dispatch modes are
+thread-local): the forward hooks act only on the thread that installed them, so another model
+running in another thread is neither recorded nor able to disturb the stack. The backward
+hooks need no filter: they are registered by that thread's forwards only, and fire on
+whichever autograd thread runs their backward. A hook never raises into the user's code: an
+internal error goes to ``on_error`` and the stack stops.
 """
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any, Callable
 
@@ -34,7 +42,8 @@ class ModuleStack:
     forward and ``on_exit(frame, call_index, kwargs, output, <on_enter's result>)`` after it returns."""
 
     def __init__(self, *, on_enter: Callable | None = None, on_exit: Callable | None = None,
-                 backward: bool = False, producers: Producers | None = None) -> None:
+                 backward: bool = False, producers: Producers | None = None,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
         self.forward_stack: list[ModuleFrame] = []
         self.backward_stack: list[ModuleFrame] = []
         self.on_enter = on_enter
@@ -47,9 +56,12 @@ class ModuleStack:
         self._objects: list[tuple[Any, Any]] = []  # (module, on_enter's result), parallel to forward_stack
         self._bw_task = -1
         self.producers = producers
+        self.on_error = on_error
+        self.owner: int | None = None  # the thread whose modules are tracked; None: none
 
     # -- life cycle -------------------------------------------------------------------
     def install(self) -> None:
+        self.owner = threading.get_ident()
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
@@ -59,6 +71,11 @@ class ModuleStack:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.owner = None
+
+    def disown(self) -> None:
+        """Track no thread any more (a forked child's copy, or after an internal error)."""
+        self.owner = None
 
     # -- queries ----------------------------------------------------------------------
     def current(self, in_backward: bool) -> list[ModuleFrame]:
@@ -102,6 +119,27 @@ class ModuleStack:
 
     # -- hooks ------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if threading.get_ident() != self.owner:
+            return
+        try:
+            self._enter(module, args)
+        except Exception as e:  # noqa: BLE001 - never into the user's forward
+            self._broken(e)
+
+    def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+        if threading.get_ident() != self.owner:
+            return
+        try:
+            self._exit(module, rest)
+        except Exception as e:  # noqa: BLE001 - never into the user's forward
+            self._broken(e)
+
+    def _broken(self, e: Exception) -> None:
+        self.owner = None
+        if self.on_error is not None:
+            self.on_error(e)
+
+    def _enter(self, module: torch.nn.Module, args: tuple) -> None:
         path = self.path_of(module)
         frame = (path, type(module).__name__)
         if module._parameters or module._buffers:
@@ -116,7 +154,7 @@ class ModuleStack:
                 torch.autograd.graph.register_multi_grad_hook(
                     inputs, lambda grads, f=frame: self._bw_exit(f), mode="any")
 
-    def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+    def _exit(self, module: torch.nn.Module, rest: tuple) -> None:
         # Pop back to this module even if an inner module raised and never ran its own hook.
         while self._objects and self._objects[-1][0] is not module:
             self._objects.pop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import traceback
 import warnings
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import StatsCache
 from ..dump.writer import DumpWriteError, DumpWriter
-from .encode import bind_inputs, encode_value, op_info, signature_key, tensor_meta
+from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
 from .flatten import flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
@@ -58,6 +59,21 @@ def _wait_collective(outs: list) -> None:
             wait()
 
 
+_RECORDERS: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (DataLoader worker, compile worker) inherits the active dispatch mode and
+    module hooks; only the process that called begin_dump records, so the child's copies go
+    quiet at once, at no cost to the parent's hot path."""
+    for recorder in list(_RECORDERS):
+        recorder.failed = "forked child process: recording stays in the parent"
+        recorder.modules.disown()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Recorder:
     """State of one dump session: sequence counter, de-dup table, statistics cache, writer."""
 
@@ -79,13 +95,23 @@ class Recorder:
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
-            backward=self.backward_on, producers=self.producers)
+            backward=self.backward_on, producers=self.producers, on_error=self._fail)
+        _RECORDERS.add(self)
 
     def stats(self, t: torch.Tensor) -> Stats:
         return self._stats.get(t)
 
     def _meta(self, t: torch.Tensor) -> TensorMeta:
-        return tensor_meta(t, self.stats(t) if self.stats_on else None, self.meta_on)
+        """A tensor the recorder cannot read (meta, nested, quantized...) is described with a
+        note instead of statistics: it must never stop the recording."""
+        why = unsupported(t)
+        if why is not None:
+            return noted_meta(t, why)
+        try:
+            stats = self.stats(t) if self.stats_on else None
+        except Exception as e:  # noqa: BLE001 - an exotic tensor type: note it, record on
+            return noted_meta(t, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
+        return tensor_meta(t, stats, self.meta_on)
 
     def _input_meta(self, t: torch.Tensor) -> TensorMeta:
         """An input's meta names the data edge it arrived on (outputs are the record's own)."""
@@ -125,10 +151,13 @@ class Recorder:
         self.op_calls += 1
         seq = self.seq
         self.seq += 1
-        key = None
+        key = seen = None
         if self.config.dedup:
-            key = signature_key(func, args, kwargs)
-            seen = self._seen.get(key)
+            try:
+                key = signature_key(func, args, kwargs)
+                seen = self._seen.get(key)
+            except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
+                key = None
             if seen is not None:
                 seen.count += 1
                 seen.last_seq = seq
@@ -186,7 +215,8 @@ class Recorder:
             for i, (t, meta) in enumerate(pairs):
                 if budget[0] <= 0:
                     return
-                if not isinstance(t, torch.Tensor) or not isinstance(meta, TensorMeta) or t.layout != torch.strided:
+                if (not isinstance(t, torch.Tensor) or not isinstance(meta, TensorMeta)
+                        or meta.note is not None or t.layout != torch.strided):
                     continue
                 arg = f"{prefix}.{name}" + (f".{i}" if isinstance(value, (list, tuple)) else "")
                 # contiguous now, so the flush's to_numpy need not copy a strided view again
@@ -203,11 +233,23 @@ class Recorder:
             self._fail(e)
 
     def _fail(self, e: Exception) -> None:
-        """Stop recording after an I/O error, but never break the user's forward."""
-        self.failed = str(e)
-        warnings.warn(f"xray: recording stopped: {e}. What was recorded before stays readable.",
+        """Stop recording after an error, but never break the user's code. The records made
+        so far go to the journal first; after an I/O error the journal is closed, else
+        end_dump still writes dump.json."""
+        if self.failed is not None:
+            return
+        self.failed = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else str(e)
+        warnings.warn(f"xray: recording stopped: {self.failed}. What was recorded before stays readable.",
                       RuntimeWarning, stacklevel=4)
-        self.writer.abandon()
+        self.modules.disown()
+        if isinstance(e, DumpWriteError):
+            self.writer.abandon()
+        else:
+            try:
+                with no_dispatch_modes():
+                    self.writer.flush()
+            except Exception:  # noqa: BLE001 - an I/O error now, or a writer without flush()
+                self.writer.abandon()
 
     # -- module boundaries (X_DEBUG & MODULES) ------------------------------------------------------
     def _module_enter(self, frame, module: torch.nn.Module, args: tuple) -> tuple[dict, dict]:
