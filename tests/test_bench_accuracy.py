@@ -42,6 +42,8 @@ def test_round_mantissa_is_tf32_like_and_keeps_strides():
 def test_named_seqs_reads_origin_fields():
     fd = {"bench_seq": 3, "target_seq": 4, "index": 9, "origin": {"target_seq": 2}, "origin_bench_seq": 1}
     assert named_seqs(fd) == {("bench", 3), ("target", 4), ("target", 2), ("bench", 1)}
+    text = {"target_seq": 7, "origin": "target-only op model.mlp/aten.mul.Tensor#5", "bench": "x/aten.mm.default#9"}
+    assert named_seqs(text) == {("target", 7), ("target", 5), ("bench", 5)}  # names outside origin are not read
 
 
 @pytest.mark.parametrize("scenario", [

@@ -53,7 +53,7 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller inputs, half the accuracy scenarios (about 4 minutes instead of 10)")
+    ap.add_argument("--quick", action="store_true", help="smaller inputs, half the accuracy scenarios")
     ap.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="xray-bench-all-"))

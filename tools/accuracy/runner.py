@@ -215,20 +215,27 @@ def _target_only_truth(target: list, path: str) -> Truth:
 # -- scoring -----------------------------------------------------------------------------------------
 def named_seqs(fd: dict) -> set[tuple[str, int]]:
     """(side, seq) pairs a first divergence names: its own record, and an origin record when
-    compare reports one (keys like ``origin_bench_seq``/``origin_target_seq`` or a nested dict)."""
+    compare reports one: keys like ``origin_bench_seq``/``origin_target_seq``, a nested dict with
+    ``bench_seq``/``target_seq``, or a record name ("<module>/<op>#<seq>") in an origin text,
+    taken as the side its key names (both sides when it names none)."""
     out: set[tuple[str, int]] = set()
-    for scope in (fd, *(v for v in fd.values() if isinstance(v, dict))):
+    for key, scope in (("", fd), *((k, v) for k, v in fd.items() if isinstance(v, dict))):
         for k, v in scope.items():
             m = re.fullmatch(r"(?:\w+_)?(bench|target)_seq", k)
-            if m and isinstance(v, int):
+            if m and isinstance(v, int) and not isinstance(v, bool):
                 out.add((m.group(1), v))
+            elif isinstance(v, str) and "origin" in f"{key}_{k}":
+                sides = [side for side in ("bench", "target") if side in f"{key}_{k}"] or ["bench", "target"]
+                out.update((side, int(n)) for n in re.findall(r"#(\d+)", v) for side in sides)
     return out
 
 
 def _score(o: Outcome, bench: list, target: list) -> None:
     fd = o.summary.get("first_divergence")
-    if o.scenario.noise_only or fd is None:
-        o.exact = o.right_module = False if not o.scenario.noise_only else None
+    if o.scenario.noise_only:  # scored by its fail rows (report.py)
+        return
+    if fd is None:
+        o.exact = o.right_module = False
         return
     truth = o.truth
     named = named_seqs(fd)
@@ -241,8 +248,8 @@ def _score(o: Outcome, bench: list, target: list) -> None:
     if fd.get("target_seq") in by_seq_t:
         modules.append(("target", by_seq_t[fd["target_seq"]].module))
     o.fd_module = modules[0][1] if modules else None
-    o.right_module = o.exact or any(m is not None and m == (truth.bench_module if side == "bench" else truth.target_module)
-                                    for side, m in modules)
+    expected = {"bench": truth.bench_module, "target": truth.target_module}
+    o.right_module = o.exact or any(m is not None and m == expected[side] for side, m in modules)
 
 
 def false_divergence(fd: dict | None) -> bool:
