@@ -69,6 +69,8 @@ def _add_op(model: torch.nn.Module, path: str, fn) -> None:
 
 
 class Wrapper(torch.nn.Module):
+    """The target model one level down under another name: every module path differs."""
+
     def __init__(self, name: str, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner_name = name
