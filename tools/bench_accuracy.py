@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import warnings
@@ -33,6 +34,18 @@ from tabulate import tabulate  # noqa: E402
 from accuracy import report  # noqa: E402
 from accuracy.runner import run_scenario  # noqa: E402
 from accuracy.scenarios import quick, scenarios  # noqa: E402
+
+
+def xray_version(root: Path) -> str:
+    """The measured checkout: its folder and git commit (+ "dirty" with uncommitted changes)."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "xray"], capture_output=True,
+                               text=True).stdout.strip()
+        return f"{root} @ {head}{' + uncommitted changes' if dirty else ''}"
+    except (OSError, subprocess.CalledProcessError):
+        return str(root)
 
 
 def main(argv=None) -> int:
@@ -68,7 +81,7 @@ def main(argv=None) -> int:
                   f"first divergence: {fd.get('op') or fd.get('target_op') or '-'} {o.fd_module or ''}", flush=True)
     wall = time.perf_counter() - started
     fault_rows, noise_rows = report.tables(outcomes)
-    print(f"\nxray-compare accuracy ({Path(xray.__file__).resolve().parent.parent}), "
+    print(f"\nxray-compare accuracy ({xray_version(Path(xray.__file__).resolve().parent.parent)}), "
           f"{len(outcomes)} scenarios on {len({s.arch for s in chosen})} architectures")
     print(tabulate(fault_rows, headers=report.FAULT_HEADERS))
     print()
@@ -78,6 +91,7 @@ def main(argv=None) -> int:
             print(f"{'crash' if o.crash else 'harness error'}: {o.scenario.name}: {o.crash or o.harness_error}")
     t = report.totals(outcomes)
     t["seconds"] = round(wall, 1)
+    t["classes"] = {row[0]: dict(zip(report.FAULT_HEADERS[1:], row[1:])) for row in fault_rows}
     print(f"\nexact hit {t['exact_pct']:.1f} %, right module {t['right_module_pct']:.1f} % of "
           f"{t['fault_scenarios']} fault scenarios; noise only: {t['noise_fail_rows_pct']:.2f} % false-fail rows, "
           f"{t['noise_scenarios_failing']} of {t['noise_scenarios']} scenarios with a FAIL row; "
