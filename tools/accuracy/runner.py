@@ -267,6 +267,15 @@ def _raised_in_xray(e: BaseException) -> bool:
     return bool(frames) and frames[-1].filename.startswith(XRAY_DIR)
 
 
+def _xray_frame(e: BaseException) -> str:
+    """Where in xray it was raised (the innermost xray frame), for the crash list."""
+    inside = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(XRAY_DIR)]
+    if not inside:
+        return ""
+    f = inside[-1]
+    return f" (xray/{Path(f.filename).relative_to(XRAY_DIR)}:{f.lineno} in {f.name})"
+
+
 def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
     o = Outcome(s)
     started = time.perf_counter()
@@ -295,7 +304,7 @@ def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
             text = f"{type(e).__name__}: {str(e)[:300]}"
             o.trace = traceback.format_exc()
             if stage == "compare" or (stage == "record" and _raised_in_xray(e)):
-                o.crash = f"{stage}: {text}"
+                o.crash = f"{stage}: {text}{_xray_frame(e)}"
             else:
                 o.harness_error = f"{stage}: {text}"
     o.seconds = time.perf_counter() - started
