@@ -100,5 +100,5 @@ def tables(outcomes: list[Outcome]) -> tuple[list[list], list[list]]:
 
 FAULT_HEADERS = ["fault class", "scenarios", "exact hit %", "right module %", "no divergence", "crashes",
                  "harness errors"]
-NOISE_HEADERS = ["noise only", "scenarios", "rows", "false-fail rows %", "scenarios with FAIL", "first divergence",
+NOISE_HEADERS = ["noise only", "scenarios", "rows", "false-fail rows %", "scenarios with FAIL", "false first divergence",
                  "crashes"]
