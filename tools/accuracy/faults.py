@@ -31,10 +31,10 @@ def relative(eps: float) -> Corruption:
 
 def few_elements(n: int = 3, eps: float = 1e-2) -> Corruption:
     def corrupt(t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
+        t, scale = t.clone(), t.abs().mean()
         flat = t.view(-1)
         for i in _spread(flat.numel(), n):
-            flat[i] = flat[i] * (1 + eps) + eps * t.abs().mean()
+            flat[i] = flat[i] * (1 + eps) + eps * scale  # relative, and visible on a zero element too
         return t
     return corrupt
 
