@@ -5,7 +5,8 @@ its own baseline) measured side by side in the same run; absolute times depend o
 
 Runs, each in its own process: bench_record.py (dump overhead vs eager, and msprobe when it is
 installed), bench_debugger.py (module-dump overhead), bench_compare.py (compare GB/s vs raw
-read), bench_gen.py (generation records/s), bench_replay.py (replay records/s, cold vs cached).
+read), bench_gen.py (generation records/s), bench_replay.py (replay records/s, cold vs cached),
+bench_accuracy.py (how often compare names the injected fault; false failures on noise-only runs).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 3 minutes instead of 8)")
+    ap.add_argument("--quick", action="store_true", help="smaller inputs, half the accuracy scenarios")
     ap.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown (for the README)")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="xray-bench-all-"))
@@ -63,6 +64,7 @@ def main(argv=None) -> int:
     gen = run("bench_gen.py", ["--records", "100000"], tmp / "gen.json")
     rep = run("bench_replay.py", ["--limit", "8" if q else "15", "--backend", "onnxrt-cpu",
                                   "--backend", "executorch-xnnpack"], tmp / "replay.json")
+    acc = run("bench_accuracy.py", ["--quick"] if q else [], tmp / "accuracy.json")
     rows = []
     if rec:
         rows += [["record (ATen tracer)", "0x102 dedup, stats only, vs eager", f"{rec['dump_ratio_dedup']:.2f}x",
@@ -92,10 +94,17 @@ def main(argv=None) -> int:
         for backend, r in rep.items():
             rows.append(["replay" if backend == next(iter(rep)) else "", f"{backend}, {r['records']} ops",
                          f"{r['cold_rps']:.2f} / {r['cached_rps']:.2f} rec/s", "cold / cached exports"])
+    if acc:
+        rows += [["compare accuracy", f"{acc['fault_scenarios']} injected faults, {acc['architectures']} architectures",
+                  f"{acc['exact_pct']:.0f}% exact / {acc['right_module_pct']:.0f}% module",
+                  "first divergence names the faulty call / its module; target >= 97% exact"],
+                 ["", f"{acc['noise_scenarios']} noise-only runs (bf16, fp16, TF32, threads, kernels)",
+                  f"{acc['noise_fail_rows_pct']:.1f}% false-fail rows",
+                  f"{acc['noise_scenarios_failing']} runs with a FAIL row; {acc['crashes']} crashes; target 0"]]
     print(f"\nxray benchmarks on {machine()}, load average {os.getloadavg()[0]:.1f}")
     print(tabulate(rows, headers=["capability", "measure", "result", "note"],
                    tablefmt="github" if args.markdown else "simple"))
-    return 0 if all((rec, dbg, cmp_, gen, rep)) else 1
+    return 0 if all((rec, dbg, cmp_, gen, rep, acc)) else 1
 
 
 if __name__ == "__main__":

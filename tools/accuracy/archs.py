@@ -1,0 +1,105 @@
+"""Real transformers architectures with tiny configs and random weights, and their inputs.
+
+Every model is built from a config (nothing is downloaded), in eval mode, float32. Inputs are
+short (one sequence of 8 tokens, or one 32x32 image) so a recorded run takes well under a second.
+T5 and BERT get a padding mask, so their attention masks hold ``finfo.min``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from xray.models import _quiet_import
+
+VOCAB, SEQ = 128, 8
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[], dict]
+
+
+def _tokens(seed: int = 0, seq: int = SEQ) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def _padding_mask(seq: int = SEQ, pad: int = 2) -> torch.Tensor:
+    mask = torch.ones(1, seq, dtype=torch.long)
+    mask[:, seq - pad:] = 0
+    return mask
+
+
+def _llama(attn: str) -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                        attn_implementation=attn))
+
+
+def _qwen2() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                        attn_implementation="sdpa"))
+
+
+def _gpt2() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0, attn_implementation="eager"))
+
+
+def _bert() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import BertConfig, BertModel
+    return BertModel(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, max_position_embeddings=64, attn_implementation="sdpa"))
+
+
+def _t5() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import T5Config, T5ForConditionalGeneration
+    return T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2,
+                                               num_decoder_layers=2, num_heads=2, decoder_start_token_id=0))
+
+
+def _vit() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import ViTConfig, ViTForImageClassification
+    return ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32,
+                                               num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                               num_labels=10, attn_implementation="sdpa"))
+
+
+def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return make().eval()
+    return build
+
+
+ARCHS: dict[str, Arch] = {a.name: a for a in (
+    Arch("llama-sdpa", _seeded(lambda: _llama("sdpa")), lambda: {"input_ids": _tokens()}),
+    Arch("llama-eager", _seeded(lambda: _llama("eager")), lambda: {"input_ids": _tokens()}),
+    Arch("qwen2", _seeded(_qwen2), lambda: {"input_ids": _tokens()}),
+    Arch("gpt2", _seeded(_gpt2), lambda: {"input_ids": _tokens()}),
+    Arch("bert", _seeded(_bert), lambda: {"input_ids": _tokens(), "attention_mask": _padding_mask()}),
+    Arch("t5", _seeded(_t5), lambda: {"input_ids": _tokens(), "attention_mask": _padding_mask(),
+                                      "decoder_input_ids": _tokens(1, 4)}),
+    Arch("vit", _seeded(_vit), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                     generator=torch.Generator().manual_seed(0))}),
+)}
+
+
+def run_model(model: torch.nn.Module, inputs: dict, backward: bool) -> None:
+    """One forward (and a backward of a scalar loss when asked), as a training step would."""
+    out = model(**inputs)
+    if backward:
+        out[0].float().square().mean().backward()

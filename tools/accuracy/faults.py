@@ -1,0 +1,151 @@
+"""Faults and noise below xray's recorder: dispatch modes entered *before* ``xray.begin_dump``.
+
+A mode entered first sits under the recorder on the mode stack, so the recorder records what
+these modes return as the op's own output, as a buggy (or lower-precision) kernel would
+produce it. Their own tensor work happens inside ``__torch_dispatch__`` with the mode popped,
+so the recorder above never sees it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+Corruption = Callable[[torch.Tensor], torch.Tensor]
+
+
+def in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _spread(numel: int, n: int) -> list[int]:
+    """n positions spread over the tensor (not all at its start, where a few rows may be padding)."""
+    return sorted({(numel * (2 * i + 1)) // (2 * n) for i in range(n)})
+
+
+def relative(eps: float) -> Corruption:
+    """Every element off by the same relative error (a kernel computing at lower precision)."""
+    return lambda t: t * (1 + eps)
+
+
+def few_elements(n: int = 3, eps: float = 1e-2) -> Corruption:
+    def corrupt(t: torch.Tensor) -> torch.Tensor:
+        t, scale = t.clone(), t.abs().mean()
+        flat = t.view(-1)
+        for i in _spread(flat.numel(), n):
+            flat[i] = flat[i] * (1 + eps) + eps * scale  # relative, and visible on a zero element too
+        return t
+    return corrupt
+
+
+def spike(factor: float = 8.0) -> Corruption:
+    """One element jumps by ``factor`` times the tensor's mean magnitude."""
+    def corrupt(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        flat = t.view(-1)
+        flat[flat.numel() // 3] += factor * t.abs().mean()
+        return t
+    return corrupt
+
+
+def zero_column(col: int = 1) -> Corruption:
+    def corrupt(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[..., col % t.shape[-1]] = 0
+        return t
+    return corrupt
+
+
+def int_bump() -> Corruption:
+    """An integer result off by one in one element (a wrong position id, a wrong index)."""
+    def corrupt(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t.view(-1)[t.numel() // 2] += 1
+        return t
+    return corrupt
+
+
+class CorruptCall(TorchDispatchMode):
+    """Corrupt the output of the ``call``-th call (0-based) of ``op`` in ``direction``.
+
+    ``hit`` says whether it fired; ``shape`` is the corrupted output's shape (a check on the
+    ground truth found in the dump)."""
+
+    def __init__(self, op: str, call: int, corrupt: Corruption, direction: str = "forward") -> None:
+        super().__init__()
+        self.op, self.call, self.corrupt, self.direction = op, call, corrupt, direction
+        self.calls = 0
+        self.hit = False
+        self.shape: tuple | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func) != self.op or (in_backward() != (self.direction == "backward")):
+            return out
+        index, self.calls = self.calls, self.calls + 1
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        if index != self.call or not isinstance(first, torch.Tensor):
+            return out
+        self.hit, self.shape = True, tuple(first.shape)
+        bad = self.corrupt(first)
+        return (bad, *out[1:]) if isinstance(out, (tuple, list)) else bad
+
+
+def round_mantissa(t: torch.Tensor, bits: int = 10) -> torch.Tensor:
+    """Round float32 values to ``bits`` mantissa bits, nearest-even (what TF32 math does to inputs)."""
+    drop = 23 - bits
+    i = t.view(torch.int32)  # same element size: a view for any strides, and the result keeps them
+    half = (1 << (drop - 1)) - 1 + ((i >> drop) & 1)
+    return ((i + half) & ~((1 << drop) - 1)).view(torch.float32)
+
+
+# The matmul-like ops and which of their arguments are matmul operands (TF32 rounds those only).
+MATMUL_OPERANDS = {
+    "aten.mm.default": (0, 1), "aten.bmm.default": (0, 1), "aten.addmm.default": (1, 2),
+    "aten.baddbmm.default": (1, 2), "aten.convolution.default": (0, 1),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": (0, 1, 2),
+}
+
+
+class ReducedPrecisionMatmul(TorchDispatchMode):
+    """Run every float32 matmul/conv/attention on inputs rounded to a 10-bit mantissa
+    (TF32-like); the recorded inputs stay the float32 ones, as on a TF32 device."""
+
+    def __init__(self, bits: int = 10) -> None:
+        super().__init__()
+        self.bits = bits
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        operands = MATMUL_OPERANDS.get(str(func))
+        if operands and not in_backward():
+            args = tuple(round_mantissa(a, self.bits) if i in operands and isinstance(a, torch.Tensor)
+                         and a.dtype == torch.float32 else a for i, a in enumerate(args))
+        return func(*args, **(kwargs or {}))
+
+
+class StorageReaders(TorchDispatchMode):
+    """Note (op, direction, index among that op's calls) of the calls reading ``tensor``'s
+    storage, up to and including the first one that is not a view: a changed parameter is
+    first seen there (``aten.t`` of a Linear weight, then the ``mm`` that reads it)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.ptr = tensor.untyped_storage().data_ptr()
+        self.counts: dict[tuple[str, str], int] = {}
+        self.readers: list[tuple[str, str, int]] = []
+        self.done = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        key = (str(func), "backward" if in_backward() else "forward")
+        index = self.counts.get(key, 0)
+        self.counts[key] = index + 1
+        if not self.done and any(self._reads(a) for a in (*args, *(kwargs or {}).values())):
+            self.readers.append((*key, index))
+            self.done = not func.is_view
+        return func(*args, **(kwargs or {}))
+
+    def _reads(self, a) -> bool:
+        if isinstance(a, (list, tuple)):
+            return any(self._reads(x) for x in a)
+        return isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.ptr

@@ -1,0 +1,333 @@
+"""Run one scenario: record bench and target, find the ground truth in the dumps, compare, score.
+
+Ground truth is read from the dumps themselves, never assumed: the corrupted call is the k-th
+record of its op kind and direction in the target dump (bench and target record the same
+calls, and the fault mode counts exactly the calls the recorder sees), and on the bench side
+the k-th record of that kind when both sides hold the same number of them. The module a
+fault ran in is that record's ``module``.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import tempfile
+import time
+import traceback
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import xray
+from xray.compare import compare_dumps
+
+from .archs import ARCHS, run_model
+from .faults import CorruptCall, ReducedPrecisionMatmul, StorageReaders
+from .scenario import Scenario
+
+TENSORS_PER_RECORD = 64  # X_DUMP_NUM: every input and output of any op in these models
+PARAM_DELTA = 0.05  # added to one weight element (weights have std ~0.02)
+TARGET_ONLY_EPS = 1e-3  # relative error the target-only op brings in
+
+
+XRAY_DIR = str(Path(xray.__file__).resolve().parent)
+
+
+class HarnessError(Exception):
+    """The scenario itself is broken (the fault never fired, no ground truth): not xray's fault."""
+
+
+@dataclass
+class Truth:
+    bench: set[int] = field(default_factory=set)  # seqs in the bench dump that are exact hits
+    target: set[int] = field(default_factory=set)  # seqs in the target dump that are exact hits
+    bench_module: str | None = None
+    target_module: str | None = None
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    seconds: float = 0.0
+    truth: Truth | None = None
+    summary: dict | None = None
+    exact: bool | None = None
+    right_module: bool | None = None
+    fd_module: str | None = None
+    crash: str | None = None  # xray raised: "Type: message" (traceback in ``trace``)
+    harness_error: str | None = None
+    trace: str = ""
+
+
+# -- the two runs ----------------------------------------------------------------------------------
+def _add_op(model: torch.nn.Module, path: str, fn) -> None:
+    """Patch the module's forward on the instance, so the extra op runs inside its path."""
+    mod = model.get_submodule(path)
+    inner = mod.forward
+    mod.forward = lambda *a, **k: fn(inner(*a, **k))
+
+
+class Wrapper(torch.nn.Module):
+    """The target model one level down under another name: every module path differs."""
+
+    def __init__(self, name: str, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner_name = name
+        self.add_module(name, inner)
+
+    def forward(self, **kw):
+        return getattr(self, self.inner_name)(**kw)
+
+
+def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
+    arch = ARCHS[s.arch]
+    bench = arch.build()
+    if s.noise == "eager-vs-sdpa":
+        target = ARCHS[s.arch.replace("-eager", "-sdpa")].build()
+    else:
+        target = copy.deepcopy(bench)
+    if s.param:
+        with torch.no_grad():
+            target.get_parameter(s.param).view(-1)[1] += PARAM_DELTA
+    if s.target_only:
+        _add_op(target, s.target_only, lambda y: y * (1 + TARGET_ONLY_EPS))
+    if s.extra_op:
+        _add_op(target, s.extra_op, lambda y: y.clone())
+    if s.missing_op:
+        _add_op(bench, s.missing_op, lambda y: y.clone())
+    if s.noise == "fp16":
+        target = target.half()
+    if s.wrap:
+        target = Wrapper(s.wrap, target)
+    return bench, target
+
+
+def _inputs(s: Scenario, side: str) -> dict:
+    x = ARCHS[s.arch].inputs()
+    if side == "target" and s.noise == "fp16":
+        x = {k: v.half() if v.is_floating_point() else v for k, v in x.items()}
+    return x
+
+
+def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes: list) -> Path:
+    """One recorded run; ``modes`` are entered before the recorder (they sit below it)."""
+    inputs = _inputs(s, side)
+    noisy = side == "target"
+    threads = torch.get_num_threads()
+    with ExitStack() as stack:
+        for m in modes:
+            stack.enter_context(m)
+        if noisy and s.noise == "tf32":
+            stack.enter_context(ReducedPrecisionMatmul())
+        if noisy and s.noise == "threads":
+            torch.set_num_threads(1 if threads > 1 else 2)
+            stack.callback(torch.set_num_threads, threads)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if noisy and s.noise == "bf16" else nullcontext()
+        if noisy and s.noise == "math-sdpa":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            kernel = sdpa_kernel([SDPBackend.MATH])
+        else:
+            kernel = nullcontext()
+        if s.dump == "trace":
+            debug = 0x102 | (0x008 if s.backward else 0)
+            xray.begin_dump(X_DEBUG=debug, X_DEDUP=False, X_DUMP_NUM=TENSORS_PER_RECORD if s.data else 0,
+                            dump_dir=folder)
+            try:
+                with autocast, kernel:
+                    run_model(model, inputs, s.backward)
+            finally:
+                path = xray.end_dump()
+            return path
+        dbg = xray.PrecisionDebugger(dump_path=folder, model=model, task="tensor" if s.data else "statistics",
+                                     dump_torch_api=s.dump == "module+aten", backward=s.backward)
+        dbg.start()
+        try:
+            with autocast, kernel:
+                run_model(model, inputs, s.backward)
+        finally:
+            dbg.stop()
+            dbg.close()
+        return dbg.file
+
+
+# -- ground truth ----------------------------------------------------------------------------------
+def _records(path: Path) -> list:
+    d = xray.load_dump(path)
+    try:
+        return list(d.records)
+    finally:
+        close = getattr(d, "close", None)
+        if callable(close):
+            close()
+
+
+def _kth(records: list, op: str, direction: str, k: int) -> tuple[object | None, int]:
+    same = [r for r in records if r.kind == "op" and r.op == op and r.direction == direction]
+    return (same[k] if k < len(same) else None), len(same)
+
+
+def _calls_truth(bench: list, target: list, calls: list[tuple[str, str, int]]) -> Truth:
+    truth = Truth()
+    for op, direction, k in calls:
+        t, nt = _kth(target, op, direction, k)
+        b, nb = _kth(bench, op, direction, k)
+        if t is None:
+            raise HarnessError(f"the target dump has no call {k} of {op} ({direction})")
+        truth.target.add(t.seq)
+        truth.target_module = truth.target_module or t.module
+        if b is not None and nb == nt:
+            truth.bench.add(b.seq)
+            truth.bench_module = truth.bench_module or b.module
+    return truth
+
+
+def _module_truth(bench: list, target: list, path: str, strip_target: str = "") -> Truth:
+    """Plain module dumps: the innermost module the fault ran in, forward."""
+    truth = Truth(bench_module=path, target_module=strip_target + path)
+    truth.bench = {r.seq for r in bench if r.kind == "module" and r.module == path and r.direction == "forward"}
+    truth.target = {r.seq for r in target if r.kind == "module" and r.module == truth.target_module
+                    and r.direction == "forward"}
+    if not truth.bench:
+        raise HarnessError(f"no forward record of module {path} in the bench dump")
+    return truth
+
+
+def _locate(s: Scenario, model: torch.nn.Module, folder: Path) -> str:
+    """The module path of the faulty call, from a quick trace of the bench model (metadata only)."""
+    xray.begin_dump(X_DEBUG=0x100, X_DEDUP=False, X_DUMP_NUM=0, dump_dir=folder)
+    try:
+        run_model(model, _inputs(s, "bench"), False)
+    finally:
+        path = xray.end_dump()
+    rec, _ = _kth(_records(path), s.fault.op, s.fault.direction, s.fault.call)
+    if rec is None or rec.module is None:
+        raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op} in a module")
+    return rec.module
+
+
+def _target_only_truth(target: list, path: str) -> Truth:
+    muls = [r for r in target if r.kind == "op" and r.direction == "forward" and r.module == path
+            and r.op.startswith("aten.mul")]
+    if not muls:
+        raise HarnessError(f"the target-only mul in {path} is not in the target dump")
+    return Truth(target={muls[-1].seq}, bench_module=path, target_module=path)
+
+
+# -- scoring -----------------------------------------------------------------------------------------
+def named_seqs(fd: dict) -> set[tuple[str, int]]:
+    """(side, seq) pairs a first divergence names: its own record, and an origin record when
+    compare reports one: keys like ``origin_bench_seq``/``origin_target_seq``, a nested dict with
+    ``bench_seq``/``target_seq``, or a record name ("<module>/<op>#<seq>") in an origin text,
+    taken as the side its key names (both sides when it names none)."""
+    out: set[tuple[str, int]] = set()
+    for key, scope in (("", fd), *((k, v) for k, v in fd.items() if isinstance(v, dict))):
+        for k, v in scope.items():
+            m = re.fullmatch(r"(?:\w+_)?(bench|target)_seq", k)
+            if m and isinstance(v, int) and not isinstance(v, bool):
+                out.add((m.group(1), v))
+            elif isinstance(v, str) and "origin" in f"{key}_{k}":
+                sides = [side for side in ("bench", "target") if side in f"{key}_{k}"] or ["bench", "target"]
+                out.update((side, int(n)) for n in re.findall(r"#(\d+)", v) for side in sides)
+    return out
+
+
+def _score(o: Outcome, bench: list, target: list) -> None:
+    fd = o.summary.get("first_divergence")
+    if o.scenario.noise_only:  # scored by its fail rows (report.py)
+        return
+    if fd is None:
+        o.exact = o.right_module = False
+        return
+    truth = o.truth
+    named = named_seqs(fd)
+    o.exact = any(("bench", s) in named for s in truth.bench) or any(("target", s) in named for s in truth.target)
+    by_seq_b = {r.seq: r for r in bench}
+    by_seq_t = {r.seq: r for r in target}
+    modules = []
+    if fd.get("bench_seq") in by_seq_b:
+        modules.append(("bench", by_seq_b[fd["bench_seq"]].module))
+    if fd.get("target_seq") in by_seq_t:
+        modules.append(("target", by_seq_t[fd["target_seq"]].module))
+    o.fd_module = modules[0][1] if modules else None
+    expected = {"bench": truth.bench_module, "target": truth.target_module}
+    o.right_module = o.exact or any(m is not None and m == expected[side] for side, m in modules)
+
+
+def false_divergence(fd: dict | None) -> bool:
+    """Noise-only runs: a first divergence counts unless compare calls it precision loss."""
+    if fd is None:
+        return False
+    return not any(isinstance(v, str) and "precision" in v.lower() for v in fd.values())
+
+
+def _raised_in_xray(e: BaseException) -> bool:
+    """The innermost frame is xray's own code (not the model's, run under the recorder)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(XRAY_DIR)
+
+
+def _xray_frame(e: BaseException) -> str:
+    """Where in xray it was raised (the innermost xray frame), for the crash list."""
+    inside = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(XRAY_DIR)]
+    if not inside:
+        return ""
+    f = inside[-1]
+    return f" (xray/{Path(f.filename).relative_to(XRAY_DIR)}:{f.lineno} in {f.name})"
+
+
+def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
+    o = Outcome(s)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="xray-acc-", dir=workdir) as tmp:
+        tmp = Path(tmp)
+        stage = "setup"
+        try:
+            bench_model, target_model = _models(s)
+            fault = CorruptCall(s.fault.op, s.fault.call, s.fault.corruption(), s.fault.direction) if s.fault else None
+            readers = StorageReaders(target_model.get_parameter(
+                (s.wrap + "." if s.wrap else "") + s.param)) if s.param else None
+            stage = "record"
+            bench_dump = _record(s, "bench", bench_model, tmp / "bench", [])
+            target_dump = _record(s, "target", target_model, tmp / "target", [m for m in (fault, readers) if m])
+            if fault and not fault.hit:
+                raise HarnessError(f"the fault never fired ({fault.calls} calls of {s.fault.op})")
+            stage = "truth"
+            bench, target = _records(bench_dump), _records(target_dump)
+            o.truth = _truth(s, bench, target, fault, readers, bench_model, tmp)
+            stage = "compare"
+            o.summary = compare_dumps(bench_dump, target_dump).summary.to_json()
+            _score(o, bench, target)
+        except HarnessError as e:
+            o.harness_error = str(e)
+        except Exception as e:  # counted as a crash when xray raised, else a harness bug
+            text = f"{type(e).__name__}: {str(e)[:300]}"
+            o.trace = traceback.format_exc()
+            if stage == "compare" or (stage == "record" and _raised_in_xray(e)):
+                o.crash = f"{stage}: {text}{_xray_frame(e)}"
+            else:
+                o.harness_error = f"{stage}: {text}"
+    o.seconds = time.perf_counter() - started
+    return o
+
+
+def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, tmp: Path) -> Truth:
+    prefix = s.wrap + "." if s.wrap else ""
+    if s.noise_only:
+        return Truth()
+    if s.dump == "module":
+        if s.fault:
+            return _module_truth(bench, target, _locate(s, bench_model, tmp / "locate"), prefix)
+        path = s.param.rsplit(".", 1)[0] if s.param else s.target_only
+        return _module_truth(bench, target, path, prefix)
+    if s.target_only:
+        return _target_only_truth(target, prefix + s.target_only)
+    if s.fault:
+        truth = _calls_truth(bench, target, [(s.fault.op, s.fault.direction, s.fault.call)])
+        shapes = {tuple(m.shape) for r in target if r.seq in truth.target for _, m in r.output_tensors()}
+        if fault.shape not in shapes:  # the dump's k-th call is not the one the mode corrupted
+            raise HarnessError(f"ground truth {sorted(truth.target)} has outputs {shapes}, the fault {fault.shape}")
+        return truth
+    if not readers.readers:
+        raise HarnessError(f"nothing read parameter {s.param}")
+    return _calls_truth(bench, target, readers.readers)

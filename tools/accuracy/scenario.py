@@ -1,0 +1,73 @@
+"""What one benchmark scenario is: a model, what differs in the target run, and how it is dumped."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import faults
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Corrupt the ``call``-th ``op`` call in ``direction`` with ``kind`` (see CORRUPTIONS)."""
+
+    op: str
+    call: int
+    kind: str = "rel"
+    amount: float = 1e-3
+    direction: str = "forward"
+
+    def corruption(self) -> faults.Corruption:
+        return CORRUPTIONS[self.kind](self.amount)
+
+    def __str__(self) -> str:
+        where = "" if self.direction == "forward" else " (backward)"
+        return f"{self.kind}({self.amount:g}) at {self.op.removeprefix('aten.')}#{self.call}{where}"
+
+
+CORRUPTIONS = {
+    "rel": faults.relative,
+    "few": lambda eps: faults.few_elements(3, eps),
+    "spike": faults.spike,
+    "zero-col": lambda col: faults.zero_column(int(col)),
+    "int": lambda _: faults.int_bump(),
+}
+
+NOISES = ("bf16", "fp16", "tf32", "threads", "math-sdpa", "eager-vs-sdpa")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One bench/target pair. Exactly one cause of error is injected in fault scenarios (a
+    corrupted call, a changed parameter element or a corrupting target-only op); noise-only
+    scenarios have none and must compare without failures."""
+
+    name: str
+    cls: str  # the class the report groups by
+    arch: str
+    fault: Fault | None = None
+    param: str | None = None  # qualified name of a parameter with one element changed in the target
+    target_only: str | None = None  # module path where the target runs one extra, corrupting op
+    extra_op: str | None = None  # module path where the target runs one extra harmless op
+    missing_op: str | None = None  # module path where only the bench runs one extra harmless op
+    noise: str | None = None  # one of NOISES, applied to the target run
+    wrap: str | None = None  # the target model is wrapped in a module, under this attribute name
+    dump: str = "trace"  # "trace" (begin_dump), "module" (PrecisionDebugger), "module+aten"
+    data: bool = True  # save tensors (else statistics only)
+    backward: bool = False  # run loss.backward() and record backward ops
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def noise_only(self) -> bool:
+        return self.fault is None and self.param is None and self.target_only is None
+
+    def describe(self) -> str:
+        parts = [str(self.fault)] if self.fault else []
+        if self.param:
+            parts.append(f"param {self.param}[0,1] changed")
+        if self.target_only:
+            parts.append(f"target-only mul in {self.target_only}")
+        for label, value in (("noise", self.noise), ("wrap", self.wrap), ("extra op", self.extra_op),
+                             ("missing op", self.missing_op)):
+            if value:
+                parts.append(f"{label} {value}")
+        return "; ".join(parts) or "-"

@@ -1,0 +1,120 @@
+"""The benchmark's scenarios: every class of issue 17, each several times across architectures.
+
+Calls are picked across the depth of each model (early, middle, late layers) and op kinds
+(matmuls, attention, activations, norms, reductions); nothing here is tuned to what compare
+finds. Amounts: 1e-3 relative error is a realistic kernel bug well above float32 noise;
+with bf16/TF32 noise the bug is 2-5e-2, above that noise level.
+"""
+from __future__ import annotations
+
+from .scenario import Fault, Scenario
+
+MM, ADDMM, BMM = "aten.mm.default", "aten.addmm.default", "aten.bmm.default"
+
+
+def _f(op: str, call: int, kind: str = "rel", amount: float = 1e-3, direction: str = "forward") -> Fault:
+    return Fault(op if op.startswith("aten.") else f"aten.{op}", call, kind, amount, direction)
+
+
+def scenarios() -> list[Scenario]:
+    out: list[Scenario] = []
+
+    def add(cls: str, arch: str, **kw) -> None:
+        out.append(Scenario(name=f"{cls}/{arch}/{len(out)}", cls=cls, arch=arch, **kw))
+
+    # 1. whole-tensor relative error, saved tensors and statistics only
+    for arch, fault in (("llama-sdpa", _f(MM, 4)), ("llama-eager", _f(BMM, 1)), ("qwen2", _f(ADDMM, 2)),
+                        ("gpt2", _f(ADDMM, 3)), ("bert", _f(ADDMM, 5)), ("t5", _f(MM, 10)),
+                        ("vit", _f(ADDMM, 4)), ("vit", _f("convolution.default", 0)),
+                        ("gpt2", _f("_softmax.default", 1)), ("bert", _f("gelu.default", 0)),
+                        ("llama-eager", _f("silu.default", 1))):
+        add("whole-1e-3", arch, fault=fault)
+    for arch, fault in (("llama-sdpa", _f(MM, 8)), ("gpt2", _f(ADDMM, 5)), ("vit", _f(ADDMM, 7)),
+                        ("t5", _f(BMM, 3))):
+        add("whole-1e-3/stats", arch, fault=fault, data=False)
+    # 2. partial corruption: a few elements, one spike, a zeroed column
+    for arch, fault in (("llama-sdpa", _f(MM, 6, "few", 1e-2)), ("bert", _f(ADDMM, 7, "few", 1e-2)),
+                        ("t5", _f(MM, 20, "few", 1e-2)), ("qwen2", _f(MM, 3, "spike", 8)),
+                        ("gpt2", _f("native_layer_norm.default", 2, "spike", 8)),
+                        ("vit", _f("gelu.default", 1, "spike", 8)), ("llama-eager", _f(MM, 9, "zero-col", 1)),
+                        ("bert", _f(ADDMM, 2, "zero-col", 3)), ("t5", _f(BMM, 5, "zero-col", 2))):
+        add("partial", arch, fault=fault)
+    # 3. small-magnitude tensors: the variance inside RMSNorm (~1e-3), 1e-3 relative
+    for arch, call in (("llama-sdpa", 1), ("llama-eager", 2), ("qwen2", 3), ("t5", 4)):
+        add("small-magnitude", arch, fault=_f("mean.dim", call))
+    add("small-magnitude/stats", "llama-sdpa", fault=_f("mean.dim", 2), data=False)
+    # 4. backward faults (loss.backward() recorded with the BACKWARD bit)
+    for arch, fault in (("llama-sdpa", _f(MM, 5)), ("qwen2", _f(MM, 10)), ("gpt2", _f(MM, 4)),
+                        ("bert", _f(MM, 6)), ("vit", _f(MM, 8)), ("t5", _f(MM, 20)),
+                        ("llama-eager", _f(BMM, 2)), ("gpt2", _f("_softmax_backward_data.default", 0))):
+        add("backward", arch, fault=Fault(fault.op, fault.call, "rel", 1e-3, "backward"), backward=True)
+    # 5. one changed parameter element: trace dumps, then module dumps
+    for arch, param in (("llama-sdpa", "model.layers.1.mlp.down_proj.weight"),
+                        ("gpt2", "transformer.h.0.mlp.c_fc.weight"),
+                        ("bert", "encoder.layer.1.attention.self.query.weight"),
+                        ("vit", "vit.layers.0.mlp.fc2.weight"),
+                        ("qwen2", "model.layers.0.input_layernorm.weight"),
+                        ("t5", "encoder.block.1.layer.1.DenseReluDense.wo.weight")):
+        add("parameter", arch, param=param)
+    for arch, param, data in (("llama-sdpa", "model.layers.0.self_attn.v_proj.weight", True),
+                              ("gpt2", "transformer.h.1.attn.c_proj.weight", False),
+                              ("bert", "encoder.layer.0.intermediate.dense.weight", True),
+                              ("vit", "vit.layers.1.attention.k_proj.weight", False)):
+        add("parameter/module", arch, param=param, dump="module", data=data)
+    # 6. module-level dumps (PrecisionDebugger) with an op fault; with dump_torch_api the op
+    for arch, fault, data in (("llama-sdpa", _f(MM, 5), True), ("gpt2", _f(ADDMM, 6), False),
+                              ("bert", _f("gelu.default", 1), True), ("qwen2", _f(ADDMM, 4), False),
+                              ("vit", _f(ADDMM, 2), True)):
+        add("module-level", arch, fault=fault, dump="module", data=data)
+    for arch, fault in (("llama-sdpa", _f(MM, 10)), ("bert", _f(ADDMM, 9))):
+        add("module+aten", arch, fault=fault, dump="module+aten")
+    # 7. the error enters through an op only the target runs (a corrupting mul after a module)
+    for arch, path in (("llama-sdpa", "model.layers.1.self_attn.o_proj"), ("gpt2", "transformer.h.0.attn.c_attn"),
+                       ("bert", "encoder.layer.1.output.dense"), ("vit", "vit.layers.0.mlp.fc1"),
+                       ("qwen2", "model.layers.0.mlp.up_proj"), ("t5", "decoder.block.0.layer.0.SelfAttention.q")):
+        add("target-only-op", arch, target_only=path)
+    # 8. a real bug under legitimate reduced-precision noise
+    for arch, fault in (("llama-sdpa", _f(MM, 7, "rel", 2e-2)), ("gpt2", _f(ADDMM, 4, "rel", 2e-2)),
+                        ("vit", _f(ADDMM, 9, "rel", 2e-2)), ("llama-eager", _f(BMM, 2, "spike", 8))):
+        add("noise+bug/tf32", arch, fault=fault, noise="tf32")
+    for arch, fault in (("llama-sdpa", _f(MM, 11, "rel", 5e-2)), ("bert", _f(ADDMM, 8, "rel", 5e-2)),
+                        ("qwen2", _f(MM, 5, "rel", 5e-2))):
+        add("noise+bug/bf16", arch, fault=fault, noise="bf16")
+    # 9. renamed modules (wrapped target), extra and missing harmless ops, plus one bug
+    for arch, wrap, fault in (("llama-sdpa", "inner", _f(MM, 3)), ("gpt2", "inner", _f(ADDMM, 2)),
+                              ("bert", "module", _f(ADDMM, 4)), ("vit", "module", _f(ADDMM, 10))):
+        add("rename/wrapper", arch, fault=fault, wrap=wrap)
+    add("extra-op", "llama-sdpa", fault=_f(MM, 12), extra_op="model.layers.0.mlp.gate_proj")
+    add("extra-op", "gpt2", fault=_f(ADDMM, 7), extra_op="transformer.h.0.mlp.c_proj")
+    add("missing-op", "bert", fault=_f(ADDMM, 10), missing_op="encoder.layer.0.attention.output.dense")
+    add("missing-op", "qwen2", fault=_f(MM, 7), missing_op="model.layers.1.self_attn.q_proj")
+    # 10. integer results off by one (tolerance 0)
+    for arch, call in (("llama-sdpa", 0), ("gpt2", 0), ("t5", 4)):  # position ids; T5's relative positions
+        add("integer", arch, fault=_f("arange.default", call, "int", 1))
+    # 11. crash class: T5 (finfo.min masks) and runs diverging to ~1e20
+    add("t5-finfo-min", "t5", fault=_f(MM, 15))
+    add("t5-finfo-min", "t5", fault=_f("_safe_softmax.default", 1), data=False)
+    for arch, fault in (("llama-sdpa", _f(MM, 6, "rel", 1e20)), ("gpt2", _f(ADDMM, 3, "rel", 1e20)),
+                        ("t5", _f(MM, 8, "rel", 1e20)), ("vit", _f(ADDMM, 5, "rel", 1e20))):
+        add("huge-values", arch, fault=fault)
+    # noise only: legitimate precision changes, no bug
+    for noise, archs in (("bf16", ("llama-sdpa", "gpt2", "bert", "vit")), ("fp16", ("llama-sdpa", "qwen2", "gpt2")),
+                         ("tf32", ("llama-eager", "qwen2", "t5", "vit")), ("threads", ("llama-sdpa", "bert", "t5")),
+                         ("math-sdpa", ("llama-sdpa", "qwen2", "vit")), ("eager-vs-sdpa", ("llama-eager",))):
+        for arch in archs:
+            add(f"noise/{noise}", arch, noise=noise)
+    add("noise/bf16", "llama-sdpa", noise="bf16", dump="module")
+    add("noise/tf32", "gpt2", noise="tf32", dump="module", data=False)
+    return out
+
+
+def quick(all_: list[Scenario]) -> list[Scenario]:
+    """Every other scenario of each class (at least one): the same classes in half the time."""
+    seen: dict[str, int] = {}
+    keep = []
+    for s in all_:
+        n = seen.get(s.cls, 0)
+        seen[s.cls] = n + 1
+        if n % 2 == 0:
+            keep.append(s)
+    return keep
