@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from xray.models import _quiet_import
+from xray.demo.models import _quiet_import
 
 VOCAB, SEQ = 128, 8
 
