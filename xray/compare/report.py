@@ -11,14 +11,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .result import COLUMNS, CompareResult, Row, Status
+from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus
 
-_FAIL_ORDER = {Status.NAN_INF.value: 0, Status.FAIL.value: 1, Status.WARNING.value: 2}
+_FAIL_ORDER = {PairStatus.NAN_INF.value: 0, PairStatus.FAIL.value: 1, PairStatus.WARNING.value: 2}
 
 
 def write_csv(result: CompareResult, path: str | os.PathLike) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COMPARE_COLUMNS)
         w.writeheader()
         for r in result.rows:
             w.writerow({k: ("" if v is None else v) for k, v in r.to_dict().items()})
@@ -28,7 +28,7 @@ def write_summary_json(result: CompareResult, path: str | os.PathLike) -> None:
     Path(path).write_text(json.dumps(result.summary.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def worst_rows(rows: list[Row], n: int = 10) -> list[Row]:
+def worst_rows(rows: list[CompareRow], n: int = 10) -> list[CompareRow]:
     """Failing rows first (NaN/Inf, fail, warning), most different first (lowest cosine, then error)."""
     bad = [r for r in rows if r.status in _FAIL_ORDER]
     return sorted(bad, key=lambda r: (_FAIL_ORDER[r.status], r.cosine if r.cosine is not None else 2.0,
@@ -47,7 +47,7 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
-def _table_rows(rows: list[Row]) -> list[list[str]]:
+def _table_rows(rows: list[CompareRow]) -> list[list[str]]:
     return [[r.index, r.status, r.origin, _short(r.bench_name or "-"), _short(r.target_name or "-"), r.tensor,
              r.mode, _fmt(r.cosine), _fmt(r.max_abs_err), _fmt(r.isclose_pct), _fmt(r.stats_err), r.layout]
             for r in rows]
@@ -80,7 +80,7 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
     return "\n".join(out)
 
 
-def _plot_png(rows: list[Row], first: int | None) -> str:
+def _plot_png(rows: list[CompareRow], first: int | None) -> str:
     """Error along execution order as a base64 PNG: where the drift is born and how it grows."""
     import matplotlib
 
@@ -106,7 +106,7 @@ def _plot_png(rows: list[Row], first: int | None) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _error(r: Row) -> float | None:
+def _error(r: CompareRow) -> float | None:
     floor = 1e-12  # log scale: an exact match is drawn at the floor
     if r.cosine is not None:
         return max(1.0 - r.cosine, floor)
@@ -138,7 +138,7 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
 
     s = result.summary
     fd = s.first_divergence
-    unmatched = [r for r in result.rows if r.status == Status.UNMATCHED.value]
+    unmatched = [r for r in result.rows if r.status == PairStatus.UNMATCHED.value]
     env = Environment(autoescape=True)
     html = env.from_string(_HTML).render(
         s=s, fd=fd, png=_plot_png(result.rows, fd["index"] if fd and not fd["rank"] else (fd or {}).get("index")),

@@ -1,0 +1,217 @@
+"""Where is an error born? Attribution of failing rows along the dump's data edges.
+
+Each input of a record names its producer (``TensorMeta.source``, format v2): the op output it
+came from, a parameter/buffer, or a model input. A failing record is *born* when
+
+- every input agrees and the op's own local error (recomputed on the target's inputs, when the
+  tensors were saved) is above its noise floor: cause "local error";
+- or a disagreeing input is a parameter/buffer: cause "parameter";
+- or a disagreeing input was produced by an op only the target ran: cause "target-only op";
+- or a disagreeing input is a model input: cause "model input".
+
+Otherwise it is *inherited* from the failing record that produced its disagreeing input. An op
+kind off by a consistent reduced-precision step on every call is "precision loss" (a warning),
+and rows that only carry such loss forward, computing correctly on their inputs, are warnings
+too. v1 dumps have no sources: any disagreeing input then makes a row inherited (execution-order
+rule), as before.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dump.model import Source
+from .entries import Entry
+from .local import LocalError, local_error
+from .result import CompareRow, PairStatus
+
+_FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
+PRECISION = "precision loss"
+
+
+@dataclass
+class _Pending:
+    """One matched, failing record pair and what phase 1 measured about it."""
+
+    bench: Entry
+    target: Entry
+    rows: list[CompareRow]
+    inputs: list[tuple[str, Any, str]]  # (name, target meta, status)
+    local: dict[int, LocalError] = field(default_factory=dict)  # output index -> local error
+    precision: dict[int, str] = field(default_factory=dict)  # output index -> consistent step
+
+
+def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
+              comparer: Any, rules: Any, target_dump: Any) -> None:
+    """Fill origin, cause, culprit, local error and inputs_agree of every failing matched row;
+    measured precision loss turns rows into warnings."""
+    pending = []
+    for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
+        if not any(r.status in _FAILING for r in rows):
+            continue
+        p = _Pending(a, b, rows, comparer.judge_inputs(a, b))
+        for k, r in enumerate(rows):
+            if r.status in _FAILING and r.mode == "data" and k < len(b.outputs):
+                le = local_error(b.record, target_dump, b.outputs[k][1], k)
+                if le is not None:
+                    p.local[k] = le
+                    r.local_err, r.local_floor = le.local, le.floor
+        pending.append(p)
+    _mark_precision_loss(pending, rules)
+    graph = _Graph(eb, matched)
+    for p in pending:  # target execution order: producers are decided before their consumers
+        agree = _agreement(p.inputs)
+        for k, r in enumerate(p.rows):
+            r.inputs_agree = agree
+            if r.status in _FAILING:
+                _decide(r, p, k, graph, rules)
+
+
+class _Graph:
+    """Target records by seq, and which of them are matched (with their rows)."""
+
+    def __init__(self, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> None:
+        self.by_seq = {e.record.seq: e for e in eb}
+        self.rows_of = {b.pos: rows for _, b, rows in matched}
+
+    def producer(self, meta: Any) -> tuple[str, Any]:
+        """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
+        try:
+            src = Source.parse(getattr(meta, "source", None))
+        except ValueError:
+            src = None
+        if src is None:
+            return "none", None
+        if src.kind in ("param", "buffer"):
+            return "param", src.name
+        if src.kind == "input":
+            return "input", None
+        e = self.by_seq.get(src.seq)
+        if e is None:
+            return "unrecorded", src.seq
+        rows = self.rows_of.get(e.pos)
+        if rows is None:
+            return "target-only", e
+        row = rows[src.index] if src.index < len(rows) else rows[0]
+        return ("failing" if row.status in _FAILING else "settled"), row
+
+    def target_only_origin(self, e: Entry) -> tuple[str, Any]:
+        """A target-only op is the origin unless a failing matched record feeds it (walked back
+        through chains of target-only ops)."""
+        seen, todo = set(), [e]
+        while todo:
+            cur = todo.pop()
+            if cur.pos in seen:
+                continue
+            seen.add(cur.pos)
+            for _, m in cur.inputs:
+                kind, detail = self.producer(m)
+                if kind == "failing":
+                    return "failing", detail
+                if kind == "target-only":
+                    todo.append(detail)
+        return "target-only", e
+
+
+def _agreement(inputs: list[tuple[str, Any, str]]) -> str:
+    statuses = {s for _, _, s in inputs}
+    if statuses <= {PairStatus.PASS.value}:
+        return "yes"
+    if statuses <= {PairStatus.PASS.value, PairStatus.SKIP.value}:
+        return "unknown"
+    return "no"
+
+
+def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> None:
+    causes: dict[str, tuple[str, Any]] = {}
+    carried_precision = None  # a producer whose difference is measured precision loss
+    for name, meta, status in p.inputs:
+        if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
+            continue
+        kind, detail = ("param", name[len("param:"):]) if name.startswith("param:") else graph.producer(meta)
+        if status == PairStatus.WARNING.value or kind == "settled":
+            if kind == "settled" and detail.cause == PRECISION:
+                carried_precision = carried_precision or detail
+            continue
+        if kind == "target-only":
+            kind, detail = graph.target_only_origin(detail)
+        causes.setdefault(kind, (name, detail))
+    le = p.local.get(k)
+    if "param" in causes:
+        name, qual = causes["param"]
+        _set(r, "born", "parameter", f"parameter {qual} differs")
+    elif "target-only" in causes:
+        name, e = causes["target-only"]
+        _set(r, "born", "target-only op", f"target-only op {e.name} feeds {name}")
+        r.culprit_target_seq = e.record.seq
+    elif "input" in causes:
+        _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
+    elif "failing" in causes:
+        _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
+    elif "unrecorded" in causes:
+        _set(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
+                                          "(not recorded: de-duplicated?)")
+    elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
+        _set(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
+    elif k in p.precision:
+        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
+                      f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
+    elif le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
+        _set(r, "born", "local error", f"local error {le.local:.3g} > floor {le.floor:.3g}")
+    elif le is not None:
+        why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g})"
+        _downgrade(r, why + (f"; carries {_row_name(carried_precision)}'s precision loss" if carried_precision else ""))
+    elif carried_precision is not None:
+        _downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
+    elif r.inputs_agree == "unknown":
+        r.origin = ""
+    else:
+        _set(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
+             "inputs within precision (local error not measured)")
+
+
+def _set(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
+    r.origin, r.cause, r.culprit = origin, cause, culprit
+
+
+def _downgrade(r: CompareRow, why: str) -> None:
+    r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
+    r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)
+
+
+def _row_name(r: CompareRow) -> str:
+    return r.target_name or r.bench_name
+
+
+def _mark_precision_loss(pending: list[_Pending], rules: Any) -> None:
+    """An op kind whose failing calls all carry local error near one reduced-precision step's
+    is precision loss, call by call; a call far above the kind's level stays a bug."""
+    kinds: dict[tuple, list[tuple[_Pending, int, LocalError]]] = {}
+    for p in pending:
+        for k, le in p.local.items():
+            if rules.is_local_error(le.local, le.floor, le.dtype) and le.steps:
+                kinds.setdefault((p.target.op, p.target.record.direction), []).append((p, k, le))
+    f = rules.precision_factor
+    for calls in kinds.values():
+        if len(calls) < 2:
+            continue
+        best = None
+        for step in calls[0][2].steps:
+            ratios = [le.local / le.steps[step] for _, _, le in calls if le.steps.get(step, 0) > 0]
+            if len(ratios) != len(calls):
+                continue
+            level = statistics.median(ratios)
+            if 1 / f <= level <= f and (best is None or abs(_log(level)) < abs(_log(best[1]))):
+                best = (step, level, ratios)
+        if best is None:
+            continue
+        step, level, ratios = best
+        for (p, k, _), ratio in zip(calls, ratios):
+            if ratio <= f * level:
+                p.precision[k] = step
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else float("-inf")
