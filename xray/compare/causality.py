@@ -130,10 +130,12 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> No
     for name, meta, status in p.inputs:
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
             continue
-        kind, detail = ("param", name[len("param:"):]) if name.startswith("param:") else graph.producer(meta)
+        kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") else graph.producer(meta)
+        if kind == "settled" and detail.cause == PRECISION:
+            carried_precision = carried_precision or detail
+        if kind == "failing":  # whatever the input's own status: its producer already fails
+            causes.setdefault(kind, (name, detail))
         if status == PairStatus.WARNING.value or kind == "settled":
-            if kind == "settled" and detail.cause == PRECISION:
-                carried_precision = carried_precision or detail
             continue
         if kind == "target-only":
             kind, detail = graph.target_only_origin(detail)
@@ -170,6 +172,15 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> No
     else:
         _set(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
              "inputs within precision (local error not measured)")
+
+
+def _param_name(name: str, meta: Any) -> str:
+    """The qualified name of a module record's parameter, from its source when recorded."""
+    try:
+        src = Source.parse(getattr(meta, "source", None))
+    except ValueError:
+        src = None
+    return src.name if src is not None and src.name else name[len("param:"):]
 
 
 def _set(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
