@@ -67,6 +67,49 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
             r.inputs_agree = agree
             if r.status in _FAILING:
                 _decide(r, p, k, graph, rules)
+    _modules_follow_their_ops(pending, eb, graph)
+
+
+def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _Graph) -> None:
+    """A module record of a trace that also recorded the ATen ops inside it is judged by those
+    ops: born only when a born failing op lies inside, precision loss when its failing content
+    is all precision loss, else inherited from its first failing op."""
+    for p in pending:
+        if p.target.kind != "module" or not any(r.origin == "born" and r.status in _FAILING for r in p.rows):
+            continue
+        inner = [graph.rows_of.get(e.pos) for e in _ops_inside(p.target, eb)]
+        inner = [r for rows in inner if rows for r in rows]
+        if not inner:
+            continue  # a module dump, or nothing recorded inside: the module is the finest record
+        born = [r for r in inner if r.origin == "born" and r.status in _FAILING]
+        failing = [r for r in inner if r.status in _FAILING]
+        for r in p.rows:
+            if r.origin != "born" or r.status not in _FAILING:
+                continue
+            if born:
+                _set(r, "inherited", "inherited", f"error born inside it, at {_row_name(born[0])}")
+            elif not failing and any(x.cause == PRECISION for x in inner):
+                _downgrade(r, "its ops inside lose precision only")
+            elif failing:
+                _set(r, "inherited", "inherited", f"its ops inside inherit the error ({_row_name(failing[0])})")
+
+
+def _ops_inside(m: Entry, eb: list[Entry]) -> list[Entry]:
+    """Op entries recorded during module call ``m``. Traces record a module when it exits (its ops
+    come just before it); module-level dumps when it is entered (its ops follow it)."""
+    def inside(e: Entry) -> bool:
+        return m.path == "" or e.path == m.path or e.path.startswith(m.path + ".")
+
+    for span in (reversed(eb[:m.pos]), eb[m.pos + 1:]):
+        out = []
+        for e in span:
+            if not inside(e) or (e.kind == "module" and e.path == m.path):
+                break  # left the module, or reached another call of it
+            if e.kind == "op" and e.record.direction == m.record.direction:
+                out.append(e)
+        if out:
+            return out
+    return []
 
 
 class _Graph:
@@ -150,6 +193,12 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> No
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
+    elif k in p.precision:
+        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
+                      f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
+    elif le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
+        # wrong on the target's own inputs: born here, whatever those inputs were
+        _set(r, "born", "local error", f"local error {le.local:.3g} > floor {le.floor:.3g}")
     elif "failing" in causes:
         _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
@@ -157,11 +206,6 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> No
                                           "(not recorded: de-duplicated?)")
     elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
         _set(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
-    elif k in p.precision:
-        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
-                      f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
-    elif le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
-        _set(r, "born", "local error", f"local error {le.local:.3g} > floor {le.floor:.3g}")
     elif le is not None:
         why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g})"
         _downgrade(r, why + (f"; carries {_row_name(carried_precision)}'s precision loss" if carried_precision else ""))
