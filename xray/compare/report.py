@@ -70,6 +70,8 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
         how = "error born here" if fd["origin"] == "born" else f"origin {fd['origin']}: no failing record with agreeing inputs"
         out.append(f"\nFIRST DIVERGENCE ({how}): row {fd['index']}{' rank ' + fd['rank'] if fd['rank'] else ''}\n"
                    f"  bench:  {fd['bench']}  [{fd['tensor']}]\n  target: {fd['target']}")
+        if fd.get("cause"):
+            out.append(f"  cause:  {fd['cause']}: {fd.get('culprit') or ''}{_errors(fd)}")
     else:
         out.append("\nNo divergence: no row failed.")
     bad = worst_rows(result.rows, worst)
@@ -78,6 +80,12 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
     for w in s.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out)
+
+
+def _errors(fd: dict) -> str:
+    parts = [f"{k.replace('_err', '')} {fd[k]:.3g}" for k in ("local_err", "local_floor", "accumulated_err")
+             if fd.get(k) is not None]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _plot_png(rows: list[CompareRow], first: int | None) -> str:
@@ -124,9 +132,15 @@ td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:
 <h2>First divergence</h2>
 {% if fd %}<p>row {{ fd.index }} ({{ fd.origin }}): bench <code>{{ fd.bench }}</code> vs target
 <code>{{ fd.target }}</code> [{{ fd.tensor }}]{% if fd.layout %}, layout: {{ fd.layout }}{% endif %}</p>
+{% if fd.cause %}<table><tr><th>cause</th><td>{{ fd.cause }}</td></tr><tr><th>culprit</th><td>{{ fd.culprit }}</td></tr>
+<tr><th>local error (vs float64 recomputation on the target's inputs)</th><td>{{ fd.local_err if fd.local_err is not none else "not measured" }}</td></tr>
+<tr><th>local floor (CPU at the target's dtype)</th><td>{{ fd.local_floor if fd.local_floor is not none else "" }}</td></tr>
+<tr><th>accumulated error (target vs bench)</th><td>{{ fd.accumulated_err if fd.accumulated_err is not none else "" }}</td></tr></table>{% endif %}
 {% else %}<p>No row failed.</p>{% endif %}
 <h2>Error along execution order</h2><img alt="error plot" src="data:image/png;base64,{{ png }}">
+{% if s.dedup %}<h2 class="fail">De-duplicated dumps</h2><ul>{% for w in s.dedup %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 <h2>Worst rows</h2>{{ worst }}
+<h2>Local vs accumulated error of failing rows</h2>{{ errors }}
 <h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}
 {% if s.warnings %}<h2>Warnings</h2><ul>{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 </body></html>"""
@@ -150,7 +164,12 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
         unmatched=_markup(tabulate([[r.index, r.bench_name or "-", r.target_name or "-", r.tensor, r.note]
                                     for r in unmatched[:max_unmatched]],
                                    headers=["#", "bench", "target", "out", "note"], tablefmt="html")),
-        unmatched_count=len(unmatched))
+        unmatched_count=len(unmatched),
+        errors=_markup(tabulate([[r.index, r.status, r.origin, r.cause, _short(r.target_name or "-"), _fmt(r.local_err),
+                                  _fmt(r.local_floor), _fmt(r.accumulated_err), r.culprit]
+                                 for r in result.rows if r.origin or r.cause][:worst],
+                                headers=["#", "status", "origin", "cause", "target", "local err", "local floor",
+                                         "accumulated err", "culprit"], tablefmt="html")))
     Path(path).write_text(html, encoding="utf-8")
 
 

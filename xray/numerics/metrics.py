@@ -37,7 +37,7 @@ class Partial:
     ab: float = 0.0
     max_abs: float = 0.0
     max_rel: float = 0.0
-    max_ratio: float = 0.0  # worst |t - b| / (floor + rtol * |b|): 1 is the edge of "close"
+    max_ratio: float = 0.0  # worst |t - b| / (floor + rtol * |b|) where some element is not close, else 0
     not_close: int = 0  # elements outside floor + rtol*|bench|, incl. NaN/Inf pattern mismatches
     nan_bench: int = 0
     nan_target: int = 0
@@ -132,20 +132,9 @@ def _sums(bench: torch.Tensor, target: torch.Tensor, rtol: float, atol: float,
         max_ratio = float(torch.div(d, w2).max()) if atol > 0 or rtol > 0 else math.inf
         if math.isnan(max_ratio):
             max_ratio = math.inf
-    elif d.numel():
-        max_ratio = _ratio_max(d, w1, rtol, atol, w2)
     torch.div(d, w1.clamp_min_(REL_EPS), out=w1)
     return Partial(numel=n, sse=sse, aa=aa, bb=bb, ab=ab, max_abs=max_abs, max_rel=float(w1.max()),
                    max_ratio=max_ratio, not_close=not_close)
-
-
-def _ratio_max(d: torch.Tensor, absb: torch.Tensor, rtol: float, atol: float, out: torch.Tensor) -> float:
-    """Worst |d| / (atol + rtol |b|) when every element is close (<= 1; 0 for exact dtypes)."""
-    if atol == 0 and rtol == 0:
-        return 0.0
-    torch.add(absb.mul(rtol), atol, out=out)
-    r = float(torch.div(d, out).nan_to_num_(0.0).max())
-    return r
 
 
 def _scaled_sums(bench: torch.Tensor, target: torch.Tensor, rtol: float, atol: float) -> Partial:
