@@ -110,6 +110,13 @@ def test_backward_mm_fault_is_found(tmp_path):
     assert fd is not None and fd["target_seq"] == faulty.seq
 
 
+def test_tf32_like_matmuls_alone_raise_no_failure(bench, tmp_path):
+    """Class 5, noise only: TF32-like matmuls failed every matmul row and everything after them."""
+    r = compare_dumps(bench, _record(tmp_path / "t", TF32Like("aten.mm.default", -1, lambda o: o)))
+    assert r.summary.failed == 0 and r.summary.nan_inf == 0 and r.summary.first_divergence is None
+    assert r.summary.warned > 0
+
+
 def test_tf32_like_matmuls_are_precision_loss_and_a_bug_under_them_is_named(bench, tmp_path):
     target = _record(tmp_path / "t", TF32Like("aten.mm.default", 5, lambda o: o * (1 + 3e-3)))
     r = compare_dumps(bench, target)

@@ -61,12 +61,18 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
         pending.append(p)
     _mark_precision_loss(pending, rules)
     graph = _Graph(eb, matched)
-    for p in pending:  # target execution order: producers are decided before their consumers
+    # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
+    # difference in an input may be that error; before it, only precision can be carried.
+    random_pos = min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb))
+    born_seen = False
+    for p in pending:
+        born_seen = born_seen or p.target.pos > random_pos  # target execution order: producers are decided before their consumers
         agree = _agreement(p.inputs)
         for k, r in enumerate(p.rows):
             r.inputs_agree = agree
             if r.status in _FAILING:
-                _decide(r, p, k, graph, rules)
+                _decide(r, p, k, graph, rules, born_seen)
+                born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
     _modules_follow_their_ops(pending, eb, graph)
 
 
@@ -75,7 +81,7 @@ def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _
     ops: born only when a born failing op lies inside, precision loss when its failing content
     is all precision loss, else inherited from its first failing op."""
     for p in pending:
-        if p.target.kind != "module" or not any(r.origin == "born" and r.status in _FAILING for r in p.rows):
+        if p.target.kind != "module" or not any(r.status in _FAILING for r in p.rows):
             continue
         inner = [graph.rows_of.get(e.pos) for e in _ops_inside(p.target, eb)]
         inner = [r for rows in inner if rows for r in rows]
@@ -84,7 +90,7 @@ def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _
         born = [r for r in inner if r.origin == "born" and r.status in _FAILING]
         failing = [r for r in inner if r.status in _FAILING]
         for r in p.rows:
-            if r.origin != "born" or r.status not in _FAILING:
+            if r.status not in _FAILING or r.cause in ("parameter", "target-only op", "model input"):
                 continue
             if born:
                 _set(r, "inherited", "inherited", f"error born inside it, at {_row_name(born[0])}")
@@ -138,7 +144,7 @@ class _Graph:
         if rows is None:
             return "target-only", e
         row = rows[src.index] if src.index < len(rows) else rows[0]
-        return ("failing" if row.status in _FAILING else "settled"), row
+        return ("failing" if row.status in _FAILING or _random(row) else "settled"), row
 
     def target_only_origin(self, e: Entry) -> tuple[str, Any]:
         """A target-only op is the origin unless a failing matched record feeds it (walked back
@@ -158,6 +164,11 @@ class _Graph:
         return "target-only", e
 
 
+def _random(r: CompareRow) -> bool:
+    """A row skipped because its values are random by nature: what it feeds differs by nature."""
+    return r.status == PairStatus.SKIP.value and r.note.startswith("values not compared")
+
+
 def _agreement(inputs: list[tuple[str, Any, str]]) -> str:
     statuses = {s for _, _, s in inputs}
     if statuses <= {PairStatus.PASS.value}:
@@ -167,7 +178,7 @@ def _agreement(inputs: list[tuple[str, Any, str]]) -> str:
     return "no"
 
 
-def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> None:
+def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_seen: bool) -> None:
     causes: dict[str, tuple[str, Any]] = {}
     carried_precision = None  # a producer whose difference is measured precision loss
     for name, meta, status in p.inputs:
@@ -204,6 +215,11 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any) -> No
     elif "unrecorded" in causes:
         _set(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
                                           "(not recorded: de-duplicated?)")
+    elif "none" in causes and le is not None and not born_seen:
+        # v1 dump, but this op computed correctly on its inputs and no error was born before it
+        # in execution order: what it carries is precision, not a bug
+        _downgrade(r, f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g}); "
+                      "no error born before it")
     elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
         _set(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
     elif le is not None:
