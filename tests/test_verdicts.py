@@ -122,9 +122,12 @@ def test_tf32_like_matmuls_are_precision_loss_and_a_bug_under_them_is_named(benc
     r = compare_dumps(bench, target)
     mm_rows = [row for row in r.rows if row.bench_op in ("aten.mm.default", "aten.bmm.default")]
     bug = _seq(target, "aten.mm.default", 5)
-    # every other matmul is labelled, not failed (old: all of them failed)
-    assert all(row.status == "warning" and row.cause == "precision loss" for row in mm_rows if row.target_seq != bug)
-    assert "tf32" in next(row.culprit for row in mm_rows if row.target_seq != bug)
+    before, after = [x for x in mm_rows if x.target_seq < bug], [x for x in mm_rows if x.target_seq > bug]
+    # matmuls before the bug are labelled, not failed (old: all of them failed) ...
+    assert before and all(x.status == "warning" and x.cause == "precision loss" for x in before)
+    assert "tf32" in before[0].culprit
+    # ... and the bug's effect is not absorbed by the precision loss after it
+    assert after and all(x.status == "fail" and x.origin == "inherited" for x in after)
     fd = r.summary.first_divergence
     assert (fd["target_seq"], fd["cause"]) == (bug, "local error")
 

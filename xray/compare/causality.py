@@ -124,13 +124,26 @@ class _Graph:
     def __init__(self, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> None:
         self.by_seq = {e.record.seq: e for e in eb}
         self.rows_of = {b.pos: rows for _, b, rows in matched}
+        # v1 traces name no producers: a value's fingerprint (shape, dtype, statistics) finds the
+        # op output it came from. Only traces: they record every op, so "not found" means it came
+        # from outside (a parameter or a model input); module dumps do not.
+        self.made: dict[tuple, list[tuple[int, int]]] = {}
+        if eb and all(e.kind == "op" or e.record.kind == "module" for e in eb) and any(e.kind == "op" for e in eb):
+            for e in eb:
+                if e.kind == "op":
+                    for k, (_, m) in enumerate(e.outputs):
+                        fp = _fingerprint(m)
+                        if fp is not None:
+                            self.made.setdefault(fp, []).append((e.record.seq, k))
 
-    def producer(self, meta: Any) -> tuple[str, Any]:
+    def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
         try:
             src = Source.parse(getattr(meta, "source", None))
         except ValueError:
             src = None
+        if src is None and consumer_seq is not None and self.made:
+            src = self._infer(meta, consumer_seq)
         if src is None:
             return "none", None
         if src.kind in ("param", "buffer"):
@@ -146,6 +159,18 @@ class _Graph:
         row = rows[src.index] if src.index < len(rows) else rows[0]
         return ("failing" if row.status in _FAILING or _random(row) else "settled"), row
 
+    def _infer(self, meta: Any, consumer_seq: int) -> Source | None:
+        fp = _fingerprint(meta)
+        if fp is None:
+            return None
+        earlier = [sk for sk in self.made.get(fp, ()) if sk[0] < consumer_seq]
+        if earlier:
+            return Source("op", seq=earlier[-1][0], index=earlier[-1][1])
+        # from outside the recorded ops: parameters require grad, model inputs do not
+        where = self.by_seq[consumer_seq].path if consumer_seq in self.by_seq else ""
+        return Source("param", name=f"<a parameter used in {where or 'the model'}>") if meta.requires_grad \
+            else Source("input")
+
     def target_only_origin(self, e: Entry) -> tuple[str, Any]:
         """A target-only op is the origin unless a failing matched record feeds it (walked back
         through chains of target-only ops)."""
@@ -156,12 +181,19 @@ class _Graph:
                 continue
             seen.add(cur.pos)
             for _, m in cur.inputs:
-                kind, detail = self.producer(m)
+                kind, detail = self.producer(m, cur.record.seq)
                 if kind == "failing":
                     return "failing", detail
                 if kind == "target-only":
                     todo.append(detail)
         return "target-only", e
+
+
+def _fingerprint(meta: Any) -> tuple | None:
+    st = getattr(meta, "stats", None)
+    if st is None or st.mean is None:
+        return None
+    return (tuple(meta.shape), meta.dtype, st.min, st.max, st.mean, st.std, st.nan, st.posinf, st.neginf)
 
 
 def _random(r: CompareRow) -> bool:
@@ -184,7 +216,9 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
     for name, meta, status in p.inputs:
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
             continue
-        kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") else graph.producer(meta)
+        if name.startswith("forward_params."):  # v1 module dumps kept parameters among the inputs
+            name = f"param:{p.target.path + '.' if p.target.path else ''}{name[len('forward_params.'):]}"
+        kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") else graph.producer(meta, p.target.record.seq)
         if kind == "settled" and detail.cause == PRECISION:
             carried_precision = carried_precision or detail
         if kind == "failing":  # whatever the input's own status: its producer already fails
@@ -204,10 +238,7 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
-    elif k in p.precision:
-        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
-                      f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
-    elif le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
+    elif k not in p.precision and le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
         # wrong on the target's own inputs: born here, whatever those inputs were
         _set(r, "born", "local error", f"local error {le.local:.3g} > floor {le.floor:.3g}")
     elif "failing" in causes:
@@ -215,6 +246,9 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
     elif "unrecorded" in causes:
         _set(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
                                           "(not recorded: de-duplicated?)")
+    elif k in p.precision:
+        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
+                      f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
     elif "none" in causes and le is not None and not born_seen:
         # v1 dump, but this op computed correctly on its inputs and no error was born before it
         # in execution order: what it carries is precision, not a bug
