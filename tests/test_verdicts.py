@@ -182,3 +182,27 @@ def test_deduplicated_dumps_are_reported_loudly(bench, tmp_path):
     assert "DE-DUPLICATED" in terminal_report(r)
     write_summary_json(r, tmp_path / "s.json")
     assert json.loads((tmp_path / "s.json").read_text())["dedup"]
+
+
+@pytest.mark.parametrize("aten", [False, True], ids=["modules", "modules+aten"])
+def test_changed_weight_in_a_module_dump_names_the_linear_and_the_parameter(tmp_path, aten):
+    """Class 3: module dumps counted parameters as inputs, so the Linear whose weight changed was
+    'inherited' and its parent (LlamaMLP) was named; with dump_torch_api, the op inside never."""
+    def rec(path, change):
+        model, ids = tiny_llama(layers=2), token_batch()
+        if change:
+            with torch.no_grad():
+                model.model.layers[1].mlp.up_proj.weight[0, 0] += 0.5
+        dbg = xray.PrecisionDebugger(dump_path=path, model=model, task="tensor", dump_torch_api=aten)
+        with torch.no_grad():
+            dbg.start()
+            model(ids)
+            dbg.stop()
+        return next(path.glob("*.h5"))
+
+    fd = compare_dumps(rec(tmp_path / "b", False), rec(tmp_path / "t", True)).summary.first_divergence
+    assert fd["origin"] == "born" and fd["cause"] == "parameter" and "layers.1.mlp.up_proj" in fd["culprit"]
+    if aten:
+        assert fd["module"].endswith("layers.1.mlp.up_proj") and fd["target_op"].startswith("aten.")
+    else:
+        assert fd["target"].startswith("model.layers.1.mlp.up_proj.Linear")
