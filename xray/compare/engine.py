@@ -1,7 +1,8 @@
 """Compare two loaded dumps: align their entries, compare each matched output pair, localise.
 
 Backend-agnostic: it sees only Records and TensorMetas, and reads tensor data through the dump's
-own reader, chunk by chunk.
+own reader, chunk by chunk. Failing rows are then attributed along data edges (causality.py),
+re-running ops on CPU from the target's saved inputs where it can (local.py).
 """
 from __future__ import annotations
 
@@ -15,17 +16,15 @@ from tqdm import tqdm
 from ..dump.model import TensorMeta
 from ..dump.tensorio import dtype_from_name
 from ..nondeterminism import nondeterministic
-from .align import align
-from .entries import Entry, entries_of
-from .layout import MAX_NUMEL, could_be_permuted, find_layout
 from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
                                 stats_compare, stats_rms)
 from ..numerics.rules import Rules, Tolerance
+from .align import align
 from .causality import attribute
-from .result import FAILING, CompareRow, PairStatus
+from .entries import Entry, entries_of
+from .layout import MAX_NUMEL, could_be_permuted, find_layout
+from .result import CompareRow, PairStatus
 from .stream import data_bytes, iter_chunks
-
-_FAILING = frozenset(s.value for s in FAILING)
 
 PROGRESS_BYTES = 256 << 20  # show a progress bar when more tensor data than this is compared
 
@@ -137,7 +136,7 @@ class PairComparer:
             row.note = f"shape mismatch {tuple(bm.shape)} vs {tuple(tm.shape)} (different element counts)"
             return row
         if tuple(bm.shape) != tuple(tm.shape):
-            return self._compare_reshaped(row, bm, tm, tol, notes)
+            return self._compare_reshaped(row, bm, tm, tol, notes, layout)
         if bm.numel == 0:
             row.status, row.numel = PairStatus.PASS.value, 0
             row.note = "; ".join(notes + ["empty tensor: nothing to compare"])
@@ -161,13 +160,13 @@ class PairComparer:
         row.note = "; ".join(notes)
         return row
 
-    def _compare_reshaped(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str]) -> CompareRow:
+    def _compare_reshaped(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str], layout: bool) -> CompareRow:
         """Same element count, different shapes: never compared in memory order as if one tensor.
         A permutation of the bench that gives the target's shape and agrees is a layout change;
         otherwise the pair is reported as a reshape, values not compared."""
         row.status, row.numel = PairStatus.WARNING.value, bm.numel
         found = None
-        if bm.data is not None and tm.data is not None and bm.numel <= MAX_NUMEL:
+        if layout and bm.data is not None and tm.data is not None and bm.numel <= MAX_NUMEL:
             try:
                 found = find_layout(self.load_whole(self.bench, bm), self.load_whole(self.target, tm), tol)
             except (KeyError, OSError, ValueError):

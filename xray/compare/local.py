@@ -88,7 +88,7 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
         if exact is None or native is None or exact.numel() != target.numel():
             return None
         result = LocalError(normwise_error(target, exact), normwise_error(native, exact), target.dtype)
-        if target.dtype in (torch.float32, torch.float64):
+        if target.dtype in (torch.float32, torch.float64) and result.local > result.floor:  # else not needed
             for name, bits in PRECISION_STEPS.items():
                 rounded = run(lambda t, b=bits: round_mantissa(t, b))
                 if rounded is not None:
