@@ -149,9 +149,9 @@ def test_t5_finfo_min_masks_do_not_overflow(tmp_path):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if self.hit is None and isinstance(out, torch.Tensor) and out.is_floating_point() \
+            if isinstance(out, torch.Tensor) and out.is_floating_point() \
                     and out.numel() > 1 and bool(torch.isfinite(out).all()) and float(out.min()) < -1e38:
-                self.hit = func
+                self.hit = self.hit or func
                 out = out * 0.99
             return out
 
