@@ -206,3 +206,22 @@ def test_changed_weight_in_a_module_dump_names_the_linear_and_the_parameter(tmp_
         assert fd["module"].endswith("layers.1.mlp.up_proj") and fd["target_op"].startswith("aten.")
     else:
         assert fd["target"].startswith("model.layers.1.mlp.up_proj.Linear")
+
+
+def test_target_only_op_is_named_the_origin(bench, tmp_path):
+    """Class 4: an op only the target runs (an extra scale after an activation) was never a
+    candidate; the error was attributed to a downstream op."""
+    model, ids = tiny_llama(layers=2), token_batch()
+    act = model.model.layers[1].mlp.act_fn
+
+    class ScaledAct(torch.nn.Module):
+        def forward(self, x):
+            return act(x) * 1.01
+
+    model.model.layers[1].mlp.act_fn = ScaledAct()
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path / "t", X_DEDUP=False, X_DUMP_NUM=100, X_DEBUG=FORWARD) as d:
+        model(ids)
+    extra = [r for r in xray.load_dump(d.folder).records if r.module == "model.layers.1.mlp.act_fn"
+             and r.op == "aten.mul.Tensor"]
+    fd = compare_dumps(bench, d.folder).summary.first_divergence
+    assert (fd["origin"], fd["cause"], fd["culprit_target_seq"]) == ("born", "target-only op", extra[0].seq)

@@ -89,15 +89,31 @@ def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _
             continue  # a module dump, or nothing recorded inside: the module is the finest record
         born = [r for r in inner if r.origin == "born" and r.status in _FAILING]
         failing = [r for r in inner if r.status in _FAILING]
-        for r in p.rows:
+        for k, r in enumerate(p.rows):
             if r.status not in _FAILING or r.cause in ("parameter", "target-only op", "model input"):
                 continue
-            if born:
+            made = _target_only_maker(p.target, k, graph) if not born else None
+            if made is not None:  # the module's output came out of an op only the target ran
+                _set(r, "born", "target-only op", f"target-only op {made.name} made its output {r.tensor}")
+                r.culprit_target_seq = made.record.seq
+            elif born:
                 _set(r, "inherited", "inherited", f"error born inside it, at {_row_name(born[0])}")
             elif not failing and any(x.cause == PRECISION for x in inner):
                 _downgrade(r, "its ops inside lose precision only")
             elif failing:
                 _set(r, "inherited", "inherited", f"its ops inside inherit the error ({_row_name(failing[0])})")
+
+
+def _target_only_maker(m: Entry, k: int, graph: _Graph) -> Entry | None:
+    """The target-only op whose result is output ``k`` of module call ``m``, if it is one and no
+    failing matched record feeds that op."""
+    if k >= len(m.outputs):
+        return None
+    kind, detail = graph.producer(m.outputs[k][1], m.record.seq + 1)
+    if kind != "target-only":
+        return None
+    kind, detail = graph.target_only_origin(detail)
+    return detail if kind == "target-only" else None
 
 
 def _ops_inside(m: Entry, eb: list[Entry]) -> list[Entry]:
