@@ -60,7 +60,6 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             hidden = dedup_note(d, side + (f" ({label})" if label else ""))
             if hidden:
                 summary.dedup.append(hidden)
-                summary.warnings.append(hidden)
         dr = None
         if reference:
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)

@@ -64,7 +64,7 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
               ["unmatched records (bench / target)", f"{s.unmatched_bench} / {s.unmatched_target}"],
               ["pairs: pass / warning / fail / nan-inf / skip", f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped}"],
               ["tensor data compared", f"{s.bytes_compared / 1e9:.3f} GB in {s.seconds:.2f} s"]]
-    out = [tabulate(totals, tablefmt="simple")]
+    out = [f"!! {d}" for d in s.dedup] + [tabulate(totals, tablefmt="simple")]
     fd = s.first_divergence
     if fd:
         how = "error born here" if fd["origin"] == "born" else f"origin {fd['origin']}: no failing record with agreeing inputs"
@@ -73,7 +73,8 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
         if fd.get("cause"):
             out.append(f"  cause:  {fd['cause']}: {fd.get('culprit') or ''}{_errors(fd)}")
     else:
-        out.append("\nNo divergence: no row failed.")
+        out.append("\nNo divergence: no row failed." +
+                   (" But a dump is de-duplicated (above): calls it folded away were not compared." if s.dedup else ""))
     bad = worst_rows(result.rows, worst)
     if bad:
         out.append("\nWorst rows:\n" + tabulate(_table_rows(bad), headers=TABLE_HEADERS, tablefmt="simple"))
