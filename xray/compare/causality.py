@@ -65,8 +65,8 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb))
     born_seen = False
-    for p in pending:
-        born_seen = born_seen or p.target.pos > random_pos  # target execution order: producers are decided before their consumers
+    for p in pending:  # target execution order: producers are decided before their consumers
+        born_seen = born_seen or p.target.pos > random_pos
         agree = _agreement(p.inputs)
         for k, r in enumerate(p.rows):
             r.inputs_agree = agree
@@ -234,7 +234,8 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
             continue
         if name.startswith("forward_params."):  # v1 module dumps kept parameters among the inputs
             name = f"param:{p.target.path + '.' if p.target.path else ''}{name[len('forward_params.'):]}"
-        kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") else graph.producer(meta, p.target.record.seq)
+        kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") \
+            else graph.producer(meta, p.target.record.seq)
         if kind == "settled" and detail.cause == PRECISION:
             carried_precision = carried_precision or detail
         if kind == "failing":  # whatever the input's own status: its producer already fails
