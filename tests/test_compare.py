@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import xray
-from xray.compare import COLUMNS, compare_dumps
+from xray.compare import COMPARE_COLUMNS, compare_dumps
 from xray.compare.cli import main
 from xray.demo.models import tiny_llama, token_batch
 
@@ -90,7 +90,7 @@ def test_cli_writes_csv_summary_and_html(fault_pair, capsys):
     text = capsys.readouterr().out
     assert "FIRST DIVERGENCE" in text and "aten.mm.default" in text
     df = pd.read_csv(out)
-    assert tuple(df.columns) == COLUMNS and len(df) > 100
+    assert tuple(df.columns) == COMPARE_COLUMNS and len(df) > 100
     assert set(df["status"]) <= {"pass", "warning", "fail", "nan/inf", "unmatched", "skip"}
     summary = json.loads(js.read_text())
     for key in ("bench_records", "target_records", "matched", "passed", "warned", "failed", "unmatched",

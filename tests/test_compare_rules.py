@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from xray.compare import CompareInputError, Rules, Status, compare_dumps
+from xray.compare import CompareInputError, Rules, PairStatus, compare_dumps
 from xray.compare.align import align
 from xray.compare.cli import main
 from xray.compare.entries import Entry, normalize_path
 from xray.compare.layout import find_layout
-from xray.compare.metrics import Partial, as_real, chunk_partial, finish, merge
+from xray.numerics.metrics import Partial, as_real, chunk_partial, finish, merge
 from xray.compare.stream import chunk_selections
 from xray.demo.synthetic import Op, write_dump
-from xray.compare.thresholds import Tolerance, default_tolerance, parse_tolerance_arg
+from xray.numerics.rules import Tolerance, default_tolerance, parse_tolerance_arg
 from xray.dump.model import Record, TensorMeta
 
 
@@ -73,14 +73,13 @@ def test_chunk_selections_cover_every_element_once():
 # -- statuses --------------------------------------------------------------------------------
 def test_pass_warning_fail_and_tolerance_override(tmp_path):
     x = _x(100, 100)
-    noisy = x.clone()
-    noisy[0, :50] += 1e-3  # 0.5 % of elements off: warning (>= 99 % close, cosine ~1)
+    noisy = x * (1 + 3e-6 * _x(100, 100, seed=5))  # rounding-like spread (rel RMSE ~2x rtol): warning
     ops_a = [Op("aten.relu.default", x), Op("aten.neg.default", x), Op("aten.abs.default", x)]
     ops_b = [Op("aten.relu.default", x), Op("aten.neg.default", noisy), Op("aten.abs.default", x * 1.5)]
     a, b = _pair(tmp_path, ops_a, ops_b)
     r = compare_dumps(a, b)
     assert [row.status for row in r.rows] == ["pass", "warning", "fail"]
-    assert r.rows[1].gt_num == 50 and r.rows[0].cosine == pytest.approx(1.0)
+    assert r.rows[1].gt_num > 0 and r.rows[0].cosine == pytest.approx(1.0)
     loose = compare_dumps(a, b, rules=Rules().with_override("float32", rtol=1.0, atol=1e-2))
     assert [row.status for row in loose.rows] == ["pass", "pass", "pass"]
 
@@ -116,7 +115,7 @@ def test_nan_everywhere_is_reported(tmp_path, capsys):
     a, b = _pair(tmp_path, [Op("aten.relu.default", x), Op("aten.neg.default", x)],
                  [Op("aten.relu.default", nan), Op("aten.neg.default", nan)])
     r = compare_dumps(a, b)
-    assert {row.status for row in r.rows} == {Status.NAN_INF.value}
+    assert {row.status for row in r.rows} == {PairStatus.NAN_INF.value}
     assert any("entirely NaN/Inf" in w for w in r.summary.warnings)
     assert main([str(a), str(b), str(tmp_path / "o.csv")]) == 0  # usable input: the compare ran
     assert "entirely NaN/Inf" in capsys.readouterr().out
@@ -219,7 +218,7 @@ def test_fp64_reference_rule(tmp_path):
     a, b = _pair(tmp_path, [Op("aten.mm.default", bench)], [Op("aten.mm.default", small)])
     # small's error is ~150x the bench's own fp32 error; big's ~5e4x. A multiplier of 500 separates them.
     rules = Rules(fp64_multiplier=500.0)
-    assert compare_dumps(a, b).rows[0].status == "fail"
+    assert compare_dumps(a, b).rows[0].status == "warning"  # 3e-6 relative, spread: rounding-like
     row = compare_dumps(a, b, rules=rules, reference=r_dir).rows[0]
     assert row.status == "pass" and row.ref_err_target > row.ref_err_bench > 0 and "float64" in row.note
     b2 = write_dump(tmp_path / "c", [Op("aten.mm.default", big)])

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .result import COLUMNS, CompareResult, Row, Status, Summary
-from .thresholds import Rules, Tolerance, default_tolerance
+from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
 
-__all__ = ["compare_dumps", "CompareResult", "CompareInputError", "Row", "Status", "Summary", "Rules",
-           "Tolerance", "default_tolerance", "COLUMNS"]
+if TYPE_CHECKING:
+    from ..numerics.rules import Rules
+
+__all__ = ["compare_dumps", "CompareResult", "CompareInputError", "CompareRow", "PairStatus", "Summary", "Rules",
+           "Tolerance", "default_tolerance", "COMPARE_COLUMNS"]
 
 
 def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules: Rules | None = None,
@@ -44,6 +46,7 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
 
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
+    from ..numerics.rules import Rules
     from .engine import compare_loaded, first_divergence
     from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 
@@ -52,11 +55,15 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
     units, notes = pair_units(bench, target)
     ref_units = dict((label, rp) for label, rp, _ in pair_units(reference, reference)[0]) if reference else {}
     summary = Summary(bench=str(bench), target=str(target), warnings=list(notes))
-    rows: list[Row] = []
+    rows: list[CompareRow] = []
     for label, pb, pt in units:
         db = open_dump(pb, "bench", summary.warnings)
         dt = open_dump(pt, "target", summary.warnings)
         check_same_format(db, dt, pb, pt, summary.warnings)
+        for side, d in (("bench", db), ("target", dt)):
+            hidden = dedup_note(d, side + (f" ({label})" if label else ""))
+            if hidden:
+                summary.dedup.append(hidden)
         dr = None
         if reference:
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)
@@ -90,31 +97,53 @@ def __getattr__(name: str):  # PEP 562: the CLI's --help must not pay for torch 
         from .pairing import CompareInputError
 
         return CompareInputError
+    if name in ("Rules", "Tolerance", "default_tolerance"):
+        from ..numerics import rules
+
+        return getattr(rules, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _count(s: Summary, rows: list[Row]) -> None:
+def _count(s: Summary, rows: list[CompareRow]) -> None:
     s.rows = len(rows)
-    by = {st: 0 for st in Status}
+    by = {st: 0 for st in PairStatus}
     for r in rows:
-        by[Status(r.status)] += 1
-    s.passed, s.warned, s.failed = by[Status.PASS], by[Status.WARNING], by[Status.FAIL]
-    s.nan_inf, s.skipped, s.unmatched = by[Status.NAN_INF], by[Status.SKIP], by[Status.UNMATCHED]
+        by[PairStatus(r.status)] += 1
+    s.passed, s.warned, s.failed = by[PairStatus.PASS], by[PairStatus.WARNING], by[PairStatus.FAIL]
+    s.nan_inf, s.skipped, s.unmatched = by[PairStatus.NAN_INF], by[PairStatus.SKIP], by[PairStatus.UNMATCHED]
     s.unmatched_bench = s.bench_records - s.matched
     s.unmatched_target = s.target_records - s.matched
     s.match_pct = round(100.0 * s.matched / max(s.bench_records, s.target_records, 1), 3)
 
 
-def _divergence(r: Row | None) -> dict[str, Any] | None:
+def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
     if r is None:
         return None
     return {"rank": r.rank, "index": r.index, "status": r.status, "origin": r.origin or "unknown",
             "bench": r.bench_name, "target": r.target_name, "bench_seq": r.bench_seq, "target_seq": r.target_seq,
             "op": r.bench_op, "target_op": r.target_op, "tensor": r.tensor, "cosine": r.cosine,
-            "max_abs_err": r.max_abs_err, "layout": r.layout or None}
+            "max_abs_err": r.max_abs_err, "layout": r.layout or None, "module": r.module,
+            "cause": r.cause or None, "culprit": r.culprit or None, "culprit_target_seq": r.culprit_target_seq,
+            "local_err": r.local_err, "local_floor": r.local_floor, "accumulated_err": r.accumulated_err}
 
 
-def _nonfinite_warnings(rows: list[Row], label: str, notes: list[str]) -> None:
+def dedup_note(dump, side: str) -> str | None:
+    """What a de-duplicated dump hides, or None. De-duplication (X_DEDUP, the recorder's default)
+    keeps one record per call signature: later calls with the same signature are not there."""
+    records = list(getattr(dump, "records", []))
+    folded = sum(max(0, r.count - 1) for r in records)
+    config = (getattr(dump, "header", None) or {}).get("config") or {}
+    if not folded and not config.get("X_DEDUP"):
+        return None
+    if not folded:
+        return (f"{side} dump was recorded with X_DEDUP=1; no call was folded here, but a longer run would "
+                "lose repeated calls: record with X_DEDUP=0 to compare every call")
+    return (f"{side} dump is DE-DUPLICATED (X_DEDUP=1): {len(records)} records stand for {len(records) + folded} calls; "
+            f"{folded} later calls with an already-seen signature were not recorded, so an error born in one of them "
+            "is invisible and the first divergence may be late or missing. Record with X_DEDUP=0")
+
+
+def _nonfinite_warnings(rows: list[CompareRow], label: str, notes: list[str]) -> None:
     where = f" ({label})" if label else ""
     for side in ("bench", "target"):
         counted = [r for r in rows if r.numel and getattr(r, f"{side}_nan") is not None]

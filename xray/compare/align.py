@@ -70,8 +70,11 @@ def score_matrix(fa: _Features, ia: slice, fb: _Features, ib: slice) -> np.ndarr
         cls_sim = cdist(fa.ops[ia], fb.ops[ib], scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
         op_ok |= mod & (path_eq | cls_sim)
     numel_eq = eq(fa.numel, fb.numel)
-    ok = group & op_ok & (numel_eq | (mod & path_eq))
-    score = (8.0 * op_eq + 4.0 * (op_ok & ~op_eq) + 4.0 * eq(fa.shape, fb.shape) + 2.0 * eq(fa.perm, fb.perm)
+    perm_eq = eq(fa.perm, fb.perm)
+    # Ops pair only when their output shapes are equal or permuted: a view (8,32,16) and one
+    # (2,4,16,32) hold the same count but are different tensors.
+    ok = group & op_ok & (perm_eq | (mod & path_eq))
+    score = (8.0 * op_eq + 4.0 * (op_ok & ~op_eq) + 4.0 * eq(fa.shape, fb.shape) + 2.0 * perm_eq
              + 1.0 * numel_eq + 1.0 * eq(fa.dtype, fb.dtype) + 2.0 * path_eq + 2.0 * path_sim)
     return np.where(ok, score, -1.0)
 

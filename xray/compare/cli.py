@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .thresholds import Rules, parse_tolerance_arg
+from ..numerics.rules import Rules, parse_tolerance_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,10 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "passes when its error is within --fp64-multiplier x the bench's own (torch._dynamo's rule)")
     p.add_argument("--tol", action="append", default=[], metavar="DTYPE:rtol=R,atol=A",
                    help="override a dtype's tolerance (repeatable), e.g. bfloat16:rtol=0.02,atol=1e-4")
-    p.add_argument("--warn-close-pct", type=float, default=Rules.warn_close_pct,
-                   help="warning (not fail) when at least this %% of elements are close (default %(default)s)")
     p.add_argument("--warn-cosine", type=float, default=Rules.warn_cosine,
-                   help="... and cosine is at least this (default %(default)s)")
+                   help="warning (precision loss), not fail, needs at least this cosine (default %(default)s)")
     p.add_argument("--stats-warn-factor", type=float, default=Rules.stats_warn_factor,
                    help="statistics-only: warning up to this multiple of the tolerance (default %(default)s)")
     p.add_argument("--fp64-multiplier", type=float, default=Rules.fp64_multiplier,
@@ -49,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from .report import terminal_report, write_csv, write_html, write_summary_json
 
     try:
-        rules = Rules(warn_close_pct=args.warn_close_pct, warn_cosine=args.warn_cosine,
+        rules = Rules(warn_cosine=args.warn_cosine,
                       stats_warn_factor=args.stats_warn_factor, fp64_multiplier=args.fp64_multiplier)
         for text in args.tol:
             rules = rules.with_override(*parse_tolerance_arg(text))

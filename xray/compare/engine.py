@@ -1,10 +1,12 @@
 """Compare two loaded dumps: align their entries, compare each matched output pair, localise.
 
 Backend-agnostic: it sees only Records and TensorMetas, and reads tensor data through the dump's
-own reader, chunk by chunk.
+own reader, chunk by chunk. Failing rows are then attributed along data edges (causality.py),
+re-running ops on CPU from the target's saved inputs where it can (local.py).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Iterator
 
@@ -15,15 +17,15 @@ from ..dump.model import TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import dtype_from_name
 from ..nondeterminism import nondeterministic
+from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
+                                stats_compare, stats_rms)
+from ..numerics.rules import Rules, Tolerance
 from .align import align
+from .causality import attribute
 from .entries import Entry, entries_of
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
-from .metrics import Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial, stats_compare
-from .result import FAILING, Row, Status
+from .result import CompareRow, PairStatus
 from .stream import data_bytes, iter_chunks
-from .thresholds import Rules, Tolerance
-
-_FAILING = frozenset(s.value for s in FAILING)
 
 PROGRESS_BYTES = 256 << 20  # show a progress bar when more tensor data than this is compared
 
@@ -73,11 +75,28 @@ class PairComparer:
         return tol
 
     # -- data ------------------------------------------------------------------------------
+    def scale(self, bm: TensorMeta, tm: TensorMeta, cd: torch.dtype) -> float:
+        """The RMS the absolute floor scales with: the larger side's, from statistics when
+        recorded, else from one pass over the data."""
+        rb, rt = stats_rms(bm.stats), stats_rms(tm.stats)
+        if rb is not None and rt is not None and math.isfinite(rb) and math.isfinite(rt):
+            return max(rb, rt)
+        out = 0.0
+        for dump, meta in ((self.bench, bm), (self.target, tm)):
+            ss = n = 0
+            for c in iter_chunks(dump, meta):
+                c = as_real(c, torch.float64)
+                c = c[torch.isfinite(c)]
+                ss, n = ss + float(torch.dot(c, c)), n + c.numel()
+            out = max(out, math.sqrt(ss / n) if n else 0.0)
+        return out if math.isfinite(out) else 0.0
+
     def data_metrics(self, bm: TensorMeta, tm: TensorMeta, tol: Tolerance):
         cd = compute_dtype(dtype_from_name(bm.dtype), dtype_from_name(tm.dtype))
+        floor = tol.floor(self.scale(bm, tm, cd))
         total = Partial()
         for a, b in _zip_chunks(iter_chunks(self.bench, bm), iter_chunks(self.target, tm)):
-            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work))
+            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work, floor))
             nbytes = a.numel() * a.element_size() + b.numel() * b.element_size()
             self.bytes += nbytes
             if self.bar is not None:
@@ -101,8 +120,8 @@ class PairComparer:
         return dump.load_tensor(meta).reshape(meta.shape)
 
     # -- one output pair --------------------------------------------------------------------
-    def compare(self, row: Row, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None, *,
-                layout: bool = True) -> Row:
+    def compare(self, row: CompareRow, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None, *,
+                layout: bool = True) -> CompareRow:
         """Judge one tensor pair into ``row``; ``layout=False`` skips the permutation search."""
         rules = self.rules
         tol = self.tolerance(bm, tm)
@@ -111,20 +130,20 @@ class PairComparer:
         if bm.dtype != tm.dtype:
             notes.append(f"dtype {bm.dtype} vs {tm.dtype}: compared after upcasting, at {_looser(bm, tm)} tolerance")
         if _torch_dtype(bm.dtype) is None or _torch_dtype(tm.dtype) is None:
-            row.status, row.note = Status.SKIP.value, f"unknown dtype {bm.dtype!r} / {tm.dtype!r}"
+            row.status, row.note = PairStatus.SKIP.value, f"unknown dtype {bm.dtype!r} / {tm.dtype!r}"
             return row
         if bm.numel != tm.numel:
-            row.status = Status.FAIL.value
+            row.status = PairStatus.FAIL.value
             row.note = f"shape mismatch {tuple(bm.shape)} vs {tuple(tm.shape)} (different element counts)"
             return row
         if tuple(bm.shape) != tuple(tm.shape):
-            notes.append("shapes differ, same element count: compared in memory order")
+            return self._compare_reshaped(row, bm, tm, tol, notes, layout)
         if bm.numel == 0:
-            row.status, row.numel = Status.PASS.value, 0
+            row.status, row.numel = PairStatus.PASS.value, 0
             row.note = "; ".join(notes + ["empty tensor: nothing to compare"])
             return row
         if _torch_dtype(bm.dtype).is_complex != _torch_dtype(tm.dtype).is_complex:
-            row.status = Status.FAIL.value
+            row.status = PairStatus.FAIL.value
             row.note = f"complex vs real dtypes ({bm.dtype} vs {tm.dtype})"
             return row
         if bm.data is not None and tm.data is not None:
@@ -137,12 +156,33 @@ class PairComparer:
         if bm.stats is not None and tm.stats is not None:
             self._compare_stats(row, bm, tm, tol)
         else:
-            row.status = Status.SKIP.value
+            row.status = PairStatus.SKIP.value
             notes.append("no saved data or statistics on both sides (dump with X_DEBUG STATS or X_DUMP_NUM)")
         row.note = "; ".join(notes)
         return row
 
-    def _compare_data(self, row: Row, bm, tm, tol: Tolerance, ref, notes: list[str], layout: bool) -> None:
+    def _compare_reshaped(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str], layout: bool) -> CompareRow:
+        """Same element count, different shapes: never compared in memory order as if one tensor.
+        A permutation of the bench that gives the target's shape and agrees is a layout change;
+        otherwise the pair is reported as a reshape, values not compared."""
+        row.status, row.numel = PairStatus.WARNING.value, bm.numel
+        found = None
+        if layout and bm.data is not None and tm.data is not None and bm.numel <= MAX_NUMEL:
+            try:
+                found = find_layout(self.load_whole(self.bench, bm), self.load_whole(self.target, tm), tol)
+            except (KeyError, OSError, ValueError):
+                found = None
+        if found:  # the data is right, its layout is not: a layout bug
+            row.status, row.layout = PairStatus.FAIL.value, found
+            notes.append(f"layout mismatch: target agrees with bench.{found}")
+        else:
+            row.layout = f"reshape {tuple(bm.shape)} -> {tuple(tm.shape)}"
+            notes.append("shapes differ, same element count: reshape-compatible, values not compared "
+                         "(memory order is not the same tensor)")
+        row.note = "; ".join(notes)
+        return row
+
+    def _compare_data(self, row: CompareRow, bm, tm, tol: Tolerance, ref, notes: list[str], layout: bool) -> None:
         m = self.data_metrics(bm, tm, tol)
         row.mode = "data"
         row.rel_rmse = m.rel_rmse
@@ -151,63 +191,50 @@ class PairComparer:
         row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = m.nan_bench, m.nan_target, m.inf_bench, m.inf_target
         r = self.rules
         if m.nonfinite_mismatch:
-            row.status = Status.NAN_INF.value
+            row.status = PairStatus.NAN_INF.value
             notes.append(f"{m.nonfinite_mismatch} positions NaN/Inf on one side only")
-        elif m.gt_num == 0:
-            row.status = Status.PASS.value
-        elif (m.isclose_pct >= r.warn_close_pct and (m.cosine is None or m.cosine >= r.warn_cosine)) or \
-                (m.rel_rmse is not None and m.rel_rmse <= r.warn_rel_rmse * tol.rtol):
-            row.status = Status.WARNING.value
         else:
-            row.status = Status.FAIL.value
+            row.status = r.judge_data(not_close=m.gt_num, numel=m.numel, max_ratio=m.max_ratio,
+                                      rel_rmse=m.rel_rmse, cosine=m.cosine, tol=tol)
+        if bm.stats is not None and bm.stats.min is not None and m.max_abs_err is not None:
+            peak = max(abs(bm.stats.min), abs(bm.stats.max))
+            row.accumulated_err = m.max_abs_err / peak if peak > 0 else (0.0 if m.max_abs_err == 0 else math.inf)
         if m.cosine is None:
             notes.append("all NaN/Inf on both sides")
-        if row.status in (Status.WARNING.value, Status.FAIL.value) and ref is not None and ref.data is not None \
+        if row.status in (PairStatus.WARNING.value, PairStatus.FAIL.value) and ref is not None and ref.data is not None \
                 and tuple(ref.shape) == tuple(bm.shape) == tuple(tm.shape):
             eb, et = self.ref_errors(ref, bm, tm)
             row.ref_err_bench, row.ref_err_target = eb, et
             if et <= r.fp64_multiplier * eb + tol.atol / 10:
-                row.status = Status.PASS.value
+                row.status = PairStatus.PASS.value
                 notes.append(f"within {r.fp64_multiplier:g}x the bench's own float64 error")
         # The norm test is exact only over finite values: with NaN/Inf, search regardless.
-        if layout and row.status == Status.FAIL.value and bm.numel <= MAX_NUMEL and (
+        if layout and row.status == PairStatus.FAIL.value and bm.numel <= MAX_NUMEL and (
                 m.nan_bench + m.inf_bench or could_be_permuted(m.bench_norm, m.target_norm, m.numel, tol)):
             found = find_layout(self.load_whole(self.bench, bm), self.load_whole(self.target, tm), tol)
             if found:
                 row.layout = found
                 notes.append(f"layout mismatch: target agrees with bench.{found}")
 
-    def _compare_stats(self, row: Row, bm, tm, tol: Tolerance) -> None:
+    def _compare_stats(self, row: CompareRow, bm, tm, tol: Tolerance) -> None:
         s = stats_compare(bm.stats, tm.stats, tol)
         row.mode, row.stats_err, row.numel = "stats", s.stats_err, bm.numel
         row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = s.nan_bench, s.nan_target, s.inf_bench, s.inf_target
         if (s.nan_bench, s.inf_bench) != (s.nan_target, s.inf_target):
-            row.status = Status.NAN_INF.value
-        elif s.within <= 1.0:
-            row.status = Status.PASS.value
-        elif s.within <= self.rules.stats_warn_factor:
-            row.status = Status.WARNING.value
+            row.status = PairStatus.NAN_INF.value
         else:
-            row.status = Status.FAIL.value
+            row.status = self.rules.judge_stats(s.within, tol)
 
     # -- inputs of a failing record -----------------------------------------------------------
-    def inputs_agree(self, ea: Entry, eb: Entry) -> str:
-        """"yes" when every input pair agrees (saved data, else statistics), "no" when one
-        differs, "unknown" when neither was recorded. A warning counts as agreeing: it is
-        within the dtype's precision (bf16 inputs of a mixed-precision run), not an error."""
-        tb, tt = dict(ea.inputs), dict(eb.inputs)
-        names = [n for n in tb if n in tt]
-        pairs = [(tb[n], tt[n]) for n in names] if names else list(zip(tb.values(), tt.values()))
-        if not pairs:
-            return "yes" if not tb and not tt else "unknown"
-        unknown = False
-        for bm, tm in pairs:  # judged as compare() judges outputs (saved data first, else statistics)
-            status = self.compare(Row(), bm, tm, layout=False).status
-            if status == Status.SKIP.value:
-                unknown = True
-            elif status not in (Status.PASS.value, Status.WARNING.value):
-                return "no"
-        return "unknown" if unknown else "yes"
+    def judge_inputs(self, a: Entry, b: Entry) -> list[tuple[str, TensorMeta, str]]:
+        """(name, target meta, status) for every input pair, judged as outputs are (saved data
+        first, else statistics), plus module parameters as "param:<name>" (format v2)."""
+        tb, tt = dict(a.inputs), dict(b.inputs)
+        names = [n for n in tt if n in tb]
+        pairs = [(n, tb[n], tt[n]) for n in names] if names else \
+            [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
+        pairs += [(f"param:{n}", a.record.params[n], m) for n, m in b.record.params.items() if n in a.record.params]
+        return [(n, tm, self.compare(CompareRow(), bm, tm, layout=False).status) for n, bm, tm in pairs]
 
 
 def precision_floor(ea: list[Entry], eb: list[Entry], pairs: list[tuple[int, int]], rules: Rules) -> Tolerance | None:
@@ -234,7 +261,7 @@ def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
 
 
 def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
-                   progress: bool | None = None) -> tuple[list[Row], dict]:
+                   progress: bool | None = None) -> tuple[list[CompareRow], dict]:
     """Rows in execution order and per-dump totals for one pair of loaded dumps."""
     started = time.perf_counter()
     ea, eb = entries_of(bench), entries_of(target)
@@ -249,8 +276,8 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
     comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
                         disable=not show, leave=False)
-    rows: list[Row] = []
-    matched_entries: list[tuple[Entry, Entry, list[Row]]] = []
+    rows: list[CompareRow] = []
+    matched_entries: list[tuple[Entry, Entry, list[CompareRow]]] = []
     ia = ib = 0
     for i, j in alignment.pairs + [(len(ea), len(eb))]:
         while ib < j:  # target-only entries that sit before this pair
@@ -271,23 +298,17 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
                 ref = ref_of.get(i)
                 ref_meta = ref.outputs[k][1] if ref is not None and k < len(ref.outputs) else None
                 if random and _same_layout(bm, tm):  # random values differ by nature: never a divergence
-                    row.status, row.note = Status.SKIP.value, f"values not compared: {random}"
+                    row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random}"
                 else:
                     comparer.compare(row, bm, tm, ref_meta)
             else:
-                row.status, row.note = Status.UNMATCHED.value, "output present on one side only"
+                row.status, row.note = PairStatus.UNMATCHED.value, "output present on one side only"
             pair_rows.append(row)
         rows += pair_rows
         matched_entries.append((a, b, pair_rows))
         ia, ib = i + 1, j + 1
     comparer.bar.close()
-    for a, b, pair_rows in matched_entries:
-        if any(r.status in _FAILING for r in pair_rows):
-            agree = comparer.inputs_agree(a, b)
-            for r in pair_rows:
-                r.inputs_agree = agree
-                if r.status in _FAILING:
-                    r.origin = {"yes": "born", "no": "inherited"}.get(agree, "")
+    attribute(ea, eb, matched_entries, comparer, rules, target)
     for n, r in enumerate(rows):
         r.index = n
     totals = {"bench_records": len(ea), "target_records": len(eb), "matched": len(alignment.pairs),
@@ -325,19 +346,19 @@ def _same_layout(bm: TensorMeta, tm: TensorMeta) -> bool:
     return db is not None and dt is not None and db.is_floating_point and dt.is_floating_point
 
 
-def _row(rank: str, a: Entry, b: Entry, k: int) -> Row:
+def _row(rank: str, a: Entry, b: Entry, k: int) -> CompareRow:
     bm = a.outputs[k][1] if k < len(a.outputs) else None
     tm = b.outputs[k][1] if k < len(b.outputs) else None
-    return Row(rank=rank, bench_name=a.name, target_name=b.name, kind=a.kind, module=a.path, bench_op=a.op, target_op=b.op,
+    return CompareRow(rank=rank, bench_name=a.name, target_name=b.name, kind=a.kind, module=a.path, bench_op=a.op, target_op=b.op,
                tensor=(a.outputs[k][0] if bm is not None else b.outputs[k][0]),
                bench_seq=a.record.seq, target_seq=b.record.seq, bench_shape=_shape(bm), target_shape=_shape(tm),
                bench_dtype=bm.dtype if bm else "", target_dtype=tm.dtype if tm else "")
 
 
-def _unmatched(e: Entry, rank: str, target_side: bool) -> list[Row]:
+def _unmatched(e: Entry, rank: str, target_side: bool) -> list[CompareRow]:
     rows = []
     for name, m in e.outputs:
-        r = Row(rank=rank, kind=e.kind, module=e.path, tensor=name, status=Status.UNMATCHED.value,
+        r = CompareRow(rank=rank, kind=e.kind, module=e.path, tensor=name, status=PairStatus.UNMATCHED.value,
                 note=f"only in {'target' if target_side else 'bench'}")
         if target_side:
             r.target_name, r.target_op, r.target_seq, r.target_shape, r.target_dtype = \
@@ -349,19 +370,20 @@ def _unmatched(e: Entry, rank: str, target_side: bool) -> list[Row]:
     return rows
 
 
-def first_divergence(rows: list[Row]) -> Row | None:
-    """The earliest failing row whose inputs agree; else the earliest failing row.
+def first_divergence(rows: list[CompareRow]) -> CompareRow | None:
+    """The earliest born failing row; else the earliest failing row.
 
     Module-level dumps record a module when it is entered, before its children: when the picked
-    row is a module and a failing, born row inside it follows, the error is born in that child.
+    row is a module and a born failing row inside it follows (a child module, or an ATen op
+    recorded inside it with dump_torch_api), the error is born in that child: the innermost wins.
     """
-    failing = [r for r in rows if r.status in (Status.FAIL.value, Status.NAN_INF.value)]
+    failing = [r for r in rows if r.status in (PairStatus.FAIL.value, PairStatus.NAN_INF.value)]
     born = [r for r in failing if r.origin == "born"]
     if not born:
         return failing[0] if failing else None
     pick = born[0]
     for r in born[1:]:
-        if r.rank != pick.rank or pick.kind != "module" or r.kind != "module":
+        if r.rank != pick.rank or pick.kind != "module":
             break
         if _inside(r.module, pick.module):
             pick = r

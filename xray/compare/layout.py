@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from .thresholds import Tolerance
+from ..numerics.rules import Tolerance
 
 MAX_NUMEL = 1 << 26  # whole tensors are loaded for this check; skip larger ones
 

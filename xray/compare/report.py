@@ -11,14 +11,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .result import COLUMNS, CompareResult, Row, Status
+from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus
 
-_FAIL_ORDER = {Status.NAN_INF.value: 0, Status.FAIL.value: 1, Status.WARNING.value: 2}
+_FAIL_ORDER = {PairStatus.NAN_INF.value: 0, PairStatus.FAIL.value: 1, PairStatus.WARNING.value: 2}
 
 
 def write_csv(result: CompareResult, path: str | os.PathLike) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COMPARE_COLUMNS)
         w.writeheader()
         for r in result.rows:
             w.writerow({k: ("" if v is None else v) for k, v in r.to_dict().items()})
@@ -28,7 +28,7 @@ def write_summary_json(result: CompareResult, path: str | os.PathLike) -> None:
     Path(path).write_text(json.dumps(result.summary.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def worst_rows(rows: list[Row], n: int = 10) -> list[Row]:
+def worst_rows(rows: list[CompareRow], n: int = 10) -> list[CompareRow]:
     """Failing rows first (NaN/Inf, fail, warning), most different first (lowest cosine, then error)."""
     bad = [r for r in rows if r.status in _FAIL_ORDER]
     return sorted(bad, key=lambda r: (_FAIL_ORDER[r.status], r.cosine if r.cosine is not None else 2.0,
@@ -47,7 +47,7 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
-def _table_rows(rows: list[Row]) -> list[list[str]]:
+def _table_rows(rows: list[CompareRow]) -> list[list[str]]:
     return [[r.index, r.status, r.origin, _short(r.bench_name or "-"), _short(r.target_name or "-"), r.tensor,
              r.mode, _fmt(r.cosine), _fmt(r.max_abs_err), _fmt(r.isclose_pct), _fmt(r.stats_err), r.layout]
             for r in rows]
@@ -88,14 +88,17 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
               ["unmatched records (bench / target)", f"{s.unmatched_bench} / {s.unmatched_target}"],
               ["pairs: pass / warning / fail / nan-inf / skip", f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped}"],
               ["tensor data compared", f"{s.bytes_compared / 1e9:.3f} GB in {s.seconds:.2f} s"]]
-    out = [tabulate(totals, tablefmt="simple")]
+    out = [f"!! {d}" for d in s.dedup] + [tabulate(totals, tablefmt="simple")]
     fd = s.first_divergence
     if fd:
         how = "error born here" if fd["origin"] == "born" else f"origin {fd['origin']}: no failing record with agreeing inputs"
         out.append(f"\nFIRST DIVERGENCE ({how}): row {fd['index']}{' rank ' + fd['rank'] if fd['rank'] else ''}\n"
                    f"  bench:  {fd['bench']}  [{fd['tensor']}]\n  target: {fd['target']}")
+        if fd.get("cause"):
+            out.append(f"  cause:  {fd['cause']}: {fd.get('culprit') or ''}{_errors(fd)}")
     else:
-        out.append("\nNo divergence: no row failed.")
+        out.append("\nNo divergence: no row failed." +
+                   (" But a dump is de-duplicated (above): calls it folded away were not compared." if s.dedup else ""))
     bad = worst_rows(result.rows, worst)
     if bad:
         out.append("\nWorst rows (all columns, target names included, are in the CSV):\n" + worst_table(bad))
@@ -104,7 +107,13 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
     return "\n".join(out)
 
 
-def _plot_png(rows: list[Row], first: int | None) -> str:
+def _errors(fd: dict) -> str:
+    parts = [f"{k.replace('_err', '')} {fd[k]:.3g}" for k in ("local_err", "local_floor", "accumulated_err")
+             if fd.get(k) is not None]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _plot_png(rows: list[CompareRow], first: int | None) -> str:
     """Error along execution order as a base64 PNG: where the drift is born and how it grows."""
     import matplotlib
 
@@ -130,7 +139,7 @@ def _plot_png(rows: list[Row], first: int | None) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _error(r: Row) -> float | None:
+def _error(r: CompareRow) -> float | None:
     floor = 1e-12  # log scale: an exact match is drawn at the floor
     if r.cosine is not None:
         return max(1.0 - r.cosine, floor)
@@ -148,9 +157,15 @@ td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:
 <h2>First divergence</h2>
 {% if fd %}<p>row {{ fd.index }} ({{ fd.origin }}): bench <code>{{ fd.bench }}</code> vs target
 <code>{{ fd.target }}</code> [{{ fd.tensor }}]{% if fd.layout %}, layout: {{ fd.layout }}{% endif %}</p>
+{% if fd.cause %}<table><tr><th>cause</th><td>{{ fd.cause }}</td></tr><tr><th>culprit</th><td>{{ fd.culprit }}</td></tr>
+<tr><th>local error (vs float64 recomputation on the target's inputs)</th><td>{{ fd.local_err if fd.local_err is not none else "not measured" }}</td></tr>
+<tr><th>local floor (CPU at the target's dtype)</th><td>{{ fd.local_floor if fd.local_floor is not none else "" }}</td></tr>
+<tr><th>accumulated error (target vs bench)</th><td>{{ fd.accumulated_err if fd.accumulated_err is not none else "" }}</td></tr></table>{% endif %}
 {% else %}<p>No row failed.</p>{% endif %}
 <h2>Error along execution order</h2><img alt="error plot" src="data:image/png;base64,{{ png }}">
+{% if s.dedup %}<h2 class="fail">De-duplicated dumps</h2><ul>{% for w in s.dedup %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 <h2>Worst rows</h2>{{ worst }}
+<h2>Local vs accumulated error of failing rows</h2>{{ errors }}
 <h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}
 {% if s.warnings %}<h2>Warnings</h2><ul>{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 </body></html>"""
@@ -162,7 +177,7 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
 
     s = result.summary
     fd = s.first_divergence
-    unmatched = [r for r in result.rows if r.status == Status.UNMATCHED.value]
+    unmatched = [r for r in result.rows if r.status == PairStatus.UNMATCHED.value]
     env = Environment(autoescape=True)
     html = env.from_string(_HTML).render(
         s=s, fd=fd, png=_plot_png(result.rows, fd["index"] if fd and not fd["rank"] else (fd or {}).get("index")),
@@ -174,7 +189,12 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
         unmatched=_markup(tabulate([[r.index, r.bench_name or "-", r.target_name or "-", r.tensor, r.note]
                                     for r in unmatched[:max_unmatched]],
                                    headers=["#", "bench", "target", "out", "note"], tablefmt="html")),
-        unmatched_count=len(unmatched))
+        unmatched_count=len(unmatched),
+        errors=_markup(tabulate([[r.index, r.status, r.origin, r.cause, _short(r.target_name or "-"), _fmt(r.local_err),
+                                  _fmt(r.local_floor), _fmt(r.accumulated_err), r.culprit]
+                                 for r in result.rows if r.origin or r.cause][:worst],
+                                headers=["#", "status", "origin", "cause", "target", "local err", "local floor",
+                                         "accumulated err", "culprit"], tablefmt="html")))
     Path(path).write_text(html, encoding="utf-8")
 
 

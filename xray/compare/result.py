@@ -1,6 +1,6 @@
-"""Plain results of a compare: the Status enum, one Row per tensor pair, the Summary.
+"""Plain results of a compare: the PairStatus enum, one CompareRow per tensor pair, the Summary.
 
-Rows serialise to CSV (columns declared once, in ``COLUMNS``) and the summary to JSON, so a compare
+Rows serialise to CSV (columns declared once, in ``COMPARE_COLUMNS``) and the summary to JSON, so a compare
 run on one machine can be read anywhere with pandas or json.
 """
 from __future__ import annotations
@@ -10,29 +10,35 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
-class Status(str, enum.Enum):
-    """Outcome of one row. The rules are in ``thresholds.Rules`` and docs/compare.md."""
+class PairStatus(str, enum.Enum):
+    """Outcome of one compared tensor pair. The rules are ``xray.numerics.rules.Rules`` (docs/compare.md)."""
 
     PASS = "pass"  #: every element close (assert_close rule), or statistics within tolerance
-    WARNING = "warning"  #: not all close, but close enough to be precision loss rather than a bug
-    FAIL = "fail"  #: beyond the warning rule, or shapes that cannot be compared
+    WARNING = "warning"  #: error spread like rounding (or measured precision loss), not a bug
+    FAIL = "fail"  #: beyond the warning rule (a few wrong elements fail), or shapes that cannot be compared
     NAN_INF = "nan/inf"  #: NaN/Inf where the other side has a finite value (or different counts)
     UNMATCHED = "unmatched"  #: present on one side only (fused, decomposed, or not recorded)
     SKIP = "skip"  #: nothing to compare: no saved data and no statistics on one side, or random values
 
 
-FAILING = (Status.FAIL, Status.NAN_INF)
+FAILING = (PairStatus.FAIL, PairStatus.NAN_INF)
 
 
 @dataclass
-class Row:
+class CompareRow:
     """One compared pair of output tensors (or one unmatched tensor). Empty numbers are None."""
 
     rank: str = ""
     index: int = 0  # position in execution order (bench order, unmatched target rows in between)
     status: str = ""
-    origin: str = ""  # failing rows: "born" (inputs agree) or "inherited" (an input already differs)
+    origin: str = ""  # failing rows: "born" (the error enters here) or "inherited" (an input already differs)
     inputs_agree: str = ""  # "yes", "no", "unknown"
+    cause: str = ""  # why: parameter / target-only op / model input / local error / precision loss / inherited
+    culprit: str = ""  # what the cause names: the parameter, the target-only op, the producing record
+    culprit_target_seq: int | None = None  # target seq of a target-only op (cause "target-only op")
+    local_err: float | None = None  # max|target - fp64 recomputation on the target's inputs| / max|recomputation|
+    local_floor: float | None = None  # the same error of CPU at the target's dtype (the op's own noise)
+    accumulated_err: float | None = None  # max|target - bench| / max|bench|
     bench_name: str = ""
     target_name: str = ""
     kind: str = ""
@@ -72,7 +78,7 @@ class Row:
 
 
 # The CSV columns, in order. docs/compare.md documents each one.
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
+COMPARE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(CompareRow))
 
 
 @dataclass
@@ -95,6 +101,7 @@ class Summary:
     unmatched_bench: int = 0
     unmatched_target: int = 0
     first_divergence: dict | None = None
+    dedup: list[str] = field(default_factory=list)  # de-duplicated sides and what that hides
     bytes_compared: int = 0
     seconds: float = 0.0
     ranks: dict[str, dict] = field(default_factory=dict)
@@ -106,7 +113,7 @@ class Summary:
 
 @dataclass
 class CompareResult:
-    rows: list[Row]
+    rows: list[CompareRow]
     summary: Summary
 
     def status_counts(self) -> dict[str, int]:

@@ -14,11 +14,20 @@ from xray.dump.writer import DumpWriter
 
 @dataclass
 class Op:
+    """One record. ``sources`` maps input names to format-v2 sources ("op:<seq>:0", "param:w",
+    "input"); ``params`` are a module record's parameters; ``save_inputs`` saves the input
+    tensors too, so compare can recompute the op; ``direction`` "backward" marks backward ops."""
+
     op: str
     out: torch.Tensor
     module: str = "layer"
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     kind: str = "op"
+    sources: dict[str, str] = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    save_inputs: bool = False
+    direction: str = "forward"
+    count: int = 1
 
 
 def meta_of(t: torch.Tensor) -> TensorMeta:
@@ -31,8 +40,17 @@ def write_dump(folder: Path, ops: list[Op], save: bool = True, finish: bool = Tr
     as a killed process would: journal and segments flushed, no dump.json."""
     w = DumpWriter(Path(folder), {"pid": 0, "rank": None, "config": {}})
     for seq, o in enumerate(ops):
-        rec = Record(seq=seq, kind=o.kind, op=o.op, module=o.module)
+        rec = Record(seq=seq, kind=o.kind, op=o.op, module=o.module, direction=o.direction, count=o.count)
         rec.inputs = {k: meta_of(v) for k, v in o.inputs.items()}
+        for k, m in rec.inputs.items():
+            m.source = o.sources.get(k)
+            if o.save_inputs:
+                m.data = w.save_tensor(rec, f"in.{k}", o.inputs[k].contiguous())
+        rec.params = {k: meta_of(v) for k, v in o.params.items()}
+        for k, m in rec.params.items():
+            m.source = f"param:{o.module}.{k}"
+            if save:
+                m.data = w.save_tensor(rec, f"param.{k}", o.params[k].contiguous())
         out = meta_of(o.out)
         if save:
             out.data = w.save_tensor(rec, "out.0", o.out.contiguous())

@@ -4,6 +4,10 @@ Three small pure steps: ``chunk_partial`` turns two aligned 1-D chunks into part
 ``merge`` adds partials, ``finish`` turns the total into the reported metrics. Chunks are compared
 in float32 (float64 for float64 and integer data, which float32 cannot hold exactly); sums are
 accumulated across chunks in Python floats (double precision).
+
+Finite-safe for any finite input: when float32 squares overflow (T5's ``finfo.min`` masks, a run
+diverging to 1e20), the chunk is redone in float64 scaled by its largest magnitude, and the sums
+carry that scale, so nothing overflows and nothing recurses.
 """
 from __future__ import annotations
 
@@ -12,25 +16,29 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .thresholds import Tolerance
+from .rules import Tolerance
 
 # Denominator floor of MaxRelErr: a relative error against an exact zero is meaningless, and
 # clamping at a tiny value keeps it finite while still flagging it as huge.
 REL_EPS = 1e-12
 
+_SUMS = ("sse", "aa", "bb", "ab")
+
 
 @dataclass
 class Partial:
-    """Additive sums over the elements seen so far."""
+    """Additive sums over the elements seen so far; the four sums are in units of ``scale**2``."""
 
     numel: int = 0
+    scale: float = 1.0
     sse: float = 0.0  # sum of squared errors over positions finite on both sides
     aa: float = 0.0
     bb: float = 0.0
     ab: float = 0.0
     max_abs: float = 0.0
     max_rel: float = 0.0
-    not_close: int = 0  # elements outside atol + rtol*|bench|, incl. NaN/Inf pattern mismatches
+    max_ratio: float = 0.0  # worst |t - b| / (floor + rtol * |b|) where some element is not close, else 0
+    not_close: int = 0  # elements outside floor + rtol*|bench|, incl. NaN/Inf pattern mismatches
     nan_bench: int = 0
     nan_target: int = 0
     inf_bench: int = 0
@@ -40,10 +48,16 @@ class Partial:
 
 
 def merge(p: Partial, q: Partial) -> Partial:
-    out = Partial()
+    out = Partial(scale=max(p.scale, q.scale))
+    rp, rq = (p.scale / out.scale) ** 2, (q.scale / out.scale) ** 2
     for f in fields(Partial):
         a, b = getattr(p, f.name), getattr(q, f.name)
-        setattr(out, f.name, max(a, b) if f.name.startswith("max_") else a + b)
+        if f.name == "scale":
+            continue
+        if f.name in _SUMS:
+            setattr(out, f.name, a * rp + b * rq)
+        else:
+            setattr(out, f.name, max(a, b) if f.name.startswith("max_") else a + b)
     return out
 
 
@@ -78,36 +92,77 @@ class Workspace:
 
 
 def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance,
-                  work: Workspace | None = None) -> Partial:
-    """Partial sums of two 1-D real chunks of equal length (the bench is the reference)."""
-    n = bench.numel()
-    if n == 0:
+                  work: Workspace | None = None, floor: float | None = None) -> Partial:
+    """Partial sums of two 1-D real chunks of equal length (the bench is the reference).
+
+    ``floor`` is the absolute floor of an element (``tol.floor(scale)``); None uses ``tol.atol``.
+    """
+    atol = tol.atol if floor is None else floor
+    if bench.numel() == 0:
         return Partial()
+    fast = _sums(bench, target, tol.rtol, atol, work)
+    if fast is not None:
+        return fast
+    fb, ft = torch.isfinite(bench), torch.isfinite(target)
+    if bool(fb.all()) and bool(ft.all()):  # finite but overflowed in float32: scaled float64
+        return _scaled_sums(bench, target, tol.rtol, atol)
+    return _nonfinite_partial(bench, target, fb, ft, tol.rtol, atol)
+
+
+def _sums(bench: torch.Tensor, target: torch.Tensor, rtol: float, atol: float,
+          work: Workspace | None) -> Partial | None:
+    """The fast path in the chunk's own dtype; None when a sum is not finite."""
+    n = bench.numel()
     d, w1, w2 = (work or Workspace()).take(n, bench.dtype)
     torch.sub(target, bench, out=d)
     sse = float(torch.dot(d, d))
-    if not math.isfinite(sse):  # some NaN/Inf (or overflow): take the careful path
-        return _nonfinite_partial(bench, target, tol)
+    if not math.isfinite(sse):
+        return None
+    aa, bb, ab = float(torch.dot(bench, bench)), float(torch.dot(target, target)), float(torch.dot(bench, target))
+    if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(ab)):
+        return None
     d.abs_()
     max_abs = float(d.max())
     torch.abs(bench, out=w1)
-    torch.sub(d, w1, alpha=tol.rtol, out=w2)  # > atol exactly where the element is not close
-    not_close = int((w2 > tol.atol).sum()) if float(w2.max()) > tol.atol else 0  # counting only when needed
+    torch.sub(d, w1, alpha=rtol, out=w2)  # > atol exactly where the element is not close
+    not_close = max_ratio = 0
+    if float(w2.max()) > atol:  # counting only when needed
+        not_close = int((w2 > atol).sum())
+        torch.add(w1.mul(rtol), atol, out=w2)
+        max_ratio = float(torch.div(d, w2).max()) if atol > 0 or rtol > 0 else math.inf
+        if math.isnan(max_ratio):
+            max_ratio = math.inf
     torch.div(d, w1.clamp_min_(REL_EPS), out=w1)
-    return Partial(
-        numel=n, sse=sse,
-        aa=float(torch.dot(bench, bench)), bb=float(torch.dot(target, target)), ab=float(torch.dot(bench, target)),
-        max_abs=max_abs, max_rel=float(w1.max()), not_close=not_close)
+    return Partial(numel=n, sse=sse, aa=aa, bb=bb, ab=ab, max_abs=max_abs, max_rel=float(w1.max()),
+                   max_ratio=max_ratio, not_close=not_close)
 
 
-def _nonfinite_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance) -> Partial:
-    fb, ft = torch.isfinite(bench), torch.isfinite(target)
+def _scaled_sums(bench: torch.Tensor, target: torch.Tensor, rtol: float, atol: float) -> Partial:
+    """All-finite chunks whose sums overflow: float64 divided by the largest magnitude."""
+    b, t = bench.to(torch.float64), target.to(torch.float64)
+    s = max(float(b.abs().max()), float(t.abs().max()))
+    b, t = b / s, t / s
+    d = (t - b).abs()
+    absb = b.abs()
+    a_s = atol / s
+    excess = d - rtol * absb
+    not_close = int((excess > a_s).sum())
+    denom = rtol * absb + a_s
+    ratio = torch.where(denom > 0, d / denom.clamp_min(1e-300), torch.where(d > 0, math.inf, 0.0))
+    return Partial(numel=b.numel(), scale=s, sse=float(torch.dot(d, d)), aa=float(torch.dot(b, b)),
+                   bb=float(torch.dot(t, t)), ab=float(torch.dot(b, t)), max_abs=float(d.max()) * s,
+                   max_rel=float((d / absb.clamp_min(REL_EPS / s)).max()), max_ratio=float(ratio.max()),
+                   not_close=not_close)
+
+
+def _nonfinite_partial(bench: torch.Tensor, target: torch.Tensor, fb: torch.Tensor, ft: torch.Tensor,
+                       rtol: float, atol: float) -> Partial:
     both = fb & ft
     nan_b, nan_t = torch.isnan(bench), torch.isnan(target)
     # Equal non-finite values (NaN with NaN, +Inf with +Inf) agree: attention masks hold -inf.
     same_nonfinite = (~fb & ~ft) & ((nan_b & nan_t) | (bench == target))
     mismatch = int((~both & ~same_nonfinite).sum())
-    p = chunk_partial(bench[both], target[both], tol) if bool(both.any()) else Partial()
+    p = _scaled_sums(bench[both], target[both], rtol, atol) if bool(both.any()) else Partial()
     p.numel = bench.numel()
     p.not_close += mismatch
     p.nonfinite_mismatch = mismatch
@@ -136,24 +191,26 @@ class PairMetrics:
     nonfinite_mismatch: int
     bench_norm: float = 0.0  # L2 norms over the compared positions (a permutation keeps them)
     target_norm: float = 0.0
+    max_ratio: float = 0.0  # worst element error in multiples of its floor
 
 
 def finish(p: Partial) -> PairMetrics:
     compared = p.numel - p.nonfinite_mismatch - p.shared_nonfinite
-    denom = math.sqrt(p.aa) * math.sqrt(p.bb)
+    denom = math.sqrt(p.aa) * math.sqrt(p.bb)  # the scale cancels in cosine and rel_rmse
     if denom > 0:
         cosine = max(-1.0, min(1.0, p.ab / denom))
     else:  # a zero vector: cosine is 1 only when both are zero
         cosine = 1.0 if p.aa == p.bb == 0 else 0.0
     return PairMetrics(
         cosine=cosine if compared > 0 else None,
-        rmse=math.sqrt(p.sse / compared) if compared > 0 else 0.0,
+        rmse=math.sqrt(p.sse / compared) * p.scale if compared > 0 else 0.0,
         rel_rmse=(math.sqrt(p.sse / p.aa) if p.aa > 0 else (0.0 if p.sse == 0 else math.inf)) if compared > 0 else None,
         max_abs_err=p.max_abs, max_rel_err=p.max_rel,
         isclose_pct=100.0 * (p.numel - p.not_close) / p.numel if p.numel else 100.0,
         gt_num=p.not_close, numel=p.numel,
         nan_bench=p.nan_bench, nan_target=p.nan_target, inf_bench=p.inf_bench, inf_target=p.inf_target,
-        nonfinite_mismatch=p.nonfinite_mismatch, bench_norm=math.sqrt(p.aa), target_norm=math.sqrt(p.bb))
+        nonfinite_mismatch=p.nonfinite_mismatch, bench_norm=math.sqrt(p.aa) * p.scale,
+        target_norm=math.sqrt(p.bb) * p.scale, max_ratio=p.max_ratio)
 
 
 def rmse_partial(ref: torch.Tensor, x: torch.Tensor) -> tuple[float, int]:
@@ -187,7 +244,31 @@ def stats_compare(bench, target, tol: Tolerance) -> StatsMetrics:
             worst = math.inf
         elif b is not None:
             worst = max(worst, abs(t - b))
-    allowed = tol.atol + tol.rtol * scale
+    rms = stats_rms(bench)
+    allowed = tol.floor(scale if rms is None else rms) + tol.rtol * scale  # floor scaled like data rows'
     within = worst / allowed if allowed > 0 else (0.0 if worst == 0 else math.inf)
     return StatsMetrics(stats_err=worst / scale if scale > 0 else worst, within=within,
                         nan_bench=bench.nan, nan_target=target.nan, inf_bench=bench.inf, inf_target=target.inf)
+
+
+def stats_rms(stats) -> float | None:
+    """RMS of a tensor from its recorded ``Stats`` (mean and population-ish std), or None."""
+    if stats is None or stats.mean is None:
+        return None
+    return math.sqrt(stats.mean ** 2 + (stats.std or 0.0) ** 2)
+
+
+def normwise_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref| over positions finite on both sides, in float64; inf when the
+    NaN/Inf patterns differ. The error measure of local (recomputed) and accumulated error."""
+    x, ref = x.reshape(-1).to(torch.float64), ref.reshape(-1).to(torch.float64)
+    fx, fr = torch.isfinite(x), torch.isfinite(ref)
+    if not bool(torch.equal(fx, fr)):
+        return math.inf
+    if not bool(fr.any()):
+        return 0.0
+    x, ref = x[fr], ref[fr]
+    s = float(ref.abs().max())
+    if s == 0.0:
+        return 0.0 if float(x.abs().max()) == 0.0 else math.inf
+    return float(((x / s) - (ref / s)).abs().max())

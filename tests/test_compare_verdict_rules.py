@@ -1,0 +1,179 @@
+"""Verdict rules on hand-built dumps (issue 17): one regression test per class, each failing on
+the old execution-order / 99 %-close rules. Dumps are written with xray's own DumpWriter, with
+format-v2 sources where the class is about data edges."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from xray.compare import compare_dumps, PairStatus
+from xray.demo.synthetic import Op, write_dump
+from xray.numerics.metrics import chunk_partial, finish
+from xray.numerics.rules import Tolerance, round_mantissa, ulp_distance
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _pair(tmp_path, bench, target, save=True):
+    return compare_dumps(write_dump(tmp_path / "a", bench, save), write_dump(tmp_path / "b", target, save))
+
+
+# -- class 1: partial corruption fails, and is never an agreeing input ----------------------------
+def test_partial_corruption_fails_and_blames_its_producer(tmp_path):
+    x = _x(100, 100)
+    y = x.relu()
+    bad = y.clone()
+    bad.view(-1)[[10, 500, 7000]] *= 2.0  # three wrong elements of 10,000: 99.97 % close
+    r = _pair(tmp_path, [Op("aten.relu.default", y, inputs={"self": x}, sources={"self": "input"}),
+                         Op("aten.neg.default", -y, inputs={"self": y}, sources={"self": "op:0:0"})],
+              [Op("aten.relu.default", bad, inputs={"self": x}, sources={"self": "input"}),
+               Op("aten.neg.default", -bad, inputs={"self": bad}, sources={"self": "op:0:0"})])
+    assert [row.status for row in r.rows] == ["fail", "fail"]
+    assert [row.origin for row in r.rows] == ["born", "inherited"]
+    fd = r.summary.first_divergence
+    assert fd["target_seq"] == 0 and fd["cause"] == "local error"
+
+
+def test_zeroed_column_and_spike_fail(tmp_path):
+    x = _x(64, 64)
+    col, spike = x.clone(), x.clone()
+    col[:, 5] = 0
+    spike[3, 3] += 50
+    r = _pair(tmp_path, [Op("aten.relu.default", x), Op("aten.neg.default", x)],
+              [Op("aten.relu.default", col), Op("aten.neg.default", spike)])
+    assert [row.status for row in r.rows] == ["fail", "fail"]
+
+
+def test_integer_rows_pass_or_fail_never_warn(tmp_path):
+    i = torch.arange(10_000, dtype=torch.int64)
+    j = i.clone()
+    j[17] += 1
+    r = _pair(tmp_path, [Op("aten.argmax.default", i)], [Op("aten.argmax.default", j)])
+    assert r.rows[0].status == "fail"
+
+
+# -- class 2: small tensors keep relative sensitivity ------------------------------------------
+def test_small_variance_error_is_born_at_the_mean_not_the_rsqrt(tmp_path):
+    x = 0.02 * _x(4, 64)
+    sq = x * x
+    var = sq.mean(-1, keepdim=True)  # ~4e-4
+    ops = lambda v: [Op("aten.pow.Tensor_Scalar", sq, inputs={"self": x}, sources={"self": "input"}),  # noqa: E731
+                     Op("aten.mean.dim", v, inputs={"self": sq}, sources={"self": "op:0:0"}),
+                     Op("aten.add.Tensor", v + 1e-6, inputs={"self": v}, sources={"self": "op:1:0"}),
+                     Op("aten.rsqrt.default", (v + 1e-6).rsqrt(), inputs={"self": v + 1e-6}, sources={"self": "op:2:0"})]
+    r = _pair(tmp_path, ops(var), ops(var * (1 + 1e-3)))
+    assert r.rows[1].status == "fail"
+    assert r.summary.first_divergence["op"] == "aten.mean.dim"
+
+
+# -- class 3: parameters are not inputs -----------------------------------------------------------
+def test_changed_weight_names_the_innermost_module_and_the_parameter(tmp_path):
+    x, w = _x(4, 8), _x(16, 8, seed=1)
+    w2 = w.clone()
+    w2[0, 0] += 0.5
+    def ops(weight):
+        h = x @ weight.t()
+        return [Op("LlamaMLP", h.relu(), module="mlp", kind="module", inputs={"x": x}, sources={"x": "input"}),
+                Op("Linear", h, module="mlp.up", kind="module", inputs={"x": x}, sources={"x": "input"},
+                   params={"weight": weight}),
+                Op("ReLU", h.relu(), module="mlp.act", kind="module", inputs={"x": h}, sources={"x": "op:1:0"})]
+    r = _pair(tmp_path, ops(w), ops(w2))
+    fd = r.summary.first_divergence
+    assert fd["module"] == "mlp.up" and fd["cause"] == "parameter"
+    assert "mlp.up.weight" in fd["culprit"]
+
+
+def test_parameter_input_of_an_op_makes_it_born(tmp_path):
+    x, w = _x(4, 8), _x(8, 8, seed=1)
+    w2 = w * 1.01
+    ops = lambda ww: [Op("aten.mm.default", x @ ww, inputs={"self": x, "mat2": ww},  # noqa: E731
+                         sources={"self": "input", "mat2": "param:lin.weight"})]
+    r = _pair(tmp_path, ops(w), ops(w2))
+    assert r.rows[0].origin == "born" and r.rows[0].cause == "parameter"
+    assert "lin.weight" in r.summary.first_divergence["culprit"]
+
+
+# -- class 4: target-only ops are candidates ---------------------------------------------------------
+def test_target_only_op_is_named_the_origin(tmp_path):
+    x = _x(8, 8)
+    h = x.exp()
+    bench = [Op("aten.exp.default", h, inputs={"self": x}, sources={"self": "input"}),
+             Op("aten.relu.default", h.relu(), inputs={"self": h}, sources={"self": "op:0:0"}),
+             Op("aten.neg.default", -h.relu(), inputs={"self": h.relu()}, sources={"self": "op:1:0"})]
+    bad = h * 1.01
+    target = [Op("aten.exp.default", h, inputs={"self": x}, sources={"self": "input"}),
+              Op("aten.mul.Tensor", bad, inputs={"self": h}, sources={"self": "op:0:0"}),  # only the target
+              Op("aten.relu.default", bad.relu(), inputs={"self": bad}, sources={"self": "op:1:0"}),
+              Op("aten.neg.default", -bad.relu(), inputs={"self": bad.relu()}, sources={"self": "op:2:0"})]
+    r = _pair(tmp_path, bench, target)
+    fd = r.summary.first_divergence
+    assert fd["cause"] == "target-only op" and fd["culprit_target_seq"] == 1
+    assert fd["target_op"] == "aten.relu.default" and "aten.mul.Tensor" in fd["culprit"]
+
+
+# -- local error by recomputation; precision loss (class 5) ----------------------------------------
+def _mm_chain(n, scale_call=None, scale=1.0, tf32=False, seed=0):
+    """n chained mm calls with saved inputs; ``tf32`` rounds every call's inputs to 10 bits."""
+    x = _x(16, 32, seed=seed)
+    ops = []
+    for i in range(n):
+        w = _x(32, 32, seed=100 + i) / 32 ** 0.5
+        a, b = (round_mantissa(x, 10).float(), round_mantissa(w, 10).float()) if tf32 else (x, w)
+        out = (a.double() @ b.double()).float() if tf32 else x @ w
+        if i == scale_call:
+            out = out * scale
+        ops.append(Op("aten.mm.default", out, inputs={"self": x, "mat2": w}, save_inputs=True,
+                      sources={"self": "input" if i == 0 else f"op:{i - 1}:0", "mat2": f"param:w{i}"}))
+        x = out
+    return ops
+
+
+def test_local_error_is_measured_and_names_the_op(tmp_path):
+    r = _pair(tmp_path, _mm_chain(4), _mm_chain(4, scale_call=1, scale=1 + 1e-3))
+    born = r.rows[1]
+    assert born.origin == "born" and born.cause == "local error"
+    assert born.local_err > 5e-4 and born.local_floor < 1e-5
+    assert r.rows[2].origin == "inherited" and r.rows[2].local_err < 1e-5  # computed right on bad inputs
+    fd = r.summary.first_divergence
+    assert fd["target_seq"] == 1 and fd["local_err"] > 5e-4 and fd["accumulated_err"] > 5e-4
+
+
+def test_consistent_tf32_is_precision_loss_but_a_bug_under_it_is_found(tmp_path):
+    clean = _pair(tmp_path / "noise", _mm_chain(6), _mm_chain(6, tf32=True))
+    assert not [row for row in clean.rows if row.status == "fail"]
+    assert {row.cause for row in clean.rows if row.status == "warning"} == {"precision loss"}
+    assert clean.summary.first_divergence is None
+    buggy = _pair(tmp_path / "bug", _mm_chain(6), _mm_chain(6, tf32=True, scale_call=3, scale=1 + 3e-3))
+    assert buggy.summary.first_divergence["target_seq"] == 3
+
+
+# -- class 6: no overflow, no recursion --------------------------------------------------------------
+def test_metrics_are_finite_safe_near_float_max():
+    big = torch.finfo(torch.float32).max
+    b = torch.tensor([big, -big, 1.0, float("nan"), 0.5])
+    t = torch.tensor([-big, -big * 0.99, 1.0, float("nan"), 0.5])
+    m = finish(chunk_partial(b, t, Tolerance(1.3e-6, 1e-5)))  # recursed until RecursionError before
+    assert m.gt_num == 2 and math.isfinite(m.cosine) and m.max_abs_err == float("inf") or m.max_abs_err > 1e38
+    e20 = _x(1000) * 1e20
+    m = finish(chunk_partial(e20, e20 * 1.5, Tolerance(1.3e-6, 1e-5)))
+    assert math.isfinite(m.rmse) and m.rel_rmse == __import__("pytest").approx(0.5, rel=1e-6)
+    d64 = torch.tensor([1e308, -1e308], dtype=torch.float64)
+    m = finish(chunk_partial(d64, -d64, Tolerance(1e-7, 1e-7)))
+    assert m.cosine == __import__("pytest").approx(-1.0) and m.gt_num == 2
+
+
+def test_ulp_distance():
+    a = torch.tensor([1.0, -0.0, 0.0, -1.0])
+    b = torch.nextafter(a, torch.tensor(2.0))
+    assert ulp_distance(a, b).tolist() == [1, 1, 1, 1]
+    assert int(ulp_distance(torch.tensor([-1e-45]), torch.tensor([1e-45]))[0]) == 2
+
+
+# -- class 8: reshape-compatible pairs are not compared in memory order ------------------------------
+def test_reshaped_pair_is_not_agreement(tmp_path):
+    x = _x(8, 32, 16)
+    r = _pair(tmp_path, [Op("aten.view.default", x)], [Op("aten.view.default", x.reshape(2, 4, 16, 32))])
+    assert not [row for row in r.rows if row.status == PairStatus.PASS.value]

@@ -1,0 +1,339 @@
+"""Where is an error born? Attribution of failing rows along the dump's data edges.
+
+Each input of a record names its producer (``TensorMeta.source``, format v2): the op output it
+came from, a parameter/buffer, or a model input. A failing record is *born* when
+
+- every input agrees and the op's own local error (recomputed on the target's inputs, when the
+  tensors were saved) is above its noise floor: cause "local error";
+- or a disagreeing input is a parameter/buffer: cause "parameter";
+- or a disagreeing input was produced by an op only the target ran: cause "target-only op";
+- or a disagreeing input is a model input: cause "model input".
+
+Otherwise it is *inherited* from the failing record that produced its disagreeing input. An op
+kind off by a consistent reduced-precision step on every call is "precision loss" (a warning),
+and rows that only carry such loss forward, computing correctly on their inputs, are warnings
+too. v1 dumps have no sources: any disagreeing input then makes a row inherited (execution-order
+rule), as before.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dump.model import Source
+from .entries import Entry
+from .local import LocalError, local_error
+from .result import CompareRow, PairStatus
+
+_FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
+PRECISION = "precision loss"
+
+
+@dataclass
+class _Pending:
+    """One matched, failing record pair and what phase 1 measured about it."""
+
+    bench: Entry
+    target: Entry
+    rows: list[CompareRow]
+    inputs: list[tuple[str, Any, str]]  # (name, target meta, status)
+    local: dict[int, LocalError] = field(default_factory=dict)  # output index -> local error
+    precision: dict[int, str] = field(default_factory=dict)  # output index -> consistent step
+
+
+def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
+              comparer: Any, rules: Any, target_dump: Any) -> None:
+    """Fill origin, cause, culprit, local error and inputs_agree of every failing matched row;
+    measured precision loss turns rows into warnings."""
+    pending = []
+    for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
+        if not any(r.status in _FAILING for r in rows):
+            continue
+        p = _Pending(a, b, rows, comparer.judge_inputs(a, b))
+        for k, r in enumerate(rows):
+            if r.status in _FAILING and r.mode == "data" and k < len(b.outputs):
+                le = local_error(b.record, target_dump, b.outputs[k][1], k)
+                if le is not None:
+                    p.local[k] = le
+                    r.local_err, r.local_floor = le.local, le.floor
+        pending.append(p)
+    _mark_precision_loss(pending, rules)
+    graph = _Graph(eb, matched)
+    # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
+    # difference in an input may be that error; before it, only precision can be carried.
+    random_pos = min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb))
+    born_seen = False
+    for p in pending:  # target execution order: producers are decided before their consumers
+        born_seen = born_seen or p.target.pos > random_pos
+        agree = _agreement(p.inputs)
+        for k, r in enumerate(p.rows):
+            r.inputs_agree = agree
+            if r.status in _FAILING:
+                _decide(r, p, k, graph, rules, born_seen)
+                born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
+    _modules_follow_their_ops(pending, eb, graph)
+
+
+def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _Graph) -> None:
+    """A module record of a trace that also recorded the ATen ops inside it is judged by those
+    ops: born only when a born failing op lies inside, precision loss when its failing content
+    is all precision loss, else inherited from its first failing op."""
+    for p in pending:
+        if p.target.kind != "module" or not any(r.status in _FAILING for r in p.rows):
+            continue
+        inner = [graph.rows_of.get(e.pos) for e in _ops_inside(p.target, eb)]
+        inner = [r for rows in inner if rows for r in rows]
+        if not inner:
+            continue  # a module dump, or nothing recorded inside: the module is the finest record
+        born = [r for r in inner if r.origin == "born" and r.status in _FAILING]
+        failing = [r for r in inner if r.status in _FAILING]
+        for k, r in enumerate(p.rows):
+            if r.status not in _FAILING or r.cause in ("parameter", "target-only op", "model input"):
+                continue
+            made = _target_only_maker(p.target, k, graph) if not born else None
+            if made is not None:  # the module's output came out of an op only the target ran
+                _set(r, "born", "target-only op", f"target-only op {made.name} made its output {r.tensor}")
+                r.culprit_target_seq = made.record.seq
+            elif born:
+                _set(r, "inherited", "inherited", f"error born inside it, at {_row_name(born[0])}")
+            elif not failing and any(x.cause == PRECISION for x in inner):
+                _downgrade(r, "its ops inside lose precision only")
+            elif failing:
+                _set(r, "inherited", "inherited", f"its ops inside inherit the error ({_row_name(failing[0])})")
+
+
+def _target_only_maker(m: Entry, k: int, graph: _Graph) -> Entry | None:
+    """The target-only op whose result is output ``k`` of module call ``m``, if it is one and no
+    failing matched record feeds that op."""
+    if k >= len(m.outputs):
+        return None
+    kind, detail = graph.producer(m.outputs[k][1], m.record.seq + 1)
+    if kind != "target-only":
+        return None
+    kind, detail = graph.target_only_origin(detail)
+    return detail if kind == "target-only" else None
+
+
+def _ops_inside(m: Entry, eb: list[Entry]) -> list[Entry]:
+    """Op entries recorded during module call ``m``. Traces record a module when it exits (its ops
+    come just before it); module-level dumps when it is entered (its ops follow it)."""
+    def inside(e: Entry) -> bool:
+        return m.path == "" or e.path == m.path or e.path.startswith(m.path + ".")
+
+    for span in (reversed(eb[:m.pos]), eb[m.pos + 1:]):
+        out = []
+        for e in span:
+            if not inside(e) or (e.kind == "module" and e.path == m.path):
+                break  # left the module, or reached another call of it
+            if e.kind == "op" and e.record.direction == m.record.direction:
+                out.append(e)
+        if out:
+            return out
+    return []
+
+
+class _Graph:
+    """Target records by seq, and which of them are matched (with their rows)."""
+
+    def __init__(self, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> None:
+        self.by_seq = {e.record.seq: e for e in eb}
+        self.rows_of = {b.pos: rows for _, b, rows in matched}
+        # v1 traces name no producers: a value's fingerprint (shape, dtype, statistics) finds the
+        # op output it came from. Only traces: they record every op, so "not found" means it came
+        # from outside (a parameter or a model input); module dumps do not.
+        self.made: dict[tuple, list[tuple[int, int]]] = {}
+        if eb and all(e.kind == "op" or e.record.kind == "module" for e in eb) and any(e.kind == "op" for e in eb):
+            for e in eb:
+                if e.kind == "op":
+                    for k, (_, m) in enumerate(e.outputs):
+                        fp = _fingerprint(m)
+                        if fp is not None:
+                            self.made.setdefault(fp, []).append((e.record.seq, k))
+
+    def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
+        """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
+        try:
+            src = Source.parse(getattr(meta, "source", None))
+        except ValueError:
+            src = None
+        if src is None and consumer_seq is not None and self.made:
+            src = self._infer(meta, consumer_seq)
+        if src is None:
+            return "none", None
+        if src.kind in ("param", "buffer"):
+            return "param", src.name
+        if src.kind == "input":
+            return "input", None
+        e = self.by_seq.get(src.seq)
+        if e is None:
+            return "unrecorded", src.seq
+        rows = self.rows_of.get(e.pos)
+        if rows is None:
+            return "target-only", e
+        row = rows[src.index] if src.index < len(rows) else rows[0]
+        return ("failing" if row.status in _FAILING or _random(row) else "settled"), row
+
+    def _infer(self, meta: Any, consumer_seq: int) -> Source | None:
+        fp = _fingerprint(meta)
+        if fp is None:
+            return None
+        earlier = [sk for sk in self.made.get(fp, ()) if sk[0] < consumer_seq]
+        if earlier:
+            return Source("op", seq=earlier[-1][0], index=earlier[-1][1])
+        # from outside the recorded ops: parameters require grad, model inputs do not
+        where = self.by_seq[consumer_seq].path if consumer_seq in self.by_seq else ""
+        return Source("param", name=f"<a parameter used in {where or 'the model'}>") if meta.requires_grad \
+            else Source("input")
+
+    def target_only_origin(self, e: Entry) -> tuple[str, Any]:
+        """A target-only op is the origin unless a failing matched record feeds it (walked back
+        through chains of target-only ops)."""
+        seen, todo = set(), [e]
+        while todo:
+            cur = todo.pop()
+            if cur.pos in seen:
+                continue
+            seen.add(cur.pos)
+            for _, m in cur.inputs:
+                kind, detail = self.producer(m, cur.record.seq)
+                if kind == "failing":
+                    return "failing", detail
+                if kind == "target-only":
+                    todo.append(detail)
+        return "target-only", e
+
+
+def _fingerprint(meta: Any) -> tuple | None:
+    st = getattr(meta, "stats", None)
+    if st is None or st.mean is None:
+        return None
+    return (tuple(meta.shape), meta.dtype, st.min, st.max, st.mean, st.std, st.nan, st.posinf, st.neginf)
+
+
+def _random(r: CompareRow) -> bool:
+    """A row skipped because its values are random by nature: what it feeds differs by nature."""
+    return r.status == PairStatus.SKIP.value and r.note.startswith("values not compared")
+
+
+def _agreement(inputs: list[tuple[str, Any, str]]) -> str:
+    statuses = {s for _, _, s in inputs}
+    if statuses <= {PairStatus.PASS.value}:
+        return "yes"
+    if statuses <= {PairStatus.PASS.value, PairStatus.SKIP.value}:
+        return "unknown"
+    return "no"
+
+
+def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_seen: bool) -> None:
+    causes: dict[str, tuple[str, Any]] = {}
+    carried_precision = None  # a producer whose difference is measured precision loss
+    for name, meta, status in p.inputs:
+        if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
+            continue
+        if name.startswith("forward_params."):  # v1 module dumps kept parameters among the inputs
+            name = f"param:{p.target.path + '.' if p.target.path else ''}{name[len('forward_params.'):]}"
+        kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") \
+            else graph.producer(meta, p.target.record.seq)
+        if kind == "settled" and detail.cause == PRECISION:
+            carried_precision = carried_precision or detail
+        if kind == "failing":  # whatever the input's own status: its producer already fails
+            causes.setdefault(kind, (name, detail))
+        if status == PairStatus.WARNING.value or kind == "settled":
+            continue
+        if kind == "target-only":
+            kind, detail = graph.target_only_origin(detail)
+        causes.setdefault(kind, (name, detail))
+    le = p.local.get(k)
+    if "param" in causes:
+        name, qual = causes["param"]
+        _set(r, "born", "parameter", f"parameter {qual} differs")
+    elif "target-only" in causes:
+        name, e = causes["target-only"]
+        _set(r, "born", "target-only op", f"target-only op {e.name} feeds {name}")
+        r.culprit_target_seq = e.record.seq
+    elif "input" in causes:
+        _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
+    elif k not in p.precision and le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
+        # wrong on the target's own inputs: born here, whatever those inputs were
+        _set(r, "born", "local error", f"local error {le.local:.3g} > floor {le.floor:.3g}")
+    elif "failing" in causes:
+        _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
+    elif "unrecorded" in causes:
+        _set(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
+                                          "(not recorded: de-duplicated?)")
+    elif k in p.precision:
+        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
+                      f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
+    elif "none" in causes and le is not None and not born_seen:
+        # v1 dump, but this op computed correctly on its inputs and no error was born before it
+        # in execution order: what it carries is precision, not a bug
+        _downgrade(r, f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g}); "
+                      "no error born before it")
+    elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
+        _set(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
+    elif le is not None:
+        why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g})"
+        _downgrade(r, why + (f"; carries {_row_name(carried_precision)}'s precision loss" if carried_precision else ""))
+    elif carried_precision is not None:
+        _downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
+    elif r.inputs_agree == "unknown":
+        r.origin = ""
+    else:
+        _set(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
+             "inputs within precision (local error not measured)")
+
+
+def _param_name(name: str, meta: Any) -> str:
+    """The qualified name of a module record's parameter, from its source when recorded."""
+    try:
+        src = Source.parse(getattr(meta, "source", None))
+    except ValueError:
+        src = None
+    return src.name if src is not None and src.name else name[len("param:"):]
+
+
+def _set(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
+    r.origin, r.cause, r.culprit = origin, cause, culprit
+
+
+def _downgrade(r: CompareRow, why: str) -> None:
+    r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
+    r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)
+
+
+def _row_name(r: CompareRow) -> str:
+    return r.target_name or r.bench_name
+
+
+def _mark_precision_loss(pending: list[_Pending], rules: Any) -> None:
+    """An op kind whose failing calls all carry local error near one reduced-precision step's
+    is precision loss, call by call; a call far above the kind's level stays a bug."""
+    kinds: dict[tuple, list[tuple[_Pending, int, LocalError]]] = {}
+    for p in pending:
+        for k, le in p.local.items():
+            if rules.is_local_error(le.local, le.floor, le.dtype) and le.steps:
+                kinds.setdefault((p.target.op, p.target.record.direction), []).append((p, k, le))
+    f = rules.precision_factor
+    for calls in kinds.values():
+        if len(calls) < 2:
+            continue
+        best = None
+        for step in calls[0][2].steps:
+            ratios = [le.local / le.steps[step] for _, _, le in calls if le.steps.get(step, 0) > 0]
+            if len(ratios) != len(calls):
+                continue
+            level = statistics.median(ratios)
+            if 1 / f <= level <= f and (best is None or abs(_log(level)) < abs(_log(best[1]))):
+                best = (step, level, ratios)
+        if best is None:
+            continue
+        step, level, ratios = best
+        for (p, k, _), ratio in zip(calls, ratios):
+            if ratio <= f * level:
+                p.precision[k] = step
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else float("-inf")

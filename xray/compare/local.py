@@ -1,0 +1,99 @@
+"""Local error: recompute one op on the target's own recorded inputs, on CPU.
+
+Accumulated error (target vs bench) says *that* a value differs; local error says whether this op
+computed correctly given what it received: the target's output against a float64 recomputation
+of the same call. Its noise floor is what CPU itself makes at the target's dtype on those inputs
+(torch._dynamo's ``same()`` fp64 idea, per op). Reduced-precision steps (inputs rounded to a
+10-bit or 7-bit mantissa, as TF32/fp16/bf16 math does) give the error a legitimate precision
+change would make, so a consistent precision loss can be told from a bug.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..dump.model import Record, TensorMeta
+from ..inputs import build_call, check_call
+from ..nondeterminism import nondeterministic
+from ..numerics.metrics import normwise_error
+from ..numerics.rules import PRECISION_STEPS, round_mantissa
+
+MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
+
+
+@dataclass
+class LocalError:
+    """Errors of one output against the float64 recomputation (normwise, see normwise_error)."""
+
+    local: float  # the target's recorded output
+    floor: float  # CPU at the target's dtype
+    dtype: torch.dtype  # the target output's dtype
+    steps: dict[str, float] = field(default_factory=dict)  # precision step name -> its error
+
+
+def _blocked(record: Record) -> str | None:
+    """Why an op must not be re-run here, or None: nothing random or uninitialised (the check
+    replay and gen share, xray.nondeterminism), nothing that writes its inputs (checked on the
+    schema too, once resolved). Views are re-run: they move numbers, so their local error is 0
+    unless the target moved them wrongly."""
+    if record.kind != "op" or record.mutates:
+        return "not a pure op call"
+    return nondeterministic(record)
+
+
+def _tensors_saved(record: Record) -> bool:
+    metas = list(record.input_tensors())
+    return all(m.data is not None and m.numel <= MAX_NUMEL for _, m in metas)
+
+
+def _convert(v: Any, fn) -> Any:
+    if isinstance(v, torch.Tensor):
+        return fn(v) if v.is_floating_point() else v
+    if isinstance(v, (list, tuple)):
+        return type(v)(_convert(x, fn) for x in v)
+    return v
+
+
+def _output(out: Any, k: int) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out if k == 0 else None
+    if isinstance(out, (list, tuple)):
+        flat = [x for x in out if isinstance(x, torch.Tensor)]
+        return flat[k] if k < len(flat) else None
+    return None
+
+
+def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalError | None:
+    """Local error of output ``k`` (its meta ``output``) of ``record``, or None when the call
+    cannot be rebuilt safely from saved tensors."""
+    if output.data is None or output.numel > MAX_NUMEL or _blocked(record) or not _tensors_saved(record):
+        return None
+    try:
+        check_call(record, dump, factory="load")
+        func, args, kwargs = build_call(record, dump, factory="load")
+        if func._schema.is_mutable:
+            return None
+        target = dump.load_tensor(output).reshape(output.shape)
+        if not target.is_floating_point():
+            return None
+
+        def run(fn) -> torch.Tensor | None:
+            with torch.no_grad():
+                return _output(func(*_convert(args, fn), **_convert(kwargs, fn)), k)
+
+        exact = run(lambda t: t.to(torch.float64))
+        native = run(lambda t: t)
+        if exact is None or native is None or exact.numel() != target.numel():
+            return None
+        result = LocalError(normwise_error(target, exact), normwise_error(native, exact), target.dtype)
+        if target.dtype in (torch.float32, torch.float64) and result.local > result.floor:  # else not needed
+            for name, bits in PRECISION_STEPS.items():
+                rounded = run(lambda t, b=bits: round_mantissa(t, b))
+                if rounded is not None:
+                    result.steps[name] = normwise_error(rounded, exact)
+        return result
+    except Exception:  # noqa: BLE001 -- any op may refuse float64 or these inputs: no local error then
+        return None
+
