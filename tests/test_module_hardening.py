@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import pytest
@@ -76,3 +77,66 @@ def test_full_disk_warns_once_keeps_training_and_keeps_the_steps_written(tmp_pat
     csv_steps = {line.split(",")[1] for line in (tmp_path / FILE.replace(".h5", "_summary.csv"))
                  .read_text().splitlines()[1:]}
     assert csv_steps == {str(s) for s in steps}  # the CSV has no rows of the dropped step
+
+
+def _record_with_a_second_thread(path, *, api: bool, busy: bool):
+    """Two training steps of a tiny Llama under PrecisionDebugger while (``busy``) a second
+    thread keeps running the same model instance, a second Llama and an MLP, without grad.
+    Returns each record's signature and statistics, the other thread's errors and run count."""
+    from xray.demo.models import tiny_llama, token_batch
+
+    m = tiny_llama(layers=1, hidden=32).train()
+    llama2 = tiny_llama(layers=1, hidden=32, seed=1)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    ids = token_batch()
+    stop, started = threading.Event(), threading.Event()
+    errors: list[str] = []
+    runs = [0]
+
+    def other() -> None:
+        while not stop.is_set():
+            try:
+                with torch.no_grad():
+                    m(ids)  # the recorded model itself, e.g. an evaluation thread
+                    llama2(ids)
+                    mlp(torch.randn(4, 16))
+                runs[0] += 1
+            except Exception as e:  # what the user's thread would have seen
+                errors.append(f"{type(e).__name__}: {e}")
+            started.set()
+
+    thread = threading.Thread(target=other, daemon=True)
+    if busy:
+        thread.start()
+        assert started.wait(60)
+    before = runs[0]
+    dbg = xray.PrecisionDebugger(dump_path=path, model=m, dump_torch_api=api)
+    for _ in range(2):
+        dbg.start()
+        m(ids).logits.float().square().mean().backward()
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    during = runs[0] - before
+    stop.set()
+    if busy:
+        thread.join(60)
+    assert dbg.failed is None
+    with xray.load_dump(dbg.file) as dump:
+        records = [(r.kind, r.step, r.module, r.op, r.direction, r.call_index,
+                    [(k, v.stats) for k, v in (*r.input_tensors(), *r.output_tensors())]) for r in dump.records]
+    return records, errors, during
+
+
+@pytest.mark.parametrize("api", [False, True], ids=["modules", "modules+aten"])
+def test_a_second_thread_is_neither_recorded_nor_disturbed(tmp_path, api):
+    """Module wrappers sit on the model (and the tracer's module hooks are process-wide), so a
+    second thread running the same model used to make capture stop ("writer is not open") and
+    add its calls to the records; with dump_torch_api, another model's modules took over the
+    recorded ops' attribution. The records must equal those of a run without the thread."""
+    alone, _, _ = _record_with_a_second_thread(tmp_path / "alone", api=api, busy=False)
+    busy, errors, during = _record_with_a_second_thread(tmp_path / "busy", api=api, busy=True)
+    assert errors == []
+    assert during > 0  # the other thread really ran while the steps were captured
+    assert len(busy) == len(alone)
+    assert busy == alone
