@@ -193,7 +193,7 @@ class ModuleHooks:
             capture(call, "forward_input", str(i), t)
         if kwargs:
             for keyword, t in flatten_kwargs(kwargs):
-                capture(call, "forward_input", str(len(inputs)), t, False, keyword)
+                capture(call, "forward_input", str(len(inputs)), t, "", keyword)
                 inputs.append(t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if t.requires_grad] if grad_mode else []
         for name, p in params.items():
