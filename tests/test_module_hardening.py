@@ -2,17 +2,22 @@
 corrupt module dumps, each refused or survived without breaking the user's program."""
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
 import threading
-import warnings
 
+import h5py
+import numpy as np
 import pytest
 import torch
 
 import xray
-from xray.dump.reader import TruncatedDumpWarning
+from xray.compare import cli as compare_cli
+from xray.dump.reader import DumpFormatError
+from xray.summary import cli as summary_cli
 
 FILE = "globalrank-0_localrank-0.h5"
 
@@ -146,16 +151,6 @@ def test_a_second_thread_is_neither_recorded_nor_disturbed(tmp_path, api):
 # Each corruption edits a copy of one real dump (a tiny Llama, forward and backward, with its
 # ATen ops) and names what the one-line error must say.
 
-import json as _json
-import shutil
-
-import h5py
-import numpy as np
-
-from xray.compare import cli as compare_cli
-from xray.dump.reader import DumpFormatError
-from xray.summary import cli as summary_cli
-
 
 @pytest.fixture(scope="module")
 def real_dump(tmp_path_factory):
@@ -258,9 +253,9 @@ def _missing_column(f):
 
 def _deep_aten(f):
     lines = f["step_0/aten"].asstr()[()].tolist()
-    record = _json.loads(lines[0])
+    record = json.loads(lines[0])
     record["inputs"]["self"] = "DEEP"
-    lines[0] = _json.dumps(record).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+    lines[0] = json.dumps(record).replace('"DEEP"', "[" * 5000 + "]" * 5000)
     del f["step_0/aten"]
     f.create_dataset("step_0/aten", data=np.array(lines, dtype=h5py.string_dtype()))
 
