@@ -28,8 +28,9 @@ def _single_process(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-# A training loop whose dump outgrows a 2.5 MB 'disk' after a few steps (each step saves ~150 KB
-# of activations, weights and gradients).
+# A training loop whose dump outgrows a small 'disk' after a few steps: with tensor data, each
+# step saves ~150 KB of activations, weights and gradients; statistics-only, each step adds
+# ~6.5 KB (22 index rows), so the old code hit the 330 KB limit at step ~48 of 60.
 DISK_FULL_SCRIPT = textwrap.dedent("""
     import resource, signal, sys, warnings, torch, xray
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)                    # EFBIG instead of being killed
@@ -37,10 +38,11 @@ DISK_FULL_SCRIPT = textwrap.dedent("""
     m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
     x = torch.randn(32, 64)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    dbg = xray.PrecisionDebugger(dump_path=sys.argv[1], model=m)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (2_500_000, 2_500_000))  # a 'disk' that fills up
+    dbg = xray.PrecisionDebugger(dump_path=sys.argv[1], model=m, task=sys.argv[2], flush_secs=0)
+    limit = int(sys.argv[3])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # a 'disk' that fills up
     losses = []
-    for step in range(20):
+    for step in range(int(sys.argv[4])):
         dbg.start()
         loss = m(x).square().mean()
         loss.backward()
@@ -50,17 +52,19 @@ DISK_FULL_SCRIPT = textwrap.dedent("""
         dbg.step()
         losses.append(loss.item())
     dbg.close()
-    print("TRAINED", len(losses), "FAILED", dbg.failed is not None)
+    print("TRAINED", len(losses), "OF", sys.argv[4], "FAILED", dbg.failed is not None)
 """)
 
 
-def test_full_disk_warns_once_keeps_training_and_keeps_the_steps_written(tmp_path):
+@pytest.mark.parametrize("task,limit,steps", [("tensor", 1_500_000, 20), ("statistics", 330_000, 60)])
+def test_full_disk_warns_once_keeps_training_and_keeps_the_steps_written(tmp_path, task, limit, steps):
     """It used to raise OSError 28 from stop() into the loop, with 54 h5py tracebacks, and left
     0 readable records."""
-    proc = subprocess.run([sys.executable, "-c", DISK_FULL_SCRIPT, str(tmp_path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", DISK_FULL_SCRIPT, str(tmp_path), task, str(limit), str(steps)],
+                          capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "TRAINED 20 FAILED True" in proc.stdout  # the loop finished every step
+    assert f"TRAINED {steps} OF {steps} FAILED True" in proc.stdout  # the loop finished every step
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     # exactly one xray warning (its two lines: the message and the source line), no h5py noise
     assert sum("xray PrecisionDebugger: capture stopped" in line for line in lines) == 1, proc.stderr[-3000:]
@@ -71,17 +75,21 @@ def test_full_disk_warns_once_keeps_training_and_keeps_the_steps_written(tmp_pat
     assert not list(tmp_path.glob("*.tmp"))
     with xray.load_dump(tmp_path / FILE) as dump:
         assert dump.complete
-        steps = dump.steps
-        assert steps == list(range(len(steps))) and 2 <= len(steps) < 20  # a prefix of the loop
-        per_step = {s: sum(1 for r in dump.records if r.step == s) for s in steps}
+        kept = dump.steps
+        assert kept == list(range(len(kept))) and 2 <= len(kept) < steps  # a prefix of the loop
+        per_step = {s: sum(1 for r in dump.records if r.step == s) for s in kept}
         assert len(set(per_step.values())) == 1  # every step kept is whole
         for r in dump.records:
             for _, meta in (*r.input_tensors(), *r.output_tensors(), *r.params.items()):
                 if meta is not None and meta.data:
                     assert dump.load_tensor(meta).shape == meta.shape
+        assert any(m.data for r in dump.records for _, m in r.input_tensors()) == (task == "tensor")
     csv_steps = {line.split(",")[1] for line in (tmp_path / FILE.replace(".h5", "_summary.csv"))
                  .read_text().splitlines()[1:]}
-    assert csv_steps == {str(s) for s in steps}  # the CSV has no rows of the dropped step
+    # The CSV gets each step's rows at stop(), before the file is written: statistics-only, the
+    # step whose index did not fit stays in the CSV; with tensor data it failed during capture.
+    written = {str(s) for s in kept}
+    assert csv_steps == (written | {str(len(kept))} if task == "statistics" else written)
 
 
 def _record_with_a_second_thread(path, *, api: bool, busy: bool):

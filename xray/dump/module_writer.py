@@ -111,10 +111,11 @@ class DiskFullError(DumpPathError):
     """Writing would leave too little room to finish the file (checked before writing)."""
 
 
-# Room kept free for what closing the file writes: the index tables and HDF5's metadata (the
-# tables of a step of a 2-layer Llama take ~60 KB), and per tensor its dataset's object header
-# and its index row (~1 KB measured; 4 KB leaves margin for long names).
-CLOSE_RESERVE = 1 << 20
+# Room the writer counts before writing (a file that cannot be finished is lost whole): per
+# tensor its bytes and its dataset's object header, per index row and ATen line their bytes
+# (a row takes ~0.3 KB and a header ~1 KB in the tables of a 2-layer Llama: these leave margin
+# for long names), and a reserve for the HDF5 metadata that closing the file writes.
+CLOSE_RESERVE = 256 << 10
 PER_TENSOR = 4096
 PER_ROW = 1024
 
@@ -336,7 +337,8 @@ class ModuleDumpWriter:
             if not self._touched:
                 return None
             self.open()
-        self._claim(PER_ROW * self.held_rows)
+        self._claim(PER_ROW * self.held_rows + sum(len(line) for step in self._touched
+                                                     for line in self._aten.get(step, ())))
         return self._finish()
 
     def _finish(self) -> Path:
