@@ -59,14 +59,6 @@ def _opt(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
-def _attr(v: Any) -> Any:
-    if isinstance(v, bytes):
-        v = v.decode("utf-8")
-    if isinstance(v, np.generic):
-        v = v.item()
-    return v
-
-
 class ModuleDump:
     """A module dump: ``.records`` (module calls, then ATen ops if recorded) in execution order,
     ``.header``, ``named_tensors()``, tensors on demand. Same interface as TraceDump."""
