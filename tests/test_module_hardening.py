@@ -94,7 +94,8 @@ def test_full_disk_warns_once_keeps_training_and_keeps_the_steps_written(tmp_pat
 
 def _record_with_a_second_thread(path, *, api: bool, busy: bool):
     """Two training steps of a tiny Llama under PrecisionDebugger while (``busy``) a second
-    thread keeps running the same model instance, a second Llama and an MLP, without grad.
+    thread keeps running the same model instance (without grad) and training a second Llama
+    and an MLP.
     Returns each record's signature and statistics, the other thread's errors and run count."""
     from xray.demo.models import tiny_llama, token_batch
 
@@ -111,8 +112,8 @@ def _record_with_a_second_thread(path, *, api: bool, busy: bool):
             try:
                 with torch.no_grad():
                     m(ids)  # the recorded model itself, e.g. an evaluation thread
-                    llama2(ids)
-                    mlp(torch.randn(4, 16))
+                llama2(ids).logits.float().square().mean().backward()  # another model, training
+                mlp(torch.randn(4, 16)).sum().backward()
                 runs[0] += 1
             except Exception as e:  # what the user's thread would have seen
                 errors.append(f"{type(e).__name__}: {e}")
