@@ -45,3 +45,35 @@ def test_index_renders_the_first_divergence_as_a_table():
     assert "local_error: 0.05" in table
     assert table.index("operator") < table.index("bench record") < table.index("origin")
     assert "every record agrees" in divergence_table(None)
+
+
+def test_demo_refuses_a_folder_it_did_not_create(tmp_path, monkeypatch, capsys):
+    """`xray demo --out DIR` used to rmtree DIR (and `--out .` the current folder)."""
+    from xray.cli import main
+
+    user = tmp_path / "work"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    assert main(["demo", "--small", "--no-replay", "--out", str(user)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not created by xray demo" in err[0] and str(user) in err[0]
+    assert (user / "notes.txt").read_text() == "mine"
+    monkeypatch.chdir(user)
+    assert main(["demo", "--small", "--no-replay", "--out", "."]) == 2
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    file_out = user / "notes.txt"
+    assert main(["demo", "--small", "--no-replay", "--out", str(file_out)]) == 2
+    assert file_out.read_text() == "mine"
+
+
+def test_demo_replaces_its_own_previous_output(tmp_path):
+    from xray.demo.run import OUT_MARKER, _claim_out
+
+    out = tmp_path / "demo"
+    assert _claim_out(out) is None and (out / OUT_MARKER).is_file()  # new folder: created and marked
+    (out / "compare.csv").write_text("old")
+    assert _claim_out(out) is None  # ours from a previous run: emptied and marked again
+    assert sorted(p.name for p in out.iterdir()) == [OUT_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _claim_out(empty) is None and (empty / OUT_MARKER).is_file()

@@ -7,6 +7,7 @@ hands it to the module-dump writer, which stores the records of a step as JSON l
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import torch
@@ -41,8 +42,11 @@ class AtenCapture:
         self.recorder = Recorder(config, _OpSink(on_record))
         self.recorder.modules.path_of(model)  # name the model's tree first, so its root path is ""
         self.tracing = Tracing(self.recorder)
+        self.thread: int | None = None
+        _only_on_thread(self.recorder.modules, self)
 
     def start(self) -> None:
+        self.thread = threading.get_ident()  # the tracer's ops are this thread's (its mode is thread-local)
         self.tracing.start()
 
     def stop(self) -> None:
@@ -51,3 +55,23 @@ class AtenCapture:
     @property
     def failed(self) -> str | None:
         return self.recorder.failed
+
+
+def _only_on_thread(modules, owner: AtenCapture) -> None:
+    """The tracer's module stack follows modules through process-wide forward hooks: another
+    model running in a second thread would push its modules onto the stack and the recorded
+    ops would be attributed to them. Its hooks are set per instance here to act only on the
+    recording thread (``install`` reads them when tracing starts)."""
+    pre, post, ident = modules._pre, modules._post, threading.get_ident
+
+    def _pre(module, args):
+        if ident() == owner.thread:
+            return pre(module, args)
+        return None
+
+    def _post(module, args, *rest):
+        if ident() == owner.thread:
+            return post(module, args, *rest)
+        return None
+
+    modules._pre, modules._post = _pre, _post

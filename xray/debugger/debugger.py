@@ -184,11 +184,17 @@ class PrecisionDebugger:
         self._hooks.remove()
         if self._aten is not None:
             self._aten.stop()
-        self._capture.end_step(self.current_step)
-        self._append_csv()
-        if (self._writer.is_open or not self._selected(self.current_step + 1)
-                or self._writer.held_rows >= MAX_HELD_ROWS or time.monotonic() - self._flushed_at >= self.flush_secs):
-            return self.flush()
+        if self._writer.failed:  # a write error dropped this step (see _fail)
+            return None
+        try:
+            self._capture.end_step(self.current_step)
+            self._append_csv()
+            if (self._writer.is_open or not self._selected(self.current_step + 1)
+                    or self._writer.held_rows >= MAX_HELD_ROWS
+                    or time.monotonic() - self._flushed_at >= self.flush_secs):
+                return self.flush()
+        except OSError as e:  # a full disk: warn, keep the steps written, never break training
+            self._fail(e)
         return None
 
     def flush(self) -> Path | None:
@@ -196,7 +202,11 @@ class PrecisionDebugger:
         it was written."""
         if self._running:
             raise RuntimeError("PrecisionDebugger.flush() is for between steps: call stop() first")
-        path = self._writer.close()
+        try:
+            path = self._writer.close()
+        except OSError as e:
+            self._fail(e)
+            return None
         self._flushed_at = time.monotonic()
         # Only the current step can be captured again (steps only advance): earlier rows are in
         # the file and the CSV, and keeping them would grow memory with every step of a long run.
@@ -234,7 +244,7 @@ class PrecisionDebugger:
 
     # -- callbacks ---------------------------------------------------------------------------
     def _on_op(self, record: Record) -> None:
-        if not self._running:
+        if not self._running or self.failed is not None:
             return
         seq = self._next_seq()
         self._aten_seq[record.seq] = seq
@@ -251,17 +261,25 @@ class PrecisionDebugger:
         print(f"xray overflow_check: {self.first_overflow}", file=sys.stderr)
 
     def _fail(self, e: Exception) -> None:
-        """Stop capturing after an error (disk full, a bug), but never break the user's model."""
-        if self.failed is None:
-            self.failed = f"{type(e).__name__}: {e}"
-            warnings.warn(f"xray PrecisionDebugger: capture stopped: {self.failed}", RuntimeWarning, stacklevel=3)
-            self._hooks.remove()
+        """Stop capturing after an error (disk full, a bug), but never break the user's model.
+        A write error (OSError) also drops the step being captured, whose data the disk did
+        not take, and finishes the file with the steps before it (ModuleDumpWriter.abandon)."""
+        if self.failed is not None:
+            return
+        self.failed = f"{type(e).__name__}: {e}"
+        self._hooks.remove()
+        kept = ""
+        if isinstance(e, OSError):
+            path = self._writer.abandon(self.current_step)
+            kept = (f"; the steps written before step {self.current_step} stay readable in {path}" if path
+                    else f"; {self._writer.path} could not be finished")
+        warnings.warn(f"xray PrecisionDebugger: capture stopped: {self.failed}{kept}", RuntimeWarning, stacklevel=3)
 
 
 def _write_pending(writer: ModuleDumpWriter) -> None:
     """The finalizer's job (no reference to the debugger, or it would never be collected). A
     dump folder removed meanwhile is left removed."""
-    if (writer.pending or writer.is_open) and writer.path.parent.is_dir():
+    if (writer.pending or writer.is_open) and not writer.failed and writer.path.parent.is_dir():
         try:
             writer.close()
         except Exception as e:  # at exit there is no caller to raise to

@@ -15,6 +15,7 @@ Parameter gradients come from hooks on the parameters (summed over all calls of 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 import torch
@@ -24,6 +25,7 @@ from ..record.tracer import no_dispatch_modes
 from .capture import CallKey, TensorCapture, call_key
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is on
+_thread = threading.get_ident
 _ABSENT = object()
 _NO_COPY = ("xray PrecisionDebugger: a module cannot be copied or pickled between start() and stop(); "
             "do it before start() or after stop()")
@@ -47,7 +49,7 @@ class CapturedForward:
 
     def __call__(self, *args, **kwargs):
         hooks = self._hooks
-        if not hooks.active:
+        if not hooks.active or _thread() != hooks.thread:  # another thread's call is not ours
             return self.__wrapped__(*args, **kwargs)
         entered = hooks._enter(self._module, args, kwargs)
         output = self.__wrapped__(*args, **kwargs)
@@ -104,6 +106,12 @@ class ModuleHooks:
         self._grad_handles: list = []
         self._params_hooked: set[int] = set()
         self.active = False  # the wrappers capture only while True (a copy made after stop() is inert)
+        # ... and only calls made on the thread that called install(): the wrappers sit on the
+        # module itself, so a second thread running the same model (a serving or evaluation
+        # thread) passes through them too. Its calls are neither recorded nor disturbed.
+        # Gradients arrive on whichever thread the autograd engine uses, and are the recorded
+        # calls' own (hooks on their tensors), so backward needs no such check.
+        self.thread: int | None = None
         # Per module, resolved once: its path, class name and own parameter and buffer dicts.
         # The dicts are the module's live ones, so a parameter swapped between steps is seen.
         self._info = {m: (path, type(m).__name__, m._parameters, m._buffers) for m, path in self.paths.items()}
@@ -116,6 +124,7 @@ class ModuleHooks:
     def install(self, step: int) -> None:
         """Capture ``step``: wrap every module's forward (unless still wrapped)."""
         self.step = step
+        self.thread = _thread()
         self.calls.clear()
         self._bw_seq.clear()
         self._params_hooked.clear()
@@ -184,7 +193,7 @@ class ModuleHooks:
             capture(call, "forward_input", str(i), t)
         if kwargs:
             for keyword, t in flatten_kwargs(kwargs):
-                capture(call, "forward_input", str(len(inputs)), t, False, keyword)
+                capture(call, "forward_input", str(len(inputs)), t, "", keyword)
                 inputs.append(t)
         grad_inputs = [(i, t) for i, t in enumerate(inputs) if t.requires_grad] if grad_mode else []
         for name, p in params.items():

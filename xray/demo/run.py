@@ -69,6 +69,26 @@ def _pytest(folder: Path, csv: Path) -> int:
     return proc.returncode
 
 
+# Written into every folder the demo creates: only such a folder is ever emptied by a later run.
+OUT_MARKER = ".xray-demo-output"
+
+
+def _claim_out(out: Path) -> str | None:
+    """Make ``out`` an empty demo folder; returns why not (None when done). A folder that holds
+    anything and lacks OUT_MARKER is the user's (``--out .`` used to empty the current folder):
+    it is refused, never deleted."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        return f"--out {out} exists and is not a folder; pass a new or empty folder"
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / OUT_MARKER).is_file():
+            return (f"--out {out} is not empty and was not created by xray demo; "
+                    "pass a new or empty folder (nothing was deleted)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / OUT_MARKER).write_text("created by `xray demo`; a later `xray demo --out` here replaces this folder\n")
+    return None
+
+
 def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     import pandas as pd
     import torch
@@ -81,9 +101,10 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     from xray.demo.examples import DEMO_FAULT, record_dedup, record_pair
 
     started = time.perf_counter()
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    refusal = _claim_out(out)
+    if refusal:
+        print(f"xray demo: error: {refusal}", file=sys.stderr)
+        return 2
     layers, hidden, seq = (1, 32, 8) if small else (2, 64, 16)
     artefacts: list[tuple[str, Path]] = []
 

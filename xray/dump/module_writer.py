@@ -8,11 +8,22 @@ moves it back to the temporary name before appending the next step.
 Index rows wait in memory until ``close()``, which opens the file itself when nothing did:
 a statistics-only dump has no tensor data, so it touches the file only when its owner decides
 to write (PrecisionDebugger's ``flush_secs``), not at every step.
+
+A full disk must not cost the steps already in the file: HDF5 updates a file's metadata in
+place, so a write that fails half way leaves the whole file unreadable (and h5py prints a
+traceback for every object it then frees). The writer therefore checks the room left (free
+space, and the file-size limit) before each tensor and before the index tables, and refuses
+with DiskFullError before the disk is full; ``abandon()`` then drops the step being captured
+and closes the file complete with the steps before it.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +107,73 @@ class DumpPathError(OSError):
     """The dump path cannot be written; the message names it."""
 
 
+class DiskFullError(DumpPathError):
+    """Writing would leave too little room to finish the file (checked before writing)."""
+
+
+# Room the writer counts before writing (a file that cannot be finished is lost whole): per
+# tensor its bytes and its dataset's object header, per index row and ATen line their bytes
+# (a row takes ~0.3 KB and a header ~1 KB in the tables of a 2-layer Llama: these leave margin
+# for long names), and a reserve for the HDF5 metadata that closing the file writes.
+CLOSE_RESERVE = 256 << 10
+PER_TENSOR = 4096
+PER_ROW = 1024
+
+
+def room_left(path: Path) -> int:
+    """Bytes ``path`` may still grow by: the free space of its file system for this user, and
+    the process's file-size limit (RLIMIT_FSIZE, where it has one) less the file's size."""
+    st = os.statvfs(path.parent)
+    room = st.f_bavail * st.f_frsize
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return room
+    if limit != resource.RLIM_INFINITY:
+        size = path.stat().st_size if path.exists() else 0
+        room = min(room, limit - size)
+    return room
+
+
+class _Quiet:
+    """Around HDF5 writes that may fail: h5py reports a failed write again for every object
+    then freed (a traceback each, printed to sys.stderr or through sys.unraisablehook, not raised
+    to us), 54 of them for one full disk; the caller warns once instead. (Output of other
+    threads while the index is written is dropped too.)"""
+
+    def __enter__(self):
+        self.saved = sys.stderr, sys.unraisablehook
+        sys.stderr, sys.unraisablehook = _Sink(), _ignore
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is not None:
+            value.__traceback__ = None  # free the failed write's HDF5 objects here, unheard
+            gc.collect()
+        sys.stderr, sys.unraisablehook = self.saved
+        return False
+
+
+def _first_line(e: Exception) -> str:
+    """HDF5's error text without its multi-line detail (time, buffer address, offsets)."""
+    text = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).strip()
+    return text.split("\n")[0].split(" (file write failed")[0][:200]
+
+
+class _Sink:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _ignore(unraisable) -> None:
+    pass
+
+
 class ModuleDumpWriter:
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = Path(path)
@@ -111,6 +189,8 @@ class ModuleDumpWriter:
         self._created = False
         self.bytes_written = 0
         self.tensors_written = 0
+        self.failed = False  # set by abandon(): nothing more is written
+        self._room = 0  # bytes the file could grow by at open(), less what was written since
 
     @property
     def is_open(self) -> bool:
@@ -127,6 +207,8 @@ class ModuleDumpWriter:
         return sum(len(self.rows.get(step, ())) for step in self._touched)
 
     def open(self) -> None:
+        if self.failed:
+            raise DumpPathError(errno.EIO, f"module dump {self.path} stopped after an earlier write error")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self._created and self.path.exists():
@@ -139,6 +221,7 @@ class ModuleDumpWriter:
                     _set_attr(self._file, k, _attr_value(v))
                 self._created = True
             _set_attr(self._file, "complete", False)
+            self._room = room_left(self.tmp)
         except OSError as e:
             raise DumpPathError(f"cannot write module dump {self.path}: {e.strerror or e}; "
                                 "pass a writable dump_path") from e
@@ -155,15 +238,60 @@ class ModuleDumpWriter:
         """Copy ``t`` into ``/step_<s>/<name>`` now (so later in-place ops cannot change it).
         The dataset carries only ``torch_dtype``: its module, role and statistics are in the
         step's index (HDF5 attributes are slow to write)."""
+        self._claim(t.numel() * t.element_size() + PER_TENSOR)
         g = self.group(step)
         names = self._names.setdefault(step, set())
         if name in names:  # the same tensor name twice in one step (re-entered start/stop): keep the last
             del g[name]
         names.add(name)
-        write_dataset(g, name, t)
+        error = None
+        try:  # (not under _Quiet: the room check keeps this from failing, and a user's thread may print)
+            write_dataset(g, name, t)
+        except (OSError, RuntimeError) as e:  # raised below, outside this block: nothing keeps HDF5 objects alive
+            error = _first_line(e)
+        if error is not None:
+            g = None
+            raise DumpPathError(errno.EIO, f"cannot write {name} into module dump {self.path}: {error}")
         self.bytes_written += t.numel() * t.element_size()
         self.tensors_written += 1
         return f"{step_group(step)}/{name}"
+
+    def _claim(self, nbytes: int) -> None:
+        """Count ``nbytes`` against the room left; DiskFullError (nothing written) if the file
+        could then not be finished."""
+        if nbytes + CLOSE_RESERVE > self._room:
+            raise DiskFullError(errno.ENOSPC, f"module dump {self.path}: the disk is nearly full "
+                                f"({max(self._room, 0) >> 10} KiB left, {nbytes >> 10} KiB to write and "
+                                f"{CLOSE_RESERVE >> 10} KiB kept to finish the file)")
+        self._room -= nbytes
+
+    def abandon(self, step: int) -> Path | None:
+        """After a write error: drop ``step`` (captured only in part), finish the file with the
+        steps before it if the disk still takes that, and write nothing more. Returns the
+        file's path if it is complete; never raises."""
+        self.failed = True
+        for held in (self.rows, self._aten, self._names):
+            held.pop(step, None)
+        self._touched.discard(step)
+        if self._file is None:
+            self._touched.clear()  # statistics-only: what the file lacks cannot be written now
+            return self.path if self.path.exists() else None
+        f = self._file
+        try:
+            if step not in self._steps and step_group(step).encode() in f.id:
+                del f[step_group(step)]
+            self._room = max(self._room, CLOSE_RESERVE)  # the reserve is for this
+            return self._finish()
+        except Exception:  # the disk filled before our check saw it: the file is lost
+            pass
+        with _Quiet():
+            self._file = None
+            self._groups.clear()
+            with contextlib.suppress(Exception):
+                f.close()
+            f = None
+            gc.collect()
+        return None
 
     def forget_before(self, step: int) -> None:
         """Drop the rows, op records and dataset names held for steps before ``step`` (already
@@ -201,11 +329,34 @@ class ModuleDumpWriter:
 
     def close(self) -> Path | None:
         """Write the index of every step touched, mark the file complete, rename it into place
-        (opening the file first if no tensor data did). None if there was nothing to write."""
+        (opening the file first if no tensor data did). None if there was nothing to write.
+        DiskFullError (the file untouched by this call) if the tables would not fit."""
+        if self.failed:
+            return None
         if self._file is None:
             if not self._touched:
                 return None
             self.open()
+        self._claim(PER_ROW * self.held_rows + sum(len(line) for step in self._touched
+                                                     for line in self._aten.get(step, ())))
+        return self._finish()
+
+    def _finish(self) -> Path:
+        error = None
+        try:
+            with _Quiet():
+                self._write_index()
+            return self.path
+        except (OSError, RuntimeError) as e:  # h5py raises RuntimeError when a flush fails
+            error = _first_line(e)
+        # Raised outside the except block, so no traceback keeps the dead file's objects alive.
+        self.failed = True
+        with _Quiet():
+            self._groups.clear()
+            gc.collect()
+        raise DumpPathError(errno.EIO, f"cannot finish module dump {self.path}: {error}")
+
+    def _write_index(self) -> None:
         f, self._file = self._file, None
         self._groups.clear()
         try:
@@ -225,6 +376,7 @@ class ModuleDumpWriter:
             _set_attr(f, "complete", True)
             f.close()
             os.replace(self.tmp, self.path)
-        except OSError as e:
-            raise DumpPathError(f"cannot finish module dump {self.path}: {e.strerror or e}") from e
-        return self.path
+        except BaseException:
+            with contextlib.suppress(Exception):
+                f.close()
+            raise
