@@ -223,3 +223,14 @@ def test_fp64_reference_rule(tmp_path):
     assert row.status == "pass" and row.ref_err_target > row.ref_err_bench > 0 and "float64" in row.note
     b2 = write_dump(tmp_path / "c", [Op("aten.mm.default", big)])
     assert compare_dumps(a, b2, rules=rules, reference=r_dir).rows[0].status == "fail"
+
+
+def test_zeros_beside_nonfinite_values_do_not_crash():
+    """The finite part of a chunk holding NaN/Inf can be all zeros (a BERT attention mask row):
+    its scaled sums divided by a zero scale (ZeroDivisionError in the accuracy benchmark)."""
+    from xray.numerics.metrics import chunk_partial
+
+    nan = float("nan")
+    bench = torch.tensor([0.0, 0.0, nan, float("-inf")])
+    part = chunk_partial(bench, bench.clone(), default_tolerance("float32"))
+    assert part.numel == 4 and part.not_close == 0 and part.max_abs == 0.0
