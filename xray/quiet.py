@@ -32,3 +32,10 @@ def quiet_third_party() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropKnown) for f in logger.filters):
             logger.addFilter(_DropKnown(fragments))
+
+
+def one_line(error: object, limit: int = 500) -> str:
+    """An error message on one line of at most ``limit`` characters: a library's message (h5py's,
+    HDF5's) may span several, and a hostile dump's values must not flood the terminal."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -80,6 +80,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             raise CompareInputError(f"{empty}: no record with an output tensor to compare "
                                     "(dump with X_DEBUG META|STATS, the default 0x102)")
         _nonfinite_warnings(rank_rows, label, summary.warnings)
+        _data_warnings(rank_rows, totals, label, pb, pt, summary.warnings)
         fd = first_divergence(rank_rows)
         summary.ranks[label] = dict(totals, first_divergence=_divergence(fd))
         rows += rank_rows
@@ -141,6 +142,26 @@ def dedup_note(dump, side: str) -> str | None:
     return (f"{side} dump is DE-DUPLICATED (X_DEDUP=1): {len(records)} records stand for {len(records) + folded} calls; "
             f"{folded} later calls with an already-seen signature were not recorded, so an error born in one of them "
             "is invisible and the first divergence may be late or missing. Record with X_DEDUP=0")
+
+
+def _data_warnings(rows: list[CompareRow], totals: dict, label: str, pb, pt, notes: list[str]) -> None:
+    """Say what could not be compared as recorded; refuse when nothing could be compared at all
+    (a summary of 'no divergence' over nothing would read as agreement)."""
+    from .pairing import CompareInputError
+
+    where = f" ({label})" if label else ""
+    if totals["matched"] == 0:
+        raise CompareInputError(f"{pb} vs {pt}{where}: none of {totals['bench_records']} bench and "
+                                f"{totals['target_records']} target records could be matched: not two runs of the same model?")
+    matched = [r for r in rows if r.status != PairStatus.UNMATCHED.value]
+    if matched and all(r.status == PairStatus.SKIP.value for r in matched):
+        raise CompareInputError(f"{pb} vs {pt}{where}: nothing comparable: every matched pair was skipped "
+                                f"(first: {matched[0].bench_name}: {matched[0].note})")
+    unreadable = [r for r in rows if "tensor data unreadable" in (r.note or "")]
+    if unreadable:
+        first = unreadable[0]
+        notes.append(f"DATA PROBLEM{where}: {len(unreadable)} of {len(matched)} compared pairs had unreadable tensor "
+                     f"data and were compared by statistics only; first: {first.bench_name}: {first.note[:300]}")
 
 
 def _nonfinite_warnings(rows: list[CompareRow], label: str, notes: list[str]) -> None:

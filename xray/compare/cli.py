@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ..quiet import quiet_third_party
+    from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
     from . import CompareInputError, compare_dumps  # torch and h5py: only once a compare runs
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.html:
             write_html(result, args.html)
     except (CompareInputError, ValueError) as e:
-        print(f"xray-compare: error: {e}", file=sys.stderr)
+        print(f"xray-compare: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"xray-compare: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)

@@ -25,6 +25,14 @@ MAX_DEPTH = 32         # nesting of list values (Tensor[][] is 2)
 MAX_ITEMS = 1 << 16    # arguments, outputs, list items, stack frames, module-stack entries
 MAX_DIMS = 64          # tensor rank
 ECHO = 120             # characters of a bad value that an error message repeats
+MAX_NUMEL = 1 << 48    # elements of one recorded tensor (256 TiB of float8)
+
+# torch dtype names a tensor may carry (torch 2.6-2.13); anything else is not a dump's.
+DTYPE_NAMES = frozenset(
+    "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu "
+    "float4_e2m1fn_x2 complex128 complex64 complex32 int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool "
+    "qint8 quint8 qint32 quint4x2 quint2x4 bits8 bits16 bits1x8 bits2x4 bits4x2 int1 int2 int3 int4 int5 int6 "
+    "int7 uint1 uint2 uint3 uint4 uint5 uint6 uint7".split())
 
 
 def echo(value: Any) -> str:
@@ -204,9 +212,14 @@ class TensorMeta:
         shape = _ints(d.get("shape"), "tensor shape")
         if any(n < 0 for n in shape):
             raise ValueError(f"tensor shape has a negative size: {echo(list(shape))}")
+        if math.prod(shape) > MAX_NUMEL:
+            raise ValueError(f"tensor shape {echo(list(shape))} has more than 2**48 elements")
+        dtype = _str(d.get("dtype"), "tensor dtype")
+        if dtype.removeprefix("torch.") not in DTYPE_NAMES:
+            raise ValueError(f"unknown tensor dtype {echo(dtype)}")
         return cls(
             shape=shape,
-            dtype=_str(d.get("dtype"), "tensor dtype"),
+            dtype=dtype,
             stride=None if stride is None else _ints(stride, "tensor stride"),
             storage_offset=_int(d.get("offset", 0), "tensor offset"),
             device=_str(d.get("device", "cpu"), "tensor device"),

@@ -167,7 +167,7 @@ class ModuleDump:
             raise KeyError("this tensor's data was not saved (statistics-only dump: use task='tensor')")
         if ref not in self._f:
             raise KeyError(f"{self.path}: no saved tensor {ref!r} (incomplete dump?)")
-        return open_dataset(self._f, ref)
+        return open_dataset(self._f, ref)  # headers were checked against their rows at load
 
     def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
         """The saved tensor for ``meta`` (or a dataset path), on CPU."""

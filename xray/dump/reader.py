@@ -10,7 +10,7 @@ import h5py
 import torch
 
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
-from .tensorio import open_dataset, read_dataset
+from .tensorio import check_dataset, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
 
@@ -64,7 +64,8 @@ class TraceDump:
         f = self._file(fname)
         if f is None or path not in f:
             raise KeyError(f"{self.folder / fname}: no saved tensor {path!r} (truncated dump?)")
-        return open_dataset(f, path)
+        ds = open_dataset(f, path)
+        return ds if isinstance(meta, str) else check_dataset(ds, meta.shape, meta.dtype, f"{self.folder / fname}:{path}")
 
     def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
         """The saved tensor for ``meta`` (or a ``file:path`` reference), on CPU."""
@@ -98,6 +99,9 @@ class TraceDump:
 def _check_header(header: dict, where: Path) -> None:
     if not isinstance(header, dict):
         raise DumpFormatError(f"{where}: not an xray trace dump (no header object)")
+    for key in ("config", "summary"):
+        if header.get(key) is not None and not isinstance(header[key], dict):
+            raise DumpFormatError(f"{where}: header {key!r} must be an object, got {type(header[key]).__name__}")
     if header.get("format") != FORMAT_NAME:
         raise DumpFormatError(f"{where}: not an xray trace dump (format={header.get('format')!r})")
     version = header.get("format_version")
@@ -119,6 +123,8 @@ def _parse_records(raw: list, where: Path) -> list[Record]:
 
 def read_trace(folder: Path) -> TraceDump:
     index, journal = folder / INDEX, folder / JOURNAL
+    if index.exists() and not index.is_file():
+        raise DumpFormatError(f"{index}: not a file")
     if index.exists():
         try:
             data = json.loads(index.read_text(encoding="utf-8"))

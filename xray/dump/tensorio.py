@@ -106,7 +106,31 @@ def open_dataset(f: h5py.File, path: str) -> h5py.Dataset:
     return ds
 
 
+def check_dataset(ds: h5py.Dataset, shape: tuple[int, ...], dtype: str, where: str) -> h5py.Dataset:
+    """``ds`` if it can hold the recorded tensor: numbers of the recorded dtype's width and its
+    element count. A shorter dataset would otherwise be compared on its prefix, and an empty
+    one pass vacuously."""
+    if ds.dtype.kind not in "biufc":
+        raise ValueError(f"{where}: dataset holds {ds.dtype} values, not numbers")
+    numel = 1
+    for n in shape:
+        numel *= n
+    if ds.size != numel:
+        raise ValueError(f"{where}: dataset holds {ds.size} elements, the record says {numel} {list(shape)}")
+    name = stored_dtype_name(ds)
+    try:
+        width = torch.empty((), dtype=dtype_from_name(name)).element_size()
+        recorded = torch.empty((), dtype=dtype_from_name(dtype)).element_size()
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if name != dtype or width != ds.dtype.itemsize or width != recorded:
+        raise ValueError(f"{where}: dataset is {name} ({ds.dtype}), the record says {dtype}")
+    return ds
+
+
 def read_dataset(ds) -> torch.Tensor:
+    if ds.dtype.kind not in "biufc":
+        raise ValueError(f"{ds.file.filename}:{ds.name}: dataset holds {ds.dtype} values, not numbers")
     name = stored_dtype_name(ds)
     arr = ds[()]
     if not isinstance(arr, np.ndarray):

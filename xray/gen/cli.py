@@ -49,7 +49,7 @@ def _require_op_records(dump, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from ..quiet import quiet_third_party
+    from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
     from tabulate import tabulate  # torch and h5py come in with the dump: only once a command runs
@@ -78,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             if close is not None:
                 close()
     except (MissingTensorError, DumpFormatError, NoOpRecordsError) as e:  # these name the file already
-        print(f"xray-gen: error: {e}", file=sys.stderr)
+        print(f"xray-gen: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"xray-gen: error: {e.filename or args.dump}: {e.strerror or e}", file=sys.stderr)
         return 2
     except (GenerationError, ValueError) as e:
-        print(f"xray-gen: error: {args.dump}: {e}", file=sys.stderr)
+        print(f"xray-gen: error: {args.dump}: {one_line(e)}", file=sys.stderr)
         return 2
     if not args.quiet:
         rows = [["records in dump", report.records], ["op records", report.op_records],

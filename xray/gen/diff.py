@@ -33,6 +33,8 @@ def read_result(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(p, dtype={"name": str, "op_name": str, "dtype": str, "shape": str})
     except FileNotFoundError:
         raise DiffInputError(f"{p}: no such file") from None
+    except (IsADirectoryError, PermissionError) as e:
+        raise DiffInputError(f"{p}: cannot read it ({e.strerror})") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise DiffInputError(f"{p}: not a readable CSV ({e})") from None
     missing = [c for c in REQUIRED if c not in df.columns]
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", help="where to write the side-by-side CSV")
     p.add_argument("--top", type=int, default=15, help="how many ops to list in the summary (default 15)")
     args = p.parse_args(argv)
-    from ..quiet import quiet_third_party
+    from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
     import numpy as np  # pandas: only once a command runs
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a, b = read_result(args.a), read_result(args.b)
     except DiffInputError as e:
-        print(f"xray-diff: error: {e}", file=sys.stderr)
+        print(f"xray-diff: error: {one_line(e)}", file=sys.stderr)
         return 2
     d = diff(a, b)
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)

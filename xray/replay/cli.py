@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = _parser().parse_args(argv)
-    from ..quiet import quiet_third_party
+    from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
     from tabulate import tabulate  # torch and the backends: only once a command runs
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                            weights_const=not args.weights_as_inputs, progress=not args.quiet)
         result = replay_dump(args.dump, cfg)
     except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError) as e:
-        print(f"xray-replay: error: {e}", file=sys.stderr)
+        print(f"xray-replay: error: {one_line(e)}", file=sys.stderr)
         return 2
     print(summary_table(result))
     out = Path(args.out)

@@ -96,7 +96,7 @@ def _rows(dumps: list, args) -> Iterator:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from ..quiet import quiet_third_party
+    from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
     from tqdm import tqdm  # torch and h5py come in with the dump: only once a command runs
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (DumpFormatError, SelectionError) as e:
-        print(f"xray-summary: error: {e}", file=sys.stderr)
+        print(f"xray-summary: error: {one_line(e)}", file=sys.stderr)
     except re.error as e:
         print(f"xray-summary: error: --match {args.match!r} is not a regular expression ({e})", file=sys.stderr)
     except OSError as e:

@@ -1,0 +1,316 @@
+"""Every CLI on every corruption of a real trace dump: a right answer, or one line and a non-zero exit.
+
+Issue 18's rule, for `xray info`, `xray-summary`, `xray-compare` (the corrupt dump on each side),
+`xray-gen` and `xray-replay`: exit 0 only when the answer is right; otherwise one line on stderr
+naming the file and what is wrong, and a non-zero exit; never a traceback. The module-dump
+corpus is tests/test_module_hardening.py; the record-field corpus tests/test_corrupt_dumps.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import xray
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    """A real recording: a small MLP's forward with every tensor saved."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path_factory.mktemp("good"), X_DEDUP=False, X_DUMP_NUM=100) as d:
+        model(torch.randn(3, 8)).softmax(-1)
+    return d.folder
+
+
+def _index(folder: Path) -> dict:
+    return json.loads((folder / "dump.json").read_text())
+
+
+def _write_index(folder: Path, data) -> None:
+    (folder / "dump.json").write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def _segments(folder: Path) -> list[Path]:
+    return sorted(folder.glob("tensors-*.h5"))
+
+
+def _each_segment(fn: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Damage every segment, so no tool's answer can avoid the damaged data."""
+    return lambda folder: [fn(seg) for seg in _segments(folder)]
+
+
+def _saved(folder: Path) -> list[tuple[str, str]]:
+    """(segment file name, dataset path) of every saved tensor the index references."""
+    refs = []
+    for rec in _index(folder)["records"]:
+        for v in [*rec["inputs"].values(), *rec["outputs"]]:
+            if isinstance(v, dict) and v.get("data") and v["data"] not in refs:
+                refs.append(v["data"])
+    assert refs, "no saved tensor"
+    return [tuple(r.split(":", 1)) for r in refs]
+
+
+def _edit_dataset(folder: Path, edit: Callable[[h5py.File, str, np.ndarray, dict], None]) -> None:
+    """Apply ``edit`` to every saved tensor (each is deleted first and handed over)."""
+    for fname, path in _saved(folder):
+        with h5py.File(folder / fname, "r+") as f:
+            data, attrs = f[path][()], dict(f[path].attrs)
+            del f[path]
+            edit(f, path, data, attrs)
+
+
+def _index_edit(fn: Callable[[dict], object]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        data = _index(folder)
+        out = fn(data)
+        _write_index(folder, data if out is None else out)
+    return apply
+
+
+def _rec(i: int = 0) -> Callable[[dict], dict]:
+    return lambda d: d["records"][i]
+
+
+def _set_attr(name, value):
+    def edit(f, path, data, attrs):
+        ds = f.create_dataset(path, data=data)
+        ds.attrs.update(attrs)
+        ds.attrs[name] = value
+    return edit
+
+
+def _replace(make):
+    def edit(f, path, data, attrs):
+        ds = make(f, path, data)
+        if isinstance(ds, h5py.Dataset):
+            ds.attrs.update(attrs)
+    return edit
+
+
+def _other_file(folder: Path, data: np.ndarray) -> str:
+    other = folder / "other.h5"
+    with h5py.File(other, "w") as g:
+        g.create_dataset("x", data=data)
+    return str(other)
+
+
+def _virtual(f, path, data):
+    other = _other_file(Path(f.filename).parent, data)
+    layout = h5py.VirtualLayout(shape=data.shape, dtype=data.dtype)
+    layout[...] = h5py.VirtualSource(other, "x", shape=data.shape)
+    return f.create_virtual_dataset(path, layout)
+
+
+def _truncate(fraction: float) -> Callable[[Path], None]:
+    def apply(seg: Path) -> None:
+        raw = seg.read_bytes()
+        seg.write_bytes(raw[: int(len(raw) * fraction)])
+    return _each_segment(apply)
+
+
+def _segment_dir(seg: Path) -> None:
+    seg.unlink()
+    seg.mkdir()
+
+
+def _journal_only(lines: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        data = _index(folder)
+        header = {k: v for k, v in data.items() if k not in ("records", "summary", "complete")}
+        body = [json.dumps({"header": header})] + [json.dumps(r) for r in data["records"]]
+        (folder / "dump.json").unlink()
+        (folder / "journal.jsonl").write_text("\n".join(lines(body)) + "\n")
+    return apply
+
+
+def _dir_index(folder: Path) -> None:
+    (folder / "dump.json").unlink()
+    (folder / "dump.json").mkdir()
+
+
+CORRUPTIONS: dict[str, Callable[[Path], None]] = {
+    # the index file itself
+    "index empty": lambda f: _write_index(f, ""),
+    "index not json": lambda f: _write_index(f, "{not json"),
+    "index cut in half": lambda f: _write_index(f, (f / "dump.json").read_text()[: len((f / "dump.json").read_text()) // 2]),
+    "index a list": lambda f: _write_index(f, "[1, 2]"),
+    "index a number": lambda f: _write_index(f, "7"),
+    "index a string": lambda f: _write_index(f, '"dump"'),
+    "index nested 5000 deep": lambda f: _write_index(f, DEEP),
+    "index binary garbage": lambda f: (f / "dump.json").write_bytes(bytes(range(256)) * 8),
+    "index is a directory": _dir_index,
+    "no records key": _index_edit(lambda d: d.pop("records")),
+    "records an object": _index_edit(lambda d: d.update(records={"a": 1})),
+    "records null": _index_edit(lambda d: d.update(records=None)),
+    "wrong format name": _index_edit(lambda d: d.update(format="something-else")),
+    "future format version": _index_edit(lambda d: d.update(format_version=99)),
+    "format version a string": _index_edit(lambda d: d.update(format_version="2")),
+    "header config a list": _index_edit(lambda d: d.update(config=[1, 2])),
+    # records
+    "record a list": _index_edit(lambda d: d["records"].__setitem__(0, [1])),
+    "record null": _index_edit(lambda d: d["records"].__setitem__(0, None)),
+    "record without seq": _index_edit(lambda d: _rec()(d).pop("seq")),
+    "record seq negative": _index_edit(lambda d: _rec()(d).update(seq=-5)),
+    "record seq a float": _index_edit(lambda d: _rec()(d).update(seq=1.5)),
+    "record kind unknown": _index_edit(lambda d: _rec()(d).update(kind="evil")),
+    "record op an int": _index_edit(lambda d: _rec()(d).update(op=5)),
+    "record op 50 MB": _index_edit(lambda d: _rec()(d).update(op="aten." + "x" * 50_000_000 + ".default")),
+    "record op not an operator": _index_edit(lambda d: _rec()(d).update(op="os.system.default")),
+    "record op file-touching": _index_edit(lambda d: _rec()(d).update(op="aten.from_file.default")),
+    "record module an int": _index_edit(lambda d: _rec()(d).update(module=3)),
+    "record module_stack garbage": _index_edit(lambda d: _rec()(d).update(module_stack="abc")),
+    "record inputs a list": _index_edit(lambda d: _rec()(d).update(inputs=[1])),
+    "record outputs an object": _index_edit(lambda d: _rec()(d).update(outputs={"x": 1})),
+    "record count zero": _index_edit(lambda d: _rec()(d).update(count=0)),
+    "record stack not strings": _index_edit(lambda d: _rec()(d).update(stack=[1, 2])),
+    "record mutates an int": _index_edit(lambda d: _rec()(d).update(mutates=4)),
+    "record unknown value tag": _index_edit(lambda d: _rec()(d)["inputs"].update(extra={"t": "pickle", "v": "x"})),
+    "tensor shape a string": _index_edit(lambda d: _rec()(d)["outputs"][0].update(shape="3,4")),
+    "tensor shape negative": _index_edit(lambda d: _rec()(d)["outputs"][0].update(shape=[-1, 4])),
+    "tensor shape huge": _index_edit(lambda d: _rec()(d)["outputs"][0].update(shape=[2**40, 2**40])),
+    "tensor shape 100 dims": _index_edit(lambda d: _rec()(d)["outputs"][0].update(shape=[1] * 100)),
+    "tensor dtype unknown": _index_edit(lambda d: _rec()(d)["outputs"][0].update(dtype="float99")),
+    "tensor dtype an attribute": _index_edit(lambda d: _rec()(d)["outputs"][0].update(dtype="nn")),
+    "tensor stats a list": _index_edit(lambda d: _rec()(d)["outputs"][0].update(stats=[1])),
+    "tensor stats min a dict": _index_edit(lambda d: _rec()(d)["outputs"][0]["stats"].update(min={"a": 1})),
+    "tensor stats min text": _index_edit(lambda d: _rec()(d)["outputs"][0]["stats"].update(min="big")),
+    "tensor data an int": _index_edit(lambda d: _rec()(d)["outputs"][0].update(data=5)),
+    "tensor data missing file": _index_edit(lambda d: _rec()(d)["outputs"][0].update(data="tensors-nope.h5:r0/x")),
+    "tensor data missing dataset": _index_edit(lambda d: _rec()(d)["outputs"][0].update(
+        data=_rec()(d)["outputs"][0]["data"].split(":")[0] + ":nope/x")),
+    "tensor data path traversal": _index_edit(lambda d: _rec()(d)["outputs"][0].update(data="../../../etc/passwd:x")),
+    "tensor data absolute path": _index_edit(lambda d: _rec()(d)["outputs"][0].update(data="/etc/passwd:x")),
+    "tensor source garbage": _index_edit(lambda d: _rec()(d)["outputs"][0].update(src={"a": 1})),
+    "records nested 5000 deep": _index_edit(lambda d: json.dumps(_rec()(d)["inputs"].update(deep="@DEEP@") or d).replace('"@DEEP@"', DEEP)),
+    # the tensor segments
+    "segment deleted": _each_segment(lambda seg: seg.unlink()),
+    "segment empty": _each_segment(lambda seg: seg.write_bytes(b"")),
+    "segment cut in half": _truncate(0.5),
+    "segment cut to 90%": _truncate(0.9),
+    "segment random bytes": _each_segment(lambda seg: seg.write_bytes(np.random.default_rng(0).bytes(4096))),
+    "segment is a directory": _each_segment(_segment_dir),
+    "dataset replaced by a group": lambda f: _edit_dataset(f, lambda h, p, d, a: h.create_group(p)),
+    "dataset dtype attribute wider than data": lambda f: _edit_dataset(f, _set_attr("torch_dtype", "float64")),
+    "dataset dtype attribute unknown": lambda f: _edit_dataset(f, _set_attr("torch_dtype", "os.system")),
+    "dataset shorter than its record": lambda f: _edit_dataset(f, _replace(lambda h, p, d: h.create_dataset(p, data=d.reshape(-1)[:1]))),
+    "dataset empty": lambda f: _edit_dataset(f, _replace(lambda h, p, d: h.create_dataset(p, data=d.reshape(-1)[:0]))),
+    "dataset of strings": lambda f: _edit_dataset(f, _replace(lambda h, p, d: h.create_dataset(p, data=np.array([b"x"] * d.size)))),
+    "dataset compound": lambda f: _edit_dataset(f, _replace(lambda h, p, d: h.create_dataset(p, data=np.zeros(d.size, dtype=[("a", "f4"), ("b", "i4")])))),
+    "dataset external storage": lambda f: _edit_dataset(f, _replace(lambda h, p, d: h.create_dataset(
+        p, shape=d.shape, dtype=d.dtype, external=[("/etc/hostname", 0, d.nbytes)]))),
+    "dataset external link": lambda f: _edit_dataset(f, lambda h, p, d, a: h.__setitem__(p, h5py.ExternalLink(_other_file(Path(h.filename).parent, d), "x"))),
+    "dataset soft link": lambda f: _edit_dataset(f, lambda h, p, d, a: h.__setitem__(p, h5py.SoftLink("/nowhere"))),
+    "dataset virtual": lambda f: _edit_dataset(f, _replace(_virtual)),
+    # the journal (no dump.json)
+    "journal header not an object": _journal_only(lambda ls: ["[1]"] + ls[1:]),
+    "journal header future version": _journal_only(lambda ls: [ls[0].replace('"format_version": 2', '"format_version": 99')] + ls[1:]),
+    "journal only a header": _journal_only(lambda ls: ls[:1]),
+    "journal lines not objects": _journal_only(lambda ls: ls[:2] + ["7", "[1]"] + ls[2:]),
+    "journal empty": _journal_only(lambda ls: []),
+}
+
+
+def _call(main: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+        except BaseException:  # noqa: BLE001 - a traceback is exactly what this test forbids
+            rc = "traceback\n" + traceback.format_exc()
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _tools(corrupt: Path, good: Path, out: Path) -> dict[str, tuple[Callable, list[str]]]:
+    from xray.cli import main as xray_main
+    from xray.compare.cli import main as compare_main
+    from xray.gen.cli import main as gen_main
+    from xray.replay.cli import main as replay_main
+    from xray.summary.cli import main as summary_main
+
+    return {
+        "xray info": (xray_main, ["info", str(corrupt)]),
+        "xray-summary": (summary_main, [str(corrupt)]),
+        "xray-compare bench": (compare_main, [str(corrupt), str(good), str(out / "a.csv"), "--no-progress"]),
+        "xray-compare target": (compare_main, [str(good), str(corrupt), str(out / "b.csv"), "--no-progress"]),
+        "xray-gen": (gen_main, [str(corrupt), "-o", str(out / "gen"), "-q", "--factory", "load"]),
+        "xray-replay": (replay_main, [str(corrupt), "-o", str(out / "replay"), "-q", "--factory", "load",
+                                      "--repeats", "0", "--limit", "2"]),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_every_tool_answers_right_or_fails_in_one_line(good, tmp_path, case):
+    corrupt = tmp_path / "dump"
+    shutil.copytree(good, corrupt)
+    CORRUPTIONS[case](corrupt)
+    problems = []
+    for tool, (main, argv) in _tools(corrupt, good, tmp_path).items():
+        rc, out, err = _call(main, argv)
+        # progress bars and warnings (a recovered journal) may precede the one error line
+        lines = [ln for ln in err.strip().splitlines() if ln.strip() and "warning" not in ln.lower()
+                 and "\r" not in ln and "test/s]" not in ln]
+        if isinstance(rc, str):
+            problems.append(f"{tool}: {rc[-1500:]}")
+        elif "Traceback" in err:
+            problems.append(f"{tool}: traceback on stderr: {err[-1500:]}")
+        elif rc != 0 and len(lines) != 1:
+            problems.append(f"{tool}: exit {rc} with {len(lines)} stderr lines: {err[-600:]}")
+        elif rc != 0 and len(lines[0]) > 600:
+            problems.append(f"{tool}: a {len(lines[0])}-character error line")
+        elif rc == 0 and not _right_answer(tool, case, out + err):
+            problems.append(f"{tool}: exit 0 on a corrupt dump without saying so: {(out + err)[-600:]}")
+    assert not problems, "\n".join(problems)
+
+
+# Corruptions a tool may answer with exit 0, because its answer does not depend on the damaged
+# part or says what it skipped: statistics survive a lost segment, a journal is a legal partial
+# dump, and generating or replaying from statistics is what --factory auto would do anyway.
+DATA_ONLY = ("segment", "dataset", "tensor data")
+
+
+VIEWERS = ("xray info", "xray-summary", "xray-compare bench", "xray-compare target")
+
+
+def _right_answer(tool: str, case: str, text: str) -> bool:
+    if case.startswith("journal lines not objects"):
+        return True  # a readable partial dump: the loader warns and counts the skipped lines
+    if case.startswith("record op") and tool in VIEWERS:
+        return True  # listing or comparing a record runs nothing: only gen and replay must refuse it
+    if case == "journal only a header" and tool in VIEWERS:
+        return True  # a process killed before its first flush: an empty partial dump, said with a warning
+    if case.startswith("tensor data") and tool in ("xray-gen", "xray-replay"):
+        return True  # the damaged reference is a recorded output: tests and replays rebuild only inputs
+    if case.startswith(DATA_ONLY) and tool in ("xray info", "xray-summary"):
+        return True  # they show statistics, which live in the index
+    if case.startswith(DATA_ONLY):
+        return any(w in text.lower() for w in ("refused", "missing", "unreadable", "not saved", "could not",
+                                                   "statistics", "skipped", "cannot", "failed"))
+    return False
+
+
+@pytest.mark.parametrize("content", ["directory", "empty", "binary", "no columns we know"])
+def test_xray_diff_refuses_what_is_not_a_result_csv(tmp_path, content):
+    from xray.gen.diff import main as diff_main
+
+    bad = tmp_path / "bad.csv"
+    if content == "directory":
+        bad.mkdir()
+    else:
+        bad.write_bytes({"empty": b"", "binary": bytes(range(256)), "no columns we know": b"a,b\n1,2\n"}[content])
+    rc, out, err = _call(diff_main, [str(bad), str(bad), str(tmp_path / "d.csv")])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "bad.csv" in err, (rc, err)
