@@ -11,13 +11,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from ..atomic import atomic_write, write_text
 from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus
 
 _FAIL_ORDER = {PairStatus.NAN_INF.value: 0, PairStatus.FAIL.value: 1, PairStatus.WARNING.value: 2}
 
 
 def write_csv(result: CompareResult, path: str | os.PathLike) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=COMPARE_COLUMNS)
         w.writeheader()
         for r in result.rows:
@@ -25,7 +26,7 @@ def write_csv(result: CompareResult, path: str | os.PathLike) -> None:
 
 
 def write_summary_json(result: CompareResult, path: str | os.PathLike) -> None:
-    Path(path).write_text(json.dumps(result.summary.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(result.summary.to_json(), indent=2, default=str) + "\n")
 
 
 def worst_rows(rows: list[CompareRow], n: int = 10) -> list[CompareRow]:
@@ -195,7 +196,7 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
                                  for r in result.rows if r.origin or r.cause][:worst],
                                 headers=["#", "status", "origin", "cause", "target", "local err", "local floor",
                                          "accumulated err", "culprit"], tablefmt="html")))
-    Path(path).write_text(html, encoding="utf-8")
+    write_text(path, html)
 
 
 def _markup(html: str):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from ..atomic import atomic_write
 from .reference import THRESHOLDS, OutputVerdict
 
 ERR_COLUMNS = [f"err>{t:.0e}" for t in THRESHOLDS]  # "err>1e-01" ... "err>1e-06"
@@ -43,11 +44,9 @@ def write_rows(path: str | os.PathLike, rows: Iterable[dict[str, str]]) -> Path:
     """Write rows sorted by test name, atomically (tmp file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in sorted(rows, key=lambda r: r["name"]):
             w.writerow(r)
-    os.replace(tmp, path)
     return path

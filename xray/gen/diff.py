@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", help="where to write the side-by-side CSV")
     p.add_argument("--top", type=int, default=15, help="how many ops to list in the summary (default 15)")
     args = p.parse_args(argv)
+    from ..atomic import atomic_write
     from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     d = diff(a, b)
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
-    d.to_csv(args.result, index=False)
+    with atomic_write(args.result, newline="") as f:
+        d.to_csv(f, index=False)
     both = d[d["present"] == "both"]
     summary = [
         ["tests in both", len(both)],

@@ -29,8 +29,9 @@ def pytest_addoption(parser) -> None:
 
 
 class CsvReporter:
-    """Collects rows from test reports and writes the CSV: appended as rows arrive (a crash
-    keeps what was done), rewritten sorted by name at the end of the session."""
+    """Collects rows from test reports and writes the CSV: appended to ``<csv>.partial`` as rows
+    arrive (a crash keeps what was done, beside the previous complete CSV), then written sorted
+    by name, atomically, at the end of the session."""
 
     def __init__(self, path: Path) -> None:
         from .columns import RESULT_COLUMNS
@@ -38,7 +39,10 @@ class CsvReporter:
         self.path = path
         self.rows: dict[str, dict] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._live = open(path, "w", encoding="utf-8", newline="")
+        from ..atomic import partial_path
+
+        self._partial = partial_path(path)  # grows row by row; the sorted CSV replaces it at the end
+        self._live = open(self._partial, "w", encoding="utf-8", newline="")
         import csv
 
         self._writer = csv.DictWriter(self._live, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
@@ -59,6 +63,7 @@ class CsvReporter:
 
         self._live.close()
         write_rows(self.path, self.rows.values())
+        self._partial.unlink(missing_ok=True)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         failed = sum(1 for r in self.rows.values() if r.get("is_pass") != "True")

@@ -9,6 +9,7 @@ import csv
 import html
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from ..atomic import write_text
 from ..backends.base import ReplayStatus
 from ..dump.model import Record
 
@@ -78,11 +80,15 @@ def _num(x: float | None) -> Any:
 
 
 class MatrixWriter:
-    """Appends rows to ``matrix.csv`` and flushes each, so a killed run keeps what it did."""
+    """Appends rows to ``matrix.csv.partial`` and flushes each, so a killed run keeps what it did;
+    ``close`` renames the complete file to ``matrix.csv``."""
 
     def __init__(self, path: Path) -> None:
+        from ..atomic import partial_path
+
         self.path = Path(path)
-        self._f = open(self.path, "w", newline="", encoding="utf-8")
+        self._partial = partial_path(self.path)
+        self._f = open(self._partial, "w", newline="", encoding="utf-8")
         self._w = csv.DictWriter(self._f, fieldnames=MATRIX_COLUMNS)
         self._w.writeheader()
 
@@ -92,6 +98,7 @@ class MatrixWriter:
 
     def close(self) -> None:
         self._f.close()
+        os.replace(self._partial, self.path)
 
 
 # -- terminal summary -------------------------------------------------------------------------------
@@ -190,7 +197,7 @@ def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
     fig.savefig(png, dpi=120)
     plt.close(fig)
     page = Path(out) / "heatmap.html"
-    page.write_text(_html(result, labels, grid), encoding="utf-8")
+    write_text(page, _html(result, labels, grid))
     return png, page
 
 

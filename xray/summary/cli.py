@@ -96,6 +96,7 @@ def _rows(dumps: list, args) -> Iterator:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from ..atomic import atomic_write, write_text
     from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr)
         if args.csv:
             if args.output:
-                with open(args.output, "w", newline="", encoding="utf-8") as f:
+                with atomic_write(args.output, newline="") as f:
                     n = write_csv(rows, f)
                 print(f"xray-summary: wrote {n} rows to {args.output}", file=sys.stderr)
             else:
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render_table(rows)
         print(text)
         if args.output:
-            Path(args.output).write_text(text + "\n", encoding="utf-8")
+            write_text(args.output, text + "\n")
         return 0
     except BrokenPipeError:  # `xray-summary x.h5 | head`: the reader went away, not an error
         sys.stderr.close()

@@ -1,0 +1,46 @@
+"""Output files appear whole or not at all.
+
+A full disk or a kill mid-write must not leave a complete-looking, truncated CSV/JSON/HTML over
+the previous good one: writers go through a temporary name in the same folder and rename into
+place (atomic on POSIX), and a failure names the file and removes the temporary.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+
+class OutputWriteError(OSError):
+    """An output file could not be written; the message names it. The previous file is intact."""
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator[IO]:
+    """``open(path, mode)`` through ``.<name>.<pid>.tmp``, renamed into place on success."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if "b" not in mode:
+        kwargs.setdefault("encoding", "utf-8")
+    try:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputWriteError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """Where a file written row by row grows until it is complete (then renamed to ``path``)."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial")
