@@ -175,5 +175,16 @@ def test_ulp_distance():
 # -- class 8: reshape-compatible pairs are not compared in memory order ------------------------------
 def test_reshaped_pair_is_not_agreement(tmp_path):
     x = _x(8, 32, 16)
-    r = _pair(tmp_path, [Op("aten.view.default", x)], [Op("aten.view.default", x.reshape(2, 4, 16, 32))])
-    assert not [row for row in r.rows if row.status == PairStatus.PASS.value]
+    anchor = Op("aten.relu.default", x.relu())  # one record both runs share, so the pair is judged
+    r = _pair(tmp_path, [anchor, Op("aten.view.default", x)], [anchor, Op("aten.view.default", x.reshape(2, 4, 16, 32))])
+    assert r.rows[0].status == PairStatus.PASS.value
+    views = [row for row in r.rows if "view" in (row.bench_op or row.target_op)]
+    assert views and not [row for row in views if row.status == PairStatus.PASS.value]
+
+
+def test_only_reshaped_records_is_no_match(tmp_path):
+    """Nothing comparable is a refusal, never a silent 'no divergence'."""
+    from xray.compare.pairing import CompareInputError
+    x = _x(8, 32, 16)
+    with __import__("pytest").raises(CompareInputError, match="could be matched"):
+        _pair(tmp_path, [Op("aten.view.default", x)], [Op("aten.view.default", x.reshape(2, 4, 16, 32))])
