@@ -82,6 +82,27 @@ class Artifact:
 Runner = Callable[[tuple], list[torch.Tensor]]
 
 
+@dataclass
+class ModelCapture:
+    """What a backend exposed of one whole-model run (``xray drift``).
+
+    ``values`` maps node names of the *reference program* handed to ``run_model`` to the
+    tensors the backend computed for that node's outputs (in output order). A backend that
+    decomposes, fuses or delegates maps its own intermediates back to those names through the
+    export graph's metadata (name identity, ``from_node`` provenance, debug handles); fused or
+    delegated work maps many-to-one, and nodes it never materialised are simply absent.
+    ``granularity`` says in a few words what the backend could expose ("every node",
+    "delegate boundaries", "layer outputs", "outputs only"); ``notes`` say what it could not,
+    and why.
+    """
+
+    outputs: list[torch.Tensor]
+    values: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    granularity: str = "outputs only"
+    notes: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
 class Backend:
     """Base class of the backend plug-ins; subclasses set ``kind`` and implement export/load.
 
@@ -109,6 +130,19 @@ class Backend:
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         """A callable running the artifact; ``args`` are example inputs (compile uses them)."""
         raise NotImplementedError
+
+    def run_model(self, program: "torch.export.ExportedProgram", args: tuple, *,
+                  edit: Callable[[Any], Any] | None = None) -> ModelCapture:
+        """Run a whole exported model and capture every intermediate the backend materialises.
+
+        ``program`` is the reference program (core ATen, as ``xray drift`` exported it); its
+        graph's node names key ``ModelCapture.values``. ``edit``, when given, is called with the
+        backend's own program before it runs (an ``onnx.ModelProto``, ExecuTorch's edge
+        program manager, the compiled ``GraphModule``) and may change it in place or return a
+        replacement: tests inject faults into the deployed graph this way. Failures raise
+        ``BackendError`` with the stage (EXPORT_FAIL, LOWER_FAIL, RUN_FAIL).
+        """
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"{self.kind}: whole-model runs are not supported")
 
     def tolerance_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The precision the backend computes in (fp16 presets compare with fp16 tolerances)."""
