@@ -124,11 +124,13 @@ def suites(tmp_path_factory):
 def test_recording_cpu_passes_its_own_suite_and_another_order_too(suites, arch):
     tests = list(selfcheck.generated_tests(suites[arch]))
     assert len(tests) > 10
-    failed = [r.error for r in (selfcheck.run_test(*t, seed=0) for t in tests) if not r.passed]
-    assert not failed, failed[:3]
+    own = [selfcheck.run_test(*t, seed=0) for t in tests]
+    assert not [r.error for r in own if not r.passed][:3]
     other = [r for r in (selfcheck.run_test(*t, seed=0, mode=selfcheck.Decomposed()) for t in tests)]
     assert not [r.error for r in other if not r.passed][:3]
-    assert max(float(r.row["err_vs_noise"]) for r in other) > 1.0  # it really is another kernel
+    # It really is another kernel: some outputs moved (their error against fp64 changed). Whether
+    # one also lands above the CPU's own noise depends on the model (T5's did not: worst 1.0x).
+    assert any(float(a.row["err_vs_noise"]) != float(b.row["err_vs_noise"]) for a, b in zip(own, other))
 
 
 @pytest.mark.parametrize("elements", [None, 3], ids=["whole", "3-elements"])
