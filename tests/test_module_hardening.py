@@ -15,7 +15,10 @@ import pytest
 import torch
 
 import xray
+from xray import cli as xray_cli
 from xray.compare import cli as compare_cli
+from xray.gen import cli as gen_cli
+from xray.replay import cli as replay_cli
 from xray.dump.reader import DumpFormatError
 from xray.summary import cli as summary_cli
 
@@ -349,8 +352,12 @@ def test_corrupt_module_dump_gives_one_line_error(real_dump, tmp_path, capsys, c
         assert message.startswith(f"{bad}: ") and expected in message, message
     capsys.readouterr()
     for tool, argv in ((summary_cli.main, [str(bad)]),
+                       (xray_cli.main, ["info", str(bad)]),
                        (compare_cli.main, [str(real_dump), str(bad), str(tmp_path / "a.csv"), "--no-progress"]),
-                       (compare_cli.main, [str(bad), str(real_dump), str(tmp_path / "b.csv"), "--no-progress"])):
+                       (compare_cli.main, [str(bad), str(real_dump), str(tmp_path / "b.csv"), "--no-progress"]),
+                       (gen_cli.main, [str(bad), "-o", str(tmp_path / "gen"), "-q"]),
+                       (replay_cli.main, [str(bad), "-o", str(tmp_path / "replay"), "-q", "--repeats", "0",
+                                          "--limit", "2", "--backend", "torch-cpu"])):
         assert tool(argv) != 0
         out, err = capsys.readouterr()
         lines = [line for line in err.splitlines() if line.strip()]
