@@ -47,6 +47,7 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
     from ..numerics.rules import Rules
+    from .distributed import SyncPoint, collective_seqs, divergence_order, sync_point
     from .engine import compare_loaded, first_divergence
     from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 
@@ -68,6 +69,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         if reference:
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)
             dr = open_dump(rp, "reference", summary.warnings) if rp else None
+        collectives, first_seq = collective_seqs(dt.records), min((r.seq for r in dt.records), default=0)
         try:
             rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress)
         finally:
@@ -82,13 +84,17 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         _nonfinite_warnings(rank_rows, label, summary.warnings)
         _data_warnings(rank_rows, totals, label, pb, pt, summary.warnings)
         fd = first_divergence(rank_rows)
-        summary.ranks[label] = dict(totals, first_divergence=_divergence(fd))
+        sync = sync_point(collectives, _seq(fd), first_seq) if fd else None
+        summary.ranks[label] = dict(totals, first_divergence=_divergence(fd), sync=sync and sync.to_json())
         rows += rank_rows
         for k in ("bench_records", "target_records", "matched", "bytes_compared"):
             setattr(summary, k, getattr(summary, k) + totals[k])
     _count(summary, rows)
-    fd = first_divergence(rows)  # rows are grouped by rank in rank order: the lowest rank's first
-    summary.first_divergence = _divergence(fd)
+    # Ranks share no clock but their collectives: the first rank is the one that diverged before the fewest.
+    summary.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in summary.ranks.items()
+                                                 if r["sync"]})
+    if summary.divergence_order:
+        summary.first_divergence = summary.ranks[summary.divergence_order[0]]["first_divergence"]
     summary.seconds = round(time.perf_counter() - started, 3)
     return CompareResult(rows, summary)
 
@@ -114,7 +120,16 @@ def _count(s: Summary, rows: list[CompareRow]) -> None:
     s.nan_inf, s.skipped, s.unmatched = by[PairStatus.NAN_INF], by[PairStatus.SKIP], by[PairStatus.UNMATCHED]
     s.unmatched_bench = s.bench_records - s.matched
     s.unmatched_target = s.target_records - s.matched
-    s.match_pct = round(100.0 * s.matched / max(s.bench_records, s.target_records, 1), 3)
+    s.match_pct = match_pct(s.matched, s.bench_records, s.target_records)
+
+
+def match_pct(matched: int, bench_records: int, target_records: int) -> float:
+    return round(100.0 * matched / max(bench_records, target_records, 1), 3)
+
+
+def _seq(r: CompareRow) -> int:
+    """The row's place on its rank: the target's seq (the run that diverged), else the bench's."""
+    return r.target_seq if r.target_seq is not None else r.bench_seq if r.bench_seq is not None else r.index
 
 
 def _divergence(r: CompareRow | None) -> dict[str, Any] | None:

@@ -51,10 +51,11 @@ def pair_units(bench: str | os.PathLike, target: str | os.PathLike) -> tuple[lis
         rest = [n for n in units if n not in common]
         if rest:
             notes.append(f"{side} only: {', '.join(rest)} (not compared)")
-    return [(n, ub[n], ut[n]) for n in sorted(common, key=_rank_order)], notes
+    return [(n, ub[n], ut[n]) for n in sorted(common, key=rank_key)], notes
 
 
-def _rank_order(name: str) -> tuple:
+def rank_key(name: str) -> tuple:
+    """Sort key of unit names: rank_2 before rank_10."""
     head, _, tail = name.rpartition("_")
     return (head, int(tail)) if tail.isdigit() else (name, -1)
 

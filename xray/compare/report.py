@@ -12,7 +12,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..atomic import atomic_write, write_text
-from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus
+from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
 
 _FAIL_ORDER = {PairStatus.NAN_INF.value: 0, PairStatus.FAIL.value: 1, PairStatus.WARNING.value: 2}
 
@@ -60,8 +60,8 @@ TABLE_HEADERS = ["#", "status", "origin", "bench", "target", "out", "mode", "cos
 TERMINAL_WIDTH = 120  # the worst-rows table fits a common terminal; every column is in the CSV
 
 #: The worst-rows table: (header, Row -> cell). The record column shows the bench's name.
-_WORST_COLUMNS = [("#", lambda r: r.index), ("status", lambda r: r.status), ("origin", lambda r: r.origin),
-                  ("record (bench)", lambda r: r.bench_name or r.target_name or "-"), ("out", lambda r: r.tensor),
+_WORST_COLUMNS = [("rank", lambda r: r.rank), ("#", lambda r: r.index), ("status", lambda r: r.status),
+                  ("origin", lambda r: r.origin), ("record (bench)", lambda r: r.bench_name or r.target_name or "-"), ("out", lambda r: r.tensor),
                   ("cosine", lambda r: _fmt(r.cosine)), ("max abs", lambda r: _fmt(r.max_abs_err)),
                   ("close %", lambda r: _fmt(r.isclose_pct)), ("stats err", lambda r: _fmt(r.stats_err)),
                   ("layout", lambda r: r.layout)]
@@ -89,7 +89,8 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
               ["unmatched records (bench / target)", f"{s.unmatched_bench} / {s.unmatched_target}"],
               ["pairs: pass / warning / fail / nan-inf / skip", f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped}"],
               ["tensor data compared", f"{s.bytes_compared / 1e9:.3f} GB in {s.seconds:.2f} s"]]
-    out = [f"!! {d}" for d in s.dedup] + [tabulate(totals, tablefmt="simple")]
+    out = [f"!! {d}" for d in s.dedup] + [f"!! {label} NOT COMPARED: {e}" for label, e in s.errors.items()]
+    out.append(tabulate(totals, tablefmt="simple"))
     fd = s.first_divergence
     if fd:
         how = "error born here" if fd["origin"] == "born" else f"origin {fd['origin']}: no failing record with agreeing inputs"
@@ -100,12 +101,31 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
     else:
         out.append("\nNo divergence: no row failed." +
                    (" But a dump is de-duplicated (above): calls it folded away were not compared." if s.dedup else ""))
+    if len(s.ranks) > 1 and s.divergence_order:
+        out.append("\n" + rank_order_table(s))
     bad = worst_rows(result.rows, worst)
     if bad:
         out.append("\nWorst rows (all columns, target names included, are in the CSV):\n" + worst_table(bad))
     for w in s.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out)
+
+
+def rank_order_table(s: Summary) -> str:
+    """The diverging ranks, first first. Ranks share no clock: they are ordered by how many
+    collectives ran before their first divergence, then by how far into that interval it came."""
+    from .distributed import is_collective
+
+    cells = []
+    for label in s.divergence_order:
+        r = s.ranks[label]
+        fd, sync = r["first_divergence"], r["sync"]
+        via = " (received in the collective)" if is_collective(fd.get("target_op") or fd["op"] or "") else ""
+        cells.append([label, sync["collectives"], sync["offset"], _short(fd["target"] or fd["bench"] or "-", 50),
+                      f"{fd['origin']}{via}", fd.get("cause") or ""])
+    return ("Ranks in the order they diverged (collectives that ran before each rank's first divergence):\n" +
+            tabulate(cells, headers=["rank", "collectives", "offset", "first divergence (target)", "origin", "cause"],
+                     tablefmt="simple"))
 
 
 def _errors(fd: dict) -> str:

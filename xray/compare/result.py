@@ -105,6 +105,8 @@ class Summary:
     bytes_compared: int = 0
     seconds: float = 0.0
     ranks: dict[str, dict] = field(default_factory=dict)
+    divergence_order: list[str] = field(default_factory=list)  # diverging ranks, first first (by collectives)
+    errors: dict[str, str] = field(default_factory=dict)  # torchrun compare: ranks whose inputs were unusable
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
