@@ -8,6 +8,7 @@ rank 2 goes wrong after collective 1 and rank 1 after collective 2; the closing 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -20,9 +21,10 @@ import pytest
 
 import xray
 from xray.compare import COMPARE_COLUMNS, compare_dumps
-from xray.compare.distributed import (SyncPoint, divergence_order, global_rank, is_collective, merge_csv,
-                                      sync_point)
+from xray.compare.distributed import (SyncPoint, collective_seqs, divergence_order, global_rank, is_collective,
+                                      merge_csv, sync_point)
 from xray.compare.report import write_csv
+from xray.dump.model import Record
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).parent / "scripts" / "dist_fault_dump.py"
@@ -92,6 +94,14 @@ def test_sync_point_counts_the_collectives_before_and_the_offset_after_the_last(
     assert sync_point([], 7, first_seq=5) == SyncPoint(0, 3)
 
 
+def test_collectives_folded_by_dedup_are_counted_as_missing():
+    records = [Record(seq=0, kind="op", op="aten.mm.default"),
+               Record(seq=1, kind="op", op="c10d.allreduce_.default", count=3),
+               Record(seq=2, kind="op", op="_c10d_functional.wait_tensor.default", count=3),
+               Record(seq=5, kind="op", op="c10d.broadcast_.default")]
+    assert collective_seqs(records) == ([1, 5], 2)
+
+
 def test_fewest_collectives_first_then_offset_then_rank():
     points = {"rank_0": SyncPoint(3, 0), "rank_1": SyncPoint(2, 2), "rank_2": SyncPoint(1, 5),
               "rank_10": SyncPoint(1, 2), "rank_3": SyncPoint(1, 2), "rank_4": SyncPoint(0, 40)}
@@ -112,8 +122,6 @@ def test_merged_csv_only_from_files_rank_0_sees_as_written(tmp_path):
         path = tmp_path / f"rank_{rank}.csv"
         path.write_text(header + f"rank_{rank},{rank}\n")
         files.append(path)
-    import hashlib
-
     payloads = [{"rank": r, "label": f"rank_{r}", "host": "node0", "csv": str(p),
                  "csv_sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for r, p in enumerate(files)]
     assert merge_csv(payloads, tmp_path / "compare.csv") is None

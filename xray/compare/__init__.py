@@ -69,7 +69,11 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         if reference:
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)
             dr = open_dump(rp, "reference", summary.warnings) if rp else None
-        collectives, first_seq = collective_seqs(dt.records), min((r.seq for r in dt.records), default=0)
+        (collectives, folded), first_seq = collective_seqs(dt.records), min((r.seq for r in dt.records), default=0)
+        if folded:
+            where = f" ({label})" if label else ""
+            summary.warnings.append(f"target{where}: X_DEDUP folded {folded} collective calls into earlier records; "
+                                    "the rank order counts records, not calls: record with X_DEDUP=0")
         try:
             rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress)
         finally:

@@ -39,9 +39,11 @@ def is_collective(op: str) -> bool:
     return namespace in COLLECTIVE_NAMESPACES and rest.split(".", 1)[0] not in _NOT_EXCHANGES
 
 
-def collective_seqs(records: Iterable[Any]) -> list[int]:
-    """Sequence numbers of a dump's collective records, ascending."""
-    return sorted(r.seq for r in records if is_collective(r.op))
+def collective_seqs(records: Iterable[Any]) -> tuple[list[int], int]:
+    """Sequence numbers of a dump's collective records, ascending, and how many collective calls
+    de-duplication (X_DEDUP) folded into them: those calls are missing from the count."""
+    collectives = [r for r in records if is_collective(r.op)]
+    return sorted(r.seq for r in collectives), sum(max(0, r.count - 1) for r in collectives)
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,9 @@ def rank_unit(path: str | os.PathLike, rank: int, world_size: int, side: str, no
         return "", units[""]
     found = sorted((n for n in units if global_rank(n) == rank), key=lambda n: (n != f"rank_{rank}", n))
     if not found:
-        raise CompareInputError(f"{side} {path}: no dump of rank {rank} here (found: {', '.join(n or '<one dump>' for n in units)});"
-                                f" pass the folder that holds rank_{rank}/ on this rank's node")
+        found_here = ", ".join(n or "<one dump>" for n in units)
+        raise CompareInputError(f"{side} {path}: no dump of rank {rank} here (found: {found_here}); "
+                                f"pass the folder that holds rank_{rank}/ on this rank's node")
     if len(found) > 1:
         notes.append(f"{side}: {', '.join(found[1:])} also claim rank {rank}; compared {found[0]}")
     return found[0], units[found[0]]
@@ -173,7 +176,8 @@ def merge_summaries(bench: str, target: str, payloads: Sequence[Mapping[str, Any
         s.warnings += part["warnings"]
         s.seconds = max(s.seconds, part["seconds"])
     s.match_pct = match_pct(s.matched, s.bench_records, s.target_records)
-    s.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in s.ranks.items() if r.get("sync")})
+    s.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in s.ranks.items()
+                                           if r.get("sync")})
     s.first_divergence = s.ranks[s.divergence_order[0]]["first_divergence"] if s.divergence_order else None
     return s
 

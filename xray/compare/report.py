@@ -61,7 +61,8 @@ TERMINAL_WIDTH = 120  # the worst-rows table fits a common terminal; every colum
 
 #: The worst-rows table: (header, Row -> cell). The record column shows the bench's name.
 _WORST_COLUMNS = [("rank", lambda r: r.rank), ("#", lambda r: r.index), ("status", lambda r: r.status),
-                  ("origin", lambda r: r.origin), ("record (bench)", lambda r: r.bench_name or r.target_name or "-"), ("out", lambda r: r.tensor),
+                  ("origin", lambda r: r.origin), ("record (bench)", lambda r: r.bench_name or r.target_name or "-"),
+                  ("out", lambda r: r.tensor),
                   ("cosine", lambda r: _fmt(r.cosine)), ("max abs", lambda r: _fmt(r.max_abs_err)),
                   ("close %", lambda r: _fmt(r.isclose_pct)), ("stats err", lambda r: _fmt(r.stats_err)),
                   ("layout", lambda r: r.layout)]
