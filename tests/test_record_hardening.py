@@ -381,3 +381,30 @@ def test_a_stop_writes_the_records_made_before_it(tmp_path):
     for r in adds:
         assert dump.load_tensor(r.inputs["self"]).shape == (4,)
     assert not any(r.op == "aten.mul.Tensor" and r.inputs["other"] == 3 for r in dump.records)
+
+
+def test_collective_outputs_get_fresh_statistics(tmp_path):
+    """c10d.allgather_ fills a Tensor[][] its schema does not mark as written, without bumping
+    version counters: the gathered tensors' statistics must not come from before the call
+    (two identical runs compared as diverging, from the uninitialised buffers' old values)."""
+    script = textwrap.dedent(f"""
+        import torch, torch.distributed as dist, xray
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://{tmp_path / 'store'}")
+        x = torch.arange(6, dtype=torch.float32) + 100
+        outs = [torch.full((6,), -7.0)]
+        xray.begin_dump(X_DEDUP=False, dump_dir="{tmp_path / 'd'}")
+        outs[0].sum()  # the buffer's statistics are cached before the collective
+        dist.all_gather(outs, x)
+        outs[0].sum()
+        folder = xray.end_dump()
+        dist.destroy_process_group()
+        recs = xray.load_dump(folder).records
+        gather = next(r for r in recs if r.op.startswith("c10d.allgather_"))
+        after = recs[-1]
+        print(gather.outputs[0][0][0].stats.min if isinstance(gather.outputs[0], list) else None,
+              after.inputs["self"].stats.min, after.inputs["self"].stats.max)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *_, lo, hi = proc.stdout.split()
+    assert (float(lo), float(hi)) == (100.0, 105.0), proc.stdout  # -7.0 before the fix

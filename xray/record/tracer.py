@@ -186,10 +186,11 @@ class Recorder:
         outs = list(out) if info.returns > 1 else [out]
         if info.name.startswith("c10d."):
             _wait_collective(outs)
+            # c10d schemas declare no writes (allgather_ fills its Tensor[][] all the same), and
+            # collectives do not bump version counters: any tensor argument may hold new values.
+            _forget_all(self._stats, list(bound.values()))
         for name in info.mutates:  # the version counter is bumped only after we return
-            mutated = bound.get(name)
-            if isinstance(mutated, torch.Tensor):
-                self._stats.forget(mutated)
+            _forget_all(self._stats, bound.get(name))
         if info.stats_preserving and self.stats_on:
             self._reuse_stats(args, outs)
         if self.meta_on or self.stats_on:
@@ -309,3 +310,13 @@ class Tracing:
             self.mode.__exit__(None, None, None)
             self.recorder.modules.remove()
             self.active = False
+
+
+def _forget_all(cache, value: Any) -> None:
+    """Forget the statistics of every tensor a call wrote, nested lists included (``c10d.allgather_``
+    fills a ``Tensor[][]``; collectives do not always bump the version counter)."""
+    if isinstance(value, torch.Tensor):
+        cache.forget(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _forget_all(cache, v)
