@@ -5,9 +5,13 @@ The runtime logs one debug event per executed instruction (a portable kernel cal
 delegate call), keyed by the instruction's index. The emitter writes that index into
 ``node.meta["debug_handle"]`` of the node it emitted, so instruction -> node of the final
 ExecuTorch graph is exact; from there ``node.meta["from_node"]`` provenance leads back through
-``to_edge``'s retraces to the reference program's nodes. A delegate call only logs its
-outputs: its i-th output is the i-th output of the lowered subgraph, whose node carries the
-same provenance.
+``to_edge``'s retraces to the reference program's nodes. A delegate call logs its arguments
+only (inputs, then outputs), nothing computed inside: its i-th output is the i-th output of the
+lowered subgraph, whose node carries the same provenance.
+
+Only the instruction index is taken from the ETDump: Inspector's own debug handles (through an
+ETRecord) name the source node an instruction came from, shared by every node a decomposition
+made of it, so they cannot tell a matmul's expand, view and bmm apart.
 """
 from __future__ import annotations
 
@@ -58,12 +62,9 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
         raise BackendError(ReplayStatus.LOWER_FAIL, f"to_edge_transform_and_lower ({preset}): {short_error(e)}") from e
     facts["edge_s"] = round(time.perf_counter() - start, 4)
     if edit is not None:
-        # The edge programs may share their state_dict with the reference program: an edit that
-        # swaps a weight must change the deployed program only.
-        for name in edge.methods:
-            ep = edge.exported_program(name)
-            ep._state_dict = dict(ep.state_dict)  # noqa: SLF001 - no public setter
-        edge = edit(edge) or edge
+        _own_weights(edge)
+        replaced = edit(edge)
+        edge = edge if replaced is None else replaced
 
     start = time.perf_counter()
     try:
@@ -77,16 +78,17 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
     facts.update(delegated_nodes=delegated, undelegated_nodes=undelegated, pte_bytes=len(pte))
 
     start = time.perf_counter()
-    outputs, etdump, debug_buffer = _run_with_etdump(pte, args, _debug_buffer_size(final))
-    facts["run_s"] = round(time.perf_counter() - start, 4)
+    facts["debug_buffer_bytes"] = _debug_buffer_size(final)
+    outputs, events = _run_with_etdump(pte, args, facts["debug_buffer_bytes"])
+    facts["run_etdump_s"] = round(time.perf_counter() - start, 4)
 
     start = time.perf_counter()
-    events = _logged_outputs(etdump, debug_buffer)
     logged = _match_instructions(final, events)
     ref_graph = program.graph
+    ref_names = {n.name for n in ref_graph.nodes}
     for entry in logged:
-        entry.sources = _output_sources(final, entry.node, id(ref_graph), {n.name for n in ref_graph.nodes})
-    values = _assign(ref_graph, logged)
+        entry.sources = _output_sources(final, entry.node, id(ref_graph), ref_names)
+    values = _assign(ref_graph, logged, outputs)
     facts["map_s"] = round(time.perf_counter() - start, 4)
 
     notes = _coverage_notes(final, ref_graph, logged, values, facts, preset)
@@ -127,17 +129,40 @@ def _coverage_notes(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logg
     return notes
 
 
+def _own_weights(edge: Any) -> None:
+    """Give the edge programs their own copies of weights and constants before ``edit`` runs.
+
+    to_edge keeps the reference program's tensors (the model's parameters themselves): a fault
+    injected in place would otherwise change the reference too. One copy of the weights, paid
+    only by edited runs."""
+    for method in edge.methods:
+        ep = edge.exported_program(method)
+        for table in (ep.state_dict, ep.constants):
+            for key, value in list(table.items()):
+                if isinstance(value, torch.nn.Parameter):
+                    table[key] = torch.nn.Parameter(value.detach().clone(), requires_grad=value.requires_grad)
+                elif isinstance(value, torch.Tensor):
+                    table[key] = value.clone()
+
+
 def _debug_buffer_size(gm: torch.fx.GraphModule) -> int:
-    """Bytes of every tensor the graph produces: each is logged once into the debug buffer."""
+    """Bytes the debug buffer needs: every kernel's outputs, every delegate call's arguments
+    (inputs and outputs), the program's outputs, each entry aligned; doubled, because the
+    runtime aborts the process (not the run) when the buffer runs out."""
     total = 0
     for node in gm.graph.nodes:
-        for t in flatten_tensors(node.meta.get("val")):
+        logged = [node.meta.get("val")] if node.op == "call_function" else []
+        if node.op == "output" or (node.op == "call_function" and _is_delegate(node)):
+            logged += [a.meta.get("val") for a in node.all_input_nodes]
+        for t in flatten_tensors(logged):
             if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size() + 64
-    return total + _DEBUG_BUFFER_SLACK
+                total += int(t.numel()) * t.element_size() + 64
+    return 2 * total + _DEBUG_BUFFER_SLACK
 
 
-def _run_with_etdump(pte: bytes, args: tuple, buffer_size: int) -> tuple[list[torch.Tensor], bytes, bytes]:
+def _run_with_etdump(pte: bytes, args: tuple,
+                     buffer_size: int) -> tuple[list[torch.Tensor], dict[int, tuple[str, list[torch.Tensor]]]]:
+    """Run ``forward`` once with ETDump on: (program outputs, instruction -> (event name, logged tensors))."""
     from executorch.runtime import Runtime
 
     try:
@@ -153,37 +178,30 @@ def _run_with_etdump(pte: bytes, args: tuple, buffer_size: int) -> tuple[list[to
         raise BackendError(ReplayStatus.RUN_FAIL, f"ExecuTorch execution failed: {short_error(e)}") from e
     outputs = [o.clone() for o in raw if isinstance(o, torch.Tensor)]
     with tempfile.TemporaryDirectory(prefix="xray-etdump-") as tmp:
-        etdump_path, buffer_path = os.path.join(tmp, "run.etdp"), os.path.join(tmp, "debug.bin")
+        etdump, buffer = os.path.join(tmp, "run.etdp"), os.path.join(tmp, "debug.bin")
         try:
-            loaded.write_etdump_result_to_file(etdump_path, buffer_path)
+            loaded.write_etdump_result_to_file(etdump, buffer)
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.RUN_FAIL, f"ExecuTorch wrote no ETDump (is this build's event tracer "
-                                                      f"enabled?): {short_error(e)}") from e
-        with open(etdump_path, "rb") as f:
-            etdump = f.read()
-        with open(buffer_path, "rb") as f:
-            debug_buffer = f.read()
-    return outputs, etdump, debug_buffer
+                                                      f"on?): {short_error(e)}") from e
+        return outputs, _logged_outputs(etdump, buffer)
 
 
-def _logged_outputs(etdump: bytes, debug_buffer: bytes) -> dict[int, tuple[str, list[torch.Tensor]]]:
-    """Instruction index -> (event name, logged tensors) of the one execution in ``etdump``."""
+def _logged_outputs(etdump: str, debug_buffer: str) -> dict[int, tuple[str, list[torch.Tensor]]]:
+    """Instruction index -> (event name, logged tensors) of the one execution in the ETDump."""
     from executorch.devtools import Inspector
 
-    with tempfile.TemporaryDirectory(prefix="xray-etdump-") as tmp:
-        buffer_path = os.path.join(tmp, "debug.bin")
-        with open(buffer_path, "wb") as f:
-            f.write(debug_buffer)
-        with warnings.catch_warnings():
-            # torch.frombuffer over the read-only debug buffer warns once per tensor; we clone them.
-            warnings.simplefilter("ignore", UserWarning)
-            inspector = Inspector(etdump_data=etdump, debug_buffer_path=buffer_path)
+    with warnings.catch_warnings():
+        # torch.frombuffer over the read-only debug buffer warns once per tensor; they are cloned.
+        warnings.simplefilter("ignore", UserWarning)
+        inspector = Inspector(etdump_path=etdump, debug_buffer_path=debug_buffer)
     logged: dict[int, tuple[str, list[torch.Tensor]]] = {}
     for block in inspector.event_blocks:
         if block.name != "Execute":
             continue
         for event in block.events:
-            instruction = event._instruction_id  # noqa: SLF001 - the key the runtime logged, not exposed otherwise
+            # The instruction index the runtime logged (see the module docstring).
+            instruction = event._instruction_id  # noqa: SLF001
             if instruction is None or event.is_delegated_op or not event.debug_data or instruction in logged:
                 continue
             tensors = [t.clone() for t in event.debug_data if isinstance(t, torch.Tensor)]
@@ -192,7 +210,8 @@ def _logged_outputs(etdump: bytes, debug_buffer: bytes) -> dict[int, tuple[str, 
     return logged
 
 
-def _match_instructions(final: torch.fx.GraphModule, events: dict[int, tuple[str, list[torch.Tensor]]]) -> list[_Logged]:
+def _match_instructions(final: torch.fx.GraphModule,
+                        events: dict[int, tuple[str, list[torch.Tensor]]]) -> list[_Logged]:
     """Pair each logged instruction with the node the emitter emitted for it.
 
     Nodes it did not emit (getitem, views) keep their edge-time debug handle, which can equal
@@ -209,7 +228,10 @@ def _match_instructions(final: torch.fx.GraphModule, events: dict[int, tuple[str
             continue
         if _is_delegate(node):
             # A delegate call logs every runtime argument: its inputs, then its outputs.
-            tensors = tensors[len(tensors) - _delegate_output_count(final, node):]
+            count = _delegate_output_count(final, node)
+            if len(tensors) < count:
+                continue
+            tensors = tensors[len(tensors) - count:]
         out.append(_Logged(handle, node, tensors))
     return out
 
@@ -251,7 +273,8 @@ def _output_sources(final: torch.fx.GraphModule, node: torch.fx.Node, ref_graph_
     """Reference node names behind each tensor output of ``node`` (delegates: each subgraph output)."""
     if not _is_delegate(node):
         return [_provenance(node, ref_graph_id, ref_names)]
-    return [_provenance(o, ref_graph_id, ref_names) if isinstance(o, torch.fx.Node) else [] for o in _delegate_outputs(final, node)]
+    return [_provenance(o, ref_graph_id, ref_names) if isinstance(o, torch.fx.Node) else []
+            for o in _delegate_outputs(final, node)]
 
 
 def _provenance(node: torch.fx.Node, ref_graph_id: int, ref_names: set[str]) -> list[str]:
@@ -273,12 +296,14 @@ def _provenance(node: torch.fx.Node, ref_graph_id: int, ref_names: set[str]) -> 
     return found
 
 
-def _assign(ref_graph: torch.fx.Graph, logged: list[_Logged]) -> dict[str, list[torch.Tensor]]:
+def _assign(ref_graph: torch.fx.Graph, logged: list[_Logged],
+            outputs: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
     """Reference node name -> its output tensors, as ExecuTorch computed them.
 
     Several instructions can descend from one reference node (a decomposition); the last one
     whose tensors have the node's shapes and dtypes holds its value. A getitem of a captured
-    multi-output node takes that output."""
+    multi-output node takes that output; a node the program returns (often a view, which logs
+    nothing) takes the program's output."""
     ref_nodes = {n.name: n for n in ref_graph.nodes}
     candidates: dict[str, list[torch.Tensor]] = {}
     for entry in logged:  # in execution order
@@ -297,7 +322,22 @@ def _assign(ref_graph: torch.fx.Graph, logged: list[_Logged]) -> dict[str, list[
             got = candidates.get(getattr(parent, "name", None))
             if got is not None and isinstance(index, int) and index < len(got) and _fits(node, [got[index]]):
                 candidates[node.name] = [got[index]]
+    returned = _returned_nodes(ref_graph.output_node().args[0])
+    if len(returned) == len(outputs):
+        for node, tensor in zip(returned, outputs):
+            if (node is not None and node.op == "call_function" and node.name not in candidates
+                    and _fits(node, [tensor])):
+                candidates[node.name] = [tensor]
     return {n.name: candidates[n.name] for n in ref_graph.nodes if n.name in candidates}
+
+
+def _returned_nodes(value: Any) -> list[torch.fx.Node | None]:
+    """The output node's arguments in the order the program returns them (None: not a node)."""
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _returned_nodes(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _returned_nodes(v)]
+    return [value if isinstance(value, torch.fx.Node) else None]
 
 
 def _tensor_outputs(node: torch.fx.Node) -> list[torch.Tensor]:
