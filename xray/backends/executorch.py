@@ -3,10 +3,9 @@ run with ExecuTorch's own runtime (``executorch.runtime``)."""
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 import torch
-
-from typing import Any, Callable
 
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 
