@@ -3,10 +3,11 @@ run with ExecuTorch's own runtime (``executorch.runtime``)."""
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 import torch
 
-from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, short_error
+from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 
 
 class ExecuTorch(Backend):
@@ -68,6 +69,18 @@ class ExecuTorch(Backend):
             return [o.clone() for o in outs if isinstance(o, torch.Tensor)]
 
         return run
+
+    def run_model(self, program: torch.export.ExportedProgram, args: tuple, *,
+                  edit: Callable[[Any], Any] | None = None) -> ModelCapture:
+        """The whole model, run once with ETDump and a debug buffer (``executorch_debug``).
+
+        ``edit`` gets the edge program manager after partitioning, before ``to_executorch``:
+        on the portable preset every weight is still a graph constant there; under XNNPACK the
+        delegated linear layers' weights are already inside the delegate blobs."""
+        from .executorch_debug import run_whole_model
+
+        return run_whole_model(program, args, self._partitioners(),
+                               self.options.get("partitioner") or "portable", edit=edit)
 
 
 def _count_nodes(gm: torch.fx.GraphModule) -> tuple[int, int]:
