@@ -150,6 +150,91 @@ def test_consistent_tf32_is_precision_loss_but_a_bug_under_it_is_found(tmp_path)
     assert buggy.summary.first_divergence["target_seq"] == 3
 
 
+def test_a_bug_within_bf16_noise_is_found_by_its_local_error(tmp_path):
+    """A 5 % kernel error in a bf16 run passes as bf16 precision on accumulated error (a warning,
+    like every other bf16 row); recomputed on its own inputs it is far above the bf16 floor."""
+    def chain(bug: float):
+        x = _x(16, 64)
+        ops = []
+        for i in range(4):
+            w = (_x(64, 64, seed=10 + i) / 8).bfloat16()
+            xb = x.bfloat16()
+            out = xb @ w
+            if i == 2:
+                out = out * (1 + bug)
+            ops.append(Op("aten.mm.default", out, inputs={"self": xb, "mat2": w}, save_inputs=True,
+                          sources={"self": "input" if i == 0 else f"op:{i - 1}:0", "mat2": f"param:w{i}"}))
+            x = out.float()
+        return ops
+    bench = [Op(o.op, o.out.float(), inputs={k: v.float() for k, v in o.inputs.items()}, sources=o.sources,
+                save_inputs=True) for o in chain(0.0)]
+    clean = _pair(tmp_path / "noise", bench, chain(0.0))
+    assert clean.summary.first_divergence is None and not [r for r in clean.rows if r.status == "fail"]
+    buggy = _pair(tmp_path / "bug", bench, chain(5e-2))
+    fd = buggy.summary.first_divergence
+    assert fd is not None and fd["target_seq"] == 2 and fd["cause"] == "local error"
+
+
+def test_a_kind_called_once_joins_the_precision_other_kinds_show(tmp_path):
+    """A kind called once (a ViT's one patch convolution; here one bmm) under TF32 cannot be
+    consistent with itself; at the level the run's mm calls show it is precision loss too."""
+    a, b = _x(2, 16, 32, seed=7), _x(2, 32, 16, seed=8) / 32 ** 0.5
+
+    def run(tf32: bool):
+        r10 = (lambda t: round_mantissa(t, 10).float()) if tf32 else (lambda t: t)
+        once = (r10(a).double() @ r10(b).double()).float() if tf32 else a @ b
+        return [Op("aten.bmm.default", once, inputs={"self": a, "mat2": b}, save_inputs=True,
+                   sources={"self": "input", "mat2": "input"}, module="patch")] + \
+            [Op(o.op, o.out, inputs=o.inputs, save_inputs=True, sources={
+                k: f"op:{int(v.split(':')[1]) + 1}:0" if v.startswith("op:") else v for k, v in o.sources.items()})
+             for o in _mm_chain(5, tf32=tf32)]
+    r = _pair(tmp_path, run(False), run(True))
+    once = r.rows[0]
+    assert once.status == "warning" and once.cause == "precision loss", (once.status, once.culprit)
+    assert r.summary.first_divergence is None
+
+
+def test_statistics_only_consistent_precision_is_a_warning_and_a_lone_bug_is_not(tmp_path):
+    """No tensors saved, nothing recomputed: a kind born on several calls at one small relative
+    level is precision loss; a single call of another kind far above it stays the bug."""
+    def linears(scales):
+        x, ops = _x(8, 32), []
+        for i, s in enumerate(scales):
+            w = _x(32, 32, seed=200 + i) / 32 ** 0.5
+            out = (x @ w) * s
+            ops.append(Op("Linear", out, module=f"l{i}", kind="module", inputs={"x": x}, sources={"x": "input"}))
+            x = _x(8, 32, seed=300 + i)  # each layer fed afresh: every call's inputs agree
+        return ops
+    bench = linears([1.0] * 4)
+    noisy = _pair(tmp_path / "noise", bench, linears([1 + 2e-4, 1 - 3e-4, 1 + 1.5e-4, 1 + 2.5e-4]), save=False)
+    assert not [r for r in noisy.rows if r.status == "fail"] and noisy.summary.first_divergence is None
+    bug = _pair(tmp_path / "bug", bench, linears([1.0, 1.0, 1 + 2e-2, 1.0]), save=False)
+    assert bug.summary.first_divergence["module"] == "l2"
+    systematic = _pair(tmp_path / "sys", bench, linears([0.99] * 4), save=False)  # beyond any precision step
+    assert systematic.summary.first_divergence["module"] == "l0"
+
+
+def test_an_inserted_target_only_op_that_changes_values_is_the_origin_even_within_precision(tmp_path):
+    """The target routes a shared edge through an extra op that scales it by 1e-3; the residual
+    add after it dilutes that to a precision-sized warning. An inserted cast does not count."""
+    x, res = _x(8, 64), 100 * _x(8, 64, seed=3)
+    h = x.relu()
+
+    def target(extra_op: str, extra: torch.Tensor):
+        return [Op("aten.relu.default", h, inputs={"self": x}, sources={"self": "input"}, save_inputs=True),
+                Op(extra_op, extra, inputs={"self": h}, sources={"self": "op:0:0"}, save_inputs=True),
+                Op("aten.add.Tensor", extra.float() + res, inputs={"self": extra, "other": res}, save_inputs=True,
+                   sources={"self": "op:1:0", "other": "input"})]
+    bench = [Op("aten.relu.default", h, inputs={"self": x}, sources={"self": "input"}, save_inputs=True),
+             Op("aten.add.Tensor", h + res, inputs={"self": h, "other": res}, save_inputs=True,
+                sources={"self": "op:0:0", "other": "input"})]
+    scaled = _pair(tmp_path / "mul", bench, target("aten.mul.Tensor", h * (1 + 1e-3)))
+    fd = scaled.summary.first_divergence
+    assert fd is not None and fd["cause"] == "target-only op" and fd["culprit_target_seq"] == 1
+    cast = _pair(tmp_path / "cast", bench, target("aten._to_copy.default", h.half()))  # autocast's kind
+    assert cast.summary.first_divergence is None
+
+
 # -- class 6: no overflow, no recursion --------------------------------------------------------------
 def test_metrics_are_finite_safe_near_float_max():
     big = torch.finfo(torch.float32).max

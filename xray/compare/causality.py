@@ -22,12 +22,19 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..dump.model import Source
+from ..dump.tensorio import dtype_name
+from ..numerics.metrics import normwise_error
+from ..numerics.rules import PRECISION_STEPS, eps
 from .entries import Entry
 from .local import LocalError, local_error
 from .result import CompareRow, PairStatus
 
 _FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
+# Warnings are recomputed too: accumulated error within a run's precision can hide a local bug.
+_SUSPECT = _FAILING | {PairStatus.WARNING.value}
 PRECISION = "precision loss"
 
 
@@ -49,11 +56,11 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
     measured precision loss turns rows into warnings."""
     pending = []
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
-        if not any(r.status in _FAILING for r in rows):
+        if not any(r.status in _SUSPECT for r in rows):
             continue
         p = _Pending(a, b, rows, comparer.judge_inputs(a, b))
         for k, r in enumerate(rows):
-            if r.status in _FAILING and r.mode == "data" and k < len(b.outputs):
+            if r.status in _SUSPECT and r.mode == "data" and k < len(b.outputs):
                 le = local_error(b.record, target_dump, b.outputs[k][1], k)
                 if le is not None:
                     p.local[k] = le
@@ -65,15 +72,60 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb))
     born_seen = False
+    matched_target = {a.record.seq: b for a, b, _ in matched}  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         born_seen = born_seen or p.target.pos > random_pos
         agree = _agreement(p.inputs)
+        inserted = _inserted_op_change(p, graph, matched_target, target_dump, rules)
         for k, r in enumerate(p.rows):
+            if inserted is not None and r.status in _SUSPECT:
+                op, why = inserted
+                r.status, r.inputs_agree = PairStatus.FAIL.value, agree
+                _set(r, "born", "target-only op", f"target-only op {op.name} {why}")
+                r.culprit_target_seq = op.record.seq
+                born_seen = True
+                continue
+            if r.status == PairStatus.WARNING.value:
+                if not _wrong_on_its_inputs(p, k, rules):
+                    continue  # within the compare's precision, and computed right on what it got
+                # Accumulated error within the run's precision, but this op is wrong on its own
+                # inputs (a 5 % kernel bug under bf16 noise): that is a bug, born here.
+                r.status = PairStatus.FAIL.value
+                r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
             r.inputs_agree = agree
             if r.status in _FAILING:
                 _decide(r, p, k, graph, rules, born_seen)
                 born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
     _modules_follow_their_ops(pending, eb, graph)
+    _statistics_precision_loss(pending, rules)
+
+
+def _statistics_precision_loss(pending: list[_Pending], rules: Any) -> None:
+    """Statistics only, nothing recomputed: a kind born on several calls at one relative error
+    level (TF32-like math on every matmul) is precision loss; then any unmeasured failing row
+    within ``precision_factor`` x that level cannot be told from it and is a warning too. A lone
+    born call, or one far above its kind's level, stays a bug."""
+    f = rules.precision_factor
+    unmeasured = [(p, r) for p in pending for r in p.rows
+                  if r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and r.stats_err]
+    kinds: dict[tuple, list[CompareRow]] = {}
+    for p, r in unmeasured:
+        if r.origin == "born" and r.cause == "local error":
+            kinds.setdefault((p.target.op, p.target.record.direction), []).append(r)
+    # no reduced-precision step moves values by more than its unit roundoff (bf16: 2**-8)
+    largest_step = 2.0 ** -(min(PRECISION_STEPS.values()) + 1)
+    level, shown_by = 0.0, ""
+    for (op, _), rows in kinds.items():
+        mid = statistics.median(r.stats_err for r in rows)
+        consistent = [r for r in rows if mid / f <= r.stats_err <= f * mid]
+        if len(consistent) >= 2 and level < mid <= largest_step:
+            level, shown_by = mid, f"{op} ({len(consistent)} calls)"
+    if not level:
+        return
+    for _, r in unmeasured:
+        if r.stats_err <= f * level and r.cause in ("local error", "inherited"):
+            _downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows on every call "
+                          f"({level:.3g}), consistent precision loss")
 
 
 def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _Graph) -> None:
@@ -285,6 +337,56 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
              "inputs within precision (local error not measured)")
 
 
+def _inserted_op_change(p: _Pending, graph: _Graph, matched_target: dict, dump: Any,
+                        rules: Any) -> tuple[Entry, str] | None:
+    """A target-only op inserted on a data edge that both runs share (the bench feeds this input
+    straight from a record the target also ran, the target routes it through an extra op) must
+    leave the values alone but for its output dtype's rounding, as autocast's casts do. One that
+    changes them beyond that is where the difference enters, even when the difference is small
+    enough to pass as precision downstream. Returns (that op, what it did), or None."""
+    bench_inputs = dict(p.bench.inputs)
+    for name, meta, status in p.inputs:
+        if status == PairStatus.PASS.value or name not in bench_inputs or meta.data is None:
+            continue
+        kind, op = graph.producer(meta, p.target.record.seq)
+        if kind != "target-only":
+            continue
+        src_b = _op_source(bench_inputs[name])
+        if src_b is None or matched_target.get(src_b.seq) is None:
+            continue  # the bench made it another way (a substituted implementation), not an insertion
+        shared = matched_target[src_b.seq].record.seq
+        feeds = [m for _, m in op.inputs if m.data is not None and m.numel == meta.numel
+                 and getattr(_op_source(m), "seq", None) == shared]
+        if len(feeds) != 1:
+            continue
+        try:
+            before, after = dump.load_tensor(feeds[0]), dump.load_tensor(meta)
+        except (KeyError, OSError, ValueError):
+            continue
+        if not (before.is_floating_point() and after.is_floating_point()):
+            continue
+        change = normwise_error(after, before.to(after.dtype).to(torch.float64))
+        allowed = rules.local_factor * eps(after.dtype)
+        if change > allowed:
+            return op, f"changed its input by {change:.3g}, beyond {dtype_name(after.dtype)} rounding ({allowed:.3g})"
+    return None
+
+
+def _op_source(meta: Any) -> Source | None:
+    """The op output ``meta`` came from (format v2), or None."""
+    try:
+        src = Source.parse(getattr(meta, "source", None))
+    except ValueError:
+        return None
+    return src if src is not None and src.kind == "op" else None
+
+
+def _wrong_on_its_inputs(p: _Pending, k: int, rules: Any) -> bool:
+    """Output ``k``'s local error is beyond its floor and not a measured precision step."""
+    le = p.local.get(k)
+    return le is not None and k not in p.precision and rules.is_local_error(le.local, le.floor, le.dtype)
+
+
 def _param_name(name: str, meta: Any) -> str:
     """The qualified name of a module record's parameter, from its source when recorded."""
     try:
@@ -316,6 +418,7 @@ def _mark_precision_loss(pending: list[_Pending], rules: Any) -> None:
             if rules.is_local_error(le.local, le.floor, le.dtype) and le.steps:
                 kinds.setdefault((p.target.op, p.target.record.direction), []).append((p, k, le))
     f = rules.precision_factor
+    established: dict[str, list[float]] = {}  # step -> levels of the kinds consistent with it
     for calls in kinds.values():
         if len(calls) < 2:
             continue
@@ -330,9 +433,20 @@ def _mark_precision_loss(pending: list[_Pending], rules: Any) -> None:
         if best is None:
             continue
         step, level, ratios = best
+        established.setdefault(step, []).append(level)
         for (p, k, _), ratio in zip(calls, ratios):
             if ratio <= f * level:
                 p.precision[k] = step
+    # An op kind called once (a ViT's patch convolution) cannot be consistent with itself: it is
+    # precision loss when other kinds established that step on this run and it sits at their level.
+    for calls in kinds.values():
+        if len(calls) != 1:
+            continue
+        p, k, le = calls[0]
+        for step, levels in established.items():
+            if le.steps.get(step, 0) > 0 and min(levels) / f <= le.local / le.steps[step] <= f * max(levels):
+                p.precision[k] = step
+                break
 
 
 def _log(x: float) -> float:
