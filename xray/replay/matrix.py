@@ -165,10 +165,16 @@ def _unsupported_everywhere(result: ReplayResult) -> set[str]:
 # -- heatmap ------------------------------------------------------------------------------------------
 
 def _grid(result: ReplayResult) -> tuple[list[str], list[list[MatrixRow | None]]]:
-    labels = [f"{r.op.removeprefix('aten.')} #{r.seq}" for r in result.records]
+    # The module path (a sweep's case: its shapes, dtype and arguments) tells same-op rows apart.
+    labels = [_cut(f"{r.op.removeprefix('aten.')} #{r.seq}" + (f" {r.module}" if r.module else ""), 90)
+              for r in result.records]
     index = {(r.seq, r.backend): r for r in result.rows}
     grid = [[index.get((rec.seq, b)) for b in result.backends] for rec in result.records]
     return labels, grid
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
@@ -184,7 +190,8 @@ def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
     order = list(COLORS)
     values = [[order.index(ReplayStatus(c.status)) if c else math.nan for c in row] for row in grid]
     fig_h = max(3.0, 0.22 * len(labels) + 1.5)
-    fig, ax = plt.subplots(figsize=(2.0 + 1.4 * len(result.backends), fig_h))
+    label_w = 0.05 * max((len(x) for x in labels), default=0)  # inches of 6-point text: sweep labels are long
+    fig, ax = plt.subplots(figsize=(2.0 + label_w + 1.4 * len(result.backends), fig_h))
     ax.imshow(values, cmap=ListedColormap([COLORS[s] for s in order]), vmin=-0.5, vmax=len(order) - 0.5,
               aspect="auto", interpolation="nearest")
     ax.set_xticks(range(len(result.backends)), result.backends, rotation=30, ha="right", fontsize=8)
