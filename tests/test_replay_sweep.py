@@ -10,10 +10,9 @@ import textwrap
 
 import pandas as pd
 import pytest
-import torch
 
 import xray
-from xray.backends.base import ReplayStatus
+from xray.nondeterminism import nondeterministic
 from xray.replay.cli import main as replay_main
 from xray.replay.runner import ReplayConfig
 from xray.replay.sweep import SweepError, load_sweep, replay_sweep
@@ -105,6 +104,10 @@ def test_shipped_common_spec_expands_and_a_slice_runs(tmp_path, capsys):
                  "avg_pool2d", "relu", "add", "mul", "cat", "transpose", "permute", "view"):
         assert f"aten.{name}" in {op.rsplit(".", 1)[0] for op in ops}, name
     assert {"Linear", "Conv2d", "LayerNorm", "RMSNorm", "BatchNorm2d", "Embedding", "MultiheadAttention"} <= ops
+    # Schema defaults are recorded as the recorder records them: SDPA's dropout_p=0.0 makes its
+    # values comparable (it carries the nondeterministic_seeded tag).
+    sdpa = [r for r in sweep.records() if r.op == "aten.scaled_dot_product_attention.default"]
+    assert len(sdpa) == 6 and all(r.inputs["dropout_p"] == 0.0 and nondeterministic(r) is None for r in sdpa)
 
     out = tmp_path / "out"
     rc = replay_main(["--spec", "common", "-b", "onnxrt-cpu", "--op", "RMSNorm", "--op", "aten.silu*",
@@ -135,7 +138,8 @@ HOSTILE = {
     "non-plain argument": ("ops: [{op: aten.softmax.int, inputs: {self: [[2]]}, args: {dim: [{a: 1}]}}]",
                            "entry 1 (aten.softmax.int): args.dim: expected an integer"),
     "unknown argument": ("ops:\n  - {op: aten.mm.default, inputs: {self: [[2, 2]], mat2: [[2, 2]]}}\n"
-                         "  - {op: aten.relu, inputs: {input: [[2]]}}", "entry 2 (aten.relu.default): inputs: unknown key"),
+                         "  - {op: aten.relu, inputs: {input: [[2]]}}",
+                         "entry 2 (aten.relu.default): inputs: unknown key 'input' (allowed: self)"),
     "too many combinations": ("ops: [{op: aten.softmax.int, inputs: {self: [[8, 8]]}, args: {dim: [0, 1, -1, -2]},"
                               " dtypes: [float32, float16, bfloat16]}]", "more than 10 combinations"),
     "shapes that never fit": ("ops: [{op: aten.mm.default, inputs: {self: [[2, 3]], mat2: [[4, 5]]}}]",
@@ -157,8 +161,8 @@ def test_hostile_spec_is_one_line_error_and_exit_2(case, tmp_path, capsys):
 
 
 def test_default_cap_on_combinations(tmp_path):
-    spec = _spec(tmp_path, "ops: [{op: aten.softmax.int, inputs: {self: [[4, 4, 4]]}, args: {dim: [-3, -2, -1, 0, 1, 2]},"
-                           " dtypes: [float32, float16, bfloat16]}]\n")
+    spec = _spec(tmp_path, "ops: [{op: aten.softmax.int, inputs: {self: [[4, 4, 4]]},"
+                           " args: {dim: [-3, -2, -1, 0, 1, 2]}, dtypes: [float32, float16, bfloat16]}]\n")
     assert len(load_sweep(spec).cases) == 18
     big = _spec(tmp_path, "ops: [{op: aten.add.Tensor, inputs: {self: %s, other: [[2]]}, args: {alpha: %s}}]\n"
                 % ([[2]] * 200, list(range(20))), "big.yaml")

@@ -184,6 +184,14 @@ def _plain(v: Any, what: str, depth: int = 0) -> Any:
     raise ValueError(f"{what}: {echo(v)} is not a plain value (numbers, booleans, strings, null, lists of them)")
 
 
+def _is_plain(v: Any) -> bool:
+    try:
+        _plain(v, "default")
+        return True
+    except ValueError:
+        return False
+
+
 def _number(v: Any, what: str) -> float:
     if isinstance(v, str) and _FLOAT_TEXT.match(v):  # YAML 1.1: "1e-5" without a dot is a string
         return float(v)
@@ -378,6 +386,10 @@ class _OpEntry(_Entry):
                  and n not in self.args]
         self.nulls = {n for n in unset if str(schema[n].real_type).startswith("Optional")}
         missing = [n for n in unset if n not in self.nulls]
+        # Defaults are recorded as the recorder records them (xray.record.encode.bind_inputs), so a
+        # record reads the same either way: SDPA's dropout_p=0.0 marks it deterministic.
+        self.defaults = {n: a.default_value for n, a in schema.items() if n not in self.inputs and n not in self.args
+                         and a.has_default_value() and _is_plain(a.default_value)}
         if missing:
             raise ValueError(f"argument {missing[0]!r} of {self.title} has no default; give it under "
                              f"{'inputs' if _tensor_kind(schema[missing[0]]) else 'args'}")
@@ -407,6 +419,8 @@ class _OpEntry(_Entry):
                     values[name] = dict(zip(self.args, combo))[name]
                 elif name in self.nulls:
                     values[name] = None  # Tensor? weight without a default: the call needs an explicit None
+                elif name in self.defaults:
+                    values[name] = self.defaults[name]
             label = " ".join([f"{k}={_fmt(v)}" for k, v in values.items() if k in self.inputs]
                              + ([dtype] if any(i.dtype is None for i in self.inputs.values()) else [])
                              + [f"{k}={_fmt(v)}" for k, v in values.items() if k in self.args])
@@ -566,7 +580,8 @@ class _ModuleEntry(_Entry):
         self.positions = max(len(i.shapes) for i in self.inputs.values())
         raw_params = item.get("params") or {}
         if not isinstance(raw_params, dict):
-            raise ValueError(f"params: expected a mapping of parameter or buffer name to [lo, hi], got {echo(raw_params)}")
+            raise ValueError(f"params: expected a mapping of parameter or buffer name to [lo, hi], "
+                             f"got {echo(raw_params)}")
         self.params = {str(k)[:64]: _range(v, f"params.{k}") for k, v in raw_params.items()}
         self.dtypes = [_dtype(d, "dtypes") for d in _alternatives(item.get("dtypes", "float32"), "dtypes")]
         if any(getattr(torch, d).is_floating_point is False for d in self.dtypes):
