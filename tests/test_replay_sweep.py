@@ -125,6 +125,8 @@ def test_shipped_common_spec_expands_and_a_slice_runs(tmp_path, capsys):
 HOSTILE = {
     "unknown op": ("ops: [{op: aten.not_an_op.default, inputs: {self: [[2]]}}]",
                    "entry 1 (aten.not_an_op.default): unknown op"),
+    "python attribute as op": ("ops: [{op: aten.__class__, inputs: {self: [[2]]}}]",
+                               "entry 1 (aten.__class__): unknown op 'aten.__class__'"),
     "file-touching op": ("ops: [{op: aten.from_file, args: {filename: [/etc/passwd]}}]",
                          "entry 1 (aten.from_file): refused op"),
     "module outside torch.nn": ("modules: [{module: os.system, init: {}, inputs: [[2]]}]",

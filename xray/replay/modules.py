@@ -20,7 +20,6 @@ import torch
 from ..backends.base import flatten_tensors
 from ..dump.model import Record, TensorMeta
 from ..dump.protocol import Dump
-from ..inputs import dtype_of
 
 # The model "factory" of a sweep (xray/replay/sweep.py): each module record is built alone as
 # torch.nn.<record.op>(**its init arguments), no user code involved. Not a valid --model spec.
@@ -140,7 +139,7 @@ def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict
 def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """A sweep's module record: ``torch.nn.<record.op>`` built from its init arguments, cast to the
     dtype of its recorded parameters, which are then drawn from their recorded statistics."""
-    from ..inputs import materialize_value
+    from ..inputs import dtype_of, materialize_value
     from .sweep import build_nn_module, init_args
 
     try:

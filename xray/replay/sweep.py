@@ -131,7 +131,7 @@ def load_sweep(spec: str | Path, *, max_cases: int = MAX_CASES) -> Sweep:
 def _read(spec: str | Path) -> tuple[str, Any]:
     import yaml
 
-    if str(spec) in BUILTIN:
+    if str(spec) in BUILTIN and not Path(spec).is_file():  # a file of that name wins over the built-in
         name = str(spec)
         text = (resources.files("xray.replay") / "sweeps" / f"{spec}.yaml").read_text(encoding="utf-8")
     else:
@@ -321,7 +321,10 @@ def _resolve(name: Any) -> torch._ops.OpOverload:
     if parts[0] != "aten":
         raise ValueError(f"only ATen ops can be swept (aten.<op>.<overload>), got {echo(name)}")
     if len(parts) == 2:
-        packet = getattr(torch.ops.aten, parts[1], None) if _IDENT_RE.match(parts[1]) else None
+        ok = _IDENT_RE.match(parts[1]) and not parts[1].startswith("__")  # never a Python attribute of torch.ops
+        packet = getattr(torch.ops.aten, parts[1], None) if ok else None
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            packet = None
         if packet is None or "default" not in packet.overloads():
             hint = f"; overloads: {', '.join(packet.overloads()[:12])}" if packet is not None else ""
             raise ValueError(f"unknown op {echo(name)}: give aten.<op>.<overload>{hint}")
@@ -519,12 +522,18 @@ def nn_class(name: Any) -> type[torch.nn.Module]:
 
 
 def build_nn_module(cls_name: str, init: dict[str, Any]) -> torch.nn.Module:
-    """``torch.nn.<cls_name>(**init)`` in eval mode, the init values plain (lists, numbers, strings)."""
+    """``torch.nn.<cls_name>(**init)`` in eval mode, the init values plain (lists, numbers, strings),
+    its parameters and buffers at most MAX_ELEMENTS (counted on the meta device first)."""
     cls = nn_class(cls_name)
     for k, v in init.items():
         if not _IDENT_RE.match(k) or k in ("device", "dtype"):
             raise ValueError(f"init argument {echo(k)} is not allowed")
         _plain(v, f"init.{k}")
+    if torch.get_default_device().type != "meta":
+        with torch.device("meta"):
+            n = sum(t.numel() for t in cls(**init).state_dict().values())
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{n} parameter elements (limit {MAX_ELEMENTS})")
     return cls(**init).eval()
 
 
@@ -596,9 +605,6 @@ class _ModuleEntry(_Entry):
             try:
                 with torch.device("meta"):
                     shell = build_nn_module(self.cls.__name__, init)
-                n = sum(t.numel() for t in shell.state_dict().values())
-                if n > MAX_ELEMENTS:
-                    raise ValueError(f"{n} parameter elements (limit {MAX_ELEMENTS})")
                 unknown = [k for k in self.params if k not in shell.state_dict()]
                 if unknown:
                     raise ValueError(f"params: {unknown[0]!r} is not a parameter or buffer of it "
