@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="replay module records; the factory builds the model (called without arguments)")
     p.add_argument("--module", action="append", default=[], metavar="PATTERN",
                    help="with --model: only modules whose path matches this glob (repeatable); "
-                        "with --spec: only combinations whose label matches, e.g. '*float16*'")
+                        "with --spec: only combinations whose label matches, e.g. '*bfloat16*'")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="module every worker imports first, e.g. one registering custom ops (repeatable)")
     p.add_argument("--weights-as-inputs", action="store_true",
