@@ -170,3 +170,19 @@ def test_default_cap_on_combinations(tmp_path):
                 % ([[2]] * 200, list(range(20))), "big.yaml")
     with pytest.raises(SweepError, match=r"big.yaml: entry 1 \(aten.add.Tensor\): the spec expands to more than 2000"):
         load_sweep(big)
+
+
+def test_init_values_cross_input_shapes_and_misfits_are_left_out(tmp_path):
+    spec = _spec(tmp_path, """\
+        modules:
+          - module: nn.Conv2d
+            init: {in_channels: [3, 16], out_channels: 8, kernel_size: 3}
+            inputs: [[1, 3, 32, 32], [1, 16, 32, 32]]
+        """)
+    sweep = load_sweep(spec)
+    assert [c.label for c in sweep.cases] == ["in_channels=3 out_channels=8 kernel_size=3 input=1x3x32x32 float32",
+                                              "in_channels=16 out_channels=8 kernel_size=3 input=1x16x32x32 float32"]
+    assert len(sweep.left_out) == 2 and all("entry 1 (torch.nn.Conv2d)" in x for x in sweep.left_out)
+    rec = sweep.records()[1]
+    assert rec.kind == "module" and rec.op == "Conv2d" and rec.inputs["init.in_channels"] == 16
+    assert set(rec.params) == {"weight", "bias"} and rec.params["weight"].shape == (8, 16, 3, 3)
