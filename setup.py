@@ -5,7 +5,8 @@ install still succeeds and xray takes the torch path. No -march flags: the AVX2 
 picked at run time, so the build runs anywhere.
 
 xray-gen's Jinja templates live in the repository's top-level ``templates/`` folder; the wheel
-carries them as the data package ``xray._templates``.
+carries them as the data package ``xray._templates``. ``xray-replay --spec common`` reads the
+shipped sweep ``xray/replay/sweeps/common.yaml``.
 """
 import sys
 
@@ -16,7 +17,7 @@ _FLAGS = [] if sys.platform == "win32" else ["-O3"]
 setup(
     packages=[*find_packages(include=["xray", "xray.*"]), "xray._templates"],
     package_dir={"xray._templates": "templates"},
-    package_data={"xray": ["py.typed", "gen/*.txt"], "xray._templates": ["*.j2"]},
+    package_data={"xray": ["py.typed", "gen/*.txt", "replay/sweeps/*.yaml"], "xray._templates": ["*.j2"]},
     ext_modules=[
         Extension(
             "xray.dump._moments",

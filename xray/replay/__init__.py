@@ -1,7 +1,7 @@
 """xray-replay: re-run recorded ops and modules on deployment backends (docs/replay.md)."""
 from __future__ import annotations
 
-__all__ = ["ReplayStatus", "replay_dump", "ReplayConfig"]
+__all__ = ["ReplayStatus", "replay_dump", "ReplayConfig", "replay_sweep", "load_sweep"]
 
 
 def __getattr__(name):  # keep ``import xray.replay`` (and ``xray-replay --help``) free of torch
@@ -13,4 +13,8 @@ def __getattr__(name):  # keep ``import xray.replay`` (and ``xray-replay --help`
         from . import runner
 
         return getattr(runner, name)
+    if name in ("replay_sweep", "load_sweep"):
+        from . import sweep
+
+        return getattr(sweep, name)
     raise AttributeError(name)

@@ -1,6 +1,7 @@
 """``xray-replay``: replay a dump's ops (or modules) on deployment backends; write a support matrix.
 
     xray-replay DUMP --backend onnxrt-cpu --backend executorch-xnnpack --out replay/
+    xray-replay --spec sweep.yaml --backend onnxrt-cpu --out replay/     (a declarative sweep)
 """
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xray-replay", description=__doc__.split("\n")[0],
                                 epilog="example:\n  xray-replay dumps/llama-dedup --backend onnxrt-cpu --backend executorch-xnnpack "
-                                       "--out replay/\n\nBackend presets take overrides: onnxrt-cpu:opset=18, coreml:fp16=true. "
+                                       "--out replay/\n  xray-replay --spec common --backend onnxrt-cpu --out sweep/   (built-in sweep of common ops)"
+                                       "\n\nBackend presets take overrides: onnxrt-cpu:opset=18, coreml:fp16=true. "
                                        "See --list-backends and docs/replay.md.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", nargs="?", help="trace dump folder (or its dump.json), or a PrecisionDebugger .h5")
+    p.add_argument("--spec", metavar="SWEEP.yaml",
+                   help="replay a declarative sweep of ops and torch.nn modules instead of a dump "
+                        "('common': the built-in one); see docs/replay.md, Sweeps")
+    p.add_argument("--max-cases", type=int, default=None, metavar="N",
+                   help="with --spec: refuse a sweep that expands to more than N combinations (default 2000)")
     p.add_argument("-b", "--backend", action="append", default=[], metavar="PRESET",
                    help="backend preset to replay on (repeatable)")
     p.add_argument("--baseline", default="torch-cpu", metavar="PRESET", help="reference backend (default torch-cpu)")
@@ -36,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
                    help="replay module records; the factory builds the model (called without arguments)")
     p.add_argument("--module", action="append", default=[], metavar="PATTERN",
-                   help="with --model: only modules whose path matches this glob (repeatable)")
+                   help="with --model: only modules whose path matches this glob (repeatable); "
+                        "with --spec: only combinations whose label matches, e.g. '*bfloat16*'")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="module every worker imports first, e.g. one registering custom ops (repeatable)")
     p.add_argument("--weights-as-inputs", action="store_true",
@@ -60,8 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_backends:
         print(tabulate(describe(), headers=["preset", "what"]))
         return 0
-    if not args.dump:
-        print("xray-replay: error: give a dump to replay (or --list-backends)", file=sys.stderr)
+    if bool(args.dump) == bool(args.spec):
+        what = "give a dump or a --spec, not both" if args.dump else "give a dump to replay, or a --spec sweep"
+        print(f"xray-replay: error: {what} (or --list-backends)", file=sys.stderr)
+        return 2
+    if args.spec and args.model:
+        print("xray-replay: error: --model replays a dump's module records; a --spec builds its torch.nn "
+              "modules itself (drop --model)", file=sys.stderr)
         return 2
     if not args.backend:
         print("xray-replay: error: give at least one --backend (see --list-backends)", file=sys.stderr)
@@ -70,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from .matrix import summary_table
     from .modules import ModelSpecError, factory_spec
     from .runner import ReplayConfig, ReplayInputError, replay_dump
+    from .sweep import MAX_CASES, SweepError, replay_sweep
 
     try:
         for spec in [args.baseline, *args.backend]:
@@ -81,10 +95,17 @@ def main(argv: list[str] | None = None) -> int:
                            dedup=not args.no_dedup, cache=not args.no_cache, model=model, modules=args.module,
                            threads=args.threads, imports=args.imports,
                            weights_const=not args.weights_as_inputs, progress=not args.quiet)
-        result = replay_dump(args.dump, cfg)
-    except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError) as e:
+        if args.spec:
+            sweep, result = replay_sweep(args.spec, cfg, max_cases=args.max_cases or MAX_CASES)
+        else:
+            result = replay_dump(args.dump, cfg)
+    except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError, SweepError) as e:
         print(f"xray-replay: error: {one_line(e)}", file=sys.stderr)
         return 2
+    if args.spec:
+        print(f"sweep {sweep.name}: {len(sweep.cases)} combinations from {sweep.entries} entries"
+              + (f"; {len(sweep.left_out)} left out (shapes that do not fit), first: {sweep.left_out[0][:200]}"
+                 if sweep.left_out else ""))
     print(summary_table(result))
     out = Path(args.out)
     print(f"\nmatrix: {out / 'matrix.csv'}  heatmap: {out / 'heatmap.png'}, {out / 'heatmap.html'}")

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,12 +137,16 @@ def summary_table(result: ReplayResult, worst: int = 3) -> str:
         show = (bad + [r for r in ranked if r not in bad])[:worst]
         if show:
             lines.append(f"\nworst on {spec}:")
-            lines.append(tabulate([[r.seq, r.op, ReplayStatus(r.status).name, _num(r.max_rel_err) or "-",
+            lines.append(tabulate([[r.seq, _cut(f"{r.op} {r.module}".strip(), 70), ReplayStatus(r.status).name,
+                                    _num(r.max_rel_err) or "-",
                                     " ".join((r.error or "").split())[:90]] for r in show],
                                   headers=["seq", "op", "status", "max rel err", "error"]))
     nobody = _unsupported_everywhere(result)
     if nobody:
-        lines.append(f"\n{len(nobody)} op(s) no backend could run: " + ", ".join(sorted(nobody)))
+        # An op with several records (shapes, dtypes: a sweep) may fail in only some of them.
+        total = Counter(r.op for r in result.records)
+        names = [op if n == total[op] else f"{op} ({n} of {total[op]} records)" for op, n in sorted(nobody.items())]
+        lines.append(f"\n{len(nobody)} op(s) no backend could run: " + ", ".join(names))
     if result.skipped:
         lines.append(f"\n{len(result.skipped)} record(s) skipped (inputs cannot be rebuilt):")
         for rec, why in result.skipped[:5]:
@@ -149,26 +154,33 @@ def summary_table(result: ReplayResult, worst: int = 3) -> str:
     return "\n".join(lines)
 
 
-def _unsupported_everywhere(result: ReplayResult) -> set[str]:
+def _unsupported_everywhere(result: ReplayResult) -> Counter[str]:
+    """Op -> how many of its records no backend other than the baseline could run."""
     others = [b for b in result.backends if b != result.baseline]
     if not others:
-        return set()
+        return Counter()
     by_seq: dict[int, list[MatrixRow]] = {}
     for r in result.rows:
         if r.backend in others:
             by_seq.setdefault(r.seq, []).append(r)
-    return {rows[0].op for rows in by_seq.values()
-            if all(not ReplayStatus(r.status).supported and r.status != ReplayStatus.UNSUPPORTED_PLATFORM
-                   for r in rows)}
+    return Counter(rows[0].op for rows in by_seq.values()
+                   if all(not ReplayStatus(r.status).supported and r.status != ReplayStatus.UNSUPPORTED_PLATFORM
+                          for r in rows))
 
 
 # -- heatmap ------------------------------------------------------------------------------------------
 
 def _grid(result: ReplayResult) -> tuple[list[str], list[list[MatrixRow | None]]]:
-    labels = [f"{r.op.removeprefix('aten.')} #{r.seq}" for r in result.records]
+    # The module path (a sweep's case: its shapes, dtype and arguments) tells same-op rows apart.
+    labels = [_cut(f"{r.op.removeprefix('aten.')} #{r.seq}" + (f" {r.module}" if r.module else ""), 90)
+              for r in result.records]
     index = {(r.seq, r.backend): r for r in result.rows}
     grid = [[index.get((rec.seq, b)) for b in result.backends] for rec in result.records]
     return labels, grid
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
@@ -184,7 +196,8 @@ def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
     order = list(COLORS)
     values = [[order.index(ReplayStatus(c.status)) if c else math.nan for c in row] for row in grid]
     fig_h = max(3.0, 0.22 * len(labels) + 1.5)
-    fig, ax = plt.subplots(figsize=(2.0 + 1.4 * len(result.backends), fig_h))
+    label_w = 0.05 * max((len(x) for x in labels), default=0)  # inches of 6-point text: sweep labels are long
+    fig, ax = plt.subplots(figsize=(2.0 + label_w + 1.4 * len(result.backends), fig_h))
     ax.imshow(values, cmap=ListedColormap([COLORS[s] for s in order]), vmin=-0.5, vmax=len(order) - 0.5,
               aspect="auto", interpolation="nearest")
     ax.set_xticks(range(len(result.backends)), result.backends, rotation=30, ha="right", fontsize=8)

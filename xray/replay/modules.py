@@ -21,6 +21,10 @@ from ..backends.base import flatten_tensors
 from ..dump.model import Record, TensorMeta
 from ..dump.protocol import Dump
 
+# The model "factory" of a sweep (xray/replay/sweep.py): each module record is built alone as
+# torch.nn.<record.op>(**its init arguments), no user code involved. Not a valid --model spec.
+TORCH_NN = "torch.nn"
+
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _POSITIONAL = ("forward_input", "input")
 
@@ -110,6 +114,8 @@ def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict
     """(module, tensor inputs) replaying ``record``; ``models`` caches built models per spec."""
     from ..inputs import materialize_value
 
+    if model_spec == TORCH_NN:
+        return _nn_call(record, factory, seed)
     if not model_spec:
         raise ModelSpecError(f"record seq={record.seq} is a module call ({record.op}); pass --model pkg.module:factory")
     if model_spec not in models:
@@ -127,6 +133,32 @@ def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict
     keys, n_positional, keywords = input_order(record)
     tensors = tuple(materialize_value(record.inputs[k], dump, factory=factory, generator=gen) for k in keys)
     _load_recorded_params(inner, record, dump, factory, seed)
+    return ModuleCall(inner, n_positional, keywords), tensors
+
+
+def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
+    """A sweep's module record: ``torch.nn.<record.op>`` built from its init arguments, cast to the
+    dtype of its recorded parameters, which are then drawn from their recorded statistics."""
+    from ..inputs import dtype_of, materialize_value
+    from .sweep import build_nn_module, init_args
+
+    try:
+        inner = build_nn_module(record.op, init_args(record))
+    except (TypeError, ValueError) as e:
+        raise ModelSpecError(f"record seq={record.seq}: cannot build torch.nn.{record.op}: {e}") from e
+    floats = [m.dtype for m in record.params.values() if dtype_of(m.dtype).is_floating_point]
+    if floats:
+        inner = inner.to(dtype_of(floats[0]))
+    gen = torch.Generator().manual_seed(int(seed))
+    keys, n_positional, keywords = input_order(record)
+    tensors = tuple(materialize_value(record.inputs[k], None, factory=factory, generator=gen) for k in keys)
+    own = dict(inner.named_parameters())
+    own.update(inner.named_buffers())
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    with torch.no_grad():
+        for name, meta in record.params.items():
+            if name in own and tuple(own[name].shape) == tuple(meta.shape):
+                own[name].copy_(materialize_value(meta, None, factory=factory, generator=gen).to(own[name].dtype))
     return ModuleCall(inner, n_positional, keywords), tensors
 
 

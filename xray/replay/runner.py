@@ -24,6 +24,7 @@ from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, ReplayResult, MatrixRow
+from .modules import TORCH_NN
 from .output import ReplayDumpWriter
 from .tolerance import judge_backend, judge_layout
 
@@ -70,8 +71,9 @@ class ReplayConfig:
 
 def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
     """Forward op records (or module records with a model), filtered, de-duplicated, limited."""
-    kind = "module" if cfg.model else "op"
-    picked = [r for r in records if r.kind == kind and r.direction == "forward" and not is_not_replayed(r.op)]
+    # A sweep's built-in torch.nn factory replays its op records and its module records together.
+    kinds = {"op", "module"} if cfg.model == TORCH_NN else ({"module"} if cfg.model else {"op"})
+    picked = [r for r in records if r.kind in kinds and r.direction == "forward" and not is_not_replayed(r.op)]
     if cfg.ops:
         picked = [r for r in picked if any(fnmatch.fnmatchcase(r.op, p) or fnmatch.fnmatchcase(r.op, f"*{p}*")
                                            for p in cfg.ops)]

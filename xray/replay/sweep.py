@@ -1,0 +1,687 @@
+"""Declarative sweeps: a YAML spec of ATen ops and ``torch.nn`` modules with grids of shapes,
+dtypes and arguments, expanded into records of xray's data model and written as a trace dump.
+
+Replay then runs that dump exactly as it runs a recording (same workers, statuses, matrix,
+heatmap, per-backend dumps): the spec is only another way to produce records. The YAML is
+untrusted input: ``yaml.safe_load`` only, op names through ``xray.inputs.resolve_op`` (which
+applies ``xray.op_safety``), module classes by name from ``torch.nn`` only, argument values plain
+scalars and lists checked against the op's schema. Schema and examples: docs/replay.md, "Sweeps".
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..dump.model import Record, Scalar, Stats, TensorMeta, echo
+from ..dump.stats import tensor_stats
+from ..dump.tensorio import dtype_name
+from ..record.flatten import flatten_tensors
+
+if TYPE_CHECKING:
+    from .matrix import MatrixRow, ReplayResult
+    from .runner import ReplayConfig
+
+MAX_CASES = 2000          # combinations of one spec (--max-cases raises it)
+MAX_SPEC_BYTES = 1 << 20  # a spec is a page of YAML, not a data file
+MAX_ELEMENTS = 1 << 26    # elements of one input tensor or of one module's parameters (256 MiB fp32)
+MAX_VALUES = 256          # alternatives of one grid axis
+BUILTIN = ("common",)     # --spec common: xray/replay/sweeps/common.yaml
+
+# Dtypes a sweep may name (inputs' `dtypes` grid or an input's fixed `dtype`).
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+DEFAULT_RANGE = (-1.0, 1.0)
+POSITIVE_RANGE = (0.1, 2.0)  # log, sqrt, rsqrt, pow with a fractional exponent
+DEFAULT_INT_RANGE = (0, 9)
+
+_OP_KEYS = ("op", "inputs", "args", "dtypes", "range", "positive")
+_MODULE_KEYS = ("module", "init", "inputs", "dtypes", "range", "positive", "params")
+_INPUT_KEYS = ("shapes", "dtype", "range", "positive", "param")
+# torch.nn classes that hold other modules (or nothing to run): their arguments are not plain values.
+_CONTAINERS = frozenset({"Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
+                         "Container", "Identity"})
+_CLASS_RE = re.compile(r"^[A-Z][A-Za-z0-9_]{0,63}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # YAML 1.1 reads 1e-5 as text
+
+
+class SweepError(ValueError):
+    """The spec cannot be run as written; the message names the file, the entry and the fault."""
+
+
+@dataclass
+class Case:
+    """One combination of an entry: an op call or a module call, as record material."""
+
+    entry: int
+    kind: str  # "op" | "module"
+    op: str  # "aten.mm.default" or the torch.nn class name
+    label: str  # the grid values that make this case, e.g. "self=64x128 mat2=128x64 float32"
+    inputs: dict[str, Any]
+    outputs: list[TensorMeta]
+    params: dict[str, TensorMeta] = field(default_factory=dict)
+
+
+@dataclass
+class Sweep:
+    """An expanded spec: its cases, and the combinations left out because their shapes do not fit."""
+
+    name: str
+    cases: list[Case]
+    left_out: list[str]
+    entries: int
+
+    def records(self) -> list[Record]:
+        out = []
+        for seq, c in enumerate(self.cases):
+            out.append(Record(seq=seq, kind=c.kind, op=c.op, module=c.label, inputs=dict(c.inputs),
+                              outputs=list(c.outputs), params=dict(c.params), call_index=0,
+                              stack=[f"{self.name}: entry {c.entry}"]))
+        return out
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+def load_sweep(spec: str | Path, *, max_cases: int = MAX_CASES) -> Sweep:
+    """Read, validate and expand ``spec`` (a YAML file, or a built-in name such as ``common``)."""
+    name, data = _read(spec)
+    if not isinstance(data, dict):
+        raise SweepError(f"{name}: expected a mapping with 'ops' and/or 'modules' lists, got {type(data).__name__}")
+    unknown = [k for k in data if k not in ("ops", "modules")]
+    if unknown:
+        raise SweepError(f"{name}: unknown top-level key {echo(unknown[0])} (expected 'ops' and/or 'modules')")
+    entries: list[tuple[str, Any]] = []
+    for key in data:  # file order, so "entry N" counts as the reader of the file does
+        items = data[key]
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise SweepError(f"{name}: '{key}' must be a list of entries, got {type(items).__name__}")
+        entries += [(key, item) for item in items]
+    if not entries:
+        raise SweepError(f"{name}: no entries under 'ops' or 'modules'")
+    parsed = []
+    total = 0
+    for i, (key, item) in enumerate(entries, 1):
+        entry = (_OpEntry if key == "ops" else _ModuleEntry)(name, i, item)
+        total += entry.count
+        if total > max_cases:
+            raise SweepError(f"{name}: entry {i} ({entry.title}): the spec expands to more than {max_cases} "
+                             f"combinations (this entry alone: {entry.count}); shrink the grids or raise --max-cases")
+        parsed.append(entry)
+    cases, left_out = [], []
+    for entry in parsed:
+        got, bad = entry.expand()
+        if not got:
+            raise SweepError(f"{entry.where}: none of its {entry.count} combinations runs: {bad[0]}")
+        cases += got
+        left_out += [f"{entry.where}: {b}" for b in bad]
+    return Sweep(name, cases, left_out, len(parsed))
+
+
+def _read(spec: str | Path) -> tuple[str, Any]:
+    import yaml
+
+    if str(spec) in BUILTIN and not Path(spec).is_file():  # a file of that name wins over the built-in
+        name = str(spec)
+        text = (resources.files("xray.replay") / "sweeps" / f"{spec}.yaml").read_text(encoding="utf-8")
+    else:
+        path = Path(spec)
+        name = str(spec)
+        if not path.is_file():
+            raise SweepError(f"{name}: no such spec file (built-in sweeps: {', '.join(BUILTIN)})")
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise SweepError(f"{name}: {path.stat().st_size} bytes; a sweep spec is at most {MAX_SPEC_BYTES}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SweepError(f"{name}: cannot read it as UTF-8 text: {e}") from None
+    try:
+        return name, yaml.safe_load(text)  # never yaml.load: python/object tags must not construct anything
+    except (yaml.YAMLError, RecursionError) as e:
+        raise SweepError(f"{name}: not a valid sweep (YAML): {' '.join(str(e).split())[:300]}") from None
+
+
+# -- shared value checks -----------------------------------------------------------------------------
+
+def _alternatives(value: Any, what: str) -> list[Any]:
+    """A grid axis: a list of alternatives, or one value as shorthand for a list of one."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ValueError(f"{what}: empty list of values")
+    if len(values) > MAX_VALUES:
+        raise ValueError(f"{what}: {len(values)} values (limit {MAX_VALUES})")
+    return values
+
+
+def _plain(v: Any, what: str, depth: int = 0) -> Any:
+    """Numbers, booleans, short strings, null and lists of them; nothing else from YAML."""
+    if v is None or isinstance(v, (bool, int)):
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1 << 62:
+            raise ValueError(f"{what}: integer {echo(v)} out of range")
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"{what}: {v} is not a finite number")
+        return v
+    if isinstance(v, str):
+        if len(v) > 64:
+            raise ValueError(f"{what}: string {echo(v)} is longer than 64 characters")
+        return v
+    if isinstance(v, list) and depth < 2:
+        if len(v) > 64:
+            raise ValueError(f"{what}: list of {len(v)} items (limit 64)")
+        return [_plain(x, what, depth + 1) for x in v]
+    raise ValueError(f"{what}: {echo(v)} is not a plain value (numbers, booleans, strings, null, lists of them)")
+
+
+def _is_plain(v: Any) -> bool:
+    try:
+        _plain(v, "default")
+        return True
+    except ValueError:
+        return False
+
+
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, str) and _FLOAT_TEXT.match(v):  # YAML 1.1: "1e-5" without a dot is a string
+        return float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{what}: expected a number, got {echo(v)}")
+    return float(v) if isinstance(v, float) else v
+
+
+def _range(v: Any, what: str) -> tuple[float, float]:
+    if not (isinstance(v, list) and len(v) == 2):
+        raise ValueError(f"{what}: expected [lo, hi], got {echo(v)}")
+    lo, hi = (_number(x, what) for x in v)
+    if lo > hi:
+        raise ValueError(f"{what}: lo {lo} is above hi {hi}")
+    return float(lo), float(hi)
+
+
+def _dtype(v: Any, what: str) -> str:
+    if not isinstance(v, str) or v.removeprefix("torch.") not in DTYPES:
+        raise ValueError(f"{what}: unknown dtype {echo(v)} (one of {', '.join(DTYPES)})")
+    return v.removeprefix("torch.")
+
+
+def _shape(v: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or len(v) > 8 or not all(type(n) is int and 0 <= n for n in v):
+        raise ValueError(f"{what}: a shape is a list of at most 8 sizes >= 0, got {echo(v)}")
+    if math.prod(v) > MAX_ELEMENTS:
+        raise ValueError(f"{what}: shape {v} has {math.prod(v)} elements (limit {MAX_ELEMENTS})")
+    return tuple(v)
+
+
+def _keys(d: Any, allowed: tuple[str, ...], what: str) -> dict:
+    if not isinstance(d, dict):
+        raise ValueError(f"{what}: expected a mapping, got {type(d).__name__} {echo(d)}")
+    for k in d:
+        if k not in allowed:
+            raise ValueError(f"{what}: unknown key {echo(k)} (allowed: {', '.join(allowed)})")
+    return d
+
+
+@dataclass
+class _Input:
+    """How one tensor argument is drawn: its shapes (one per case), fixed dtype, value range."""
+
+    shapes: list[Any]  # tuple[int, ...] per case, or list of them for Tensor[] arguments
+    dtype: str | None  # None: follows the entry's dtypes grid
+    range: tuple[float, float] | None
+    param: bool = False  # a model parameter: baked in as a constant, as in an exported model
+
+
+def _parse_input(value: Any, what: str, is_list: bool, entry_range: tuple[float, float] | None) -> _Input:
+    spec = {"shapes": value} if isinstance(value, list) else _keys(value, _INPUT_KEYS, what)
+    shapes = spec.get("shapes")
+    if not isinstance(shapes, list) or not shapes:
+        raise ValueError(f"{what}: expected a list of shapes, e.g. [[64, 128]] (or a mapping with 'shapes')")
+    if all(type(n) is int for n in shapes):
+        raise ValueError(f"{what}: {echo(shapes)} is one shape; give a list of shapes, e.g. [{shapes}]")
+    if len(shapes) > MAX_VALUES:
+        raise ValueError(f"{what}: {len(shapes)} shapes (limit {MAX_VALUES})")
+    if is_list:
+        for s in shapes:
+            if not isinstance(s, list) or not s:
+                raise ValueError(f"{what}: a tensor-list argument takes a list of shapes per case, got {echo(s)}")
+        parsed = [[_shape(x, what) for x in s] for s in shapes]
+    else:
+        parsed = [_shape(s, what) for s in shapes]
+    rng = entry_range
+    if "range" in spec:
+        rng = _range(spec["range"], f"{what}.range")
+    if spec.get("positive") is True:
+        rng = POSITIVE_RANGE
+    dtype = _dtype(spec["dtype"], f"{what}.dtype") if "dtype" in spec else None
+    return _Input(parsed, dtype, rng, param=spec.get("param") is True)
+
+
+def _meta(shape: tuple[int, ...], dtype: str, rng: tuple[float, float] | None, param: bool) -> TensorMeta:
+    """Metadata and statistics from which the ``random`` input factory draws this tensor."""
+    dt = getattr(torch, dtype)
+    n = math.prod(shape)
+    if dt == torch.bool:
+        stats = Stats(0.0, 1.0, 0.5, 0.5, numel=n)
+    else:
+        lo, hi = rng or (DEFAULT_RANGE if dt.is_floating_point else DEFAULT_INT_RANGE)
+        stats = Stats(lo, hi, (lo + hi) / 2, (hi - lo) / math.sqrt(12), numel=n)
+    from ..inputs import contiguous_stride
+
+    return TensorMeta(shape, dtype, contiguous_stride(shape), requires_grad=param, stats=stats)
+
+
+def _on_meta(m: TensorMeta) -> torch.Tensor:
+    return torch.empty(m.shape, dtype=getattr(torch, m.dtype), device="meta")
+
+
+def _output_metas(result: Any) -> list[TensorMeta]:
+    """Output metadata of a meta-device call; outputs too large to compare are refused (a small
+    input can ask for a huge one: expand, repeat, a size argument)."""
+    metas = [TensorMeta(tuple(t.shape), dtype_name(t.dtype)) for t in flatten_tensors(result)]
+    for m in metas:
+        if m.numel > MAX_ELEMENTS:
+            raise ValueError(f"output of shape {list(m.shape)} has {m.numel} elements (limit {MAX_ELEMENTS})")
+    return metas
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, TensorMeta):
+        return "x".join(map(str, v.shape)) or "scalar"
+    if isinstance(v, list) and v and all(isinstance(x, TensorMeta) for x in v):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, Scalar):
+        return str(v.value)
+    return str(v).replace(" ", "")
+
+
+def _short(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+
+
+# -- op entries --------------------------------------------------------------------------------------
+
+def _resolve(name: Any) -> torch._ops.OpOverload:
+    """``aten.<op>.<overload>`` (or ``aten.<op>`` for its default overload) of this torch, safe to run."""
+    from ..inputs import resolve_op
+
+    if not isinstance(name, str):
+        raise ValueError(f"'op' must be a name like aten.mm.default, got {echo(name)}")
+    parts = name.split(".")
+    if parts[0] != "aten":
+        raise ValueError(f"only ATen ops can be swept (aten.<op>.<overload>), got {echo(name)}")
+    if len(parts) == 2:
+        ok = _IDENT_RE.match(parts[1]) and not parts[1].startswith("__")  # never a Python attribute of torch.ops
+        packet = getattr(torch.ops.aten, parts[1], None) if ok else None
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            packet = None
+        if packet is None or "default" not in packet.overloads():
+            hint = f"; overloads: {', '.join(packet.overloads()[:12])}" if packet is not None else ""
+            raise ValueError(f"unknown op {echo(name)}: give aten.<op>.<overload>{hint}")
+        name = f"{name}.default"
+    return resolve_op(name)
+
+
+class _Entry:
+    title: str
+    count: int
+
+    def __init__(self, spec_name: str, index: int) -> None:
+        self.spec_name, self.index = spec_name, index
+
+    @property
+    def where(self) -> str:
+        return f"{self.spec_name}: entry {self.index} ({self.title})"
+
+    def fail(self, message: str) -> SweepError:
+        return SweepError(f"{self.where}: {message}")
+
+
+class _OpEntry(_Entry):
+    """``op`` with ``inputs`` (shapes zipped case by case), ``args`` and ``dtypes`` (crossed)."""
+
+    def __init__(self, spec_name: str, index: int, item: Any) -> None:
+        super().__init__(spec_name, index)
+        self.title = str(item.get("op"))[:80] if isinstance(item, dict) else "?"
+        try:
+            self._parse(item)
+        except ValueError as e:
+            raise self.fail(str(e)) from None
+
+    def _parse(self, item: Any) -> None:
+        _keys(item, _OP_KEYS, "entry")
+        self.func = _resolve(item.get("op"))
+        self.title = str(self.func)  # aten.mm.default
+        schema = {a.name: a for a in self.func._schema.arguments}
+        rng = _range(item["range"], "range") if "range" in item else None
+        if item.get("positive") is True:
+            rng = POSITIVE_RANGE
+        raw_inputs = _keys(item.get("inputs"), tuple(schema), "inputs") if "inputs" in item else {}
+        self.inputs: dict[str, _Input] = {}
+        for k, v in raw_inputs.items():
+            kind = _tensor_kind(schema[k])
+            if kind is None:
+                raise ValueError(f"inputs.{k}: not a tensor argument of {self.title} "
+                                 f"(tensor arguments: {', '.join(n for n, a in schema.items() if _tensor_kind(a))})")
+            self.inputs[k] = _parse_input(v, f"inputs.{k}", kind == "list", rng)
+        lengths = {len(i.shapes) for i in self.inputs.values()} - {1}
+        if len(lengths) > 1:
+            raise ValueError(f"inputs: shape lists are zipped case by case, so they need equal lengths "
+                             f"(or one shape), got {sorted(lengths)}")
+        self.positions = max([len(i.shapes) for i in self.inputs.values()] or [1])
+        raw_args = _keys(item.get("args") or {}, tuple(schema), "args")
+        self.args: dict[str, list[Any]] = {}
+        for k, v in raw_args.items():
+            if k in self.inputs or _tensor_kind(schema[k]):
+                raise ValueError(f"args.{k}: a tensor argument; give its shapes under 'inputs'")
+            self.args[k] = [_arg_value(schema[k], x, f"args.{k}") for x in _alternatives(v, f"args.{k}")]
+        unset = [n for n, a in schema.items() if not a.has_default_value() and n not in self.inputs
+                 and n not in self.args]
+        self.nulls = {n for n in unset if str(schema[n].real_type).startswith("Optional")}
+        missing = [n for n in unset if n not in self.nulls]
+        # Defaults are recorded as the recorder records them (xray.record.encode.bind_inputs), so a
+        # record reads the same either way: SDPA's dropout_p=0.0 marks it deterministic.
+        self.defaults = {n: a.default_value for n, a in schema.items() if n not in self.inputs and n not in self.args
+                         and a.has_default_value() and _is_plain(a.default_value)}
+        if missing:
+            raise ValueError(f"argument {missing[0]!r} of {self.title} has no default; give it under "
+                             f"{'inputs' if _tensor_kind(schema[missing[0]]) else 'args'}")
+        self.dtypes = [_dtype(d, "dtypes") for d in _alternatives(item.get("dtypes", "float32"), "dtypes")]
+        if all(i.dtype is not None for i in self.inputs.values()) and "dtypes" in item and len(self.dtypes) > 1:
+            raise ValueError("'dtypes' given, but every input has a fixed dtype")
+        if not any(i.dtype is None for i in self.inputs.values()):
+            self.dtypes = self.dtypes[:1]
+        self.count = self.positions * len(self.dtypes) * math.prod(len(v) for v in self.args.values())
+
+    def expand(self) -> tuple[list[Case], list[str]]:
+        from ..inputs import split_args
+
+        cases, bad = [], []
+        order = [a.name for a in self.func._schema.arguments]
+        for pos, dtype, combo in itertools.product(range(self.positions), self.dtypes,
+                                                   itertools.product(*self.args.values())):
+            values: dict[str, Any] = {}
+            for name in order:
+                if name in self.inputs:
+                    spec = self.inputs[name]
+                    shape = spec.shapes[pos if len(spec.shapes) > 1 else 0]
+                    dt = spec.dtype or dtype
+                    values[name] = ([_meta(s, dt, spec.range, spec.param) for s in shape]
+                                    if isinstance(shape, list) else _meta(shape, dt, spec.range, spec.param))
+                elif name in self.args:
+                    values[name] = dict(zip(self.args, combo))[name]
+                elif name in self.nulls:
+                    values[name] = None  # Tensor? weight without a default: the call needs an explicit None
+                elif name in self.defaults:
+                    values[name] = self.defaults[name]
+            label = " ".join([f"{k}={_fmt(v)}" for k, v in values.items() if k in self.inputs]
+                             + ([dtype] if any(i.dtype is None for i in self.inputs.values()) else [])
+                             + [f"{k}={_fmt(v)}" for k, v in values.items() if k in self.args])
+            try:
+                live = {k: _live(v) for k, v in values.items()}
+                args, kwargs = split_args(self.func, live, self.title)
+                outputs = _output_metas(self.func(*args, **kwargs))
+            except Exception as e:  # noqa: BLE001 - a combination whose shapes do not fit is left out
+                bad.append(f"{label}: {_short(e)}")
+                continue
+            if not outputs:
+                bad.append(f"{label}: returns no tensor, nothing to compare")
+                continue
+            cases.append(Case(self.index, "op", self.title, label, values, outputs))
+        return cases, bad
+
+
+def _tensor_kind(arg: Any) -> str | None:
+    t = str(arg.real_type)
+    if t in ("Tensor", "Optional[Tensor]"):
+        return "tensor"
+    if t in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return "list"
+    return None
+
+
+def _arg_value(arg: Any, v: Any, what: str) -> Any:
+    """One alternative of a non-tensor argument, checked against its schema type."""
+    t = str(arg.real_type)
+    if v is None:
+        if t.startswith("Optional") or (arg.has_default_value() and arg.default_value is None):
+            return None
+        raise ValueError(f"{what}: null, but {arg.name!r} is not optional")
+    base = t.removeprefix("Optional[").removesuffix("]") if t.startswith("Optional[") else t
+    if base in ("int", "SymInt"):
+        if type(v) is not int:
+            raise ValueError(f"{what}: expected an integer, got {echo(v)}")
+        return _plain(v, what)
+    if base == "float":
+        return float(_number(v, what))
+    if base == "number":
+        return v if isinstance(v, bool) else _number(v, what)
+    if base == "bool":
+        if not isinstance(v, bool):
+            raise ValueError(f"{what}: expected true or false, got {echo(v)}")
+        return v
+    if base == "str":
+        if not isinstance(v, str):
+            raise ValueError(f"{what}: expected a string, got {echo(v)}")
+        return _plain(v, what)
+    if base == "ScalarType":
+        return Scalar("dtype", _dtype(v, what))
+    if base in ("List[int]", "List[SymInt]"):
+        if type(v) is int and arg.N:  # int[2] takes one int for every dimension, as in Python
+            return _plain(v, what)
+        if not isinstance(v, list) or not all(type(x) is int for x in v):
+            raise ValueError(f"{what}: expected a list of integers, e.g. [[1, 0]] for one alternative, got {echo(v)}")
+        return _plain(v, what)
+    if base == "List[float]":
+        if not isinstance(v, list):
+            raise ValueError(f"{what}: expected a list of numbers, got {echo(v)}")
+        return [float(_number(x, what)) for x in v]
+    if base == "List[bool]":
+        if not isinstance(v, list) or not all(isinstance(x, bool) for x in v):
+            raise ValueError(f"{what}: expected a list of booleans, got {echo(v)}")
+        return _plain(v, what)
+    raise ValueError(f"{what}: arguments of type {t} cannot be set in a sweep")
+
+
+def _live(v: Any) -> Any:
+    """A case value as the meta-device call that checks its shapes needs it."""
+    if isinstance(v, TensorMeta):
+        return _on_meta(v)
+    if isinstance(v, Scalar):
+        return getattr(torch, v.value)
+    if isinstance(v, list):
+        return [_live(x) for x in v]
+    return v
+
+
+# -- module entries ----------------------------------------------------------------------------------
+
+def nn_class(name: Any) -> type[torch.nn.Module]:
+    """The ``torch.nn`` module class called ``name`` (``Conv2d``, ``nn.Conv2d``, ``torch.nn.Conv2d``).
+
+    Only classes defined in ``torch.nn.modules`` and not containers: nothing is imported, nothing
+    outside torch.nn is reachable. Used when the spec is read and again in each replay worker.
+    """
+    short = name.removeprefix("torch.").removeprefix("nn.") if isinstance(name, str) else None
+    cls = getattr(torch.nn, short, None) if short and _CLASS_RE.match(short) else None
+    if (not isinstance(cls, type) or not issubclass(cls, torch.nn.Module) or short in _CONTAINERS
+            or not cls.__module__.startswith("torch.nn.modules.")):
+        raise ValueError(f"module {echo(name)} is not a torch.nn layer class (e.g. torch.nn.Conv2d); "
+                         "only torch.nn classes by name can be swept")
+    return cls
+
+
+def build_nn_module(cls_name: str, init: dict[str, Any]) -> torch.nn.Module:
+    """``torch.nn.<cls_name>(**init)`` in eval mode, the init values plain (lists, numbers, strings),
+    its parameters and buffers at most MAX_ELEMENTS (counted on the meta device first)."""
+    cls = nn_class(cls_name)
+    for k, v in init.items():
+        if not _IDENT_RE.match(k) or k in ("device", "dtype"):
+            raise ValueError(f"init argument {echo(k)} is not allowed")
+        _plain(v, f"init.{k}")
+    if torch.get_default_device().type != "meta":
+        with torch.device("meta"):
+            n = sum(t.numel() for t in cls(**init).state_dict().values())
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{n} parameter elements (limit {MAX_ELEMENTS})")
+    return cls(**init).eval()
+
+
+def _init_names(cls: type) -> list[str]:
+    params = inspect.signature(cls.__init__).parameters
+    return [n for n, p in params.items() if n not in ("self", "device", "dtype")
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _forward_names(cls: type) -> list[str]:
+    params = inspect.signature(cls.forward).parameters
+    return [n for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY)]
+
+
+class _ModuleEntry(_Entry):
+    """``module`` with ``init`` (crossed), ``inputs`` (zipped) and ``dtypes`` (crossed)."""
+
+    def __init__(self, spec_name: str, index: int, item: Any) -> None:
+        super().__init__(spec_name, index)
+        self.title = str(item.get("module"))[:80] if isinstance(item, dict) else "?"
+        try:
+            self._parse(item)
+        except ValueError as e:
+            raise self.fail(str(e)) from None
+
+    def _parse(self, item: Any) -> None:
+        _keys(item, _MODULE_KEYS, "entry")
+        self.cls = nn_class(item.get("module"))
+        self.title = f"torch.nn.{self.cls.__name__}"
+        names = _init_names(self.cls)
+        raw_init = _keys(item.get("init") or {}, tuple(names), "init")
+        self.init = {k: [_plain(x, f"init.{k}") for x in _alternatives(v, f"init.{k}")] for k, v in raw_init.items()}
+        rng = _range(item["range"], "range") if "range" in item else None
+        if item.get("positive") is True:
+            rng = POSITIVE_RANGE
+        forward = _forward_names(self.cls)
+        raw = item.get("inputs")
+        if isinstance(raw, list):
+            raw = {forward[0] if forward else "input": raw}
+        raw = _keys(raw, tuple(forward), "inputs")
+        if not raw:
+            raise ValueError("inputs: give the shapes of the module's input, e.g. inputs: [[1, 3, 32, 32]]")
+        self.inputs = {k: _parse_input(v, f"inputs.{k}", False, rng) for k, v in raw.items()}
+        given = [forward.index(k) for k in self.inputs]
+        if sorted(given) != list(range(len(given))):
+            raise ValueError(f"inputs: forward takes {', '.join(forward)}; give its first {len(given)} "
+                             "arguments (tensors are passed by position)")
+        self.inputs = dict(sorted(self.inputs.items(), key=lambda kv: forward.index(kv[0])))
+        lengths = {len(i.shapes) for i in self.inputs.values()} - {1}
+        if len(lengths) > 1:
+            raise ValueError(f"inputs: shape lists are zipped case by case, so they need equal lengths "
+                             f"(or one shape), got {sorted(lengths)}")
+        self.positions = max(len(i.shapes) for i in self.inputs.values())
+        raw_params = item.get("params") or {}
+        if not isinstance(raw_params, dict):
+            raise ValueError(f"params: expected a mapping of parameter or buffer name to [lo, hi], "
+                             f"got {echo(raw_params)}")
+        self.params = {str(k)[:64]: _range(v, f"params.{k}") for k, v in raw_params.items()}
+        self.dtypes = [_dtype(d, "dtypes") for d in _alternatives(item.get("dtypes", "float32"), "dtypes")]
+        if any(getattr(torch, d).is_floating_point is False for d in self.dtypes):
+            raise ValueError(f"dtypes: a module runs in a floating dtype, got {self.dtypes}")
+        self.count = self.positions * len(self.dtypes) * math.prod(len(v) for v in self.init.values())
+
+    def expand(self) -> tuple[list[Case], list[str]]:
+        cases, bad = [], []
+        for init_values in itertools.product(*self.init.values()):
+            init = dict(zip(self.init, init_values))
+            init_label = " ".join(f"{k}={_fmt(v)}" for k, v in init.items())
+            try:
+                with torch.device("meta"):
+                    shell = build_nn_module(self.cls.__name__, init)
+                unknown = [k for k in self.params if k not in shell.state_dict()]
+                if unknown:
+                    raise ValueError(f"params: {unknown[0]!r} is not a parameter or buffer of it "
+                                     f"({', '.join(shell.state_dict())})")
+                with torch.random.fork_rng(devices=[]):  # the caller's random stream stays untouched
+                    torch.manual_seed(0)  # statistics of the default initialisation; replay draws within them
+                    real = build_nn_module(self.cls.__name__, init)
+            except Exception as e:  # noqa: BLE001 - an init that torch.nn rejects is left out
+                bad += [f"{init_label}: {_short(e)}"] * (self.positions * len(self.dtypes))
+                continue
+            for pos, dtype in itertools.product(range(self.positions), self.dtypes):
+                tensors = {f"input.{i}": _meta(spec.shapes[pos if len(spec.shapes) > 1 else 0], spec.dtype or dtype,
+                                               spec.range, False)
+                           for i, spec in enumerate(self.inputs.values())}
+                label = " ".join(filter(None, [init_label, " ".join(
+                    f"{k}={_fmt(m)}" for k, m in zip(self.inputs, tensors.values())), dtype]))
+                try:
+                    shell.to(getattr(torch, dtype))
+                    outputs = _output_metas(shell(*[_on_meta(m) for m in tensors.values()]))
+                except Exception as e:  # noqa: BLE001 - shapes that do not fit the module are left out
+                    bad.append(f"{label}: {_short(e)}")
+                    continue
+                if not outputs:
+                    bad.append(f"{label}: returns no tensor, nothing to compare")
+                    continue
+                params = {}
+                for k, t in real.state_dict().items():
+                    t = t.to(getattr(torch, dtype)) if t.is_floating_point() else t
+                    st = tensor_stats(t)
+                    if k in self.params:
+                        lo, hi = self.params[k]
+                        st = Stats(lo, hi, (lo + hi) / 2, (hi - lo) / math.sqrt(12), numel=t.numel())
+                    params[k] = TensorMeta(tuple(t.shape), dtype_name(t.dtype), tuple(t.stride()), stats=st)
+                inputs = dict(tensors)
+                inputs.update({f"{INIT_PREFIX}{k}": v for k, v in init.items()})
+                cases.append(Case(self.index, "module", self.cls.__name__, label, inputs, outputs, params))
+        return cases, bad
+
+
+# Module records of a sweep carry the class's init arguments as non-tensor inputs "init.<name>";
+# replay's module input order (xray.replay.modules.input_order) skips them.
+INIT_PREFIX = "init."
+
+
+def init_args(record: Record) -> dict[str, Any]:
+    return {k[len(INIT_PREFIX):]: v for k, v in record.inputs.items() if k.startswith(INIT_PREFIX)}
+
+
+# -- the dump ----------------------------------------------------------------------------------------
+
+def write_sweep_dump(sweep: Sweep, folder: Path) -> Path:
+    """The sweep as an xray trace dump (records only: inputs are drawn from their statistics)."""
+    import platform
+
+    from ..dump.writer import DumpWriter
+
+    header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
+              "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
+              "config": {}, "sweep": {"spec": sweep.name, "entries": sweep.entries, "cases": len(sweep.cases),
+                                      "left_out": len(sweep.left_out)}}
+    writer = DumpWriter(Path(folder), header)
+    for rec in sweep.records():
+        writer.add(rec)
+    n = len(sweep.cases)
+    return writer.close({"op_calls": n, "records": n, "tensors_saved": 0, "seconds": 0.0, "error": None})
+
+
+def replay_sweep(spec: str | Path, cfg: "ReplayConfig", *, max_cases: int = MAX_CASES,
+                 on_row: Callable[["MatrixRow"], None] | None = None) -> tuple[Sweep, "ReplayResult"]:
+    """Expand ``spec`` into ``cfg.out/spec-dump`` and replay that dump as configured; inputs are
+    drawn from the spec's ranges (the random factory), modules built by the torch.nn factory."""
+    from .modules import TORCH_NN
+    from .runner import replay_dump
+
+    if cfg.factory == "load":
+        raise SweepError(f"{spec}: a sweep has no saved tensors to load; its inputs are drawn at random "
+                         "(drop --factory load)")
+    sweep = load_sweep(spec, max_cases=max_cases)
+    folder = write_sweep_dump(sweep, Path(cfg.out) / "spec-dump")
+    return sweep, replay_dump(folder, dataclasses.replace(cfg, factory="random", model=TORCH_NN), on_row)
