@@ -235,6 +235,32 @@ def test_an_inserted_target_only_op_that_changes_values_is_the_origin_even_withi
     assert cast.summary.first_divergence is None
 
 
+def test_an_integer_result_right_on_its_inputs_is_not_born(tmp_path):
+    """Pooling indices or an argmax flip when near-equal inputs move by rounding (bf16 upstream):
+    recomputed on the target's own inputs they are right, so not a bug; a wrong one still is."""
+    x = _x(4, 64)
+    x[:, 7] = x.max() + 1.0
+    x[:, 9] = x[:, 7] + 1e-6  # the argmax, by a hair
+    moved = x.clone()
+    moved[:, 9] -= 2e-6  # within float32 agreement, and now column 7 wins
+    op = lambda inp, out: Op("aten.argmax.default", out, inputs={"self": inp}, sources={"self": "input"},  # noqa: E731
+                             save_inputs=True)
+    flipped = _pair(tmp_path / "tie", [op(x, x.argmax())], [op(moved, moved.argmax())])
+    assert flipped.rows[0].status == "warning" and flipped.summary.first_divergence is None
+    wrong = _pair(tmp_path / "bug", [op(x, x.argmax())], [op(x, x.argmax() + 1)])
+    assert wrong.rows[0].status == "fail" and wrong.summary.first_divergence["cause"] == "local error"
+
+
+def test_statistics_only_rule_counts_calls_not_outputs(tmp_path):
+    """A module call returning two outputs is one call: alone it shows no consistent level, so
+    its error stays a failure (it read as "2 calls" of precision loss and hid a conv bug)."""
+    x = _x(8, 32)
+    run = lambda s: [Op("Encoder", x * s, module="enc", kind="module", inputs={"x": x},  # noqa: E731
+                        sources={"x": "input"}, more_outputs=[(x * s).sum(0)])]
+    r = _pair(tmp_path, run(1.0), run(1 + 3e-4), save=False)
+    assert r.summary.first_divergence is not None and r.summary.first_divergence["module"] == "enc"
+
+
 # -- class 6: no overflow, no recursion --------------------------------------------------------------
 def test_metrics_are_finite_safe_near_float_max():
     big = torch.finfo(torch.float32).max

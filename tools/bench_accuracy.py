@@ -33,7 +33,7 @@ from tabulate import tabulate  # noqa: E402
 
 from accuracy import report  # noqa: E402
 from accuracy.runner import run_scenario  # noqa: E402
-from accuracy.scenarios import quick, scenarios  # noqa: E402
+from accuracy.scenarios import holdout, quick, scenarios  # noqa: E402
 
 
 def xray_version(root: Path) -> str:
@@ -54,10 +54,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", metavar="REGEX", help="run the scenarios whose name matches (e.g. 'backward|noise/')")
     ap.add_argument("--csv", type=Path, help="write one row per scenario (pandas-readable)")
     ap.add_argument("--json", type=Path, help="write the headline figures (tools/bench.py reads them)")
+    ap.add_argument("--holdout", action="store_true",
+                    help="the held-out scenarios instead (Mistral, ResNet: never used to write the rules)")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per scenario as it runs")
     args = ap.parse_args(argv)
-    chosen = quick(scenarios()) if args.quick else scenarios()
+    chosen = holdout() if args.holdout else scenarios()
+    chosen = quick(chosen) if args.quick else chosen
     if args.only:
         chosen = [s for s in chosen if re.search(args.only, s.name)]
     if args.list:

@@ -78,6 +78,21 @@ def _vit() -> torch.nn.Module:
                                                num_labels=10, attn_implementation="sdpa"))
 
 
+def _mistral() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import MistralConfig, MistralForCausalLM
+    return MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                            max_position_embeddings=64, sliding_window=4, attn_implementation="sdpa"))
+
+
+def _resnet() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import ResNetConfig, ResNetForImageClassification
+    return ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32],
+                                                     depths=[1, 1], layer_type="basic", num_labels=10))
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -95,6 +110,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
                                       "decoder_input_ids": _tokens(1, 4)}),
     Arch("vit", _seeded(_vit), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                      generator=torch.Generator().manual_seed(0))}),
+    # held out: never used while the rules were written (scenarios.holdout)
+    Arch("mistral", _seeded(_mistral), lambda: {"input_ids": _tokens(2)}),
+    Arch("resnet", _seeded(_resnet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                           generator=torch.Generator().manual_seed(1))}),
 )}
 
 

@@ -108,6 +108,45 @@ def scenarios() -> list[Scenario]:
     return out
 
 
+def holdout() -> list[Scenario]:
+    """Scenarios on two architectures the rules never saw while they were written (Mistral with a
+    sliding window, a ResNet CNN: convolutions and batch norm), with the same amounts: the
+    benchmark's check against rules tuned to their own cases."""
+    out: list[Scenario] = []
+
+    def add(cls: str, arch: str, **kw) -> None:
+        out.append(Scenario(name=f"holdout/{cls}/{arch}/{len(out)}", cls=f"holdout {cls}", arch=arch, **kw))
+
+    conv, bn = "convolution.default", "_native_batch_norm_legit_no_training.default"
+    for arch, fault in (("mistral", _f(MM, 9)), ("mistral", _f("silu.default", 1)), ("resnet", _f(conv, 3)),
+                        ("resnet", _f(ADDMM, 0))):
+        add("whole-1e-3", arch, fault=fault)
+    add("whole-1e-3/stats", "resnet", fault=_f(conv, 2), data=False)
+    for arch, fault in (("mistral", _f(MM, 5, "few", 1e-2)), ("resnet", _f(conv, 2, "spike", 8)),
+                        ("resnet", _f("relu.default", 3, "zero-col", 1))):
+        add("partial", arch, fault=fault)
+    add("small-magnitude", "mistral", fault=_f("mean.dim", 3))
+    add("backward", "mistral", fault=Fault(MM, 7, "rel", 1e-3, "backward"), backward=True)
+    add("backward", "resnet", fault=Fault("aten.convolution_backward.default", 1, "rel", 1e-3, "backward"),
+        backward=True)
+    add("parameter", "mistral", param="model.layers.1.self_attn.k_proj.weight")
+    add("parameter", "resnet", param="resnet.encoder.stages.1.layers.0.layer.0.convolution.weight")
+    add("module-level", "mistral", fault=_f(MM, 6), dump="module", data=True)
+    add("module-level", "resnet", fault=_f(conv, 4), dump="module", data=False)
+    add("target-only-op", "mistral", target_only="model.layers.0.mlp.down_proj")
+    add("target-only-op", "resnet", target_only="resnet.encoder.stages.0.layers.0.layer.1.convolution")
+    add("noise+bug/tf32", "mistral", fault=_f(MM, 8, "rel", 2e-2), noise="tf32")
+    add("noise+bug/tf32", "resnet", fault=_f(conv, 4, "rel", 2e-2), noise="tf32")
+    add("noise+bug/bf16", "mistral", fault=_f(MM, 10, "rel", 5e-2), noise="bf16")
+    add("noise+bug/bf16", "resnet", fault=_f(conv, 2, "rel", 5e-2), noise="bf16")
+    for noise, archs in (("bf16", ("mistral", "resnet")), ("fp16", ("mistral",)), ("tf32", ("mistral", "resnet")),
+                         ("threads", ("mistral", "resnet"))):
+        for arch in archs:
+            add(f"noise/{noise}", arch, noise=noise)
+    add("noise/tf32", "resnet", noise="tf32", dump="module", data=False)
+    return out
+
+
 def quick(all_: list[Scenario]) -> list[Scenario]:
     """Every other scenario of each class (at least one): the same classes in half the time."""
     seen: dict[str, int] = {}

@@ -108,16 +108,17 @@ def _statistics_precision_loss(pending: list[_Pending], rules: Any) -> None:
     f = rules.precision_factor
     unmeasured = [(p, r) for p in pending for r in p.rows
                   if r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and r.stats_err]
-    kinds: dict[tuple, list[CompareRow]] = {}
+    kinds: dict[tuple, dict[int, float]] = {}  # kind -> call (target seq) -> its worst output's error
     for p, r in unmeasured:
         if r.origin == "born" and r.cause == "local error":
-            kinds.setdefault((p.target.op, p.target.record.direction), []).append(r)
+            calls = kinds.setdefault((p.target.op, p.target.record.direction), {})
+            calls[p.target.record.seq] = max(calls.get(p.target.record.seq, 0.0), r.stats_err)
     # no reduced-precision step moves values by more than its unit roundoff (bf16: 2**-8)
     largest_step = 2.0 ** -(min(PRECISION_STEPS.values()) + 1)
     level, shown_by = 0.0, ""
-    for (op, _), rows in kinds.items():
-        mid = statistics.median(r.stats_err for r in rows)
-        consistent = [r for r in rows if mid / f <= r.stats_err <= f * mid]
+    for (op, _), calls in kinds.items():
+        mid = statistics.median(calls.values())
+        consistent = [e for e in calls.values() if mid / f <= e <= f * mid]
         if len(consistent) >= 2 and level < mid <= largest_step:
             level, shown_by = mid, f"{op} ({len(consistent)} calls)"
     if not level:

@@ -27,7 +27,7 @@ MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU floa
 class LocalError:
     """Errors of one output against the float64 recomputation (normwise, see normwise_error)."""
 
-    local: float  # the target's recorded output
+    local: float  # the target's recorded output (integers: the share of elements that differ)
     floor: float  # CPU at the target's dtype
     dtype: torch.dtype  # the target output's dtype
     steps: dict[str, float] = field(default_factory=dict)  # precision step name -> its error
@@ -76,13 +76,19 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
         if func._schema.is_mutable:
             return None
         target = dump.load_tensor(output).reshape(output.shape)
-        if not target.is_floating_point():
-            return None
 
         def run(fn) -> torch.Tensor | None:
             with torch.no_grad():
                 return _output(func(*_convert(args, fn), **_convert(kwargs, fn)), k)
 
+        if not target.is_floating_point():
+            # Integer results (pooling indices, argmax, positions) are exact: right on these inputs
+            # or not. A tie broken another way after bf16 rounding upstream is right on its inputs.
+            native = run(lambda t: t)
+            if native is None or native.shape != target.shape or native.dtype != target.dtype:
+                return None
+            wrong = float((native != target).double().mean()) if target.numel() else 0.0
+            return LocalError(wrong, 0.0, target.dtype)
         exact = run(lambda t: t.to(torch.float64))
         native = run(lambda t: t)
         if exact is None or native is None or exact.numel() != target.numel():

@@ -28,6 +28,7 @@ class Op:
     save_inputs: bool = False
     direction: str = "forward"
     count: int = 1
+    more_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs 1, 2, ... of the same call
 
 
 def meta_of(t: torch.Tensor) -> TensorMeta:
@@ -51,10 +52,12 @@ def write_dump(folder: Path, ops: list[Op], save: bool = True, finish: bool = Tr
             m.source = f"param:{o.module}.{k}"
             if save:
                 m.data = w.save_tensor(rec, f"param.{k}", o.params[k].contiguous())
-        out = meta_of(o.out)
-        if save:
-            out.data = w.save_tensor(rec, "out.0", o.out.contiguous())
-        rec.outputs = [out]
+        rec.outputs = []
+        for i, t in enumerate([o.out, *o.more_outputs]):
+            out = meta_of(t)
+            if save:
+                out.data = w.save_tensor(rec, f"out.{i}", t.contiguous())
+            rec.outputs.append(out)
         w.add(rec)
     if finish:
         w.close({})
