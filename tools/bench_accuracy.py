@@ -54,12 +54,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", metavar="REGEX", help="run the scenarios whose name matches (e.g. 'backward|noise/')")
     ap.add_argument("--csv", type=Path, help="write one row per scenario (pandas-readable)")
     ap.add_argument("--json", type=Path, help="write the headline figures (tools/bench.py reads them)")
-    ap.add_argument("--holdout", action="store_true",
-                    help="the held-out scenarios instead (Mistral, ResNet: never used to write the rules)")
+    ap.add_argument("--holdout", type=int, choices=(1, 2), metavar="SET",
+                    help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt); see accuracy/scenarios.py")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per scenario as it runs")
     args = ap.parse_args(argv)
-    chosen = holdout() if args.holdout else scenarios()
+    chosen = holdout(args.holdout) if args.holdout else scenarios()
     chosen = quick(chosen) if args.quick else chosen
     if args.only:
         chosen = [s for s in chosen if re.search(args.only, s.name)]

@@ -93,6 +93,21 @@ def _resnet() -> torch.nn.Module:
                                                      depths=[1, 1], layer_type="basic", num_labels=10))
 
 
+def _gemma() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import GemmaConfig, GemmaForCausalLM
+    return GemmaForCausalLM(GemmaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                                        max_position_embeddings=64, attn_implementation="sdpa"))
+
+
+def _convnext() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import ConvNextConfig, ConvNextForImageClassification
+    return ConvNextForImageClassification(ConvNextConfig(num_channels=3, hidden_sizes=[16, 32], depths=[1, 1],
+                                                         num_stages=2, num_labels=10, image_size=32, patch_size=4))
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -114,6 +129,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("mistral", _seeded(_mistral), lambda: {"input_ids": _tokens(2)}),
     Arch("resnet", _seeded(_resnet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                            generator=torch.Generator().manual_seed(1))}),
+    Arch("gemma", _seeded(_gemma), lambda: {"input_ids": _tokens(3)}),
+    Arch("convnext", _seeded(_convnext), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                               generator=torch.Generator().manual_seed(2))}),
 )}
 
 

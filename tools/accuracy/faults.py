@@ -31,7 +31,7 @@ def relative(eps: float) -> Corruption:
 
 def few_elements(n: int = 3, eps: float = 1e-2) -> Corruption:
     def corrupt(t: torch.Tensor) -> torch.Tensor:
-        t, scale = t.clone(), t.abs().mean()
+        t, scale = t.clone(memory_format=torch.contiguous_format), t.abs().mean()
         flat = t.view(-1)
         for i in _spread(flat.numel(), n):
             flat[i] = flat[i] * (1 + eps) + eps * scale  # relative, and visible on a zero element too
@@ -42,7 +42,7 @@ def few_elements(n: int = 3, eps: float = 1e-2) -> Corruption:
 def spike(factor: float = 8.0) -> Corruption:
     """One element jumps by ``factor`` times the tensor's mean magnitude."""
     def corrupt(t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
+        t = t.clone(memory_format=torch.contiguous_format)
         flat = t.view(-1)
         flat[flat.numel() // 3] += factor * t.abs().mean()
         return t
@@ -51,7 +51,7 @@ def spike(factor: float = 8.0) -> Corruption:
 
 def zero_column(col: int = 1) -> Corruption:
     def corrupt(t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
+        t = t.clone(memory_format=torch.contiguous_format)
         t[..., col % t.shape[-1]] = 0
         return t
     return corrupt
@@ -60,7 +60,7 @@ def zero_column(col: int = 1) -> Corruption:
 def int_bump() -> Corruption:
     """An integer result off by one in one element (a wrong position id, a wrong index)."""
     def corrupt(t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
+        t = t.clone(memory_format=torch.contiguous_format)
         t.view(-1)[t.numel() // 2] += 1
         return t
     return corrupt

@@ -103,8 +103,8 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
 def _statistics_precision_loss(pending: list[_Pending], rules: Any) -> None:
     """Statistics only, nothing recomputed: a kind born on several calls at one relative error
     level (TF32-like math on every matmul) is precision loss; then any unmeasured failing row
-    within ``precision_factor`` x that level cannot be told from it and is a warning too. A lone
-    born call, or one far above its kind's level, stays a bug."""
+    within ``precision_factor`` x the largest of those calls cannot be told from it and is a
+    warning too. A lone born call, or one far above its kind's level, stays a bug."""
     f = rules.precision_factor
     unmeasured = [(p, r) for p in pending for r in p.rows
                   if r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and r.stats_err]
@@ -119,8 +119,9 @@ def _statistics_precision_loss(pending: list[_Pending], rules: Any) -> None:
     for (op, _), calls in kinds.items():
         mid = statistics.median(calls.values())
         consistent = [e for e in calls.values() if mid / f <= e <= f * mid]
-        if len(consistent) >= 2 and level < mid <= largest_step:
-            level, shown_by = mid, f"{op} ({len(consistent)} calls)"
+        top = max(consistent, default=0.0)  # the kind's band reaches its largest consistent call
+        if len(consistent) >= 2 and level < top and mid <= largest_step:
+            level, shown_by = top, f"{op} ({len(consistent)} calls)"
     if not level:
         return
     for _, r in unmeasured:
