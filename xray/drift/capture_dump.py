@@ -1,0 +1,131 @@
+"""Write one backend's ``ModelCapture`` as an xray trace dump that ``xray-compare`` reads against the eager one.
+
+Each record copies the eager record's identity (seq, op, layer, module stack, non-tensor
+arguments, each input's ``src`` edge) and carries the backend's tensors: its outputs, and as
+saved inputs the backend's own values of the producers it captured (an op output, a parameter
+as the deployed graph holds it, the model input it was fed). Compare then judges the backend
+with its one rule set, and its local error recomputes each op on the backend's own inputs. An
+input whose producer the backend never materialised keeps shape and dtype only (no statistics,
+no data): what it held there is unknown. Records of nodes the backend did not expose are left
+out, as replay dumps leave out what a backend could not run.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..backends.base import ModelCapture
+from ..dump.model import Record, Source, TensorMeta
+from ..dump.stats import tensor_stats
+from ..dump.tensorio import dtype_name
+from ..dump.writer import DumpWriter
+
+
+def _meta(t: torch.Tensor) -> TensorMeta:
+    t = t.detach().cpu()
+    stride = tuple(t.contiguous().stride())
+    return TensorMeta(tuple(t.shape), dtype_name(t.dtype), stride, 0, "cpu", stats=tensor_stats(t))
+
+
+def _fits(t: Any, meta: TensorMeta) -> bool:
+    return isinstance(t, torch.Tensor) and t.numel() == meta.numel
+
+
+class CaptureResolver:
+    """Finds the backend's value behind a recorded ``src``: op outputs by the producing record's
+    node, parameters and buffers by their placeholder, model inputs by theirs."""
+
+    def __init__(self, capture: ModelCapture, seq_node: dict[int, str], state: dict[str, str],
+                 user_inputs: list[torch.Tensor]) -> None:
+        self.values = capture.values
+        self.seq_node = seq_node
+        self.state = state
+        self.user_inputs = user_inputs
+
+    def source(self, src: str | None, meta: TensorMeta) -> torch.Tensor | None:
+        try:
+            s = Source.parse(src)
+        except ValueError:
+            return None
+        if s is None:
+            return None
+        if s.kind == "op":
+            got = self.values.get(self.seq_node.get(s.seq, ""), [])
+            return got[s.index] if s.index is not None and s.index < len(got) else None
+        if s.kind in ("param", "buffer"):
+            got = self.values.get(self.state.get(str(s), ""), [])
+            return got[0] if got else None
+        # "input": the backend was fed the same model inputs; match by shape and dtype
+        for t in self.user_inputs:
+            if tuple(t.shape) == tuple(meta.shape) and dtype_name(t.dtype) == meta.dtype:
+                return t
+        return None
+
+
+def write_capture(folder: Path, eager: Any, capture: ModelCapture, resolver: CaptureResolver,
+                  seq_node: dict[int, str], *, backend: str, options: dict[str, Any]) -> tuple[Path, int, int]:
+    """Write the dump; returns (folder, records written, eager records with outputs)."""
+    header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
+              "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
+              "config": dict(eager.header.get("config") or {}),
+              "drift": {"backend": backend, "options": {k: repr(v) if not isinstance(v, (int, float, str, bool, type(None)))
+                                                          else v for k, v in options.items()},
+                        "granularity": capture.granularity, "notes": list(capture.notes),
+                        "reference": str(eager.folder)}}
+    writer = DumpWriter(folder, header)
+    written = with_outputs = saved = 0
+    started = time.perf_counter()
+    for rec in eager.records:
+        metas = [m for _, m in rec.output_tensors()]
+        if rec.kind != "op" or not metas:
+            continue
+        with_outputs += 1
+        got = capture.values.get(seq_node.get(rec.seq, ""))
+        if not got or len(got) != len(metas) or not all(_fits(t, m) for t, m in zip(got, metas)):
+            continue
+        out = Record(seq=rec.seq, kind=rec.kind, op=rec.op, direction=rec.direction, module=rec.module,
+                     module_stack=list(rec.module_stack), mutates=list(rec.mutates), count=rec.count,
+                     first_seq=rec.first_seq, last_seq=rec.last_seq)
+        out.inputs = {k: _input(v, k, out, writer, resolver) for k, v in rec.inputs.items()}
+        tensors = iter(got)
+        out.outputs = [_output(v, tensors, out, i, writer) for i, v in enumerate(rec.outputs)]
+        saved += len(metas)
+        writer.add(out)
+        written += 1
+    writer.close({"op_calls": written, "records": written, "tensors_saved": saved,
+                  "seconds": round(time.perf_counter() - started, 6), "error": None})
+    return Path(folder), written, with_outputs
+
+
+def _input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: CaptureResolver) -> Any:
+    if isinstance(v, list):
+        return [_one_input(x, f"{name}.{i}", rec, writer, resolver) for i, x in enumerate(v)]
+    return _one_input(v, name, rec, writer, resolver)
+
+
+def _one_input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: CaptureResolver) -> Any:
+    if not isinstance(v, TensorMeta):
+        return v
+    t = resolver.source(v.source, v)
+    if t is None or t.numel() != v.numel:
+        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source)
+    t = t.detach().cpu().reshape(v.shape)
+    meta = _meta(t)
+    meta.source = v.source
+    meta.data = writer.save_tensor(rec, f"in.{name}", t.contiguous())
+    return meta
+
+
+def _output(v: Any, tensors, rec: Record, i: int, writer: DumpWriter) -> Any:
+    if isinstance(v, list):
+        return [_output(x, tensors, rec, f"{i}.{j}", writer) for j, x in enumerate(v)]
+    if not isinstance(v, TensorMeta):
+        return v
+    t = next(tensors).detach().cpu().reshape(v.shape)
+    meta = _meta(t)
+    meta.data = writer.save_tensor(rec, f"out.{i}", t.contiguous())
+    return meta

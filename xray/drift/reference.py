@@ -1,0 +1,191 @@
+"""The reference of a drift run: one exported program, run node by node in eager under the tracer.
+
+Every backend gets the same program (``torch.export(..., strict=False).run_decompositions()``,
+core ATen), so its node names are the one key that ties a backend's intermediates to eager
+records. Running that program with a ``torch.fx.Interpreter`` under xray's tracer makes each
+``call_function`` node exactly one recorded op call (its seq is noted before and after the node),
+with the layer named from ``node.meta["nn_module_stack"]`` and parameters named by their
+qualified names, so the eager dump reads like any recording of the model.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export.graph_signature import InputKind
+
+from ..record.flatten import flatten_tensors
+
+
+class ReferenceError(RuntimeError):
+    """torch.export or the eager run of the exported program failed: no backend can be compared."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(f"{stage}: {message}")
+        self.stage = stage
+
+
+@dataclass
+class Reference:
+    """The exported program, its recorded eager run, and the node <-> record map."""
+
+    program: torch.export.ExportedProgram
+    user_inputs: tuple  # the program's flat tensor user inputs, in placeholder order
+    dump: Path  # the eager trace dump
+    node_seq: dict[str, int]  # call_function node name -> the seq of its one record
+    placeholders: dict[str, torch.Tensor]  # placeholder node name -> the value fed
+    state: dict[str, str]  # "param:<fqn>" / "buffer:<fqn>" -> placeholder node name
+    outputs: list[torch.Tensor]
+    eager_equal: bool  # the program's outputs are bitwise the model's own eager outputs
+    eager_max_diff: float
+    eager_s: float  # one plain forward of the model, for scale
+    seconds: dict[str, float] = field(default_factory=dict)
+    unmapped_nodes: list[str] = field(default_factory=list)  # nodes that did not make exactly one record
+
+    @property
+    def seq_node(self) -> dict[int, str]:
+        return {s: n for n, s in self.node_seq.items()}
+
+
+def export_program(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+    """The reference program handed to every backend: non-strict export, core ATen decompositions."""
+    return torch.export.export(model, args, kwargs, strict=False).run_decompositions()
+
+
+def _layer(node: torch.fx.Node) -> list[tuple[str, str]]:
+    """(path, class name) frames, outermost first, as the tracer's module stack writes them."""
+    stack = node.meta.get("nn_module_stack") or {}
+    frames = []
+    for path, cls in stack.values():
+        name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+        frames.append((path, name))
+    return frames
+
+
+def _flat_inputs(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list[Any]:
+    """Values for every placeholder, in order: parameters, buffers, constants, then user inputs."""
+    user = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))]
+    user_iter = iter(user)
+    values = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            # non-tensor user inputs (flags) are placeholders too; the leaves come in the same order
+            values.append(next(user_iter))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            values.append(program.state_dict[spec.target] if spec.target in program.state_dict
+                          else program.constants[spec.target])
+        else:
+            values.append(program.constants[spec.target])
+    return values
+
+
+def _dump_num(graph: torch.fx.Graph) -> int:
+    """Enough saved tensors per record for every input and output of the widest node."""
+    most = 1
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        ins = sum(1 for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+                  if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor))
+        outs = len(flatten_tensors(n.meta.get("val")))
+        most = max(most, ins + outs)
+    return most + 1
+
+
+class _RecordedRun(torch.fx.Interpreter):
+    """Runs the graph node by node; before each node the tracer's module stack is set to the
+    node's ``nn_module_stack``, and the tracer's seq counter says which record the node made."""
+
+    def __init__(self, gm: torch.fx.GraphModule, recorder: Any) -> None:
+        super().__init__(gm)
+        self.recorder = recorder
+        self.node_seq: dict[str, int] = {}
+        self.unmapped: list[str] = []
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        frames = self.recorder.modules.forward_stack
+        frames[:] = _layer(n)
+        before = self.recorder.seq
+        try:
+            return super().run_node(n)
+        finally:
+            frames.clear()
+            made = self.recorder.seq - before
+            if made == 1:
+                self.node_seq[n.name] = before
+            elif isinstance(n.target, torch._ops.OpOverload):  # getitem makes none; an ATen op one
+                self.unmapped.append(n.name)
+
+
+def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Path) -> Reference:
+    """Export ``model``, run the program under the tracer into ``out``, and compare it with eager."""
+    from ..record import active_session, begin_dump, end_dump
+
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    try:
+        program = export_program(model, args, kwargs)
+    except Exception as e:  # noqa: BLE001 - the exporter's error is the result
+        raise ReferenceError("export", f"torch.export failed: {type(e).__name__}: {str(e)[:500]}") from e
+    seconds["export"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    flat = _flat_inputs(program, args, kwargs)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    by_name = {n.name: v for n, v in zip(placeholders, flat)}
+    state = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.PARAMETER:
+            state[f"param:{spec.target}"] = spec.arg.name
+        elif spec.kind == InputKind.BUFFER:
+            state[f"buffer:{spec.target}"] = spec.arg.name
+    user_inputs = tuple(by_name[s.arg.name] for s in program.graph_signature.input_specs
+                        if s.kind == InputKind.USER_INPUT and isinstance(by_name[s.arg.name], torch.Tensor))
+    if active_session() is not None:
+        raise ReferenceError("record", "an xray dump is already active; end it before xray drift")
+    staging = out / "_recording"
+    folder = begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=_dump_num(program.graph), dump_dir=staging)
+    session = active_session()
+    if folder is None or session is None:
+        raise ReferenceError("record", f"cannot write the eager dump under {staging}")
+    runner = _RecordedRun(program.graph_module, session.recorder)
+    try:
+        for key, name in state.items():  # inputs read from a weight name it, as a model's own run does
+            kind, _, fqn = key.partition(":")
+            session.recorder.producers.name_state(by_name[name], kind, fqn)
+        with torch.no_grad():
+            outputs = flatten_tensors(runner.run(*flat, enable_io_processing=False))
+    except Exception as e:  # noqa: BLE001
+        end_dump()
+        raise ReferenceError("eager", f"running the exported program failed: {type(e).__name__}: {str(e)[:500]}") from e
+    folder = end_dump()
+    dest = out / "eager"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.move(str(folder), dest)
+    shutil.rmtree(staging, ignore_errors=True)
+    seconds["eager_reference"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        eager = flatten_tensors(model(*args, **kwargs))
+    eager_s = time.perf_counter() - start
+    equal, diff = _same(outputs, eager)
+    return Reference(program=program, user_inputs=user_inputs, dump=dest, node_seq=runner.node_seq,
+                     placeholders=by_name, state=state, outputs=outputs, eager_equal=equal, eager_max_diff=diff,
+                     eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped)
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:
+    """Bitwise equality of two output lists, and the largest absolute difference."""
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        return False, float("inf")
+    equal = all(torch.equal(x, y) for x, y in zip(a, b))
+    diff = max((float((x.double() - y.double()).abs().max()) for x, y in zip(a, b) if x.numel()), default=0.0)
+    return equal, diff
