@@ -24,7 +24,7 @@ def _first(b: BackendDrift) -> list[str]:
         if not b.compare:
             return ["(not compared)", "", "", "", ""]
         return ["none (no row beyond tolerance)", "", "", "", ""]
-    layer = fd.get("module") or "<root>"
+    layer = b.first_layer or fd.get("module") or "<root>"
     node = f"{b.first_node} {fd.get('op') or ''}".strip()
     why = " / ".join(x for x in (fd.get("origin"), fd.get("cause")) if x)
     return [layer, node, why, _g(fd.get("local_err")), _g(fd.get("accumulated_err"))]

@@ -40,6 +40,7 @@ class BackendDrift:
     seconds: dict[str, float] = field(default_factory=dict)
     first: dict[str, Any] | None = None  # compare's first divergence (summary JSON form)
     first_node: str = ""  # the program node of that record
+    first_layer: str = ""  # its layer, the recorded module path (compare strips wrapper prefixes)
     compare: dict[str, Any] = field(default_factory=dict)  # compare's totals
     layers: list[LayerRow] = field(default_factory=list)
 
@@ -92,6 +93,7 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
 
     eager = load_dump(ref.dump)
     seq_node = ref.seq_node
+    layer_of = {r.seq: r.module or "" for r in eager.records}
     results = []
     for name in backends:
         say(f"backend {name}")
@@ -119,6 +121,8 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
             b.notes.append("no eager record could be mapped: nothing to compare")
             continue
         _compare(b, ref.dump, folder, seq_node)
+        if b.first is not None:
+            b.first_layer = layer_of.get(b.first.get("bench_seq"), b.first.get("module") or "")
     result = DriftResult(out=out, eager_dump=ref.dump, program_nodes=len(ref.node_seq),
                          eager_records=sum(1 for r in eager.records if any(True for _ in r.output_tensors())),
                          eager_equal=ref.eager_equal, eager_max_diff=ref.eager_max_diff, eager_s=ref.eager_s,
