@@ -60,11 +60,12 @@ class TorchCompile(Backend):
         torch._dynamo.reset()
         start = time.perf_counter()
         try:
-            compiled = torch.compile(module.to(device), backend=self.options.get("backend", "inductor"),
-                                     mode=self.options.get("mode"), dynamic=self.options.get("dynamic", False),
-                                     fullgraph=True)
+            # in place (Module.compile): torch.compile(module) warns whenever any global module hook
+            # exists, and the program's fresh module is ours alone
+            module.to(device).compile(backend=self.options.get("backend", "inductor"), mode=self.options.get("mode"),
+                                      dynamic=self.options.get("dynamic", False), fullgraph=True)
             with torch.no_grad():
-                out = compiled(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+                out = module(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
         except Exception as e:  # noqa: BLE001 - compilation happens on the first call
             raise BackendError(ReplayStatus.LOWER_FAIL, f"torch.compile failed: {short_error(e)}") from e
         lower_s = time.perf_counter() - start

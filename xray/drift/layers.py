@@ -33,6 +33,17 @@ def layer_rows(rows: list[CompareRow], target: Path) -> list[LayerRow]:
     from ..compare.local import local_error
     from ..dump import load_dump
 
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny memory-bound ops: one thread, as compare_dumps runs them
+    try:
+        return _layer_rows(rows, target, load_dump, local_error)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _layer_rows(rows: list[CompareRow], target: Path, load_dump, local_error) -> list[LayerRow]:
     dump = load_dump(target)
     # compare strips wrapper prefixes from module paths ("model."); layers keep the recorded path
     where = {rec.seq: rec.module or "<root>" for rec in dump.records}
