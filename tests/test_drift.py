@@ -116,3 +116,9 @@ def test_cli_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "xray.cli", "drift", "no_such_module:build", "--out", str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no_such_module" in bad.stderr
+
+
+def test_xray_drift_is_the_function_even_after_the_subpackage_loads():
+    import xray.drift.run  # noqa: F401  (binds the subpackage on xray, which must not hide the function)
+
+    assert callable(xray.drift) and xray.drift.__module__ == "xray.drift"
