@@ -78,26 +78,62 @@ def test_a_failing_lowering_is_reported_with_its_stage_and_the_others_still_run(
     assert _by(clean, "onnxrt-cpu").status == _by(clean, "torch-compile").status == "OK"
 
 
-def test_a_perturbed_onnx_weight_is_named_as_the_first_drifting_node_and_layer(tmp_path):
+def _perturb_weight(proto):
+    """A deployed graph holding one wrong weight element."""
     import numpy as np
     from onnx import numpy_helper
 
-    def perturb(proto):
-        init = next(i for i in proto.graph.initializer if i.name == WEIGHT)
-        a = numpy_helper.to_array(init).copy()
-        a[3, 5] += np.float32(0.5)
-        init.CopyFrom(numpy_helper.from_array(a, init.name))
+    init = next(i for i in proto.graph.initializer if i.name == WEIGHT)
+    a = numpy_helper.to_array(init).copy()
+    a[3, 5] += np.float32(0.5)
+    init.CopyFrom(numpy_helper.from_array(a, init.name))
 
+
+def _faulty_matmul(proto):
+    """A deployed graph whose up_proj matmul kernel is 1% off: its output goes through an extra
+    Mul that carries the MatMul's own metadata, as a wrong kernel in its place would."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    g = proto.graph
+    i, n = next((i, n) for i, n in enumerate(g.node) if n.op_type == "MatMul" and any(
+        p.key == "pkg.torch.onnx.name_scopes" and "model.layers.0.mlp.up_proj" in p.value for p in n.metadata_props))
+    out = n.output[0]
+    n.output[0] = out + "_raw"
+    g.initializer.append(numpy_helper.from_array(np.array(1.01, dtype=np.float32), "fault_scale"))
+    mul = helper.make_node("Mul", [out + "_raw", "fault_scale"], [out], name="fault")
+    mul.metadata_props.extend(n.metadata_props)
+    g.node.insert(i + 1, mul)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """Two deployed ONNX graphs, each with one injected error, in one drift run (one export)."""
     model, args = _model()
-    result = xray.drift(model, args, ["onnxrt-cpu"], tmp_path, edits={"onnxrt-cpu": perturb})
-    ort = result.backends[0]
-    consumers = [r for r in xray.load_dump(result.eager_dump).records
+    return xray.drift(model, args, ["onnxrt-cpu", "onnxrt-cpu:threads=1"], tmp_path_factory.mktemp("faulty"),
+                      edits={"onnxrt-cpu": _perturb_weight, "onnxrt-cpu:threads=1": _faulty_matmul})
+
+
+def test_a_perturbed_onnx_weight_is_named_as_the_first_drifting_node_and_layer(faulty):
+    ort = _by(faulty, "onnxrt-cpu")
+    consumers = [r for r in xray.load_dump(faulty.eager_dump).records
                  if any(m.source == f"param:{WEIGHT}" for _, m in r.input_tensors())]
     assert len(consumers) == 1
     assert ort.first["bench_seq"] == consumers[0].seq and ort.first["cause"] == "parameter", ort.first
     assert ort.first_layer == "model.layers.0.mlp.down_proj" and ort.first_node.startswith("permute")
     layer = next(lr for lr in ort.layers if lr.layer == "model.layers.0.mlp.down_proj")
     assert layer.born == 1 and layer.accumulated_err > 0.01
+
+
+def test_a_faulty_onnx_kernel_is_born_where_it_runs_with_its_local_error(faulty):
+    """The 1% error shows as local error ~1e-2 at the matmul (floor ~1e-7, compare's rule: 8x floor),
+    and every later layer carries it with a local error at its own floor."""
+    ort = _by(faulty, "onnxrt-cpu:threads=1")
+    fd = ort.first
+    assert ort.first_layer == "model.layers.0.mlp.up_proj" and fd["op"] == "aten.mm.default", fd
+    assert fd["cause"] == "local error" and fd["local_err"] == pytest.approx(0.01, rel=0.05)
+    after = [lr for lr in ort.layers if lr.layer.startswith("model.layers.0.mlp.down_proj")]
+    assert after and all(lr.local_err is not None and lr.local_err < 1e-5 < lr.accumulated_err for lr in after)
 
 
 def test_cli_end_to_end(tmp_path):

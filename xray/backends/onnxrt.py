@@ -131,7 +131,8 @@ class OnnxRuntime(Backend):
         facts = {"opset": opset, "onnx_nodes": len(proto.graph.node), "export_s": round(export_s, 4),
                  "load_s": round(load_s, 4), "run_s": round(run_s, 4), "marked_values": len(plan.fetch),
                  "marking_moved_outputs": moved}
-        return ModelCapture(outputs=outputs, values=values, granularity="every node", notes=notes, facts=facts)
+        granularity = "every node" if not plan.unmapped else "every node it kept"
+        return ModelCapture(outputs=outputs, values=values, granularity=granularity, notes=notes, facts=facts)
 
 
 def _tensor(a: Any) -> torch.Tensor:
