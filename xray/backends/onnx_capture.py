@@ -18,6 +18,7 @@ The helper values an ONNX function expands into (``val_12``) belong to no node.
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,7 @@ def _node_outputs(node: torch.fx.Node) -> list[str] | None:
     if isinstance(val, (tuple, list)):
         names: list[str | None] = [None] * len(val)
         for user in node.users:
-            if user.target is __import__("operator").getitem and isinstance(user.args[1], int):
+            if user.target is operator.getitem and isinstance(user.args[1], int):
                 names[user.args[1]] = user.name
         tensors = [n for n, v in zip(names, val) if isinstance(v, torch.Tensor)]
         return tensors if all(tensors) else None

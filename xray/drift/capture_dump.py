@@ -36,17 +36,19 @@ def _fits(t: Any, meta: TensorMeta) -> bool:
 
 
 class CaptureResolver:
-    """Finds the backend's value behind a recorded ``src``: op outputs by the producing record's
-    node, parameters and buffers by their placeholder, model inputs by theirs."""
+    """Finds the backend's value behind a record's input, by graph edge only: op outputs through
+    the producing record's node (``src`` ``op:<seq>:<k>``), parameters and buffers through their
+    placeholder (``param:``/``buffer:<name>``), and inputs read straight from a placeholder (the
+    model inputs the backend was fed, lifted constants) through the node's own argument."""
 
     def __init__(self, capture: ModelCapture, seq_node: dict[int, str], state: dict[str, str],
-                 user_inputs: list[torch.Tensor]) -> None:
+                 placeholder_args: dict[int, dict[str, str]]) -> None:
         self.values = capture.values
         self.seq_node = seq_node
         self.state = state
-        self.user_inputs = user_inputs
+        self.placeholder_args = placeholder_args
 
-    def source(self, src: str | None, meta: TensorMeta) -> torch.Tensor | None:
+    def source(self, src: str | None, seq: int, key: str) -> torch.Tensor | None:
         try:
             s = Source.parse(src)
         except ValueError:
@@ -56,14 +58,10 @@ class CaptureResolver:
         if s.kind == "op":
             got = self.values.get(self.seq_node.get(s.seq, ""), [])
             return got[s.index] if s.index is not None and s.index < len(got) else None
-        if s.kind in ("param", "buffer"):
-            got = self.values.get(self.state.get(str(s), ""), [])
-            return got[0] if got else None
-        # "input": the backend was fed the same model inputs; match by shape and dtype
-        for t in self.user_inputs:
-            if tuple(t.shape) == tuple(meta.shape) and dtype_name(t.dtype) == meta.dtype:
-                return t
-        return None
+        name = self.state.get(str(s), "") if s.kind in ("param", "buffer") else \
+            self.placeholder_args.get(seq, {}).get(key, "")
+        got = self.values.get(name, [])
+        return got[0] if got else None
 
 
 def write_capture(folder: Path, eager: Any, capture: ModelCapture, resolver: CaptureResolver,
@@ -110,7 +108,7 @@ def _input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: Capture
 def _one_input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: CaptureResolver) -> Any:
     if not isinstance(v, TensorMeta):
         return v
-    t = resolver.source(v.source, v)
+    t = resolver.source(v.source, rec.seq, name)
     if t is None or t.numel() != v.numel:
         return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source)
     t = t.detach().cpu().reshape(v.shape)

@@ -45,6 +45,15 @@ class Reference:
     eager_s: float  # one plain forward of the model, for scale
     seconds: dict[str, float] = field(default_factory=dict)
     unmapped_nodes: list[str] = field(default_factory=list)  # nodes that did not make exactly one record
+    # seq -> {input key ("self", "tensors.1"): placeholder node name}: which record inputs are
+    # read straight from a placeholder (a model input, a lifted constant), by graph edge
+    placeholder_args: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def user_placeholders(self) -> dict[str, torch.Tensor]:
+        """Placeholder name -> tensor, for the model inputs every backend is fed."""
+        names = [s.arg.name for s in self.program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        return {n: self.placeholders[n] for n in names if isinstance(self.placeholders.get(n), torch.Tensor)}
 
     @property
     def seq_node(self) -> dict[int, str]:
@@ -96,6 +105,22 @@ def _dump_num(graph: torch.fx.Graph) -> int:
     return most + 1
 
 
+def _placeholder_args(node: torch.fx.Node) -> dict[str, str]:
+    """Record input keys (schema names, ``name.i`` for list items, as the tracer writes them)
+    whose value is a placeholder of the graph."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return {}
+    out = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        items = [(arg.name, value)] if not isinstance(value, (list, tuple)) else \
+            [(f"{arg.name}.{j}", v) for j, v in enumerate(value)]
+        for key, v in items:
+            if isinstance(v, torch.fx.Node) and v.op == "placeholder":
+                out[key] = v.name
+    return out
+
+
 class _RecordedRun(torch.fx.Interpreter):
     """Runs the graph node by node; before each node the tracer's module stack is set to the
     node's ``nn_module_stack``, and the tracer's seq counter says which record the node made."""
@@ -105,6 +130,7 @@ class _RecordedRun(torch.fx.Interpreter):
         self.recorder = recorder
         self.node_seq: dict[str, int] = {}
         self.unmapped: list[str] = []
+        self.placeholder_args: dict[int, dict[str, str]] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op != "call_function":
@@ -119,6 +145,9 @@ class _RecordedRun(torch.fx.Interpreter):
             made = self.recorder.seq - before
             if made == 1:
                 self.node_seq[n.name] = before
+                read = _placeholder_args(n)
+                if read:
+                    self.placeholder_args[before] = read
             elif isinstance(n.target, torch._ops.OpOverload):  # getitem makes none; an ATen op one
                 self.unmapped.append(n.name)
 
@@ -180,7 +209,8 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
     equal, diff = _same(outputs, eager)
     return Reference(program=program, user_inputs=user_inputs, dump=dest, node_seq=runner.node_seq,
                      placeholders=by_name, state=state, outputs=outputs, eager_equal=equal, eager_max_diff=diff,
-                     eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped)
+                     eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped,
+                     placeholder_args=runner.placeholder_args)
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:

@@ -111,8 +111,9 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
         folder = out / "dumps" / _safe(name)
         if folder.exists():
             shutil.rmtree(folder)
-        user = [t for t in ref.user_inputs if isinstance(t, torch.Tensor)]
-        resolver = CaptureResolver(capture, seq_node, ref.state, user)
+        for name_, t in ref.user_placeholders.items():  # the backend was fed exactly these
+            capture.values.setdefault(name_, [t])
+        resolver = CaptureResolver(capture, seq_node, ref.state, ref.placeholder_args)
         _, b.mapped, b.eager_records = write_capture(folder, eager, capture, resolver, seq_node,
                                                      backend=name, options=dict(backend.options))
         b.dump = str(folder)
