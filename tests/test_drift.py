@@ -13,6 +13,7 @@ import pytest
 
 import xray
 from xray.compare import compare_dumps
+from xray.drift.examples import onnx_weight_fault
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHT = "model.layers.0.mlp.down_proj.weight"
@@ -78,17 +79,6 @@ def test_a_failing_lowering_is_reported_with_its_stage_and_the_others_still_run(
     assert _by(clean, "onnxrt-cpu").status == _by(clean, "torch-compile").status == "OK"
 
 
-def _perturb_weight(proto):
-    """A deployed graph holding one wrong weight element."""
-    import numpy as np
-    from onnx import numpy_helper
-
-    init = next(i for i in proto.graph.initializer if i.name == WEIGHT)
-    a = numpy_helper.to_array(init).copy()
-    a[3, 5] += np.float32(0.5)
-    init.CopyFrom(numpy_helper.from_array(a, init.name))
-
-
 def _faulty_matmul(proto):
     """A deployed graph whose up_proj matmul kernel is 1% off: its output goes through an extra
     Mul that carries the MatMul's own metadata, as a wrong kernel in its place would."""
@@ -111,7 +101,7 @@ def faulty(tmp_path_factory):
     """Two deployed ONNX graphs, each with one injected error, in one drift run (one export)."""
     model, args = _model()
     return xray.drift(model, args, ["onnxrt-cpu", "onnxrt-cpu:threads=1"], tmp_path_factory.mktemp("faulty"),
-                      edits={"onnxrt-cpu": _perturb_weight, "onnxrt-cpu:threads=1": _faulty_matmul})
+                      edits={"onnxrt-cpu": onnx_weight_fault(WEIGHT), "onnxrt-cpu:threads=1": _faulty_matmul})
 
 
 def test_a_perturbed_onnx_weight_is_named_as_the_first_drifting_node_and_layer(faulty):

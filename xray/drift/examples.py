@@ -19,3 +19,21 @@ def tiny_llama(layers: int = 2, hidden: int = 64, seq: int = 16) -> tuple[torch.
 def tiny_llama_1layer() -> tuple[torch.nn.Module, tuple]:
     """A 1-layer, 32-wide version for fast tests."""
     return tiny_llama(layers=1, hidden=32, seq=8)
+
+
+def onnx_weight_fault(name: str, index: tuple[int, ...] = (3, 5), delta: float = 0.5):
+    """An ``edit`` for onnxrt presets: the deployed ONNX graph holds parameter ``name`` with one
+    element off by ``delta`` (a wrong weight shipped with the model)."""
+
+    def edit(proto):
+        import numpy as np
+        from onnx import numpy_helper
+
+        init = next((i for i in proto.graph.initializer if i.name == name), None)
+        if init is None:
+            raise KeyError(f"the ONNX graph has no initializer {name!r}")
+        a = numpy_helper.to_array(init).copy()
+        a[index] += np.asarray(delta, dtype=a.dtype)
+        init.CopyFrom(numpy_helper.from_array(a, init.name))
+
+    return edit
