@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from ..compare.local import local_error
 from ..compare.result import CompareRow, PairStatus
+from ..dump import load_dump
 
 _RANK = {PairStatus.PASS.value: 0, PairStatus.SKIP.value: 0, PairStatus.WARNING.value: 1,
          PairStatus.UNMATCHED.value: 0, PairStatus.FAIL.value: 2, PairStatus.NAN_INF.value: 3}
@@ -30,20 +34,15 @@ class LayerRow:
 
 def layer_rows(rows: list[CompareRow], target: Path) -> list[LayerRow]:
     """Layers in execution order, from compare's rows and a local-error pass over the target dump."""
-    from ..compare.local import local_error
-    from ..dump import load_dump
-
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny memory-bound ops: one thread, as compare_dumps runs them
     try:
-        return _layer_rows(rows, target, load_dump, local_error)
+        return _layer_rows(rows, target)
     finally:
         torch.set_num_threads(threads)
 
 
-def _layer_rows(rows: list[CompareRow], target: Path, load_dump, local_error) -> list[LayerRow]:
+def _layer_rows(rows: list[CompareRow], target: Path) -> list[LayerRow]:
     dump = load_dump(target)
     # compare strips wrapper prefixes from module paths ("model."); layers keep the recorded path
     where = {rec.seq: rec.module or "<root>" for rec in dump.records}

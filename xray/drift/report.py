@@ -57,7 +57,8 @@ def terminal_report(result: DriftResult, layers: bool = True) -> str:
         if b.compare:
             c = b.compare
             lines += ["", f"== {b.backend}: pass {c['passed']} / warning {c['warned']} / fail {c['failed']} / "
-                          f"nan-inf {c['nan_inf']}; dump {b.dump}"]
+                          f"nan-inf {c['nan_inf']}; deployed outputs vs the program's: max error "
+                          f"{_g(b.output_err) or 'n/a'} of their peak; dump {b.dump}"]
         for note in b.notes:
             lines.append(f"   note: {note}")
         if layers and b.layers:

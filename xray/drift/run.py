@@ -42,6 +42,7 @@ class BackendDrift:
     first_node: str = ""  # the program node of that record
     first_layer: str = ""  # its layer, the recorded module path (compare strips wrapper prefixes)
     compare: dict[str, Any] = field(default_factory=dict)  # compare's totals
+    output_err: float | None = None  # the deployed run's outputs: max |backend - program| / max |program|
     layers: list[LayerRow] = field(default_factory=list)
 
     @property
@@ -107,6 +108,7 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
         capture = _run_backend(b, backend, ref, (edits or {}).get(name))
         if capture is None:
             continue
+        b.output_err = _output_error(capture.outputs, ref.outputs)
         t0 = time.perf_counter()
         folder = out / "dumps" / _safe(name)
         if folder.exists():
@@ -173,6 +175,16 @@ def _compare(b: BackendDrift, eager: Path, target: Path, seq_node: dict[int, str
         b.first_node = seq_node.get(b.first["bench_seq"], "")
     b.layers = layer_rows(result.rows, target)
     b.seconds["compare"] = time.perf_counter() - t0
+
+
+def _output_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float | None:
+    """How far the backend's own outputs (its plain, deployed run) are from the reference program's:
+    a number to read beside the verdicts, not a verdict."""
+    pairs = [(g, w) for g, w in zip(got, want) if w.is_floating_point() and g.numel() == w.numel() and w.numel()]
+    if not pairs or len(got) != len(want):
+        return None
+    return max(float((g.double().reshape(w.shape) - w.double()).abs().max() / max(float(w.abs().max()), 1e-30))
+               for g, w in pairs)
 
 
 def _safe(name: str) -> str:
