@@ -6,13 +6,20 @@ saved inputs the backend's own values of the producers it captured (an op output
 as the deployed graph holds it, the model input it was fed). Compare then judges the backend
 with its one rule set, and its local error recomputes each op on the backend's own inputs. An
 input whose producer the backend never materialised keeps shape and dtype only (no statistics,
-no data): what it held there is unknown. Records of nodes the backend did not expose are left
-out, as replay dumps leave out what a backend could not run.
+no data): what it held there is unknown.
+
+Records of nodes the backend did not expose are still written, their outputs described without
+statistics or data and with a ``note``: compare then skips them, and both dumps hold the same
+records in the same order, so its matcher pairs every record with itself. (Left out, a sparse
+capture let compare pair an eager ``permute`` with a later captured ``permute`` of the same
+module and shape.) A value whose shape is not the node's is not the node's tensor: it is not
+written, as compare never compares a reshaped pair in memory order.
 """
 from __future__ import annotations
 
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +39,7 @@ def _meta(t: torch.Tensor) -> TensorMeta:
 
 
 def _fits(t: Any, meta: TensorMeta) -> bool:
-    return isinstance(t, torch.Tensor) and t.numel() == meta.numel
+    return isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(meta.shape)
 
 
 class CaptureResolver:
@@ -64,9 +71,19 @@ class CaptureResolver:
         return got[0] if got else None
 
 
+@dataclass
+class Written:
+    """What ``write_capture`` wrote: the dump, and how many eager records carry backend values."""
+
+    folder: Path
+    mapped: int  # eager records (with an output tensor) written with the backend's values
+    records: int  # eager records with an output tensor
+    misshapen: list[str]  # nodes whose backend value had another shape: not the node's tensor
+
+
 def write_capture(folder: Path, eager: Any, capture: ModelCapture, resolver: CaptureResolver,
-                  seq_node: dict[int, str], *, backend: str, options: dict[str, Any]) -> tuple[Path, int, int]:
-    """Write the dump; returns (folder, records written, eager records with outputs)."""
+                  seq_node: dict[int, str], *, backend: str, options: dict[str, Any]) -> Written:
+    """Write the backend's dump: one record per eager op record, in the eager order."""
     header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
               "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
               "config": dict(eager.header.get("config") or {}),
@@ -75,28 +92,44 @@ def write_capture(folder: Path, eager: Any, capture: ModelCapture, resolver: Cap
                         "granularity": capture.granularity, "notes": list(capture.notes),
                         "reference": str(eager.folder)}}
     writer = DumpWriter(folder, header)
-    written = with_outputs = saved = 0
+    mapped = with_outputs = saved = 0
+    misshapen = []
+    absent = f"not materialised by {backend}"
     started = time.perf_counter()
     for rec in eager.records:
         metas = [m for _, m in rec.output_tensors()]
-        if rec.kind != "op" or not metas:
+        if rec.kind != "op":
             continue
-        with_outputs += 1
-        got = capture.values.get(seq_node.get(rec.seq, ""))
-        if not got or len(got) != len(metas) or not all(_fits(t, m) for t, m in zip(got, metas)):
-            continue
+        with_outputs += bool(metas)
+        node = seq_node.get(rec.seq, "")
+        got = capture.values.get(node)
         out = Record(seq=rec.seq, kind=rec.kind, op=rec.op, direction=rec.direction, module=rec.module,
                      module_stack=list(rec.module_stack), mutates=list(rec.mutates), count=rec.count,
                      first_seq=rec.first_seq, last_seq=rec.last_seq)
-        out.inputs = {k: _input(v, k, out, writer, resolver) for k, v in rec.inputs.items()}
-        tensors = iter(got)
-        out.outputs = [_output(v, tensors, out, i, writer) for i, v in enumerate(rec.outputs)]
-        saved += len(metas)
+        if metas and got and len(got) == len(metas) and all(_fits(t, m) for t, m in zip(got, metas)):
+            out.inputs = {k: _input(v, k, out, writer, resolver) for k, v in rec.inputs.items()}
+            tensors = iter(got)
+            out.outputs = [_output(v, tensors, out, i, writer) for i, v in enumerate(rec.outputs)]
+            saved += len(metas)
+            mapped += 1
+        else:
+            if metas and got:
+                misshapen.append(node)
+            out.inputs = {k: _bare(v) for k, v in rec.inputs.items()}
+            out.outputs = [_bare(v, absent) for v in rec.outputs]
         writer.add(out)
-        written += 1
-    writer.close({"op_calls": written, "records": written, "tensors_saved": saved,
+    writer.close({"op_calls": len(eager.records), "records": len(eager.records), "tensors_saved": saved,
                   "seconds": round(time.perf_counter() - started, 6), "error": None})
-    return Path(folder), written, with_outputs
+    return Written(Path(folder), mapped, with_outputs, misshapen)
+
+
+def _bare(v: Any, note: str | None = None) -> Any:
+    """A recorded value with shape and dtype only: what the backend held there is unknown."""
+    if isinstance(v, list):
+        return [_bare(x, note) for x in v]
+    if isinstance(v, TensorMeta):
+        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source, note=note)
+    return v
 
 
 def _input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: CaptureResolver) -> Any:
@@ -109,9 +142,9 @@ def _one_input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: Cap
     if not isinstance(v, TensorMeta):
         return v
     t = resolver.source(v.source, rec.seq, name)
-    if t is None or t.numel() != v.numel:
-        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source)
-    t = t.detach().cpu().reshape(v.shape)
+    if t is None or not _fits(t, v):
+        return _bare(v)
+    t = t.detach().cpu()
     meta = _meta(t)
     meta.source = v.source
     meta.data = writer.save_tensor(rec, f"in.{name}", t.contiguous())
@@ -123,7 +156,7 @@ def _output(v: Any, tensors, rec: Record, i: int, writer: DumpWriter) -> Any:
         return [_output(x, tensors, rec, f"{i}.{j}", writer) for j, x in enumerate(v)]
     if not isinstance(v, TensorMeta):
         return v
-    t = next(tensors).detach().cpu().reshape(v.shape)
+    t = next(tensors).detach().cpu()
     meta = _meta(t)
     meta.data = writer.save_tensor(rec, f"out.{i}", t.contiguous())
     return meta

@@ -52,6 +52,8 @@ def _layer_rows(rows: list[CompareRow], target: Path) -> list[LayerRow]:
             continue
         name = where[r.target_seq]
         row = layers.setdefault(name, LayerRow(name))
+        if r.status == PairStatus.SKIP.value:  # not materialised by the backend
+            continue
         row.compared += 1
         if _RANK.get(r.status, 0) > _RANK.get(row.worst, 0):
             row.worst = r.status

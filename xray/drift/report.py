@@ -39,8 +39,9 @@ def backend_table(result: DriftResult) -> str:
 
 
 def layer_table(b: BackendDrift, limit: int = 40) -> str:
-    rows = [[lr.layer, lr.compared, lr.worst, lr.born or "",
-             f"{_g(lr.local_err)} ({_g(lr.local_floor)})" if lr.local_err is not None else "not measurable",
+    rows = [[lr.layer, lr.compared, lr.worst if lr.compared else "not exposed", lr.born or "",
+             f"{_g(lr.local_err)} ({_g(lr.local_floor)})" if lr.local_err is not None else
+             "not measurable" if lr.compared else "",
              _g(lr.accumulated_err)] for lr in b.layers[:limit]]
     more = f"\n... {len(b.layers) - limit} more layers in drift.json" if len(b.layers) > limit else ""
     return tabulate(rows, headers=LAYER_COLUMNS, tablefmt="simple") + more

@@ -116,8 +116,12 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
         for name_, t in ref.user_placeholders.items():  # the backend was fed exactly these
             capture.values.setdefault(name_, [t])
         resolver = CaptureResolver(capture, seq_node, ref.state, ref.placeholder_args)
-        _, b.mapped, b.eager_records = write_capture(folder, eager, capture, resolver, seq_node,
-                                                     backend=name, options=dict(backend.options))
+        written = write_capture(folder, eager, capture, resolver, seq_node, backend=name,
+                                options=dict(backend.options))
+        b.mapped, b.eager_records = written.mapped, written.records
+        if written.misshapen:
+            b.notes.append(f"{len(written.misshapen)} captured values have another shape than their node's and "
+                           f"were not written: {', '.join(written.misshapen[:8])}")
         b.dump = str(folder)
         b.seconds["dump"] = time.perf_counter() - t0
         if b.mapped == 0:
