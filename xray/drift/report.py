@@ -39,12 +39,19 @@ def backend_table(result: DriftResult) -> str:
 
 
 def layer_table(b: BackendDrift, limit: int = 40) -> str:
-    rows = [[lr.layer, lr.compared, lr.worst if lr.compared else "not exposed", lr.born or "",
-             f"{_g(lr.local_err)} ({_g(lr.local_floor)})" if lr.local_err is not None else
-             "not measurable" if lr.compared else "",
-             _g(lr.accumulated_err)] for lr in b.layers[:limit]]
-    more = f"\n... {len(b.layers) - limit} more layers in drift.json" if len(b.layers) > limit else ""
-    return tabulate(rows, headers=LAYER_COLUMNS, tablefmt="simple") + more
+    """The layers the backend exposed, in execution order; the others are named in one line."""
+    shown = [lr for lr in b.layers if lr.compared]
+    hidden = [lr.layer for lr in b.layers if not lr.compared]
+    rows = [[lr.layer, lr.compared, lr.worst, lr.born or "",
+             f"{_g(lr.local_err)} ({_g(lr.local_floor)})" if lr.local_err is not None else "not measurable",
+             _g(lr.accumulated_err)] for lr in shown[:limit]]
+    text = tabulate(rows, headers=LAYER_COLUMNS, tablefmt="simple")
+    if len(shown) > limit:
+        text += f"\n... {len(shown) - limit} more layers in drift.json"
+    if hidden:
+        text += (f"\nnot exposed by {b.backend} ({len(hidden)} layers): " + ", ".join(hidden[:6])
+                 + (" ..." if len(hidden) > 6 else ""))
+    return text
 
 
 def terminal_report(result: DriftResult, layers: bool = True) -> str:
