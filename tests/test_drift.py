@@ -131,15 +131,28 @@ def test_a_faulty_onnx_kernel_is_born_where_it_runs_with_its_local_error(faulty)
     assert after and all(lr.local_err is not None and lr.local_err < 1e-5 < lr.accumulated_err for lr in after)
 
 
+MODEL_FILE = """
+import torch
+from xray.demo.models import tiny_llama, token_batch
+
+def build():  # keyword inputs: a padding mask, and a flag the export bakes in
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0
+    return tiny_llama(layers=1, hidden=32), (token_batch(batch=2, seq=8),), {"use_cache": False, "attention_mask": mask}
+"""
+
+
 def test_cli_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", "xray.drift.examples:tiny_llama_1layer",
+    (tmp_path / "model.py").write_text(MODEL_FILE)
+    proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", f"{tmp_path / 'model.py'}:build",
                            "-b", "onnxrt-cpu", "-b", "nosuch-backend", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "every node" in proc.stdout and "EXPORT_FAIL" in proc.stdout and "unknown backend" in proc.stdout
     summary = json.loads((tmp_path / "drift.json").read_text())
     assert [b["status"] for b in summary["backends"]] == ["OK", "EXPORT_FAIL"]
+    assert summary["backends"][0]["mapped_pct"] == 100 and summary["backends"][0]["first"] is None
     cmp = subprocess.run([sys.executable, "-m", "xray.compare.cli", str(tmp_path / "eager"),
                           str(tmp_path / "dumps" / "onnxrt-cpu"), str(tmp_path / "cmp.csv")],
                          capture_output=True, text=True, env=env, timeout=300)

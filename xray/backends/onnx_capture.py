@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, TensorArgument
 
 from ..dump.tensorio import from_numpy
 
@@ -166,9 +166,16 @@ def plan(proto: Any, program: torch.export.ExportedProgram, exported: torch.expo
     return Plan(marked, fetch, node_values, unmapped)
 
 
+def tensor_inputs(program: torch.export.ExportedProgram) -> list[str]:
+    """Placeholder names of the program's tensor user inputs, in order: the ``args`` drift passes
+    (flags such as ``use_cache=False`` are baked into the program)."""
+    return [s.arg.name for s in program.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument)]
+
+
 def feed(session: Any, program: torch.export.ExportedProgram, args: tuple) -> dict[str, np.ndarray]:
     """ONNX inputs by name: the graph's inputs are the program's tensor user inputs, same names."""
-    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    names = tensor_inputs(program)
     by_name = dict(zip(names, args))
     out = {}
     for i in session.get_inputs():
@@ -198,12 +205,9 @@ def values(p: Plan, fetched: dict[str, Any], proto: Any, program: torch.export.E
                for v in names]
         if all(t is not None for t in got):
             out[node] = got
-    users = iter(args)
+    for name, value in zip(tensor_inputs(program), args):
+        out[name] = [value]
     for spec in program.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            value = next(users, None)
-            if isinstance(value, torch.Tensor):
-                out[spec.arg.name] = [value]
-        elif spec.target in inits:
+        if spec.kind != InputKind.USER_INPUT and spec.target in inits:
             out[spec.arg.name] = [tensor(numpy_helper.to_array(inits[spec.target]))]
     return out

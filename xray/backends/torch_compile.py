@@ -64,8 +64,9 @@ class TorchCompile(Backend):
             # exists, and the program's fresh module is ours alone
             module.to(device).compile(backend=self.options.get("backend", "inductor"), mode=self.options.get("mode"),
                                       dynamic=self.options.get("dynamic", False), fullgraph=True)
+            call_args, call_kwargs = _signature_inputs(program, [a.to(device) for a in args])
             with torch.no_grad():
-                out = module(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+                out = module(*call_args, **call_kwargs)
         except Exception as e:  # noqa: BLE001 - compilation happens on the first call
             raise BackendError(ReplayStatus.LOWER_FAIL, f"torch.compile failed: {short_error(e)}") from e
         lower_s = time.perf_counter() - start
@@ -82,6 +83,18 @@ class TorchCompile(Backend):
         return ModelCapture(outputs=outputs, values=values, granularity="outputs only", notes=[_OUTPUTS_ONLY],
                             facts={"compile_backend": self.options.get("backend", "inductor"),
                                    "lower_s": round(lower_s, 4)})
+
+
+def _signature_inputs(program: torch.export.ExportedProgram, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
+    """The model's (args, kwargs) from the flat tensor user inputs: ``program.module()`` takes the
+    exported signature, whose constant inputs (``use_cache=False``) are the recorded values."""
+    from torch.export.graph_signature import ConstantArgument, InputKind
+
+    it = iter(tensors)
+    leaves = [spec.arg.value if isinstance(spec.arg, ConstantArgument) else next(it)
+              for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    args, kwargs = torch.utils._pytree.tree_unflatten(leaves, program.call_spec.in_spec)
+    return tuple(args), dict(kwargs)
 
 
 BACKEND = TorchCompile

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, TensorArgument
 
 from ..record.flatten import flatten_tensors
 
@@ -79,7 +79,10 @@ def _layer(node: torch.fx.Node) -> list[tuple[str, str]]:
 
 def _flat_inputs(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list[Any]:
     """Values for every placeholder, in order: parameters, buffers, constants, then user inputs."""
-    user = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))]
+    from torch.export._tree_utils import reorder_kwargs
+
+    # the program's in_spec orders keyword arguments as the forward's signature does
+    user = torch.utils._pytree.tree_leaves((args, reorder_kwargs(kwargs, program.call_spec.in_spec)))
     user_iter = iter(user)
     values = []
     for spec in program.graph_signature.input_specs:
@@ -177,7 +180,7 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
         elif spec.kind == InputKind.BUFFER:
             state[f"buffer:{spec.target}"] = spec.arg.name
     user_inputs = tuple(by_name[s.arg.name] for s in program.graph_signature.input_specs
-                        if s.kind == InputKind.USER_INPUT and isinstance(by_name[s.arg.name], torch.Tensor))
+                        if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument))
     if active_session() is not None:
         raise ReferenceError("record", "an xray dump is already active; end it before xray drift")
     staging = out / "_recording"
