@@ -166,3 +166,18 @@ def test_xray_drift_is_the_function_even_after_the_subpackage_loads():
     import xray.drift.run  # noqa: F401  (binds the subpackage on xray, which must not hide the function)
 
     assert callable(xray.drift) and xray.drift.__module__ == "xray.drift"
+
+
+def test_tuple_returning_ops_map_through_their_getitems(tmp_path):
+    """A ViT's LayerNorms are native_layer_norm (output, mean, rstd): ONNX keeps only the output,
+    under the getitem's name, made by the node stamped with the tuple's producer."""
+    import torch
+
+    from xray.demo.models import tiny_vit
+
+    torch.manual_seed(0)
+    result = xray.drift(tiny_vit(), (torch.randn(2, 3, 32, 32),), ["onnxrt-cpu"], tmp_path)
+    ort = result.backends[0]
+    assert ort.mapped == ort.eager_records and ort.first is None, (ort.notes, ort.first)
+    norms = [r for r in xray.load_dump(ort.dump).records if r.op == "aten.native_layer_norm.default"]
+    assert norms and all(r.outputs[0].data and r.outputs[1].note for r in norms)

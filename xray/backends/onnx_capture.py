@@ -37,7 +37,7 @@ class Plan:
 
     marked: Any  # onnx.ModelProto with every mapped value as a graph output
     fetch: list[str]
-    node_values: dict[str, list[str]]  # program node -> ONNX value names, in output order
+    node_values: dict[str, list[str | None]]  # program node -> ONNX value names, in output order (None: none)
     unmapped: list[str] = field(default_factory=list)  # call_function nodes with no value of their own
 
 
@@ -50,8 +50,10 @@ def _elem_type(dtype: torch.dtype) -> int | None:
             torch.bool: TensorProto.BOOL}.get(dtype)
 
 
-def _node_outputs(node: torch.fx.Node) -> list[str] | None:
-    """The names carrying a node's outputs: its own, or its getitem users' for a tuple result."""
+def _node_outputs(node: torch.fx.Node) -> list[str | None] | None:
+    """The names carrying a node's output tensors, in order: its own, or for a tuple result its
+    getitem users' (None for an output nothing reads: the exporter gives it no value of its own).
+    None when the node returns no tensor."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return [node.name]
@@ -61,7 +63,7 @@ def _node_outputs(node: torch.fx.Node) -> list[str] | None:
             if user.target is operator.getitem and isinstance(user.args[1], int):
                 names[user.args[1]] = user.name
         tensors = [n for n, v in zip(names, val) if isinstance(v, torch.Tensor)]
-        return tensors if all(tensors) else None
+        return tensors or None
     return None
 
 
@@ -90,8 +92,11 @@ def provenance(exported: torch.export.ExportedProgram, program: torch.export.Exp
     for origin, nodes in groups.items():
         members = set(nodes)
         want = ref_vals[origin]
-        leaving = [n for n in nodes if not n.users or any(u not in members for u in n.users)]
-        fitting = [n for n in leaving if _same_kind(n.meta.get("val"), want)]
+        if isinstance(want, (tuple, list)):  # the tuple's producer; its getitems join the group
+            fitting = [n for n in nodes if _same_kind(n.meta.get("val"), want)]
+        else:
+            leaving = [n for n in nodes if not n.users or any(u not in members for u in n.users)]
+            fitting = [n for n in leaving if _same_kind(n.meta.get("val"), want)]
         if fitting:
             out[origin] = fitting[-1].name
     return out
@@ -127,26 +132,28 @@ def plan(proto: Any, program: torch.export.ExportedProgram, exported: torch.expo
         stamp = next((p.value for p in onnx_node.metadata_props if p.key == FX_NODE), "")
         return stamp.startswith(f"%{node} ")
 
-    node_values: dict[str, list[str]] = {}
+    node_values: dict[str, list[str | None]] = {}
     unmapped = []
     for node in program.graph.nodes:
-        if node.op != "call_function" or _node_outputs(node) is None:
+        # getitem is no op call (no record): it only names one output of a tuple-returning node
+        if node.op != "call_function" or node.target is operator.getitem or _node_outputs(node) is None:
             continue
         their = theirs.get(carrier.get(node.name, ""))
         names = _node_outputs(their) if their is not None else None
-        if names is None:
+        if names is not None and isinstance(their.meta.get("val"), torch.Tensor):
+            names = [their.name if owned(their.name, their.name) else None]
+        elif names is not None:  # a getitem's value, made by the ONNX node of the tuple's producer
+            names = [v if v is not None and (owned(v, their.name) or owned(v, v)) else None for v in names]
+        if names is None or all(v is None for v in names):
             unmapped.append(node.name)
-            continue
-        if all(owned(v, their.name if len(names) == 1 else v) for v in names):
-            node_values[node.name] = names
         else:
-            unmapped.append(node.name)
+            node_values[node.name] = names
     marked = copy.deepcopy(proto)
     outputs = {o.name for o in g.output}
     fetch = []
     for names in node_values.values():
         for v in names:
-            if v in initializers:
+            if v is None or v in initializers:
                 continue
             fetch.append(v)
             if v in outputs:
@@ -189,9 +196,10 @@ def feed(session: Any, program: torch.export.ExportedProgram, args: tuple) -> di
 
 
 def values(p: Plan, fetched: dict[str, Any], proto: Any, program: torch.export.ExportedProgram,
-           args: tuple) -> dict[str, list[torch.Tensor]]:
-    """Program node -> the tensors ONNX Runtime computed for it; placeholders get the
-    initializers the ONNX graph holds (edited ones included) and the inputs it was fed."""
+           args: tuple) -> dict[str, list[torch.Tensor | None]]:
+    """Program node -> the tensors ONNX Runtime computed for it (None for an output it has no
+    value for); placeholders get the initializers the ONNX graph holds (edited ones included)
+    and the inputs it was fed."""
     from onnx import numpy_helper
 
     def tensor(a: Any) -> torch.Tensor:
@@ -201,9 +209,9 @@ def values(p: Plan, fetched: dict[str, Any], proto: Any, program: torch.export.E
     inits = {i.name: i for i in proto.graph.initializer}
     out: dict[str, list[torch.Tensor]] = {}
     for node, names in p.node_values.items():
-        got = [tensor(fetched[v]) if v in fetched else tensor(numpy_helper.to_array(inits[v])) if v in inits else None
-               for v in names]
-        if all(t is not None for t in got):
+        got = [None if v is None else tensor(fetched[v]) if v in fetched else
+               tensor(numpy_helper.to_array(inits[v])) if v in inits else None for v in names]
+        if any(t is not None for t in got):
             out[node] = got
     for name, value in zip(tensor_inputs(program), args):
         out[name] = [value]

@@ -6,7 +6,9 @@ saved inputs the backend's own values of the producers it captured (an op output
 as the deployed graph holds it, the model input it was fed). Compare then judges the backend
 with its one rule set, and its local error recomputes each op on the backend's own inputs. An
 input whose producer the backend never materialised keeps shape and dtype only (no statistics,
-no data): what it held there is unknown.
+no data): what it held there is unknown. A backend may list ``None`` among a node's values for
+an output it kept no value of (ONNX LayerNormalization has no mean/rstd outputs unless they are
+read); that output is described the same way.
 
 Records of nodes the backend did not expose are still written, their outputs described without
 statistics or data and with a ``note``: compare then skips them, and both dumps hold the same
@@ -40,6 +42,13 @@ def _meta(t: torch.Tensor) -> TensorMeta:
 
 def _fits(t: Any, meta: TensorMeta) -> bool:
     return isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(meta.shape)
+
+
+def _usable(got: list | None, metas: list[TensorMeta]) -> bool:
+    """The backend's outputs of a node (None where it kept no value: LayerNorm's unused mean and
+    rstd) describe the record: the same count, and every value it kept of the node's shape."""
+    return bool(got) and len(got) == len(metas) and any(t is not None for t in got) and \
+        all(t is None or _fits(t, m) for t, m in zip(got, metas))
 
 
 class CaptureResolver:
@@ -106,14 +115,14 @@ def write_capture(folder: Path, eager: Any, capture: ModelCapture, resolver: Cap
         out = Record(seq=rec.seq, kind=rec.kind, op=rec.op, direction=rec.direction, module=rec.module,
                      module_stack=list(rec.module_stack), mutates=list(rec.mutates), count=rec.count,
                      first_seq=rec.first_seq, last_seq=rec.last_seq)
-        if metas and got and len(got) == len(metas) and all(_fits(t, m) for t, m in zip(got, metas)):
+        if metas and _usable(got, metas):
             out.inputs = {k: _input(v, k, out, writer, resolver) for k, v in rec.inputs.items()}
             tensors = iter(got)
-            out.outputs = [_output(v, tensors, out, i, writer) for i, v in enumerate(rec.outputs)]
-            saved += len(metas)
+            out.outputs = [_output(v, tensors, out, i, writer, absent) for i, v in enumerate(rec.outputs)]
+            saved += sum(t is not None for t in got)
             mapped += 1
         else:
-            if metas and got:
+            if metas and got and len(got) == len(metas) and any(t is not None for t in got):
                 misshapen.append(node)
             out.inputs = {k: _bare(v) for k, v in rec.inputs.items()}
             out.outputs = [_bare(v, absent) for v in rec.outputs]
@@ -151,12 +160,15 @@ def _one_input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: Cap
     return meta
 
 
-def _output(v: Any, tensors, rec: Record, i: int, writer: DumpWriter) -> Any:
+def _output(v: Any, tensors, rec: Record, i: Any, writer: DumpWriter, absent: str) -> Any:
     if isinstance(v, list):
-        return [_output(x, tensors, rec, f"{i}.{j}", writer) for j, x in enumerate(v)]
+        return [_output(x, tensors, rec, f"{i}.{j}", writer, absent) for j, x in enumerate(v)]
     if not isinstance(v, TensorMeta):
         return v
-    t = next(tensors).detach().cpu()
+    t = next(tensors)
+    if t is None:
+        return _bare(v, absent)
+    t = t.detach().cpu()
     meta = _meta(t)
     meta.data = writer.save_tensor(rec, f"out.{i}", t.contiguous())
     return meta
