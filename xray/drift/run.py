@@ -81,8 +81,6 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     ``edits`` maps a backend name to a function given that backend's own program before it runs
     (``Backend.run_model``'s ``edit``): tests inject faults into the deployed graph this way.
     """
-    from ..backends.registry import create
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
@@ -93,50 +91,59 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     from ..dump import load_dump
 
     eager = load_dump(ref.dump)
-    seq_node = ref.seq_node
-    layer_of = {r.seq: r.module or "" for r in eager.records}
-    results = []
-    for name in backends:
-        say(f"backend {name}")
-        b = BackendDrift(backend=name)
-        results.append(b)
-        try:
-            backend = create(name)
-        except Exception as e:  # noqa: BLE001 - an unknown preset is this backend's failure only
-            b.status, b.error = ReplayStatus.EXPORT_FAIL.name, short_error(e)
-            continue
-        capture = _run_backend(b, backend, ref, (edits or {}).get(name))
-        if capture is None:
-            continue
-        b.output_err = _output_error(capture.outputs, ref.outputs)
-        t0 = time.perf_counter()
-        folder = out / "dumps" / _safe(name)
-        if folder.exists():
-            shutil.rmtree(folder)
-        for name_, t in ref.user_placeholders.items():  # the backend was fed exactly these
-            capture.values.setdefault(name_, [t])
-        resolver = CaptureResolver(capture, seq_node, ref.state, ref.placeholder_args)
-        written = write_capture(folder, eager, capture, resolver, seq_node, backend=name,
-                                options=dict(backend.options))
-        b.mapped, b.eager_records = written.mapped, written.records
-        if written.misshapen:
-            b.notes.append(f"{len(written.misshapen)} captured values have another shape than their node's and "
-                           f"were not written: {', '.join(written.misshapen[:8])}")
-        b.dump = str(folder)
-        b.seconds["dump"] = time.perf_counter() - t0
-        if b.mapped == 0:
-            b.notes.append("no eager record could be mapped: nothing to compare")
-            continue
-        _compare(b, ref.dump, folder, seq_node)
-        if b.first is not None:
-            b.first_layer = layer_of.get(b.first.get("bench_seq"), b.first.get("module") or "")
     result = DriftResult(out=out, eager_dump=ref.dump, program_nodes=len(ref.node_seq),
                          eager_records=sum(1 for r in eager.records if any(True for _ in r.output_tensors())),
                          eager_equal=ref.eager_equal, eager_max_diff=ref.eager_max_diff, eager_s=ref.eager_s,
-                         seconds=dict(ref.seconds, total=time.perf_counter() - started), backends=results)
-    eager.close()
+                         seconds=dict(ref.seconds), backends=[])
+    try:
+        for name in backends:
+            say(f"backend {name}")
+            result.backends.append(_one_backend(name, ref, eager, out, (edits or {}).get(name)))
+            # written after every backend: a backend that takes the process down keeps the others' results
+            write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
+    finally:
+        eager.close()
+    result.seconds["total"] = time.perf_counter() - started
     write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
     return result
+
+
+def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callable | None) -> BackendDrift:
+    """Run, map, write and compare one backend; a failure is its stage and error."""
+    from ..backends.registry import create
+
+    b = BackendDrift(backend=name)
+    try:
+        backend = create(name)
+    except Exception as e:  # noqa: BLE001 - an unknown preset is this backend's failure only
+        b.status, b.error = ReplayStatus.EXPORT_FAIL.name, short_error(e)
+        return b
+    capture = _run_backend(b, backend, ref, edit)
+    if capture is None:
+        return b
+    b.output_err = _output_error(capture.outputs, ref.outputs)
+    t0 = time.perf_counter()
+    folder = out / "dumps" / _safe(name)
+    if folder.exists():
+        shutil.rmtree(folder)
+    for placeholder, t in ref.user_placeholders.items():  # the backend was fed exactly these
+        capture.values.setdefault(placeholder, [t])
+    seq_node = ref.seq_node
+    resolver = CaptureResolver(capture, seq_node, ref.state, ref.placeholder_args)
+    written = write_capture(folder, eager, capture, resolver, seq_node, backend=name, options=dict(backend.options))
+    b.mapped, b.eager_records, b.dump = written.mapped, written.records, str(folder)
+    if written.misshapen:
+        b.notes.append(f"{len(written.misshapen)} captured values have another shape than their node's and "
+                       f"were not written: {', '.join(written.misshapen[:8])}")
+    b.seconds["dump"] = time.perf_counter() - t0
+    if b.mapped == 0:
+        b.notes.append("no eager record could be mapped: nothing to compare")
+        return b
+    _compare(b, ref.dump, folder, seq_node)
+    if b.first is not None:
+        layer_of = {r.seq: r.module or "" for r in eager.records}
+        b.first_layer = layer_of.get(b.first.get("bench_seq"), b.first.get("module") or "")
+    return b
 
 
 def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None) -> ModelCapture | None:
