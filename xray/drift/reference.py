@@ -158,9 +158,7 @@ class _RecordedRun(torch.fx.Interpreter):
 
 
 def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Path) -> Reference:
-    """Export ``model``, run the program under the tracer into ``out``, and compare it with eager."""
-    from ..record import active_session, begin_dump, end_dump
-
+    """Export ``model``, run the program under the tracer into ``out/eager``, and compare it with eager."""
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     try:
@@ -170,17 +168,29 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
     seconds["export"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    flat = _flat_inputs(program, args, kwargs)
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    by_name = {n.name: v for n, v in zip(placeholders, flat)}
-    state = {}
-    for spec in program.graph_signature.input_specs:
-        if spec.kind == InputKind.PARAMETER:
-            state[f"param:{spec.target}"] = spec.arg.name
-        elif spec.kind == InputKind.BUFFER:
-            state[f"buffer:{spec.target}"] = spec.arg.name
+    by_name = {n.name: v for n, v in zip(placeholders, _flat_inputs(program, args, kwargs))}
+    state = {f"{'param' if s.kind == InputKind.PARAMETER else 'buffer'}:{s.target}": s.arg.name
+             for s in program.graph_signature.input_specs if s.kind in (InputKind.PARAMETER, InputKind.BUFFER)}
     user_inputs = tuple(by_name[s.arg.name] for s in program.graph_signature.input_specs
                         if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument))
+    dest, outputs, runner = _record(program, [by_name[n.name] for n in placeholders], by_name, state, out)
+    seconds["eager_reference"] = time.perf_counter() - start
+
+    eager, eager_s = _eager(model, args, kwargs)
+    equal, diff = _same(outputs, eager)
+    return Reference(program=program, user_inputs=user_inputs, dump=dest, node_seq=runner.node_seq,
+                     placeholders=by_name, state=state, outputs=outputs, eager_equal=equal, eager_max_diff=diff,
+                     eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped,
+                     placeholder_args=runner.placeholder_args)
+
+
+def _record(program: torch.export.ExportedProgram, flat: list, by_name: dict[str, Any], state: dict[str, str],
+            out: Path) -> tuple[Path, list[torch.Tensor], _RecordedRun]:
+    """Run the program under the tracer; the dump lands in ``out/eager``. Returns it, the
+    program's user outputs, and the runner (its node -> record map)."""
+    from ..record import active_session, begin_dump, end_dump
+
     if active_session() is not None:
         raise ReferenceError("record", "an xray dump is already active; end it before xray drift")
     staging = out / "_recording"
@@ -194,9 +204,10 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
             kind, _, fqn = key.partition(":")
             session.recorder.producers.name_state(by_name[name], kind, fqn)
         with torch.no_grad():
-            outputs = flatten_tensors(runner.run(*flat, enable_io_processing=False))
+            results = list(runner.run(*flat, enable_io_processing=False))
     except Exception as e:  # noqa: BLE001
         end_dump()
+        shutil.rmtree(staging, ignore_errors=True)
         raise ReferenceError("eager", f"running the exported program failed: {type(e).__name__}: {str(e)[:500]}") from e
     folder = end_dump()
     dest = out / "eager"
@@ -204,21 +215,22 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
         shutil.rmtree(dest)
     shutil.move(str(folder), dest)
     shutil.rmtree(staging, ignore_errors=True)
-    seconds["eager_reference"] = time.perf_counter() - start
+    # the output node lists mutated buffers first, then the user outputs
+    n_user = len(program.graph_signature.user_outputs)
+    return dest, flatten_tensors(results[len(results) - n_user:] if n_user else []), runner
 
+
+def _eager(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], float]:
+    """The model's own eager outputs, and one forward's time (the fastest of four)."""
     with torch.no_grad():
         eager = flatten_tensors(model(*args, **kwargs))
         eager_s = math.inf
         gc.collect()  # export leaves ~1e6 objects: the next forwards would pay gen-2 collections (~0.3 s each)
-        for _ in range(4):  # the fastest of a few
+        for _ in range(4):
             start = time.perf_counter()
             model(*args, **kwargs)
             eager_s = min(eager_s, time.perf_counter() - start)
-    equal, diff = _same(outputs, eager)
-    return Reference(program=program, user_inputs=user_inputs, dump=dest, node_seq=runner.node_seq,
-                     placeholders=by_name, state=state, outputs=outputs, eager_equal=equal, eager_max_diff=diff,
-                     eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped,
-                     placeholder_args=runner.placeholder_args)
+    return eager, eager_s
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:

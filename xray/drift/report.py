@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from .run import BackendDrift, DriftResult
+from .run import OK, BackendDrift, DriftResult
 
 BACKEND_COLUMNS = ["backend", "status", "exposes", "mapped", "first drifting layer", "node / op", "origin / cause",
                    "local err", "accumulated err", "seconds"]
@@ -17,7 +17,7 @@ def _g(v: float | None) -> str:
 
 
 def _first(b: BackendDrift) -> list[str]:
-    if b.status != "OK":
+    if b.status != OK:
         return [b.error[:70], "", "", "", ""]
     fd = b.first
     if fd is None:
@@ -60,7 +60,7 @@ def terminal_report(result: DriftResult, layers: bool = True) -> str:
              f"({result.eager_dump}); its outputs vs the model's own eager forward: {eq}", "",
              backend_table(result)]
     for b in result.backends:
-        if b.status != "OK":
+        if b.status != OK:
             continue
         if b.compare:
             c = b.compare

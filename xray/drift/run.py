@@ -21,7 +21,7 @@ from .capture_dump import CaptureResolver, write_capture
 from .layers import LayerRow, layer_rows
 from .reference import Reference, record_reference
 
-OK = "OK"
+OK = ReplayStatus.OK.name  # the statuses are replay's (one enum), by name
 
 
 @dataclass
