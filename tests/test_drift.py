@@ -27,9 +27,10 @@ def _model():
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """One run on two real backends plus one whose lowering cannot work (an unknown inductor backend)."""
+    """One run on two real backends, CoreML (converts here, predicts on macOS only), and one whose
+    lowering cannot work (an unknown inductor backend)."""
     model, args = _model()
-    return xray.drift(model, args, ["onnxrt-cpu", "torch-compile", "torch-compile:backend=nosuch"],
+    return xray.drift(model, args, ["onnxrt-cpu", "torch-compile", "coreml", "torch-compile:backend=nosuch"],
                       tmp_path_factory.mktemp("drift"))
 
 
@@ -76,6 +77,12 @@ def test_noise_only_runs_name_no_bug(clean):
     for name in ("onnxrt-cpu", "torch-compile"):
         fd = _by(clean, name).first
         assert fd is None or fd["cause"] == "precision loss", fd
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="CoreML predicts on macOS")
+def test_coreml_converts_the_whole_model_and_says_it_cannot_run_here(clean):
+    cm = _by(clean, "coreml")
+    assert cm.status == "UNSUPPORTED_PLATFORM" and "converted" in cm.error and cm.dump is None, cm.error
 
 
 def test_a_failing_lowering_is_reported_with_its_stage_and_the_others_still_run(clean):
