@@ -77,6 +77,10 @@ def test_noise_only_runs_name_no_bug(clean):
     for name in ("onnxrt-cpu", "torch-compile"):
         fd = _by(clean, name).first
         assert fd is None or fd["cause"] == "precision loss", fd
+    # isolated run: every ORT kernel fed eager inputs is off by summation order only (~1e-7 of the
+    # output's peak in fp32); 1e-5 leaves two orders of margin and is 1000x below the faults below
+    isolated = [lr.isolated_err for lr in _by(clean, "onnxrt-cpu").layers if lr.isolated_err is not None]
+    assert isolated and max(isolated) < 1e-5
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="CoreML predicts on macOS")
@@ -125,6 +129,9 @@ def test_a_perturbed_onnx_weight_is_named_as_the_first_drifting_node_and_layer(f
     assert ort.first_layer == "model.layers.0.mlp.down_proj" and ort.first_node.startswith("permute")
     layer = next(lr for lr in ort.layers if lr.layer == "model.layers.0.mlp.down_proj")
     assert layer.born == 1 and layer.accumulated_err > 0.01
+    # fed eager inputs, the layer holding the wrong weight is still wrong; every other layer is not
+    assert layer.isolated_err > 0.01
+    assert all(lr.isolated_err < 1e-5 for lr in ort.layers if lr is not layer and lr.isolated_err is not None)
 
 
 def test_a_faulty_onnx_kernel_is_born_where_it_runs_with_its_local_error(faulty):
@@ -136,6 +143,10 @@ def test_a_faulty_onnx_kernel_is_born_where_it_runs_with_its_local_error(faulty)
     assert fd["cause"] == "local error" and fd["local_err"] == pytest.approx(0.01, rel=0.05)
     after = [lr for lr in ort.layers if lr.layer.startswith("model.layers.0.mlp.down_proj")]
     assert after and all(lr.local_err is not None and lr.local_err < 1e-5 < lr.accumulated_err for lr in after)
+    # isolated run: the faulty matmul's layer alone is off (by its 1%), fed eager inputs
+    faulty_layer = next(lr for lr in ort.layers if lr.layer == "model.layers.0.mlp.up_proj")
+    assert faulty_layer.isolated_err == pytest.approx(0.01, rel=0.05)
+    assert all(lr.isolated_err < 1e-5 for lr in ort.layers if lr is not faulty_layer and lr.isolated_err is not None)
 
 
 MODEL_FILE = """

@@ -180,12 +180,16 @@ def tensor_inputs(program: torch.export.ExportedProgram) -> list[str]:
             if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument)]
 
 
-def feed(session: Any, program: torch.export.ExportedProgram, args: tuple) -> dict[str, np.ndarray]:
-    """ONNX inputs by name: the graph's inputs are the program's tensor user inputs, same names."""
+def feed(session: Any, program: torch.export.ExportedProgram, args: tuple,
+         extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """ONNX inputs by name: the graph's inputs are the program's tensor user inputs, same names
+    (and, in a cut model, the ``extra`` reference values)."""
     names = tensor_inputs(program)
     by_name = dict(zip(names, args))
-    out = {}
+    out = dict(extra or {})
     for i in session.get_inputs():
+        if i.name in out:
+            continue
         if i.name not in by_name:
             from .base import BackendError, ReplayStatus
 
@@ -219,3 +223,35 @@ def values(p: Plan, fetched: dict[str, Any], proto: Any, program: torch.export.E
         if spec.kind != InputKind.USER_INPUT and spec.target in inits:
             out[spec.arg.name] = [tensor(numpy_helper.to_array(inits[spec.target]))]
     return out
+
+
+def cut(p: Plan, program: torch.export.ExportedProgram,
+        reference: dict[str, list[torch.Tensor]]) -> tuple[Any, dict[str, np.ndarray]]:
+    """The marked model with every captured edge cut: each consumer of a captured value reads a
+    new graph input ``<value>__ref`` instead, fed the reference's value of that node. Each value
+    is then computed by its own ONNX nodes from reference inputs (and the graph's own weights)."""
+    from onnx import helper
+
+    model = copy.deepcopy(p.marked)
+    g = model.graph
+    initializers = {i.name for i in g.initializer}
+    info = {v.name: v for v in list(g.value_info) + list(g.output)}
+    feed: dict[str, np.ndarray] = {}
+    for node, names in p.node_values.items():
+        ref = reference.get(node) or []
+        for k, v in enumerate(names):
+            if v is None or v in initializers or k >= len(ref) or v not in info:
+                continue
+            t = ref[k].detach().contiguous()
+            if t.dtype == torch.bfloat16:  # numpy has no bfloat16: leave that edge uncut
+                continue
+            feed[f"{v}__ref"] = t.numpy()
+    for n in g.node:
+        for i, name in enumerate(n.input):
+            if f"{name}__ref" in feed:
+                n.input[i] = f"{name}__ref"
+    for name in feed:
+        vi = copy.deepcopy(info[name[:-len("__ref")]])
+        vi.name = name
+        g.input.append(vi)
+    return model, feed

@@ -88,20 +88,9 @@ class OnnxRuntime(Backend):
         from . import onnx_capture
 
         start = time.perf_counter()
-        try:
-            onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, opset_version=self.options.get("opset"),
-                                             optimize=bool(self.options.get("optimize", False)),
-                                             verbose=False, report=False)
-        except Exception as e:  # noqa: BLE001 - the exporter's error is the result
-            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.onnx.export: {short_error(e)}") from e
-        if onnx_program is None:
-            raise BackendError(ReplayStatus.EXPORT_FAIL, "torch.onnx.export returned no program")
-        proto = onnx_program.model_proto
+        proto, plan = self._export_model(program, args, edit)
         export_s = time.perf_counter() - start
-        if edit is not None:
-            proto = edit(proto) or proto
         start = time.perf_counter()
-        plan = onnx_capture.plan(proto, program, onnx_program.exported_program)
         try:
             plain_session = self._session(proto.SerializeToString())
             marked_session = self._session(plan.marked.SerializeToString())
@@ -133,6 +122,54 @@ class OnnxRuntime(Backend):
                  "marking_moved_outputs": moved}
         granularity = "every node" if not plan.unmapped else "every node it kept"
         return ModelCapture(outputs=outputs, values=values, granularity=granularity, notes=notes, facts=facts)
+
+
+    def _export_model(self, program: torch.export.ExportedProgram, args: tuple, edit: Callable | None):
+        """The (edited) ONNX model of ``program`` and its capture plan. Kept for the same program
+        and edit, so the isolated run that follows a whole run does not export again."""
+        from . import onnx_capture
+
+        key = (id(program), id(edit))
+        cached = getattr(self, "_exported", None)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        try:
+            onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, opset_version=self.options.get("opset"),
+                                             optimize=bool(self.options.get("optimize", False)),
+                                             verbose=False, report=False)
+        except Exception as e:  # noqa: BLE001 - the exporter's error is the result
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.onnx.export: {short_error(e)}") from e
+        if onnx_program is None:
+            raise BackendError(ReplayStatus.EXPORT_FAIL, "torch.onnx.export returned no program")
+        proto = onnx_program.model_proto
+        if edit is not None:
+            proto = edit(proto) or proto
+        plan = onnx_capture.plan(proto, program, onnx_program.exported_program)
+        self._exported = (key, proto, plan)
+        return proto, plan
+
+    def run_isolated(self, program: torch.export.ExportedProgram, args: tuple,
+                     reference: dict[str, list[torch.Tensor]], *,
+                     edit: Callable[[Any], Any] | None = None) -> ModelCapture:
+        """The marked model with every captured edge cut (``onnx_capture.cut``): each node's value
+        computed by ONNX Runtime's kernels from the reference's values of its inputs."""
+        from . import onnx_capture
+
+        proto, plan = self._export_model(program, args, edit)
+        model, refs = onnx_capture.cut(plan, program, reference)
+        try:
+            session = self._session(model.SerializeToString())
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the cut model: {short_error(e)}") from e
+        feed = dict(onnx_capture.feed(session, program, args, extra=refs))
+        try:
+            fetched = dict(zip(plan.fetch, session.run(plan.fetch, feed)))
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.RUN_FAIL, f"onnxruntime isolated run: {short_error(e)}") from e
+        values = onnx_capture.values(plan, fetched, proto, program, args)
+        return ModelCapture(outputs=[_tensor(fetched[o.name]) for o in proto.graph.output], values=values,
+                            granularity="every node, inputs from the reference",
+                            notes=[f"{len(refs)} edges cut and fed from the reference"], facts={"cut_edges": len(refs)})
 
 
 def _tensor(a: Any) -> torch.Tensor:

@@ -30,6 +30,7 @@ class LayerRow:
     local_err: float | None = None  # max over the layer's ops; None: not measurable (inputs not captured)
     local_floor: float | None = None  # the floor of the op with that local error
     accumulated_err: float | None = None  # max |backend - eager| / max |eager| over the layer's outputs
+    isolated_err: float | None = None  # the same, each op fed eager inputs on the backend (isolated run)
 
 
 def layer_rows(rows: list[CompareRow], target: Path) -> list[LayerRow]:

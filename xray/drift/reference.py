@@ -50,6 +50,7 @@ class Reference:
     # seq -> {input key ("self", "tensors.1"): placeholder node name}: which record inputs are
     # read straight from a placeholder (a model input, a lifted constant), by graph edge
     placeholder_args: dict[int, dict[str, str]] = field(default_factory=dict)
+    values: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # node -> eager outputs
 
     @property
     def user_placeholders(self) -> dict[str, torch.Tensor]:
@@ -136,6 +137,7 @@ class _RecordedRun(torch.fx.Interpreter):
         self.node_seq: dict[str, int] = {}
         self.unmapped: list[str] = []
         self.placeholder_args: dict[int, dict[str, str]] = {}
+        self.values: dict[str, list[torch.Tensor]] = {}  # node -> its eager output tensors (isolated runs)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op != "call_function":
@@ -143,9 +145,13 @@ class _RecordedRun(torch.fx.Interpreter):
         frames = self.recorder.modules.forward_stack
         frames[:] = _layer(n)
         before = self.recorder.seq
+        result = None
         try:
-            return super().run_node(n)
+            result = super().run_node(n)
+            return result
         finally:
+            if result is not None:
+                self.values[n.name] = flatten_tensors(result)
             frames.clear()
             made = self.recorder.seq - before
             if made == 1:
@@ -182,7 +188,7 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
     return Reference(program=program, user_inputs=user_inputs, dump=dest, node_seq=runner.node_seq,
                      placeholders=by_name, state=state, outputs=outputs, eager_equal=equal, eager_max_diff=diff,
                      eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped,
-                     placeholder_args=runner.placeholder_args)
+                     placeholder_args=runner.placeholder_args, values=runner.values)
 
 
 def _record(program: torch.export.ExportedProgram, flat: list, by_name: dict[str, Any], state: dict[str, str],

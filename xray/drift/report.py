@@ -9,7 +9,7 @@ from .run import OK, BackendDrift, DriftResult
 
 BACKEND_COLUMNS = ["backend", "status", "exposes", "mapped", "first drifting layer", "node / op", "origin / cause",
                    "local err", "accumulated err", "seconds"]
-LAYER_COLUMNS = ["layer", "outputs", "worst", "born", "local err (floor)", "accumulated err"]
+LAYER_COLUMNS = ["layer", "outputs", "worst", "born", "local err (floor)", "isolated err", "accumulated err"]
 
 
 def _g(v: float | None) -> str:
@@ -44,7 +44,7 @@ def layer_table(b: BackendDrift, limit: int = 40) -> str:
     hidden = [lr.layer for lr in b.layers if not lr.compared]
     rows = [[lr.layer, lr.compared, lr.worst, lr.born or "",
              f"{_g(lr.local_err)} ({_g(lr.local_floor)})" if lr.local_err is not None else "not measurable",
-             _g(lr.accumulated_err)] for lr in shown[:limit]]
+             _g(lr.isolated_err), _g(lr.accumulated_err)] for lr in shown[:limit]]
     text = tabulate(rows, headers=LAYER_COLUMNS, tablefmt="simple")
     if len(shown) > limit:
         text += f"\n... {len(shown) - limit} more layers in drift.json"

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ..atomic import write_text
-from ..backends.base import BackendError, ModelCapture, ReplayStatus, short_error
+from ..backends.base import Backend, BackendError, ModelCapture, ReplayStatus, short_error
 from .capture_dump import CaptureResolver, write_capture
 from .layers import LayerRow, layer_rows
 from .reference import Reference, record_reference
@@ -140,10 +140,37 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
         b.notes.append("no eager record could be mapped: nothing to compare")
         return b
     _compare(b, ref.dump, folder, seq_node)
+    layer_of = {r.seq: r.module or "<root>" for r in eager.records}
     if b.first is not None:
-        layer_of = {r.seq: r.module or "" for r in eager.records}
         b.first_layer = layer_of.get(b.first.get("bench_seq"), b.first.get("module") or "")
+    if type(backend).run_isolated is not Backend.run_isolated:
+        _isolated(b, backend, ref, edit, layer_of)
     return b
+
+
+def _isolated(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None, layer_of: dict[int, str]) -> None:
+    """The backend's isolated run (every captured edge fed from eager): each layer's error when it
+    reads eager inputs, beside the accumulated one. A plain number; compare's verdicts stand."""
+    t0 = time.perf_counter()
+    try:
+        capture = backend.run_isolated(ref.program, ref.user_inputs, ref.values, edit=edit)
+    except Exception as e:  # noqa: BLE001 - the whole run's results stand without it
+        b.notes.append(f"isolated run: {short_error(e)}")
+        return
+    finally:
+        b.seconds["isolated"] = time.perf_counter() - t0
+    worst: dict[str, float] = {}
+    for node, got in capture.values.items():
+        seq = ref.node_seq.get(node)
+        if seq is None:
+            continue
+        err = _output_error([t for t in got if t is not None], [w for t, w in zip(got, ref.values.get(node, []))
+                                                                if t is not None])
+        if err is not None:
+            layer = layer_of.get(seq, "<root>")
+            worst[layer] = max(worst.get(layer, 0.0), err)
+    for row in b.layers:
+        row.isolated_err = worst.get(row.layer)
 
 
 def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None) -> ModelCapture | None:
@@ -194,8 +221,8 @@ def _output_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float | 
     pairs = [(g, w) for g, w in zip(got, want) if w.is_floating_point() and g.numel() == w.numel() and w.numel()]
     if not pairs or len(got) != len(want):
         return None
-    return max(float((g.double().reshape(w.shape) - w.double()).abs().max() / max(float(w.abs().max()), 1e-30))
-               for g, w in pairs)
+    return max(float((g.detach().double().reshape(w.shape) - w.detach().double()).abs().max())
+               / max(float(w.detach().abs().max()), 1e-30) for g, w in pairs)
 
 
 def _safe(name: str) -> str:
