@@ -123,7 +123,6 @@ class OnnxRuntime(Backend):
         granularity = "every node" if not plan.unmapped else "every node it kept"
         return ModelCapture(outputs=outputs, values=values, granularity=granularity, notes=notes, facts=facts)
 
-
     def _export_model(self, program: torch.export.ExportedProgram, args: tuple, edit: Callable | None):
         """The (edited) ONNX model of ``program`` and its capture plan. Kept for the same program
         and edit, so the isolated run that follows a whole run does not export again."""
