@@ -71,7 +71,7 @@ def test_help_does_not_import_torch(script):
     assert text.startswith("usage:")
 
 
-@pytest.mark.parametrize("command", ["demo", "info", "record"])
+@pytest.mark.parametrize("command", ["demo", "info", "record", "drift"])
 def test_xray_subcommand_help_is_light_and_explained(command):
     heavy, text = _heavy_imports(SCRIPTS["xray"], [command, "--help"])
     assert heavy == [], f"xray {command} --help imported {heavy}"

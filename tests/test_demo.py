@@ -17,6 +17,7 @@ def test_demo_runs_every_step_and_finds_the_injected_fault(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     assert "xray found it." in text  # the compare named the injected kernel fault, born there
+    assert "xray drift found it." in text  # the whole-model run named the layer with the wrong ONNX weight
     summary = json.loads((out / "compare-summary.json").read_text())
     first = summary["first_divergence"]
     assert first["origin"] == "born" and first["op"] == "aten.mm.default"

@@ -6,7 +6,8 @@ its own baseline) measured side by side in the same run; absolute times depend o
 Runs, each in its own process: bench_record.py (dump overhead vs eager, and msprobe when it is
 installed), bench_debugger.py (module-dump overhead), bench_compare.py (compare GB/s vs raw
 read), bench_gen.py (generation records/s), bench_replay.py (replay records/s, cold vs cached),
-bench_accuracy.py (how often compare names the injected fault; false failures on noise-only runs).
+bench_accuracy.py (how often compare names the injected fault; false failures on noise-only runs),
+bench_drift.py (xray drift on the demo Llama, three backends, against the 60 s goal).
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
     rep = run("bench_replay.py", ["--limit", "8" if q else "15", "--backend", "onnxrt-cpu",
                                   "--backend", "executorch-xnnpack"], tmp / "replay.json")
     acc = run("bench_accuracy.py", ["--quick"] if q else [], tmp / "accuracy.json")
+    dft = run("bench_drift.py", [], tmp / "drift.json")
     rows = []
     if rec:
         rows += [["record (ATen tracer)", "0x102 dedup, stats only, vs eager", f"{rec['dump_ratio_dedup']:.2f}x",
@@ -101,10 +103,15 @@ def main(argv=None) -> int:
                  ["", f"{acc['noise_scenarios']} noise-only runs (bf16, fp16, TF32, threads, kernels)",
                   f"{acc['noise_fail_rows_pct']:.1f}% false-fail rows",
                   f"{acc['noise_scenarios_failing']} runs with a FAIL row; {acc['crashes']} crashes; target 0"]]
+    if dft:
+        ort = dft["backends"].get("onnxrt-cpu", {})
+        rows += [["drift (xray drift)", "demo Llama, onnxrt-cpu + executorch-xnnpack + torch-compile, wall",
+                  f"{dft['wall_s']:.1f} s", f"target < 60 s; one eager forward {dft['eager_forward_ms']:.1f} ms"],
+                 ["", "eager records mapped on ONNX Runtime", f"{ort.get('mapped_pct') or 0:.0f}%", "target >= 90%"]]
     print(f"\nxray benchmarks on {machine()}, load average {os.getloadavg()[0]:.1f}")
     print(tabulate(rows, headers=["capability", "measure", "result", "note"],
                    tablefmt="github" if args.markdown else "simple"))
-    return 0 if all((rec, dbg, cmp_, gen, rep, acc)) else 1
+    return 0 if all((rec, dbg, cmp_, gen, rep, acc, dft)) else 1
 
 
 if __name__ == "__main__":

@@ -20,10 +20,14 @@ _PUBLIC = {  # name -> the module that defines it
     "DebugFlags": ".config", "DumpConfig": ".config",
     "PrecisionDebugger": ".debugger", "OverflowReport": ".debugger",
     "read_module_dump": ".dump.module_reader",
+    "drift": ".drift",
 }
 
 __all__ = ["begin_dump", "end_dump", "dump", "load_dump", "DebugFlags", "DumpConfig", "Record", "Stats",
-           "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "__version__"]
+           "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "drift", "__version__"]
+
+
+_SHADOWED = ("dump", "drift")  # functions named like the subpackage that implements them
 
 
 def __getattr__(name: str):
@@ -39,14 +43,15 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """``xray.dump`` is the recording session (``with xray.dump(...)``), not the ``xray.dump`` subpackage.
+    """``xray.dump`` is the recording session (``with xray.dump(...)``), not the ``xray.dump`` subpackage;
+    ``xray.drift`` is the function, not the ``xray.drift`` subpackage.
 
     The import system binds every loaded subpackage on its parent; this keeps that binding from
     hiding the function (the subpackage stays importable by its full name).
     """
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "dump" and isinstance(value, types.ModuleType):
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 

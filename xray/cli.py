@@ -1,4 +1,4 @@
-"""The ``xray`` command: ``xray demo``, ``xray record script.py``, ``xray info DUMP``."""
+"""The ``xray`` command: ``xray demo``, ``xray record script.py``, ``xray info DUMP``, ``xray drift MODEL``."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   xray demo --out xray-demo                 # the whole workflow on a small real Llama
   xray record -o dumps/run -- train.py --lr 1e-3   # dump a script without editing it
   xray info xray_debug/proc_1234            # what a dump holds
+  xray drift xray.drift.examples:tiny_llama -b onnxrt-cpu -b torch-compile --out drift/
 """
 
 
@@ -66,6 +67,24 @@ def _record(args) -> int:
     return 0
 
 
+def _drift(args) -> int:
+    from .drift.load import ModelSpecError, load_model
+    from .drift.reference import ReferenceError
+    from .drift.report import terminal_report
+    from .drift.run import drift
+    from .quiet import one_line
+
+    try:
+        model, margs, mkwargs = load_model(args.model)
+        result = drift(model, margs, args.backend or ["onnxrt-cpu"], Path(args.out), kwargs=mkwargs,
+                       progress=lambda s: print(f"xray drift: {s}", file=sys.stderr, flush=True))
+    except (ModelSpecError, ReferenceError) as e:
+        print(f"xray drift: {one_line(e)}", file=sys.stderr)
+        return 2
+    print(terminal_report(result, layers=not args.no_layers))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="xray", description="Operator-level precision debugging for PyTorch.",
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,6 +111,18 @@ def main(argv: list[str] | None = None) -> int:
                                       "output.")
     info.add_argument("dump", help="trace dump folder, its dump.json, or a module-level .h5")
     info.add_argument("--top", type=int, default=15, help="how many ops to list, most called first (default 15)")
+    drift = sub.add_parser("drift", help="run a whole model on deployment backends and find where it drifts",
+                           description="Export MODEL once (torch.export, core ATen), record that program in eager, "
+                                       "run it whole on each backend capturing every intermediate the backend "
+                                       "exposes, write each run as a trace dump, and name per backend the first "
+                                       "drifting layer with its local error (recomputed on the backend's own "
+                                       "inputs) beside its accumulated error (vs eager). See docs/drift.md.")
+    drift.add_argument("model", help="pkg.module:function or path/to/file.py:function returning "
+                                     "(model, example_args[, example_kwargs])")
+    drift.add_argument("-b", "--backend", action="append", default=None,
+                       help="backend preset, repeatable (default onnxrt-cpu); name:key=value overrides options")
+    drift.add_argument("--out", default="xray-drift", help="output folder (default: xray-drift)")
+    drift.add_argument("--no-layers", action="store_true", help="print the backend table only, no per-layer tables")
     args = ap.parse_args(argv)
     from .quiet import quiet_third_party
 
@@ -101,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         from .demo.run import run_demo
 
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
+    if args.cmd == "drift":
+        return _drift(args)
     if args.cmd == "record":
         if args.script and args.script[0] == "--":
             args.script = args.script[1:]

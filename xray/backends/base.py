@@ -144,6 +144,15 @@ class Backend:
         """
         raise BackendError(ReplayStatus.EXPORT_FAIL, f"{self.kind}: whole-model runs are not supported")
 
+    def run_isolated(self, program: "torch.export.ExportedProgram", args: tuple,
+                     reference: dict[str, list[torch.Tensor]], *,
+                     edit: Callable[[Any], Any] | None = None) -> ModelCapture:
+        """Run the whole model with every captured edge between nodes cut: each node reads the
+        ``reference`` values (node name -> its eager outputs) of its inputs instead of what the
+        backend computed upstream, so each captured value is that node's own error on this backend
+        (``xray drift``'s isolated mode). Optional: backends that cannot feed intermediates raise."""
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"{self.kind}: isolated runs are not supported")
+
     def tolerance_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The precision the backend computes in (fp16 presets compare with fp16 tolerances)."""
         return dtype

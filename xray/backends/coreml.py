@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Artifact, Backend, BackendError, Runner, ReplayStatus, short_error, is_macos
+from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error, is_macos
 
 
 def _import_coremltools():
@@ -91,6 +91,56 @@ class CoreML(Backend):
             return [torch.from_numpy(np.array(result[n])) for n in out_names]
 
         return run
+
+    def run_model(self, program: torch.export.ExportedProgram, args: tuple, *, edit=None) -> ModelCapture:
+        """Convert the whole reference program. Off macOS that is as far as CoreML goes: a
+        successful conversion is UNSUPPORTED_PLATFORM with its facts in the message. On macOS the
+        package predicts once and only its outputs are captured (CoreML exposes no intermediates
+        without changing the program). ``edit`` gets the converted ``MLModel``."""
+        ct = _import_coremltools()
+        start = time.perf_counter()
+        precision = ct.precision.FLOAT16 if self.options.get("fp16") else ct.precision.FLOAT32
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = ct.convert(_without_aliases(program), convert_to="mlprogram", compute_precision=precision,
+                                   minimum_deployment_target=getattr(ct.target, self.options.get("target", "iOS16")),
+                                   compute_units=getattr(ct.ComputeUnit, self.options.get("compute_units", "CPU_ONLY")),
+                                   skip_model_load=not is_macos())
+        except Exception as e:  # noqa: BLE001 - a conversion error is the result
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"coremltools.convert: {short_error(e)}") from e
+        convert_s = time.perf_counter() - start
+        if edit is not None:
+            model = edit(model) or model
+        if not is_macos():
+            raise BackendError(ReplayStatus.UNSUPPORTED_PLATFORM,
+                               f"converted ({_count_mil_ops(model)} MIL ops, {convert_s:.1f} s); "
+                               "CoreML prediction needs macOS")
+        spec = model.get_spec().description
+        feed = {i.name: t.detach().contiguous().numpy() for i, t in zip(spec.input, args)}
+        try:
+            result = model.predict(feed)
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.RUN_FAIL, f"CoreML predict: {short_error(e)}") from e
+        outputs = [torch.from_numpy(np.array(result[o.name])) for o in spec.output]
+        return ModelCapture(outputs=outputs, granularity="outputs only",
+                            notes=["CoreML exposes only the program's outputs; they are not mapped to nodes"],
+                            facts={"convert_s": round(convert_s, 4), "mil_ops": _count_mil_ops(model)})
+
+
+def _without_aliases(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """A copy without ``aten.alias`` nodes: core ATen keeps them (they change no value) and
+    coremltools cannot convert them ("Unsupported fx node alias")."""
+    import copy
+
+    program = copy.deepcopy(program)
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.alias.default:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    program.graph_module.recompile()
+    return program
 
 
 def _count_mil_ops(model) -> int | None:

@@ -177,6 +177,8 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
         replay_main(args)
         artefacts += [("replay support matrix", replay_dir / "heatmap.html"),
                       ("replay support matrix (CSV)", replay_dir / "matrix.csv")]
+        _drift_section(out, layers, hidden, seq)
+        artefacts.append(("whole-model drift (JSON)", out / "drift" / "drift.json"))
     else:
         _say("6/7 replay skipped (--no-replay)")
 
@@ -190,6 +192,25 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     for what, where in artefacts:
         print(f"  {what:<{width}}  {where}")
     return 0 if rc_cpu == 0 else 1
+
+
+def _drift_section(out: Path, layers: int, hidden: int, seq: int) -> None:
+    """The whole model on ONNX Runtime, its deployed graph holding one wrong weight: xray drift
+    names the layer where it starts to drift."""
+    import xray
+    from xray.drift.examples import onnx_weight_fault, tiny_llama
+    from xray.drift.report import backend_table
+
+    weight = "model.layers.0.mlp.down_proj.weight"
+    _say(f"6/7 (cont.) the whole model on ONNX Runtime, its deployed graph holding a wrong {weight}[3, 5]")
+    _cmd(f"xray.drift(model, args, ['onnxrt-cpu'], '{out / 'drift'}', edits={{'onnxrt-cpu': onnx_weight_fault(...)}})")
+    model, args = tiny_llama(layers=layers, hidden=hidden, seq=seq)
+    result = xray.drift(model, args, ["onnxrt-cpu"], out / "drift", edits={"onnxrt-cpu": onnx_weight_fault(weight)})
+    print(backend_table(result))
+    b = result.backends[0]
+    named = b.first_layer == weight.rsplit(".", 1)[0] and (b.first or {}).get("cause") == "parameter"
+    print(f"the wrong weight is in {weight.rsplit('.', 1)[0]}: "
+          + ("xray drift found it." if named else "xray drift did NOT name it (please report this)."))
 
 
 def _verdict(result) -> str:

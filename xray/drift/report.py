@@ -1,0 +1,78 @@
+"""The terminal report of ``xray drift``: one line per backend, then each backend's layers.
+
+Columns are declared once here (``BACKEND_COLUMNS``, ``LAYER_COLUMNS``)."""
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from .run import OK, BackendDrift, DriftResult
+
+BACKEND_COLUMNS = ["backend", "status", "exposes", "mapped", "first drifting layer", "node / op", "origin / cause",
+                   "local err", "accumulated err", "seconds"]
+LAYER_COLUMNS = ["layer", "outputs", "worst", "born", "local err (floor)", "isolated err", "accumulated err"]
+
+
+def _g(v: float | None) -> str:
+    return "" if v is None else f"{v:.3g}"
+
+
+def _first(b: BackendDrift) -> list[str]:
+    if b.status != OK:
+        return [b.error[:70], "", "", "", ""]
+    fd = b.first
+    if fd is None:
+        if not b.compare:
+            return ["(not compared)", "", "", "", ""]
+        return ["none (no row beyond tolerance)", "", "", "", ""]
+    layer = b.first_layer or fd.get("module") or "<root>"
+    node = f"{b.first_node} {fd.get('op') or ''}".strip()
+    why = " / ".join(x for x in (fd.get("origin"), fd.get("cause")) if x)
+    return [layer, node, why, _g(fd.get("local_err")), _g(fd.get("accumulated_err"))]
+
+
+def backend_table(result: DriftResult) -> str:
+    rows = []
+    for b in result.backends:
+        mapped = f"{b.mapped}/{b.eager_records} ({b.mapped_pct:.0f}%)" if b.eager_records else ""
+        rows.append([b.backend, b.status, b.granularity, mapped, *_first(b), f"{sum(b.seconds.values()):.1f}"])
+    return tabulate(rows, headers=BACKEND_COLUMNS, tablefmt="simple")
+
+
+def layer_table(b: BackendDrift, limit: int = 40) -> str:
+    """The layers the backend exposed, in execution order; the others are named in one line."""
+    shown = [lr for lr in b.layers if lr.compared]
+    hidden = [lr.layer for lr in b.layers if not lr.compared]
+    rows = [[lr.layer, lr.compared, lr.worst, lr.born or "",
+             f"{_g(lr.local_err)} ({_g(lr.local_floor)})" if lr.local_err is not None else "not measurable",
+             _g(lr.isolated_err), _g(lr.accumulated_err)] for lr in shown[:limit]]
+    text = tabulate(rows, headers=LAYER_COLUMNS, tablefmt="simple")
+    if len(shown) > limit:
+        text += f"\n... {len(shown) - limit} more layers in drift.json"
+    if hidden:
+        text += (f"\nnot exposed by {b.backend} ({len(hidden)} layers): " + ", ".join(hidden[:6])
+                 + (" ..." if len(hidden) > 6 else ""))
+    return text
+
+
+def terminal_report(result: DriftResult, layers: bool = True) -> str:
+    eq = "bitwise equal" if result.eager_equal else f"NOT bitwise equal (max abs diff {result.eager_max_diff:.3g})"
+    lines = [f"reference: exported program, {result.program_nodes} op nodes -> {result.eager_records} eager records "
+             f"({result.eager_dump}); its outputs vs the model's own eager forward: {eq}", "",
+             backend_table(result)]
+    for b in result.backends:
+        if b.status != OK:
+            continue
+        if b.compare:
+            c = b.compare
+            lines += ["", f"== {b.backend}: pass {c['passed']} / warning {c['warned']} / fail {c['failed']} / "
+                          f"nan-inf {c['nan_inf']}; deployed outputs vs the program's: max error "
+                          f"{_g(b.output_err) or 'n/a'} of their peak; dump {b.dump}"]
+        for note in b.notes:
+            lines.append(f"   note: {note}")
+        if layers and b.layers:
+            lines.append(layer_table(b))
+    lines.append("")
+    lines.append(f"total {result.seconds.get('total', 0):.1f} s (export {result.seconds.get('export', 0):.1f} s, "
+                 f"eager reference {result.seconds.get('eager_reference', 0):.1f} s; one eager forward "
+                 f"{result.eager_s * 1000:.1f} ms); results in {result.out / 'drift.json'}")
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""``xray drift``: one export, one eager reference, every backend run whole, one compare per backend.
+
+A backend that fails to export, lower or run is reported with its stage and error; the others
+still run. Verdicts are compare's (``xray.compare.compare_dumps``): drift reuses its rules, its
+first divergence and its local-error recomputation, never a rule of its own.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..atomic import write_text
+from ..backends.base import Backend, BackendError, ModelCapture, ReplayStatus, short_error
+from .capture_dump import CaptureResolver, write_capture
+from .layers import LayerRow, layer_rows
+from .reference import Reference, record_reference
+
+OK = ReplayStatus.OK.name  # the statuses are replay's (one enum), by name
+
+
+@dataclass
+class BackendDrift:
+    """One backend's whole-model run: how far it got, what it exposed, where it drifts first."""
+
+    backend: str
+    status: str = OK  # OK, or the ReplayStatus name of the failing stage (EXPORT_FAIL, LOWER_FAIL, RUN_FAIL...)
+    error: str = ""
+    dump: str | None = None
+    granularity: str = ""
+    notes: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    mapped: int = 0  # eager records (with an output tensor) the backend's values were mapped to
+    eager_records: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    first: dict[str, Any] | None = None  # compare's first divergence (summary JSON form)
+    first_node: str = ""  # the program node of that record
+    first_layer: str = ""  # its layer, the recorded module path (compare strips wrapper prefixes)
+    compare: dict[str, Any] = field(default_factory=dict)  # compare's totals
+    output_err: float | None = None  # the deployed run's outputs: max |backend - program| / max |program|
+    layers: list[LayerRow] = field(default_factory=list)
+
+    @property
+    def mapped_pct(self) -> float:
+        return 100.0 * self.mapped / self.eager_records if self.eager_records else 0.0
+
+
+@dataclass
+class DriftResult:
+    """Everything ``xray drift`` found; ``out/drift.json`` holds the same."""
+
+    out: Path
+    eager_dump: Path
+    program_nodes: int
+    eager_records: int
+    eager_equal: bool
+    eager_max_diff: float
+    eager_s: float
+    seconds: dict[str, float]
+    backends: list[BackendDrift]
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["out"], d["eager_dump"] = str(self.out), str(self.eager_dump)
+        for b, src in zip(d["backends"], self.backends):
+            b["mapped_pct"] = round(src.mapped_pct, 2)
+        return d
+
+
+def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple[str, ...] = ("onnxrt-cpu",),
+          out: str | Path = "xray-drift", *, kwargs: dict | None = None,
+          edits: dict[str, Callable[[Any], Any]] | None = None, progress: Callable[[str], None] | None = None,
+          ) -> DriftResult:
+    """Run ``model`` whole on each backend and say where each one starts to drift from eager.
+
+    ``edits`` maps a backend name to a function given that backend's own program before it runs
+    (``Backend.run_model``'s ``edit``): tests inject faults into the deployed graph this way.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda _: None)
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
+    started = time.perf_counter()
+    say("export + eager reference")
+    ref = record_reference(model, args, kwargs or {}, out)
+    from ..dump import load_dump
+
+    eager = load_dump(ref.dump)
+    result = DriftResult(out=out, eager_dump=ref.dump, program_nodes=len(ref.node_seq),
+                         eager_records=sum(1 for r in eager.records if any(True for _ in r.output_tensors())),
+                         eager_equal=ref.eager_equal, eager_max_diff=ref.eager_max_diff, eager_s=ref.eager_s,
+                         seconds=dict(ref.seconds), backends=[])
+    try:
+        for name in backends:
+            say(f"backend {name}")
+            result.backends.append(_one_backend(name, ref, eager, out, (edits or {}).get(name)))
+            # written after every backend: a backend that takes the process down keeps the others' results
+            write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
+    finally:
+        eager.close()
+    result.seconds["total"] = time.perf_counter() - started
+    write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
+    return result
+
+
+def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callable | None) -> BackendDrift:
+    """Run, map, write and compare one backend; a failure is its stage and error."""
+    from ..backends.registry import create
+
+    b = BackendDrift(backend=name)
+    try:
+        backend = create(name)
+    except Exception as e:  # noqa: BLE001 - an unknown preset is this backend's failure only
+        b.status, b.error = ReplayStatus.EXPORT_FAIL.name, short_error(e)
+        return b
+    capture = _run_backend(b, backend, ref, edit)
+    if capture is None:
+        return b
+    b.output_err = _output_error(capture.outputs, ref.outputs)
+    t0 = time.perf_counter()
+    folder = out / "dumps" / _safe(name)
+    if folder.exists():
+        shutil.rmtree(folder)
+    for placeholder, t in ref.user_placeholders.items():  # the backend was fed exactly these
+        capture.values.setdefault(placeholder, [t])
+    seq_node = ref.seq_node
+    resolver = CaptureResolver(capture, seq_node, ref.state, ref.placeholder_args)
+    written = write_capture(folder, eager, capture, resolver, seq_node, backend=name, options=dict(backend.options))
+    b.mapped, b.eager_records, b.dump = written.mapped, written.records, str(folder)
+    if written.misshapen:
+        b.notes.append(f"{len(written.misshapen)} captured values have another shape than their node's and "
+                       f"were not written: {', '.join(written.misshapen[:8])}")
+    b.seconds["dump"] = time.perf_counter() - t0
+    if b.mapped == 0:
+        b.notes.append("no eager record could be mapped: nothing to compare")
+        return b
+    _compare(b, ref.dump, folder, seq_node)
+    layer_of = {r.seq: r.module or "<root>" for r in eager.records}
+    if b.first is not None:
+        b.first_layer = layer_of.get(b.first.get("bench_seq"), b.first.get("module") or "")
+    if type(backend).run_isolated is not Backend.run_isolated:
+        _isolated(b, backend, ref, edit, layer_of)
+    return b
+
+
+def _isolated(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None, layer_of: dict[int, str]) -> None:
+    """The backend's isolated run (every captured edge fed from eager): each layer's error when it
+    reads eager inputs, beside the accumulated one. A plain number; compare's verdicts stand."""
+    t0 = time.perf_counter()
+    try:
+        capture = backend.run_isolated(ref.program, ref.user_inputs, ref.values, edit=edit)
+    except Exception as e:  # noqa: BLE001 - the whole run's results stand without it
+        b.notes.append(f"isolated run: {short_error(e)}")
+        return
+    finally:
+        b.seconds["isolated"] = time.perf_counter() - t0
+    worst: dict[str, float] = {}
+    for node, got in capture.values.items():
+        seq = ref.node_seq.get(node)
+        if seq is None:
+            continue
+        err = _output_error([t for t in got if t is not None], [w for t, w in zip(got, ref.values.get(node, []))
+                                                                if t is not None])
+        if err is not None:
+            layer = layer_of.get(seq, "<root>")
+            worst[layer] = max(worst.get(layer, 0.0), err)
+    for row in b.layers:
+        row.isolated_err = worst.get(row.layer)
+
+
+def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None) -> ModelCapture | None:
+    """The backend's capture, or None with the failing stage and error filled in."""
+    t0 = time.perf_counter()
+    try:
+        capture = backend.run_model(ref.program, ref.user_inputs, edit=edit)
+    except BackendError as e:
+        b.status, b.error = e.status.name, str(e)
+        return None
+    except NotImplementedError as e:
+        b.status, b.error = ReplayStatus.EXPORT_FAIL.name, f"{backend.kind}: whole-model runs not implemented ({e})"
+        return None
+    except Exception as e:  # noqa: BLE001 - a backend's bug is that backend's failure, not the run's
+        b.status, b.error = ReplayStatus.RUN_FAIL.name, short_error(e)
+        return None
+    finally:
+        b.seconds["backend"] = time.perf_counter() - t0
+    b.granularity, b.notes, b.facts = capture.granularity, list(capture.notes), dict(capture.facts)
+    return capture
+
+
+def _compare(b: BackendDrift, eager: Path, target: Path, seq_node: dict[int, str]) -> None:
+    from ..compare import compare_dumps
+    from ..compare.report import write_csv
+
+    t0 = time.perf_counter()
+    try:
+        result = compare_dumps(eager, target, progress=False)
+    except Exception as e:  # noqa: BLE001 - compare refuses (nothing comparable): say so for this backend
+        b.notes.append(f"compare: {short_error(e)}")
+        b.seconds["compare"] = time.perf_counter() - t0
+        return
+    write_csv(result, target.parent.parent / f"compare-{target.name}.csv")
+    s = result.summary
+    b.compare = {k: getattr(s, k) for k in ("matched", "match_pct", "passed", "warned", "failed", "nan_inf",
+                                            "skipped", "unmatched")}
+    b.first = s.first_divergence
+    if b.first is not None and b.first.get("bench_seq") is not None:
+        b.first_node = seq_node.get(b.first["bench_seq"], "")
+    b.layers = layer_rows(result.rows, target)
+    b.seconds["compare"] = time.perf_counter() - t0
+
+
+def _output_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float | None:
+    """How far the backend's own outputs (its plain, deployed run) are from the reference program's:
+    a number to read beside the verdicts, not a verdict."""
+    pairs = [(g, w) for g, w in zip(got, want) if w.is_floating_point() and g.numel() == w.numel() and w.numel()]
+    if not pairs or len(got) != len(want):
+        return None
+    return max(float((g.detach().double().reshape(w.shape) - w.detach().double()).abs().max())
+               / max(float(w.detach().abs().max()), 1e-30) for g, w in pairs)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
