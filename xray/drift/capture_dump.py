@@ -41,12 +41,18 @@ def _meta(t: torch.Tensor) -> TensorMeta:
 
 
 def _fits(t: Any, meta: TensorMeta) -> bool:
-    return isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(meta.shape)
+    """The node's shape, or a permutation of it (a backend holding an NCHW node as NHWC): compare
+    pairs those and checks the layout (export-validator's NCHW/NHWC check), never memory order."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    shape, want = tuple(t.shape), tuple(meta.shape)
+    return shape == want or (len(shape) >= 3 and sorted(shape) == sorted(want) and len(set(want)) > 1)
 
 
 def _usable(got: list | None, metas: list[TensorMeta]) -> bool:
     """The backend's outputs of a node (None where it kept no value: LayerNorm's unused mean and
-    rstd) describe the record: the same count, and every value it kept of the node's shape."""
+    rstd) describe the record: the same count, and every value it kept of the node's shape (or
+    a permutation of it)."""
     return bool(got) and len(got) == len(metas) and any(t is not None for t in got) and \
         all(t is None or _fits(t, m) for t, m in zip(got, metas))
 
