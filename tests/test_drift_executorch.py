@@ -68,7 +68,12 @@ def disagreements(values: dict[str, list[torch.Tensor]], eager: dict[str, list[t
     3.1e-5 of the value's own scale. ExecuTorch's portable kernels and XNNPACK sum in another order
     than ATen (mm, mean, softmax), and each node's inputs already carry the drift of the nodes
     before it; one layer of 32-wide sums stays far inside 64 eps (measured: about 1e-7)."""
-    return [name for name, got in values.items() if not judge_backend(eager[name], got).ok]
+    return [name for name, got in values.items() if name in eager and not judge_backend(eager[name], got).ok]
+
+
+def weights(program: torch.export.ExportedProgram) -> dict[str, str]:
+    """Parameter and buffer placeholder -> its qualified name: the keys of the deployed weights in a capture."""
+    return {**program.graph_signature.inputs_to_parameters, **program.graph_signature.inputs_to_buffers}
 
 
 def test_portable_captures_most_nodes_and_they_agree_with_eager(reference, portable):
@@ -81,7 +86,11 @@ def test_portable_captures_most_nodes_and_they_agree_with_eager(reference, porta
     assert portable.facts["capture_share"] == pytest.approx(share, abs=1e-4)
     assert portable.granularity == "every node"
     assert any("views not captured" in note for note in portable.notes)
-    assert set(portable.values) <= {n.name for n in calls}
+    # op nodes, and every weight as the .pte holds it (the reference's own values: nothing edited)
+    params = weights(program)
+    assert set(portable.values) <= {n.name for n in calls} | set(params)
+    tables = {**program.state_dict, **program.constants}
+    assert all(torch.equal(portable.values[p][0], tables[q]) for p, q in params.items())
     assert disagreements(portable.values, eager) == []
     assert judge_backend([logits], portable.outputs).ok
     assert portable.facts["delegated_nodes"] == 0 and portable.facts["pte_bytes"] > 0
@@ -116,7 +125,8 @@ def test_edited_weight_differs_first_at_its_consumer(reference, portable):
     capture = ExecuTorch("executorch-portable", partitioner=None).run_model(program, args, edit=perturb)
     assert torch.equal(program.state_dict[EDITED], before), "the edit leaked into the reference program"
     assert consumer in capture.values
-    order = [n.name for n in program.graph.nodes if n.name in capture.values]
+    assert float((capture.values[placeholder][0] - before.detach()).abs().max()) == pytest.approx(0.25)  # the deployed weight
+    order = [n.name for n in program.graph.nodes if n.op == "call_function" and n.name in capture.values]
     differing = disagreements(capture.values, eager)
     assert differing and min(differing, key=order.index) == consumer
     assert all(name not in differing for name in order[:order.index(consumer)])

@@ -89,6 +89,7 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
     for entry in logged:
         entry.sources = _output_sources(final, entry.node, id(ref_graph), ref_names)
     values = _assign(ref_graph, logged, outputs)
+    values.update(_deployed_state(program, edge))
     facts["map_s"] = round(time.perf_counter() - start, 4)
 
     notes = _coverage_notes(final, ref_graph, logged, values, facts, preset)
@@ -127,6 +128,26 @@ def _coverage_notes(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logg
         notes.append(f"{len(others)} other reference nodes not captured (removed or folded by lowering, or "
                      f"their value differs in shape or dtype): " + ", ".join(f"{k} x{c}" for k, c in kinds))
     return notes
+
+
+def _deployed_state(program: torch.export.ExportedProgram, edge: Any) -> dict[str, list[torch.Tensor]]:
+    """Reference placeholder -> the parameter, buffer or constant the edge program serialised
+    (after ``edit``), matched by qualified name, as ONNX Runtime's capture gives its initializers.
+
+    Without them compare cannot recompute a weight's consumer (local error "not measurable") nor
+    say a drift is born of a wrong ``parameter``. Weights an XNNPACK delegate took into its blob
+    are no longer in the edge program and stay absent."""
+    from torch.export.graph_signature import InputKind
+
+    ep = edge.exported_program()
+    tables = {**ep.state_dict, **ep.constants}
+    out: dict[str, list[torch.Tensor]] = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT and spec.target in tables:
+            value = tables[spec.target]
+            if isinstance(value, torch.Tensor):
+                out[spec.arg.name] = [value.detach().clone()]
+    return out
 
 
 def _own_weights(edge: Any) -> None:
