@@ -245,3 +245,10 @@ def test_only_the_known_foreign_lines_are_dropped():
         for lg in loggers:
             lg.removeHandler(handler)
     assert seen == ["quantization config is invalid", "some other pytree warning"]
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_third_party()  # its filters go before "always"
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
+        warnings.warn("another FutureWarning", FutureWarning)
+    assert [str(w.message) for w in caught] == ["another FutureWarning"]

@@ -2,18 +2,24 @@
 
 transformers imports torchao whenever it is installed (ExecuTorch requires it): torchao then logs
 "Failed to load .../_C*.so" for its prebuilt kernels built for CUDA or another Python, and torch
-warns that torchao's enums need no pytree registration. xray's console scripts drop exactly those
-lines; every other log line and warning still prints.
+warns that torchao's enums need no pytree registration; torch.export and the ONNX exporter add
+a pytree deprecation warning and one line per torchvision op they cannot register. xray's console
+scripts drop exactly those lines; every other log line and warning still prints.
 """
 from __future__ import annotations
 
 import logging
+import warnings
 
 #: logger name -> fragments of the messages to drop (only records logged on that logger itself)
 KNOWN_NOISE = {
     "torchao": ("Failed to load ", "Skipping import of cpp extensions"),
     "torch.utils._pytree": ("is an Enum subclass and is now natively supported",),
+    # the ONNX exporter announces every torchvision op it cannot register (xray drift, replay)
+    "torch.onnx._internal.exporter._registration": ("torchvision is not installed",),
 }
+#: (category, message regex) of warnings torch raises from its own internals during export
+KNOWN_WARNINGS = ((FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),)
 
 
 class _DropKnown(logging.Filter):
@@ -32,6 +38,8 @@ def quiet_third_party() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropKnown) for f in logger.filters):
             logger.addFilter(_DropKnown(fragments))
+    for category, message in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 def one_line(error: object, limit: int = 500) -> str:
