@@ -26,16 +26,20 @@ class OnnxRuntime(Backend):
 
         return {"torch": torch.__version__, "onnxscript": onnxscript.__version__}
 
-    def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
-        start = time.perf_counter()
+    def _onnx_export(self, what: Any, args: tuple, **options: Any) -> Any:
+        """torch.onnx.export (dynamo) of a module or an exported program, failures as EXPORT_FAIL."""
         try:
-            program = torch.onnx.export(module, args, dynamo=True, opset_version=self.options.get("opset"),
-                                        verbose=False, report=False)
+            onnx_program = torch.onnx.export(what, args, dynamo=True, opset_version=self.options.get("opset"),
+                                             verbose=False, report=False, **options)
         except Exception as e:  # noqa: BLE001 - the exporter's error is the result
             raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.onnx.export: {short_error(e)}") from e
-        if program is None:
+        if onnx_program is None:
             raise BackendError(ReplayStatus.EXPORT_FAIL, "torch.onnx.export returned no program")
-        proto = program.model_proto
+        return onnx_program
+
+    def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
+        start = time.perf_counter()
+        proto = self._onnx_export(module, args).model_proto
         buf = io.BytesIO()
         buf.write(proto.SerializeToString())
         opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -132,14 +136,7 @@ class OnnxRuntime(Backend):
         cached = getattr(self, "_exported", None)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        try:
-            onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, opset_version=self.options.get("opset"),
-                                             optimize=bool(self.options.get("optimize", False)),
-                                             verbose=False, report=False)
-        except Exception as e:  # noqa: BLE001 - the exporter's error is the result
-            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.onnx.export: {short_error(e)}") from e
-        if onnx_program is None:
-            raise BackendError(ReplayStatus.EXPORT_FAIL, "torch.onnx.export returned no program")
+        onnx_program = self._onnx_export(program, tuple(args), optimize=bool(self.options.get("optimize", False)))
         proto = onnx_program.model_proto
         if edit is not None:
             proto = edit(proto) or proto
