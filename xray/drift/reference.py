@@ -128,8 +128,8 @@ def _placeholder_args(node: torch.fx.Node) -> dict[str, str]:
 
 
 class _RecordedRun(torch.fx.Interpreter):
-    """Runs the graph node by node; before each node the tracer's module stack is set to the
-    node's ``nn_module_stack``, and the tracer's seq counter says which record the node made."""
+    """Runs the graph node by node, each attributed to its ``nn_module_stack``; the recorder's
+    seq counter says which record the node made."""
 
     def __init__(self, gm: torch.fx.GraphModule, recorder: Any) -> None:
         super().__init__(gm)
@@ -142,17 +142,15 @@ class _RecordedRun(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op != "call_function":
             return super().run_node(n)
-        frames = self.recorder.modules.forward_stack
-        frames[:] = _layer(n)
         before = self.recorder.seq
         result = None
         try:
-            result = super().run_node(n)
+            with self.recorder.attributed_to(_layer(n)):
+                result = super().run_node(n)
             return result
         finally:
             if result is not None:
                 self.values[n.name] = flatten_tensors(result)
-            frames.clear()
             made = self.recorder.seq - before
             if made == 1:
                 self.node_seq[n.name] = before

@@ -10,8 +10,8 @@ import os
 import traceback
 import warnings
 import weakref
-from contextlib import nullcontext
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -97,6 +97,19 @@ class Recorder:
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
             backward=self.backward_on, producers=self.producers, on_error=self._fail)
         _RECORDERS.add(self)
+
+    @contextmanager
+    def attributed_to(self, frames: list[tuple[str, str]]) -> Iterator[None]:
+        """Record the calls made inside as running in ``frames`` ((path, class), outermost first):
+        for a caller that runs graph nodes carrying their own module stack (``xray drift``
+        replays an exported program, whose modules no longer run)."""
+        stack = self.modules.forward_stack
+        saved = list(stack)
+        stack[:] = frames
+        try:
+            yield
+        finally:
+            stack[:] = saved
 
     def stats(self, t: torch.Tensor) -> Stats:
         return self._stats.get(t)
