@@ -168,11 +168,22 @@ def _resolve(name: Any) -> torch._ops.OpOverload:
 
 
 class _Entry:
+    """One spec entry; ``key`` names the field that says what it runs ("op" or "module")."""
+
+    key: str
     title: str
     count: int
 
-    def __init__(self, spec_name: str, index: int) -> None:
+    def __init__(self, spec_name: str, index: int, item: Any) -> None:
         self.spec_name, self.index = spec_name, index
+        self.title = str(item.get(self.key))[:80] if isinstance(item, dict) else "?"
+        try:
+            self._parse(item)
+        except ValueError as e:
+            raise self.fail(str(e)) from None
+
+    def _parse(self, item: Any) -> None:
+        raise NotImplementedError
 
     @property
     def where(self) -> str:
@@ -185,13 +196,7 @@ class _Entry:
 class _OpEntry(_Entry):
     """``op`` with ``inputs`` (shapes zipped case by case), ``args`` and ``dtypes`` (crossed)."""
 
-    def __init__(self, spec_name: str, index: int, item: Any) -> None:
-        super().__init__(spec_name, index)
-        self.title = str(item.get("op"))[:80] if isinstance(item, dict) else "?"
-        try:
-            self._parse(item)
-        except ValueError as e:
-            raise self.fail(str(e)) from None
+    key = "op"
 
     def _parse(self, item: Any) -> None:
         _keys(item, _OP_KEYS, "entry")
@@ -386,13 +391,7 @@ def _forward_names(cls: type) -> list[str]:
 class _ModuleEntry(_Entry):
     """``module`` with ``init`` (crossed), ``inputs`` (zipped) and ``dtypes`` (crossed)."""
 
-    def __init__(self, spec_name: str, index: int, item: Any) -> None:
-        super().__init__(spec_name, index)
-        self.title = str(item.get("module"))[:80] if isinstance(item, dict) else "?"
-        try:
-            self._parse(item)
-        except ValueError as e:
-            raise self.fail(str(e)) from None
+    key = "module"
 
     def _parse(self, item: Any) -> None:
         _keys(item, _MODULE_KEYS, "entry")
