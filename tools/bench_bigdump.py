@@ -14,6 +14,7 @@ Each measured step runs in a fresh subprocess, so its peak RSS is its own:
   generate   DumpWriter, bench and target side by side (two processes)
   raw read   read + json.loads of every dump.json of the bench: the floor any JSON index pays
   open       xray.load_dump of every rank of the bench (all records held, as compare holds them)
+  raw read and open again with gc.disable(): the share of Python's cyclic GC in the JSON cost
   scan       in the open step's process: every record's op, module and output statistics
   compare    xray.compare.compare_dumps(bench, target), every rank pair
 
@@ -28,6 +29,7 @@ all 1M records. ``--ranks 1`` writes one 1M-record rank instead (issue 21's "ope
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -426,6 +428,8 @@ def _rank_folders(side: Path) -> list[Path]:
 
 
 def step_raw(root: Path) -> dict:
+    if os.environ.get("XRAY_BENCH_GC") == "off":
+        gc.disable()
     t0 = time.perf_counter()
     held, nbytes, n = [], 0, 0
     for folder in _rank_folders(root / "bench"):
@@ -440,6 +444,8 @@ def step_raw(root: Path) -> dict:
 def step_open(root: Path) -> dict:
     import xray
 
+    if os.environ.get("XRAY_BENCH_GC") == "off":
+        gc.disable()
     t0 = time.perf_counter()
     dumps = [xray.load_dump(folder) for folder in _rank_folders(root / "bench")]
     t_open = time.perf_counter() - t0
@@ -482,15 +488,17 @@ def child(args) -> None:
     if args.step == "generate":
         out = step_generate(root, args.side, args.records, args.ranks)
     else:
-        out = {"raw": step_raw, "open": step_open, "compare": step_compare}[args.step](root)
+        out = {"raw": step_raw, "open": step_open, "compare": step_compare}[args.step.removesuffix("-nogc")](root)
     out["peak_rss_MiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
 
 def spawn(args, step: str, *extra: str) -> subprocess.Popen:
+    """Run ``step`` in a fresh process; ``<step>-nogc`` runs it with Python's cyclic GC off."""
     cmd = [sys.executable, __file__, "--step", step, "--dir", args.dir, "--records", str(args.records),
            "--ranks", str(args.ranks), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ, XRAY_BENCH_GC="off" if step.endswith("-nogc") else "on")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
 
 
 def collect(proc: subprocess.Popen, what: str) -> dict:
@@ -538,6 +546,10 @@ def main() -> None:
         disk = _du(root / "bench")
         raw = collect(spawn(args, "raw"), "raw read")
         opened = collect(spawn(args, "open"), "open")
+        # The same two steps with the cyclic GC off: how much of the JSON cost is the collector
+        # walking the millions of objects being built (a measure for issue 21, not a fix)
+        raw_nogc = collect(spawn(args, "raw-nogc"), "raw read, GC off")
+        open_nogc = collect(spawn(args, "open-nogc"), "open, GC off")
         cmp_ = collect(spawn(args, "compare"), "compare")
     finally:
         if not args.keep:
@@ -553,6 +565,10 @@ def main() -> None:
          f"{raw['peak_rss_MiB']:,.0f}", "", ""],
         ["open (xray.load_dump, every rank)", f"{opened['seconds']:.2f} s", f"{n / opened['seconds']:,.0f} rec/s",
          f"{opened['peak_rss_MiB']:,.0f}", f"<= {open_goal:.2g} s", ok(opened["seconds"], open_goal)],
+        ["raw read with gc.disable()", f"{raw_nogc['seconds']:.2f} s",
+         f"{n / raw_nogc['seconds']:,.0f} rec/s", f"{raw_nogc['peak_rss_MiB']:,.0f}", "", ""],
+        ["open with gc.disable()", f"{open_nogc['seconds']:.2f} s", f"{n / open_nogc['seconds']:,.0f} rec/s",
+         f"{open_nogc['peak_rss_MiB']:,.0f}", f"<= {open_goal:.2g} s", ok(open_nogc["seconds"], open_goal)],
         ["scan (op, module, stats of every record)", f"{opened['scan_seconds']:.2f} s",
          f"{n / opened['scan_seconds']:,.0f} rec/s", "(open's)", "", ""],
         ["compare (compare_dumps, bench vs target)", f"{cmp_['seconds']:.1f} s", f"{n / cmp_['seconds']:,.0f} rec/s",
@@ -576,6 +592,7 @@ def main() -> None:
             "generate_s": gen["bench"]["seconds"], "generate_rss_MiB": gen["bench"]["peak_rss_MiB"],
             "raw_read_s": raw["seconds"], "raw_read_rss_MiB": raw["peak_rss_MiB"],
             "open_s": opened["seconds"], "open_rss_MiB": opened["peak_rss_MiB"],
+            "raw_read_nogc_s": raw_nogc["seconds"], "open_nogc_s": open_nogc["seconds"],
             "open_records_per_s": n / opened["seconds"], "scan_records_per_s": n / opened["scan_seconds"],
             "compare_s": cmp_["seconds"], "compare_rss_MiB": cmp_["peak_rss_MiB"],
             "first_divergence": cmp_["first_divergence"], "statuses": cmp_["statuses"]}))
