@@ -208,10 +208,7 @@ class _Graph:
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
-        try:
-            src = Source.parse(getattr(meta, "source", None))
-        except ValueError:
-            src = None
+        src = _source(meta)
         if src is None and consumer_seq is not None and self.made:
             src = self._infer(meta, consumer_seq)
         if src is None:
@@ -374,12 +371,17 @@ def _inserted_op_change(p: _Pending, graph: _Graph, matched_target: dict, dump: 
     return None
 
 
-def _op_source(meta: Any) -> Source | None:
-    """The op output ``meta`` came from (format v2), or None."""
+def _source(meta: Any) -> Source | None:
+    """Where ``meta``'s value came from (format v2 ``src``), or None when unrecorded or unreadable."""
     try:
-        src = Source.parse(getattr(meta, "source", None))
+        return Source.parse(getattr(meta, "source", None))
     except ValueError:
         return None
+
+
+def _op_source(meta: Any) -> Source | None:
+    """The op output ``meta`` came from, or None."""
+    src = _source(meta)
     return src if src is not None and src.kind == "op" else None
 
 
@@ -391,10 +393,7 @@ def _wrong_on_its_inputs(p: _Pending, k: int, rules: Any) -> bool:
 
 def _param_name(name: str, meta: Any) -> str:
     """The qualified name of a module record's parameter, from its source when recorded."""
-    try:
-        src = Source.parse(getattr(meta, "source", None))
-    except ValueError:
-        src = None
+    src = _source(meta)
     return src.name if src is not None and src.name else name[len("param:"):]
 
 
