@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 import torch
@@ -59,6 +59,9 @@ class DumpWriter:
         self._tensors: list[tuple[str, torch.Tensor]] = []  # (dataset path, data)
         self._segment = 0
         self._last_flush = time.monotonic()
+        # Called at the start of every flush, before records are encoded: the recorder resolves
+        # what it deferred (statistics computed on the device, copied to the host once per flush).
+        self.before_flush: Callable[[], None] | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             for stale in (INDEX, JOURNAL):
@@ -115,6 +118,8 @@ class DumpWriter:
         (and, with ``updates``, the changed counts of de-duplicated records)."""
         if self._foreign():
             return
+        if self.before_flush is not None:
+            self.before_flush()
         lost = None
         try:
             lost = self._write_segment()
