@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 FORMAT_NAME = "xray-trace"
-FORMAT_VERSION = 2  # 2: tensors name their producer ("src"), module records carry "params"
+FORMAT_VERSION = 3  # 2: tensors name their producer ("src"), module records carry "params"; 3: columnar index
 
 # Non-tensor values are stored as tagged JSON objects so that nothing from a dump is ever
 # evaluated: readers map each tag to a constructor explicitly (see xray.gen for rendering).

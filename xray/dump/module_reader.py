@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .model import MAX_DIMS, MAX_ITEMS, MAX_NAME, MAX_TEXT, Record, Source, Stats, TensorMeta, echo
-from .reader import DumpFormatError, TruncatedDumpWarning
+from .errors import DumpFormatError, TruncatedDumpWarning
 from .tensorio import (DTYPE_ATTR, UnsafeDatasetError, dtype_from_name, dtype_name, open_dataset, read_dataset,
                        stored_dtype_name)
 from .module_layout import (ATEN, FORMAT_NAME, FORMAT_VERSION, INDEX, INDEX_DTYPE, OPTIONAL_COLUMNS, ROLES,

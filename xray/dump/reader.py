@@ -1,40 +1,66 @@
-"""Read a tracer dump (``dump.json`` or, for a truncated dump, its journal) into Records."""
+"""Open a tracer dump: the columnar index of version 3 (records built on access), the JSON
+records of versions 1 and 2, or, for a dump that was never finished, its journal."""
 from __future__ import annotations
 
 import gc
 import json
+import re
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import h5py
 import torch
 
+from .columns import (RECORD_DTYPE, TENSOR_DTYPE, Columns, ColumnsError, RecordSequence, StringTable, columns_of,
+                      concat)
+from .errors import DumpFormatError, TruncatedDumpWarning
+from .index_file import IndexFile, open_columns
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
 from .tensorio import check_dataset, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
+__all__ = ["DumpFormatError", "TraceDump", "TruncatedDumpWarning", "read_trace"]
+# An index file's name, as dump.json gives it: a plain name in the dump folder, nothing else.
+_INDEX_NAME = re.compile(r"index-[A-Za-z0-9_.-]{1,200}\.h5")
 
-class DumpFormatError(ValueError):
-    """The file is not a readable xray dump; the message says which file and what to do."""
 
-
-class TruncatedDumpWarning(UserWarning):
-    """The dump was never finalised (the process died); records come from the journal."""
 
 
 class TraceDump:
-    """A recorded trace: ``.records`` in execution order, ``.header``, tensors on demand."""
+    """A recorded trace: ``.records`` in execution order, ``.columns`` (the same index as typed
+    columns, for tools that scan every record), ``.header``, tensors on demand.
 
-    def __init__(self, folder: Path, header: dict[str, Any], records: list[Record], complete: bool,
-                 summary: dict[str, Any] | None = None) -> None:
+    A version-3 dump holds its index as columns and builds each Record when it is read
+    (``records`` is a lazy sequence); older dumps hold Records, and get columns on first use."""
+
+    def __init__(self, folder: Path, header: dict[str, Any], records: list[Record] | None, complete: bool,
+                 summary: dict[str, Any] | None = None, columns: Columns | None = None) -> None:
         self.folder = folder
         self.header = header
-        self.records = records
+        self._records = records
+        self._columns = columns
         self.complete = complete
         self.summary = summary or {}
         self._files: dict[str, h5py.File] = {}
+
+    @property
+    def records(self) -> Sequence[Record]:
+        if self._records is None:
+            self._records = RecordSequence(self._columns)
+        return self._records
+
+    @property
+    def columns(self) -> Columns:
+        if self._columns is None:
+            self._columns = columns_of(self._records)
+        return self._columns
+
+    def select(self, **filters) -> Sequence[Record]:
+        """The records that match ``Columns.select``'s filters (op, module, kind, direction,
+        seq range), read from the columns."""
+        return RecordSequence(self.columns, self.columns.select(**filters))
 
     @property
     def format(self) -> str:
@@ -157,6 +183,9 @@ def _read_trace(folder: Path) -> TraceDump:
                               TruncatedDumpWarning, stacklevel=3)
                 return _read_journal(folder)
             raise DumpFormatError(f"{index}: corrupt dump index ({e})") from e
+        if isinstance(data, dict) and data.get("format_version") == 3 and "records" not in data:
+            _check_header(data, index)
+            return _read_columnar(folder, data, index)
         if not isinstance(data, dict) or not isinstance(data.get("records"), list):
             raise DumpFormatError(f"{index}: not an xray dump index (no 'records' list)")
         _check_header(data, index)
@@ -165,6 +194,26 @@ def _read_trace(folder: Path) -> TraceDump:
     if journal.exists():
         return _read_journal(folder)
     raise DumpFormatError(f"{folder}: no {INDEX} or {JOURNAL} here; is this an xray dump folder?")
+
+
+def _read_columnar(folder: Path, data: dict, index: Path) -> TraceDump:
+    name = data.get("index")
+    if not isinstance(name, str) or not _INDEX_NAME.fullmatch(name):
+        raise DumpFormatError(f"{index}: refusing index file reference {str(name)[:80]!r} (expected index-<id>.h5)")
+    path = folder / name
+    if not path.is_file():
+        if (folder / JOURNAL).exists():
+            warnings.warn(f"{path} is missing; recovering records from the journal", TruncatedDumpWarning, stacklevel=4)
+            return _read_journal(folder)
+        raise DumpFormatError(f"{path}: missing (the dump's index); was the folder copied only in part?")
+    try:
+        columns = open_columns(path)
+    except ColumnsError as e:
+        raise DumpFormatError(f"{path}: corrupt dump index ({e})") from None
+    columns.where = str(path)
+    header = {k: v for k, v in data.items() if k not in ("summary", "complete", "index")}
+    summary = data.get("summary")
+    return TraceDump(folder, header, None, True, summary if isinstance(summary, dict) else None, columns)
 
 
 def _read_journal(folder: Path) -> TraceDump:
@@ -185,6 +234,8 @@ def _read_journal(folder: Path) -> TraceDump:
                 if not isinstance(header, dict):
                     raise DumpFormatError(f"{journal}: first line is not a dump header")
                 _check_header(header, journal)
+                if header.get("format_version", 0) >= 3:
+                    return _read_chunks(folder, header)
                 continue
             if not isinstance(obj, dict):
                 bad += 1
@@ -208,3 +259,58 @@ def _read_journal(folder: Path) -> TraceDump:
         f"{len(records)} records from {JOURNAL}" + (f", skipped {bad} unreadable line(s)" if bad else ""),
         TruncatedDumpWarning, stacklevel=3)
     return TraceDump(folder, header, records, False)
+
+
+def _read_chunks(folder: Path, header: dict) -> TraceDump:
+    """A version-3 dump that was never finished: its journal chunks, in order, as one index.
+    A chunk that cannot be read, or does not continue the one before, ends the recovery there."""
+    chunks = sorted(folder.glob("journal-*.h5"), key=_chunk_number)
+    strings = StringTable()
+    parts: list[Columns] = []
+    updates = []
+    rows = tensors = 0
+    problem = None
+    for path in chunks:
+        try:
+            f = IndexFile(path)
+            try:
+                expect = {"first_row": rows, "first_tensor": tensors, "first_string": len(strings)}
+                got = {k: f.attr(k) for k in expect}
+                if got != expect:
+                    raise ColumnsError(f"does not continue the chunk before it ({got} != {expect})")
+                recs, tens = f.table("records", RECORD_DTYPE), f.table("tensors", TENSOR_DTYPE)
+                part_strings = StringTable.from_arrays(*f.string_arrays())
+                new = part_strings.texts()
+                ups = f.updates()
+            finally:
+                f.close()
+        except (ColumnsError, OSError) as e:
+            problem = f"{path.name}: {e}"
+            break
+        strings.extend(new)
+        parts.append(Columns(recs, tens, strings))
+        updates.append(ups)
+        rows, tensors = rows + len(recs), tensors + len(tens)
+    columns = concat(parts, strings)
+    pos = {seq: row for row, seq in enumerate(columns.records["seq"].tolist())} if any(map(len, updates)) else {}
+    for ups in updates:  # later chunks carry later counts
+        if len(ups):
+            for seq, count, last in ups.tolist():
+                row = pos.get(seq)
+                if row is not None and count >= 1 and last >= 0:
+                    columns.records["count"][row], columns.records["last_seq"][row] = count, last
+    columns.where = f"{folder / JOURNAL} and its chunks"
+    try:
+        columns.validate()
+    except ColumnsError as e:
+        raise DumpFormatError(str(e)) from None
+    warnings.warn(
+        f"{folder}: dump was not finalised (process killed before end_dump?); recovered "
+        f"{len(columns)} records from {len(parts)} journal chunk(s)" + (f"; stopped at {problem}" if problem else ""),
+        TruncatedDumpWarning, stacklevel=4)
+    return TraceDump(folder, header, None, False, columns=columns)
+
+
+def _chunk_number(path: Path) -> tuple[int, str]:
+    stem = path.stem.rpartition("-")[2]
+    return (int(stem) if stem.isdigit() else -1, path.name)

@@ -1,10 +1,12 @@
-"""Crash-safe dump writer: an append-only journal, closed HDF5 segments, and a final dump.json.
+"""Crash-safe dump writer: a journal of closed chunk files, closed HDF5 segments, a final index.
 
 Why this shape: an HDF5 file that is open when the process is SIGKILLed can be unreadable as a
-whole. So tensors go into small segment files that are written complete under a temporary name
-and renamed into place, and records go to ``journal.jsonl`` (one JSON object a line, flushed
-with each segment). ``dump.json`` is written atomically by ``close()``. A dump without
-``dump.json`` is a truncated one, and the reader rebuilds it from the journal.
+whole. So every file is written complete under a temporary name and renamed into place: tensors
+go into segment files, and at each flush the records since the last one go into a journal chunk
+(``journal-<pid>-<token>-<n>.h5``: their columns, the strings new since the chunk before, and the
+changed counts of de-duplicated records). ``close()`` writes the columnar ``index.h5`` of every
+record and then ``dump.json`` (the header), and removes the journal. A dump without
+``dump.json`` is a truncated one, and the reader rebuilds it from the journal (docs/format.md).
 """
 from __future__ import annotations
 
@@ -17,19 +19,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 import h5py
+import numpy as np
 import torch
 
+from .columns import UPDATE_DTYPE, ColumnBuilder, Columns, StringTable, concat
+from .index_file import write_file, write_index
 from .model import FORMAT_NAME, FORMAT_VERSION, Record
 from .tensorio import write_dataset
 
-JOURNAL = "journal.jsonl"
+JOURNAL = "journal.jsonl"  # the header line of an unfinished dump (its records are in chunk files)
 INDEX = "dump.json"
 FLUSH_BYTES = 256 << 20  # default cap on tensor bytes held in memory before a segment is written
 
 
 def _encode(obj: Any) -> str:
     """Compact JSON; a value JSON cannot hold (a symbolic size) is written as its text rather
-    than losing the whole record."""
+    than losing the whole header."""
     return json.dumps(obj, separators=(",", ":"), default=str)
 
 
@@ -51,11 +56,18 @@ class DumpWriter:
         # writer on the same folder, can never replace a segment this writer's records point to.
         self.pid = os.getpid()
         self._prefix = f"tensors-{self.pid}-{secrets.token_hex(4)}"
-        self._records: dict[int, Record] = {}  # seq -> record, every record, for dump.json
         self._pending: list[Record] = []  # not yet in the journal
-        self._updates: dict[int, Record] = {}  # de-duplicated records whose count changed
-        self._encoded: dict[int, str] = {}  # seq -> JSON text, so dump.json re-encodes nothing
-        self._stale: set[int] = set()  # records changed since they were encoded
+        self._updates: dict[int, Record] = {}  # de-duplicated records whose count changed since the last chunk
+        self._touched: dict[int, Record] = {}  # every de-duplicated record whose count changed
+        # Every flushed record, as column chunks sharing one string table: close() concatenates
+        # them into index.h5, so each record is converted once and no Record is kept after its flush.
+        self._strings = StringTable()
+        self._chunks: list[Columns] = []
+        self._rows = self._tensor_rows = 0
+        self._strings_in_journal = 0
+        self._chunk = 0
+        self._unjournaled: Columns | None = None  # converted by close(), not in a chunk file
+        self._snapshots = 0
         self._tensors: list[tuple[str, torch.Tensor]] = []  # (dataset path, data)
         self._segment = 0
         self._last_flush = time.monotonic()
@@ -66,8 +78,9 @@ class DumpWriter:
             self.folder.mkdir(parents=True, exist_ok=True)
             for stale in (INDEX, JOURNAL):
                 (self.folder / stale).unlink(missing_ok=True)
-            for seg in self.folder.glob("tensors-*.h5"):
-                seg.unlink()
+            for old in (*self.folder.glob("tensors-*.h5"), *self.folder.glob("journal-*.h5"),
+                        *self.folder.glob("index-*.h5")):
+                old.unlink()
             self._journal = open(self.folder / JOURNAL, "w", encoding="utf-8")
             self._journal.write(json.dumps({"header": self.header}) + "\n")
             self._journal.flush()
@@ -76,14 +89,13 @@ class DumpWriter:
 
     # -- called by the tracer -----------------------------------------------------------
     def add(self, record: Record) -> None:
-        self._records[record.seq] = record
         self._pending.append(record)
         self._maybe_flush()
 
     def touch(self, record: Record) -> None:
         """A de-duplicated record's count or last_seq changed."""
         self._updates[record.seq] = record
-        self._stale.add(record.seq)
+        self._touched[record.seq] = record
 
     def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
         """Queue a copy of ``t`` for the current segment; return its data reference."""
@@ -113,9 +125,10 @@ class DumpWriter:
         """A forked child inherits this writer; only the process that opened it writes."""
         return os.getpid() != self.pid
 
-    def flush(self, *, updates: bool = True) -> None:
-        """Write queued tensors as one closed segment, then their records to the journal
-        (and, with ``updates``, the changed counts of de-duplicated records)."""
+    def flush(self, *, journal: bool = True) -> None:
+        """Write queued tensors as one closed segment, then their records as a journal chunk
+        (with the changed counts of de-duplicated records). ``journal=False`` converts the records
+        without writing the chunk file (close() writes the whole index right after)."""
         if self._foreign():
             return
         if self.before_flush is not None:
@@ -126,7 +139,7 @@ class DumpWriter:
         finally:
             # The records go to the journal even when their segment could not be written
             # (a full disk): a lost tensor copy must not take the records' metadata with it.
-            self._write_journal(updates)
+            self._write_journal(journal)
         self._raise_lost(lost)
 
     def _raise_lost(self, lost: OSError | None) -> None:
@@ -168,52 +181,105 @@ class DumpWriter:
                 if meta.data is not None and meta.data.startswith(prefix):
                     meta.data = None
 
-    def _write_journal(self, updates: bool) -> None:
-        try:
-            lines = []
+    def _write_journal(self, to_disk: bool) -> None:
+        if self._pending:
+            builder = ColumnBuilder(self._strings, self._rows, self._tensor_rows)
             for r in self._pending:
-                text = self._encoded[r.seq] = _encode(r.to_json())
-                self._stale.discard(r.seq)
-                lines.append(text)
-            if updates:
-                lines += [json.dumps({"update": r.seq, "count": r.count, "last_seq": r.last_seq})
-                          for r in self._updates.values()]
-            if lines:
-                self._journal.write("\n".join(lines) + "\n")
-                self._journal.flush()
-        except OSError as e:
-            raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
-        self._pending.clear()
+                builder.add(r)
+            chunk = builder.build()
+            self._chunks.append(chunk)
+            self._rows += len(chunk.records)
+            self._tensor_rows += len(chunk.tensors)
+            self._pending.clear()
+        else:
+            chunk = None
+        self._unjournaled = None if to_disk else chunk
+        if to_disk and (chunk is not None or self._updates):
+            self._write_chunk(chunk)
         self._updates.clear()
         self._last_flush = time.monotonic()
 
+    def _write_chunk(self, chunk: Columns | None) -> None:
+        """The records since the last chunk, the strings new since then, the changed counts."""
+        first_string = self._strings_in_journal
+        blob, ends = self._strings.to_arrays(first_string)
+        updates = np.array([(r.seq, r.count, r.last_seq if r.last_seq is not None else r.seq)
+                            for r in self._updates.values()], dtype=UPDATE_DTYPE)
+        records = chunk.records if chunk is not None else concat([], self._strings).records
+        tensors = chunk.tensors if chunk is not None else concat([], self._strings).tensors
+        name = f"journal-{self._prefix.removeprefix('tensors-')}-{self._chunk:05d}.h5"
+        try:
+            write_file(self.folder / name, records, tensors, blob, ends,
+                       {"chunk": self._chunk, "first_row": self._rows - len(records),
+                        "first_tensor": self._tensor_rows - len(tensors), "first_string": first_string},
+                       updates=updates)
+        except OSError as e:
+            raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
+        self._chunk += 1
+        self._strings_in_journal = len(self._strings)
+
+    def columns(self) -> Columns:
+        """Every record flushed so far as one index, with the final counts of de-duplicated ones."""
+        cols = concat(self._chunks, self._strings)
+        if self._touched and len(cols.records):
+            records = cols.records
+            rows = np.flatnonzero(np.isin(records["seq"], np.fromiter(self._touched, dtype=np.int64)))
+            for row in rows:
+                r = self._touched[int(records["seq"][row])]
+                records["count"][row] = r.count
+                records["last_seq"][row] = r.seq if r.last_seq is None else r.last_seq
+        return cols
+
     def close(self, summary: dict[str, Any]) -> Path:
-        """Flush, write dump.json atomically, and return the dump folder."""
-        self.flush(updates=False)  # dump.json, written next, carries the final counts
-        self._journal.close()
-        folder = self.snapshot(summary)
-        (self.folder / JOURNAL).unlink(missing_ok=True)  # dump.json now holds all of it
+        """Flush, write index.h5 and dump.json atomically, and return the dump folder."""
+        self.flush(journal=False)  # index.h5, written next, holds them
+        try:
+            folder = self.snapshot(summary)
+        except DumpWriteError:
+            self._write_chunk_after_failure()
+            raise
+        finally:
+            self._journal.close()
+        self._remove_journal()
         return folder
 
+    def _write_chunk_after_failure(self) -> None:
+        """close() could not write the index: the records it converted for it go to the journal
+        after all (when the disk lets them), so the dump stays readable from there."""
+        if self._unjournaled is not None:
+            try:
+                self._write_chunk(self._unjournaled)
+            except DumpWriteError:
+                pass
+
+    def _remove_journal(self) -> None:
+        (self.folder / JOURNAL).unlink(missing_ok=True)  # index.h5 now holds all of it
+        for chunk in self.folder.glob(f"journal-{self._prefix.removeprefix('tensors-')}-*.h5"):
+            chunk.unlink(missing_ok=True)
+
     def snapshot(self, summary: dict[str, Any]) -> Path:
-        """Write dump.json for everything recorded so far (atomically: tmp file + rename)."""
+        """Write index.h5 and dump.json for everything flushed so far (each atomically: tmp + rename)."""
         if self._foreign():
             raise DumpWriteError(f"not writing {self.folder / INDEX}: the dump belongs to process "
                                  f"{self.pid}, not to this forked child")
-        for seq in self._stale:
-            self._encoded[seq] = _encode(self._records[seq].to_json())
-        self._stale.clear()
-        head = _encode(dict(self.header, complete=True, summary=summary))
+        # A new index file per snapshot: until dump.json names it, the previous dump.json and
+        # the index it names stay whole and agree.
+        name = f"index-{self._prefix.removeprefix('tensors-')}-{self._snapshots:03d}.h5"
+        head = _encode(dict(self.header, complete=True, summary=summary, index=name))
         tmp = self.folder / (INDEX + ".tmp")
         try:
+            write_index(self.folder / name, self.columns())
             with open(tmp, "w", encoding="utf-8") as f:
-                f.write(head[:-1] + ',"records":[')
-                f.write(",".join(self._encoded.get(seq) or _encode(r.to_json()) for seq, r in self._records.items()))
-                f.write("]}")
+                f.write(head)
             os.replace(tmp, self.folder / INDEX)
         except OSError as e:
             tmp.unlink(missing_ok=True)  # the previous dump.json, if any, stays in place
+            (self.folder / name).unlink(missing_ok=True)
             raise DumpWriteError(f"cannot write {self.folder / INDEX}: {e.strerror or e}") from e
+        self._snapshots += 1
+        for old in self.folder.glob("index-*.h5"):
+            if old.name != name:
+                old.unlink(missing_ok=True)
         return self.folder
 
     def abandon(self) -> None:

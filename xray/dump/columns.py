@@ -1,0 +1,650 @@
+"""The record index as typed columns (trace format v3): one row per record, one per tensor.
+
+Why columns: a million JSON records take a minute to parse and gigabytes to hold as objects, while
+the same index as two numpy tables opens at once and scans at memory speed. Tools that look at
+every record (compare's matching, summary tables, gen's de-duplication) read the columns; a
+``Record`` is built only when one is asked for (``Columns.record(i)``), from its row, its tensor
+rows and its *skeleton*.
+
+- ``records``: a structured array, ``RECORD_DTYPE``; ``tensors``: ``TENSOR_DTYPE``. A record's
+  tensors are the rows ``t_begin:t_end``: inputs, then outputs, then params, in the order
+  ``Record.input_tensors()`` / ``output_tensors()`` / ``params`` give them.
+- Every text (op and module names, dtypes, shapes, argument names, data references...) is an
+  index into one ``StringTable``; -1 means "absent" (None).
+- The skeleton is the rest of a record as JSON (non-tensor arguments, list structure, mutated
+  arguments, keywords), each tensor written as ``{"t": "@"}``. Records of one op with the same
+  non-tensor arguments share one skeleton string, so a million records hold a few thousand.
+
+Nothing here trusts its input: ``Columns.validate`` checks every column's range once, with numpy,
+and a skeleton or string is checked the first time it is decoded (docs/format.md, version 3).
+"""
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .errors import DumpFormatError
+from .model import (DTYPE_NAMES, MAX_DEPTH, MAX_ITEMS, MAX_NAME, MAX_NUMEL, MAX_TEXT, Record, Scalar, Source, Stats,
+                    TensorMeta, _frame, _ints, _str, echo, value_from_json, value_to_json)
+
+KINDS = ("op", "module")
+DIRECTIONS = ("forward", "backward")
+ROLES = ("input", "output", "param")
+INPUT, OUTPUT, PARAM = range(3)
+# Source kinds; an "op" source keeps its seq and index in columns, the others their name.
+SRC_KINDS = (None, "op", "param", "buffer", "input")
+SRC_NONE, SRC_OP, SRC_PARAM, SRC_BUFFER, SRC_INPUT = range(5)
+NONE = -1  # a string index (or step) that is absent
+
+# Bits of ``TensorRow.absent``: statistics fields that were None (no finite element).
+ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD = 1, 2, 4, 8
+
+RECORD_DTYPE = np.dtype([
+    ("seq", "<i8"), ("kind", "u1"), ("direction", "u1"), ("op", "<i4"), ("module", "<i4"),
+    ("count", "<i8"), ("first_seq", "<i8"), ("last_seq", "<i8"), ("call_index", "<i8"), ("step", "<i8"),
+    ("module_stack", "<i4"), ("stack", "<i4"), ("skeleton", "<i4"), ("t_begin", "<i8"), ("t_end", "<i8"),
+])
+TENSOR_DTYPE = np.dtype([
+    ("record", "<i8"), ("role", "u1"), ("name", "<i4"), ("dtype", "<i4"), ("shape", "<i4"), ("stride", "<i4"),
+    ("offset", "<i8"), ("device", "<i4"), ("requires_grad", "u1"), ("has_stats", "u1"), ("absent", "u1"),
+    ("min", "<f8"), ("max", "<f8"), ("mean", "<f8"), ("std", "<f8"),
+    ("nan", "<i8"), ("posinf", "<i8"), ("neginf", "<i8"), ("numel", "<i8"),
+    ("data", "<i4"), ("src_kind", "u1"), ("src_seq", "<i8"), ("src_index", "<i8"), ("src_name", "<i4"),
+    ("note", "<i4"),
+])
+UPDATE_DTYPE = np.dtype([("seq", "<i8"), ("count", "<i8"), ("last_seq", "<i8")])
+
+_TENSOR_MARK = {"t": "@"}
+
+
+class ColumnsError(DumpFormatError):
+    """The columns are not a valid index (raised with the index file's name when it is known)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Strings
+
+
+class StringTable:
+    """Interned texts, addressed by index. On disk: the UTF-8 bytes of all of them, one blob,
+    and the end offset of each (``to_arrays``/``from_arrays``); decoded one by one, on demand."""
+
+    def __init__(self, strings: Sequence[str] = ()) -> None:
+        self._strings: list[str | None] = list(strings)
+        self._ids: dict[str, int] = {s: i for i, s in enumerate(self._strings)}
+        self._blob: np.ndarray | None = None
+        self._ends: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self._strings)
+
+    def intern(self, text: str) -> int:
+        i = self._ids.get(text)
+        if i is None:
+            i = self._ids[text] = len(self._strings)
+            self._strings.append(text)
+        return i
+
+    def opt(self, text: str | None) -> int:
+        return NONE if text is None else self.intern(text)
+
+    def __getitem__(self, i: int) -> str:
+        s = self._strings[i]
+        if s is None:
+            s = self._strings[i] = self._decode(i)
+        return s
+
+    def get(self, i: int) -> str | None:
+        return None if i < 0 else self[i]
+
+    def _decode(self, i: int) -> str:
+        start = int(self._ends[i - 1]) if i else 0
+        raw = self._blob[start:int(self._ends[i])].tobytes()
+        if len(raw) > 4 * MAX_TEXT:
+            raise ColumnsError(f"string #{i} is {len(raw)} bytes long (limit {MAX_TEXT} characters)")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ColumnsError(f"string #{i} is not UTF-8 ({e})") from None
+        if len(text) > MAX_TEXT:
+            raise ColumnsError(f"string #{i} is {len(text)} characters long (limit {MAX_TEXT})")
+        return text
+
+    def texts(self, start: int = 0) -> list[str]:
+        return [self[i] for i in range(start, len(self))]
+
+    def to_arrays(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(blob, ends) of the strings from index ``start`` on (a journal chunk's new strings)."""
+        encoded = [s.encode("utf-8") for s in self.texts(start)]
+        ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), dtype=np.int64)
+        return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
+
+    @classmethod
+    def from_arrays(cls, blob: np.ndarray, ends: np.ndarray) -> "StringTable":
+        blob, ends = np.asarray(blob), np.asarray(ends)
+        if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1 or ends.dtype.kind not in "iu":
+            raise ColumnsError("the string table is not a byte blob with integer offsets")
+        if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] > len(blob)):
+            raise ColumnsError("the string table's offsets are not ascending within its blob")
+        table = cls()
+        table._strings = [None] * len(ends)
+        table._blob, table._ends = blob, ends.astype(np.int64, copy=False)
+        table._ids = _LazyIds(table)
+        return table
+
+    def extend(self, texts: Iterable[str]) -> None:
+        for t in texts:
+            self._ids[t] = len(self._strings)
+            self._strings.append(t)
+
+
+class _LazyIds(dict):
+    """A read table interns only when a writer extends it: build the reverse map then."""
+
+    def __init__(self, table: StringTable) -> None:
+        super().__init__()
+        self._table = table
+        self._built = False
+
+    def _build(self) -> None:
+        if not self._built:
+            self._built = True
+            for i in range(len(self._table)):
+                dict.setdefault(self, self._table[i], i)
+
+    def get(self, key, default=None):
+        self._build()
+        return dict.get(self, key, default)
+
+    def __setitem__(self, key, value) -> None:
+        self._build()
+        dict.__setitem__(self, key, value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building columns from records (the writer, and old JSON dumps on read)
+
+
+class ColumnBuilder:
+    """Appends records as rows. Strings go to ``strings`` (shared across a writer's chunks, so
+    chunks concatenate without renumbering); ``first_row``/``first_tensor`` number this builder's
+    rows after the chunks before it."""
+
+    def __init__(self, strings: StringTable | None = None, first_row: int = 0, first_tensor: int = 0) -> None:
+        self.strings = StringTable() if strings is None else strings
+        self.first_row, self.first_tensor = first_row, first_tensor
+        self._records: list[tuple] = []
+        self._tensors: list[tuple] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, rec: Record) -> None:
+        s = self.strings
+        row = self.first_row + len(self._records)
+        t_begin = self.first_tensor + len(self._tensors)
+        add_tensor = self._tensor_adder(row)
+        inputs = {k: _skeleton(v, add_tensor, INPUT, k) for k, v in rec.inputs.items()}
+        outputs = [_skeleton(v, add_tensor, OUTPUT, f"out{i}") for i, v in enumerate(rec.outputs)]
+        for name, meta in rec.params.items():
+            add_tensor(meta, PARAM, name)
+        skeleton = {"inputs": inputs, "outputs": outputs}
+        if rec.mutates:
+            skeleton["mutates"] = list(rec.mutates)
+        if rec.keywords:
+            skeleton["keywords"] = dict(rec.keywords)
+        if rec.params:
+            skeleton["params"] = list(rec.params)
+        first = rec.seq if rec.first_seq is None else rec.first_seq
+        last = rec.seq if rec.last_seq is None else rec.last_seq
+        self._records.append((
+            rec.seq, KINDS.index(rec.kind), DIRECTIONS.index(rec.direction), s.intern(rec.op), s.opt(rec.module),
+            rec.count, first, last, rec.call_index, NONE if rec.step is None else rec.step,
+            s.intern(_stack_text(rec.module_stack)) if rec.module_stack else NONE,
+            s.intern(json.dumps(rec.stack, separators=(",", ":"))) if rec.stack else NONE,
+            s.intern(json.dumps(skeleton, separators=(",", ":"), default=str)),
+            t_begin, self.first_tensor + len(self._tensors)))
+
+    def _tensor_adder(self, row: int) -> Callable[[TensorMeta, int, str], None]:
+        s, out = self.strings, self._tensors
+
+        def add(meta: TensorMeta, role: int, name: str) -> None:
+            st = meta.stats
+            if st is None:
+                stats = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
+            else:
+                absent = ((st.min is None) * ABSENT_MIN | (st.max is None) * ABSENT_MAX
+                          | (st.mean is None) * ABSENT_MEAN | (st.std is None) * ABSENT_STD)
+                stats = (1, absent, _f(st.min), _f(st.max), _f(st.mean), _f(st.std),
+                         st.nan, st.posinf, st.neginf, st.numel)
+            src_kind, src_seq, src_index, src_name = _source_columns(meta.source, s)
+            out.append((row, role, s.intern(name), s.intern(meta.dtype), s.intern(_shape_text(meta.shape)),
+                        NONE if meta.stride is None else s.intern(_shape_text(meta.stride)),
+                        meta.storage_offset, s.intern(meta.device), meta.requires_grad, *stats,
+                        s.opt(meta.data), src_kind, src_seq, src_index, src_name, s.opt(meta.note)))
+        return add
+
+    def build(self) -> "Columns":
+        records = np.array(self._records, dtype=RECORD_DTYPE) if self._records else np.zeros(0, RECORD_DTYPE)
+        tensors = np.array(self._tensors, dtype=TENSOR_DTYPE) if self._tensors else np.zeros(0, TENSOR_DTYPE)
+        return Columns(records, tensors, self.strings)
+
+
+def _f(x: float | None) -> float:
+    return 0.0 if x is None else x
+
+
+@lru_cache(maxsize=65536)
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+def _stack_text(frames: list[tuple[str, str]]) -> str:
+    return json.dumps([list(f) for f in frames], separators=(",", ":"))
+
+
+def _source_columns(text: str | None, strings: StringTable) -> tuple[int, int, int, int]:
+    if text is None:
+        return SRC_NONE, 0, 0, NONE
+    if text.startswith("op:"):
+        src = Source.parse(text)
+        return SRC_OP, src.seq, src.index, NONE
+    if text == "input":
+        return SRC_INPUT, 0, 0, NONE
+    src = Source.parse(text)
+    return (SRC_PARAM if src.kind == "param" else SRC_BUFFER), 0, 0, strings.intern(src.name)
+
+
+def _skeleton(v: Any, add_tensor: Callable, role: int, name: str) -> Any:
+    """The JSON skeleton of one value; its tensors become rows named as ``iter_tensors`` names them."""
+    if isinstance(v, TensorMeta):
+        add_tensor(v, role, name)
+        return _TENSOR_MARK
+    if isinstance(v, (list, tuple)):
+        return [_skeleton(x, add_tensor, role, f"{name}.{i}") for i, x in enumerate(v)]
+    return value_to_json(v)
+
+
+def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
+    """Chunks built against one shared string table, in order, as one index."""
+    if not parts:
+        return Columns(np.zeros(0, RECORD_DTYPE), np.zeros(0, TENSOR_DTYPE), strings)
+    return Columns(np.concatenate([p.records for p in parts]), np.concatenate([p.tensors for p in parts]), strings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class Columns:
+    """A dump's index as columns; ``record(i)`` materialises one ``Record``.
+
+    Built from arrays, or from a ``loader`` that returns ``(records, tensors, strings)`` the first
+    time any of them is read (an index file: opening it reads no table)."""
+
+    def __init__(self, records: np.ndarray | None, tensors: np.ndarray | None, strings: StringTable | None,
+                 *, loader: Callable[[], tuple[np.ndarray, np.ndarray, StringTable]] | None = None) -> None:
+        self._records, self._tensors, self._strings = records, tensors, strings
+        self._loader = loader
+        self.where = ""  # the index file, for error messages
+        self._skeletons: dict[int, tuple[dict, int]] = {}
+        self._shapes: dict[int, tuple[int, ...]] = {}
+        self._stacks: dict[int, list[tuple[str, str]]] = {}
+
+    def _load(self) -> None:
+        loader, self._loader = self._loader, None
+        self._records, self._tensors, self._strings = loader()
+        self.validate()
+
+    @property
+    def records(self) -> np.ndarray:
+        if self._loader is not None:
+            self._load()
+        return self._records
+
+    @property
+    def tensors(self) -> np.ndarray:
+        if self._loader is not None:
+            self._load()
+        return self._tensors
+
+    @property
+    def strings(self) -> StringTable:
+        if self._loader is not None:
+            self._load()
+        return self._strings
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # -- validation ------------------------------------------------------------------------
+    def validate(self) -> "Columns":
+        """Check every column's range (vectorised): ids inside the string table, enums known,
+        tensor rows contiguous per record, dtypes torch knows. Raises ColumnsError."""
+        try:
+            return self._validate()
+        except ColumnsError as e:
+            raise self._located(e) from None
+
+    def _located(self, e: ColumnsError) -> ColumnsError:
+        return ColumnsError(f"{self.where}: corrupt dump index ({e})") if self.where else e
+
+    def _validate(self) -> "Columns":
+        r, t, n_str = self.records, self.tensors, len(self.strings)
+        if r.dtype != RECORD_DTYPE or t.dtype != TENSOR_DTYPE or r.ndim != 1 or t.ndim != 1:
+            raise ColumnsError("the record or tensor table does not have this format's columns")
+
+        def ids(col: np.ndarray, what: str, optional: bool = True) -> None:
+            if len(col) and (col.min() < (NONE if optional else 0) or col.max() >= n_str):
+                raise ColumnsError(f"{what}: a string index outside the table of {n_str} strings")
+
+        def at_least(col: np.ndarray, lo: int, what: str) -> None:
+            if len(col) and col.min() < lo:
+                raise ColumnsError(f"{what} below {lo} (row {int(np.argmin(col))})")
+
+        for name in ("kind", "direction"):
+            if len(r) and r[name].max() > 1:
+                raise ColumnsError(f"record {name}: unknown value in row {int(np.argmax(r[name]))}")
+        ids(r["op"], "record op", optional=False)
+        for name in ("module", "module_stack", "stack"):
+            ids(r[name], f"record {name}")
+        ids(r["skeleton"], "record skeleton", optional=False)
+        for name in ("seq", "first_seq", "last_seq", "call_index"):
+            at_least(r[name], 0, f"record {name}")
+        at_least(r["count"], 1, "record count")
+        at_least(r["step"], NONE, "record step")
+        begin, end = r["t_begin"], r["t_end"]
+        if len(r):
+            if begin[0] != 0 or end[-1] != len(t) or np.any(end < begin) or np.any(begin[1:] != end[:-1]):
+                raise ColumnsError("records' tensor rows are not contiguous and in order")
+        elif len(t):
+            raise ColumnsError("tensor rows without records")
+        if len(t):
+            owner = np.repeat(np.arange(len(r), dtype=np.int64), end - begin)
+            if np.any(t["record"] != owner):
+                raise ColumnsError("a tensor row names another record than the one it belongs to")
+            if t["role"].max() > PARAM or t["src_kind"].max() > SRC_INPUT or t["absent"].max() > 15:
+                raise ColumnsError("a tensor row has an unknown role, source kind or absent mask")
+            for name in ("name", "dtype", "shape", "device"):
+                ids(t[name], f"tensor {name}", optional=False)
+            for name in ("stride", "data", "src_name", "note"):
+                ids(t[name], f"tensor {name}")
+            for name in ("offset", "nan", "posinf", "neginf", "numel", "src_seq", "src_index"):
+                at_least(t[name], 0, f"tensor {name}")
+            named = np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER))
+            if np.any(named & (t["src_name"] < 0)):
+                raise ColumnsError("a param/buffer source without a name")
+            for i in np.unique(t["dtype"]):
+                name = self.strings[int(i)]
+                if name.removeprefix("torch.") not in DTYPE_NAMES:
+                    raise ColumnsError(f"unknown tensor dtype {echo(name)}")
+            for col in ("shape", "stride"):
+                for i in np.unique(t[col]):
+                    if i >= 0:
+                        self.shape(int(i))
+        return self
+
+    # -- decoded pieces, cached per string -------------------------------------------------
+    def text(self, i: int) -> str | None:
+        return self.strings.get(int(i))
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        """The shape (or stride) tuple behind string ``i``, checked once."""
+        got = self._shapes.get(i)
+        if got is None:
+            got = self._shapes[i] = _parse_shape(self.strings[i])
+        return got
+
+    def _skeleton(self, i: int) -> tuple[dict, int]:
+        got = self._skeletons.get(i)
+        if got is None:
+            got = self._skeletons[i] = _parse_skeleton(self.strings[i])
+        return got
+
+    # -- materialising ---------------------------------------------------------------------
+    def tensor_meta(self, j: int) -> TensorMeta:
+        """The TensorMeta of tensor row ``j`` (fresh each call: callers may mutate it)."""
+        return self._meta(self.tensors[j].item())
+
+    def _meta(self, t: tuple) -> TensorMeta:
+        (_, _, _, dtype, shape, stride, offset, device, requires_grad, has_stats, absent, mn, mx, mean, std,
+         nan, posinf, neginf, numel, data, src_kind, src_seq, src_index, src_name, note) = t
+        stats = None
+        if has_stats:
+            stats = Stats(None if absent & ABSENT_MIN else mn, None if absent & ABSENT_MAX else mx,
+                          None if absent & ABSENT_MEAN else mean, None if absent & ABSENT_STD else std,
+                          nan, posinf, neginf, numel)
+        strings = self.strings
+        if src_kind == SRC_NONE:
+            source = None
+        elif src_kind == SRC_OP:
+            source = f"op:{src_seq}:{src_index}"
+        elif src_kind == SRC_INPUT:
+            source = "input"
+        else:
+            source = f"{SRC_KINDS[src_kind]}:{strings[src_name]}"
+        return TensorMeta(shape=self.shape(shape), dtype=_name(strings[dtype], "tensor dtype"),
+                          stride=None if stride < 0 else self.shape(stride), storage_offset=offset,
+                          device=_name(strings[device], "tensor device"), requires_grad=bool(requires_grad),
+                          stats=stats, data=None if data < 0 else strings[data], source=source,
+                          note=None if note < 0 else strings[note])
+
+    def source(self, j: int) -> str | None:
+        """Tensor row ``j``'s ``src`` text."""
+        return self._meta(self.tensors[j].item()).source
+
+    def record(self, i: int) -> Record:
+        """Record ``i``, built from its row, its tensor rows and its skeleton."""
+        try:
+            return self._record(i)
+        except (ColumnsError, ValueError) as e:
+            raise self._located(ColumnsError(f"record #{i}: {e}")) from None
+
+    def _record(self, i: int) -> Record:
+        (seq, kind, direction, op, module, count, first_seq, last_seq, call_index, step, module_stack, stack,
+         skeleton, begin, end) = self.records[i].item()
+        template, n_tensors = self._skeleton(skeleton)
+        if n_tensors != end - begin:
+            raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
+        metas = iter([self._meta(t) for t in self.tensors[begin:end].tolist()])
+        strings = self.strings
+        return Record(
+            seq=seq, kind=KINDS[kind], op=_name(strings[op], "op"), direction=DIRECTIONS[direction],
+            module=None if module < 0 else _name(strings[module], "module"),
+            module_stack=[] if module_stack < 0 else self._frames(module_stack),
+            inputs={k: _fill(v, metas) for k, v in template["inputs"].items()},
+            outputs=[_fill(v, metas) for v in template["outputs"]],
+            mutates=list(template["mutates"]), count=count, first_seq=first_seq, last_seq=last_seq,
+            stack=None if stack < 0 else _parse_text_list(strings[stack]),
+            call_index=call_index, step=None if step < 0 else step,
+            keywords=dict(template["keywords"]),
+            params={k: next(metas) for k in template["params"]})
+
+    def _frames(self, i: int) -> list[tuple[str, str]]:
+        got = self._stacks.get(i)
+        if got is None:
+            got = self._stacks[i] = _parse_frames(self.strings[i])
+        return list(got)
+
+    def records_view(self) -> "RecordSequence":
+        return RecordSequence(self)
+
+    # -- filters ---------------------------------------------------------------------------
+    def select(self, *, op: str | Iterable[str] | None = None, module: str | None = None,
+               kind: str | None = None, direction: str | None = None,
+               seq: tuple[int, int] | None = None) -> np.ndarray:
+        """Row numbers of the records that match, in order. ``module`` matches that path and
+        everything under it; ``seq`` is a half-open range [lo, hi)."""
+        r = self.records
+        keep = np.ones(len(r), dtype=bool)
+        if op is not None:
+            wanted = [op] if isinstance(op, str) else list(op)
+            keep &= np.isin(r["op"], [i for i in (self._find(w) for w in wanted) if i is not None])
+        if module is not None:
+            under = [i for i in range(len(self.strings)) if _under(self.strings[i], module)]
+            keep &= np.isin(r["module"], under)
+        if kind is not None:
+            keep &= r["kind"] == KINDS.index(kind)
+        if direction is not None:
+            keep &= r["direction"] == DIRECTIONS.index(direction)
+        if seq is not None:
+            keep &= (r["seq"] >= seq[0]) & (r["seq"] < seq[1])
+        return np.flatnonzero(keep)
+
+    def _find(self, text: str) -> int | None:
+        return self.strings._ids.get(text)
+
+
+def _under(path: str, module: str) -> bool:
+    return path == module or path.startswith(module + ".") or module == ""
+
+
+class RecordSequence(Sequence):
+    """``dump.records`` of a columnar dump: a read-only sequence that builds each Record when it
+    is read (and keeps none, so a million-record scan holds one at a time)."""
+
+    def __init__(self, columns: Columns, rows: np.ndarray | None = None) -> None:
+        self.columns = columns
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.columns) if self.rows is None else len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            rows = np.arange(len(self))[i] if self.rows is None else self.rows[i]
+            return RecordSequence(self.columns, rows)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        i %= n
+        return self.columns.record(i if self.rows is None else int(self.rows[i]))
+
+    def __iter__(self) -> Iterator[Record]:
+        record = self.columns.record
+        rows = range(len(self.columns)) if self.rows is None else self.rows
+        for i in rows:
+            yield record(int(i))
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} records>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checked decoding of the strings
+
+
+def _name(text: str, what: str) -> str:
+    return _str(text, what, MAX_NAME)
+
+
+def _opt_name(text: str | None, what: str) -> str | None:
+    return None if text is None else _name(text, what)
+
+
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ColumnsError(f"{what}: values nested too deep") from None
+    except json.JSONDecodeError as e:
+        raise ColumnsError(f"{what}: not JSON ({e})") from None
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = _ints(_loads(text, "tensor shape"), "tensor shape")
+    except ValueError as e:
+        raise ColumnsError(str(e)) from None
+    if math.prod(abs(n) for n in shape) > MAX_NUMEL:
+        raise ColumnsError(f"tensor shape {echo(list(shape))} has more than 2**48 elements")
+    return shape
+
+
+def _parse_frames(text: str) -> list[tuple[str, str]]:
+    frames = _loads(text, "module_stack")
+    if not isinstance(frames, list) or len(frames) > MAX_ITEMS:
+        raise ColumnsError(f"module_stack must be a list, got {echo(frames)}")
+    try:
+        return [_frame(p) for p in frames]
+    except ValueError as e:
+        raise ColumnsError(str(e)) from None
+
+
+def _parse_text_list(text: str) -> list[str]:
+    items = _loads(text, "stack")
+    if not isinstance(items, list) or len(items) > MAX_ITEMS or not all(isinstance(x, str) for x in items):
+        raise ColumnsError(f"stack must be a list of strings, got {echo(items)}")
+    return items
+
+
+class _Mark:
+    """Where a skeleton holds a tensor."""
+
+
+_MARK = _Mark()
+
+
+def _parse_skeleton(text: str) -> tuple[dict, int]:
+    """(template, number of tensors): the template holds decoded values with _MARK for tensors."""
+    raw = _loads(text, "record skeleton")
+    if not isinstance(raw, dict) or not isinstance(raw.get("inputs"), dict) or not isinstance(raw.get("outputs"), list):
+        raise ColumnsError(f"record skeleton must hold inputs and outputs, got {echo(raw)}")
+    count = [0]
+
+    def decode(v: Any, depth: int) -> Any:
+        if isinstance(v, dict) and v.get("t") == "@" and len(v) == 1:
+            count[0] += 1
+            return _MARK
+        if isinstance(v, list):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"lists nested deeper than {MAX_DEPTH} levels")
+            if len(v) > MAX_ITEMS:
+                raise ValueError(f"a list of {len(v)} items (limit {MAX_ITEMS})")
+            return [decode(x, depth + 1) for x in v]
+        if isinstance(v, dict) and v.get("t") == "tensor":
+            raise ValueError("a tensor inside a skeleton (tensors are rows)")
+        return value_from_json(v, depth)
+
+    try:
+        if len(raw["inputs"]) > MAX_ITEMS or len(raw["outputs"]) > MAX_ITEMS:
+            raise ValueError("too many arguments")
+        template = {"inputs": {_str(k, "input name"): decode(v, 0) for k, v in raw["inputs"].items()},
+                    "outputs": [decode(v, 0) for v in raw["outputs"]]}
+        for key in ("mutates", "params"):
+            items = raw.get(key, [])
+            if not isinstance(items, list) or len(items) > MAX_ITEMS:
+                raise ValueError(f"{key} must be a list")
+            template[key] = [_str(x, key) for x in items]
+        keywords = raw.get("keywords", {})
+        if not isinstance(keywords, dict) or len(keywords) > MAX_ITEMS:
+            raise ValueError("keywords must be an object")
+        template["keywords"] = {_str(k, "keyword key"): _str(v, "keyword") for k, v in keywords.items()}
+    except ValueError as e:
+        raise ColumnsError(f"record skeleton: {e}") from None
+    return template, count[0] + len(template["params"])
+
+
+def _fill(v: Any, metas: Iterator[TensorMeta]) -> Any:
+    if v is _MARK:
+        return next(metas)
+    if isinstance(v, list):
+        return [_fill(x, metas) for x in v]
+    return v  # decoded scalars are immutable (Scalar is frozen) or plain values
+
+
+def columns_of(records: Iterable[Record]) -> Columns:
+    """Columns of records held in memory (old JSON dumps, module dumps)."""
+    builder = ColumnBuilder()
+    for rec in records:
+        builder.add(rec)
+    return builder.build()
+
+
+__all__ = ["Columns", "ColumnBuilder", "ColumnsError", "RecordSequence", "StringTable", "columns_of", "concat",
+           "RECORD_DTYPE", "TENSOR_DTYPE", "UPDATE_DTYPE", "KINDS", "DIRECTIONS", "ROLES", "SRC_KINDS",
+           "INPUT", "OUTPUT", "PARAM", "Scalar"]

@@ -1,0 +1,10 @@
+"""The reader's errors, in one place every part of the dump layer can raise them from."""
+from __future__ import annotations
+
+
+class DumpFormatError(ValueError):
+    """The file is not a readable xray dump; the message says which file and what to do."""
+
+
+class TruncatedDumpWarning(UserWarning):
+    """The dump was never finalised (the process died); records come from the journal."""
