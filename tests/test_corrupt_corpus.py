@@ -21,18 +21,34 @@ import pytest
 import torch
 
 import xray
+from xray.dump.columns import RECORD_DTYPE, TENSOR_DTYPE, StringTable
+from xray.dump.index_file import IndexFile, write_file
+from xray.dump.json_index import rewrite_as_json
 
 DEEP = "[" * 5000 + "]" * 5000
 
 
-@pytest.fixture(scope="module")
-def good(tmp_path_factory) -> Path:
+def _record_mlp(root: Path) -> Path:
     """A real recording: a small MLP's forward with every tensor saved."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    with torch.no_grad(), xray.dump(dump_dir=tmp_path_factory.mktemp("good"), X_DEDUP=False, X_DUMP_NUM=100) as d:
+    with torch.no_grad(), xray.dump(dump_dir=root, X_DEDUP=False, X_DUMP_NUM=100) as d:
         model(torch.randn(3, 8)).softmax(-1)
     return d.folder
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    """The recording with its index as version-2 JSON records: what the JSON corruptions edit."""
+    folder = _record_mlp(tmp_path_factory.mktemp("good"))
+    rewrite_as_json(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def good_v3(tmp_path_factory) -> Path:
+    """The recording as written today: a columnar index (format version 3)."""
+    return _record_mlp(tmp_path_factory.mktemp("good3"))
 
 
 def _index(folder: Path) -> dict:
@@ -223,6 +239,150 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
 }
 
 
+# -- format version 3: the columnar index and its journal chunks --------------------------------
+
+
+def _index_file(folder: Path) -> Path:
+    return folder / _index(folder)["index"]
+
+
+def _tables_edit(edit: Callable[[np.ndarray, np.ndarray, list[str]], None]) -> Callable[[Path], None]:
+    """Rewrite the index file with ``edit(records, tensors, strings)`` applied (in place)."""
+    def apply(folder: Path) -> None:
+        path = _index_file(folder)
+        f = IndexFile(path)
+        records, tensors = f.table("records", RECORD_DTYPE), f.table("tensors", TENSOR_DTYPE)
+        strings = f.strings().texts()
+        f.close()
+        edit(records, tensors, strings)
+        blob, ends = StringTable(strings).to_arrays()
+        write_file(path, records, tensors, blob, ends, {"records": len(records)})
+    return apply
+
+
+def _set(table: str, column: str, value, row: int = 0):
+    def edit(records, tensors, strings):
+        (records if table == "records" else tensors)[column][row] = value
+    return _tables_edit(edit)
+
+
+def _string_of(table: str, column: str, text: str, row: int = 0):
+    """Point a text column at a new string."""
+    def edit(records, tensors, strings):
+        strings.append(text)
+        (records if table == "records" else tensors)[column][row] = len(strings) - 1
+    return _tables_edit(edit)
+
+
+def _first_output(records, tensors) -> int:
+    return int(np.flatnonzero(tensors["role"] == 1)[0])
+
+
+def _output_string(column: str, text: str):
+    def edit(records, tensors, strings):
+        strings.append(text)
+        tensors[column][_first_output(records, tensors)] = len(strings) - 1
+    return _tables_edit(edit)
+
+
+def _h5_replace(name: str, make: Callable[[h5py.File], None]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        with h5py.File(_index_file(folder), "r+") as f:
+            del f[name]
+            make(f)
+    return apply
+
+
+def _header_edit(fn: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        data = _index(folder)
+        fn(data)
+        _write_index(folder, data)
+    return apply
+
+
+def _killed(keep: Callable[[list[Path]], None] | None = None) -> Callable[[Path], None]:
+    """The dump as a killed process leaves it: header line and journal chunks, no index;
+    ``keep`` damages the chunks."""
+    def apply(folder: Path) -> None:
+        shutil.rmtree(folder)
+        shutil.copytree(_killed_source(), folder)
+        if keep is not None:
+            keep(sorted(folder.glob("journal-*.h5")))
+    return apply
+
+
+_KILLED: list[Path] = []
+
+
+KILLED_SCRIPT = """
+import os, signal, sys, torch, xray
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+xray.begin_dump(dump_dir=sys.argv[1], X_DEDUP=False, X_DUMP_NUM=100, flush_records=1)
+with torch.no_grad():
+    model(torch.randn(3, 8)).softmax(-1)
+    torch.ones(2) + 1  # flushes the softmax's record too
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _killed_source() -> Path:
+    """The MLP's recording as a SIGKILLed process leaves it: a journal chunk per record, no index."""
+    if not _KILLED:
+        import subprocess
+        import sys
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="xray-killed-"))
+        proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, str(root)], capture_output=True)
+        assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+        (folder,) = list(root.iterdir())
+        assert len(list(folder.glob("journal-*.h5"))) >= 3
+        _KILLED.append(folder)
+    return _KILLED[0]
+
+
+CORRUPTIONS_V3: dict[str, Callable[[Path], None]] = {
+    "v3 index file deleted": lambda f: _index_file(f).unlink(),
+    "v3 index file empty": lambda f: _index_file(f).write_bytes(b""),
+    "v3 index file cut in half": lambda f: _index_file(f).write_bytes(_index_file(f).read_bytes()[: _index_file(f).stat().st_size // 2]),
+    "v3 index file random bytes": lambda f: _index_file(f).write_bytes(np.random.default_rng(0).bytes(4096)),
+    "v3 index file a directory": lambda f: (_index_file(f).unlink(), _index_file(f).mkdir()),
+    "v3 index name path traversal": _header_edit(lambda d: d.update(index="../../etc/passwd")),
+    "v3 index name absolute": _header_edit(lambda d: d.update(index="/etc/passwd")),
+    "v3 index name a number": _header_edit(lambda d: d.update(index=7)),
+    "v3 records table missing": _h5_replace("records", lambda f: None),
+    "v3 records table wrong columns": _h5_replace("records", lambda f: f.create_dataset("records", data=np.zeros(3, dtype=[("seq", "<i8")]))),
+    "v3 tensors table of strings": _h5_replace("tensors", lambda f: f.create_dataset("tensors", data=np.array([b"x"] * 4))),
+    "v3 string offsets past the blob": _h5_replace("string_ends", lambda f: f.create_dataset("string_ends", data=np.array([10**9], dtype="<i8"))),
+    "v3 record op id out of range": _set("records", "op", 10**6),
+    "v3 record kind unknown": _set("records", "kind", 7),
+    "v3 record count zero": _set("records", "count", 0),
+    "v3 record seq negative": _set("records", "seq", -5),
+    "v3 record tensor rows overlap": _set("records", "t_end", 0),
+    "v3 record op not an operator": _string_of("records", "op", "os.system.default"),
+    "v3 record op file-touching": _string_of("records", "op", "aten.from_file.default"),
+    "v3 record op 1 MB": _string_of("records", "op", "aten." + "x" * 1_000_000 + ".default"),
+    "v3 record skeleton not json": _string_of("records", "skeleton", "{not json"),
+    "v3 record skeleton nested 5000 deep": _string_of("records", "skeleton", '{"inputs":{"x":' + DEEP + '},"outputs":[]}'),
+    "v3 record skeleton unknown tag": _string_of("records", "skeleton", '{"inputs":{"x":{"t":"pickle","v":"x"}},"outputs":[]}'),
+    "v3 record module_stack garbage": _string_of("records", "module_stack", "abc"),
+    "v3 tensor dtype unknown": _output_string("dtype", "float99"),
+    "v3 tensor shape negative": _output_string("shape", "[-1,4]"),
+    "v3 tensor shape huge": _output_string("shape", f"[{2**40},{2**40}]"),
+    "v3 tensor shape a string": _output_string("shape", '"3,4"'),
+    "v3 tensor data path traversal": _output_string("data", "../../../etc/passwd:x"),
+    "v3 tensor data missing file": _output_string("data", "tensors-nope.h5:r0/x"),
+    "v3 tensor role unknown": _set("tensors", "role", 9),
+    "v3 tensor names another record": _set("tensors", "record", 5),
+    "v3 journal without chunks": _killed(lambda chunks: [c.unlink() for c in chunks]),
+    "v3 journal chunk cut in half": _killed(lambda chunks: chunks[1].write_bytes(chunks[1].read_bytes()[:500])),
+    "v3 journal chunk missing": _killed(lambda chunks: chunks[1].unlink()),
+    "v3 journal chunk random bytes": _killed(lambda chunks: chunks[0].write_bytes(np.random.default_rng(1).bytes(2048))),
+}
+
+
 def _call(main: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -255,9 +415,18 @@ def _tools(corrupt: Path, good: Path, out: Path) -> dict[str, tuple[Callable, li
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_every_tool_answers_right_or_fails_in_one_line(good, tmp_path, case):
+    _check_every_tool(good, tmp_path, case, CORRUPTIONS[case])
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS_V3))
+def test_every_tool_answers_right_or_fails_in_one_line_v3(good_v3, tmp_path, case):
+    _check_every_tool(good_v3, tmp_path, case, CORRUPTIONS_V3[case])
+
+
+def _check_every_tool(good: Path, tmp_path: Path, case: str, corrupt_it: Callable[[Path], None]) -> None:
     corrupt = tmp_path / "dump"
     shutil.copytree(good, corrupt)
-    CORRUPTIONS[case](corrupt)
+    corrupt_it(corrupt)
     problems = []
     for tool, (main, argv) in _tools(corrupt, good, tmp_path).items():
         rc, out, err = _call(main, argv)
@@ -287,6 +456,9 @@ VIEWERS = ("xray info", "xray-summary", "xray-compare bench", "xray-compare targ
 
 
 def _right_answer(tool: str, case: str, text: str) -> bool:
+    case = case.removeprefix("v3 ")
+    if case.startswith(("journal chunk", "journal without chunks")):
+        return True  # a legal partial dump: the loader recovers what the chunks before the damage hold, and warns
     if case.startswith("journal lines not objects"):
         return True  # a readable partial dump: the loader warns and counts the skipped lines
     if case.startswith("record op") and tool in VIEWERS:

@@ -13,6 +13,7 @@ import pytest
 
 import xray
 from xray.dump import TruncatedDumpWarning
+from xray.dump.json_index import rewrite_as_json
 from xray.dump.model import ECHO
 from xray.gen.cli import main as gen_main
 
@@ -106,6 +107,7 @@ def test_corrupt_journal_lines_are_skipped_and_counted(tmp_path, case):
     with xray.dump(dump_dir=tmp_path, X_DEDUP=False) as d:
         torch.tanh(torch.ones(3)) + 1
     folder = d.folder
+    rewrite_as_json(folder)  # a version-2 journal holds JSON record lines
     index = json.loads((folder / "dump.json").read_text())
     header = {k: v for k, v in index.items() if k not in ("records", "summary", "complete")}
     lines = [json.dumps({"header": header})] + [json.dumps(r) for r in index["records"]]

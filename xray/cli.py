@@ -21,12 +21,13 @@ def _info(path: str, top: int) -> int:
 
     from .dump import DumpFormatError, load_dump
 
-    try:
+    try:  # a version-3 index is read (and checked) on first use: inside info_text
         dump = load_dump(path)
+        text = info_text(dump, top)
     except DumpFormatError as e:
         print(f"xray info: {e}", file=sys.stderr)
         return 2
-    print(info_text(dump, top))
+    print(text)
     return 0
 
 

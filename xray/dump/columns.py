@@ -61,6 +61,55 @@ UPDATE_DTYPE = np.dtype([("seq", "<i8"), ("count", "<i8"), ("last_seq", "<i8")])
 _TENSOR_MARK = {"t": "@"}
 
 
+class Table:
+    """Named columns of equal length, each a contiguous numpy array (struct of arrays): a scan
+    of one column reads only that column. ``table["seq"]`` is a column, ``table.row(i)`` a
+    tuple in ``dtype``'s field order, ``table.take(rows)`` a sub-table."""
+
+    def __init__(self, dtype: np.dtype, columns: dict[str, np.ndarray]) -> None:
+        self.dtype = dtype
+        self.columns = columns
+        self._n = len(next(iter(columns.values()))) if columns else 0
+
+    @classmethod
+    def empty(cls, dtype: np.dtype) -> "Table":
+        return cls(dtype, {name: np.zeros(0, dtype[name]) for name in dtype.names})
+
+    @classmethod
+    def from_rows(cls, dtype: np.dtype, rows: list[tuple]) -> "Table":
+        if not rows:
+            return cls.empty(dtype)
+        packed = np.array(rows, dtype=dtype)
+        return cls(dtype, {name: np.ascontiguousarray(packed[name]) for name in dtype.names})
+
+    @classmethod
+    def concat(cls, dtype: np.dtype, tables: Sequence["Table"]) -> "Table":
+        if not tables:
+            return cls.empty(dtype)
+        if len(tables) == 1:
+            return tables[0]
+        return cls(dtype, {name: np.concatenate([t.columns[name] for t in tables]) for name in dtype.names})
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.columns
+
+    def row(self, i: int) -> tuple:
+        return tuple(self.columns[name][i].item() for name in self.dtype.names)
+
+    def rows(self, start: int, stop: int) -> list[tuple]:
+        """Rows ``start:stop`` as tuples of Python values (one ``tolist`` per column)."""
+        return list(zip(*(self.columns[name][start:stop].tolist() for name in self.dtype.names)))
+
+    def take(self, rows: np.ndarray | slice) -> "Table":
+        return Table(self.dtype, {name: col[rows] for name, col in self.columns.items()})
+
+
 class ColumnsError(DumpFormatError):
     """The columns are not a valid index (raised with the index file's name when it is known)."""
 
@@ -229,9 +278,8 @@ class ColumnBuilder:
         return add
 
     def build(self) -> "Columns":
-        records = np.array(self._records, dtype=RECORD_DTYPE) if self._records else np.zeros(0, RECORD_DTYPE)
-        tensors = np.array(self._tensors, dtype=TENSOR_DTYPE) if self._tensors else np.zeros(0, TENSOR_DTYPE)
-        return Columns(records, tensors, self.strings)
+        return Columns(Table.from_rows(RECORD_DTYPE, self._records), Table.from_rows(TENSOR_DTYPE, self._tensors),
+                       self.strings)
 
 
 def _f(x: float | None) -> float:
@@ -271,9 +319,8 @@ def _skeleton(v: Any, add_tensor: Callable, role: int, name: str) -> Any:
 
 def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
     """Chunks built against one shared string table, in order, as one index."""
-    if not parts:
-        return Columns(np.zeros(0, RECORD_DTYPE), np.zeros(0, TENSOR_DTYPE), strings)
-    return Columns(np.concatenate([p.records for p in parts]), np.concatenate([p.tensors for p in parts]), strings)
+    return Columns(Table.concat(RECORD_DTYPE, [p.records for p in parts]),
+                   Table.concat(TENSOR_DTYPE, [p.tensors for p in parts]), strings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,8 +333,8 @@ class Columns:
     Built from arrays, or from a ``loader`` that returns ``(records, tensors, strings)`` the first
     time any of them is read (an index file: opening it reads no table)."""
 
-    def __init__(self, records: np.ndarray | None, tensors: np.ndarray | None, strings: StringTable | None,
-                 *, loader: Callable[[], tuple[np.ndarray, np.ndarray, StringTable]] | None = None) -> None:
+    def __init__(self, records: Table | None, tensors: Table | None, strings: StringTable | None,
+                 *, loader: Callable[[], tuple[Table, Table, StringTable]] | None = None) -> None:
         self._records, self._tensors, self._strings = records, tensors, strings
         self._loader = loader
         self.where = ""  # the index file, for error messages
@@ -301,13 +348,13 @@ class Columns:
         self.validate()
 
     @property
-    def records(self) -> np.ndarray:
+    def records(self) -> Table:
         if self._loader is not None:
             self._load()
         return self._records
 
     @property
-    def tensors(self) -> np.ndarray:
+    def tensors(self) -> Table:
         if self._loader is not None:
             self._load()
         return self._tensors
@@ -327,16 +374,19 @@ class Columns:
         tensor rows contiguous per record, dtypes torch knows. Raises ColumnsError."""
         try:
             return self._validate()
-        except ColumnsError as e:
-            raise self._located(e) from None
+        except (ColumnsError, ValueError) as e:
+            raise self._located(e if isinstance(e, ColumnsError) else ColumnsError(str(e))) from None
 
     def _located(self, e: ColumnsError) -> ColumnsError:
         return ColumnsError(f"{self.where}: corrupt dump index ({e})") if self.where else e
 
     def _validate(self) -> "Columns":
         r, t, n_str = self.records, self.tensors, len(self.strings)
-        if r.dtype != RECORD_DTYPE or t.dtype != TENSOR_DTYPE or r.ndim != 1 or t.ndim != 1:
-            raise ColumnsError("the record or tensor table does not have this format's columns")
+        for table, dtype in ((r, RECORD_DTYPE), (t, TENSOR_DTYPE)):
+            for name in dtype.names:
+                col = table.columns.get(name)
+                if col is None or col.dtype != dtype[name] or col.ndim != 1 or len(col) != len(table):
+                    raise ColumnsError(f"column {name!r} is missing or is not {dtype[name]} of {len(table)} rows")
 
         def ids(col: np.ndarray, what: str, optional: bool = True) -> None:
             if len(col) and (col.min() < (NONE if optional else 0) or col.max() >= n_str):
@@ -357,6 +407,7 @@ class Columns:
             at_least(r[name], 0, f"record {name}")
         at_least(r["count"], 1, "record count")
         at_least(r["step"], NONE, "record step")
+        self._check_record_texts()
         begin, end = r["t_begin"], r["t_end"]
         if len(r):
             if begin[0] != 0 or end[-1] != len(t) or np.any(end < begin) or np.any(begin[1:] != end[:-1]):
@@ -382,11 +433,40 @@ class Columns:
                 name = self.strings[int(i)]
                 if name.removeprefix("torch.") not in DTYPE_NAMES:
                     raise ColumnsError(f"unknown tensor dtype {echo(name)}")
+            for name in ("name", "device", "src_name"):
+                for i in np.unique(t[name]):
+                    if i >= 0:
+                        _name(self.strings[int(i)], f"tensor {name}")
             for col in ("shape", "stride"):
                 for i in np.unique(t[col]):
+                    if i >= 0 and col == "shape" and any(n < 0 for n in self.shape(int(i))):
+                        raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[int(i)])}")
                     if i >= 0:
                         self.shape(int(i))
         return self
+
+    def _check_record_texts(self) -> None:
+        """Decode and check every distinct text the records use (a few thousand at most, even at
+        a million records), so building a Record later cannot fail on them; and check that each
+        record's skeleton holds as many tensors as the record has rows."""
+        r, strings = self.records, self.strings
+        for i in np.unique(r["op"]):
+            _name(strings[int(i)], "op")
+        for i in np.unique(r["module"]):
+            if i >= 0:
+                _name(strings[int(i)], "module")
+        for i in np.unique(r["module_stack"]):
+            if i >= 0:
+                self._frames(int(i))
+        for i in np.unique(r["stack"]):
+            if i >= 0:
+                _parse_text_list(strings[int(i)])
+        skeletons, which = np.unique(r["skeleton"], return_inverse=True)
+        holds = np.array([self._skeleton(int(i))[1] for i in skeletons], dtype=np.int64)
+        bad = np.flatnonzero(holds[which] != r["t_end"] - r["t_begin"]) if len(r) else []
+        if len(bad):
+            raise ColumnsError(f"record #{int(bad[0])}: its skeleton holds {int(holds[which][bad[0]])} tensors, "
+                               f"its rows {int(r['t_end'][bad[0]] - r['t_begin'][bad[0]])}")
 
     # -- decoded pieces, cached per string -------------------------------------------------
     def text(self, i: int) -> str | None:
@@ -408,7 +488,7 @@ class Columns:
     # -- materialising ---------------------------------------------------------------------
     def tensor_meta(self, j: int) -> TensorMeta:
         """The TensorMeta of tensor row ``j`` (fresh each call: callers may mutate it)."""
-        return self._meta(self.tensors[j].item())
+        return self._meta(self.tensors.row(j))
 
     def _meta(self, t: tuple) -> TensorMeta:
         (_, _, _, dtype, shape, stride, offset, device, requires_grad, has_stats, absent, mn, mx, mean, std,
@@ -435,7 +515,7 @@ class Columns:
 
     def source(self, j: int) -> str | None:
         """Tensor row ``j``'s ``src`` text."""
-        return self._meta(self.tensors[j].item()).source
+        return self._meta(self.tensors.row(j)).source
 
     def record(self, i: int) -> Record:
         """Record ``i``, built from its row, its tensor rows and its skeleton."""
@@ -445,12 +525,36 @@ class Columns:
             raise self._located(ColumnsError(f"record #{i}: {e}")) from None
 
     def _record(self, i: int) -> Record:
+        row = self.records.row(i)
+        begin, end = row[-2], row[-1]
+        return self._build(row, self.tensors.rows(begin, end))
+
+    def iter_records(self, rows: Iterable[int] | None = None, block: int = 1024) -> Iterator[Record]:
+        """Records in order (all, or the given ascending rows), read from the columns a block at a
+        time: one ``tolist`` per column per block instead of per record."""
+        if rows is not None:
+            for i in rows:
+                yield self.record(int(i))
+            return
+        n = len(self.records)
+        for start in range(0, n, block):
+            stop = min(n, start + block)
+            rows_ = self.records.rows(start, stop)
+            t0 = rows_[0][-2]
+            tensors = self.tensors.rows(t0, rows_[-1][-1])
+            for k, row in enumerate(rows_):
+                try:
+                    yield self._build(row, tensors[row[-2] - t0:row[-1] - t0])
+                except (ColumnsError, ValueError) as e:
+                    raise self._located(ColumnsError(f"record #{start + k}: {e}")) from None
+
+    def _build(self, row: tuple, tensor_rows: list[tuple]) -> Record:
         (seq, kind, direction, op, module, count, first_seq, last_seq, call_index, step, module_stack, stack,
-         skeleton, begin, end) = self.records[i].item()
+         skeleton, begin, end) = row
         template, n_tensors = self._skeleton(skeleton)
         if n_tensors != end - begin:
             raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
-        metas = iter([self._meta(t) for t in self.tensors[begin:end].tolist()])
+        metas = iter([self._meta(t) for t in tensor_rows])
         strings = self.strings
         return Record(
             seq=seq, kind=KINDS[kind], op=_name(strings[op], "op"), direction=DIRECTIONS[direction],
@@ -525,10 +629,7 @@ class RecordSequence(Sequence):
         return self.columns.record(i if self.rows is None else int(self.rows[i]))
 
     def __iter__(self) -> Iterator[Record]:
-        record = self.columns.record
-        rows = range(len(self.columns)) if self.rows is None else self.rows
-        for i in rows:
-            yield record(int(i))
+        return self.columns.iter_records(self.rows)
 
     def __repr__(self) -> str:
         return f"<{len(self)} records>"

@@ -205,13 +205,13 @@ class DumpWriter:
         blob, ends = self._strings.to_arrays(first_string)
         updates = np.array([(r.seq, r.count, r.last_seq if r.last_seq is not None else r.seq)
                             for r in self._updates.values()], dtype=UPDATE_DTYPE)
-        records = chunk.records if chunk is not None else concat([], self._strings).records
-        tensors = chunk.tensors if chunk is not None else concat([], self._strings).tensors
+        if chunk is None:
+            chunk = concat([], self._strings)
         name = f"journal-{self._prefix.removeprefix('tensors-')}-{self._chunk:05d}.h5"
         try:
-            write_file(self.folder / name, records, tensors, blob, ends,
-                       {"chunk": self._chunk, "first_row": self._rows - len(records),
-                        "first_tensor": self._tensor_rows - len(tensors), "first_string": first_string},
+            write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends,
+                       {"chunk": self._chunk, "first_row": self._rows - len(chunk.records),
+                        "first_tensor": self._tensor_rows - len(chunk.tensors), "first_string": first_string},
                        updates=updates)
         except OSError as e:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
