@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import xray
+from xray.dump.json_index import rewrite_as_json
 from xray.dump import TruncatedDumpWarning
 from xray.dump.model import Source
 from xray.record.producers import Producers
@@ -258,8 +259,9 @@ def _downgrade_to_v1(obj: dict) -> dict:
 
 def test_version_1_dumps_and_journals_still_read(tmp_path):
     _, dump = record(lambda: torch.ones(2).exp(), tmp_path / "a")
-    assert dump.header["format_version"] == 2
+    assert dump.header["format_version"] == 3
     assert dump.records[-1].inputs["self"].source.startswith("op:")
+    rewrite_as_json(dump.folder)  # the JSON records of version 2, downgraded to version 1 below
     index = dump.folder / "dump.json"
     data = _downgrade_to_v1(json.loads(index.read_text()))
     data["format_version"] = 1
@@ -278,12 +280,22 @@ def test_version_1_dumps_and_journals_still_read(tmp_path):
     assert journal.records[-1].inputs["self"].source is None
 
 
-def test_journal_of_a_v2_dump_keeps_sources(tmp_path):
+def test_journal_of_a_v3_dump_keeps_sources(tmp_path):
+    """A dump that is never finished reads from its journal chunks with every data edge."""
     with xray.dump(dump_dir=tmp_path, X_DEDUP=False) as session:
         torch.ones(2).exp()
         session.writer.flush()
-        journal = (session.folder / "journal.jsonl").read_text()
-    assert '"format_version": 2' in journal and '"src":"op:' in journal
+        header = (session.folder / "journal.jsonl").read_text()
+        chunks = sorted(session.folder.glob("journal-*.h5"))
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        for f in [session.folder / "journal.jsonl", *chunks]:
+            (copy / f.name).write_bytes(f.read_bytes())
+    assert '"format_version": 3' in header and chunks
+    with pytest.warns(TruncatedDumpWarning, match="not finalised"):
+        partial = xray.load_dump(copy)
+    assert [r.op for r in partial.records] == ["aten.ones.default", "aten.exp.default"]
+    assert partial.records[1].inputs["self"].source == "op:0:0"
 
 
 def test_dead_outputs_are_swept_so_the_map_follows_live_tensors():

@@ -378,7 +378,7 @@ def test_corrupt_and_future_dumps_are_refused_clearly(tmp_path):
         torch.ones(2) + 1
     index = session.folder / "dump.json"
     text = index.read_text()
-    index.write_text(text.replace('"format_version":2', '"format_version":99'))
+    index.write_text(text.replace('"format_version":3', '"format_version":99'))
     with pytest.raises(DumpFormatError, match="version 99 is not supported"):
         xray.load_dump(session.folder)
     index.write_text(text[: len(text) // 2])  # a finished dump has no journal to fall back on

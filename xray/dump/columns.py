@@ -228,6 +228,8 @@ class ColumnBuilder:
         self.first_row, self.first_tensor = first_row, first_tensor
         self._records: list[tuple] = []
         self._tensors: list[tuple] = []
+        self._skeletons: dict[tuple, int] = {}  # skeleton key -> string id
+        self._stacks: dict[tuple, int] = {}  # module stack -> string id
 
     def __len__(self) -> int:
         return len(self._records)
@@ -236,54 +238,95 @@ class ColumnBuilder:
         s = self.strings
         row = self.first_row + len(self._records)
         t_begin = self.first_tensor + len(self._tensors)
-        add_tensor = self._tensor_adder(row)
-        inputs = {k: _skeleton(v, add_tensor, INPUT, k) for k, v in rec.inputs.items()}
-        outputs = [_skeleton(v, add_tensor, OUTPUT, f"out{i}") for i, v in enumerate(rec.outputs)]
+        key = (tuple([(k, self._value(v, INPUT, k, row)) for k, v in rec.inputs.items()]),
+               tuple([self._value(v, OUTPUT, f"out{i}", row) for i, v in enumerate(rec.outputs)]),
+               tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params))
         for name, meta in rec.params.items():
-            add_tensor(meta, PARAM, name)
-        skeleton = {"inputs": inputs, "outputs": outputs}
-        if rec.mutates:
-            skeleton["mutates"] = list(rec.mutates)
-        if rec.keywords:
-            skeleton["keywords"] = dict(rec.keywords)
-        if rec.params:
-            skeleton["params"] = list(rec.params)
+            self._tensor(meta, PARAM, name, row)
+        skeleton = self._skeletons.get(key)
+        if skeleton is None:
+            skeleton = self._skeletons[key] = s.intern(_skeleton_text(rec))
         first = rec.seq if rec.first_seq is None else rec.first_seq
         last = rec.seq if rec.last_seq is None else rec.last_seq
         self._records.append((
-            rec.seq, KINDS.index(rec.kind), DIRECTIONS.index(rec.direction), s.intern(rec.op), s.opt(rec.module),
+            rec.seq, _KIND_CODE[rec.kind], _DIRECTION_CODE[rec.direction], s.intern(rec.op),
+            NONE if rec.module is None else s.intern(rec.module),
             rec.count, first, last, rec.call_index, NONE if rec.step is None else rec.step,
-            s.intern(_stack_text(rec.module_stack)) if rec.module_stack else NONE,
+            self._stack_id(rec.module_stack) if rec.module_stack else NONE,
             s.intern(json.dumps(rec.stack, separators=(",", ":"))) if rec.stack else NONE,
-            s.intern(json.dumps(skeleton, separators=(",", ":"), default=str)),
-            t_begin, self.first_tensor + len(self._tensors)))
+            skeleton, t_begin, self.first_tensor + len(self._tensors)))
 
-    def _tensor_adder(self, row: int) -> Callable[[TensorMeta, int, str], None]:
-        s, out = self.strings, self._tensors
+    def _value(self, v: Any, role: int, name: str, row: int) -> Any:
+        """A hashable key of a value's skeleton; appends its tensors' rows on the way. Floats keep
+        their repr (1 == 1.0 == True, and NaN != NaN, in a dict)."""
+        if type(v) is TensorMeta:
+            self._tensor(v, role, name, row)
+            return _TENSOR_KEY
+        if isinstance(v, (list, tuple)):
+            return ("L", tuple([self._value(x, role, f"{name}.{i}", row) for i, x in enumerate(v)]))
+        if isinstance(v, Scalar):
+            return ("S", v.tag, json.dumps(v.value, default=str))
+        if isinstance(v, float):
+            return ("f", repr(v))
+        return (type(v).__name__, v)
 
-        def add(meta: TensorMeta, role: int, name: str) -> None:
-            st = meta.stats
-            if st is None:
-                stats = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
-            else:
-                absent = ((st.min is None) * ABSENT_MIN | (st.max is None) * ABSENT_MAX
-                          | (st.mean is None) * ABSENT_MEAN | (st.std is None) * ABSENT_STD)
-                stats = (1, absent, _f(st.min), _f(st.max), _f(st.mean), _f(st.std),
-                         st.nan, st.posinf, st.neginf, st.numel)
-            src_kind, src_seq, src_index, src_name = _source_columns(meta.source, s)
-            out.append((row, role, s.intern(name), s.intern(meta.dtype), s.intern(_shape_text(meta.shape)),
-                        NONE if meta.stride is None else s.intern(_shape_text(meta.stride)),
-                        meta.storage_offset, s.intern(meta.device), meta.requires_grad, *stats,
-                        s.opt(meta.data), src_kind, src_seq, src_index, src_name, s.opt(meta.note)))
-        return add
+    def _stack_id(self, frames: list[tuple[str, str]]) -> int:
+        key = tuple(frames)
+        i = self._stacks.get(key)
+        if i is None:
+            i = self._stacks[key] = self.strings.intern(_stack_text(frames))
+        return i
+
+    def _tensor(self, meta: TensorMeta, role: int, name: str, row: int) -> None:
+        intern = self.strings.intern
+        st = meta.stats
+        if st is None:
+            stats = _NO_STATS
+        else:
+            mn, mx, mean, std = st.min, st.max, st.mean, st.std
+            absent = ((mn is None) * ABSENT_MIN | (mx is None) * ABSENT_MAX
+                      | (mean is None) * ABSENT_MEAN | (std is None) * ABSENT_STD)
+            stats = (1, absent, 0.0 if mn is None else mn, 0.0 if mx is None else mx,
+                     0.0 if mean is None else mean, 0.0 if std is None else std,
+                     st.nan, st.posinf, st.neginf, st.numel)
+        src = meta.source
+        if src is None:
+            source = _NO_SOURCE
+        elif src.startswith("op:"):
+            _, seq, index = src.split(":")
+            source = (SRC_OP, int(seq), int(index), NONE)
+        else:
+            source = _source_columns(src, self.strings)
+        stride = meta.stride
+        self._tensors.append((
+            row, role, intern(name), intern(meta.dtype), intern(_shape_text(meta.shape)),
+            NONE if stride is None else intern(_shape_text(stride)), meta.storage_offset, intern(meta.device),
+            meta.requires_grad, *stats, NONE if meta.data is None else intern(meta.data), *source,
+            NONE if meta.note is None else intern(meta.note)))
 
     def build(self) -> "Columns":
         return Columns(Table.from_rows(RECORD_DTYPE, self._records), Table.from_rows(TENSOR_DTYPE, self._tensors),
                        self.strings)
 
 
-def _f(x: float | None) -> float:
-    return 0.0 if x is None else x
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+_DIRECTION_CODE = {d: i for i, d in enumerate(DIRECTIONS)}
+_TENSOR_KEY = ("T",)
+_NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
+_NO_SOURCE = (SRC_NONE, 0, 0, NONE)
+
+
+def _skeleton_text(rec: Record) -> str:
+    """The record's skeleton as JSON: its values with each tensor written as {"t": "@"}."""
+    skeleton: dict[str, Any] = {"inputs": {k: _skeleton(v) for k, v in rec.inputs.items()},
+                                "outputs": [_skeleton(v) for v in rec.outputs]}
+    if rec.mutates:
+        skeleton["mutates"] = list(rec.mutates)
+    if rec.keywords:
+        skeleton["keywords"] = dict(rec.keywords)
+    if rec.params:
+        skeleton["params"] = list(rec.params)
+    return json.dumps(skeleton, separators=(",", ":"), default=str)
 
 
 @lru_cache(maxsize=65536)
@@ -307,13 +350,11 @@ def _source_columns(text: str | None, strings: StringTable) -> tuple[int, int, i
     return (SRC_PARAM if src.kind == "param" else SRC_BUFFER), 0, 0, strings.intern(src.name)
 
 
-def _skeleton(v: Any, add_tensor: Callable, role: int, name: str) -> Any:
-    """The JSON skeleton of one value; its tensors become rows named as ``iter_tensors`` names them."""
+def _skeleton(v: Any) -> Any:
     if isinstance(v, TensorMeta):
-        add_tensor(v, role, name)
         return _TENSOR_MARK
     if isinstance(v, (list, tuple)):
-        return [_skeleton(x, add_tensor, role, f"{name}.{i}") for i, x in enumerate(v)]
+        return [_skeleton(x) for x in v]
     return value_to_json(v)
 
 
