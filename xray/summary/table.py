@@ -1,8 +1,8 @@
 """Summary rows of a dump and their two renderings: a tabulate table and a CSV pandas reads.
 
-Rows are produced lazily from the dump's index (module dumps) or records (trace dumps); only the
-rendered strings are kept, never tensor data, so memory grows with the number of tensors, not
-with their size.
+Rows are produced lazily from the dump's index: a module dump's tables, a trace dump's tensor
+columns (format v3; older trace dumps: their records). Only the rendered strings are kept, never
+tensor data, so memory grows with the number of tensors, not with their size.
 """
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
+import numpy as np
 from tabulate import tabulate
 
+from ..columnar import check_records, native_columns, no_cyclic_gc
+from ..dump.columns import DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta
 from ..dump.summary_csv import CSV_COLUMNS, stat_cell
 
@@ -48,18 +51,135 @@ def _opt(v: Any) -> Any:
     return "" if v is None else v
 
 
-def dump_rows(dump, step: int | None = None) -> Iterator[SummaryRow]:
+class ColumnRow:
+    """A trace dump's summary row read from its tensor columns: what SummaryRow.cells gives for
+    the same tensor, without building its Record and TensorMeta."""
+
+    __slots__ = ("step", "rank", "name", "direction", "_tensor")
+
+    def __init__(self, step: int | None, rank: int | None, name: str, direction: str, tensor: tuple) -> None:
+        self.step, self.rank, self.name, self.direction = step, rank, name, direction
+        self._tensor = tensor  # (dtype, shape cell, numel, [min, max, mean, std], (nan, +inf, -inf) | None, data)
+
+    def cells(self, index: int, csv_extra: bool) -> list[Any]:
+        dtype, shape, numel, stat, counts, data = self._tensor
+        name = self.name
+        if not csv_extra and counts is not None and any(counts):  # as SummaryRow: not Stats.finite
+            name += f" [nan={counts[0]} +inf={counts[1]} -inf={counts[2]}]"
+        row = [index, _opt(self.step), _opt(self.rank), name, dtype, shape, *stat]
+        if csv_extra:
+            row += [*(counts or (None, None, None)), numel, self.direction, data or ""]
+        return row
+
+
+def dump_rows(dump, step: int | None = None) -> Iterator[SummaryRow | ColumnRow]:
     """Every tensor of a module dump (lazily, from its index; one ``step`` or all) or of a trace
-    dump's records."""
+    dump (from its columns, or the records of an older dump)."""
     rank = dump.header.get("global_rank", dump.header.get("rank"))
     if hasattr(dump, "rows"):  # ModuleDump
         yield from module_rows(dump.rows(step), rank)
         return
-    for rec in dump.records:
+    columns = native_columns(dump)
+    if columns is not None:
+        yield from column_rows(columns, rank)
+        return
+    yield from record_rows(dump.records, rank)
+
+
+def record_rows(records: Iterable, rank: int | None) -> Iterator[SummaryRow]:
+    """Summary rows of trace records: each record's input then output tensors."""
+    for rec in records:
         for arg, meta in rec.input_tensors():
             yield SummaryRow(rec.step, rank, f"{rec.name}.{arg}", rec.direction, meta)
         for arg, meta in rec.output_tensors():
             yield SummaryRow(rec.step, rank, f"{rec.name}.{arg}", rec.direction, meta)
+
+
+CHUNK = 1 << 16  # tensor rows converted to Python values at a time: bounded memory at any size
+
+
+def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
+    """``record_rows`` of a columnar index, read from its tensor table a chunk at a time: the
+    record's name, the tensor's argument name, dtype, shape and statistics, each distinct string
+    decoded once. A record that could not be built is refused first, as the record path would."""
+    check_records(columns)
+    t, r = columns.tensors, columns.records
+    names: dict[int, str] = {}
+    tensors: dict[tuple, tuple] = {}
+    for start in range(0, len(t), CHUNK):
+        chunk = t[start:start + CHUNK]
+        chunk = chunk[chunk["role"] != PARAM]
+        if not len(chunk):
+            continue
+        owners = chunk["record"]
+        lo = int(owners[0])
+        recs = r[lo:int(owners[-1]) + 1]
+        with no_cyclic_gc():
+            prefix = _record_names(columns, recs, names)
+        with no_cyclic_gc():
+            steps = [None if s < 0 else s for s in recs["step"].tolist()]
+            directions = [DIRECTIONS[d] for d in recs["direction"].tolist()]
+            stats = _stat_cells(chunk)
+            keys = list(zip(chunk["dtype"].tolist(), chunk["shape"].tolist(), chunk["data"].tolist()))
+        for owner, arg, key, stat, counts in zip(owners.tolist(), chunk["name"].tolist(), keys, *stats):
+            i = owner - lo
+            head = tensors.get(key)
+            if head is None:
+                head = tensors[key] = _tensor_head(columns, *key)
+            yield ColumnRow(steps[i], rank, f"{prefix[i]}.{_text(columns, arg, names)}", directions[i],
+                            (head[0], head[1], head[2], stat, counts, head[3]))
+        if len(tensors) > CHUNK:  # saved-data references are distinct per tensor: keep the cache small
+            tensors.clear()
+
+
+def _text(columns: Columns, i: int, cache: dict[int, str]) -> str | None:
+    got = cache.get(i)
+    if got is None and i >= 0:
+        got = cache[i] = columns.strings[i]
+    return got
+
+
+def _record_names(columns: Columns, recs, cache: dict[int, str]) -> list[str]:
+    """``Record.name`` of each row: "<module>/<op>#<seq>", or for a module record
+    "<module>.<class>.<call index>.<direction>" (module "" or absent reads "<root>")."""
+    out = []
+    for seq, kind, direction, op, module, call_index in zip(
+            recs["seq"].tolist(), recs["kind"].tolist(), recs["direction"].tolist(), recs["op"].tolist(),
+            recs["module"].tolist(), recs["call_index"].tolist()):
+        where = _text(columns, module, cache) or "<root>"
+        if KINDS[kind] == "module":
+            out.append(f"{where}.{_text(columns, op, cache)}.{call_index}.{DIRECTIONS[direction]}")
+        else:
+            out.append(f"{where}/{_text(columns, op, cache)}#{seq}")
+    return out
+
+
+def _tensor_head(columns: Columns, dtype: int, shape: int, data: int) -> tuple:
+    """(dtype, shape cell, numel, data) of a tensor, as SummaryRow.cells spells them."""
+    dims = columns.shape(shape)
+    numel = 1
+    for d in dims:
+        numel *= d
+    return columns.strings[dtype], "x".join(str(d) for d in dims) or "scalar", numel, columns.strings.get(data)
+
+
+def _stat_cells(chunk) -> tuple[list, list]:
+    """Per tensor row: [min, max, mean, std] (None where absent or not recorded) and the
+    (nan, +inf, -inf) counts (None without statistics), as Python values: whole columns
+    converted at once, then the few rows without statistics or with absent ones patched."""
+    stats = np.column_stack([chunk[k] for k in ("min", "max", "mean", "std")]).tolist()
+    counts = list(zip(chunk["nan"].tolist(), chunk["posinf"].tolist(), chunk["neginf"].tolist()))
+    has, absent = chunk["has_stats"], chunk["absent"]
+    for i in np.flatnonzero((has == 0) | (absent != 0)).tolist():
+        if not has[i]:
+            stats[i], counts[i] = _NO_STATS, None
+        else:
+            a = int(absent[i])
+            stats[i] = [None if a & bit else v for bit, v in zip((1, 2, 4, 8), stats[i])]
+    return stats, counts
+
+
+_NO_STATS = [None] * 4
 
 
 def module_rows(rows: Iterable, rank: int | None) -> Iterator[SummaryRow]:
