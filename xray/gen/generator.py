@@ -23,8 +23,8 @@ import torch
 
 import xray
 
-from ..columnar import check_records, native_columns
-from ..dump.columns import KINDS as RECORD_KINDS, Columns, _Mark
+from ..columnar import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
+from ..dump.columns import KINDS as RECORD_KINDS, Columns
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import write_dataset
@@ -169,11 +169,11 @@ def plan_columns(columns: Columns, blacklist: Blacklist) -> tuple[dict[str, list
 
     A record's signature is its op, its skeleton's inputs (argument names, non-tensor values,
     list structure: decoded once per skeleton) and its input tensors' (shape, dtype, stride);
-    records are grouped on those as numbers, with numpy."""
+    records are grouped on those as numbers, with numpy (``xray.columnar.group_rows``)."""
     check_records(columns)
     r = columns.records
     report = GenReport(records=len(r))
-    ops = _canonical(r["op"], columns.strings.__getitem__)
+    ops = canonical(r["op"], columns.strings.__getitem__)
     is_op = r["kind"] == RECORD_KINDS.index("op")
     blocked = is_op & np.isin(ops, [i for i in np.unique(ops[is_op]).tolist() if blacklist.blocks(columns.strings[i])])
     report.op_records = int(is_op.sum())
@@ -183,9 +183,11 @@ def plan_columns(columns: Columns, blacklist: Blacklist) -> tuple[dict[str, list
         if mask.any():
             report.skipped[reason] = int(mask.sum())
     rows = np.flatnonzero(is_op & ~blocked)
-    sigs, n_inputs, bad = _skeleton_signatures(columns, r["skeleton"][rows])
-    funcs = _resolve_ops(columns, rows, ops[rows], bad)
-    firsts, counts, calls = _group(columns, rows, ops[rows], sigs, n_inputs)
+    sk = skeleton_keys(columns, rows, _inputs_sig)
+    funcs = _resolve_ops(columns, rows, ops[rows], sk.unhashable)
+    firsts, group = group_rows(columns, rows, [ops[rows], sk.numbers], sk.n_inputs)
+    counts = np.bincount(group, minlength=len(firsts))
+    calls = np.bincount(group, weights=np.maximum(r["count"][rows], 1), minlength=len(firsts)).astype(np.int64)
     by_op: dict[str, list[Case]] = {}
     for first, n, c in zip(firsts.tolist(), counts.tolist(), calls.tolist()):
         rec = columns.record(first)
@@ -194,93 +196,18 @@ def plan_columns(columns: Columns, blacklist: Blacklist) -> tuple[dict[str, list
     return by_op, report
 
 
-def _canonical(ids: np.ndarray, decode: Callable[[int], Any]) -> np.ndarray:
-    """Ids mapped to the first id of the same decoded value: a hand-made index may hold one
-    text (or shape) under two ids, and two records with it must still share a signature."""
-    unique, inverse = np.unique(ids, return_inverse=True)
-    first: dict[Any, int] = {}
-    canon = np.array([first.setdefault(decode(i) if i >= 0 else None, i) for i in unique.tolist()], dtype=np.int64)
-    return canon[inverse.reshape(-1)] if len(unique) else ids.astype(np.int64)
-
-
-def _marks(v: Any) -> int:
-    """How many tensors a skeleton value holds."""
-    if isinstance(v, _Mark):
-        return 1
-    return sum(map(_marks, v)) if isinstance(v, list) else 0
-
-
 def _template_sig(v: Any) -> Any:
     """``_sig`` of a skeleton value: a tensor is a placeholder (its shape, dtype and stride come
     from the tensor columns, in the same order)."""
-    if isinstance(v, _Mark):
+    if isinstance(v, MARK):
         return ("T",)
     if isinstance(v, list):
         return ("L", tuple(_template_sig(x) for x in v))
     return _sig(v)
 
 
-def _skeleton_signatures(columns: Columns, skeletons: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, dict[int, TypeError]]:
-    """Per row, a number standing for its skeleton's input signature (equal numbers: equal
-    signatures; -1: unhashable) and its number of input tensors (the first of its tensor rows,
-    as ``Columns.record`` fills them); the skeleton ids whose signature is unhashable."""
-    unique, inverse = np.unique(skeletons, return_inverse=True)
-    numbers: dict[Any, int] = {}
-    out = np.empty(len(unique), dtype=np.int64)
-    n_inputs = np.empty(len(unique), dtype=np.int64)
-    bad: dict[int, TypeError] = {}
-    for k, sid in enumerate(unique.tolist()):
-        inputs = columns._skeleton(sid)[0]["inputs"]
-        key = tuple((name, _template_sig(v)) for name, v in inputs.items())
-        n_inputs[k] = sum(map(_marks, inputs.values()))
-        try:
-            out[k] = numbers.setdefault(key, len(numbers))
-        except TypeError as e:  # unhashable junk in a hostile dump
-            out[k], bad[sid] = -1, e
-    inverse = inverse.reshape(-1)
-    return out[inverse], n_inputs[inverse], bad
-
-
-def _input_tensor_keys(columns: Columns, rows: np.ndarray, n: int) -> np.ndarray:
-    """(len(rows), n) numbers for the (shape, dtype, stride) of each row's n input tensors (the
-    first n of its tensor rows); equal numbers: equal values."""
-    t = columns.tensors
-    at = (columns.records["t_begin"][rows][:, None] + np.arange(n)[None, :]).reshape(-1)
-    parts = [_canonical(t["shape"][at], columns.shape), _canonical(t["dtype"][at], columns.strings.__getitem__),
-             _canonical(t["stride"][at], columns.shape)]
-    _, triple = np.unique(np.stack(parts, axis=1), axis=0, return_inverse=True)
-    return triple.reshape(len(rows), n)
-
-
-def _group(columns: Columns, rows: np.ndarray, ops: np.ndarray, sigs: np.ndarray, n_inputs: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first row, records, calls) of each distinct signature, in order of first row."""
-    count = np.maximum(columns.records["count"][rows], 1)
-    firsts, records, calls = [], [], []
-    ok = sigs >= 0  # (an unhashable signature has raised in _resolve_ops)
-    pairs, group = np.unique(np.stack([ops[ok], sigs[ok]], axis=1), axis=0, return_inverse=True)
-    group = group.reshape(-1)
-    members = np.flatnonzero(ok)
-    order = np.argsort(group, kind="stable")
-    bounds = np.searchsorted(group[order], np.arange(len(pairs) + 1))
-    for g in range(len(pairs)):
-        idx = members[order[bounds[g]:bounds[g + 1]]]  # positions in ``rows``, ascending
-        n = int(n_inputs[idx[0]])
-        if n:
-            _, first, inverse = np.unique(_input_tensor_keys(columns, rows[idx], n), axis=0, return_index=True,
-                                          return_inverse=True)
-            inverse = inverse.reshape(-1)
-        else:
-            first, inverse = np.zeros(1, dtype=np.int64), np.zeros(len(idx), dtype=np.int64)
-        firsts.append(rows[idx[first]])
-        records.append(np.bincount(inverse, minlength=len(first)))
-        calls.append(np.bincount(inverse, weights=count[idx], minlength=len(first)).astype(np.int64))
-    if not firsts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    firsts_, records_, calls_ = np.concatenate(firsts), np.concatenate(records), np.concatenate(calls)
-    order = np.argsort(firsts_, kind="stable")
-    return firsts_[order], records_[order], calls_[order]
+def _inputs_sig(inputs: dict) -> tuple:
+    return tuple((k, _template_sig(v)) for k, v in inputs.items())
 
 
 def _resolve_ops(columns: Columns, rows: np.ndarray, ops: np.ndarray, bad: dict[int, TypeError]
