@@ -189,3 +189,21 @@ def test_one_text_under_two_ids_still_groups_as_one(recorded, tmp_path):
 def _tree_of_gen(dump, out: Path) -> dict[str, bytes]:
     generate(dump, out, factory="random")
     return _tree(out)
+
+
+def test_summary_csv_lines_quote_and_blank_as_csv_writer(recorded):
+    """The CSV fast path spells lines itself: texts needing quotes, rows without statistics,
+    absent statistics, NaN values and non-finite counts must come out as csv.writer's."""
+    def edit(records, tensors, strings):
+        tensors["data"][0] = strings.intern('file.h5:a,"b"')
+        tensors["has_stats"][1] = 0
+        tensors["absent"][2], tensors["absent"][3] = 1 | 4, 15
+        tensors["min"][4], tensors["nan"][4], tensors["posinf"][5] = np.nan, 3, 1
+        records["module"][0] = strings.intern("odd,module\nname")
+
+    col, rec = _edited(recorded, edit)
+    out = [io.StringIO(), io.StringIO()]
+    write_csv(dump_rows(col), out[0])
+    write_csv(dump_rows(rec), out[1])
+    assert out[0].getvalue() == out[1].getvalue() and '"file.h5:a,""b"""' in out[0].getvalue()
+    assert render_table(dump_rows(col)) == render_table(dump_rows(rec))

@@ -19,7 +19,7 @@ from tabulate import tabulate
 from ..columnar import check_records, native_columns, no_cyclic_gc
 from ..dump.columns import DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta
-from ..dump.summary_csv import CSV_COLUMNS, stat_cell
+from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
 SUMMARY_COLUMNS = CSV_COLUMNS[:10]
@@ -70,6 +70,22 @@ class ColumnRow:
         if csv_extra:
             row += [*(counts or (None, None, None)), numel, self.direction, data or ""]
         return row
+
+    def csv_line(self, index: int) -> str | None:
+        """The CSV line csv.writer would write for ``cells(index, True)``, spelled directly (a
+        third of the cost), or None when a text needs quoting: then csv.writer writes it."""
+        dtype, shape, numel, stat, counts, data = self._tensor
+        data = data or ""
+        if _needs_quoting(self.name) or _needs_quoting(data):
+            return None
+        if counts is None:
+            numbers = f",,,,,,,{numel}"  # no statistics: four empty statistics, three empty counts
+        elif None in stat:
+            numbers = ",".join([*map(stat_cell, stat), *map(str, counts), str(numel)])
+        else:
+            numbers = csv_number_cells((*stat, *counts, numel))
+        return (f"{index},{_opt(self.step)},{_opt(self.rank)},{self.name},{dtype},{shape},{numbers},"
+                f"{self.direction},{data}\r\n")
 
 
 def dump_rows(dump, step: int | None = None) -> Iterator[SummaryRow | ColumnRow]:
@@ -213,6 +229,11 @@ def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, 
         w.writerow(CSV_COLUMNS)
     n = 0
     for i, r in enumerate(rows, start):
+        line = r.csv_line(i) if type(r) is ColumnRow else None
+        if line is not None:
+            out.write(line)
+            n += 1
+            continue
         cells = r.cells(i, csv_extra=True)
         cells[6:10] = [stat_cell(v) for v in cells[6:10]]
         w.writerow(["" if v is None else v for v in cells])
