@@ -207,3 +207,16 @@ def test_summary_csv_lines_quote_and_blank_as_csv_writer(recorded):
     write_csv(dump_rows(rec), out[1])
     assert out[0].getvalue() == out[1].getvalue() and '"file.h5:a,""b"""' in out[0].getvalue()
     assert render_table(dump_rows(col)) == render_table(dump_rows(rec))
+
+
+def test_gen_finds_op_records_on_the_kind_column(recorded, twins):
+    from xray.gen.cli import _has_op_records
+
+    col, rec = twins
+    assert _has_op_records(col) and _has_op_records(rec)
+
+    def only_modules(records, tensors, strings):
+        records["kind"][:] = 1
+
+    col, rec = _edited(recorded, only_modules)
+    assert not _has_op_records(col) and not _has_op_records(rec)
