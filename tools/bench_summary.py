@@ -24,7 +24,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_bigdump import Model  # noqa: E402  (the same 7B-shaped model)
+from bench_bigdump import Model  # (the same 7B-shaped model)
 
 
 class ForwardModel(Model):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -231,10 +231,5 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def texts(columns: Columns, ids: Iterable[int]) -> dict[int, str | None]:
-    """Decoded strings by id (-1: None), each decoded once."""
-    return {i: columns.strings.get(i) for i in set(ids)}
-
-
 __all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns", "no_cyclic_gc",
-           "skeleton_keys", "texts"]
+           "skeleton_keys"]

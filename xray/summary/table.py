@@ -55,7 +55,7 @@ class ColumnRow:
     """A trace dump's summary row read from its tensor columns: what SummaryRow.cells gives for
     the same tensor, without building its Record and TensorMeta."""
 
-    __slots__ = ("step", "rank", "name", "direction", "_tensor")
+    __slots__ = ("_tensor", "direction", "name", "rank", "step")
 
     def __init__(self, step: int | None, rank: int | None, name: str, direction: str, tensor: tuple) -> None:
         self.step, self.rank, self.name, self.direction = step, rank, name, direction
