@@ -220,3 +220,31 @@ def test_gen_finds_op_records_on_the_kind_column(recorded, twins):
 
     col, rec = _edited(recorded, only_modules)
     assert not _has_op_records(col) and not _has_op_records(rec)
+
+
+# -- xray-summary's table: tabulate's "simple" layout, spelled directly ---------------------------------
+
+_CELLS = [None, "", 0, 7, -12, 10**12, True, 0.0, -0.0, 0.1, -2.5, 1e-300, 1e300, 123456789.0, 1.0, 12345.0,
+          float("nan"), float("inf"), float("-inf"), "True", "False", "1e5", "inf", " nan ", "-Infinity", "1,000",
+          "1_000", "5", "-5", "2x3", "scalar", " padded ", "a,b", "-", "+", ".", "e", "1.5.2", "0x10", "3.25",
+          "1e-07", "é", "tab\there", "<root>/aten.add.Tensor#3.self", "model.layers.0.mlp.Linear.0.forward.out0"]
+
+
+def test_simple_table_is_tabulates():
+    """``simple_table`` gives tabulate's text for every mixture of cell types it accepts (and
+    declines the rest): columns drawn from random subsets of awkward values."""
+    import random
+
+    from tabulate import tabulate
+
+    from xray.summary.table import SUMMARY_COLUMNS, simple_table
+
+    rng = random.Random(0)
+    for _ in range(600):
+        pools = [rng.sample(_CELLS, rng.randint(1, 4)) for _ in SUMMARY_COLUMNS]
+        body = [[rng.choice(pool) for pool in pools] for _ in range(rng.randint(1, 6))]
+        expected = tabulate(body, headers=SUMMARY_COLUMNS, tablefmt="simple", floatfmt=".6g", disable_numparse=False)
+        got = simple_table(body, SUMMARY_COLUMNS)
+        foreign = any(v is True or v in ("é", "tab\there") for row in body for v in row)  # a bool, not ASCII...
+        assert (got is None) == foreign, body
+        assert got is None or got == expected, body
