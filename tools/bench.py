@@ -5,7 +5,8 @@ its own baseline) measured side by side in the same run; absolute times depend o
 
 Runs, each in its own process: bench_record.py (dump overhead vs eager, and msprobe when it is
 installed), bench_debugger.py (module-dump overhead), bench_compare.py (compare GB/s vs raw
-read), bench_gen.py (generation records/s), bench_replay.py (replay records/s, cold vs cached),
+read), bench_gen.py (generation records/s), bench_summary.py (xray-summary, xray-gen, xray info and replay's
+record selection on a 200k-record v3 dump, beside its raw open), bench_replay.py (replay records/s, cold vs cached),
 bench_accuracy.py (how often compare names the injected fault; false failures on noise-only runs),
 bench_drift.py (xray drift on the demo Llama, three backends, against the 60 s goal),
 bench_bigdump.py (open, scan and compare of a 7B-shaped stats-only dump pair, issue 21's targets:
@@ -66,6 +67,7 @@ def main(argv=None) -> int:
     dbg = run("bench_debugger.py", ["--steps", "20" if q else "40"], tmp / "debugger.json")
     cmp_ = run("bench_compare.py", ["--gb", "0.6" if q else "1.2"], tmp / "compare.json")
     gen = run("bench_gen.py", ["--records", "100000"], tmp / "gen.json")
+    tools = run("bench_summary.py", ["--records", "50000" if q else "200000"], tmp / "tools.json")
     rep = run("bench_replay.py", ["--limit", "8" if q else "15", "--backend", "onnxrt-cpu",
                                   "--backend", "executorch-xnnpack"], tmp / "replay.json")
     acc = run("bench_accuracy.py", ["--quick"] if q else [], tmp / "accuracy.json")
@@ -96,6 +98,12 @@ def main(argv=None) -> int:
     if gen:
         rows += [["generate (xray-gen)", f"{gen['records']:,} records -> {gen['tests']:,} tests",
                   f"{gen['gen_records_per_s']:,.0f} rec/s", f"reading the dump: {gen['read_records_per_s']:,.0f} rec/s"]]
+    if tools:
+        rows += [["whole-dump tools (v3)", f"{tools['records']:,} records: summary table / --csv",
+                  f"{tools['summary_s']:.1f} / {tools['summary_csv_s']:.1f} s", f"raw open {tools['open_s']:.2f} s"],
+                 ["", "xray-gen / xray info / replay selection",
+                  f"{tools['gen_s']:.2f} / {tools['info_s']:.2f} / {tools['replay_select_s']:.2f} s",
+                  "read on the columns; Records built only for what is rendered"]]
     if rep:
         for backend, r in rep.items():
             rows.append(["replay" if backend == next(iter(rep)) else "", f"{backend}, {r['records']} ops",
@@ -124,7 +132,7 @@ def main(argv=None) -> int:
     print(f"\nxray benchmarks on {machine()}, load average {os.getloadavg()[0]:.1f}")
     print(tabulate(rows, headers=["capability", "measure", "result", "note"],
                    tablefmt="github" if args.markdown else "simple"))
-    return 0 if all((rec, dbg, cmp_, gen, rep, acc, dft, big)) else 1
+    return 0 if all((rec, dbg, cmp_, gen, tools, rep, acc, dft, big)) else 1
 
 
 if __name__ == "__main__":

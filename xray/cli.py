@@ -35,19 +35,53 @@ def info_text(dump, top: int = 15) -> str:
     """A short human summary of a dump: what was recorded, top ops, where non-finite values are."""
     from tabulate import tabulate
 
+    from .columnar import native_columns
+
+    columns = native_columns(dump)
+    n_ops, calls, first = _op_calls(dump) if columns is None else _op_calls_columns(columns)
+    lines = [f"{dump!r}",
+             f"records: {len(dump.records)} ({n_ops} op records covering {sum(calls.values())} calls, "
+             f"{len(dump.records) - n_ops} module records), distinct ops: {len(calls)}"]
+    if first is not None:
+        lines.append(f"first NaN/Inf output: #{first.seq} {first.op} in {first.module or '<no module>'}")
+    lines.append(tabulate(calls.most_common(top), headers=["op", "calls"], tablefmt="github"))
+    return "\n".join(lines)
+
+
+def _op_calls(dump) -> tuple[int, Counter, object]:
+    """(op records, calls per op in order of first record, the first record with a NaN/Inf
+    output or None), from the records."""
     ops = [r for r in dump.records if r.kind == "op"]
     calls = Counter()
     for r in ops:
         calls[r.op] += r.count
-    nonfinite = [r for r in dump.records for _, m in r.output_tensors() if m.stats and not m.stats.finite]
-    lines = [f"{dump!r}",
-             f"records: {len(dump.records)} ({len(ops)} op records covering {sum(calls.values())} calls, "
-             f"{len(dump.records) - len(ops)} module records), distinct ops: {len(calls)}"]
-    if nonfinite:
-        first = nonfinite[0]
-        lines.append(f"first NaN/Inf output: #{first.seq} {first.op} in {first.module or '<no module>'}")
-    lines.append(tabulate(calls.most_common(top), headers=["op", "calls"], tablefmt="github"))
-    return "\n".join(lines)
+    nonfinite = (r for r in dump.records for _, m in r.output_tensors() if m.stats and not m.stats.finite)
+    return len(ops), calls, next(nonfinite, None)
+
+
+def _op_calls_columns(columns) -> tuple[int, Counter, object]:
+    """``_op_calls`` of a columnar index: counts summed per op name with numpy, one Record built."""
+    import numpy as np
+
+    from .columnar import canonical, check_records, skeleton_keys
+    from .dump.columns import KINDS
+
+    check_records(columns)
+    r, t = columns.records, columns.tensors
+    is_op = r["kind"] == KINDS.index("op")
+    ops = canonical(r["op"], columns.strings.__getitem__)[is_op]
+    unique, first, inverse = np.unique(ops, return_index=True, return_inverse=True)
+    sums = np.bincount(inverse.reshape(-1), weights=r["count"][is_op], minlength=len(unique))
+    calls = Counter()
+    for k in np.argsort(first, kind="stable").tolist():  # Counter order: first appearance (ties in most_common)
+        calls[columns.strings[int(unique[k])]] = int(sums[k])
+    sk = skeleton_keys(columns, np.arange(len(r)), lambda inputs: None)
+    owner = t["record"]
+    position = np.arange(len(t)) - r["t_begin"][owner]  # a tensor's place in its record's rows
+    is_output = (position >= sk.n_inputs[owner]) & (position < sk.n_inputs[owner] + sk.n_outputs[owner])
+    bad = is_output & (t["has_stats"] != 0) & ((t["nan"] > 0) | (t["posinf"] > 0) | (t["neginf"] > 0))
+    hit = np.flatnonzero(bad)
+    return int(is_op.sum()), calls, columns.record(int(owner[hit[0]])) if len(hit) else None
 
 
 def _record(args) -> int:

@@ -35,8 +35,19 @@ class NoOpRecordsError(ValueError):
     """The dump holds no ATen op record, so there is nothing to generate tests from."""
 
 
+def _has_op_records(dump) -> bool:
+    """Whether the dump holds an op record: on a v3 dump's kind column, else its records."""
+    from ..columnar import native_columns
+    from ..dump.columns import KINDS
+
+    columns = native_columns(dump)
+    if columns is not None:
+        return bool((columns.records["kind"] == KINDS.index("op")).any())
+    return any(r.kind == "op" for r in dump.records)
+
+
 def _require_op_records(dump, path: str) -> None:
-    if any(r.kind == "op" for r in dump.records):
+    if _has_op_records(dump):
         return
     if getattr(dump, "format", None) == "xray-module":
         raise NoOpRecordsError(

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import h5py
+import numpy as np
 import torch
 
 import xray
 
+from ..columnar import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
+from ..dump.columns import KINDS as RECORD_KINDS, Columns
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import write_dataset
@@ -156,6 +159,80 @@ def plan(records: list[Record], blacklist: Blacklist) -> tuple[dict[str, list[Ca
     for case in by_sig.values():
         cases.setdefault(case.record.op, []).append(case)
     return cases, report
+
+
+# -- planning on the columns (v3 trace dumps) -------------------------------------------------------
+
+def plan_columns(columns: Columns, blacklist: Blacklist) -> tuple[dict[str, list[Case]], GenReport]:
+    """``plan`` read from a columnar index: the same cases, in the same order, the same report
+    and the same first error, building only each case's first Record.
+
+    A record's signature is its op, its skeleton's inputs (argument names, non-tensor values,
+    list structure: decoded once per skeleton) and its input tensors' (shape, dtype, stride);
+    records are grouped on those as numbers, with numpy (``xray.columnar.group_rows``)."""
+    check_records(columns)
+    r = columns.records
+    report = GenReport(records=len(r))
+    ops = canonical(r["op"], columns.strings.__getitem__)
+    is_op = r["kind"] == RECORD_KINDS.index("op")
+    blocked = is_op & np.isin(ops, [i for i in np.unique(ops[is_op]).tolist() if blacklist.blocks(columns.strings[i])])
+    report.op_records = int(is_op.sum())
+    report.calls = int(np.maximum(r["count"][is_op], 1).sum())
+    for reason, mask in sorted([("not an op record", ~is_op), ("blacklisted", blocked)],
+                               key=lambda m: int(np.argmax(m[1])) if m[1].any() else len(r)):
+        if mask.any():
+            report.skipped[reason] = int(mask.sum())
+    rows = np.flatnonzero(is_op & ~blocked)
+    sk = skeleton_keys(columns, rows, _inputs_sig)
+    funcs = _resolve_ops(columns, rows, ops[rows], sk.unhashable)
+    firsts, group = group_rows(columns, rows, [ops[rows], sk.numbers], sk.n_inputs)
+    counts = np.bincount(group, minlength=len(firsts))
+    calls = np.bincount(group, weights=np.maximum(r["count"][rows], 1), minlength=len(firsts)).astype(np.int64)
+    by_op: dict[str, list[Case]] = {}
+    for first, n, c in zip(firsts.tolist(), counts.tolist(), calls.tolist()):
+        rec = columns.record(first)
+        func = funcs[rec.op]
+        by_op.setdefault(rec.op, []).append(Case(rec, func, classify(func, rec), n, c))
+    return by_op, report
+
+
+def _template_sig(v: Any) -> Any:
+    """``_sig`` of a skeleton value: a tensor is a placeholder (its shape, dtype and stride come
+    from the tensor columns, in the same order)."""
+    if isinstance(v, MARK):
+        return ("T",)
+    if isinstance(v, list):
+        return ("L", tuple(_template_sig(x) for x in v))
+    return _sig(v)
+
+
+def _inputs_sig(inputs: dict) -> tuple:
+    return tuple((k, _template_sig(v)) for k, v in inputs.items())
+
+
+def _resolve_ops(columns: Columns, rows: np.ndarray, ops: np.ndarray, bad: dict[int, TypeError]
+                 ) -> dict[str, torch._ops.OpOverload]:
+    """Each op's OpOverload; raise ``plan``'s first error: the earliest of a record with an
+    unhashable signature and the first record of an op that does not resolve."""
+    errors: list[tuple[int, int, Callable[[], GenerationError]]] = []
+    skeletons = columns.records["skeleton"][rows]
+    for sid, e in bad.items():
+        row = int(rows[np.argmax(skeletons == sid)])
+        errors.append((row, 0, lambda row=row, e=e: GenerationError(
+            f"{_where(columns.record(row))}: malformed argument ({e})")))
+    funcs: dict[str, torch._ops.OpOverload] = {}
+    unique, first = np.unique(ops, return_index=True)
+    for op, at in zip(unique.tolist(), first.tolist()):
+        name = columns.strings[op]
+        try:
+            funcs[name] = resolve_op(name)
+        except UnknownOpError as e:
+            row = int(rows[at])
+            errors.append((row, 1, lambda row=row, e=e: GenerationError(
+                f"{_where(columns.record(row))}: {e}; blacklist it (--blacklist FILE) to skip it")))
+    if errors:
+        raise min(errors, key=lambda x: x[:2])[2]()
+    return funcs
 
 
 # -- rendering ---------------------------------------------------------------------------------------
@@ -347,7 +424,9 @@ def generate(dump: Dump, out_dir: str | Path, *, factory: str = "auto", cpu_init
     staging.mkdir()
     try:
         renderer = Renderer(dump, staging, factory, cpu_init, seed)
-        cases, report = plan(list(dump.records), blacklist if blacklist is not None else Blacklist.load())
+        blacklist = blacklist if blacklist is not None else Blacklist.load()
+        columns = native_columns(dump)
+        cases, report = plan(list(dump.records), blacklist) if columns is None else plan_columns(columns, blacklist)
         files: list[tuple[str, str]] = []
         for op, op_cases in cases.items():
             name, text, n = renderer.render_file(op, op_cases)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import numpy as np
 
 import torch
 
@@ -162,6 +164,19 @@ def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple
     return ModuleCall(inner, n_positional, keywords), tensors
 
 
+def _module_records(dump: Dump, step: int | None) -> Iterable[Record]:
+    """The dump's module records of ``step``: on a v3 trace dump's columns, building only those."""
+    from ..columnar import native_columns
+    from ..dump.columns import KINDS, NONE
+
+    columns = native_columns(dump)
+    if columns is None:
+        return (r for r in getattr(dump, "records", []) if r.kind == "module" and r.step == step)
+    r = columns.records
+    rows = np.flatnonzero((r["kind"] == KINDS.index("module")) & (r["step"] == (NONE if step is None else step)))
+    return (columns.record(i) for i in rows.tolist())
+
+
 def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Dump, factory: str, seed: int) -> None:
     """Copy the parameters and buffers the dump recorded for ``inner`` and its children into it.
 
@@ -173,9 +188,7 @@ def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Dump, fa
     path = record.module or ""
     prefix = path + "." if path else ""
     found: dict[str, TensorMeta] = {}
-    for r in getattr(dump, "records", []):
-        if r.kind != "module" or r.step != record.step:
-            continue
+    for r in _module_records(dump, record.step):
         where = r.module or ""
         if where != path and not where.startswith(prefix):
             continue

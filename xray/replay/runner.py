@@ -7,18 +7,22 @@ baseline, append a row to the matrix CSV and the outputs to that backend's repla
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from ..backends.base import ReplayStatus
 from ..backends.registry import create, parse_spec
+from ..columnar import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
 from ..dump import load_dump
-from ..dump.model import Record
+from ..dump.columns import DIRECTIONS, KINDS, Columns
+from ..dump.model import Record, value_to_json
 from ..dump.protocol import Dump
 from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
@@ -69,10 +73,18 @@ class ReplayConfig:
     progress: bool = True
 
 
-def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
-    """Forward op records (or module records with a model), filtered, de-duplicated, limited."""
+def _kinds(cfg: ReplayConfig) -> set[str]:
     # A sweep's built-in torch.nn factory replays its op records and its module records together.
-    kinds = {"op", "module"} if cfg.model == TORCH_NN else ({"module"} if cfg.model else {"op"})
+    return {"op", "module"} if cfg.model == TORCH_NN else ({"module"} if cfg.model else {"op"})
+
+
+def select_records(records: list[Record] | Dump, cfg: ReplayConfig) -> list[Record]:
+    """Forward op records (or module records with a model), filtered, de-duplicated, limited.
+    ``records``: a list, or a dump (a v3 trace dump is filtered on its columns)."""
+    columns = native_columns(records)
+    if columns is not None:
+        return [columns.record(i) for i in select_rows(columns, cfg).tolist()]
+    kinds = _kinds(cfg)
     picked = [r for r in records if r.kind in kinds and r.direction == "forward" and not is_not_replayed(r.op)]
     if cfg.ops:
         picked = [r for r in picked if any(fnmatch.fnmatchcase(r.op, p) or fnmatch.fnmatchcase(r.op, f"*{p}*")
@@ -93,6 +105,70 @@ def select_records(records: list[Record], cfg: ReplayConfig) -> list[Record]:
                 unique.append(r)
         picked = unique
     return picked[: cfg.limit] if cfg.limit else picked
+
+
+def select_rows(columns: Columns, cfg: ReplayConfig) -> np.ndarray:
+    """``select_records`` on a columnar index: the rows of the records it would return, in
+    order. Filters run once per distinct op or module name; de-duplication groups rows on the
+    columns of ``job.signature`` (kind, op, module, non-tensor inputs, input shape, dtype, stride,
+    offset), then hashes one Record per group: groups whose hashes agree merge, so the first
+    record of each hash is the one the record path keeps."""
+    check_records(columns)
+    r = columns.records
+    ops = canonical(r["op"], columns.strings.__getitem__)
+    modules = canonical(r["module"], columns.strings.__getitem__)
+    keep = np.isin(r["kind"], [KINDS.index(k) for k in _kinds(cfg)]) & (r["direction"] == DIRECTIONS.index("forward"))
+    keep &= np.isin(ops, _matching(ops[keep], columns, lambda op: not is_not_replayed(op) and (not cfg.ops or any(
+        fnmatch.fnmatchcase(op, p) or fnmatch.fnmatchcase(op, f"*{p}*") for p in cfg.ops))))
+    if cfg.seqs:
+        keep &= np.isin(r["seq"], list(set(cfg.seqs)))
+    if cfg.modules:
+        keep &= np.isin(modules, _matching(modules[keep], columns, lambda m: any(
+            fnmatch.fnmatchcase(m or "", p) for p in cfg.modules), none=True))
+    rows = np.flatnonzero(keep)
+    sk = skeleton_keys(columns, rows, _inputs_key)
+    outputs = sk.n_outputs > 0  # nothing to compare otherwise
+    rows = rows[outputs]
+    if cfg.dedup and len(rows):
+        rows = _first_per_signature(columns, rows, ops, modules, sk.numbers[outputs], sk.n_inputs[outputs])
+    return rows[: cfg.limit] if cfg.limit else rows
+
+
+def _matching(ids: np.ndarray, columns: Columns, test: Callable[[str | None], bool], none: bool = False) -> list[int]:
+    """The distinct string ids among ``ids`` whose text passes ``test`` (-1 is None's)."""
+    return [i for i in np.unique(ids).tolist() if (i >= 0 or none) and test(columns.strings.get(i))]
+
+
+def _inputs_key(inputs: dict) -> str:
+    """The non-tensor part of a record's inputs, as ``job.signature`` spells it (tensors as
+    placeholders: their fields come from the tensor columns)."""
+    return json.dumps({k: _stripped(v) for k, v in inputs.items()}, sort_keys=True, default=str)
+
+
+def _stripped(v):
+    if isinstance(v, MARK):
+        return {"t": "@"}
+    if isinstance(v, list):
+        return [_stripped(x) for x in v]
+    return value_to_json(v)
+
+
+def _first_per_signature(columns: Columns, rows: np.ndarray, ops: np.ndarray, modules: np.ndarray,
+                         inputs: np.ndarray, n_inputs: np.ndarray) -> np.ndarray:
+    """The first row of each distinct ``signature_hash``, in order (``inputs``, ``n_inputs``:
+    the rows' skeleton keys)."""
+    r = columns.records
+    module_key = np.where(r["kind"][rows] == KINDS.index("module"), modules[rows], -1)
+    firsts, _ = group_rows(columns, rows, [r["kind"][rows].astype(np.int64), ops[rows], module_key, inputs],
+                           n_inputs, ("shape", "dtype", "stride", "offset"))
+    seen: set[str] = set()
+    keep = []
+    for row in firsts.tolist():
+        h = signature_hash(columns.record(row))
+        if h not in seen:
+            seen.add(h)
+            keep.append(row)
+    return np.array(keep, dtype=np.int64)
 
 
 def import_user_modules(names: list[str]) -> None:
@@ -131,7 +207,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
         parse_spec(s)  # unknown names fail here, before any work, listing the presets
     import_user_modules(cfg.imports)  # the parent resolves ops too: custom ones need their library
     dump = load_dump(dump_path)
-    records = select_records(list(dump.records), cfg)
+    records = select_records(dump, cfg)
     if not records:
         what = "module records (record with PrecisionDebugger or X_DEBUG MODULES)" if cfg.model else "op records"
         raise ReplayInputError(f"{dump_path}: no {what} to replay"

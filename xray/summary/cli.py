@@ -53,8 +53,16 @@ def _open(path: Path, allow_incomplete: bool):
 
 def _steps(dump) -> set[int]:
     """The steps a dump holds: a module dump's step groups, a trace dump's record steps."""
+    import numpy as np
+
     if hasattr(dump, "steps"):
         return set(dump.steps)
+    from ..columnar import native_columns
+
+    columns = native_columns(dump)
+    if columns is not None:  # a v3 trace dump: its step column, not a million Records
+        steps = columns.records["step"]
+        return set(np.unique(steps[steps >= 0]).tolist())
     return {r.step for r in dump.records if r.step is not None}
 
 
