@@ -17,8 +17,6 @@ EXAMPLES = """examples:
 
 
 def _info(path: str, top: int) -> int:
-    from tabulate import tabulate
-
     from .dump import DumpFormatError, load_dump
 
     try:  # a version-3 index is read (and checked) on first use: inside info_text

@@ -20,15 +20,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .dump.columns import Columns, RecordSequence, _Mark
-
-MARK = _Mark  # the type of a skeleton's tensor placeholder
+from .dump.columns import MARK, Columns, RecordSequence
 
 # The record columns holding a string a Record decodes (and checks), and the tensor columns.
 _RECORD_TEXTS = ("op", "module", "module_stack", "stack", "skeleton")
 _TENSOR_TEXTS = ("dtype", "device")  # shapes and strides are checked when the index is read
 _TENSOR_DATA = ("data", "note", "src_name")  # decoded as they are: only UTF-8 and length can fail
-
 
 def native_columns(dump: Any) -> Columns | None:
     """The dump's columns when they are its native index (a v3 trace dump, whose ``records``
@@ -37,7 +34,6 @@ def native_columns(dump: Any) -> Columns | None:
     if isinstance(records, RecordSequence) and records.rows is None:
         return records.columns
     return None
-
 
 def check_records(columns: Columns) -> None:
     """Raise the error ``list(dump.records)`` would raise (the first record that cannot be
@@ -53,7 +49,6 @@ def check_records(columns: Columns) -> None:
         bad = int(mismatch[0]) if bad is None else min(bad, int(mismatch[0]))
     if bad is not None:
         columns.record(bad)  # raises that record's error, located, as the record path would
-
 
 def _first_failing_user(columns: Columns) -> int | None:
     """The first record row that cannot be built among the first users of each string."""
@@ -72,12 +67,10 @@ def _first_failing_user(columns: Columns) -> int | None:
             return row
     return None
 
-
 def _first_users(col: np.ndarray) -> list[int]:
     """The row of the first occurrence of each distinct non-absent value of ``col``."""
     values, first = np.unique(col, return_index=True)
     return first[values >= 0].tolist()
-
 
 def _undecodable_users(columns: Columns, col: np.ndarray, owner: np.ndarray) -> list[int]:
     """Record rows whose tensors hold a string (of ``col``) that does not decode."""
@@ -91,7 +84,6 @@ def _undecodable_users(columns: Columns, col: np.ndarray, owner: np.ndarray) -> 
         return []
     return [int(owner[np.flatnonzero(np.isin(col, bad))[0]])]
 
-
 def _count_mismatches(columns: Columns) -> np.ndarray:
     """Rows whose tensor rows are not as many as their skeleton's tensors (sorted)."""
     r = columns.records
@@ -99,16 +91,14 @@ def _count_mismatches(columns: Columns) -> np.ndarray:
     counts = np.empty(len(skeletons), dtype=np.int64)
     for k, s in enumerate(skeletons.tolist()):
         try:
-            counts[k] = columns._skeleton(s)[1]
+            counts[k] = columns.skeleton(s)[1]
         except ValueError:
             counts[k] = -1  # an unreadable skeleton: its first user fails in _first_failing_user
     expected = counts[inverse.reshape(-1)]
     return np.flatnonzero((expected >= 0) & (expected != r["t_end"] - r["t_begin"]))
 
-
 # ---------------------------------------------------------------------------------------------
 # Grouping records by signature (xray-gen's de-duplication, replay's)
-
 
 def canonical(ids: np.ndarray, decode: Callable[[int], Any]) -> np.ndarray:
     """String ids mapped to the first id of the same decoded value (-1 stays None's): a
@@ -119,13 +109,11 @@ def canonical(ids: np.ndarray, decode: Callable[[int], Any]) -> np.ndarray:
     canon = np.array([first.setdefault(decode(i) if i >= 0 else None, i) for i in unique.tolist()], dtype=np.int64)
     return canon[inverse.reshape(-1)] if len(unique) else ids.astype(np.int64)
 
-
 def _marks(v: Any) -> int:
     """How many tensors a decoded skeleton value holds."""
-    if isinstance(v, _Mark):
+    if v is MARK:
         return 1
     return sum(map(_marks, v)) if isinstance(v, list) else 0
-
 
 @dataclass
 class SkeletonKeys:
@@ -138,7 +126,6 @@ class SkeletonKeys:
     n_outputs: np.ndarray
     unhashable: dict[int, TypeError]
 
-
 def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]) -> SkeletonKeys:
     """``SkeletonKeys`` of ``rows``, each distinct skeleton decoded once. ``sig`` gets the
     skeleton's ``inputs`` with ``MARK`` where a tensor is (``Columns.record`` fills them, in
@@ -148,7 +135,7 @@ def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]
     out, n_in, n_out = (np.empty(len(unique), dtype=np.int64) for _ in range(3))
     bad: dict[int, TypeError] = {}
     for k, sid in enumerate(unique.tolist()):
-        template = columns._skeleton(sid)[0]
+        template = columns.skeleton(sid)[0]
         n_in[k] = sum(map(_marks, template["inputs"].values()))
         n_out[k] = sum(map(_marks, template["outputs"]))
         try:
@@ -157,7 +144,6 @@ def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]
             out[k], bad[sid] = -1, e
     inverse = inverse.reshape(-1)
     return SkeletonKeys(out[inverse], n_in[inverse], n_out[inverse], bad)
-
 
 def group_rows(columns: Columns, rows: np.ndarray, keys: list[np.ndarray], n_inputs: np.ndarray,
                fields: tuple[str, ...] = ("shape", "dtype", "stride")) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +174,6 @@ def group_rows(columns: Columns, rows: np.ndarray, keys: list[np.ndarray], n_inp
     rank[order] = np.arange(len(order))
     return rows[first_pos[order]], rank[group.reshape(-1)]
 
-
 def combine(parts: list[np.ndarray]) -> np.ndarray:
     """One dense number per position for a tuple of integer columns (values >= -1): equal
     numbers, equal tuples. Pairs are folded into one int64 a column at a time (no overflow:
@@ -199,7 +184,6 @@ def combine(parts: list[np.ndarray]) -> np.ndarray:
         key = key.reshape(-1).astype(np.int64) * (int(p.max()) + 2) + (p.astype(np.int64) + 1)
     _, key = np.unique(key, return_inverse=True)
     return key.reshape(-1)
-
 
 def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray, fields: tuple[str, ...]
                        ) -> np.ndarray:
@@ -216,7 +200,6 @@ def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray,
         keys[at] = combine([canonical(t[f][at], decode[f]) if f in decode else t[f][at] for f in fields])
     return keys
 
-
 @contextmanager
 def no_cyclic_gc() -> Iterator[None]:
     """Suspend Python's cyclic collector while a column chunk becomes Python values: the fresh
@@ -229,7 +212,6 @@ def no_cyclic_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
 
 __all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns", "no_cyclic_gc",
            "skeleton_keys"]

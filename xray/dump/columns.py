@@ -93,8 +93,19 @@ class Table:
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.columns[name]
+    def __getitem__(self, key):
+        """``table["seq"]``: a column; ``table[a:b]``, ``table[mask]``, ``table[rows]``: a sub-table."""
+        if isinstance(key, str):
+            return self.columns[key]
+        if isinstance(key, (int, np.integer)):
+            raise TypeError("a Table row is table.row(i) (a tuple in field order)")
+        return self.take(key)
+
+    def tolist(self) -> list[tuple]:
+        return self.rows(0, len(self))
+
+    def copy(self) -> "Table":
+        return Table(self.dtype, {name: col.copy() for name, col in self.columns.items()})
 
     def __contains__(self, name: str) -> bool:
         return name in self.columns
@@ -124,7 +135,9 @@ class StringTable:
 
     def __init__(self, strings: Sequence[str] = ()) -> None:
         self._strings: list[str | None] = list(strings)
-        self._ids: dict[str, int] = {s: i for i, s in enumerate(self._strings)}
+        self._ids: dict[str, int] | None = {}
+        for i, text in enumerate(self._strings):
+            self._ids.setdefault(text, i)
         self._blob: np.ndarray | None = None
         self._ends: np.ndarray | None = None
 
@@ -132,9 +145,10 @@ class StringTable:
         return len(self._strings)
 
     def intern(self, text: str) -> int:
-        i = self._ids.get(text)
+        ids = self._ids if self._ids is not None else self._reverse()
+        i = ids.get(text)
         if i is None:
-            i = self._ids[text] = len(self._strings)
+            i = ids[text] = len(self._strings)
             self._strings.append(text)
         return i
 
@@ -182,36 +196,22 @@ class StringTable:
         table = cls()
         table._strings = [None] * len(ends)
         table._blob, table._ends = blob, ends.astype(np.int64, copy=False)
-        table._ids = _LazyIds(table)
+        table._ids = None  # built by the first intern(): a reader that only reads never needs it
         return table
 
+    def _reverse(self) -> dict[str, int]:
+        if self._ids is None:
+            ids: dict[str, int] = {}
+            for i in range(len(self._strings)):
+                ids.setdefault(self[i], i)
+            self._ids = ids
+        return self._ids
+
     def extend(self, texts: Iterable[str]) -> None:
+        ids = self._reverse()
         for t in texts:
-            self._ids[t] = len(self._strings)
+            ids.setdefault(t, len(self._strings))
             self._strings.append(t)
-
-
-class _LazyIds(dict):
-    """A read table interns only when a writer extends it: build the reverse map then."""
-
-    def __init__(self, table: StringTable) -> None:
-        super().__init__()
-        self._table = table
-        self._built = False
-
-    def _build(self) -> None:
-        if not self._built:
-            self._built = True
-            for i in range(len(self._table)):
-                dict.setdefault(self, self._table[i], i)
-
-    def get(self, key, default=None):
-        self._build()
-        return dict.get(self, key, default)
-
-    def __setitem__(self, key, value) -> None:
-        self._build()
-        dict.__setitem__(self, key, value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,6 +520,11 @@ class Columns:
             got = self._shapes[i] = _parse_shape(self.strings[i])
         return got
 
+    def skeleton(self, i: int) -> tuple[dict, int]:
+        """(template, number of tensors) of skeleton string ``i``: the template holds the decoded
+        non-tensor values, and ``MARK`` where each tensor goes, in the order of the tensor rows."""
+        return self._skeleton(i)
+
     def _skeleton(self, i: int) -> tuple[dict, int]:
         got = self._skeletons.get(i)
         if got is None:
@@ -627,11 +632,10 @@ class Columns:
         r = self.records
         keep = np.ones(len(r), dtype=bool)
         if op is not None:
-            wanted = [op] if isinstance(op, str) else list(op)
-            keep &= np.isin(r["op"], [i for i in (self._find(w) for w in wanted) if i is not None])
+            wanted = {op} if isinstance(op, str) else set(op)
+            keep &= np.isin(r["op"], self._ids_where(r["op"], lambda text: text in wanted))
         if module is not None:
-            under = [i for i in range(len(self.strings)) if _under(self.strings[i], module)]
-            keep &= np.isin(r["module"], under)
+            keep &= np.isin(r["module"], self._ids_where(r["module"], lambda text: _under(text, module)))
         if kind is not None:
             keep &= r["kind"] == KINDS.index(kind)
         if direction is not None:
@@ -640,8 +644,10 @@ class Columns:
             keep &= (r["seq"] >= seq[0]) & (r["seq"] < seq[1])
         return np.flatnonzero(keep)
 
-    def _find(self, text: str) -> int | None:
-        return self.strings._ids.get(text)
+    def _ids_where(self, column: np.ndarray, test: Callable[[str], bool]) -> list[int]:
+        """The string ids used in ``column`` whose text passes ``test`` (a text may be stored
+        under several ids in a hand-made index: every one counts)."""
+        return [int(i) for i in np.unique(column) if i >= 0 and test(self.strings[int(i)])]
 
 
 def _under(path: str, module: str) -> bool:
@@ -728,7 +734,7 @@ class _Mark:
     """Where a skeleton holds a tensor."""
 
 
-_MARK = _Mark()
+_MARK = MARK = _Mark()
 
 
 def _parse_skeleton(text: str) -> tuple[dict, int]:

@@ -199,7 +199,7 @@ def plan_columns(columns: Columns, blacklist: Blacklist) -> tuple[dict[str, list
 def _template_sig(v: Any) -> Any:
     """``_sig`` of a skeleton value: a tensor is a placeholder (its shape, dtype and stride come
     from the tensor columns, in the same order)."""
-    if isinstance(v, MARK):
+    if v is MARK:
         return ("T",)
     if isinstance(v, list):
         return ("L", tuple(_template_sig(x) for x in v))

@@ -146,7 +146,7 @@ def _inputs_key(inputs: dict) -> str:
 
 
 def _stripped(v):
-    if isinstance(v, MARK):
+    if v is MARK:
         return {"t": "@"}
     if isinstance(v, list):
         return [_stripped(x) for x in v]
