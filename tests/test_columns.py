@@ -146,3 +146,15 @@ def test_old_record_dumps_get_columns_on_demand(llama_dump):
     old = TraceDump(llama_dump.folder, llama_dump.header, list(llama_dump.records), True)
     assert list(old.columns.iter_records()) == list(llama_dump.records)
     assert [r.seq for r in old.select(op="aten.mm.default")] == [r.seq for r in llama_dump.select(op="aten.mm.default")]
+
+
+def test_export_json_cli_writes_every_record(llama_dump, tmp_path, capsys):
+    from xray.cli import main
+
+    out = tmp_path / "records.json"
+    assert main(["export-json", str(llama_dump.folder), "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["format_version"] == 2 and "index" not in data
+    assert data["records"] == [r.to_json() for r in llama_dump.records]
+    assert main(["export-json", str(tmp_path / "nope"), "-o", str(out)]) == 2
+    assert "no such file" in capsys.readouterr().err

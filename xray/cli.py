@@ -100,6 +100,23 @@ def _record(args) -> int:
     return 0
 
 
+def _export_json(args) -> int:
+    from .dump import DumpFormatError, load_dump
+    from .dump.json_index import write_json_index
+
+    try:
+        with load_dump(args.dump) as dump:
+            out = write_json_index(dump, args.output)
+    except DumpFormatError as e:
+        print(f"xray export-json: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"xray export-json: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"xray: {out}", file=sys.stderr)
+    return 0
+
+
 def _drift(args) -> int:
     from .drift.load import ModelSpecError, load_model
     from .drift.reference import ReferenceError
@@ -144,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
                                       "output.")
     info.add_argument("dump", help="trace dump folder, its dump.json, or a module-level .h5")
     info.add_argument("--top", type=int, default=15, help="how many ops to list, most called first (default 15)")
+    export = sub.add_parser("export-json", help="write a dump's records as readable JSON",
+                            description="Write every record of a dump as one JSON object (the format-version-2 "
+                                        "dump.json layout, docs/format.md), for people, jq and diffs. The dump "
+                                        "itself is left as it is.")
+    export.add_argument("dump", help="trace dump folder, its dump.json, or a module-level .h5")
+    export.add_argument("-o", "--output", required=True, help="the JSON file to write")
     drift = sub.add_parser("drift", help="run a whole model on deployment backends and find where it drifts",
                            description="Export MODEL once (torch.export, core ATen), record that program in eager, "
                                        "run it whole on each backend capturing every intermediate the backend "
@@ -167,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
     if args.cmd == "drift":
         return _drift(args)
+    if args.cmd == "export-json":
+        return _export_json(args)
     if args.cmd == "record":
         if args.script and args.script[0] == "--":
             args.script = args.script[1:]
