@@ -158,3 +158,15 @@ def test_export_json_cli_writes_every_record(llama_dump, tmp_path, capsys):
     assert data["records"] == [r.to_json() for r in llama_dump.records]
     assert main(["export-json", str(tmp_path / "nope"), "-o", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_load_dump_picks_one_rank_of_a_multi_rank_folder(llama_dump, tmp_path):
+    import shutil
+
+    for r in (0, 1):
+        shutil.copytree(llama_dump.folder, tmp_path / f"rank_{r}")
+    with pytest.raises(xray.DumpFormatError, match="holds 2 dumps"):
+        xray.load_dump(tmp_path)
+    assert xray.load_dump(tmp_path, rank=1).folder == tmp_path / "rank_1"
+    with pytest.raises(xray.DumpFormatError, match="no rank_5"):
+        xray.load_dump(tmp_path, rank=5)

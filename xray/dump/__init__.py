@@ -28,11 +28,16 @@ def find_dump_folders(path: str | os.PathLike) -> list[Path]:
                   if d.is_dir() and ((d / "dump.json").exists() or (d / "journal.jsonl").exists()))
 
 
-def load_dump(path: str | os.PathLike) -> Dump:
+def load_dump(path: str | os.PathLike, *, rank: int | None = None) -> Dump:
     """Open any xray dump: a trace folder, its dump.json, a dump_dir holding one process
     folder, or a module-level ``.h5`` written by PrecisionDebugger. Returns an object whose
-    ``.records`` iterate in execution order."""
+    ``.records`` iterate in execution order. ``rank`` picks ``rank_<rank>/`` of a multi-rank
+    dump_dir (only that rank's files are opened)."""
     p = Path(path)
+    if rank is not None:
+        if not (p / f"rank_{rank}").is_dir():
+            raise DumpFormatError(f"{p}: no rank_{rank}/ folder here")
+        p = p / f"rank_{rank}"
     if not p.exists():
         raise DumpFormatError(f"{p}: no such file or folder")
     if p.is_file() and p.suffix in (".h5", ".hdf5"):
