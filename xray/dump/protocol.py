@@ -6,7 +6,7 @@ it, so compare, gen and replay take either without knowing which one they were h
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import h5py
 import torch
@@ -35,8 +35,8 @@ class Dump(Protocol):
         """False when the writer never finished (its records may stop early)."""
 
     @property
-    def records(self) -> list[Record]:
-        """Every record, in execution order."""
+    def records(self) -> Sequence[Record]:
+        """Every record, in execution order (a version-3 trace builds each one when it is read)."""
 
     def __iter__(self) -> Iterator[Record]: ...
 
