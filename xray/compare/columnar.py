@@ -1,0 +1,664 @@
+"""Compare two format-v3 dumps on their columns: entries, alignment and statistics verdicts in numpy.
+
+Why: a million Records take minutes to build and gigabytes to hold, while what compare needs of
+almost all of them (kind, direction, step, module path, op, output shapes, dtypes and statistics)
+is already in the columns. Records are built only where the rules look closer: pairs the
+vectorised statistics judge does not cover (saved data, dtype or shape differences, random ops,
+missing statistics, which ``PairComparer.compare`` judges as before) and the suspect pairs that
+attribution walks from (causality.py, through lazy entries and a lazy ``Matches``).
+
+The rows are the record path's, field for field (``compare_loaded`` on the same dumps as Records;
+tests/test_compare_columns.py): the judge below is ``stats_compare`` + ``Rules.judge_stats`` with
+Python's ``max``/``min`` semantics written out, and ``x ** 2`` taken in Python.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any, Callable
+
+import numpy as np
+from tqdm import tqdm
+
+from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns,
+                            RecordSequence, _name)
+from ..nondeterminism import _op_kind, nondeterministic
+from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
+from .align import Alignment, _Features, align_features, op_base
+from .causality import Matches, _fingerprint, _random, attribute
+from .entries import Entry, normalize_path
+from .result import CompareRow, PairStatus
+
+MODULE = KINDS.index("module")
+_SUSPECT = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value, PairStatus.WARNING.value))
+
+
+def is_columnar(dump: Any) -> bool:
+    """A dump whose records are built from columns on access (format v3)."""
+    return isinstance(getattr(dump, "records", None), RecordSequence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entries as arrays
+
+
+class Codes:
+    """Integer codes of values (op names, paths, shapes...) shared by both sides' tables: the
+    two dumps have string tables of their own, equal codes mean equal values."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict] = {}
+
+    def code(self, kind: str, value: Any) -> int:
+        table = self.tables.setdefault(kind, {})
+        return table.setdefault(value, len(table))
+
+
+def _per_id(ids: np.ndarray, fn: Callable[[int], Any], dtype: Any = np.int64) -> np.ndarray:
+    """``fn(i)`` for every distinct value of ``ids``, spread over ``ids``: each text, shape or
+    name is decoded once however many rows use it."""
+    if not len(ids):
+        return np.zeros(0, dtype)
+    lo = int(ids.min())
+    present = np.zeros(int(ids.max()) - lo + 1, dtype=bool)
+    present[ids - lo] = True
+    lut = np.empty(len(present), dtype=dtype)
+    for u in np.flatnonzero(present).tolist():
+        lut[u] = fn(u + lo)
+    return lut[ids - lo]
+
+
+class EntryTable:
+    """One dump's entries (records with at least one output tensor) as arrays, and their
+    output tensors (``out_*``, entry after entry, ``out_start[e]:out_start[e] + n_out[e]``)."""
+
+    def __init__(self, columns: Columns, codes: Codes) -> None:
+        self.columns = columns
+        r, t = columns.records, columns.tensors
+        out = np.flatnonzero(t["role"] == OUTPUT)
+        counts = np.bincount(t["record"][out], minlength=len(r)) if len(out) else np.zeros(len(r), np.int64)
+        self.row = np.flatnonzero(counts)  # record row of each entry
+        self.n_out = counts[self.row]
+        self.out_start = np.cumsum(self.n_out) - self.n_out
+        self.out = out  # tensor row of each output
+        rec = r[self.row]
+        self.seq, self.kind, self.direction = rec["seq"], rec["kind"], rec["direction"]
+        self.step, self.call_index = rec["step"], rec["call_index"]
+        s = columns.strings
+        op_text = _per_id(rec["op"], lambda i: _name(s[i], "op"), object)
+        module_text = _per_id(rec["module"] + 1, lambda i: None if i == 0 else _name(s[i - 1], "module"), object)
+        self.op_text = op_text
+        self.path_text = _per_id(rec["module"] + 1, lambda i: normalize_path(None if i == 0 else s[i - 1]), object)
+        self.op = _per_id(rec["op"], lambda i: codes.code("op", s[i]))
+        self.path = _per_id(rec["module"] + 1, lambda i: codes.code("path", normalize_path(None if i == 0 else s[i - 1])))
+        # kind, direction and step in one comparable integer (step >= -1)
+        self.group = ((self.step + 1) * 2 + self.direction) * 2 + self.kind
+        self._module_text = module_text
+        tens = t[out]
+        self.out_name = _per_id(tens["name"], lambda i: s[i], object)
+        self.out_dtype = _per_id(tens["dtype"], lambda i: codes.code("dtype", _name(s[i], "tensor dtype")))
+        self.out_dtype_text = _per_id(tens["dtype"], lambda i: s[i], object)
+        self.out_shape = _per_id(tens["shape"], lambda i: codes.code("shape", columns.shape(i)))
+        self.out_shape_text = _per_id(tens["shape"], lambda i: str(columns.shape(i)), object)
+        self.out_numel = _per_id(tens["shape"], lambda i: math.prod(columns.shape(i)))
+        self.out_perm = _per_id(tens["shape"], lambda i: codes.code("perm", tuple(sorted(columns.shape(i)))))
+        self.stats = {k: tens[k] for k in ("has_stats", "absent", "min", "max", "mean", "std", "nan")}
+        self.stats["inf"] = tens["posinf"] + tens["neginf"]
+        self.out_data = tens["data"]
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    @cached_property
+    def names(self) -> np.ndarray:
+        """``Record.name`` of every entry."""
+        where = [m or "<root>" for m in self._module_text.tolist()]
+        ops, kinds, seqs = self.op_text.tolist(), self.kind.tolist(), self.seq.tolist()
+        calls, dirs = self.call_index.tolist(), self.direction.tolist()
+        return np.array([f"{w}.{o}.{c}.{DIRECTIONS[d]}" if k == MODULE else f"{w}/{o}#{q}"
+                         for w, o, k, q, c, d in zip(where, ops, kinds, seqs, calls, dirs)], dtype=object)
+
+    def per_entry(self, values: np.ndarray) -> list[tuple]:
+        """The tuple of each entry's output values."""
+        v, starts, ns = values.tolist(), self.out_start.tolist(), self.n_out.tolist()
+        return [tuple(v[a:a + n]) for a, n in zip(starts, ns)]
+
+    def ident(self) -> np.ndarray:
+        """What names an entry in its anchor key besides group, path and shapes: the op of an
+        op, the call index of a module (a renamed class is still the same module)."""
+        return np.where(self.kind == MODULE, self.call_index, self.op)
+
+    def seq_index(self) -> "SeqIndex":
+        return SeqIndex(self.seq)
+
+
+def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
+    """align()'s shortcut: equal anchor keys and ops, entry for entry."""
+    if len(ta) != len(tb) or len(ta.out) != len(tb.out):
+        return False
+    return bool(np.array_equal(ta.group, tb.group) and np.array_equal(ta.path, tb.path)
+                and np.array_equal(ta.op, tb.op) and np.array_equal(ta.n_out, tb.n_out)
+                and np.array_equal(ta.ident(), tb.ident()) and np.array_equal(ta.out_shape, tb.out_shape))
+
+
+def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> Alignment:
+    """``align`` on two tables: the same anchors and gap scores, from the arrays."""
+    if _same_structure(ta, tb):
+        return Alignment([(i, i) for i in range(len(ta))], len(ta))
+    keys, feats = [], []
+    for t in (ta, tb):
+        shapes = [codes.code("shapes", s) for s in t.per_entry(t.out_shape)]
+        keys.append(list(zip(t.group.tolist(), t.path.tolist(), t.ident().tolist(), shapes)))
+        feats.append(_Features.of_arrays(
+            group=t.group, op=t.op, path=t.path, shape=np.array(shapes, dtype=np.int64),
+            base=np.array([codes.code("base", op_base(o)) for o in t.op_text.tolist()], dtype=np.int64),
+            perm=np.array([codes.code("perms", p) for p in t.per_entry(t.out_perm)], dtype=np.int64),
+            numel=np.array([codes.code("numels", n) for n in t.per_entry(t.out_numel)], dtype=np.int64),
+            dtype=np.array([codes.code("dtypes", d) for d in t.per_entry(t.out_dtype)], dtype=np.int64),
+            module=t.kind == MODULE, paths=t.path_text, ops=t.op_text))
+    return align_features(feats[0], feats[1], keys[0], keys[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Lazy entries, for attribution
+
+
+class ColumnEntry(Entry):
+    """An Entry whose Record (and tensor lists) is built on first access; kind, op, path, name
+    and group come from the table."""
+
+    def __init__(self, table: EntryTable, pos: int) -> None:  # noqa: super().__init__ would build the record
+        self.table, self.pos = table, pos
+        self.path = table.path_text[pos]
+
+    @cached_property
+    def record(self):
+        return self.table.columns.record(int(self.table.row[self.pos]))
+
+    @cached_property
+    def outputs(self):
+        return list(self.record.output_tensors())
+
+    @cached_property
+    def inputs(self):
+        return list(self.record.input_tensors())
+
+    @property
+    def kind(self) -> str:
+        return KINDS[self.table.kind[self.pos]]
+
+    @property
+    def op(self) -> str:
+        return self.table.op_text[self.pos]
+
+    @property
+    def name(self) -> str:
+        return self.table.names[self.pos]
+
+    @property
+    def direction(self) -> str:
+        return DIRECTIONS[self.table.direction[self.pos]]
+
+    @property
+    def group(self) -> tuple:
+        step = int(self.table.step[self.pos])
+        return (self.kind, self.direction, None if step < 0 else step)
+
+    def __repr__(self) -> str:
+        return f"ColumnEntry({self.pos}, {self.name})"
+
+
+class LazyEntries(Sequence):
+    """A table's entries by position, each built (and kept) when first read."""
+
+    def __init__(self, table: EntryTable) -> None:
+        self.table = table
+        self._built: dict[int, ColumnEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, pos: int) -> ColumnEntry:
+        if not isinstance(pos, int):
+            raise TypeError("LazyEntries are read by position")
+        e = self._built.get(pos)
+        if e is None:
+            if not 0 <= pos < len(self.table):
+                raise IndexError(pos)
+            e = self._built[pos] = ColumnEntry(self.table, pos)
+        return e
+
+
+class SeqIndex:
+    """Position of an entry by its record's seq (the last one, like a dict built in order)."""
+
+    def __init__(self, seqs: np.ndarray) -> None:
+        self._sorted = bool(len(seqs) < 2 or np.all(np.diff(seqs) > 0))
+        self._seqs = seqs
+        self._dict = None if self._sorted else {s: i for i, s in enumerate(seqs.tolist())}
+
+    def pos(self, seq: int) -> int | None:
+        if self._dict is not None:
+            return self._dict.get(seq)
+        i = int(np.searchsorted(self._seqs, seq))
+        return i if i < len(self._seqs) and self._seqs[i] == seq else None
+
+
+class _ByPos:
+    """A read-only mapping key -> entry (or rows) through a position function."""
+
+    def __init__(self, find: Callable[[Any], Any]) -> None:
+        self._find = find
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        got = self._find(key)
+        return default if got is None else got
+
+    def __contains__(self, key: Any) -> bool:
+        return self._find(key) is not None
+
+    def __getitem__(self, key: Any) -> Any:
+        got = self._find(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+
+class _LazyMade:
+    """causality's fingerprint map of target op outputs, built from the columns when a value
+    without a recorded source first asks for it (v3 dumps name their producers)."""
+
+    def __init__(self, table: EntryTable, entries: LazyEntries) -> None:
+        self.table, self.entries = table, entries
+        self._made: dict | None = None
+
+    def __bool__(self) -> bool:
+        return bool(len(self.table)) and bool(np.any(self.table.kind != MODULE))
+
+    def get(self, fp: tuple, default: Any = None) -> Any:
+        if self._made is None:
+            self._made = self._build()
+        return self._made.get(fp, default)
+
+    def _build(self) -> dict:
+        t, made = self.table, {}
+        st = t.stats
+        shapes = [t.columns.shape(int(i)) for i in t.columns.tensors["shape"][t.out].tolist()]
+        dtypes = t.out_dtype_text.tolist()
+        absent = st["absent"].tolist()
+        cols = [st[k].tolist() for k in ("min", "max", "mean", "std", "nan")]
+        pos_inf = t.columns.tensors["posinf"][t.out].tolist()
+        neg_inf = t.columns.tensors["neginf"][t.out].tolist()
+        has = st["has_stats"].tolist()
+        for e, (kind, seq, start, n) in enumerate(zip(t.kind.tolist(), t.seq.tolist(), t.out_start.tolist(),
+                                                      t.n_out.tolist())):
+            if kind == MODULE:
+                continue
+            for k in range(n):
+                j = start + k
+                if not has[j] or absent[j] & ABSENT_MEAN:
+                    continue
+                mn, mx, mean, std, nan = (c[j] for c in cols)
+                fp = (shapes[j], dtypes[j], None if absent[j] & ABSENT_MIN else mn, None if absent[j] & ABSENT_MAX else mx,
+                      mean, None if absent[j] & ABSENT_STD else std, nan, pos_inf[j], neg_inf[j])
+                made.setdefault(fp, []).append((seq, k))
+        return made
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+class RowPlan:
+    """Which entries and outputs each row shows, in compare_loaded's order: before each matched
+    pair, the target-only entries that precede it, then the bench-only ones, then the pair's rows."""
+
+    def __init__(self, ta: EntryTable, tb: EntryTable, pairs: list[tuple[int, int]]) -> None:
+        pa = np.array([i for i, _ in pairs], dtype=np.int64)
+        pb = np.array([j for _, j in pairs], dtype=np.int64)
+        self.pa, self.pb = pa, pb
+        n_pair = np.maximum(ta.n_out[pa], tb.n_out[pb])
+        only_a = np.setdiff1d(np.arange(len(ta)), pa, assume_unique=True)
+        only_b = np.setdiff1d(np.arange(len(tb)), pb, assume_unique=True)
+        blocks = [  # (category, pair it precedes or is, bench entry, target entry, rows)
+            (np.zeros(len(only_b), np.int64), np.searchsorted(pb, only_b, "right"), np.full(len(only_b), -1), only_b,
+             tb.n_out[only_b]),
+            (np.ones(len(only_a), np.int64), np.searchsorted(pa, only_a, "right"), only_a, np.full(len(only_a), -1),
+             ta.n_out[only_a]),
+            (np.full(len(pa), 2), np.arange(len(pa)), pa, pb, n_pair)]
+        cat, pair, a, b, n = (np.concatenate([blk[i] for blk in blocks]).astype(np.int64) for i in range(5))
+        own = np.where(cat == 0, b, a)
+        order = np.lexsort((own, cat, pair))  # blocks in order; rows within a block by output index
+        cat, pair, a, b, n = cat[order], pair[order], a[order], b[order], n[order]
+        self.block_start = np.cumsum(n) - n  # first row of each block
+        rep = np.repeat
+        self.cat, self.pair, self.a, self.b = rep(cat, n), rep(pair, n), rep(a, n), rep(b, n)
+        self.k = np.arange(int(n.sum()), dtype=np.int64) - rep(self.block_start, n)
+        has_a = self.k < _gather(ta.n_out, self.a, 0)
+        has_b = self.k < _gather(tb.n_out, self.b, 0)
+        self.ao = np.where(has_a, _gather(ta.out_start, self.a, 0) + self.k, -1)  # output of the bench entry
+        self.bo = np.where(has_b, _gather(tb.out_start, self.b, 0) + self.k, -1)
+        # where each pair's rows start, by pair index
+        self.pair_start = np.zeros(len(pa), np.int64)
+        self.pair_rows = n_pair
+        is_pair = cat == 2
+        self.pair_start[pair[is_pair]] = self.block_start[is_pair]
+
+    def __len__(self) -> int:
+        return len(self.k)
+
+
+def _gather(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
+    """values[idx] where idx >= 0, else ``missing`` (values' dtype)."""
+    out = np.full(len(idx), missing, dtype=values.dtype)
+    ok = idx >= 0
+    out[ok] = values[idx[ok]]
+    return out
+
+
+def _take(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
+    """values[idx] where idx >= 0, else ``missing`` (an object array)."""
+    out = np.full(len(idx), missing, dtype=object)
+    ok = idx >= 0
+    out[ok] = values[idx[ok]]
+    return out
+
+
+def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules) -> tuple[Tolerance | None, dict]:
+    """engine.precision_floor over the matched outputs, and the tolerance of each dtype pair
+    (``PairComparer.tolerance``), by (bench dtype code, target dtype code)."""
+    from .engine import _torch_dtype
+
+    both = (plan.ao >= 0) & (plan.bo >= 0)
+    pairs = set(zip(ta.out_dtype[plan.ao[both]].tolist(), tb.out_dtype[plan.bo[both]].tolist()))
+    text = _dtype_codes(ta, tb)
+    floor = None
+    for db, dt in pairs:
+        if db != dt:
+            tdb, tdt = _torch_dtype(text[db]), _torch_dtype(text[dt])
+            if tdb is not None and tdt is not None and tdb.is_floating_point and tdt.is_floating_point:
+                t = rules.tolerance(text[db], text[dt])
+                floor = t if floor is None else Tolerance(max(t.rtol, floor.rtol), max(t.atol, floor.atol))
+    tols = {}
+    for db, dt in pairs:
+        tol = rules.tolerance(text[db], text[dt])
+        d = _torch_dtype(text[db])
+        if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
+            tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
+        tols[db, dt] = tol
+    return floor, tols
+
+
+def _dtype_codes(ta: EntryTable, tb: EntryTable) -> dict[int, str]:
+    out = {}
+    for t in (ta, tb):
+        out.update(zip(t.out_dtype.tolist(), t.out_dtype_text.tolist()))
+    return out
+
+
+def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Python's ``max(x, y)``: y only when y > x (NaN never wins against the first)."""
+    return np.where(y > x, y, x)
+
+
+def _pymin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.where(y < x, y, x)
+
+
+def _square(x: np.ndarray) -> np.ndarray:
+    """``x ** 2`` as Python computes it (C pow), for results equal to stats_rms's to the bit."""
+    return np.array([v ** 2 for v in x.tolist()], dtype=np.float64)
+
+
+def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rules) -> dict[str, np.ndarray]:
+    """``stats_compare`` + the status ``PairComparer._compare_stats`` gives, over arrays of
+    output pairs (bench ``b``, target ``t``: columns of statistics, ``absent`` masks)."""
+    present_b = [(b["absent"] & bit) == 0 for bit in (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)]
+    present_t = [(t["absent"] & bit) == 0 for bit in (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)]
+    keys = ("min", "max", "mean", "std")
+    lo, hi = np.abs(b["min"]), np.abs(b["max"])
+    scale = np.where(present_b[0], np.where(present_b[1], _pymax(lo, hi), lo), np.where(present_b[1], hi, 0.0))
+    worst = np.zeros(len(rtol))
+    with np.errstate(all="ignore"):
+        for key, pb, pt in zip(keys, present_b, present_t):
+            worst = np.where(pb != pt, np.inf, np.where(pb, _pymax(worst, np.abs(t[key] - b[key])), worst))
+        std = np.where(present_b[3], b["std"], 0.0)
+        std = np.where(std != 0, std, 0.0)  # ``std or 0.0``: -0.0 counts as 0.0 too
+        rms = np.sqrt(_square(b["mean"]) + _square(std))
+        base = np.where(present_b[2], rms, scale)  # tol.floor(scale if rms is None else rms)
+        exact = (rtol == 0) & (atol == 0)
+        floor = np.where(exact, 0.0, _pymax(atol * _pymin(base, np.ones_like(base)), ATOL_PER_RTOL * rtol * base))
+        allowed = floor + rtol * scale
+        within = np.where(allowed > 0, worst / allowed, np.where(worst == 0, 0.0, np.inf))
+        stats_err = np.where(scale > 0, worst / scale, worst)
+    status = np.where(within <= 1.0, PairStatus.PASS.value,
+                      np.where(exact, PairStatus.FAIL.value,
+                               np.where(within <= rules.stats_warn_factor, PairStatus.WARNING.value,
+                                        PairStatus.FAIL.value))).astype(object)
+    status[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = PairStatus.NAN_INF.value
+    return {"status": status, "stats_err": stats_err}
+
+
+def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
+    """engine._random_entries over a table: only ops whose name can be random build a Record."""
+    from .engine import _inside
+
+    out: dict[int, str] = {}
+    sources: dict[str, str] = {}
+    is_op = ta.kind != MODULE
+    codes, first = np.unique(ta.op[is_op], return_index=True)
+    texts = ta.op_text[np.flatnonzero(is_op)[first]].tolist()
+    maybe = [c for c, op in zip(codes.tolist(), texts) if _op_kind(op) is not None]
+    if not maybe:
+        return out
+    for pos in np.flatnonzero(is_op & np.isin(ta.op, maybe)).tolist():
+        why = nondeterministic(ea[pos].record)
+        if why:
+            out[pos] = why
+            sources.setdefault(ea[pos].path, why)
+    if sources:
+        for pos in np.flatnonzero(ta.kind == MODULE).tolist():
+            path = ta.path_text[pos]
+            inner = next((why for p, why in sources.items() if _inside(p, path)), None)
+            if inner:
+                out[pos] = f"a random op ran inside it ({inner})"
+    return out
+
+
+def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan) -> dict[str, Any]:
+    """Every CompareRow field that names the row (compare_loaded's _row and _unmatched)."""
+    cat, a, b, ao, bo = plan.cat, plan.a, plan.b, plan.ao, plan.bo
+    pair, bench_only = cat == 2, cat == 1
+    on_a = pair | bench_only  # rows whose kind and module are the bench entry's
+    kind_a = np.array(KINDS, dtype=object)[ta.kind]
+    kind_b = np.array(KINDS, dtype=object)[tb.kind]
+    seq_a, seq_b = _take(ta.seq, a, None), _take(tb.seq, b, None)
+    tensor = np.where(ao >= 0, _take(ta.out_name, ao, ""), _take(tb.out_name, bo, ""))
+    note = np.full(len(plan), "", dtype=object)
+    status = np.full(len(plan), "", dtype=object)
+    one_sided = pair & ((ao < 0) | (bo < 0))
+    note[one_sided] = "output present on one side only"
+    note[cat == 0] = "only in target"
+    note[bench_only] = "only in bench"
+    status[~pair | one_sided] = PairStatus.UNMATCHED.value
+    return {
+        "rank": rank, "index": np.arange(len(plan)).tolist(), "status": status, "note": note,
+        "bench_name": _take(ta.names, a, ""), "target_name": _take(tb.names, b, ""),
+        "kind": np.where(on_a, _take(kind_a, a, ""), _take(kind_b, b, "")),
+        "module": np.where(on_a, _take(ta.path_text, a, ""), _take(tb.path_text, b, "")),
+        "bench_op": _take(ta.op_text, a, ""), "target_op": _take(tb.op_text, b, ""), "tensor": tensor,
+        "bench_seq": seq_a, "target_seq": seq_b,
+        "bench_shape": _take(ta.out_shape_text, ao, ""), "target_shape": _take(tb.out_shape_text, bo, ""),
+        "bench_dtype": _take(ta.out_dtype_text, ao, ""), "target_dtype": _take(tb.out_dtype_text, bo, ""),
+    }
+
+
+def _stats_columns(ta: EntryTable, tb: EntryTable, plan: RowPlan, rows: np.ndarray, tols: dict, rules: Rules,
+                   cols: dict[str, Any]) -> None:
+    """Judge the output pairs ``rows`` (plan rows) from their statistics into ``cols``."""
+    ao, bo = plan.ao[rows], plan.bo[rows]
+    pair = np.stack([ta.out_dtype[ao], tb.out_dtype[bo]], axis=1) if len(rows) else np.zeros((0, 2), np.int64)
+    kinds, inv = np.unique(pair, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    rtol = np.array([tols[d, e].rtol for d, e in kinds.tolist()], dtype=np.float64)[inv]
+    atol = np.array([tols[d, e].atol for d, e in kinds.tolist()], dtype=np.float64)[inv]
+    b = {k: v[ao] for k, v in ta.stats.items()}
+    t = {k: v[bo] for k, v in tb.stats.items()}
+    judged = judge_stats(b, t, rtol, atol, rules)
+    n = len(plan)
+
+    def put(name: str, values: np.ndarray) -> None:
+        col = cols.get(name)
+        if col is None or not isinstance(col, np.ndarray):
+            col = cols[name] = np.full(n, _FIELDS[name].default, dtype=object)
+        col[rows] = values
+
+    put("status", judged["status"])
+    put("mode", np.full(len(rows), "stats", dtype=object))
+    put("stats_err", judged["stats_err"])
+    put("numel", ta.out_numel[ao])
+    put("bench_nan", b["nan"])
+    put("target_nan", t["nan"])
+    put("bench_inf", b["inf"])
+    put("target_inf", t["inf"])
+    put("rtol", rtol)
+    put("atol", atol)
+
+
+def _vectorised(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str]) -> np.ndarray:
+    """Rows the statistics judge covers: both outputs with statistics, not both with saved data,
+    same dtype (a known one) and shape, not empty, not a random op's. The rest go through
+    PairComparer.compare, as on the record path."""
+    from .engine import _torch_dtype
+
+    rows = np.flatnonzero((plan.ao >= 0) & (plan.bo >= 0))
+    ao, bo = plan.ao[rows], plan.bo[rows]
+    names = _dtype_codes(ta, tb)
+    known = np.zeros(max(names, default=-1) + 1, dtype=bool)
+    known[[c for c, d in names.items() if _torch_dtype(d) is not None]] = True
+    ok = (ta.stats["has_stats"][ao] != 0) & (tb.stats["has_stats"][bo] != 0)
+    ok &= (ta.out_data[ao] < 0) | (tb.out_data[bo] < 0)
+    ok &= (ta.out_dtype[ao] == tb.out_dtype[bo]) & (ta.out_shape[ao] == tb.out_shape[bo]) & (ta.out_numel[ao] > 0)
+    ok &= known[ta.out_dtype[ao]]
+    if random_of:
+        ok &= ~np.isin(plan.a[rows], np.fromiter(random_of, dtype=np.int64, count=len(random_of)))
+    return rows[ok]
+
+
+def _total_bytes(t: EntryTable) -> int:
+    """Bytes of the bench's saved outputs, twice (the progress bar's total)."""
+    from ..dump.tensorio import dtype_from_name
+
+    saved = t.out_data >= 0
+    if not saved.any():
+        return 0
+
+    def size(text: str) -> int:
+        try:
+            return dtype_from_name(text).itemsize
+        except ValueError:
+            return 0
+
+    sizes = np.array([size(d) for d in t.out_dtype_text[saved].tolist()], dtype=np.int64)
+    return int((t.out_numel[saved] * sizes).sum()) * 2
+
+
+def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
+                    progress: bool | None = None) -> tuple[list[CompareRow], dict]:
+    """compare_loaded for two columnar dumps (no reference run): the same rows and totals."""
+    from .engine import PROGRESS_BYTES, PairComparer, _same_layout
+
+    started = time.perf_counter()
+    codes = Codes()
+    ta, tb = EntryTable(bench.columns, codes), EntryTable(target.columns, codes)
+    alignment = align_tables(ta, tb, codes)
+    ea, eb = LazyEntries(ta), LazyEntries(tb)
+    plan = RowPlan(ta, tb, alignment.pairs)
+    floor, tols = _tolerances(ta, tb, plan, rules)
+    comparer = PairComparer(bench, target, rules, None, floor)
+    random_of = _random_of(ta, ea)
+    total_bytes = _total_bytes(ta)
+    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
+    comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
+                        disable=not show, leave=False)
+    cols = _row_columns(rank, ta, tb, plan)
+    fast = _vectorised(ta, tb, plan, random_of)
+    _stats_columns(ta, tb, plan, fast, tols, rules, cols)
+    rows = _build_rows(cols, len(plan))
+    del cols
+    # The rest of the output pairs: judged one by one from their TensorMetas.
+    todo = np.ones(len(plan), dtype=bool)
+    todo[fast] = False
+    todo &= (plan.ao >= 0) & (plan.bo >= 0)
+    meta_a, meta_b = bench.columns.tensor_meta, target.columns.tensor_meta
+    random_rows = []
+    for n in np.flatnonzero(todo).tolist():
+        row, a = rows[n], int(plan.a[n])
+        bm, tm = meta_a(int(ta.out[plan.ao[n]])), meta_b(int(tb.out[plan.bo[n]]))
+        if a in random_of and _same_layout(bm, tm):
+            row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random_of[a]}"
+            random_rows.append(n)
+        else:
+            comparer.compare(row, bm, tm, None)
+    comparer.bar.close()
+    matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
+    attribute(ea, eb, suspect, comparer, rules, target, matches)
+    totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(alignment.pairs),
+              "anchors": alignment.anchors, "bytes_compared": comparer.bytes,
+              "seconds": round(time.perf_counter() - started, 3)}
+    return rows, totals
+
+
+_FIELDS = CompareRow.__dataclass_fields__
+
+
+def _build_rows(cols: dict[str, Any], n: int) -> list[CompareRow]:
+    """CompareRows from columns (lists, object arrays, or one value for every row)."""
+    from itertools import repeat
+
+    args = []
+    for name, f in _FIELDS.items():
+        col = cols.get(name, f.default)
+        if isinstance(col, np.ndarray):
+            col = col.tolist()
+        elif not isinstance(col, list):
+            col = repeat(col, n)
+        args.append(col)
+    return list(map(CompareRow, *args))
+
+
+def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
+             rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
+    """causality's look-ups over every matched pair, and the pairs it starts from (those with a
+    suspect row), without building an Entry for the others."""
+    pair_of_b = np.full(len(tb), -1, dtype=np.int64)
+    pair_of_b[plan.pb] = np.arange(len(plan.pb))
+    pair_of_a = np.full(len(ta), -1, dtype=np.int64)
+    pair_of_a[plan.pa] = np.arange(len(plan.pa))
+    start, count = plan.pair_start.tolist(), plan.pair_rows.tolist()
+
+    def rows_of(pos: int) -> list[CompareRow] | None:
+        p = int(pair_of_b[pos]) if 0 <= pos < len(pair_of_b) else -1
+        return None if p < 0 else rows[start[p]:start[p] + count[p]]
+
+    seq_a, seq_b = ta.seq_index(), tb.seq_index()
+
+    def by_seq(seq: int) -> Entry | None:
+        pos = seq_b.pos(seq)
+        return None if pos is None else eb[pos]
+
+    def target_of(seq: int) -> Entry | None:
+        pos = seq_a.pos(seq)
+        p = -1 if pos is None else int(pair_of_a[pos])
+        return None if p < 0 else eb[int(plan.pb[p])]
+
+    status = np.array([r.status for r in rows], dtype=object)
+    bad = np.isin(status, list(_SUSPECT)) & (plan.cat == 2)
+    suspect_pairs = np.unique(plan.pair[bad])
+    suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], rows[start[p]:start[p] + count[p]])
+               for p in suspect_pairs.tolist()]
+    random_pos = min((int(plan.b[n]) for n in random_rows if _random(rows[n])), default=len(tb))
+    return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
+                   random_pos=random_pos, made=_LazyMade(tb, eb)), suspect
