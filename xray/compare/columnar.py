@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from tqdm import tqdm
 
+from ..dump.reader import _no_cyclic_gc
 from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns,
                             RecordSequence, _name)
 from ..nondeterminism import _op_kind, nondeterministic
@@ -55,6 +56,14 @@ class Codes:
         table = self.tables.setdefault(kind, {})
         return table.setdefault(value, len(table))
 
+    def lut(self, kind: str, fn: Callable[[Any], Any] = lambda v: v, dtype: Any = object) -> np.ndarray:
+        """``fn(value)`` by code: ``lut(...)[codes]`` maps codes to values (shared objects)."""
+        values = list(self.tables.get(kind, {}))
+        out = np.empty(len(values), dtype=dtype)
+        for i, v in enumerate(values):
+            out[i] = fn(v)
+        return out
+
 
 def _per_id(ids: np.ndarray, fn: Callable[[int], Any], dtype: Any = np.int64) -> np.ndarray:
     """``fn(i)`` for every distinct value of ``ids``, spread over ``ids``: each text, shape or
@@ -83,30 +92,33 @@ class EntryTable:
         self.n_out = counts[self.row]
         self.out_start = np.cumsum(self.n_out) - self.n_out
         self.out = out  # tensor row of each output
-        rec = r[self.row]
-        self.seq, self.kind, self.direction = rec["seq"], rec["kind"], rec["direction"]
-        self.step, self.call_index = rec["step"], rec["call_index"]
+        self.seq, self.kind, self.direction, self.step, self.call_index = (
+            r[k][self.row] for k in ("seq", "kind", "direction", "step", "call_index"))
         s = columns.strings
-        op_text = _per_id(rec["op"], lambda i: _name(s[i], "op"), object)
-        module_text = _per_id(rec["module"] + 1, lambda i: None if i == 0 else _name(s[i - 1], "module"), object)
-        self.op_text = op_text
-        self.path_text = _per_id(rec["module"] + 1, lambda i: normalize_path(None if i == 0 else s[i - 1]), object)
-        self.op = _per_id(rec["op"], lambda i: codes.code("op", s[i]))
-        self.path = _per_id(rec["module"] + 1, lambda i: codes.code("path", normalize_path(None if i == 0 else s[i - 1])))
+        op_ids, module_ids = r["op"][self.row], r["module"][self.row] + 1  # module id 0: None
+
+        def module(i: int) -> str | None:
+            return None if i == 0 else _name(s[i - 1], "module")
+
+        self.op_text = _per_id(op_ids, lambda i: _name(s[i], "op"), object)
+        self.op = _per_id(op_ids, lambda i: codes.code("op", s[i]))
+        self.module_text = _per_id(module_ids, module, object)  # as recorded, for Record.name
+        self.path_text = _per_id(module_ids, lambda i: normalize_path(module(i)), object)
+        self.path = _per_id(module_ids, lambda i: codes.code("path", normalize_path(module(i))))
         # kind, direction and step in one comparable integer (step >= -1)
         self.group = ((self.step + 1) * 2 + self.direction) * 2 + self.kind
-        self._module_text = module_text
-        tens = t[out]
-        self.out_name = _per_id(tens["name"], lambda i: s[i], object)
-        self.out_dtype = _per_id(tens["dtype"], lambda i: codes.code("dtype", _name(s[i], "tensor dtype")))
-        self.out_dtype_text = _per_id(tens["dtype"], lambda i: s[i], object)
-        self.out_shape = _per_id(tens["shape"], lambda i: codes.code("shape", columns.shape(i)))
-        self.out_shape_text = _per_id(tens["shape"], lambda i: str(columns.shape(i)), object)
-        self.out_numel = _per_id(tens["shape"], lambda i: math.prod(columns.shape(i)))
-        self.out_perm = _per_id(tens["shape"], lambda i: codes.code("perm", tuple(sorted(columns.shape(i)))))
-        self.stats = {k: tens[k] for k in ("has_stats", "absent", "min", "max", "mean", "std", "nan")}
-        self.stats["inf"] = tens["posinf"] + tens["neginf"]
-        self.out_data = tens["data"]
+        # Outputs keep codes only (dtype, shape: shared; names: this table's); statistics are read
+        # from the columns when judged (``stat``): at a million records every copy is 8 MB a column.
+        self.out_name = _per_id(t["name"][out], lambda i: s[i], object)
+        self.out_dtype = _per_id(t["dtype"][out], lambda i: codes.code("dtype", _name(s[i], "tensor dtype")), np.int32)
+        self.out_shape = _per_id(t["shape"][out], lambda i: codes.code("shape", columns.shape(i)), np.int32)
+        self.codes = codes
+
+    def stat(self, name: str, outs: np.ndarray) -> np.ndarray:
+        """Tensor column ``name`` (``inf``: posinf + neginf) of outputs ``outs``."""
+        rows = self.out[outs]
+        t = self.columns.tensors
+        return t["posinf"][rows] + t["neginf"][rows] if name == "inf" else t[name][rows]
 
     def __len__(self) -> int:
         return len(self.row)
@@ -114,7 +126,7 @@ class EntryTable:
     @cached_property
     def names(self) -> np.ndarray:
         """``Record.name`` of every entry."""
-        where = [m or "<root>" for m in self._module_text.tolist()]
+        where = [m or "<root>" for m in self.module_text.tolist()]
         ops, kinds, seqs = self.op_text.tolist(), self.kind.tolist(), self.seq.tolist()
         calls, dirs = self.call_index.tolist(), self.direction.tolist()
         return np.array([f"{w}.{o}.{c}.{DIRECTIONS[d]}" if k == MODULE else f"{w}/{o}#{q}"
@@ -148,14 +160,16 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> Alignment:
     if _same_structure(ta, tb):
         return Alignment([(i, i) for i in range(len(ta))], len(ta))
     keys, feats = [], []
+    perm_of = codes.lut("shape", lambda v: codes.code("perm", tuple(sorted(v))), np.int64)
+    numel_of = codes.lut("shape", math.prod)
     for t in (ta, tb):
         shapes = [codes.code("shapes", s) for s in t.per_entry(t.out_shape)]
         keys.append(list(zip(t.group.tolist(), t.path.tolist(), t.ident().tolist(), shapes)))
         feats.append(_Features.of_arrays(
             group=t.group, op=t.op, path=t.path, shape=np.array(shapes, dtype=np.int64),
             base=np.array([codes.code("base", op_base(o)) for o in t.op_text.tolist()], dtype=np.int64),
-            perm=np.array([codes.code("perms", p) for p in t.per_entry(t.out_perm)], dtype=np.int64),
-            numel=np.array([codes.code("numels", n) for n in t.per_entry(t.out_numel)], dtype=np.int64),
+            perm=np.array([codes.code("perms", p) for p in t.per_entry(perm_of[t.out_shape])], dtype=np.int64),
+            numel=np.array([codes.code("numels", n) for n in t.per_entry(numel_of[t.out_shape])], dtype=np.int64),
             dtype=np.array([codes.code("dtypes", d) for d in t.per_entry(t.out_dtype)], dtype=np.int64),
             module=t.kind == MODULE, paths=t.path_text, ops=t.op_text))
     return align_features(feats[0], feats[1], keys[0], keys[1])
@@ -284,14 +298,13 @@ class _LazyMade:
 
     def _build(self) -> dict:
         t, made = self.table, {}
-        st = t.stats
-        shapes = [t.columns.shape(int(i)) for i in t.columns.tensors["shape"][t.out].tolist()]
-        dtypes = t.out_dtype_text.tolist()
-        absent = st["absent"].tolist()
-        cols = [st[k].tolist() for k in ("min", "max", "mean", "std", "nan")]
-        pos_inf = t.columns.tensors["posinf"][t.out].tolist()
-        neg_inf = t.columns.tensors["neginf"][t.out].tolist()
-        has = st["has_stats"].tolist()
+        tens, every = t.columns.tensors, np.arange(len(t.out))
+        shapes = [t.columns.shape(int(i)) for i in tens["shape"][t.out].tolist()]
+        dtypes = [t.columns.strings[int(i)] for i in tens["dtype"][t.out].tolist()]
+        absent = t.stat("absent", every).tolist()
+        cols = [t.stat(k, every).tolist() for k in ("min", "max", "mean", "std", "nan")]
+        pos_inf, neg_inf = t.stat("posinf", every).tolist(), t.stat("neginf", every).tolist()
+        has = t.stat("has_stats", every).tolist()
         for e, (kind, seq, start, n) in enumerate(zip(t.kind.tolist(), t.seq.tolist(), t.out_start.tolist(),
                                                       t.n_out.tolist())):
             if kind == MODULE:
@@ -373,7 +386,7 @@ def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules) -> 
 
     both = (plan.ao >= 0) & (plan.bo >= 0)
     pairs = set(zip(ta.out_dtype[plan.ao[both]].tolist(), tb.out_dtype[plan.bo[both]].tolist()))
-    text = _dtype_codes(ta, tb)
+    text = _dtype_names(ta)
     floor = None
     for db, dt in pairs:
         if db != dt:
@@ -391,11 +404,9 @@ def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules) -> 
     return floor, tols
 
 
-def _dtype_codes(ta: EntryTable, tb: EntryTable) -> dict[int, str]:
-    out = {}
-    for t in (ta, tb):
-        out.update(zip(t.out_dtype.tolist(), t.out_dtype_text.tolist()))
-    return out
+def _dtype_names(t: EntryTable) -> dict[int, str]:
+    """dtype code -> name, both sides (their codes are shared)."""
+    return dict(enumerate(t.codes.lut("dtype").tolist()))
 
 
 def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -467,92 +478,112 @@ def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
     return out
 
 
-def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan) -> dict[str, Any]:
-    """Every CompareRow field that names the row (compare_loaded's _row and _unmatched)."""
-    cat, a, b, ao, bo = plan.cat, plan.a, plan.b, plan.ao, plan.bo
+CHUNK = 1 << 16  # rows built at a time: the per-row columns of a chunk are a few MB, not a GB
+
+
+class _Vocab:
+    """Values by shared code, as rows show them: dtype names, shapes as text, element counts
+    (one Python object per distinct value, shared by every row)."""
+
+    def __init__(self, codes: Codes) -> None:
+        self.dtype = codes.lut("dtype")
+        self.shape_text = codes.lut("shape", lambda v: str(tuple(v)))
+        self.numel = codes.lut("shape", math.prod)
+
+
+def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: slice, vocab: _Vocab) -> dict:
+    """Every CompareRow field that names rows ``sl`` of the plan (compare_loaded's _row and
+    _unmatched)."""
+    cat, a, b, ao, bo = plan.cat[sl], plan.a[sl], plan.b[sl], plan.ao[sl], plan.bo[sl]
     pair, bench_only = cat == 2, cat == 1
     on_a = pair | bench_only  # rows whose kind and module are the bench entry's
-    kind_a = np.array(KINDS, dtype=object)[ta.kind]
-    kind_b = np.array(KINDS, dtype=object)[tb.kind]
-    seq_a, seq_b = _take(ta.seq, a, None), _take(tb.seq, b, None)
-    tensor = np.where(ao >= 0, _take(ta.out_name, ao, ""), _take(tb.out_name, bo, ""))
-    note = np.full(len(plan), "", dtype=object)
-    status = np.full(len(plan), "", dtype=object)
+    kinds = np.array(KINDS, dtype=object)
+    note = np.full(len(cat), "", dtype=object)
+    status = np.full(len(cat), "", dtype=object)
     one_sided = pair & ((ao < 0) | (bo < 0))
     note[one_sided] = "output present on one side only"
     note[cat == 0] = "only in target"
     note[bench_only] = "only in bench"
     status[~pair | one_sided] = PairStatus.UNMATCHED.value
+
+    def shown(outs: np.ndarray, lut: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        return _take(lut, _gather(codes, outs, -1), "")
+
+    kind = np.where(on_a, _gather(ta.kind, a, 0), _gather(tb.kind, b, 0))
+
     return {
-        "rank": rank, "index": np.arange(len(plan)).tolist(), "status": status, "note": note,
+        "rank": rank, "index": list(range(sl.start, sl.stop)), "status": status, "note": note,
         "bench_name": _take(ta.names, a, ""), "target_name": _take(tb.names, b, ""),
-        "kind": np.where(on_a, _take(kind_a, a, ""), _take(kind_b, b, "")),
+        "kind": kinds[kind],
         "module": np.where(on_a, _take(ta.path_text, a, ""), _take(tb.path_text, b, "")),
-        "bench_op": _take(ta.op_text, a, ""), "target_op": _take(tb.op_text, b, ""), "tensor": tensor,
-        "bench_seq": seq_a, "target_seq": seq_b,
-        "bench_shape": _take(ta.out_shape_text, ao, ""), "target_shape": _take(tb.out_shape_text, bo, ""),
-        "bench_dtype": _take(ta.out_dtype_text, ao, ""), "target_dtype": _take(tb.out_dtype_text, bo, ""),
+        "bench_op": _take(ta.op_text, a, ""), "target_op": _take(tb.op_text, b, ""),
+        "tensor": np.where(ao >= 0, _take(ta.out_name, ao, ""), _take(tb.out_name, bo, "")),
+        "bench_seq": _take(ta.seq, a, None), "target_seq": _take(tb.seq, b, None),
+        "bench_shape": shown(ao, vocab.shape_text, ta.out_shape), "target_shape": shown(bo, vocab.shape_text, tb.out_shape),
+        "bench_dtype": shown(ao, vocab.dtype, ta.out_dtype), "target_dtype": shown(bo, vocab.dtype, tb.out_dtype),
     }
 
 
-def _stats_columns(ta: EntryTable, tb: EntryTable, plan: RowPlan, rows: np.ndarray, tols: dict, rules: Rules,
-                   cols: dict[str, Any]) -> None:
-    """Judge the output pairs ``rows`` (plan rows) from their statistics into ``cols``."""
-    ao, bo = plan.ao[rows], plan.bo[rows]
-    pair = np.stack([ta.out_dtype[ao], tb.out_dtype[bo]], axis=1) if len(rows) else np.zeros((0, 2), np.int64)
-    kinds, inv = np.unique(pair, axis=0, return_inverse=True)
+def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray, at: np.ndarray, tols: dict,
+                   rules: Rules, vocab: _Vocab, cols: dict[str, Any]) -> None:
+    """Judge the output pairs (``ao``, ``bo``) from their statistics into rows ``at`` of ``cols``."""
+    width = len(vocab.dtype)
+    kinds, inv = np.unique(ta.out_dtype[ao].astype(np.int64) * width + tb.out_dtype[bo], return_inverse=True)
+    tol = [tols[divmod(k, width)] for k in kinds.tolist()]
     inv = inv.reshape(-1)
-    rtol = np.array([tols[d, e].rtol for d, e in kinds.tolist()], dtype=np.float64)[inv]
-    atol = np.array([tols[d, e].atol for d, e in kinds.tolist()], dtype=np.float64)[inv]
-    b = {k: v[ao] for k, v in ta.stats.items()}
-    t = {k: v[bo] for k, v in tb.stats.items()}
-    judged = judge_stats(b, t, rtol, atol, rules)
-    n = len(plan)
+    rtol_of = np.empty(len(tol), dtype=object)  # shared float objects, as on the record path
+    atol_of = np.empty(len(tol), dtype=object)
+    rtol_of[:], atol_of[:] = [x.rtol for x in tol], [x.atol for x in tol]
+    keys = ("absent", "min", "max", "mean", "std", "nan", "inf")
+    b = {k: ta.stat(k, ao) for k in keys}
+    t = {k: tb.stat(k, bo) for k in keys}
+    judged = judge_stats(b, t, rtol_of[inv].astype(np.float64), atol_of[inv].astype(np.float64), rules)
 
     def put(name: str, values: np.ndarray) -> None:
         col = cols.get(name)
-        if col is None or not isinstance(col, np.ndarray):
-            col = cols[name] = np.full(n, _FIELDS[name].default, dtype=object)
-        col[rows] = values
+        if not isinstance(col, np.ndarray):
+            col = cols[name] = np.full(len(cols["status"]), _FIELDS[name].default, dtype=object)
+        col[at] = values
 
     put("status", judged["status"])
-    put("mode", np.full(len(rows), "stats", dtype=object))
+    put("mode", np.full(len(at), "stats", dtype=object))
     put("stats_err", judged["stats_err"])
-    put("numel", ta.out_numel[ao])
+    put("numel", vocab.numel[ta.out_shape[ao]])
     put("bench_nan", b["nan"])
     put("target_nan", t["nan"])
     put("bench_inf", b["inf"])
     put("target_inf", t["inf"])
-    put("rtol", rtol)
-    put("atol", atol)
+    put("rtol", rtol_of[inv])
+    put("atol", atol_of[inv])
 
 
-def _vectorised(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str]) -> np.ndarray:
-    """Rows the statistics judge covers: both outputs with statistics, not both with saved data,
-    same dtype (a known one) and shape, not empty, not a random op's. The rest go through
-    PairComparer.compare, as on the record path."""
+def _vectorised(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str], vocab: _Vocab) -> np.ndarray:
+    """Which plan rows the statistics judge covers: both outputs with statistics, not both with
+    saved data, same dtype (a known one) and shape, not empty, not a random op's. The rest go
+    through PairComparer.compare, as on the record path."""
     from .engine import _torch_dtype
 
+    fast = np.zeros(len(plan), dtype=bool)
     rows = np.flatnonzero((plan.ao >= 0) & (plan.bo >= 0))
     ao, bo = plan.ao[rows], plan.bo[rows]
-    names = _dtype_codes(ta, tb)
-    known = np.zeros(max(names, default=-1) + 1, dtype=bool)
-    known[[c for c, d in names.items() if _torch_dtype(d) is not None]] = True
-    ok = (ta.stats["has_stats"][ao] != 0) & (tb.stats["has_stats"][bo] != 0)
-    ok &= (ta.out_data[ao] < 0) | (tb.out_data[bo] < 0)
-    ok &= (ta.out_dtype[ao] == tb.out_dtype[bo]) & (ta.out_shape[ao] == tb.out_shape[bo]) & (ta.out_numel[ao] > 0)
-    ok &= known[ta.out_dtype[ao]]
+    known = np.array([_torch_dtype(d) is not None for d in vocab.dtype.tolist()], dtype=bool)
+    numel = np.array([n > 0 for n in vocab.numel.tolist()], dtype=bool)
+    ok = (ta.stat("has_stats", ao) != 0) & (tb.stat("has_stats", bo) != 0)
+    ok &= (ta.stat("data", ao) < 0) | (tb.stat("data", bo) < 0)
+    ok &= (ta.out_dtype[ao] == tb.out_dtype[bo]) & (ta.out_shape[ao] == tb.out_shape[bo])
+    ok &= numel[ta.out_shape[ao]] & known[ta.out_dtype[ao]]
     if random_of:
         ok &= ~np.isin(plan.a[rows], np.fromiter(random_of, dtype=np.int64, count=len(random_of)))
-    return rows[ok]
+    fast[rows[ok]] = True
+    return fast
 
 
-def _total_bytes(t: EntryTable) -> int:
+def _total_bytes(t: EntryTable, vocab: _Vocab) -> int:
     """Bytes of the bench's saved outputs, twice (the progress bar's total)."""
     from ..dump.tensorio import dtype_from_name
 
-    saved = t.out_data >= 0
-    if not saved.any():
+    saved = np.flatnonzero(t.stat("data", np.arange(len(t.out))) >= 0)
+    if not len(saved):
         return 0
 
     def size(text: str) -> int:
@@ -561,8 +592,9 @@ def _total_bytes(t: EntryTable) -> int:
         except ValueError:
             return 0
 
-    sizes = np.array([size(d) for d in t.out_dtype_text[saved].tolist()], dtype=np.int64)
-    return int((t.out_numel[saved] * sizes).sum()) * 2
+    itemsize = np.array([size(d) for d in vocab.dtype.tolist()], dtype=np.int64)
+    numel = vocab.numel[t.out_shape[saved]].astype(np.int64)
+    return int((numel * itemsize[t.out_dtype[saved]]).sum()) * 2
 
 
 def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
@@ -576,25 +608,27 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     alignment = align_tables(ta, tb, codes)
     ea, eb = LazyEntries(ta), LazyEntries(tb)
     plan = RowPlan(ta, tb, alignment.pairs)
+    vocab = _Vocab(codes)
     floor, tols = _tolerances(ta, tb, plan, rules)
     comparer = PairComparer(bench, target, rules, None, floor)
     random_of = _random_of(ta, ea)
-    total_bytes = _total_bytes(ta)
+    total_bytes = _total_bytes(ta, vocab)
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
     comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
                         disable=not show, leave=False)
-    cols = _row_columns(rank, ta, tb, plan)
-    fast = _vectorised(ta, tb, plan, random_of)
-    _stats_columns(ta, tb, plan, fast, tols, rules, cols)
-    rows = _build_rows(cols, len(plan))
-    del cols
+    fast = _vectorised(ta, tb, plan, random_of, vocab)
+    rows: list[CompareRow] = []
+    with _no_cyclic_gc():  # a million acyclic rows: the collector would walk them again and again
+        for lo in range(0, len(plan), CHUNK):
+            sl = slice(lo, min(lo + CHUNK, len(plan)))
+            cols = _row_columns(rank, ta, tb, plan, sl, vocab)
+            at = np.flatnonzero(fast[sl])
+            _stats_columns(ta, tb, plan.ao[sl][at], plan.bo[sl][at], at, tols, rules, vocab, cols)
+            rows += _build_rows(cols, sl.stop - sl.start)
     # The rest of the output pairs: judged one by one from their TensorMetas.
-    todo = np.ones(len(plan), dtype=bool)
-    todo[fast] = False
-    todo &= (plan.ao >= 0) & (plan.bo >= 0)
     meta_a, meta_b = bench.columns.tensor_meta, target.columns.tensor_meta
     random_rows = []
-    for n in np.flatnonzero(todo).tolist():
+    for n in np.flatnonzero(~fast & (plan.ao >= 0) & (plan.bo >= 0)).tolist():
         row, a = rows[n], int(plan.a[n])
         bm, tm = meta_a(int(ta.out[plan.ao[n]])), meta_b(int(tb.out[plan.bo[n]]))
         if a in random_of and _same_layout(bm, tm):
