@@ -27,12 +27,13 @@ from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIR
                             RecordSequence, _name)
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
-from .align import Alignment, _Features, align_features, op_base
+from .align import _Features, align_features, op_base
 from .causality import Matches, _fingerprint, _random, attribute
 from .entries import Entry, normalize_path
 from .result import CompareRow, PairStatus
 
 MODULE = KINDS.index("module")
+CHUNK = 1 << 16  # rows (or entries) built at a time: the per-row columns of a chunk are a few MB, not a GB
 _SUSPECT = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value, PairStatus.WARNING.value))
 
 
@@ -88,12 +89,15 @@ class EntryTable:
         r, t = columns.records, columns.tensors
         out = np.flatnonzero(t["role"] == OUTPUT)
         counts = np.bincount(t["record"][out], minlength=len(r)) if len(out) else np.zeros(len(r), np.int64)
-        self.row = np.flatnonzero(counts)  # record row of each entry
-        self.n_out = counts[self.row]
-        self.out_start = np.cumsum(self.n_out) - self.n_out
-        self.out = out  # tensor row of each output
-        self.seq, self.kind, self.direction, self.step, self.call_index = (
-            r[k][self.row] for k in ("seq", "kind", "direction", "step", "call_index"))
+        # Row numbers fit int32 (2**31 records would be a 180 GB index); a million entries hold
+        # a dozen arrays, and 1M-record compares must stay under 2 GB with both indexes loaded.
+        self.row = np.flatnonzero(counts).astype(np.int32)  # record row of each entry
+        self.n_out = counts[self.row].astype(np.int32)
+        self.out_start = (np.cumsum(self.n_out, dtype=np.int64) - self.n_out).astype(np.int32)
+        self.out = out.astype(np.int32)  # tensor row of each output
+        self.seq, self.kind, self.direction, self.call_index = (
+            r[k][self.row] for k in ("seq", "kind", "direction", "call_index"))
+        step = r["step"][self.row]
         s = columns.strings
         op_ids, module_ids = r["op"][self.row], r["module"][self.row] + 1  # module id 0: None
 
@@ -101,12 +105,12 @@ class EntryTable:
             return None if i == 0 else _name(s[i - 1], "module")
 
         self.op_text = _per_id(op_ids, lambda i: _name(s[i], "op"), object)
-        self.op = _per_id(op_ids, lambda i: codes.code("op", s[i]))
+        self.op = _per_id(op_ids, lambda i: codes.code("op", s[i]), np.int32)
         self.module_text = _per_id(module_ids, module, object)  # as recorded, for Record.name
         self.path_text = _per_id(module_ids, lambda i: normalize_path(module(i)), object)
-        self.path = _per_id(module_ids, lambda i: codes.code("path", normalize_path(module(i))))
+        self.path = _per_id(module_ids, lambda i: codes.code("path", normalize_path(module(i))), np.int32)
         # kind, direction and step in one comparable integer (step >= -1)
-        self.group = ((self.step + 1) * 2 + self.direction) * 2 + self.kind
+        self.group = ((step + 1) * 2 + self.direction) * 2 + self.kind
         # Outputs keep codes only (dtype, shape: shared; names: this table's); statistics are read
         # from the columns when judged (``stat``): at a million records every copy is 8 MB a column.
         self.out_name = _per_id(t["name"][out], lambda i: s[i], object)
@@ -123,14 +127,34 @@ class EntryTable:
     def __len__(self) -> int:
         return len(self.row)
 
-    @cached_property
-    def names(self) -> np.ndarray:
-        """``Record.name`` of every entry."""
-        where = [m or "<root>" for m in self.module_text.tolist()]
-        ops, kinds, seqs = self.op_text.tolist(), self.kind.tolist(), self.seq.tolist()
-        calls, dirs = self.call_index.tolist(), self.direction.tolist()
-        return np.array([f"{w}.{o}.{c}.{DIRECTIONS[d]}" if k == MODULE else f"{w}/{o}#{q}"
-                         for w, o, k, q, c, d in zip(where, ops, kinds, seqs, calls, dirs)], dtype=object)
+    def name_rows(self, other: "EntryTable | None" = None, partner: np.ndarray | None = None) -> None:
+        """Set ``names`` (``Record.name``) and ``seq_value`` (the seq as a Python int) of every
+        entry: one object each, which the entry's rows share. With ``other`` and ``partner``
+        (this table's entry -> its matched entry of ``other``, or -1), a value equal to the
+        partner's is the partner's object: both sides' rows then hold one (a name is ~100 bytes).
+        In chunks, so the objects of one chunk that are dropped are reused by the next."""
+        names, seqs = np.empty(len(self), dtype=object), np.empty(len(self), dtype=object)
+        for lo in range(0, len(self), CHUNK):
+            sl = slice(lo, lo + CHUNK)
+            where = [m or "<root>" for m in self.module_text[sl].tolist()]
+            ops, kinds, seq = self.op_text[sl].tolist(), self.kind[sl].tolist(), self.seq[sl].tolist()
+            calls, dirs = self.call_index[sl].tolist(), self.direction[sl].tolist()
+            text = [f"{w}.{o}.{c}.{DIRECTIONS[d]}" if k == MODULE else f"{w}/{o}#{q}"
+                    for w, o, k, q, c, d in zip(where, ops, kinds, seq, calls, dirs)]
+            if other is not None:
+                p = partner[sl]
+                text = [x if x == y else y for x, y in zip(_take(other.names, p, None).tolist(), text)]
+                seq = [x if x == y else y for x, y in zip(_take(other.seq_value, p, None).tolist(), seq)]
+            names[sl], seqs[sl] = text, seq
+        self.names, self.seq_value = names, seqs
+        self.module_text = None  # read only here
+
+    def trim(self, *names: str) -> None:
+        """Drop arrays as soon as nothing reads them: alignment reads group, op, path and call
+        index; row building output names, dtypes, shapes and seq values; attribution, which runs
+        last while every row is held, only kind, op and path texts, names, seqs and output rows."""
+        for name in names:
+            setattr(self, name, None)
 
     def per_entry(self, values: np.ndarray) -> list[tuple]:
         """The tuple of each entry's output values."""
@@ -155,10 +179,11 @@ def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
                 and np.array_equal(ta.ident(), tb.ident()) and np.array_equal(ta.out_shape, tb.out_shape))
 
 
-def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> Alignment:
-    """``align`` on two tables: the same anchors and gap scores, from the arrays."""
+def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarray, np.ndarray, int]:
+    """``align`` on two tables: the same anchors and gap scores, from the arrays. Returns the
+    matched (bench, target) positions as two arrays, and the number of anchors."""
     if _same_structure(ta, tb):
-        return Alignment([(i, i) for i in range(len(ta))], len(ta))
+        return np.arange(len(ta), dtype=np.int32), np.arange(len(tb), dtype=np.int32), len(ta)
     keys, feats = [], []
     perm_of = codes.lut("shape", lambda v: codes.code("perm", tuple(sorted(v))), np.int64)
     numel_of = codes.lut("shape", math.prod)
@@ -172,7 +197,9 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> Alignment:
             numel=np.array([codes.code("numels", n) for n in t.per_entry(numel_of[t.out_shape])], dtype=np.int64),
             dtype=np.array([codes.code("dtypes", d) for d in t.per_entry(t.out_dtype)], dtype=np.int64),
             module=t.kind == MODULE, paths=t.path_text, ops=t.op_text))
-    return align_features(feats[0], feats[1], keys[0], keys[1])
+    alignment = align_features(feats[0], feats[1], keys[0], keys[1])
+    pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +244,7 @@ class ColumnEntry(Entry):
 
     @property
     def group(self) -> tuple:
-        step = int(self.table.step[self.pos])
+        step = int(self.table.columns.records["step"][self.table.row[self.pos]])
         return (self.kind, self.direction, None if step < 0 else step)
 
     def __repr__(self) -> str:
@@ -328,39 +355,55 @@ class RowPlan:
     """Which entries and outputs each row shows, in compare_loaded's order: before each matched
     pair, the target-only entries that precede it, then the bench-only ones, then the pair's rows."""
 
-    def __init__(self, ta: EntryTable, tb: EntryTable, pairs: list[tuple[int, int]]) -> None:
-        pa = np.array([i for i, _ in pairs], dtype=np.int64)
-        pb = np.array([j for _, j in pairs], dtype=np.int64)
+    def __init__(self, ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -> None:
         self.pa, self.pb = pa, pb
         n_pair = np.maximum(ta.n_out[pa], tb.n_out[pb])
-        only_a = np.setdiff1d(np.arange(len(ta)), pa, assume_unique=True)
-        only_b = np.setdiff1d(np.arange(len(tb)), pb, assume_unique=True)
-        blocks = [  # (category, pair it precedes or is, bench entry, target entry, rows)
-            (np.zeros(len(only_b), np.int64), np.searchsorted(pb, only_b, "right"), np.full(len(only_b), -1), only_b,
-             tb.n_out[only_b]),
-            (np.ones(len(only_a), np.int64), np.searchsorted(pa, only_a, "right"), only_a, np.full(len(only_a), -1),
-             ta.n_out[only_a]),
-            (np.full(len(pa), 2), np.arange(len(pa)), pa, pb, n_pair)]
-        cat, pair, a, b, n = (np.concatenate([blk[i] for blk in blocks]).astype(np.int64) for i in range(5))
-        own = np.where(cat == 0, b, a)
-        order = np.lexsort((own, cat, pair))  # blocks in order; rows within a block by output index
-        cat, pair, a, b, n = cat[order], pair[order], a[order], b[order], n[order]
-        self.block_start = np.cumsum(n) - n  # first row of each block
-        rep = np.repeat
-        self.cat, self.pair, self.a, self.b = rep(cat, n), rep(pair, n), rep(a, n), rep(b, n)
-        self.k = np.arange(int(n.sum()), dtype=np.int64) - rep(self.block_start, n)
-        has_a = self.k < _gather(ta.n_out, self.a, 0)
-        has_b = self.k < _gather(tb.n_out, self.b, 0)
-        self.ao = np.where(has_a, _gather(ta.out_start, self.a, 0) + self.k, -1)  # output of the bench entry
-        self.bo = np.where(has_b, _gather(tb.out_start, self.b, 0) + self.k, -1)
+        only_a, only_b = _unmatched(len(ta), pa), _unmatched(len(tb), pb)
+        if len(only_a) or len(only_b):
+            # block keys: the pair a block precedes (or is) x 3 + its category; a stable sort keeps
+            # unmatched entries in their order within a gap
+            cat = np.concatenate([np.zeros(len(only_b), np.int32), np.ones(len(only_a), np.int32),
+                                  np.full(len(pa), 2, np.int32)])
+            pair = np.concatenate([np.searchsorted(pb, only_b, "right"), np.searchsorted(pa, only_a, "right"),
+                                   np.arange(len(pa))]).astype(np.int32)
+            order = np.argsort(pair.astype(np.int64) * 3 + cat, kind="stable")
+            cat, pair = cat[order], pair[order]
+            a = np.concatenate([np.full(len(only_b), -1, np.int32), only_a, pa])[order]
+            b = np.concatenate([only_b, np.full(len(only_a), -1, np.int32), pb])[order]
+            n = np.concatenate([tb.n_out[only_b], ta.n_out[only_a], n_pair])[order]
+            del order
+        else:  # every entry matched (the same model on both sides): blocks are the pairs
+            cat, pair, a, b, n = np.full(len(pa), 2, np.int32), np.arange(len(pa), dtype=np.int32), pa, pb, n_pair
+        block_start = np.cumsum(n, dtype=np.int64) - n  # first row of each block
+
+        def rep(x: np.ndarray) -> np.ndarray:  # int32: a million rows hold 6 of these
+            return np.repeat(x.astype(np.int32, copy=False), n)
+
+        self.cat, self.pair, self.a, self.b = rep(cat), rep(pair), rep(a), rep(b)
+        k = np.arange(len(self.cat), dtype=np.int32) - np.repeat(block_start.astype(np.int32), n)  # output index
+        self.ao = np.where(k < _gather(ta.n_out, self.a, 0), _gather(ta.out_start, self.a, 0) + k, -1).astype(np.int32)
+        self.bo = np.where(k < _gather(tb.n_out, self.b, 0), _gather(tb.out_start, self.b, 0) + k, -1).astype(np.int32)
+        del k
         # where each pair's rows start, by pair index
         self.pair_start = np.zeros(len(pa), np.int64)
         self.pair_rows = n_pair
         is_pair = cat == 2
-        self.pair_start[pair[is_pair]] = self.block_start[is_pair]
+        self.pair_start[pair[is_pair]] = block_start[is_pair]
 
     def __len__(self) -> int:
-        return len(self.k)
+        return len(self.cat)
+
+    def trim(self) -> None:
+        """Drop the row -> entry and output maps once rows are judged (attribution reads the
+        pairs, their rows and the target entry of each row)."""
+        self.a = self.ao = self.bo = None
+
+
+def _unmatched(n: int, matched: np.ndarray) -> np.ndarray:
+    """Positions in range(n) not in ``matched`` (int32)."""
+    keep = np.ones(n, dtype=bool)
+    keep[matched] = False
+    return np.flatnonzero(keep).astype(np.int32)
 
 
 def _gather(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
@@ -373,7 +416,7 @@ def _gather(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
 
 def _take(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
     """values[idx] where idx >= 0, else ``missing`` (an object array)."""
-    out = np.full(len(idx), missing, dtype=object)
+    out = _objects(len(idx), missing)
     ok = idx >= 0
     out[ok] = values[idx[ok]]
     return out
@@ -407,6 +450,19 @@ def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules) -> 
 def _dtype_names(t: EntryTable) -> dict[int, str]:
     """dtype code -> name, both sides (their codes are shared)."""
     return dict(enumerate(t.codes.lut("dtype").tolist()))
+
+
+# Status texts by verdict code, indexed so every row holds the one str object (np.where on texts
+# and astype(object) would make a new str per row: 50 MB at a million rows).
+_STATUS_OBJECTS = np.array([PairStatus.PASS.value, PairStatus.WARNING.value, PairStatus.FAIL.value,
+                            PairStatus.NAN_INF.value], dtype=object)
+
+
+def _objects(n: int, value: Any) -> np.ndarray:
+    """An object array of ``n`` references to ``value`` (np.full would copy a str per element)."""
+    out = np.empty(n, dtype=object)
+    out.fill(value)
+    return out
 
 
 def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -444,12 +500,9 @@ def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rul
         allowed = floor + rtol * scale
         within = np.where(allowed > 0, worst / allowed, np.where(worst == 0, 0.0, np.inf))
         stats_err = np.where(scale > 0, worst / scale, worst)
-    status = np.where(within <= 1.0, PairStatus.PASS.value,
-                      np.where(exact, PairStatus.FAIL.value,
-                               np.where(within <= rules.stats_warn_factor, PairStatus.WARNING.value,
-                                        PairStatus.FAIL.value))).astype(object)
-    status[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = PairStatus.NAN_INF.value
-    return {"status": status, "stats_err": stats_err}
+    verdict = np.where(within <= 1.0, 0, np.where(exact, 2, np.where(within <= rules.stats_warn_factor, 1, 2)))
+    verdict[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = 3
+    return {"status": _STATUS_OBJECTS[verdict], "stats_err": stats_err}
 
 
 def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
@@ -478,9 +531,6 @@ def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
     return out
 
 
-CHUNK = 1 << 16  # rows built at a time: the per-row columns of a chunk are a few MB, not a GB
-
-
 class _Vocab:
     """Values by shared code, as rows show them: dtype names, shapes as text, element counts
     (one Python object per distinct value, shared by every row)."""
@@ -498,8 +548,7 @@ def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: s
     pair, bench_only = cat == 2, cat == 1
     on_a = pair | bench_only  # rows whose kind and module are the bench entry's
     kinds = np.array(KINDS, dtype=object)
-    note = np.full(len(cat), "", dtype=object)
-    status = np.full(len(cat), "", dtype=object)
+    note, status = _objects(len(cat), ""), _objects(len(cat), "")
     one_sided = pair & ((ao < 0) | (bo < 0))
     note[one_sided] = "output present on one side only"
     note[cat == 0] = "only in target"
@@ -518,7 +567,7 @@ def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: s
         "module": np.where(on_a, _take(ta.path_text, a, ""), _take(tb.path_text, b, "")),
         "bench_op": _take(ta.op_text, a, ""), "target_op": _take(tb.op_text, b, ""),
         "tensor": np.where(ao >= 0, _take(ta.out_name, ao, ""), _take(tb.out_name, bo, "")),
-        "bench_seq": _take(ta.seq, a, None), "target_seq": _take(tb.seq, b, None),
+        "bench_seq": _take(ta.seq_value, a, None), "target_seq": _take(tb.seq_value, b, None),
         "bench_shape": shown(ao, vocab.shape_text, ta.out_shape), "target_shape": shown(bo, vocab.shape_text, tb.out_shape),
         "bench_dtype": shown(ao, vocab.dtype, ta.out_dtype), "target_dtype": shown(bo, vocab.dtype, tb.out_dtype),
     }
@@ -542,11 +591,11 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     def put(name: str, values: np.ndarray) -> None:
         col = cols.get(name)
         if not isinstance(col, np.ndarray):
-            col = cols[name] = np.full(len(cols["status"]), _FIELDS[name].default, dtype=object)
+            col = cols[name] = _objects(len(cols["status"]), _FIELDS[name].default)
         col[at] = values
 
     put("status", judged["status"])
-    put("mode", np.full(len(at), "stats", dtype=object))
+    put("mode", "stats")
     put("stats_err", judged["stats_err"])
     put("numel", vocab.numel[ta.out_shape[ao]])
     put("bench_nan", b["nan"])
@@ -605,13 +654,20 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     started = time.perf_counter()
     codes = Codes()
     ta, tb = EntryTable(bench.columns, codes), EntryTable(target.columns, codes)
-    alignment = align_tables(ta, tb, codes)
+    pa, pb, anchors = align_tables(ta, tb, codes)
     ea, eb = LazyEntries(ta), LazyEntries(tb)
-    plan = RowPlan(ta, tb, alignment.pairs)
+    plan = RowPlan(ta, tb, pa, pb)
+    partner = np.full(len(tb), -1, dtype=np.int64)
+    partner[pb] = pa
+    ta.name_rows()
+    tb.name_rows(ta, partner)
+    del partner
     vocab = _Vocab(codes)
     floor, tols = _tolerances(ta, tb, plan, rules)
     comparer = PairComparer(bench, target, rules, None, floor)
     random_of = _random_of(ta, ea)
+    for t in (ta, tb):
+        t.trim("group", "op", "path", "call_index")
     total_bytes = _total_bytes(ta, vocab)
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
     comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
@@ -637,10 +693,12 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
         else:
             comparer.compare(row, bm, tm, None)
     comparer.bar.close()
+    for t in (ta, tb):
+        t.trim("out_name", "out_dtype", "out_shape", "seq_value")
+    plan.trim()
     matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
     attribute(ea, eb, suspect, comparer, rules, target, matches)
-    totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(alignment.pairs),
-              "anchors": alignment.anchors, "bytes_compared": comparer.bytes,
+    totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors, "bytes_compared": comparer.bytes,
               "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals
 
@@ -671,11 +729,14 @@ def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, p
     pair_of_b[plan.pb] = np.arange(len(plan.pb))
     pair_of_a = np.full(len(ta), -1, dtype=np.int64)
     pair_of_a[plan.pa] = np.arange(len(plan.pa))
-    start, count = plan.pair_start.tolist(), plan.pair_rows.tolist()
+    start, count = plan.pair_start, plan.pair_rows
+
+    def pair_rows(p: int) -> list[CompareRow]:
+        return rows[int(start[p]):int(start[p] + count[p])]
 
     def rows_of(pos: int) -> list[CompareRow] | None:
         p = int(pair_of_b[pos]) if 0 <= pos < len(pair_of_b) else -1
-        return None if p < 0 else rows[start[p]:start[p] + count[p]]
+        return None if p < 0 else pair_rows(p)
 
     seq_a, seq_b = ta.seq_index(), tb.seq_index()
 
@@ -688,11 +749,11 @@ def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, p
         p = -1 if pos is None else int(pair_of_a[pos])
         return None if p < 0 else eb[int(plan.pb[p])]
 
-    status = np.array([r.status for r in rows], dtype=object)
-    bad = np.isin(status, list(_SUSPECT)) & (plan.cat == 2)
-    suspect_pairs = np.unique(plan.pair[bad])
-    suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], rows[start[p]:start[p] + count[p]])
-               for p in suspect_pairs.tolist()]
+    bad = np.zeros(len(rows), dtype=bool)
+    for lo in range(0, len(rows), CHUNK):
+        bad[lo:lo + CHUNK] = [r.status in _SUSPECT for r in rows[lo:lo + CHUNK]]
+    suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)])
+    suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], pair_rows(p)) for p in suspect_pairs.tolist()]
     random_pos = min((int(plan.b[n]) for n in random_rows if _random(rows[n])), default=len(tb))
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
                    random_pos=random_pos, made=_LazyMade(tb, eb)), suspect
