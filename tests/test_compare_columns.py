@@ -11,16 +11,15 @@ import math
 
 import pytest
 import torch
+from test_compare import PerturbNthMM, _run
 
 import xray
 from xray.compare import compare_dumps
 from xray.compare.columnar import is_columnar
 from xray.compare.engine import compare_loaded
-from xray.demo.models import tiny_llama, token_batch
+from xray.demo.models import tiny_llama
 from xray.dump.reader import TraceDump
 from xray.numerics.rules import Rules
-
-from test_compare import PerturbNthMM, _run
 
 
 def _record_backed(dump: TraceDump) -> TraceDump:

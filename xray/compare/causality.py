@@ -51,7 +51,7 @@ class _Pending:
 
 
 def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
-              comparer: Any, rules: Any, target_dump: Any, index: "Matches | None" = None) -> None:
+              comparer: Any, rules: Any, target_dump: Any, index: Matches | None = None) -> None:
     """Fill origin, cause, culprit, local error and inputs_agree of every failing matched row;
     measured precision loss turns rows into warnings.
 
@@ -212,7 +212,7 @@ class Matches:
     made: Any
 
     @classmethod
-    def of(cls, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> "Matches":
+    def of(cls, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> Matches:
         return cls(by_seq={e.record.seq: e for e in eb}, rows_of={b.pos: rows for _, b, rows in matched},
                    target_of={a.record.seq: b for a, b, _ in matched},
                    random_pos=min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb)),

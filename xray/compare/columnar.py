@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from ..dump.reader import _no_cyclic_gc
 from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns,
                             RecordSequence, _name)
+from ..dump.reader import _no_cyclic_gc
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
 from .align import _Features, align_features, op_base
-from .causality import Matches, _fingerprint, _random, attribute
+from .causality import Matches, _random, attribute
 from .entries import Entry, normalize_path
 from .result import CompareRow, PairStatus
 
@@ -127,7 +127,7 @@ class EntryTable:
     def __len__(self) -> int:
         return len(self.row)
 
-    def name_rows(self, other: "EntryTable | None" = None, partner: np.ndarray | None = None) -> None:
+    def name_rows(self, other: EntryTable | None = None, partner: np.ndarray | None = None) -> None:
         """Set ``names`` (``Record.name``) and ``seq_value`` (the seq as a Python int) of every
         entry: one object each, which the entry's rows share. With ``other`` and ``partner``
         (this table's entry -> its matched entry of ``other``, or -1), a value equal to the
@@ -166,7 +166,7 @@ class EntryTable:
         op, the call index of a module (a renamed class is still the same module)."""
         return np.where(self.kind == MODULE, self.call_index, self.op)
 
-    def seq_index(self) -> "SeqIndex":
+    def seq_index(self) -> SeqIndex:
         return SeqIndex(self.seq)
 
 
@@ -210,7 +210,7 @@ class ColumnEntry(Entry):
     """An Entry whose Record (and tensor lists) is built on first access; kind, op, path, name
     and group come from the table."""
 
-    def __init__(self, table: EntryTable, pos: int) -> None:  # noqa: super().__init__ would build the record
+    def __init__(self, table: EntryTable, pos: int) -> None:  # not Entry's: that one takes a built Record
         self.table, self.pos = table, pos
         self.path = table.path_text[pos]
 
@@ -649,7 +649,7 @@ def _total_bytes(t: EntryTable, vocab: _Vocab) -> int:
 def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
                     progress: bool | None = None) -> tuple[list[CompareRow], dict]:
     """compare_loaded for two columnar dumps (no reference run): the same rows and totals."""
-    from .engine import PROGRESS_BYTES, PairComparer, _same_layout
+    from .engine import PairComparer
 
     started = time.perf_counter()
     codes = Codes()
@@ -657,22 +657,49 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     pa, pb, anchors = align_tables(ta, tb, codes)
     ea, eb = LazyEntries(ta), LazyEntries(tb)
     plan = RowPlan(ta, tb, pa, pb)
-    partner = np.full(len(tb), -1, dtype=np.int64)
-    partner[pb] = pa
-    ta.name_rows()
-    tb.name_rows(ta, partner)
-    del partner
+    _name_rows(ta, tb, pa, pb)
     vocab = _Vocab(codes)
     floor, tols = _tolerances(ta, tb, plan, rules)
     comparer = PairComparer(bench, target, rules, None, floor)
     random_of = _random_of(ta, ea)
     for t in (ta, tb):
         t.trim("group", "op", "path", "call_index")
+    comparer.bar = _progress_bar(ta, vocab, rank, progress)
+    fast = _vectorised(ta, tb, plan, random_of, vocab)
+    rows = _rows(rank, ta, tb, plan, fast, tols, rules, vocab)
+    random_rows = _judge_the_rest(bench, target, ta, tb, plan, fast, rows, comparer, random_of)
+    comparer.bar.close()
+    for t in (ta, tb):
+        t.trim("out_name", "out_dtype", "out_shape", "seq_value")
+    plan.trim()
+    matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
+    attribute(ea, eb, suspect, comparer, rules, target, matches)
+    totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
+              "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
+    return rows, totals
+
+
+def _name_rows(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -> None:
+    """Names and seqs of both sides' entries, the target's shared with its matched bench entry."""
+    partner = np.full(len(tb), -1, dtype=np.int64)
+    partner[pb] = pa
+    ta.name_rows()
+    tb.name_rows(ta, partner)
+
+
+def _progress_bar(ta: EntryTable, vocab: _Vocab, rank: str, progress: bool | None) -> tqdm:
+    from .engine import PROGRESS_BYTES
+
     total_bytes = _total_bytes(ta, vocab)
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
-                        disable=not show, leave=False)
-    fast = _vectorised(ta, tb, plan, random_of, vocab)
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), disable=not show,
+                leave=False)
+
+
+def _rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, tols: dict, rules: Rules,
+          vocab: _Vocab) -> list[CompareRow]:
+    """Every row, named; those in ``fast`` judged from statistics. Chunk by chunk, so the
+    per-row columns never exist for all rows at once."""
     rows: list[CompareRow] = []
     with _no_cyclic_gc():  # a million acyclic rows: the collector would walk them again and again
         for lo in range(0, len(plan), CHUNK):
@@ -681,26 +708,26 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
             at = np.flatnonzero(fast[sl])
             _stats_columns(ta, tb, plan.ao[sl][at], plan.bo[sl][at], at, tols, rules, vocab, cols)
             rows += _build_rows(cols, sl.stop - sl.start)
-    # The rest of the output pairs: judged one by one from their TensorMetas.
+    return rows
+
+
+def _judge_the_rest(bench: Any, target: Any, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray,
+                    rows: list[CompareRow], comparer: Any, random_of: dict[int, str]) -> list[int]:
+    """The output pairs the statistics judge left: judged one by one from their TensorMetas,
+    as compare_loaded judges every pair. Returns the rows skipped as random."""
+    from .engine import _same_layout
+
     meta_a, meta_b = bench.columns.tensor_meta, target.columns.tensor_meta
     random_rows = []
     for n in np.flatnonzero(~fast & (plan.ao >= 0) & (plan.bo >= 0)).tolist():
         row, a = rows[n], int(plan.a[n])
         bm, tm = meta_a(int(ta.out[plan.ao[n]])), meta_b(int(tb.out[plan.bo[n]]))
-        if a in random_of and _same_layout(bm, tm):
+        if a in random_of and _same_layout(bm, tm):  # random values differ by nature: never a divergence
             row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random_of[a]}"
             random_rows.append(n)
         else:
             comparer.compare(row, bm, tm, None)
-    comparer.bar.close()
-    for t in (ta, tb):
-        t.trim("out_name", "out_dtype", "out_shape", "seq_value")
-    plan.trim()
-    matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
-    attribute(ea, eb, suspect, comparer, rules, target, matches)
-    totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors, "bytes_compared": comparer.bytes,
-              "seconds": round(time.perf_counter() - started, 3)}
-    return rows, totals
+    return random_rows
 
 
 _FIELDS = CompareRow.__dataclass_fields__
