@@ -81,6 +81,8 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
                 close = getattr(d, "close", None)
                 if callable(close):
                     close()
+            # let the pair's index go before the next pair's (a 1M-record one is 400 MB a side)
+            db = dt = dr = d = None
         if totals["bench_records"] == 0 or totals["target_records"] == 0:
             empty = pb if totals["bench_records"] == 0 else pt
             raise CompareInputError(f"{empty}: no record with an output tensor to compare "

@@ -276,7 +276,7 @@ class SeqIndex:
     """Position of an entry by its record's seq (the last one, like a dict built in order)."""
 
     def __init__(self, seqs: np.ndarray) -> None:
-        self._sorted = bool(len(seqs) < 2 or np.all(np.diff(seqs) > 0))
+        self._sorted = bool(len(seqs) < 2 or np.all(seqs[1:] > seqs[:-1]))
         self._seqs = seqs
         self._dict = None if self._sorted else {s: i for i, s in enumerate(seqs.tolist())}
 
@@ -671,6 +671,7 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     comparer.bar.close()
     for t in (ta, tb):
         t.trim("out_name", "out_dtype", "out_shape", "seq_value")
+    ta.trim("out", "out_start", "n_out")  # the bench's outputs are read through its Records from here on
     plan.trim()
     matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
     attribute(ea, eb, suspect, comparer, rules, target, matches)
@@ -700,14 +701,14 @@ def _rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.nda
           vocab: _Vocab) -> list[CompareRow]:
     """Every row, named; those in ``fast`` judged from statistics. Chunk by chunk, so the
     per-row columns never exist for all rows at once."""
-    rows: list[CompareRow] = []
+    rows: list[CompareRow] = [None] * len(plan)  # type: ignore[list-item]  # filled below, never regrown
     with _no_cyclic_gc():  # a million acyclic rows: the collector would walk them again and again
         for lo in range(0, len(plan), CHUNK):
             sl = slice(lo, min(lo + CHUNK, len(plan)))
             cols = _row_columns(rank, ta, tb, plan, sl, vocab)
             at = np.flatnonzero(fast[sl])
             _stats_columns(ta, tb, plan.ao[sl][at], plan.bo[sl][at], at, tols, rules, vocab, cols)
-            rows += _build_rows(cols, sl.stop - sl.start)
+            rows[sl] = _build_rows(cols, sl.stop - sl.start)
     return rows
 
 
@@ -752,9 +753,9 @@ def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, p
              rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
     """causality's look-ups over every matched pair, and the pairs it starts from (those with a
     suspect row), without building an Entry for the others."""
-    pair_of_b = np.full(len(tb), -1, dtype=np.int64)
+    pair_of_b = np.full(len(tb), -1, dtype=np.int32)
     pair_of_b[plan.pb] = np.arange(len(plan.pb))
-    pair_of_a = np.full(len(ta), -1, dtype=np.int64)
+    pair_of_a = np.full(len(ta), -1, dtype=np.int32)
     pair_of_a[plan.pa] = np.arange(len(plan.pa))
     start, count = plan.pair_start, plan.pair_rows
 
