@@ -28,7 +28,7 @@ all 1M records. ``--ranks 1`` writes one 1M-record rank instead (issue 21's "ope
 
 Compare on the 2-core reference machine: JSON index (format v2) 368 s at 4.3 GiB peak RSS (8 ranks),
 336 s at 12.8 GiB (1 rank), 23 s at 100k records; columnar index (v3) read as columns by compare,
-10.3 s at 975 MiB (8 ranks), 12.9 s at 1,908 MiB (1 rank), 2.8 s at 323 MiB (100k records).
+7.1 s at 977 MiB (8 ranks), 7.7 s at 1,822 MiB (1 rank), 1.9 s at 322 MiB (100k records).
 """
 from __future__ import annotations
 
