@@ -47,7 +47,7 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
     from ..numerics.rules import Rules
-    from .distributed import SyncPoint, collective_seqs, divergence_order, sync_point
+    from .distributed import SyncPoint, divergence_order, sync_point
     from .engine import compare_loaded, first_divergence
     from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 
@@ -69,7 +69,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         if reference:
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)
             dr = open_dump(rp, "reference", summary.warnings) if rp else None
-        (collectives, folded), first_seq = collective_seqs(dt.records), min((r.seq for r in dt.records), default=0)
+        (collectives, folded), first_seq = _collectives(dt), _first_seq(dt)
         if folded:
             where = f" ({label})" if label else ""
             summary.warnings.append(f"target{where}: X_DEDUP folded {folded} collective calls into earlier records; "
@@ -81,6 +81,8 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
                 close = getattr(d, "close", None)
                 if callable(close):
                     close()
+            # let the pair's index go before the next pair's (a 1M-record one is 400 MB a side)
+            db = dt = dr = d = None
         if totals["bench_records"] == 0 or totals["target_records"] == 0:
             empty = pb if totals["bench_records"] == 0 else pt
             raise CompareInputError(f"{empty}: no record with an output tensor to compare "
@@ -150,17 +152,56 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
 def dedup_note(dump, side: str) -> str | None:
     """What a de-duplicated dump hides, or None. De-duplication (X_DEDUP, the recorder's default)
     keeps one record per call signature: later calls with the same signature are not there."""
-    records = list(getattr(dump, "records", []))
-    folded = sum(max(0, r.count - 1) for r in records)
+    n_records, folded = _folded(dump)
     config = (getattr(dump, "header", None) or {}).get("config") or {}
     if not folded and not config.get("X_DEDUP"):
         return None
     if not folded:
         return (f"{side} dump was recorded with X_DEDUP=1; no call was folded here, but a longer run would "
                 "lose repeated calls: record with X_DEDUP=0 to compare every call")
-    return (f"{side} dump is DE-DUPLICATED (X_DEDUP=1): {len(records)} records stand for {len(records) + folded} calls; "
+    return (f"{side} dump is DE-DUPLICATED (X_DEDUP=1): {n_records} records stand for {n_records + folded} calls; "
             f"{folded} later calls with an already-seen signature were not recorded, so an error born in one of them "
             "is invisible and the first divergence may be late or missing. Record with X_DEDUP=0")
+
+
+def _columns(dump):
+    """The dump's columns when its records are built from them (format v3), else None: facts
+    about every record are then read from arrays, not from a million Records."""
+    from .columnar import is_columnar
+
+    return dump.columns if is_columnar(dump) else None
+
+
+def _folded(dump) -> tuple[int, int]:
+    """(records, calls folded into them by de-duplication)."""
+    cols = _columns(dump)
+    if cols is not None:
+        counts = cols.records["count"]
+        return len(counts), int((counts - 1).clip(min=0).sum())
+    records = list(getattr(dump, "records", []))
+    return len(records), sum(max(0, r.count - 1) for r in records)
+
+
+def _first_seq(dump) -> int:
+    cols = _columns(dump)
+    if cols is not None:
+        return int(cols.records["seq"].min()) if len(cols.records) else 0
+    return min((r.seq for r in dump.records), default=0)
+
+
+def _collectives(dump) -> tuple[list[int], int]:
+    """distributed.collective_seqs, on the columns when there are some."""
+    from .distributed import collective_seqs, is_collective
+
+    cols = _columns(dump)
+    if cols is None:
+        return collective_seqs(dump.records)
+    import numpy as np
+
+    ops = cols.records["op"]
+    wanted = [int(i) for i in np.unique(ops).tolist() if is_collective(cols.strings[int(i)])]
+    rows = cols.records[np.isin(ops, wanted)]
+    return sorted(rows["seq"].tolist()), int((rows["count"] - 1).clip(min=0).sum())
 
 
 def _data_warnings(rows: list[CompareRow], totals: dict, label: str, pb, pt, notes: list[str]) -> None:

@@ -36,7 +36,16 @@ def anchor_key(e: Entry) -> tuple:
 
 
 class _Features:
-    """Integer codes of each entry's features, so score matrices are numpy comparisons."""
+    """Integer codes of each entry's features, so score matrices are numpy comparisons.
+
+    Codes mean only equality, within one feature, across both sides: the columnar compare
+    builds them from its arrays instead (``of_arrays``)."""
+
+    @classmethod
+    def of_arrays(cls, **features) -> "_Features":
+        f = cls.__new__(cls)
+        f.__dict__.update(features)
+        return f
 
     def __init__(self, entries: list[Entry], codes: dict) -> None:
         def code(kind: str, value) -> int:
@@ -64,10 +73,10 @@ def score_matrix(fa: _Features, ia: slice, fb: _Features, ib: slice) -> np.ndarr
     group = eq(fa.group, fb.group)
     op_eq, base_eq, path_eq = eq(fa.op, fb.op), eq(fa.base, fb.base), eq(fa.path, fb.path)
     mod = fa.module[ia][:, None] & fb.module[ib][None, :]
-    path_sim = cdist(fa.paths[ia], fb.paths[ib], scorer=fuzz.ratio, dtype=np.float32) / 100.0
+    path_sim = cdist(list(fa.paths[ia]), list(fb.paths[ib]), scorer=fuzz.ratio, dtype=np.float32) / 100.0
     op_ok = op_eq | base_eq
     if mod.any():
-        cls_sim = cdist(fa.ops[ia], fb.ops[ib], scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
+        cls_sim = cdist(list(fa.ops[ia]), list(fb.ops[ib]), scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
         op_ok |= mod & (path_eq | cls_sim)
     numel_eq = eq(fa.numel, fb.numel)
     perm_eq = eq(fa.perm, fb.perm)
@@ -135,13 +144,18 @@ def align(bench: list[Entry], target: list[Entry]) -> Alignment:
     if [k + (e.op,) for k, e in zip(anchors_a, bench)] == [k + (e.op,) for k, e in zip(anchors_b, target)]:
         return Alignment([(i, i) for i in range(len(bench))], len(bench))  # same structure: nothing to search
     codes: dict = {}
-    fa, fb = _Features(bench, codes), _Features(target, codes)
-    anchors = _anchors(anchors_a, anchors_b)
+    return align_features(_Features(bench, codes), _Features(target, codes), anchors_a, anchors_b)
+
+
+def align_features(fa: _Features, fb: _Features, keys_a: list, keys_b: list) -> Alignment:
+    """Anchors from the keys (hashable, equal across sides when the anchor keys are), then the
+    gaps by score; the entries are seen only through their features."""
+    anchors = _anchors(keys_a, keys_b)
     pairs: list[tuple[int, int]] = []
     prev = (-1, -1)
-    for a in anchors + [(len(bench), len(target))]:
+    for a in anchors + [(len(keys_a), len(keys_b))]:
         pairs += _fill(fa, prev[0] + 1, a[0], fb, prev[1] + 1, a[1])
-        if a[0] < len(bench):
+        if a[0] < len(keys_a):
             pairs.append(a)
         prev = a
     return Alignment(pairs, len(anchors))

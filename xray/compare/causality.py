@@ -51,9 +51,14 @@ class _Pending:
 
 
 def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
-              comparer: Any, rules: Any, target_dump: Any) -> None:
+              comparer: Any, rules: Any, target_dump: Any, index: Matches | None = None) -> None:
     """Fill origin, cause, culprit, local error and inputs_agree of every failing matched row;
-    measured precision loss turns rows into warnings."""
+    measured precision loss turns rows into warnings.
+
+    ``index`` answers the look-ups over every matched pair (Matches); without it, it is built
+    from ``matched``. The columnar compare passes only the pairs with a suspect row in
+    ``matched`` and an index that reads its arrays, so a million passing pairs cost nothing here."""
+    index = index if index is not None else Matches.of(eb, matched)
     pending = []
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
         if not any(r.status in _SUSPECT for r in rows):
@@ -67,12 +72,12 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
                     r.local_err, r.local_floor = le.local, le.floor
         pending.append(p)
     _mark_precision_loss(pending, rules)
-    graph = _Graph(eb, matched)
+    graph = _Graph(index)
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
-    random_pos = min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb))
+    random_pos = index.random_pos
     born_seen = False
-    matched_target = {a.record.seq: b for a, b, _ in matched}  # bench seq -> its target entry
+    matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         born_seen = born_seen or p.target.pos > random_pos
         agree = _agreement(p.inputs)
@@ -176,35 +181,66 @@ def _ops_inside(m: Entry, eb: list[Entry]) -> list[Entry]:
     def inside(e: Entry) -> bool:
         return m.path == "" or e.path == m.path or e.path.startswith(m.path + ".")
 
-    for span in (reversed(eb[:m.pos]), eb[m.pos + 1:]):
+    # by position, not slices: ``eb`` may be a lazy sequence, and the walk stops at the module's edge
+    for span in (range(m.pos - 1, -1, -1), range(m.pos + 1, len(eb))):
         out = []
-        for e in span:
+        for i in span:
+            e = eb[i]
             if not inside(e) or (e.kind == "module" and e.path == m.path):
                 break  # left the module, or reached another call of it
-            if e.kind == "op" and e.record.direction == m.record.direction:
+            if e.kind == "op" and e.direction == m.direction:
                 out.append(e)
         if out:
             return out
     return []
 
 
+@dataclass
+class Matches:
+    """What attribution looks up about every matched pair and every target entry.
+
+    ``by_seq``: target seq -> Entry; ``rows_of``: target position -> the pair's rows;
+    ``target_of``: bench seq -> the matched target Entry; ``random_pos``: the first target
+    position whose rows were skipped as random (len(eb) if none); ``made``: fingerprint ->
+    [(seq, output index)] of target op outputs (v1 traces, which name no producers). Mappings
+    only need ``get``, ``in``, ``[]`` (and ``made`` truthiness), so they may be lazy views."""
+
+    by_seq: Any
+    rows_of: Any
+    target_of: Any
+    random_pos: int
+    made: Any
+
+    @classmethod
+    def of(cls, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> Matches:
+        return cls(by_seq={e.record.seq: e for e in eb}, rows_of={b.pos: rows for _, b, rows in matched},
+                   target_of={a.record.seq: b for a, b, _ in matched},
+                   random_pos=min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb)),
+                   made=made_by(eb))
+
+
+def made_by(eb: list[Entry]) -> dict[tuple, list[tuple[int, int]]]:
+    """v1 traces name no producers: a value's fingerprint (shape, dtype, statistics) finds the
+    op output it came from. Only traces: they record every op, so "not found" means it came
+    from outside (a parameter or a model input); module dumps do not."""
+    made: dict[tuple, list[tuple[int, int]]] = {}
+    if eb and all(e.kind == "op" or e.record.kind == "module" for e in eb) and any(e.kind == "op" for e in eb):
+        for e in eb:
+            if e.kind == "op":
+                for k, (_, m) in enumerate(e.outputs):
+                    fp = _fingerprint(m)
+                    if fp is not None:
+                        made.setdefault(fp, []).append((e.record.seq, k))
+    return made
+
+
 class _Graph:
     """Target records by seq, and which of them are matched (with their rows)."""
 
-    def __init__(self, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> None:
-        self.by_seq = {e.record.seq: e for e in eb}
-        self.rows_of = {b.pos: rows for _, b, rows in matched}
-        # v1 traces name no producers: a value's fingerprint (shape, dtype, statistics) finds the
-        # op output it came from. Only traces: they record every op, so "not found" means it came
-        # from outside (a parameter or a model input); module dumps do not.
-        self.made: dict[tuple, list[tuple[int, int]]] = {}
-        if eb and all(e.kind == "op" or e.record.kind == "module" for e in eb) and any(e.kind == "op" for e in eb):
-            for e in eb:
-                if e.kind == "op":
-                    for k, (_, m) in enumerate(e.outputs):
-                        fp = _fingerprint(m)
-                        if fp is not None:
-                            self.made.setdefault(fp, []).append((e.record.seq, k))
+    def __init__(self, index: Matches) -> None:
+        self.by_seq = index.by_seq
+        self.rows_of = index.rows_of
+        self.made = index.made
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""

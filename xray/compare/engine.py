@@ -262,7 +262,14 @@ def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
 
 def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
                    progress: bool | None = None) -> tuple[list[CompareRow], dict]:
-    """Rows in execution order and per-dump totals for one pair of loaded dumps."""
+    """Rows in execution order and per-dump totals for one pair of loaded dumps.
+
+    Two format-v3 dumps (records built from columns) without a reference run are compared on
+    their columns (columnar.py): the same rows, without building a Record per record."""
+    from .columnar import compare_columns, is_columnar
+
+    if reference is None and is_columnar(bench) and is_columnar(target):
+        return compare_columns(bench, target, rules, rank=rank, progress=progress)
     started = time.perf_counter()
     ea, eb = entries_of(bench), entries_of(target)
     alignment = align(ea, eb)

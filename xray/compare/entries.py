@@ -53,6 +53,10 @@ class Entry:
         return self.record.name
 
     @property
+    def direction(self) -> str:
+        return self.record.direction
+
+    @property
     def group(self) -> tuple:
         """Only entries of one group can match: same kind, direction and training step."""
         r = self.record
