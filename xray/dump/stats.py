@@ -3,7 +3,7 @@
 Must be called with every dispatch mode disabled (the tracer does that); it never mutates its
 input, so recording cannot change the model's numbers.
 
-Contiguous CPU tensors of float32, float64, bfloat16, the integer types and bool are reduced in
+CPU tensors (contiguous or strided) of float32, float64, bfloat16, the integer types and bool are reduced in
 ONE pass by the optional C extension ``xray.dump._moments`` (min, max, sum, sum of squares;
 built by ``pip install``, see setup.py) instead of three torch reductions and four ``.item()``
 calls (measurements: tools/bench_debugger.py). Everything else, and any tensor holding a NaN
@@ -29,6 +29,8 @@ except ImportError:  # no C compiler at install time: torch does it all
 NATIVE = (_ext is not None and _ext.ISA != "scalar"
           and os.environ.get("XRAY_NATIVE_STATS", "1").strip().lower() not in ("0", "false", "no", "off"))
 _moments = _ext.moments if NATIVE else None
+# An extension built before moments_strided existed still serves contiguous tensors.
+_moments_strided = getattr(_ext, "moments_strided", lambda *a: None) if NATIVE else None
 # dtype -> the extension's kind; empty when not NATIVE, so the hot path needs no extra flag test
 _NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch.bfloat16: _ext.BFLOAT16,
                  torch.int64: _ext.INT64, torch.int32: _ext.INT32, torch.int16: _ext.INT16,
@@ -119,10 +121,13 @@ def _native_moments(t: torch.Tensor, n: int) -> tuple[float, float, float, float
     apply: no extension, another dtype, too large, empty, not plain contiguous CPU memory."""
     kind = _NATIVE_KINDS.get(t.dtype)
     if (kind is None or not 0 < n <= _NATIVE_MAX or type(t) not in _PLAIN_TYPES or not t.is_cpu
-            or t.layout is not _STRIDED or not t.is_contiguous() or t.is_neg()):
+            or t.layout is not _STRIDED or t.is_neg()):
         return None
     try:  # the extension only reads the memory; t keeps it alive during the call
-        return _moments(t.data_ptr(), n, kind)
+        if t.is_contiguous():
+            return _moments(t.data_ptr(), n, kind)
+        # slices, transposes, permuted results: the same pass over the contiguous runs
+        return _moments_strided(t.data_ptr(), kind, tuple(t.shape), t.stride())
     except (RuntimeError, ValueError):  # no storage behind it (functorch wrappers), null data
         return None
 
@@ -183,11 +188,13 @@ class StatsCache:
         self._store(t, version, value)
         return value
 
-    def put(self, t: torch.Tensor, value: Any) -> None:
+    def put(self, t: torch.Tensor, value: Any, version: int | None = None) -> None:
+        """Cache ``value`` for ``t``; ``version``: the counter ``t`` will have when next asked,
+        where it differs from now (a view's output gets its base's counter after the call)."""
         if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
             return
         try:
-            self._store(t, (t._version, t.data_ptr()), value)
+            self._store(t, (t._version if version is None else version, t.data_ptr()), value)
         except RuntimeError:
             pass
 

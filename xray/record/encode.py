@@ -21,6 +21,9 @@ class OpInfo:
     stats_preserving: bool  # output holds exactly the input's elements (view/copy ops)
     returns: int  # number of schema returns (a single Tensor[] return is one output)
     defaults: tuple[tuple[str, Any], ...]  # (name, default) of arguments that have one
+    # The first output aliases the first input (view, slice, t...): it shares that input's
+    # version counter, which autograd attaches only after the kernel has returned.
+    view: bool = False
 
 
 # Ops whose first output holds the same multiset of values as their first input, so the
@@ -49,8 +52,9 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     mutates = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
     packet = func._schema.name.split("::")[-1]
     defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
+    view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
     return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates, len(schema.returns),
-                  defaults)
+                  defaults, view)
 
 
 def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -205,21 +205,45 @@ class Recorder:
         for name in info.mutates:  # the version counter is bumped only after we return
             _forget_all(self._stats, bound.get(name))
         if info.stats_preserving and self.stats_on:
-            self._reuse_stats(args, outs)
+            self._reuse_stats(rec, info, args, outs)
         if self.meta_on or self.stats_on:
             rec.outputs = [encode_value(v, self._meta) for v in outs]
+            if info.view and self.stats_on:
+                self._cache_view_outputs(args, outs, rec.outputs)
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         if key is not None:
             self._seen[key] = rec
         self._emit(rec)
 
-    def _reuse_stats(self, args: tuple, outs: list) -> None:
+    def _reuse_stats(self, rec: Record, info, args: tuple, outs: list) -> None:
+        """The output holds the input's values: take the statistics the input was described
+        with (a parameter's are never cached, so asking again would reduce it twice)."""
         src = args[0] if args else None
         dst = outs[0] if outs else None
         if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
                 and src.numel() == dst.numel()):
-            self._stats.put(dst, self.stats(src))
+            meta = rec.inputs.get(info.arg_names[0]) if info.arg_names else None
+            stats = meta.stats if type(meta) is TensorMeta and meta.stats is not None else self.stats(src)
+            self._stats.put(dst, stats)
+
+    def _cache_view_outputs(self, args: tuple, outs: list, metas: list) -> None:
+        """A view's outputs take their base's version counter once the call returns: cache
+        their statistics under that version, or the next op reading them reduces them again."""
+        base = args[0] if args else None
+        if not isinstance(base, torch.Tensor):
+            return
+        try:
+            version = base._version
+        except RuntimeError:  # inference tensors have no version counter
+            return
+        for o, m in zip(outs, metas):
+            if type(o) in (list, tuple) and type(m) is list:  # split, chunk, unbind: Tensor[]
+                for oi, mi in zip(o, m):
+                    if type(mi) is TensorMeta and mi.stats is not None:
+                        self._stats.put(oi, mi.stats, version)
+            elif type(m) is TensorMeta and m.stats is not None:
+                self._stats.put(o, m.stats, version)
 
     def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
         """Copy up to ``budget`` tensors (inputs first, then outputs, in schema order)."""
