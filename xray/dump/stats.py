@@ -226,3 +226,87 @@ class StatsCache:
         for key in [k for k, hit in cache.items() if hit[0]() is None]:
             del cache[key]
         self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
+
+
+# -- deferred statistics: launched on the device, read back once per flush ------------------------
+_ROW = 7  # min, max, sum, centred sum of squares, finite count, +inf count, -inf count
+
+
+def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:
+    """Write one tensor's statistics into ``row`` (a float64 row of the buffer, on t's device)
+    with device kernels only: no branch on a value, so nothing waits for the device.
+
+    Same semantics as tensor_stats: only finite elements enter min/max/mean/std; NaN, +Inf and
+    -Inf are counted (NaN = numel - finite - posinf - neginf, at resolve). The mean is taken on
+    the device and the squares are centred on it: the exact two-pass std of ``_two_pass``."""
+    x = _as_real(t.detach()).to(torch.float64)
+    fin = torch.isfinite(x)
+    count = fin.sum()
+    zeroed = torch.where(fin, x, 0.0)
+    total = zeroed.sum()
+    centred = torch.where(fin, x - total / count.clamp(min=1), 0.0)
+    m2 = torch.dot(centred.reshape(-1), centred.reshape(-1))
+    lo = torch.where(fin, x, float("inf")).amin()
+    hi = torch.where(fin, x, float("-inf")).amax()
+    posinf = torch.isposinf(x).sum()
+    neginf = torch.isneginf(x).sum()
+    torch.stack([lo, hi, total, m2, count.to(torch.float64), posinf.to(torch.float64),
+                 neginf.to(torch.float64)], out=row)
+
+
+class DeferredStats:
+    """Statistics computed where the tensor lives, into a preallocated buffer per device, and
+    copied to the host once per ``resolve()`` (the writer's flush) instead of once per tensor.
+
+    ``launch(t)`` returns a ``Stats`` holding only ``numel``; ``resolve()`` copies each device's
+    buffer to the host in one transfer and fills those same objects in place, so every record
+    (and cache entry) that holds one sees the values. A full buffer is resolved early: one more
+    transfer per ``capacity`` tensors. ``transfers`` counts the device-to-host copies made.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+        self._pending: dict[torch.device, list[Stats]] = {}
+        self.transfers = 0
+
+    def launch(self, t: torch.Tensor) -> Stats:
+        n = t.numel()
+        if n == 0 or t.layout != torch.strided or t.is_meta or t.is_complex():
+            return tensor_stats(t)  # nothing to reduce, or a layout the kernels below do not take
+        device = t.device
+        pending = self._pending.setdefault(device, [])
+        if len(pending) == self.capacity:
+            self._resolve(device)
+            pending = self._pending.setdefault(device, [])
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            buffer = self._buffers[device] = torch.empty((self.capacity, _ROW), dtype=torch.float64, device=device)
+        _launch_row(t, buffer[len(pending)])
+        stats = Stats(None, None, None, None, numel=n)
+        pending.append(stats)
+        return stats
+
+    def resolve(self) -> None:
+        """Copy every device's pending rows to the host (one transfer per device) and fill in
+        the Stats handed out since the last call."""
+        for device in list(self._pending):
+            self._resolve(device)
+
+    def _resolve(self, device: torch.device) -> None:
+        pending = self._pending.pop(device, None)
+        if not pending:
+            return
+        rows = self._buffers[device][:len(pending)].tolist()  # the one device-to-host copy
+        self.transfers += 1
+        for s, (lo, hi, total, m2, count, posinf, neginf) in zip(pending, rows):
+            k = int(count)
+            s.posinf, s.neginf = int(posinf), int(neginf)
+            s.nan = s.numel - k - s.posinf - s.neginf
+            if k == 0:
+                continue
+            if lo == hi:  # constant: exact, as tensor_stats gives it
+                s.min = s.max = s.mean = lo
+                s.std = 0.0
+            else:
+                s.min, s.max, s.mean, s.std = lo, hi, total / k, (m2 / k) ** 0.5

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
-from ..dump.stats import StatsCache
+from ..dump.stats import DeferredStats, StatsCache, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter
 from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
 from .flatten import flatten_tensors
@@ -59,6 +59,26 @@ def _wait_collective(outs: list) -> None:
             wait()
 
 
+DEFERRED_ENV = "XRAY_DEFERRED_STATS"
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _stats_function(deferred: DeferredStats):
+    """How the recorder computes statistics, chosen by ``XRAY_DEFERRED_STATS`` (read when a
+    dump begins): "auto" (default) launches them on the device for accelerator tensors, read
+    back once per flush (no host sync per tensor), and takes the synchronous one-pass path on
+    CPU, where nothing is gained by waiting; "1" defers on every device, CPU included (tests
+    prove the O(flushes) transfers with it); "0" never defers."""
+    mode = os.environ.get(DEFERRED_ENV, "auto").strip().lower()
+    if mode in ("0", "false", "no", "off"):
+        return tensor_stats
+    if mode in ("1", "true", "yes", "on", "all"):
+        return lambda t: deferred.launch(t) if type(t) in _PLAIN_TYPES else tensor_stats(t)
+    # Subclasses (DTensor, fake and wrapper tensors) stay synchronous: their torch ops may
+    # communicate or have no storage to reduce into a buffer.
+    return lambda t: tensor_stats(t) if t.is_cpu or type(t) not in _PLAIN_TYPES else deferred.launch(t)
+
+
 _RECORDERS: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 
 
@@ -90,7 +110,9 @@ class Recorder:
         self.tensors_saved = 0
         self.failed: str | None = None
         self._seen: dict[tuple, Record] = {}
-        self._stats = StatsCache(keep_parameters=False)
+        self.deferred = DeferredStats()
+        self._stats = StatsCache(_stats_function(self.deferred), keep_parameters=False)
+        writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
         self.producers = Producers()
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
