@@ -38,6 +38,7 @@ _NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch
 # Subclasses (fake, wrapper, distributed tensors) may have no plain storage behind data_ptr.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
 # Size cap for the native path: one single-threaded pass against torch's three threaded
 # reductions, so the crossover depends on torch's thread count (derivation: tools/bench_debugger.py).
 _NATIVE_MAX = 1 << 24 if torch.get_num_threads() <= 4 else 1 << 18
@@ -179,7 +180,8 @@ class StatsCache:
             version = (t._version, t.data_ptr())
         except RuntimeError:  # inference tensors (no version counter), tensors without storage
             return self._compute(t)
-        if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
+        # type() first: isinstance against Parameter runs a Python __instancecheck__
+        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return self._compute(t)
         hit = self.entries.get(id(t))
         if hit is not None and hit[1] == version and hit[0]() is t:
@@ -191,7 +193,7 @@ class StatsCache:
     def put(self, t: torch.Tensor, value: Any, version: int | None = None) -> None:
         """Cache ``value`` for ``t``; ``version``: the counter ``t`` will have when next asked,
         where it differs from now (a view's output gets its base's counter after the call)."""
-        if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
+        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return
         try:
             self._store(t, (t._version if version is None else version, t.data_ptr()), value)

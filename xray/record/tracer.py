@@ -60,7 +60,8 @@ def _wait_collective(outs: list) -> None:
 
 
 DEFERRED_ENV = "XRAY_DEFERRED_STATS"
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+_ATOMS = frozenset({type(None), bool, int, str})
 
 
 def _stats_function(deferred: DeferredStats):
@@ -104,6 +105,7 @@ class Recorder:
         self.meta_on = config.has(DebugFlags.META)
         self.backward_on = config.has(DebugFlags.BACKWARD)
         self.stack_on = config.has(DebugFlags.STACK)
+        self.dedup = config.dedup
         self.seq = 0
         self.op_calls = 0
         self.records_written = 0
@@ -136,30 +138,38 @@ class Recorder:
     def stats(self, t: torch.Tensor) -> Stats:
         return self._stats.get(t)
 
-    def _meta(self, t: torch.Tensor) -> TensorMeta:
+    def _meta(self, t: torch.Tensor, source: str | None = None) -> TensorMeta:
         """A tensor the recorder cannot read (meta, nested, quantized...) is described with a
         note instead of statistics: it must never stop the recording."""
         why = unsupported(t)
         if why is not None:
-            return noted_meta(t, why)
+            meta = noted_meta(t, why)
+            meta.source = source
+            return meta
         try:
-            stats = self.stats(t) if self.stats_on else None
+            stats = self._stats.get(t) if self.stats_on else None
         except Exception as e:  # noqa: BLE001 - an exotic tensor type: note it, record on
-            return noted_meta(t, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
-        return tensor_meta(t, stats, self.meta_on)
+            meta = noted_meta(t, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
+            meta.source = source
+            return meta
+        return tensor_meta(t, stats, self.meta_on, source)
 
     def _input_meta(self, t: torch.Tensor) -> TensorMeta:
         """An input's meta names the data edge it arrived on (outputs are the record's own)."""
-        meta = self._meta(t)
-        meta.source = self.producers.source_of(t)
-        return meta
+        return self._meta(t, self.producers.source_of(t))
 
     # -- the hot path ----------------------------------------------------------------------------
     def on_op(self, func, args: tuple, kwargs: dict) -> Any:
         if self.failed is not None:
             return func(*args, **kwargs)
+        # Inside __torch_dispatch__ our own mode is already off: only modes below ours need
+        # disabling, and with none the context manager's cost is skipped.
+        below = torch._C._len_torch_dispatch_stack() > 0
         try:
-            with no_dispatch_modes():
+            if below:
+                with _disable_current_modes():
+                    pending = self._before(func, args, kwargs)
+            else:
                 pending = self._before(func, args, kwargs)
         except Exception as e:  # a recorder bug must never break the user's forward
             self._fail(e)
@@ -169,9 +179,11 @@ class Recorder:
             try:
                 if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
                     self.producers.produced(pending, out)
-                else:
-                    with no_dispatch_modes():
+                elif below:
+                    with _disable_current_modes():
                         self._after(pending, args, out)
+                else:
+                    self._after(pending, args, out)
             except Exception as e:
                 self._fail(e)
         return out
@@ -186,13 +198,13 @@ class Recorder:
         self.op_calls += 1
         seq = self.seq
         self.seq += 1
-        key = seen = None
-        if self.config.dedup:
+        key = None
+        if self.dedup:
             try:
                 key = signature_key(func, args, kwargs)
                 seen = self._seen.get(key)
             except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
-                key = None
+                key = seen = None
             if seen is not None:
                 seen.count += 1
                 seen.last_seq = seq
@@ -200,36 +212,52 @@ class Recorder:
                 return seq
         info = op_info(func)
         frames = self.modules.current(backward)
-        rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
-                     module=frames[-1][0] if frames else None, module_stack=list(frames),
-                     mutates=list(info.mutates))
+        rec = Record(seq, "op", info.name, "backward" if backward else "forward",
+                     frames[-1][0] if frames else None, list(frames), {}, [], list(info.mutates))
         if self.stack_on:
             rec.stack = _user_stack(self.config.stack_depth)
         budget = [self.config.dump_num]
         # Inputs are described (and copied) before the call: in-place ops mutate them.
         bound = bind_inputs(info, args, kwargs)
         if self.meta_on or self.stats_on:
-            rec.inputs = {k: encode_value(v, self._input_meta) for k, v in bound.items()
-                          if self.meta_on or _holds_tensor(v)}
+            rec.inputs = self._inputs(bound)
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
         return rec, info, key, budget, bound
+
+    def _inputs(self, bound: dict) -> dict:
+        """The described arguments: every one with META, else only those holding tensors.
+        Exact types first (the common cases), the general encoder for the rest."""
+        inputs = {}
+        meta_on = self.meta_on
+        source_of = self.producers.source_of
+        for k, v in bound.items():
+            kind = type(v)
+            if kind in _PLAIN_TYPES:
+                inputs[k] = self._meta(v, source_of(v))
+            elif kind in _ATOMS:
+                if meta_on:
+                    inputs[k] = v
+            elif meta_on or _holds_tensor(v):
+                inputs[k] = encode_value(v, self._input_meta)
+        return inputs
 
     def _after(self, pending, args: tuple, out: Any) -> None:
         rec, info, key, budget, bound = pending
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
-        if info.name.startswith("c10d."):
+        if info.collective:
             _wait_collective(outs)
             # c10d schemas declare no writes (allgather_ fills its Tensor[][] all the same), and
             # collectives do not bump version counters: any tensor argument may hold new values.
             _forget_all(self._stats, list(bound.values()))
         for name in info.mutates:  # the version counter is bumped only after we return
             _forget_all(self._stats, bound.get(name))
-        if info.stats_preserving and self.stats_on:
+        if self.stats_on and info.stats_preserving:
             self._reuse_stats(rec, info, args, outs)
         if self.meta_on or self.stats_on:
-            rec.outputs = [encode_value(v, self._meta) for v in outs]
+            rec.outputs = [self._meta(v) if type(v) in _PLAIN_TYPES else encode_value(v, self._meta)
+                           for v in outs]
             if info.view and self.stats_on:
                 self._cache_view_outputs(args, outs, rec.outputs)
         if budget[0]:
