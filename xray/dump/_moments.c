@@ -191,6 +191,7 @@ static PyObject *moments(PyObject *self, PyObject *const *args, Py_ssize_t nargs
  * element `size` times, which leaves min and max alone and scales sum and sum of squares.
  * Returns None when no unit-stride run remains (the caller takes the torch path). */
 #define MAX_DIMS 16
+#define GATHER_BYTES 16384
 static const size_t elem_size[NKINDS] = {4, 8, 2, 8, 4, 2, 1, 1};
 
 static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -252,18 +253,31 @@ static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize
     moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
     kernel_t kernel = kernels[kind];
     Py_ssize_t idx[MAX_DIMS] = {0};
+    /* Short runs (a half-width slice of a head) are packed into a block first: one kernel call
+     * per block instead of one per run, whose set-up would dominate. */
+    double block[GATHER_BYTES / sizeof(double)]; /* on the stack: 16 KiB */
+    const size_t run_bytes = inner * es, gather = inner < 256 ? GATHER_BYTES / run_bytes : 0;
+    size_t packed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
         Py_ssize_t off = 0;
         for (Py_ssize_t d = 0; d < nd; d++)
             off += idx[d] * stride[d];
-        kernel(p + (size_t)off * es, inner, &r);
+        if (gather) {
+            memcpy((char *)block + packed * run_bytes, p + (size_t)off * es, run_bytes);
+            if (++packed == gather)
+                kernel(block, packed * inner, &r), packed = 0;
+        } else {
+            kernel(p + (size_t)off * es, inner, &r);
+        }
         Py_ssize_t d = nd - 1;
         for (; d >= 0 && ++idx[d] == size[d]; d--)
             idx[d] = 0;
         if (d < 0)
             break;
     }
+    if (packed)
+        kernel(block, packed * inner, &r);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(dddd)", r.min, r.max, r.sum * repeat, r.sumsq * repeat);
 }
