@@ -93,13 +93,13 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     # native pass skips NaN in min/max, but a NaN or Inf anywhere makes the sum non-finite.
     if lo - lo == 0.0 and hi - hi == 0.0 and total - total == 0.0:
         if lo == hi:  # constant (or one element): exact without any arithmetic
-            return Stats(lo, hi, lo, 0.0, numel=n)
+            return Stats(lo, hi, lo, 0.0, 0, 0, 0, n)
         mean = total / n
         var = sq / n - mean * mean
         # E[x^2] - mean^2 loses digits when |mean| >> std (or overflows): then take the exact
         # two-pass formula (torch.std_mean's Welford kernel is much slower on CPU).
         if var - var == 0.0 and var > 1e-3 * mean * mean:
-            return Stats(lo, hi, mean, var ** 0.5, numel=n)
+            return Stats(lo, hi, mean, var ** 0.5, 0, 0, 0, n)  # positional: hot
         mean, std = _two_pass(_as_real(t.detach()) if x is None else x)
         return Stats(lo, hi, mean, std, numel=n)
     # Slow path: some element is NaN or +-Inf (or the sum overflowed). Count them and take the
@@ -171,23 +171,24 @@ class StatsCache:
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True) -> None:
         self._compute = tensor_stats if compute is None else compute
         self._keep_parameters = keep_parameters
-        # id(t) -> (weak reference to t, (t's version, t's data pointer), value).
-        self.entries: dict[int, tuple[weakref.ref, tuple[int, int], Any]] = {}
+        # id(t) -> (weak reference to t, t's version, t's data pointer, value): one flat tuple,
+        # as few objects as possible for the garbage collector to count and scan.
+        self.entries: dict[int, tuple[weakref.ref, int, int, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
     def get(self, t: torch.Tensor) -> Any:
         try:
-            version = (t._version, t.data_ptr())
+            version, ptr = t._version, t.data_ptr()
         except RuntimeError:  # inference tensors (no version counter), tensors without storage
             return self._compute(t)
         # type() first: isinstance against Parameter runs a Python __instancecheck__
         if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return self._compute(t)
         hit = self.entries.get(id(t))
-        if hit is not None and hit[1] == version and hit[0]() is t:
-            return hit[2]
+        if hit is not None and hit[1] == version and hit[2] == ptr and hit[0]() is t:
+            return hit[3]
         value = self._compute(t)
-        self._store(t, version, value)
+        self._store(t, version, ptr, value)
         return value
 
     def put(self, t: torch.Tensor, value: Any, version: int | None = None) -> None:
@@ -196,7 +197,7 @@ class StatsCache:
         if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return
         try:
-            self._store(t, (t._version if version is None else version, t.data_ptr()), value)
+            self._store(t, t._version if version is None else version, t.data_ptr(), value)
         except RuntimeError:
             pass
 
@@ -214,11 +215,11 @@ class StatsCache:
         for key in [k for k, hit in cache.items() if isinstance(hit[0](), torch.nn.Parameter)]:
             del cache[key]
 
-    def _store(self, t: torch.Tensor, version: tuple[int, int], value: Any) -> None:
+    def _store(self, t: torch.Tensor, version: int, ptr: int, value: Any) -> None:
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self.entries
-        cache[id(t)] = (weakref.ref(t), version, value)
+        cache[id(t)] = (weakref.ref(t), version, ptr, value)
         if len(cache) >= self._sweep_at:
             self.sweep()
 

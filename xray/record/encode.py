@@ -71,16 +71,28 @@ def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def signature_key(func, args: tuple, kwargs: dict) -> tuple:
-    """Hashable identity of a call: op, tensor shapes/dtypes/strides/devices, other values."""
-    return (func, tuple([_key(a) for a in args]),
-            tuple([(k, _key(v)) for k, v in kwargs.items()]) if kwargs else ())
+    """Hashable identity of a call: op, tensor shapes/dtypes/strides/devices, other values.
+    One item per positional argument, then (name, key) per keyword. Runs for every call under
+    de-dup, so plain tensors and atoms are keyed inline."""
+    parts = [func]
+    for a in args:
+        kind = type(a)
+        if kind in _PLAIN:
+            parts.append((a.shape, a.dtype, a.stride(), a.device))
+        elif kind in _ATOMS:
+            parts.append((kind, a))
+        else:
+            parts.append(_key(a))
+    if kwargs:
+        parts += [(k, _key(v)) for k, v in kwargs.items()]
+    return tuple(parts)
 
 
 def _key(a: Any) -> Any:
     if type(a) in _PLAIN or isinstance(a, torch.Tensor):
         return (a.shape, a.dtype, a.stride(), a.device)
     if isinstance(a, (list, tuple)):
-        return tuple(_key(x) for x in a)
+        return tuple([_key(x) for x in a])
     if isinstance(a, float):  # 1 == 1.0 == True in a dict; NaN != NaN: key floats by repr
         return ("f", repr(a))
     if isinstance(a, (bool, int, str)) or a is None:
