@@ -170,3 +170,15 @@ def test_a_full_buffer_is_read_back_early():
     assert deferred.transfers == 2  # after 4 and 8 launches
     deferred.resolve()
     assert deferred.transfers == 3 and [h.max for h in handles] == [float(i) for i in range(10)]
+
+
+def test_deferred_launches_in_and_out_of_inference_mode():
+    """The buffer is a normal tensor wherever it was first needed, and rows never join autograd."""
+    deferred = stats_mod.DeferredStats(capacity=2)
+    with torch.inference_mode():
+        a = deferred.launch(torch.full((3,), 1.0))
+    b = deferred.launch(torch.full((3,), 2.0, requires_grad=True) * 1)
+    with torch.inference_mode():
+        c = deferred.launch(torch.full((3,), 3.0))
+    deferred.resolve()
+    assert [s.max for s in (a, b, c)] == [1.0, 2.0, 3.0]

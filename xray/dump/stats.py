@@ -284,8 +284,12 @@ class DeferredStats:
             pending = self._pending.setdefault(device, [])
         buffer = self._buffers.get(device)
         if buffer is None:
-            buffer = self._buffers[device] = torch.empty((self.capacity, _ROW), dtype=torch.float64, device=device)
-        _launch_row(t, buffer[len(pending)])
+            # never an inference tensor, or rows written outside inference_mode would raise
+            with torch.inference_mode(False):
+                buffer = self._buffers[device] = torch.empty((self.capacity, _ROW), dtype=torch.float64,
+                                                             device=device)
+        with torch.no_grad():  # a parameter's statistics must not join the autograd graph
+            _launch_row(t, buffer[len(pending)])
         stats = Stats(None, None, None, None, numel=n)
         pending.append(stats)
         return stats
