@@ -62,3 +62,23 @@ def test_each_weight_is_reduced_once_per_use(tmp_path, monkeypatch):
     with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0):
         lin(x)
     assert computed.count((4, 8)) == 1 and (8, 4) not in computed, computed
+
+
+def test_positional_construction_matches_the_model_fields():
+    """The hot path builds TensorMeta and Stats positionally (half the cost of keywords): a
+    reordered field in xray/dump/model.py must fail here, not silently swap values."""
+    import dataclasses
+
+    from xray.dump.model import Stats, TensorMeta
+    from xray.record.encode import tensor_meta
+
+    assert [f.name for f in dataclasses.fields(TensorMeta)][:9] == [
+        "shape", "dtype", "stride", "storage_offset", "device", "requires_grad", "stats", "data", "source"]
+    assert [f.name for f in dataclasses.fields(Stats)][:8] == [
+        "min", "max", "mean", "std", "nan", "posinf", "neginf", "numel"]
+    t = torch.randn(3, 4).t()
+    s = stats_mod.tensor_stats(t)
+    assert tensor_meta(t, s, True, "op:1:0") == TensorMeta(
+        shape=(4, 3), dtype="float32", stride=(1, 4), storage_offset=0, device="cpu", requires_grad=False,
+        stats=s, source="op:1:0")
+    assert tensor_meta(t, None, False) == TensorMeta(shape=(4, 3), dtype="float32")

@@ -212,8 +212,9 @@ class Recorder:
                 return seq
         info = op_info(func)
         frames = self.modules.current(backward)
-        rec = Record(seq, "op", info.name, "backward" if backward else "forward",
-                     frames[-1][0] if frames else None, list(frames), {}, [], list(info.mutates))
+        rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
+                     module=frames[-1][0] if frames else None, module_stack=list(frames),
+                     mutates=list(info.mutates))
         if self.stack_on:
             rec.stack = _user_stack(self.config.stack_depth)
         budget = [self.config.dump_num]
