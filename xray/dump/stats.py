@@ -240,17 +240,22 @@ def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:
     with device kernels only: no branch on a value, so nothing waits for the device.
 
     Same semantics as tensor_stats: only finite elements enter min/max/mean/std; NaN, +Inf and
-    -Inf are counted (NaN = numel - finite - posinf - neginf, at resolve). The mean is taken on
-    the device and the squares are centred on it: the exact two-pass std of ``_two_pass``."""
-    x = _as_real(t.detach()).to(torch.float64)
+    -Inf are counted (NaN = numel - finite - posinf - neginf, at resolve). The mean stays on
+    the device and the squares are centred on it: the two-pass std of ``_two_pass``. Sums
+    accumulate in float64; temporaries keep the tensor's own (real) dtype, so the transient
+    memory is a few copies of the tensor, never float64 ones."""
+    x = _as_real(t.detach())
+    if x.dtype == torch.uint8:
+        x = x.to(torch.float32)
     fin = torch.isfinite(x)
     count = fin.sum()
-    zeroed = torch.where(fin, x, 0.0)
-    total = zeroed.sum()
-    centred = torch.where(fin, x - total / count.clamp(min=1), 0.0)
-    m2 = torch.dot(centred.reshape(-1), centred.reshape(-1))
-    lo = torch.where(fin, x, float("inf")).amin()
-    hi = torch.where(fin, x, float("-inf")).amax()
+    total = torch.where(fin, x, 0).sum(dtype=torch.float64)
+    mean = total / count.clamp(min=1)
+    centred = torch.where(fin, x - mean.to(x.dtype), 0)
+    m2 = torch.linalg.vector_norm(centred, dtype=torch.float64).square()
+    del centred
+    lo = torch.where(fin, x, float("inf")).amin().to(torch.float64)
+    hi = torch.where(fin, x, float("-inf")).amax().to(torch.float64)
     posinf = torch.isposinf(x).sum()
     neginf = torch.isneginf(x).sum()
     torch.stack([lo, hi, total, m2, count.to(torch.float64), posinf.to(torch.float64),
