@@ -182,3 +182,17 @@ def test_deferred_launches_in_and_out_of_inference_mode():
         c = deferred.launch(torch.full((3,), 3.0))
     deferred.resolve()
     assert [s.max for s in (a, b, c)] == [1.0, 2.0, 3.0]
+
+
+def test_a_sink_without_before_flush_gets_synchronous_statistics(monkeypatch):
+    """The module debugger's op sink encodes each record as it arrives: never placeholders."""
+    from xray.config import DumpConfig
+    from xray.record.tracer import Recorder
+
+    class Sink:
+        def add(self, record):
+            pass
+
+    monkeypatch.setenv("XRAY_DEFERRED_STATS", "1")
+    recorder = Recorder(DumpConfig(), Sink())
+    assert recorder.stats(torch.full((3,), 2.0)).max == 2.0

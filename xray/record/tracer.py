@@ -113,8 +113,13 @@ class Recorder:
         self.failed: str | None = None
         self._seen: dict[tuple, Record] = {}
         self.deferred = DeferredStats()
-        self._stats = StatsCache(_stats_function(self.deferred), keep_parameters=False)
-        writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
+        # Deferred statistics need a writer that calls before_flush ahead of encoding; a sink
+        # that consumes records at once (the module debugger's) gets synchronous ones.
+        deferrable = hasattr(writer, "before_flush")
+        self._stats = StatsCache(_stats_function(self.deferred) if deferrable else tensor_stats,
+                                 keep_parameters=False)
+        if deferrable:
+            writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
         self.producers = Producers()
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
