@@ -9,6 +9,9 @@ built by ``pip install``, see setup.py) instead of three torch reductions and fo
 calls (measurements: tools/bench_debugger.py). Everything else, and any tensor holding a NaN
 or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
 ``XRAY_NATIVE_STATS=0`` in the environment (read once, at import) to force the torch path.
+
+``DeferredStats`` is the accelerator path: statistics launched on the device into a buffer and
+read back once per writer flush, not once per tensor (docs/performance.md).
 """
 from __future__ import annotations
 
