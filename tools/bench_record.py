@@ -4,11 +4,15 @@ Model: transformers LlamaForCausalLM, 4 layers, hidden 256, batch 2x128 tokens (
 configuration is timed over the same number of forwards, interleaved with eager, and the
 median ratio is printed. msprobe (pip install mindstudio-probe) runs beside it when installed.
 
+The "tracer only" rows swap the dump writer for one whose add() only appends (``NullWriter``):
+what the dispatch path costs without the writer's encoding and file I/O (docs/performance.md).
+
     python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -26,14 +30,39 @@ from tabulate import tabulate  # noqa: E402
 
 import xray  # noqa: E402
 from xray.demo.models import bench_llama, token_batch  # noqa: E402
+from xray.dump.writer import DumpWriter  # noqa: E402
 
-CONFIGS = [  # (label, dump kwargs)
-    ("0x102 dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0)),
-    ("0x102 dedup, X_DUMP_NUM=5", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=5)),
-    ("0x112 dedup (+module records)", dict(X_DEBUG=0x112, X_DEDUP=True, X_DUMP_NUM=0)),
-    ("0x102 no dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0)),
-    ("0x102 no dedup, X_DUMP_NUM=5", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=5)),
+session_mod = importlib.import_module("xray.record.session")  # xray.dump is also a function
+
+CONFIGS = [  # (label, dump kwargs, tracer only)
+    ("0x102 dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0), False),
+    ("0x102 dedup, X_DUMP_NUM=5", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=5), False),
+    ("0x112 dedup (+module records)", dict(X_DEBUG=0x112, X_DEDUP=True, X_DUMP_NUM=0), False),
+    ("0x102 no dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0), False),
+    ("0x102 no dedup, X_DUMP_NUM=5", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=5), False),
+    ("0x102 dedup, tracer only", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0), True),
+    ("0x102 no dedup, tracer only", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0), True),
 ]
+
+
+class NullWriter(DumpWriter):
+    """A writer that keeps records without encoding or writing them (the tracer's share)."""
+
+    def add(self, record) -> None:
+        self._pending.append(record)
+
+    def touch(self, record) -> None:
+        pass
+
+    def flush(self, *, updates: bool = True) -> None:
+        if self.before_flush is not None:
+            self.before_flush()
+        self._pending.clear()
+
+    def close(self, summary: dict) -> Path:
+        self.flush()
+        self._journal.close()
+        return self.folder
 
 
 def folder_size(p: Path) -> int:
@@ -46,12 +75,16 @@ def time_eager(model, ids) -> float:
     return time.perf_counter() - t
 
 
-def time_dump(model, ids, root: Path, kw: dict) -> tuple[float, dict, int]:
+def time_dump(model, ids, root: Path, kw: dict, tracer_only: bool = False) -> tuple[float, dict, int]:
     shutil.rmtree(root, ignore_errors=True)
-    t = time.perf_counter()
-    with xray.dump(dump_dir=root, **kw) as session:
-        model(ids)
-    elapsed = time.perf_counter() - t
+    session_mod.DumpWriter = NullWriter if tracer_only else DumpWriter
+    try:
+        t = time.perf_counter()
+        with xray.dump(dump_dir=root, **kw) as session:
+            model(ids)
+        elapsed = time.perf_counter() - t
+    finally:
+        session_mod.DumpWriter = DumpWriter
     return elapsed, session.summary(), folder_size(root)
 
 
@@ -121,11 +154,12 @@ def main(argv=None) -> int:
         for _ in range(3):  # warm-up: allocator, lazy inits, first-call costs
             model(ids)
         time_dump(model, ids, tmp / "warm", CONFIGS[0][1])
-        for label, kw in CONFIGS:
+        time_dump(model, ids, tmp / "warm", CONFIGS[3][1])
+        for label, kw, tracer_only in CONFIGS:
             ratios, summary, size = [], {}, 0
             for _ in range(args.repeats):
                 eager = time_eager(model, ids)
-                dumped, summary, size = time_dump(model, ids, tmp / "d", kw)
+                dumped, summary, size = time_dump(model, ids, tmp / "d", kw, tracer_only)
                 ratios.append(dumped / eager)
             r = statistics.median(ratios)
             rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
@@ -148,6 +182,8 @@ def main(argv=None) -> int:
         for r in results:
             key = {"0x102 dedup, no tensors": "dump_ratio_dedup", "0x102 no dedup, no tensors": "dump_ratio_nodedup",
                    "0x102 dedup, X_DUMP_NUM=5": "dump_ratio_dedup_tensors", "msprobe L1": "msprobe_L1_ratio",
+                   "0x102 dedup, tracer only": "dump_ratio_dedup_tracer", "0x102 no dedup, tracer only":
+                   "dump_ratio_nodedup_tracer",
                    "msprobe mix": "msprobe_mix_ratio"}.get(r["config"])
             if key:
                 headline[key] = r["ratio"]

@@ -185,12 +185,112 @@ static PyObject *moments(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return out;
 }
 
+/* Strided tensors (slices, transposes, permuted or broadcast results): the same kernels over the
+ * tensor's contiguous innermost runs. Statistics ignore element order, so dimensions are sorted
+ * by stride and merged where they tile memory; a broadcast (stride-0) dimension repeats every
+ * element `size` times, which leaves min and max alone and scales sum and sum of squares.
+ * Returns None when no unit-stride run remains (the caller takes the torch path). */
+#define MAX_DIMS 16
+#define GATHER_BYTES 16384
+static const size_t elem_size[NKINDS] = {4, 8, 2, 8, 4, 2, 1, 1};
+
+static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "moments_strided(address, kind, sizes, strides) takes 4 arguments");
+        return NULL;
+    }
+    const char *p = (const char *)PyLong_AsVoidPtr(args[0]);
+    long kind = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (p == NULL || kind < 0 || kind >= NKINDS || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3]) ||
+        PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[3]) || PyTuple_GET_SIZE(args[2]) > MAX_DIMS) {
+        PyErr_SetString(PyExc_ValueError, "moments_strided: need a non-null address, a known kind, "
+                                          "sizes and strides tuples of one length <= 16");
+        return NULL;
+    }
+    Py_ssize_t ndim = PyTuple_GET_SIZE(args[2]), nd = 0;
+    Py_ssize_t size[MAX_DIMS], stride[MAX_DIMS];
+    double repeat = 1.0;
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        Py_ssize_t sz = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], i));
+        Py_ssize_t st = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i));
+        if (PyErr_Occurred())
+            return NULL;
+        if (sz <= 0 || st < 0) {
+            PyErr_SetString(PyExc_ValueError, "moments_strided: sizes must be > 0, strides >= 0");
+            return NULL;
+        }
+        if (sz == 1)
+            continue;
+        if (st == 0) {
+            repeat *= (double)sz;
+            continue;
+        }
+        /* insertion by descending stride */
+        Py_ssize_t j = nd++;
+        for (; j > 0 && stride[j - 1] < st; j--)
+            size[j] = size[j - 1], stride[j] = stride[j - 1];
+        size[j] = sz, stride[j] = st;
+    }
+    /* merge a dimension into the one inside it where they tile memory */
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 1; i < nd; i++) {
+        if (stride[m] == size[i] * stride[i])
+            size[m] *= size[i], stride[m] = stride[i];
+        else
+            m++, size[m] = size[i], stride[m] = stride[i];
+    }
+    nd = nd ? m + 1 : 0;
+    size_t inner = 1;
+    if (nd > 0) {
+        if (stride[nd - 1] != 1)
+            Py_RETURN_NONE;
+        inner = (size_t)size[--nd];
+    }
+    const size_t es = elem_size[kind];
+    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+    kernel_t kernel = kernels[kind];
+    Py_ssize_t idx[MAX_DIMS] = {0};
+    /* Short runs (a half-width slice of a head) are packed into a block first: one kernel call
+     * per block instead of one per run, whose set-up would dominate. */
+    double block[GATHER_BYTES / sizeof(double)]; /* on the stack: 16 KiB */
+    const size_t run_bytes = inner * es, gather = inner < 256 ? GATHER_BYTES / run_bytes : 0;
+    size_t packed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        Py_ssize_t off = 0;
+        for (Py_ssize_t d = 0; d < nd; d++)
+            off += idx[d] * stride[d];
+        if (gather) {
+            memcpy((char *)block + packed * run_bytes, p + (size_t)off * es, run_bytes);
+            if (++packed == gather)
+                kernel(block, packed * inner, &r), packed = 0;
+        } else {
+            kernel(p + (size_t)off * es, inner, &r);
+        }
+        Py_ssize_t d = nd - 1;
+        for (; d >= 0 && ++idx[d] == size[d]; d--)
+            idx[d] = 0;
+        if (d < 0)
+            break;
+    }
+    if (packed)
+        kernel(block, packed * inner, &r);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(dddd)", r.min, r.max, r.sum * repeat, r.sumsq * repeat);
+}
+
 static PyMethodDef methods[] = {
     {"moments", (PyCFunction)(void (*)(void))moments, METH_FASTCALL,
      "moments(address, n, kind) -> (min, max, sum, sumsq) of n contiguous elements at the raw\n"
      "address (tensor.data_ptr()); kind is FLOAT32, FLOAT64, BFLOAT16, INT64, INT32, INT16, INT8 or\n"
      "UINT8 (also bool). The caller keeps the memory alive. NaN/Inf are not counted: any makes\n"
      "sum non-finite."},
+    {"moments_strided", (PyCFunction)(void (*)(void))moments_strided, METH_FASTCALL,
+     "moments_strided(address, kind, sizes, strides) -> (min, max, sum, sumsq) of a strided tensor\n"
+     "(sizes and strides in elements, tuples), or None when it has no contiguous innermost run."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,12 +3,15 @@
 Must be called with every dispatch mode disabled (the tracer does that); it never mutates its
 input, so recording cannot change the model's numbers.
 
-Contiguous CPU tensors of float32, float64, bfloat16, the integer types and bool are reduced in
+CPU tensors (contiguous or strided) of float32, float64, bfloat16, the integer types and bool are reduced in
 ONE pass by the optional C extension ``xray.dump._moments`` (min, max, sum, sum of squares;
 built by ``pip install``, see setup.py) instead of three torch reductions and four ``.item()``
 calls (measurements: tools/bench_debugger.py). Everything else, and any tensor holding a NaN
 or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
 ``XRAY_NATIVE_STATS=0`` in the environment (read once, at import) to force the torch path.
+
+``DeferredStats`` is the accelerator path: statistics launched on the device into a buffer and
+read back once per writer flush, not once per tensor (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ except ImportError:  # no C compiler at install time: torch does it all
 NATIVE = (_ext is not None and _ext.ISA != "scalar"
           and os.environ.get("XRAY_NATIVE_STATS", "1").strip().lower() not in ("0", "false", "no", "off"))
 _moments = _ext.moments if NATIVE else None
+# An extension built before moments_strided existed still serves contiguous tensors.
+_moments_strided = getattr(_ext, "moments_strided", lambda *a: None) if NATIVE else None
 # dtype -> the extension's kind; empty when not NATIVE, so the hot path needs no extra flag test
 _NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch.bfloat16: _ext.BFLOAT16,
                  torch.int64: _ext.INT64, torch.int32: _ext.INT32, torch.int16: _ext.INT16,
@@ -36,6 +41,7 @@ _NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch
 # Subclasses (fake, wrapper, distributed tensors) may have no plain storage behind data_ptr.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
 # Size cap for the native path: one single-threaded pass against torch's three threaded
 # reductions, so the crossover depends on torch's thread count (derivation: tools/bench_debugger.py).
 _NATIVE_MAX = 1 << 24 if torch.get_num_threads() <= 4 else 1 << 18
@@ -90,13 +96,13 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     # native pass skips NaN in min/max, but a NaN or Inf anywhere makes the sum non-finite.
     if lo - lo == 0.0 and hi - hi == 0.0 and total - total == 0.0:
         if lo == hi:  # constant (or one element): exact without any arithmetic
-            return Stats(lo, hi, lo, 0.0, numel=n)
+            return Stats(lo, hi, lo, 0.0, 0, 0, 0, n)
         mean = total / n
         var = sq / n - mean * mean
         # E[x^2] - mean^2 loses digits when |mean| >> std (or overflows): then take the exact
         # two-pass formula (torch.std_mean's Welford kernel is much slower on CPU).
         if var - var == 0.0 and var > 1e-3 * mean * mean:
-            return Stats(lo, hi, mean, var ** 0.5, numel=n)
+            return Stats(lo, hi, mean, var ** 0.5, 0, 0, 0, n)  # positional: hot
         mean, std = _two_pass(_as_real(t.detach()) if x is None else x)
         return Stats(lo, hi, mean, std, numel=n)
     # Slow path: some element is NaN or +-Inf (or the sum overflowed). Count them and take the
@@ -119,10 +125,13 @@ def _native_moments(t: torch.Tensor, n: int) -> tuple[float, float, float, float
     apply: no extension, another dtype, too large, empty, not plain contiguous CPU memory."""
     kind = _NATIVE_KINDS.get(t.dtype)
     if (kind is None or not 0 < n <= _NATIVE_MAX or type(t) not in _PLAIN_TYPES or not t.is_cpu
-            or t.layout is not _STRIDED or not t.is_contiguous() or t.is_neg()):
+            or t.layout is not _STRIDED or t.is_neg()):
         return None
     try:  # the extension only reads the memory; t keeps it alive during the call
-        return _moments(t.data_ptr(), n, kind)
+        if t.is_contiguous():
+            return _moments(t.data_ptr(), n, kind)
+        # slices, transposes, permuted results: the same pass over the contiguous runs
+        return _moments_strided(t.data_ptr(), kind, tuple(t.shape), t.stride())
     except (RuntimeError, ValueError):  # no storage behind it (functorch wrappers), null data
         return None
 
@@ -165,29 +174,33 @@ class StatsCache:
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True) -> None:
         self._compute = tensor_stats if compute is None else compute
         self._keep_parameters = keep_parameters
-        # id(t) -> (weak reference to t, (t's version, t's data pointer), value).
-        self.entries: dict[int, tuple[weakref.ref, tuple[int, int], Any]] = {}
+        # id(t) -> (weak reference to t, t's version, t's data pointer, value): one flat tuple,
+        # as few objects as possible for the garbage collector to count and scan.
+        self.entries: dict[int, tuple[weakref.ref, int, int, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
     def get(self, t: torch.Tensor) -> Any:
         try:
-            version = (t._version, t.data_ptr())
+            version, ptr = t._version, t.data_ptr()
         except RuntimeError:  # inference tensors (no version counter), tensors without storage
             return self._compute(t)
-        if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
+        # type() first: isinstance against Parameter runs a Python __instancecheck__
+        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return self._compute(t)
         hit = self.entries.get(id(t))
-        if hit is not None and hit[1] == version and hit[0]() is t:
-            return hit[2]
+        if hit is not None and hit[1] == version and hit[2] == ptr and hit[0]() is t:
+            return hit[3]
         value = self._compute(t)
-        self._store(t, version, value)
+        self._store(t, version, ptr, value)
         return value
 
-    def put(self, t: torch.Tensor, value: Any) -> None:
-        if not self._keep_parameters and isinstance(t, torch.nn.Parameter):
+    def put(self, t: torch.Tensor, value: Any, version: int | None = None) -> None:
+        """Cache ``value`` for ``t``; ``version``: the counter ``t`` will have when next asked,
+        where it differs from now (a view's output gets its base's counter after the call)."""
+        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return
         try:
-            self._store(t, (t._version, t.data_ptr()), value)
+            self._store(t, t._version if version is None else version, t.data_ptr(), value)
         except RuntimeError:
             pass
 
@@ -205,11 +218,11 @@ class StatsCache:
         for key in [k for k, hit in cache.items() if isinstance(hit[0](), torch.nn.Parameter)]:
             del cache[key]
 
-    def _store(self, t: torch.Tensor, version: tuple[int, int], value: Any) -> None:
+    def _store(self, t: torch.Tensor, version: int, ptr: int, value: Any) -> None:
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self.entries
-        cache[id(t)] = (weakref.ref(t), version, value)
+        cache[id(t)] = (weakref.ref(t), version, ptr, value)
         if len(cache) >= self._sweep_at:
             self.sweep()
 
@@ -219,3 +232,96 @@ class StatsCache:
         for key in [k for k, hit in cache.items() if hit[0]() is None]:
             del cache[key]
         self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
+
+
+# -- deferred statistics: launched on the device, read back once per flush ------------------------
+_ROW = 7  # min, max, sum, centred sum of squares, finite count, +inf count, -inf count
+
+
+def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:
+    """Write one tensor's statistics into ``row`` (a float64 row of the buffer, on t's device)
+    with device kernels only: no branch on a value, so nothing waits for the device.
+
+    Same semantics as tensor_stats: only finite elements enter min/max/mean/std; NaN, +Inf and
+    -Inf are counted (NaN = numel - finite - posinf - neginf, at resolve). The mean stays on
+    the device and the squares are centred on it: the two-pass std of ``_two_pass``. Sums
+    accumulate in float64; temporaries keep the tensor's own (real) dtype, so the transient
+    memory is a few copies of the tensor, never float64 ones."""
+    x = _as_real(t.detach())
+    if x.dtype == torch.uint8:
+        x = x.to(torch.float32)
+    fin = torch.isfinite(x)
+    count = fin.sum()
+    total = torch.where(fin, x, 0).sum(dtype=torch.float64)
+    mean = total / count.clamp(min=1)
+    centred = torch.where(fin, x - mean.to(x.dtype), 0)
+    m2 = torch.linalg.vector_norm(centred, dtype=torch.float64).square()
+    del centred
+    lo = torch.where(fin, x, float("inf")).amin().to(torch.float64)
+    hi = torch.where(fin, x, float("-inf")).amax().to(torch.float64)
+    posinf = torch.isposinf(x).sum()
+    neginf = torch.isneginf(x).sum()
+    torch.stack([lo, hi, total, m2, count.to(torch.float64), posinf.to(torch.float64),
+                 neginf.to(torch.float64)], out=row)
+
+
+class DeferredStats:
+    """Statistics computed where the tensor lives, into a preallocated buffer per device, and
+    copied to the host once per ``resolve()`` (the writer's flush) instead of once per tensor.
+
+    ``launch(t)`` returns a ``Stats`` holding only ``numel``; ``resolve()`` copies each device's
+    buffer to the host in one transfer and fills those same objects in place, so every record
+    (and cache entry) that holds one sees the values. A full buffer is resolved early: one more
+    transfer per ``capacity`` tensors. ``transfers`` counts the device-to-host copies made.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+        self._pending: dict[torch.device, list[Stats]] = {}
+        self.transfers = 0
+
+    def launch(self, t: torch.Tensor) -> Stats:
+        n = t.numel()
+        if n == 0 or t.layout != torch.strided or t.is_meta or t.is_complex():
+            return tensor_stats(t)  # nothing to reduce, or a layout the kernels below do not take
+        device = t.device
+        pending = self._pending.setdefault(device, [])
+        if len(pending) == self.capacity:
+            self._resolve(device)
+            pending = self._pending.setdefault(device, [])
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            # never an inference tensor, or rows written outside inference_mode would raise
+            with torch.inference_mode(False):
+                buffer = self._buffers[device] = torch.empty((self.capacity, _ROW), dtype=torch.float64,
+                                                             device=device)
+        with torch.no_grad():  # a parameter's statistics must not join the autograd graph
+            _launch_row(t, buffer[len(pending)])
+        stats = Stats(None, None, None, None, numel=n)
+        pending.append(stats)
+        return stats
+
+    def resolve(self) -> None:
+        """Copy every device's pending rows to the host (one transfer per device) and fill in
+        the Stats handed out since the last call."""
+        for device in list(self._pending):
+            self._resolve(device)
+
+    def _resolve(self, device: torch.device) -> None:
+        pending = self._pending.pop(device, None)
+        if not pending:
+            return
+        rows = self._buffers[device][:len(pending)].tolist()  # the one device-to-host copy
+        self.transfers += 1
+        for s, (lo, hi, total, m2, count, posinf, neginf) in zip(pending, rows):
+            k = int(count)
+            s.posinf, s.neginf = int(posinf), int(neginf)
+            s.nan = s.numel - k - s.posinf - s.neginf
+            if k == 0:
+                continue
+            if lo == hi:  # constant: exact, as tensor_stats gives it
+                s.min = s.max = s.mean = lo
+                s.std = 0.0
+            else:
+                s.min, s.max, s.mean, s.std = lo, hi, total / k, (m2 / k) ** 0.5

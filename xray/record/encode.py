@@ -21,6 +21,10 @@ class OpInfo:
     stats_preserving: bool  # output holds exactly the input's elements (view/copy ops)
     returns: int  # number of schema returns (a single Tensor[] return is one output)
     defaults: tuple[tuple[str, Any], ...]  # (name, default) of arguments that have one
+    # The first output aliases the first input (view, slice, t...): it shares that input's
+    # version counter, which autograd attaches only after the kernel has returned.
+    view: bool = False
+    collective: bool = False  # c10d.*: returns before its tensors are final
 
 
 # Ops whose first output holds the same multiset of values as their first input, so the
@@ -49,8 +53,9 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     mutates = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
     packet = func._schema.name.split("::")[-1]
     defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
+    view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
     return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates, len(schema.returns),
-                  defaults)
+                  defaults, view, str(func).startswith("c10d."))
 
 
 def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -66,15 +71,28 @@ def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def signature_key(func, args: tuple, kwargs: dict) -> tuple:
-    """Hashable identity of a call: op, tensor shapes/dtypes/strides/devices, other values."""
-    return (func, tuple(_key(a) for a in args), tuple((k, _key(v)) for k, v in kwargs.items()))
+    """Hashable identity of a call: op, tensor shapes/dtypes/strides/devices, other values.
+    One item per positional argument, then (name, key) per keyword. Runs for every call under
+    de-dup, so plain tensors and atoms are keyed inline."""
+    parts = [func]
+    for a in args:
+        kind = type(a)
+        if kind in _PLAIN:
+            parts.append((a.shape, a.dtype, a.stride(), a.device))
+        elif kind in _ATOMS:
+            parts.append((kind, a))
+        else:
+            parts.append(_key(a))
+    if kwargs:
+        parts += [(k, _key(v)) for k, v in kwargs.items()]
+    return tuple(parts)
 
 
 def _key(a: Any) -> Any:
-    if isinstance(a, torch.Tensor):
+    if type(a) in _PLAIN or isinstance(a, torch.Tensor):
         return (a.shape, a.dtype, a.stride(), a.device)
     if isinstance(a, (list, tuple)):
-        return tuple(_key(x) for x in a)
+        return tuple([_key(x) for x in a])
     if isinstance(a, float):  # 1 == 1.0 == True in a dict; NaN != NaN: key floats by repr
         return ("f", repr(a))
     if isinstance(a, (bool, int, str)) or a is None:
@@ -82,8 +100,20 @@ def _key(a: Any) -> Any:
     return (type(a).__name__, repr(a))
 
 
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_ATOMS = frozenset({type(None), bool, int, str})
+
+
 def encode_value(v: Any, meta_of: Callable[[torch.Tensor], TensorMeta]) -> Any:
-    """Convert one argument or result into JSON-able model values (TensorMeta, Scalar...)."""
+    """Convert one argument or result into JSON-able model values (TensorMeta, Scalar...).
+    Exact types first: ``isinstance(x, torch.Tensor)`` costs ~250 ns for a non-tensor."""
+    kind = type(v)
+    if kind in _PLAIN:
+        return meta_of(v)
+    if kind in _ATOMS:
+        return v
+    if kind is list or kind is tuple:
+        return [encode_value(x, meta_of) for x in v]
     if isinstance(v, torch.Tensor):
         return meta_of(v)
     if v is None or isinstance(v, (bool, int, str)):
@@ -135,13 +165,19 @@ def noted_meta(t: torch.Tensor, why: str) -> TensorMeta:
                       note=f"{why}, shape ({text}): no statistics or data recorded")
 
 
-def tensor_meta(t: torch.Tensor, stats: Stats | None, with_layout: bool) -> TensorMeta:
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def tensor_meta(t: torch.Tensor, stats: Stats | None, with_layout: bool, source: str | None = None) -> TensorMeta:
+    """Hot (every described tensor): positional construction, names of dtypes cached."""
+    dtype = _DTYPE_NAMES.get(t.dtype)
+    if dtype is None:
+        dtype = _DTYPE_NAMES[t.dtype] = dtype_name(t.dtype)
     if not with_layout:
-        return TensorMeta(shape=tuple(t.shape), dtype=dtype_name(t.dtype), stats=stats)
+        return TensorMeta(tuple(t.shape), dtype, None, 0, "cpu", False, stats, None, source)
     try:
-        stride, offset = tuple(t.stride()), t.storage_offset()
+        stride, offset = t.stride(), t.storage_offset()
     except RuntimeError:  # sparse and other layouts have no strides
         stride, offset = None, 0
-    return TensorMeta(shape=tuple(t.shape), dtype=dtype_name(t.dtype), stride=stride,
-                      storage_offset=offset, device=str(t.device), requires_grad=t.requires_grad,
-                      stats=stats)
+    return TensorMeta(tuple(t.shape), dtype, stride, offset, "cpu" if t.is_cpu else str(t.device),
+                      t.requires_grad, stats, None, source)

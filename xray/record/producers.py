@@ -24,7 +24,7 @@ import torch
 
 # ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
 # order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
-_Entry = tuple  # (weakref to the tensor, source: (seq, k) or "param:..."/"buffer:...", data_ptr)
+_Entry = tuple  # (weakref to the tensor, seq or "param:..."/"buffer:...", k, data_ptr): one flat tuple
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
@@ -47,40 +47,45 @@ class Producers:
         if entry is None or entry[0]() is not t:
             return "input"
         try:
-            if t.data_ptr() != entry[2]:
+            if t.data_ptr() != entry[3]:
                 return "input"
         except RuntimeError:  # no single data pointer (see _data_ptr)
-            if entry[2] is not None:
+            if entry[3] is not None:
                 return "input"
         src = entry[1]
-        return src if type(src) is str else f"op:{src[0]}:{src[1]}"
+        return src if type(src) is str else f"op:{src}:{entry[2]}"
 
     def produced(self, seq: int, out: Any) -> None:
         """The output tensors of call ``seq`` (its raw result) now hold its values. Hot: runs
         for every call, de-duplicated ones included, so exact types are tried first."""
         kind = type(out)
         if kind in _PLAIN:
-            self._produce(out, (seq, 0))
+            self._produce(out, seq, 0)
         elif kind is tuple or kind is list:
             k = 0
             for o in out:
                 if type(o) in _PLAIN or isinstance(o, torch.Tensor):
-                    self._produce(o, (seq, k))
+                    self._produce(o, seq, k)
                     k += 1
                 elif isinstance(o, (list, tuple)):
                     for x in o:
                         if isinstance(x, torch.Tensor):
-                            self._produce(x, (seq, k))
+                            self._produce(x, seq, k)
                             k += 1
         elif isinstance(out, torch.Tensor):  # a subclass
-            self._produce(out, (seq, 0))
+            self._produce(out, seq, 0)
 
-    def _produce(self, t: torch.Tensor, src: tuple[int, int]) -> None:
+    def _produce(self, t: torch.Tensor, seq: int, k: int) -> None:
         by_id = self._by_id
-        entry = by_id.get(id(t))
+        key = id(t)
+        entry = by_id.get(key)
         if entry is not None and type(entry[1]) is str and entry[0]() is t:
             return  # module state mutated in place keeps its name
-        by_id[id(t)] = (weakref.ref(t), src, _data_ptr(t))
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # see _data_ptr
+            ptr = None
+        by_id[key] = (weakref.ref(t), seq, k, ptr)
         if len(by_id) > self._sweep_at:
             self._sweep()
 
@@ -90,8 +95,8 @@ class Producers:
             return
         src = f"{kind}:{name}"
         entry = self._by_id.get(id(t))
-        if entry is None or entry[1] != src or entry[0]() is not t or entry[2] != _data_ptr(t):
-            self._by_id[id(t)] = (weakref.ref(t), src, _data_ptr(t))
+        if entry is None or entry[1] != src or entry[0]() is not t or entry[3] != _data_ptr(t):
+            self._by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t))
 
     def _sweep(self) -> None:
         self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
-from ..dump.stats import StatsCache
+from ..dump.stats import DeferredStats, StatsCache, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter
 from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
 from .flatten import flatten_tensors
@@ -59,6 +59,27 @@ def _wait_collective(outs: list) -> None:
             wait()
 
 
+DEFERRED_ENV = "XRAY_DEFERRED_STATS"
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+_ATOMS = frozenset({type(None), bool, int, str})
+
+
+def _stats_function(deferred: DeferredStats):
+    """How the recorder computes statistics, chosen by ``XRAY_DEFERRED_STATS`` (read when a
+    dump begins): "auto" (default) launches them on the device for accelerator tensors, read
+    back once per flush (no host sync per tensor), and takes the synchronous one-pass path on
+    CPU, where nothing is gained by waiting; "1" defers on every device, CPU included (tests
+    prove the O(flushes) transfers with it); "0" never defers."""
+    mode = os.environ.get(DEFERRED_ENV, "auto").strip().lower()
+    if mode in ("0", "false", "no", "off"):
+        return tensor_stats
+    if mode in ("1", "true", "yes", "on", "all"):
+        return lambda t: deferred.launch(t) if type(t) in _PLAIN_TYPES else tensor_stats(t)
+    # Subclasses (DTensor, fake and wrapper tensors) stay synchronous: their torch ops may
+    # communicate or have no storage to reduce into a buffer.
+    return lambda t: tensor_stats(t) if t.is_cpu or type(t) not in _PLAIN_TYPES else deferred.launch(t)
+
+
 _RECORDERS: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 
 
@@ -84,13 +105,21 @@ class Recorder:
         self.meta_on = config.has(DebugFlags.META)
         self.backward_on = config.has(DebugFlags.BACKWARD)
         self.stack_on = config.has(DebugFlags.STACK)
+        self.dedup = config.dedup
         self.seq = 0
         self.op_calls = 0
         self.records_written = 0
         self.tensors_saved = 0
         self.failed: str | None = None
         self._seen: dict[tuple, Record] = {}
-        self._stats = StatsCache(keep_parameters=False)
+        self.deferred = DeferredStats()
+        # Deferred statistics need a writer that calls before_flush ahead of encoding; a sink
+        # that consumes records at once (the module debugger's) gets synchronous ones.
+        deferrable = hasattr(writer, "before_flush")
+        self._stats = StatsCache(_stats_function(self.deferred) if deferrable else tensor_stats,
+                                 keep_parameters=False)
+        if deferrable:
+            writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
         self.producers = Producers()
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
@@ -114,30 +143,38 @@ class Recorder:
     def stats(self, t: torch.Tensor) -> Stats:
         return self._stats.get(t)
 
-    def _meta(self, t: torch.Tensor) -> TensorMeta:
+    def _meta(self, t: torch.Tensor, source: str | None = None) -> TensorMeta:
         """A tensor the recorder cannot read (meta, nested, quantized...) is described with a
         note instead of statistics: it must never stop the recording."""
         why = unsupported(t)
         if why is not None:
-            return noted_meta(t, why)
+            meta = noted_meta(t, why)
+            meta.source = source
+            return meta
         try:
-            stats = self.stats(t) if self.stats_on else None
+            stats = self._stats.get(t) if self.stats_on else None
         except Exception as e:  # noqa: BLE001 - an exotic tensor type: note it, record on
-            return noted_meta(t, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
-        return tensor_meta(t, stats, self.meta_on)
+            meta = noted_meta(t, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
+            meta.source = source
+            return meta
+        return tensor_meta(t, stats, self.meta_on, source)
 
     def _input_meta(self, t: torch.Tensor) -> TensorMeta:
         """An input's meta names the data edge it arrived on (outputs are the record's own)."""
-        meta = self._meta(t)
-        meta.source = self.producers.source_of(t)
-        return meta
+        return self._meta(t, self.producers.source_of(t))
 
     # -- the hot path ----------------------------------------------------------------------------
     def on_op(self, func, args: tuple, kwargs: dict) -> Any:
         if self.failed is not None:
             return func(*args, **kwargs)
+        # Inside __torch_dispatch__ our own mode is already off: only modes below ours need
+        # disabling, and with none the context manager's cost is skipped.
+        below = torch._C._len_torch_dispatch_stack() > 0
         try:
-            with no_dispatch_modes():
+            if below:
+                with _disable_current_modes():
+                    pending = self._before(func, args, kwargs)
+            else:
                 pending = self._before(func, args, kwargs)
         except Exception as e:  # a recorder bug must never break the user's forward
             self._fail(e)
@@ -147,9 +184,11 @@ class Recorder:
             try:
                 if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
                     self.producers.produced(pending, out)
-                else:
-                    with no_dispatch_modes():
+                elif below:
+                    with _disable_current_modes():
                         self._after(pending, args, out)
+                else:
+                    self._after(pending, args, out)
             except Exception as e:
                 self._fail(e)
         return out
@@ -164,13 +203,13 @@ class Recorder:
         self.op_calls += 1
         seq = self.seq
         self.seq += 1
-        key = seen = None
-        if self.config.dedup:
+        key = None
+        if self.dedup:
             try:
                 key = signature_key(func, args, kwargs)
                 seen = self._seen.get(key)
             except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
-                key = None
+                key = seen = None
             if seen is not None:
                 seen.count += 1
                 seen.last_seq = seq
@@ -187,39 +226,80 @@ class Recorder:
         # Inputs are described (and copied) before the call: in-place ops mutate them.
         bound = bind_inputs(info, args, kwargs)
         if self.meta_on or self.stats_on:
-            rec.inputs = {k: encode_value(v, self._input_meta) for k, v in bound.items()
-                          if self.meta_on or _holds_tensor(v)}
+            rec.inputs = self._inputs(bound)
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
         return rec, info, key, budget, bound
+
+    def _inputs(self, bound: dict) -> dict:
+        """The described arguments: every one with META, else only those holding tensors.
+        Exact types first (the common cases), the general encoder for the rest."""
+        inputs = {}
+        meta_on = self.meta_on
+        source_of = self.producers.source_of
+        for k, v in bound.items():
+            kind = type(v)
+            if kind in _PLAIN_TYPES:
+                inputs[k] = self._meta(v, source_of(v))
+            elif kind in _ATOMS:
+                if meta_on:
+                    inputs[k] = v
+            elif meta_on or _holds_tensor(v):
+                inputs[k] = encode_value(v, self._input_meta)
+        return inputs
 
     def _after(self, pending, args: tuple, out: Any) -> None:
         rec, info, key, budget, bound = pending
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
-        if info.name.startswith("c10d."):
+        if info.collective:
             _wait_collective(outs)
             # c10d schemas declare no writes (allgather_ fills its Tensor[][] all the same), and
             # collectives do not bump version counters: any tensor argument may hold new values.
             _forget_all(self._stats, list(bound.values()))
         for name in info.mutates:  # the version counter is bumped only after we return
             _forget_all(self._stats, bound.get(name))
-        if info.stats_preserving and self.stats_on:
-            self._reuse_stats(args, outs)
+        if self.stats_on and info.stats_preserving:
+            self._reuse_stats(rec, info, args, outs)
         if self.meta_on or self.stats_on:
-            rec.outputs = [encode_value(v, self._meta) for v in outs]
+            rec.outputs = [self._meta(v) if type(v) in _PLAIN_TYPES else encode_value(v, self._meta)
+                           for v in outs]
+            if info.view and self.stats_on:
+                self._cache_view_outputs(args, outs, rec.outputs)
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         if key is not None:
             self._seen[key] = rec
         self._emit(rec)
 
-    def _reuse_stats(self, args: tuple, outs: list) -> None:
+    def _reuse_stats(self, rec: Record, info, args: tuple, outs: list) -> None:
+        """The output holds the input's values: take the statistics the input was described
+        with (a parameter's are never cached, so asking again would reduce it twice)."""
         src = args[0] if args else None
         dst = outs[0] if outs else None
         if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
                 and src.numel() == dst.numel()):
-            self._stats.put(dst, self.stats(src))
+            meta = rec.inputs.get(info.arg_names[0]) if info.arg_names else None
+            stats = meta.stats if type(meta) is TensorMeta and meta.stats is not None else self.stats(src)
+            self._stats.put(dst, stats)
+
+    def _cache_view_outputs(self, args: tuple, outs: list, metas: list) -> None:
+        """A view's outputs take their base's version counter once the call returns: cache
+        their statistics under that version, or the next op reading them reduces them again."""
+        base = args[0] if args else None
+        if not isinstance(base, torch.Tensor):
+            return
+        try:
+            version = base._version
+        except RuntimeError:  # inference tensors have no version counter
+            return
+        for o, m in zip(outs, metas):
+            if type(o) in (list, tuple) and type(m) is list:  # split, chunk, unbind: Tensor[]
+                for oi, mi in zip(o, m):
+                    if type(mi) is TensorMeta and mi.stats is not None:
+                        self._stats.put(oi, mi.stats, version)
+            elif type(m) is TensorMeta and m.stats is not None:
+                self._stats.put(o, m.stats, version)
 
     def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
         """Copy up to ``budget`` tensors (inputs first, then outputs, in schema order)."""
