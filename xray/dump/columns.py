@@ -262,7 +262,11 @@ class ColumnBuilder:
         if type(v) is TensorMeta:
             self._tensor(v, role, name, row)
             return _TENSOR_KEY
+        if type(v) is int:
+            return ("int", v)
         if isinstance(v, (list, tuple)):
+            if all(type(x) is int for x in v):  # sizes, dims: the common list, no names to build
+                return ("I", tuple(v))
             return ("L", tuple([self._value(x, role, f"{name}.{i}", row) for i, x in enumerate(v)]))
         if isinstance(v, Scalar):
             return ("S", v.tag, json.dumps(v.value, default=str))
