@@ -13,19 +13,19 @@ they render. Two rules keep that fast path from ever diverging from the record p
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from .dump.columns import MARK, Columns, RecordSequence
+from .dump.reader import no_cyclic_gc
 
 # The record columns holding a string a Record decodes (and checks), and the tensor columns.
 _RECORD_TEXTS = ("op", "module", "module_stack", "stack", "skeleton")
 _TENSOR_TEXTS = ("dtype", "device")  # shapes and strides are checked when the index is read
 _TENSOR_DATA = ("data", "note", "src_name")  # decoded as they are: only UTF-8 and length can fail
+
 
 def native_columns(dump: Any) -> Columns | None:
     """The dump's columns when they are its native index (a v3 trace dump, whose ``records``
@@ -34,6 +34,7 @@ def native_columns(dump: Any) -> Columns | None:
     if isinstance(records, RecordSequence) and records.rows is None:
         return records.columns
     return None
+
 
 def check_records(columns: Columns) -> None:
     """Raise the error ``list(dump.records)`` would raise (the first record that cannot be
@@ -49,6 +50,7 @@ def check_records(columns: Columns) -> None:
         bad = int(mismatch[0]) if bad is None else min(bad, int(mismatch[0]))
     if bad is not None:
         columns.record(bad)  # raises that record's error, located, as the record path would
+
 
 def _first_failing_user(columns: Columns) -> int | None:
     """The first record row that cannot be built among the first users of each string."""
@@ -67,10 +69,12 @@ def _first_failing_user(columns: Columns) -> int | None:
             return row
     return None
 
+
 def _first_users(col: np.ndarray) -> list[int]:
     """The row of the first occurrence of each distinct non-absent value of ``col``."""
     values, first = np.unique(col, return_index=True)
     return first[values >= 0].tolist()
+
 
 def _undecodable_users(columns: Columns, col: np.ndarray, owner: np.ndarray) -> list[int]:
     """Record rows whose tensors hold a string (of ``col``) that does not decode."""
@@ -83,6 +87,7 @@ def _undecodable_users(columns: Columns, col: np.ndarray, owner: np.ndarray) -> 
     if not bad:
         return []
     return [int(owner[np.flatnonzero(np.isin(col, bad))[0]])]
+
 
 def _count_mismatches(columns: Columns) -> np.ndarray:
     """Rows whose tensor rows are not as many as their skeleton's tensors (sorted)."""
@@ -100,6 +105,7 @@ def _count_mismatches(columns: Columns) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Grouping records by signature (xray-gen's de-duplication, replay's)
 
+
 def canonical(ids: np.ndarray, decode: Callable[[int], Any]) -> np.ndarray:
     """String ids mapped to the first id of the same decoded value (-1 stays None's): a
     hand-made index may hold one text, or one shape, under two ids, and records holding them
@@ -109,11 +115,13 @@ def canonical(ids: np.ndarray, decode: Callable[[int], Any]) -> np.ndarray:
     canon = np.array([first.setdefault(decode(i) if i >= 0 else None, i) for i in unique.tolist()], dtype=np.int64)
     return canon[inverse.reshape(-1)] if len(unique) else ids.astype(np.int64)
 
+
 def _marks(v: Any) -> int:
     """How many tensors a decoded skeleton value holds."""
     if v is MARK:
         return 1
     return sum(map(_marks, v)) if isinstance(v, list) else 0
+
 
 @dataclass
 class SkeletonKeys:
@@ -125,6 +133,7 @@ class SkeletonKeys:
     n_inputs: np.ndarray
     n_outputs: np.ndarray
     unhashable: dict[int, TypeError]
+
 
 def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]) -> SkeletonKeys:
     """``SkeletonKeys`` of ``rows``, each distinct skeleton decoded once. ``sig`` gets the
@@ -144,6 +153,7 @@ def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]
             out[k], bad[sid] = -1, e
     inverse = inverse.reshape(-1)
     return SkeletonKeys(out[inverse], n_in[inverse], n_out[inverse], bad)
+
 
 def group_rows(columns: Columns, rows: np.ndarray, keys: list[np.ndarray], n_inputs: np.ndarray,
                fields: tuple[str, ...] = ("shape", "dtype", "stride")) -> tuple[np.ndarray, np.ndarray]:
@@ -174,6 +184,7 @@ def group_rows(columns: Columns, rows: np.ndarray, keys: list[np.ndarray], n_inp
     rank[order] = np.arange(len(order))
     return rows[first_pos[order]], rank[group.reshape(-1)]
 
+
 def combine(parts: list[np.ndarray]) -> np.ndarray:
     """One dense number per position for a tuple of integer columns (values >= -1): equal
     numbers, equal tuples. Pairs are folded into one int64 a column at a time (no overflow:
@@ -184,6 +195,7 @@ def combine(parts: list[np.ndarray]) -> np.ndarray:
         key = key.reshape(-1).astype(np.int64) * (int(p.max()) + 2) + (p.astype(np.int64) + 1)
     _, key = np.unique(key, return_inverse=True)
     return key.reshape(-1)
+
 
 def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray, fields: tuple[str, ...]
                        ) -> np.ndarray:
@@ -200,18 +212,6 @@ def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray,
         keys[at] = combine([canonical(t[f][at], decode[f]) if f in decode else t[f][at] for f in fields])
     return keys
 
-@contextmanager
-def no_cyclic_gc() -> Iterator[None]:
-    """Suspend Python's cyclic collector while a column chunk becomes Python values: the fresh
-    lists and tuples are acyclic, but creating a hundred thousand of them triggers collections
-    that walk every object alive (measured: 0.2 s of a 0.25 s chunk). Never held across a yield."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 __all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns", "no_cyclic_gc",
            "skeleton_keys"]

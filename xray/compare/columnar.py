@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns,
                             RecordSequence, _name)
-from ..dump.reader import _no_cyclic_gc
+from ..dump.reader import no_cyclic_gc
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
 from .align import _Features, align_features, op_base
@@ -718,7 +718,7 @@ def _rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.nda
     """Every row, named; those in ``fast`` judged from statistics. Chunk by chunk, so the
     per-row columns never exist for all rows at once."""
     rows: list[CompareRow] = [None] * len(plan)  # type: ignore[list-item]  # filled below, never regrown
-    with _no_cyclic_gc():  # a million acyclic rows: the collector would walk them again and again
+    with no_cyclic_gc():  # a million acyclic rows: the collector would walk them again and again
         for lo in range(0, len(plan), CHUNK):
             sl = slice(lo, min(lo + CHUNK, len(plan)))
             cols = _row_columns(rank, ta, tb, plan, sl, vocab)

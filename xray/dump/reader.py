@@ -150,10 +150,11 @@ def _parse_records(raw: list, where: Path) -> list[Record]:
 
 
 @contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> Iterator[None]:
     """Suspend Python's cyclic collector while an index is built: it would walk the millions of
     fresh, acyclic objects (JSON trees, records) again and again, 2/3 of the open time at 1M
-    records (tools/bench_bigdump.py). Reference counting still frees everything."""
+    records (tools/bench_bigdump.py); the same for tools turning column chunks into rows.
+    Reference counting still frees everything. Never hold it across a yield."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -164,7 +165,7 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def read_trace(folder: Path) -> TraceDump:
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         return _read_trace(folder)
 
 
