@@ -514,9 +514,6 @@ class Columns:
                                f"its rows {int(r['t_end'][bad[0]] - r['t_begin'][bad[0]])}")
 
     # -- decoded pieces, cached per string -------------------------------------------------
-    def text(self, i: int) -> str | None:
-        return self.strings.get(int(i))
-
     def shape(self, i: int) -> tuple[int, ...]:
         """The shape (or stride) tuple behind string ``i``, checked once."""
         got = self._shapes.get(i)
@@ -562,10 +559,6 @@ class Columns:
                           device=_name(strings[device], "tensor device"), requires_grad=bool(requires_grad),
                           stats=stats, data=None if data < 0 else strings[data], source=source,
                           note=None if note < 0 else strings[note])
-
-    def source(self, j: int) -> str | None:
-        """Tensor row ``j``'s ``src`` text."""
-        return self._meta(self.tensors.row(j)).source
 
     def record(self, i: int) -> Record:
         """Record ``i``, built from its row, its tensor rows and its skeleton."""
@@ -623,9 +616,6 @@ class Columns:
         if got is None:
             got = self._stacks[i] = _parse_frames(self.strings[i])
         return list(got)
-
-    def records_view(self) -> "RecordSequence":
-        return RecordSequence(self)
 
     # -- filters ---------------------------------------------------------------------------
     def select(self, *, op: str | Iterable[str] | None = None, module: str | None = None,
@@ -799,4 +789,4 @@ def columns_of(records: Iterable[Record]) -> Columns:
 
 __all__ = ["Columns", "ColumnBuilder", "ColumnsError", "RecordSequence", "StringTable", "columns_of", "concat",
            "RECORD_DTYPE", "TENSOR_DTYPE", "UPDATE_DTYPE", "KINDS", "DIRECTIONS", "ROLES", "SRC_KINDS",
-           "INPUT", "OUTPUT", "PARAM", "Scalar"]
+           "INPUT", "OUTPUT", "PARAM", "MARK", "Table"]
