@@ -16,7 +16,8 @@ import xray
 from xray.cli import info_text
 from xray.columnar import native_columns
 from xray.dump import DumpFormatError
-from xray.dump.columns import Columns, StringTable, columns_of
+from xray.dump.column_builder import columns_of
+from xray.dump.columns import Columns, StringTable
 from xray.dump.reader import TraceDump
 from xray.gen.blacklist import DEFAULT_BLACKLIST, Blacklist
 from xray.gen.generator import generate, plan, plan_columns

@@ -8,15 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import warnings
 
-import numpy as np
 import pytest
-import torch
 
 import xray
 from xray.dump import TruncatedDumpWarning
-from xray.dump.columns import ColumnBuilder, StringTable, Table, RECORD_DTYPE, columns_of
+from xray.dump.column_builder import columns_of
+from xray.dump.columns import RECORD_DTYPE, StringTable, Table
 from xray.dump.json_index import rewrite_as_json, write_json_index
 from xray.dump.reader import TraceDump
 from xray.demo.models import tiny_llama, token_batch

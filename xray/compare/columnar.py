@@ -23,7 +23,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns,
-                            RecordSequence, _name)
+                            RecordSequence)
+from ..dump.skeleton import checked_name as _name
 from ..dump.reader import no_cyclic_gc
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance

@@ -6,30 +6,30 @@ every record (compare's matching, summary tables, gen's de-duplication) read the
 ``Record`` is built only when one is asked for (``Columns.record(i)``), from its row, its tensor
 rows and its *skeleton*.
 
-- ``records``: a structured array, ``RECORD_DTYPE``; ``tensors``: ``TENSOR_DTYPE``. A record's
-  tensors are the rows ``t_begin:t_end``: inputs, then outputs, then params, in the order
-  ``Record.input_tensors()`` / ``output_tensors()`` / ``params`` give them.
+- ``records`` and ``tensors``: ``Table``s (one contiguous array per column) with the fields of
+  ``RECORD_DTYPE`` and ``TENSOR_DTYPE``. A record's tensors are the rows ``t_begin:t_end``:
+  inputs, then outputs, then params, in the order ``Record.input_tensors()`` /
+  ``output_tensors()`` / ``params`` give them.
 - Every text (op and module names, dtypes, shapes, argument names, data references...) is an
-  index into one ``StringTable``; -1 means "absent" (None).
+  index into one ``StringTable`` (strings.py); -1 means "absent" (None).
 - The skeleton is the rest of a record as JSON (non-tensor arguments, list structure, mutated
   arguments, keywords), each tensor written as ``{"t": "@"}``. Records of one op with the same
   non-tensor arguments share one skeleton string, so a million records hold a few thousand.
 
 Nothing here trusts its input: ``Columns.validate`` checks every column's range once, with numpy,
-and a skeleton or string is checked the first time it is decoded (docs/format.md, version 3).
+and every distinct text a record uses (skeleton.py decodes them). Building columns from records
+is column_builder.py; the file on disk, index_file.py (docs/format.md, version 3).
 """
 from __future__ import annotations
 
-import json
-import math
-from functools import lru_cache
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import DumpFormatError
-from .model import (DTYPE_NAMES, MAX_DEPTH, MAX_ITEMS, MAX_NAME, MAX_NUMEL, MAX_TEXT, Record, Scalar, Source, Stats,
-                    TensorMeta, _frame, _ints, _str, echo, value_from_json, value_to_json)
+from .errors import ColumnsError
+from .model import DTYPE_NAMES, Record, Stats, TensorMeta, echo
+from .skeleton import MARK, checked_name, fill, parse_frames, parse_shape, parse_skeleton, parse_text_list
+from .strings import NONE, StringTable
 
 KINDS = ("op", "module")
 DIRECTIONS = ("forward", "backward")
@@ -38,7 +38,6 @@ INPUT, OUTPUT, PARAM = range(3)
 # Source kinds; an "op" source keeps its seq and index in columns, the others their name.
 SRC_KINDS = (None, "op", "param", "buffer", "input")
 SRC_NONE, SRC_OP, SRC_PARAM, SRC_BUFFER, SRC_INPUT = range(5)
-NONE = -1  # a string index (or step) that is absent
 
 # Bits of ``TensorRow.absent``: statistics fields that were None (no finite element).
 ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD = 1, 2, 4, 8
@@ -57,9 +56,6 @@ TENSOR_DTYPE = np.dtype([
     ("note", "<i4"),
 ])
 UPDATE_DTYPE = np.dtype([("seq", "<i8"), ("count", "<i8"), ("last_seq", "<i8")])
-
-_TENSOR_MARK = {"t": "@"}
-
 
 class Table:
     """Named columns of equal length, each a contiguous numpy array (struct of arrays): a scan
@@ -119,247 +115,6 @@ class Table:
 
     def take(self, rows: np.ndarray | slice) -> "Table":
         return Table(self.dtype, {name: col[rows] for name, col in self.columns.items()})
-
-
-class ColumnsError(DumpFormatError):
-    """The columns are not a valid index (raised with the index file's name when it is known)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Strings
-
-
-class StringTable:
-    """Interned texts, addressed by index. On disk: the UTF-8 bytes of all of them, one blob,
-    and the end offset of each (``to_arrays``/``from_arrays``); decoded one by one, on demand."""
-
-    def __init__(self, strings: Sequence[str] = ()) -> None:
-        self._strings: list[str | None] = list(strings)
-        self._ids: dict[str, int] | None = {}
-        for i, text in enumerate(self._strings):
-            self._ids.setdefault(text, i)
-        self._blob: np.ndarray | None = None
-        self._ends: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self._strings)
-
-    def intern(self, text: str) -> int:
-        ids = self._ids if self._ids is not None else self._reverse()
-        i = ids.get(text)
-        if i is None:
-            i = ids[text] = len(self._strings)
-            self._strings.append(text)
-        return i
-
-    def opt(self, text: str | None) -> int:
-        return NONE if text is None else self.intern(text)
-
-    def __getitem__(self, i: int) -> str:
-        s = self._strings[i]
-        if s is None:
-            s = self._strings[i] = self._decode(i)
-        return s
-
-    def get(self, i: int) -> str | None:
-        return None if i < 0 else self[i]
-
-    def _decode(self, i: int) -> str:
-        start = int(self._ends[i - 1]) if i else 0
-        raw = self._blob[start:int(self._ends[i])].tobytes()
-        if len(raw) > 4 * MAX_TEXT:
-            raise ColumnsError(f"string #{i} is {len(raw)} bytes long (limit {MAX_TEXT} characters)")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ColumnsError(f"string #{i} is not UTF-8 ({e})") from None
-        if len(text) > MAX_TEXT:
-            raise ColumnsError(f"string #{i} is {len(text)} characters long (limit {MAX_TEXT})")
-        return text
-
-    def texts(self, start: int = 0) -> list[str]:
-        return [self[i] for i in range(start, len(self))]
-
-    def to_arrays(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(blob, ends) of the strings from index ``start`` on (a journal chunk's new strings)."""
-        encoded = [s.encode("utf-8") for s in self.texts(start)]
-        ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), dtype=np.int64)
-        return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
-
-    @classmethod
-    def from_arrays(cls, blob: np.ndarray, ends: np.ndarray) -> "StringTable":
-        blob, ends = np.asarray(blob), np.asarray(ends)
-        if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1 or ends.dtype.kind not in "iu":
-            raise ColumnsError("the string table is not a byte blob with integer offsets")
-        if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] > len(blob)):
-            raise ColumnsError("the string table's offsets are not ascending within its blob")
-        table = cls()
-        table._strings = [None] * len(ends)
-        table._blob, table._ends = blob, ends.astype(np.int64, copy=False)
-        table._ids = None  # built by the first intern(): a reader that only reads never needs it
-        return table
-
-    def _reverse(self) -> dict[str, int]:
-        if self._ids is None:
-            ids: dict[str, int] = {}
-            for i in range(len(self._strings)):
-                ids.setdefault(self[i], i)
-            self._ids = ids
-        return self._ids
-
-    def extend(self, texts: Iterable[str]) -> None:
-        ids = self._reverse()
-        for t in texts:
-            ids.setdefault(t, len(self._strings))
-            self._strings.append(t)
-
-
-# ---------------------------------------------------------------------------------------------
-# Building columns from records (the writer, and old JSON dumps on read)
-
-
-class ColumnBuilder:
-    """Appends records as rows. Strings go to ``strings`` (shared across a writer's chunks, so
-    chunks concatenate without renumbering); ``first_row``/``first_tensor`` number this builder's
-    rows after the chunks before it."""
-
-    def __init__(self, strings: StringTable | None = None, first_row: int = 0, first_tensor: int = 0) -> None:
-        self.strings = StringTable() if strings is None else strings
-        self.first_row, self.first_tensor = first_row, first_tensor
-        self._records: list[tuple] = []
-        self._tensors: list[tuple] = []
-        self._skeletons: dict[tuple, int] = {}  # skeleton key -> string id
-        self._stacks: dict[tuple, int] = {}  # module stack -> string id
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def add(self, rec: Record) -> None:
-        s = self.strings
-        row = self.first_row + len(self._records)
-        t_begin = self.first_tensor + len(self._tensors)
-        key = (tuple([(k, self._value(v, INPUT, k, row)) for k, v in rec.inputs.items()]),
-               tuple([self._value(v, OUTPUT, f"out{i}", row) for i, v in enumerate(rec.outputs)]),
-               tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params))
-        for name, meta in rec.params.items():
-            self._tensor(meta, PARAM, name, row)
-        skeleton = self._skeletons.get(key)
-        if skeleton is None:
-            skeleton = self._skeletons[key] = s.intern(_skeleton_text(rec))
-        first = rec.seq if rec.first_seq is None else rec.first_seq
-        last = rec.seq if rec.last_seq is None else rec.last_seq
-        self._records.append((
-            rec.seq, _KIND_CODE[rec.kind], _DIRECTION_CODE[rec.direction], s.intern(rec.op),
-            NONE if rec.module is None else s.intern(rec.module),
-            rec.count, first, last, rec.call_index, NONE if rec.step is None else rec.step,
-            self._stack_id(rec.module_stack) if rec.module_stack else NONE,
-            s.intern(json.dumps(rec.stack, separators=(",", ":"))) if rec.stack else NONE,
-            skeleton, t_begin, self.first_tensor + len(self._tensors)))
-
-    def _value(self, v: Any, role: int, name: str, row: int) -> Any:
-        """A hashable key of a value's skeleton; appends its tensors' rows on the way. Floats keep
-        their repr (1 == 1.0 == True, and NaN != NaN, in a dict)."""
-        if type(v) is TensorMeta:
-            self._tensor(v, role, name, row)
-            return _TENSOR_KEY
-        if type(v) is int:
-            return ("int", v)
-        if isinstance(v, (list, tuple)):
-            if all(type(x) is int for x in v):  # sizes, dims: the common list, no names to build
-                return ("I", tuple(v))
-            return ("L", tuple([self._value(x, role, f"{name}.{i}", row) for i, x in enumerate(v)]))
-        if isinstance(v, Scalar):
-            return ("S", v.tag, json.dumps(v.value, default=str))
-        if isinstance(v, float):
-            return ("f", repr(v))
-        return (type(v).__name__, v)
-
-    def _stack_id(self, frames: list[tuple[str, str]]) -> int:
-        key = tuple(frames)
-        i = self._stacks.get(key)
-        if i is None:
-            i = self._stacks[key] = self.strings.intern(_stack_text(frames))
-        return i
-
-    def _tensor(self, meta: TensorMeta, role: int, name: str, row: int) -> None:
-        intern = self.strings.intern
-        st = meta.stats
-        if st is None:
-            stats = _NO_STATS
-        else:
-            mn, mx, mean, std = st.min, st.max, st.mean, st.std
-            absent = ((mn is None) * ABSENT_MIN | (mx is None) * ABSENT_MAX
-                      | (mean is None) * ABSENT_MEAN | (std is None) * ABSENT_STD)
-            stats = (1, absent, 0.0 if mn is None else mn, 0.0 if mx is None else mx,
-                     0.0 if mean is None else mean, 0.0 if std is None else std,
-                     st.nan, st.posinf, st.neginf, st.numel)
-        src = meta.source
-        if src is None:
-            source = _NO_SOURCE
-        elif src.startswith("op:"):
-            _, seq, index = src.split(":")
-            source = (SRC_OP, int(seq), int(index), NONE)
-        else:
-            source = _source_columns(src, self.strings)
-        stride = meta.stride
-        self._tensors.append((
-            row, role, intern(name), intern(meta.dtype), intern(_shape_text(meta.shape)),
-            NONE if stride is None else intern(_shape_text(stride)), meta.storage_offset, intern(meta.device),
-            meta.requires_grad, *stats, NONE if meta.data is None else intern(meta.data), *source,
-            NONE if meta.note is None else intern(meta.note)))
-
-    def build(self) -> "Columns":
-        return Columns(Table.from_rows(RECORD_DTYPE, self._records), Table.from_rows(TENSOR_DTYPE, self._tensors),
-                       self.strings)
-
-
-_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
-_DIRECTION_CODE = {d: i for i, d in enumerate(DIRECTIONS)}
-_TENSOR_KEY = ("T",)
-_NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
-_NO_SOURCE = (SRC_NONE, 0, 0, NONE)
-
-
-def _skeleton_text(rec: Record) -> str:
-    """The record's skeleton as JSON: its values with each tensor written as {"t": "@"}."""
-    skeleton: dict[str, Any] = {"inputs": {k: _skeleton(v) for k, v in rec.inputs.items()},
-                                "outputs": [_skeleton(v) for v in rec.outputs]}
-    if rec.mutates:
-        skeleton["mutates"] = list(rec.mutates)
-    if rec.keywords:
-        skeleton["keywords"] = dict(rec.keywords)
-    if rec.params:
-        skeleton["params"] = list(rec.params)
-    return json.dumps(skeleton, separators=(",", ":"), default=str)
-
-
-@lru_cache(maxsize=65536)
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "[" + ",".join(map(str, shape)) + "]"
-
-
-def _stack_text(frames: list[tuple[str, str]]) -> str:
-    return json.dumps([list(f) for f in frames], separators=(",", ":"))
-
-
-def _source_columns(text: str | None, strings: StringTable) -> tuple[int, int, int, int]:
-    if text is None:
-        return SRC_NONE, 0, 0, NONE
-    if text.startswith("op:"):
-        src = Source.parse(text)
-        return SRC_OP, src.seq, src.index, NONE
-    if text == "input":
-        return SRC_INPUT, 0, 0, NONE
-    src = Source.parse(text)
-    return (SRC_PARAM if src.kind == "param" else SRC_BUFFER), 0, 0, strings.intern(src.name)
-
-
-def _skeleton(v: Any) -> Any:
-    if isinstance(v, TensorMeta):
-        return _TENSOR_MARK
-    if isinstance(v, (list, tuple)):
-        return [_skeleton(x) for x in v]
-    return value_to_json(v)
 
 
 def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
@@ -481,7 +236,7 @@ class Columns:
             for name in ("name", "device", "src_name"):
                 for i in np.unique(t[name]):
                     if i >= 0:
-                        _name(self.strings[int(i)], f"tensor {name}")
+                        checked_name(self.strings[int(i)], f"tensor {name}")
             for col in ("shape", "stride"):
                 for i in np.unique(t[col]):
                     if i >= 0 and col == "shape" and any(n < 0 for n in self.shape(int(i))):
@@ -496,16 +251,16 @@ class Columns:
         record's skeleton holds as many tensors as the record has rows."""
         r, strings = self.records, self.strings
         for i in np.unique(r["op"]):
-            _name(strings[int(i)], "op")
+            checked_name(strings[int(i)], "op")
         for i in np.unique(r["module"]):
             if i >= 0:
-                _name(strings[int(i)], "module")
+                checked_name(strings[int(i)], "module")
         for i in np.unique(r["module_stack"]):
             if i >= 0:
                 self._frames(int(i))
         for i in np.unique(r["stack"]):
             if i >= 0:
-                _parse_text_list(strings[int(i)])
+                parse_text_list(strings[int(i)])
         skeletons, which = np.unique(r["skeleton"], return_inverse=True)
         holds = np.array([self._skeleton(int(i))[1] for i in skeletons], dtype=np.int64)
         bad = np.flatnonzero(holds[which] != r["t_end"] - r["t_begin"]) if len(r) else []
@@ -518,7 +273,7 @@ class Columns:
         """The shape (or stride) tuple behind string ``i``, checked once."""
         got = self._shapes.get(i)
         if got is None:
-            got = self._shapes[i] = _parse_shape(self.strings[i])
+            got = self._shapes[i] = parse_shape(self.strings[i])
         return got
 
     def skeleton(self, i: int) -> tuple[dict, int]:
@@ -529,7 +284,7 @@ class Columns:
     def _skeleton(self, i: int) -> tuple[dict, int]:
         got = self._skeletons.get(i)
         if got is None:
-            got = self._skeletons[i] = _parse_skeleton(self.strings[i])
+            got = self._skeletons[i] = parse_skeleton(self.strings[i])
         return got
 
     # -- materialising ---------------------------------------------------------------------
@@ -554,9 +309,9 @@ class Columns:
             source = "input"
         else:
             source = f"{SRC_KINDS[src_kind]}:{strings[src_name]}"
-        return TensorMeta(shape=self.shape(shape), dtype=_name(strings[dtype], "tensor dtype"),
+        return TensorMeta(shape=self.shape(shape), dtype=checked_name(strings[dtype], "tensor dtype"),
                           stride=None if stride < 0 else self.shape(stride), storage_offset=offset,
-                          device=_name(strings[device], "tensor device"), requires_grad=bool(requires_grad),
+                          device=checked_name(strings[device], "tensor device"), requires_grad=bool(requires_grad),
                           stats=stats, data=None if data < 0 else strings[data], source=source,
                           note=None if note < 0 else strings[note])
 
@@ -600,13 +355,13 @@ class Columns:
         metas = iter([self._meta(t) for t in tensor_rows])
         strings = self.strings
         return Record(
-            seq=seq, kind=KINDS[kind], op=_name(strings[op], "op"), direction=DIRECTIONS[direction],
-            module=None if module < 0 else _name(strings[module], "module"),
+            seq=seq, kind=KINDS[kind], op=checked_name(strings[op], "op"), direction=DIRECTIONS[direction],
+            module=None if module < 0 else checked_name(strings[module], "module"),
             module_stack=[] if module_stack < 0 else self._frames(module_stack),
-            inputs={k: _fill(v, metas) for k, v in template["inputs"].items()},
-            outputs=[_fill(v, metas) for v in template["outputs"]],
+            inputs={k: fill(v, metas) for k, v in template["inputs"].items()},
+            outputs=[fill(v, metas) for v in template["outputs"]],
             mutates=list(template["mutates"]), count=count, first_seq=first_seq, last_seq=last_seq,
-            stack=None if stack < 0 else _parse_text_list(strings[stack]),
+            stack=None if stack < 0 else parse_text_list(strings[stack]),
             call_index=call_index, step=None if step < 0 else step,
             keywords=dict(template["keywords"]),
             params={k: next(metas) for k in template["params"]})
@@ -614,7 +369,7 @@ class Columns:
     def _frames(self, i: int) -> list[tuple[str, str]]:
         got = self._stacks.get(i)
         if got is None:
-            got = self._stacks[i] = _parse_frames(self.strings[i])
+            got = self._stacks[i] = parse_frames(self.strings[i])
         return list(got)
 
     # -- filters ---------------------------------------------------------------------------
@@ -676,117 +431,8 @@ class RecordSequence(Sequence):
         return f"<{len(self)} records>"
 
 
-# ---------------------------------------------------------------------------------------------
-# Checked decoding of the strings
 
 
-def _name(text: str, what: str) -> str:
-    return _str(text, what, MAX_NAME)
-
-
-def _opt_name(text: str | None, what: str) -> str | None:
-    return None if text is None else _name(text, what)
-
-
-def _loads(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ColumnsError(f"{what}: values nested too deep") from None
-    except json.JSONDecodeError as e:
-        raise ColumnsError(f"{what}: not JSON ({e})") from None
-
-
-def _parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = _ints(_loads(text, "tensor shape"), "tensor shape")
-    except ValueError as e:
-        raise ColumnsError(str(e)) from None
-    if math.prod(abs(n) for n in shape) > MAX_NUMEL:
-        raise ColumnsError(f"tensor shape {echo(list(shape))} has more than 2**48 elements")
-    return shape
-
-
-def _parse_frames(text: str) -> list[tuple[str, str]]:
-    frames = _loads(text, "module_stack")
-    if not isinstance(frames, list) or len(frames) > MAX_ITEMS:
-        raise ColumnsError(f"module_stack must be a list, got {echo(frames)}")
-    try:
-        return [_frame(p) for p in frames]
-    except ValueError as e:
-        raise ColumnsError(str(e)) from None
-
-
-def _parse_text_list(text: str) -> list[str]:
-    items = _loads(text, "stack")
-    if not isinstance(items, list) or len(items) > MAX_ITEMS or not all(isinstance(x, str) for x in items):
-        raise ColumnsError(f"stack must be a list of strings, got {echo(items)}")
-    return items
-
-
-class _Mark:
-    """Where a skeleton holds a tensor."""
-
-
-_MARK = MARK = _Mark()
-
-
-def _parse_skeleton(text: str) -> tuple[dict, int]:
-    """(template, number of tensors): the template holds decoded values with _MARK for tensors."""
-    raw = _loads(text, "record skeleton")
-    if not isinstance(raw, dict) or not isinstance(raw.get("inputs"), dict) or not isinstance(raw.get("outputs"), list):
-        raise ColumnsError(f"record skeleton must hold inputs and outputs, got {echo(raw)}")
-    count = [0]
-
-    def decode(v: Any, depth: int) -> Any:
-        if isinstance(v, dict) and v.get("t") == "@" and len(v) == 1:
-            count[0] += 1
-            return _MARK
-        if isinstance(v, list):
-            if depth >= MAX_DEPTH:
-                raise ValueError(f"lists nested deeper than {MAX_DEPTH} levels")
-            if len(v) > MAX_ITEMS:
-                raise ValueError(f"a list of {len(v)} items (limit {MAX_ITEMS})")
-            return [decode(x, depth + 1) for x in v]
-        if isinstance(v, dict) and v.get("t") == "tensor":
-            raise ValueError("a tensor inside a skeleton (tensors are rows)")
-        return value_from_json(v, depth)
-
-    try:
-        if len(raw["inputs"]) > MAX_ITEMS or len(raw["outputs"]) > MAX_ITEMS:
-            raise ValueError("too many arguments")
-        template = {"inputs": {_str(k, "input name"): decode(v, 0) for k, v in raw["inputs"].items()},
-                    "outputs": [decode(v, 0) for v in raw["outputs"]]}
-        for key in ("mutates", "params"):
-            items = raw.get(key, [])
-            if not isinstance(items, list) or len(items) > MAX_ITEMS:
-                raise ValueError(f"{key} must be a list")
-            template[key] = [_str(x, key) for x in items]
-        keywords = raw.get("keywords", {})
-        if not isinstance(keywords, dict) or len(keywords) > MAX_ITEMS:
-            raise ValueError("keywords must be an object")
-        template["keywords"] = {_str(k, "keyword key"): _str(v, "keyword") for k, v in keywords.items()}
-    except ValueError as e:
-        raise ColumnsError(f"record skeleton: {e}") from None
-    return template, count[0] + len(template["params"])
-
-
-def _fill(v: Any, metas: Iterator[TensorMeta]) -> Any:
-    if v is _MARK:
-        return next(metas)
-    if isinstance(v, list):
-        return [_fill(x, metas) for x in v]
-    return v  # decoded scalars are immutable (Scalar is frozen) or plain values
-
-
-def columns_of(records: Iterable[Record]) -> Columns:
-    """Columns of records held in memory (old JSON dumps, module dumps)."""
-    builder = ColumnBuilder()
-    for rec in records:
-        builder.add(rec)
-    return builder.build()
-
-
-__all__ = ["Columns", "ColumnBuilder", "ColumnsError", "RecordSequence", "StringTable", "columns_of", "concat",
+__all__ = ["Columns", "ColumnsError", "RecordSequence", "StringTable", "Table", "concat", "MARK", "NONE",
            "RECORD_DTYPE", "TENSOR_DTYPE", "UPDATE_DTYPE", "KINDS", "DIRECTIONS", "ROLES", "SRC_KINDS",
-           "INPUT", "OUTPUT", "PARAM", "MARK", "Table"]
+           "INPUT", "OUTPUT", "PARAM"]

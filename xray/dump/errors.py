@@ -8,3 +8,7 @@ class DumpFormatError(ValueError):
 
 class TruncatedDumpWarning(UserWarning):
     """The dump was never finalised (the process died); records come from the journal."""
+
+
+class ColumnsError(DumpFormatError):
+    """A columnar index is not valid (raised with the index file's name when it is known)."""

@@ -13,8 +13,8 @@ from typing import Any, Iterator, Sequence
 import h5py
 import torch
 
-from .columns import (RECORD_DTYPE, TENSOR_DTYPE, Columns, ColumnsError, RecordSequence, StringTable, columns_of,
-                      concat)
+from .column_builder import columns_of
+from .columns import RECORD_DTYPE, TENSOR_DTYPE, Columns, ColumnsError, RecordSequence, StringTable, concat
 from .errors import DumpFormatError, TruncatedDumpWarning
 from .index_file import IndexFile, open_columns
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .columns import UPDATE_DTYPE, ColumnBuilder, Columns, StringTable, concat
+from .column_builder import ColumnBuilder
+from .columns import UPDATE_DTYPE, Columns, StringTable, concat
 from .index_file import write_file, write_index
 from .model import FORMAT_NAME, FORMAT_VERSION, Record
 from .tensorio import write_dataset
