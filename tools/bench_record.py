@@ -6,6 +6,9 @@ median ratio is printed. msprobe (pip install mindstudio-probe) runs beside it w
 
 The "tracer only" rows swap the dump writer for one whose add() only appends (``NullWriter``):
 what the dispatch path costs without the writer's encoding and file I/O (docs/performance.md).
+Those rows time one forward per dump session (folder set-up and end_dump included). The "per
+forward in a session" rows time forwards inside one long session, as a training or eval loop
+records them: median and mean (the mean carries periodic flushes and garbage collection).
 
     python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
 """
@@ -137,6 +140,25 @@ def _msprobe_child(level: str, repeats: int) -> int:
     return 0
 
 
+STEADY_FORWARDS = 20  # forwards per block in the steady-state rows
+
+
+def steady_ratios(model, ids, root: Path, kw: dict, repeats: int) -> tuple[float, float]:
+    """Per-forward cost inside one long recording session (a training or eval loop): blocks of
+    STEADY_FORWARDS eager forwards alternate with one session of as many recorded ones. Returns
+    the median over blocks of (median recorded forward / median eager forward), and the same for
+    means: the mean carries the periodic flushes and any garbage collection they set off."""
+    medians, means = [], []
+    for _ in range(repeats):
+        eager = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+        shutil.rmtree(root, ignore_errors=True)
+        with xray.dump(dump_dir=root, **kw):
+            recorded = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+        medians.append(statistics.median(recorded) / statistics.median(eager))
+        means.append(statistics.mean(recorded) / statistics.mean(eager))
+    return statistics.median(medians), statistics.median(means)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -165,6 +187,11 @@ def main(argv=None) -> int:
             rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
                          f"{size / 2**20:.2f}"])
             results.append({"config": label, "ratio": r, **summary, "bytes": size})
+        for label, kw in (("0x102 dedup, per forward in a session", CONFIGS[0][1]),
+                          ("0x102 no dedup, per forward in a session", CONFIGS[3][1])):
+            median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
+            rows.append([label, f"{median:.2f}x (mean {mean:.2f}x)", "", "", "", ""])
+            results.append({"config": label, "ratio": median, "mean_ratio": mean})
         for level in ("L1", "mix"):
             ratio = msprobe_ratio(level, args.repeats, args.threads)
             if ratio is not None:
