@@ -15,7 +15,7 @@ from test_compare import PerturbNthMM, _run
 
 import xray
 from xray.compare import compare_dumps
-from xray.compare.columnar import is_columnar
+from xray.columnar import native_columns
 from xray.compare.engine import compare_loaded
 from xray.demo.models import tiny_llama
 from xray.dump.reader import TraceDump
@@ -34,10 +34,10 @@ def assert_paths_agree(bench, target, rules: Rules | None = None) -> list:
     """Compare ``bench`` and ``target`` on both paths; return the columnar rows."""
     rules = rules or Rules()
     db, dt = xray.load_dump(bench), xray.load_dump(target)
-    assert is_columnar(db) and is_columnar(dt)
+    assert native_columns(db) is not None and native_columns(dt) is not None
     rows, totals = compare_loaded(db, dt, rules, rank="r")
     rb, rt = _record_backed(db), _record_backed(dt)
-    assert not is_columnar(rb) and not is_columnar(rt)
+    assert native_columns(rb) is None and native_columns(rt) is None
     ref_rows, ref_totals = compare_loaded(rb, rt, rules, rank="r")
     totals.pop("seconds"), ref_totals.pop("seconds")
     assert totals == ref_totals
@@ -106,7 +106,7 @@ def test_compare_dumps_of_v3_dumps_matches_the_record_path_summary(tmp_path, mod
     bench = _run(model, tmp_path / "a", X_DUMP_NUM=0)
     target = _run(model, tmp_path / "b", X_DUMP_NUM=0, perturb=PerturbNthMM(2))
     fast = compare_dumps(bench, target)
-    monkeypatch.setattr("xray.compare.columnar.is_columnar", lambda dump: False)
+    monkeypatch.setattr("xray.columnar.native_columns", lambda dump: None)
     slow = compare_dumps(bench, target)
     fast.summary.seconds = slow.summary.seconds = 0
     for r in fast.summary.ranks.values():

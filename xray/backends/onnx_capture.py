@@ -230,8 +230,6 @@ def cut(p: Plan, program: torch.export.ExportedProgram,
     """The marked model with every captured edge cut: each consumer of a captured value reads a
     new graph input ``<value>__ref`` instead, fed the reference's value of that node. Each value
     is then computed by its own ONNX nodes from reference inputs (and the graph's own weights)."""
-    from onnx import helper
-
     model = copy.deepcopy(p.marked)
     g = model.graph
     initializers = {i.name for i in g.initializer}

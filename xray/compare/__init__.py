@@ -167,9 +167,9 @@ def dedup_note(dump, side: str) -> str | None:
 def _columns(dump):
     """The dump's columns when its records are built from them (format v3), else None: facts
     about every record are then read from arrays, not from a million Records."""
-    from .columnar import is_columnar
+    from ..columnar import native_columns
 
-    return dump.columns if is_columnar(dump) else None
+    return native_columns(dump)
 
 
 def _folded(dump) -> tuple[int, int]:

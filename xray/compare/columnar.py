@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..dump.columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns,
-                            RecordSequence)
-from ..dump.skeleton import checked_name as _name
+from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, OUTPUT, Columns
+from ..dump.model import record_name
 from ..dump.reader import no_cyclic_gc
+from ..dump.skeleton import checked_name as _name
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
 from .align import _Features, align_features, op_base
@@ -36,11 +36,6 @@ from .result import CompareRow, PairStatus
 MODULE = KINDS.index("module")
 CHUNK = 1 << 16  # rows (or entries) built at a time: the per-row columns of a chunk are a few MB, not a GB
 _SUSPECT = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value, PairStatus.WARNING.value))
-
-
-def is_columnar(dump: Any) -> bool:
-    """A dump whose records are built from columns on access (format v3)."""
-    return isinstance(getattr(dump, "records", None), RecordSequence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,11 +132,10 @@ class EntryTable:
         names, seqs = np.empty(len(self), dtype=object), np.empty(len(self), dtype=object)
         for lo in range(0, len(self), CHUNK):
             sl = slice(lo, lo + CHUNK)
-            where = [m or "<root>" for m in self.module_text[sl].tolist()]
             ops, kinds, seq = self.op_text[sl].tolist(), self.kind[sl].tolist(), self.seq[sl].tolist()
             calls, dirs = self.call_index[sl].tolist(), self.direction[sl].tolist()
-            text = [f"{w}.{o}.{c}.{DIRECTIONS[d]}" if k == MODULE else f"{w}/{o}#{q}"
-                    for w, o, k, q, c, d in zip(where, ops, kinds, seq, calls, dirs)]
+            text = [record_name(KINDS[k], m, o, q, c, DIRECTIONS[d])
+                    for m, o, k, q, c, d in zip(self.module_text[sl].tolist(), ops, kinds, seq, calls, dirs)]
             if other is not None:
                 p = partner[sl]
                 text = [x if x == y else y for x, y in zip(_take(other.names, p, None).tolist(), text)]

@@ -123,7 +123,6 @@ class PairComparer:
     def compare(self, row: CompareRow, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None, *,
                 layout: bool = True) -> CompareRow:
         """Judge one tensor pair into ``row``; ``layout=False`` skips the permutation search."""
-        rules = self.rules
         tol = self.tolerance(bm, tm)
         row.rtol, row.atol = tol.rtol, tol.atol
         notes = []
@@ -266,9 +265,10 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
 
     Two format-v3 dumps (records built from columns) without a reference run are compared on
     their columns (columnar.py): the same rows, without building a Record per record."""
-    from .columnar import compare_columns, is_columnar
+    from ..columnar import native_columns
+    from .columnar import compare_columns
 
-    if reference is None and is_columnar(bench) and is_columnar(target):
+    if reference is None and native_columns(bench) is not None and native_columns(target) is not None:
         return compare_columns(bench, target, rules, rank=rank, progress=progress)
     started = time.perf_counter()
     ea, eb = entries_of(bench), entries_of(target)

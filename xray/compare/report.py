@@ -8,7 +8,6 @@ import json
 import math
 import os
 from operator import attrgetter
-from pathlib import Path
 
 from tabulate import tabulate
 
@@ -62,7 +61,7 @@ TABLE_HEADERS = ["#", "status", "origin", "bench", "target", "out", "mode", "cos
 
 TERMINAL_WIDTH = 120  # the worst-rows table fits a common terminal; every column is in the CSV
 
-#: The worst-rows table: (header, Row -> cell). The record column shows the bench's name.
+#: The worst-rows table: (header, CompareRow -> cell). The record column shows the bench's name.
 _WORST_COLUMNS = [("rank", lambda r: r.rank), ("#", lambda r: r.index), ("status", lambda r: r.status),
                   ("origin", lambda r: r.origin), ("record (bench)", lambda r: r.bench_name or r.target_name or "-"),
                   ("out", lambda r: r.tensor),
@@ -71,7 +70,7 @@ _WORST_COLUMNS = [("rank", lambda r: r.rank), ("#", lambda r: r.index), ("status
                   ("layout", lambda r: r.layout)]
 
 
-def worst_table(rows: list[Row], width: int = TERMINAL_WIDTH) -> str:
+def worst_table(rows: list[CompareRow], width: int = TERMINAL_WIDTH) -> str:
     """The worst rows as a table at most ``width`` wide: columns empty in every row are left
     out, and record names are shortened from the left (their tail names the op and its #seq)."""
     columns = [(h, f) for h, f in _WORST_COLUMNS if any(f(r) not in (None, "") for r in rows)]

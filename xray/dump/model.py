@@ -341,6 +341,15 @@ def iter_tensors(v: Any, prefix: str) -> Iterator[tuple[str, TensorMeta]]:
             yield from iter_tensors(x, f"{prefix}.{i}")
 
 
+def record_name(kind: str, module: str | None, op: str, seq: int, call_index: int, direction: str) -> str:
+    """``Record.name`` from its parts (tools that read columns name rows without a Record):
+    ``<module>/<op>#<seq>`` for an op, ``<module>.<class>.<call index>.<direction>`` for a module."""
+    where = module or "<root>"
+    if kind == "module":
+        return f"{where}.{op}.{call_index}.{direction}"
+    return f"{where}/{op}#{seq}"
+
+
 @dataclass
 class Record:
     """One recorded event: an ATen operator call (kind "op") or an nn.Module call ("module").
@@ -376,10 +385,7 @@ class Record:
     @property
     def name(self) -> str:
         """A readable, mostly-unique name: module path, op and call index."""
-        where = self.module or "<root>"
-        if self.kind == "module":
-            return f"{where}.{self.op}.{self.call_index}.{self.direction}"
-        return f"{where}/{self.op}#{self.seq}"
+        return record_name(self.kind, self.module, self.op, self.seq, self.call_index, self.direction)
 
     def input_tensors(self) -> Iterator[tuple[str, TensorMeta]]:
         for k, v in self.inputs.items():

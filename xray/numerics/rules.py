@@ -184,7 +184,6 @@ class Rules:
 
     def is_local_error(self, local: float, floor: float, dtype: torch.dtype) -> bool:
         """Whether an op's error against float64 is beyond what CPU makes at its dtype."""
-        import torch
 
         return local > self.local_factor * floor + 2 * eps(dtype)
 

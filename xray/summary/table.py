@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from ..columnar import check_records, native_columns, no_cyclic_gc
 from ..dump.columns import DIRECTIONS, KINDS, PARAM, Columns
-from ..dump.model import TensorMeta
+from ..dump.model import TensorMeta, record_name
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
@@ -156,18 +156,12 @@ def _text(columns: Columns, i: int, cache: dict[int, str]) -> str | None:
 
 
 def _record_names(columns: Columns, recs, cache: dict[int, str]) -> list[str]:
-    """``Record.name`` of each row: "<module>/<op>#<seq>", or for a module record
-    "<module>.<class>.<call index>.<direction>" (module "" or absent reads "<root>")."""
-    out = []
-    for seq, kind, direction, op, module, call_index in zip(
-            recs["seq"].tolist(), recs["kind"].tolist(), recs["direction"].tolist(), recs["op"].tolist(),
-            recs["module"].tolist(), recs["call_index"].tolist()):
-        where = _text(columns, module, cache) or "<root>"
-        if KINDS[kind] == "module":
-            out.append(f"{where}.{_text(columns, op, cache)}.{call_index}.{DIRECTIONS[direction]}")
-        else:
-            out.append(f"{where}/{_text(columns, op, cache)}#{seq}")
-    return out
+    """``Record.name`` of each row, from the columns."""
+    return [record_name(KINDS[kind], _text(columns, module, cache), _text(columns, op, cache), seq, call_index,
+                        DIRECTIONS[direction])
+            for seq, kind, direction, op, module, call_index in zip(
+                recs["seq"].tolist(), recs["kind"].tolist(), recs["direction"].tolist(), recs["op"].tolist(),
+                recs["module"].tolist(), recs["call_index"].tolist())]
 
 
 def _tensor_head(columns: Columns, dtype: int, shape: int, data: int) -> tuple:
