@@ -45,7 +45,7 @@ def check_records(columns: Columns) -> None:
     it was used first there), or, for the per-tensor texts that are mostly distinct (saved-data
     references), by decoding it. A skeleton's tensor count is checked against every row."""
     bad = _first_failing_user(columns)
-    mismatch = _count_mismatches(columns)
+    mismatch = columns.skeleton_mismatches()
     if len(mismatch):
         bad = int(mismatch[0]) if bad is None else min(bad, int(mismatch[0]))
     if bad is not None:
@@ -88,19 +88,6 @@ def _undecodable_users(columns: Columns, col: np.ndarray, owner: np.ndarray) -> 
         return []
     return [int(owner[np.flatnonzero(np.isin(col, bad))[0]])]
 
-
-def _count_mismatches(columns: Columns) -> np.ndarray:
-    """Rows whose tensor rows are not as many as their skeleton's tensors (sorted)."""
-    r = columns.records
-    skeletons, inverse = np.unique(r["skeleton"], return_inverse=True)
-    counts = np.empty(len(skeletons), dtype=np.int64)
-    for k, s in enumerate(skeletons.tolist()):
-        try:
-            counts[k] = columns.skeleton(s)[1]
-        except ValueError:
-            counts[k] = -1  # an unreadable skeleton: its first user fails in _first_failing_user
-    expected = counts[inverse.reshape(-1)]
-    return np.flatnonzero((expected >= 0) & (expected != r["t_end"] - r["t_begin"]))
 
 # ---------------------------------------------------------------------------------------------
 # Grouping records by signature (xray-gen's de-duplication, replay's)

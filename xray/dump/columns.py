@@ -261,12 +261,29 @@ class Columns:
         for i in np.unique(r["stack"]):
             if i >= 0:
                 parse_text_list(strings[int(i)])
+        for i in np.unique(r["skeleton"]):
+            self._skeleton(int(i))
+        bad = self.skeleton_mismatches()
+        if len(bad):  # that record's own error, as building it would give (validate locates it)
+            row = int(bad[0])
+            try:
+                self._record(row)
+            except (ColumnsError, ValueError) as e:
+                raise ColumnsError(f"record #{row}: {e}") from None
+
+    def skeleton_mismatches(self) -> np.ndarray:
+        """Record rows (ascending) whose skeleton holds another number of tensors than the rows
+        ``t_begin:t_end`` give it. An unreadable skeleton is left out: decoding it fails on its own."""
+        r = self.records
         skeletons, which = np.unique(r["skeleton"], return_inverse=True)
-        holds = np.array([self._skeleton(int(i))[1] for i in skeletons], dtype=np.int64)
-        bad = np.flatnonzero(holds[which] != r["t_end"] - r["t_begin"]) if len(r) else []
-        if len(bad):
-            raise ColumnsError(f"record #{int(bad[0])}: its skeleton holds {int(holds[which][bad[0]])} tensors, "
-                               f"its rows {int(r['t_end'][bad[0]] - r['t_begin'][bad[0]])}")
+        holds = np.empty(len(skeletons), dtype=np.int64)
+        for k, i in enumerate(skeletons.tolist()):
+            try:
+                holds[k] = self._skeleton(i)[1]
+            except ValueError:  # ColumnsError included
+                holds[k] = -1
+        expected = holds[which.reshape(-1)]
+        return np.flatnonzero((expected >= 0) & (expected != r["t_end"] - r["t_begin"]))
 
     # -- decoded pieces, cached per string -------------------------------------------------
     def shape(self, i: int) -> tuple[int, ...]:
