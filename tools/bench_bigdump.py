@@ -578,6 +578,9 @@ def main() -> None:
         json_bytes = sum(p.stat().st_size for f in _rank_folders(root / "bench")
                          for p in [f / "dump.json", *f.glob("index-*.h5")])
         disk = _du(root / "bench")
+        # The generators leave ~800 MB of dirty pages: written back now, not during the first
+        # measured step (it made that step, whichever it was, 4x slower than the same one later).
+        os.sync()
         raw = collect(spawn(args, "raw"), "raw read")
         opened = collect(spawn(args, "open"), "open")
         # The same two steps with the cyclic GC off: how much of the JSON cost is the collector
