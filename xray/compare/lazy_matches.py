@@ -1,0 +1,119 @@
+"""causality's ``Matches`` over the tables: look-ups answered from arrays, on demand.
+
+Why: attribution reads a few matched pairs; dicts (and Entries) for every pair would cost a
+million objects. The suspect pairs it starts from are picked from the rows here too.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
+from .alignment import RowPlan
+from .causality import Matches, _random
+from .entries import Entry
+from .entry_table import CHUNK, MODULE, EntryTable
+from .lazy_entries import LazyEntries
+from .result import CompareRow, PairStatus
+
+_SUSPECT = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value, PairStatus.WARNING.value))
+
+
+def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
+             rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
+    """causality's look-ups over every matched pair, and the pairs it starts from (those with a
+    suspect row), without building an Entry for the others."""
+    pair_of_b = np.full(len(tb), -1, dtype=np.int32)
+    pair_of_b[plan.pb] = np.arange(len(plan.pb))
+    pair_of_a = np.full(len(ta), -1, dtype=np.int32)
+    pair_of_a[plan.pa] = np.arange(len(plan.pa))
+    start, count = plan.pair_start, plan.pair_rows
+
+    def pair_rows(p: int) -> list[CompareRow]:
+        return rows[int(start[p]):int(start[p] + count[p])]
+
+    def rows_of(pos: int) -> list[CompareRow] | None:
+        p = int(pair_of_b[pos]) if 0 <= pos < len(pair_of_b) else -1
+        return None if p < 0 else pair_rows(p)
+
+    seq_a, seq_b = ta.seq_index(), tb.seq_index()
+
+    def by_seq(seq: int) -> Entry | None:
+        pos = seq_b.pos(seq)
+        return None if pos is None else eb[pos]
+
+    def target_of(seq: int) -> Entry | None:
+        pos = seq_a.pos(seq)
+        p = -1 if pos is None else int(pair_of_a[pos])
+        return None if p < 0 else eb[int(plan.pb[p])]
+
+    bad = np.zeros(len(rows), dtype=bool)
+    for lo in range(0, len(rows), CHUNK):
+        bad[lo:lo + CHUNK] = [r.status in _SUSPECT for r in rows[lo:lo + CHUNK]]
+    suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)])
+    suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], pair_rows(p)) for p in suspect_pairs.tolist()]
+    random_pos = min((int(plan.b[n]) for n in random_rows if _random(rows[n])), default=len(tb))
+    return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
+                   random_pos=random_pos, made=_LazyMade(tb, eb)), suspect
+
+
+class _ByPos:
+    """A read-only mapping key -> entry (or rows) through a position function."""
+
+    def __init__(self, find: Callable[[Any], Any]) -> None:
+        self._find = find
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        got = self._find(key)
+        return default if got is None else got
+
+    def __contains__(self, key: Any) -> bool:
+        return self._find(key) is not None
+
+    def __getitem__(self, key: Any) -> Any:
+        got = self._find(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+
+class _LazyMade:
+    """causality's fingerprint map of target op outputs, built from the columns when a value
+    without a recorded source first asks for it (v3 dumps name their producers)."""
+
+    def __init__(self, table: EntryTable, entries: LazyEntries) -> None:
+        self.table, self.entries = table, entries
+        self._made: dict | None = None
+
+    def __bool__(self) -> bool:
+        return bool(len(self.table)) and bool(np.any(self.table.kind != MODULE))
+
+    def get(self, fp: tuple, default: Any = None) -> Any:
+        if self._made is None:
+            self._made = self._build()
+        return self._made.get(fp, default)
+
+    def _build(self) -> dict:
+        t, made = self.table, {}
+        tens, every = t.columns.tensors, np.arange(len(t.out))
+        shapes = [t.columns.shape(int(i)) for i in tens["shape"][t.out].tolist()]
+        dtypes = [t.columns.strings[int(i)] for i in tens["dtype"][t.out].tolist()]
+        absent = t.stat("absent", every).tolist()
+        cols = [t.stat(k, every).tolist() for k in ("min", "max", "mean", "std", "nan")]
+        pos_inf, neg_inf = t.stat("posinf", every).tolist(), t.stat("neginf", every).tolist()
+        has = t.stat("has_stats", every).tolist()
+        for e, (kind, seq, start, n) in enumerate(zip(t.kind.tolist(), t.seq.tolist(), t.out_start.tolist(),
+                                                      t.n_out.tolist())):
+            if kind == MODULE:
+                continue
+            for k in range(n):
+                j = start + k
+                if not has[j] or absent[j] & ABSENT_MEAN:
+                    continue
+                mn, mx, mean, std, nan = (c[j] for c in cols)
+                fp = (shapes[j], dtypes[j], None if absent[j] & ABSENT_MIN else mn, None if absent[j] & ABSENT_MAX else mx,
+                      mean, None if absent[j] & ABSENT_STD else std, nan, pos_inf[j], neg_inf[j])
+                made.setdefault(fp, []).append((seq, k))
+        return made

@@ -1,0 +1,134 @@
+"""CompareRows from a RowPlan: naming fields, statistics verdicts, then the pairs left to PairComparer.
+
+Why: rows are made as columns (one shared object per distinct value) and turned into CompareRows
+a chunk at a time, so the per-row columns of a million rows never exist at once.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dump.columns import KINDS
+from ..dump.reader import no_cyclic_gc
+from ..numerics.rules import Rules
+from .alignment import RowPlan
+from .entry_table import CHUNK, EntryTable, _gather, _objects, _take, _Vocab
+from .result import CompareRow, PairStatus
+from .stat_verdicts import judge_stats
+
+_FIELDS = CompareRow.__dataclass_fields__
+
+
+def _rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, tols: dict, rules: Rules,
+          vocab: _Vocab) -> list[CompareRow]:
+    """Every row, named; those in ``fast`` judged from statistics. Chunk by chunk, so the
+    per-row columns never exist for all rows at once."""
+    rows: list[CompareRow] = [None] * len(plan)  # type: ignore[list-item]  # filled below, never regrown
+    with no_cyclic_gc():  # a million acyclic rows: the collector would walk them again and again
+        for lo in range(0, len(plan), CHUNK):
+            sl = slice(lo, min(lo + CHUNK, len(plan)))
+            cols = _row_columns(rank, ta, tb, plan, sl, vocab)
+            at = np.flatnonzero(fast[sl])
+            _stats_columns(ta, tb, plan.ao[sl][at], plan.bo[sl][at], at, tols, rules, vocab, cols)
+            rows[sl] = _build_rows(cols, sl.stop - sl.start)
+    return rows
+
+
+def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: slice, vocab: _Vocab) -> dict:
+    """Every CompareRow field that names rows ``sl`` of the plan (compare_loaded's _row and
+    _unmatched)."""
+    cat, a, b, ao, bo = plan.cat[sl], plan.a[sl], plan.b[sl], plan.ao[sl], plan.bo[sl]
+    pair, bench_only = cat == 2, cat == 1
+    on_a = pair | bench_only  # rows whose kind and module are the bench entry's
+    kinds = np.array(KINDS, dtype=object)
+    note, status = _objects(len(cat), ""), _objects(len(cat), "")
+    one_sided = pair & ((ao < 0) | (bo < 0))
+    note[one_sided] = "output present on one side only"
+    note[cat == 0] = "only in target"
+    note[bench_only] = "only in bench"
+    status[~pair | one_sided] = PairStatus.UNMATCHED.value
+
+    def shown(outs: np.ndarray, lut: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        return _take(lut, _gather(codes, outs, -1), "")
+
+    kind = np.where(on_a, _gather(ta.kind, a, 0), _gather(tb.kind, b, 0))
+
+    return {
+        "rank": rank, "index": list(range(sl.start, sl.stop)), "status": status, "note": note,
+        "bench_name": _take(ta.names, a, ""), "target_name": _take(tb.names, b, ""),
+        "kind": kinds[kind],
+        "module": np.where(on_a, _take(ta.path_text, a, ""), _take(tb.path_text, b, "")),
+        "bench_op": _take(ta.op_text, a, ""), "target_op": _take(tb.op_text, b, ""),
+        "tensor": np.where(ao >= 0, _take(ta.out_name, ao, ""), _take(tb.out_name, bo, "")),
+        "bench_seq": _take(ta.seq_value, a, None), "target_seq": _take(tb.seq_value, b, None),
+        "bench_shape": shown(ao, vocab.shape_text, ta.out_shape), "target_shape": shown(bo, vocab.shape_text, tb.out_shape),
+        "bench_dtype": shown(ao, vocab.dtype, ta.out_dtype), "target_dtype": shown(bo, vocab.dtype, tb.out_dtype),
+    }
+
+
+def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray, at: np.ndarray, tols: dict,
+                   rules: Rules, vocab: _Vocab, cols: dict[str, Any]) -> None:
+    """Judge the output pairs (``ao``, ``bo``) from their statistics into rows ``at`` of ``cols``."""
+    width = len(vocab.dtype)
+    kinds, inv = np.unique(ta.out_dtype[ao].astype(np.int64) * width + tb.out_dtype[bo], return_inverse=True)
+    tol = [tols[divmod(k, width)] for k in kinds.tolist()]
+    inv = inv.reshape(-1)
+    rtol_of = np.empty(len(tol), dtype=object)  # shared float objects, as on the record path
+    atol_of = np.empty(len(tol), dtype=object)
+    rtol_of[:], atol_of[:] = [x.rtol for x in tol], [x.atol for x in tol]
+    keys = ("absent", "min", "max", "mean", "std", "nan", "inf")
+    b = {k: ta.stat(k, ao) for k in keys}
+    t = {k: tb.stat(k, bo) for k in keys}
+    judged = judge_stats(b, t, rtol_of[inv].astype(np.float64), atol_of[inv].astype(np.float64), rules)
+
+    def put(name: str, values: np.ndarray) -> None:
+        col = cols.get(name)
+        if not isinstance(col, np.ndarray):
+            col = cols[name] = _objects(len(cols["status"]), _FIELDS[name].default)
+        col[at] = values
+
+    put("status", judged["status"])
+    put("mode", "stats")
+    put("stats_err", judged["stats_err"])
+    put("numel", vocab.numel[ta.out_shape[ao]])
+    put("bench_nan", b["nan"])
+    put("target_nan", t["nan"])
+    put("bench_inf", b["inf"])
+    put("target_inf", t["inf"])
+    put("rtol", rtol_of[inv])
+    put("atol", atol_of[inv])
+
+
+def _judge_the_rest(bench: Any, target: Any, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray,
+                    rows: list[CompareRow], comparer: Any, random_of: dict[int, str]) -> list[int]:
+    """The output pairs the statistics judge left: judged one by one from their TensorMetas,
+    as compare_loaded judges every pair. Returns the rows skipped as random."""
+    from .engine import _same_layout
+
+    meta_a, meta_b = bench.columns.tensor_meta, target.columns.tensor_meta
+    random_rows = []
+    for n in np.flatnonzero(~fast & (plan.ao >= 0) & (plan.bo >= 0)).tolist():
+        row, a = rows[n], int(plan.a[n])
+        bm, tm = meta_a(int(ta.out[plan.ao[n]])), meta_b(int(tb.out[plan.bo[n]]))
+        if a in random_of and _same_layout(bm, tm):  # random values differ by nature: never a divergence
+            row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random_of[a]}"
+            random_rows.append(n)
+        else:
+            comparer.compare(row, bm, tm, None)
+    return random_rows
+
+
+def _build_rows(cols: dict[str, Any], n: int) -> list[CompareRow]:
+    """CompareRows from columns (lists, object arrays, or one value for every row)."""
+    from itertools import repeat
+
+    args = []
+    for name, f in _FIELDS.items():
+        col = cols.get(name, f.default)
+        if isinstance(col, np.ndarray):
+            col = col.tolist()
+        elif not isinstance(col, list):
+            col = repeat(col, n)
+        args.append(col)
+    return list(map(CompareRow, *args))

@@ -1,0 +1,112 @@
+"""Statistics verdicts in numpy: tolerances, which output pairs they cover, and the judge.
+
+Why: ``stats_compare`` + ``Rules.judge_stats`` once per pair is most of the record path's cost.
+Here they run over arrays, with Python's ``max``/``min`` (NaN) semantics written out and
+``x ** 2`` taken in Python, so statuses and errors equal the record path's to the bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
+from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
+from .alignment import RowPlan
+from .entry_table import EntryTable, _Vocab
+from .result import PairStatus
+
+
+def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules) -> tuple[Tolerance | None, dict]:
+    """engine.precision_floor over the matched outputs, and the tolerance of each dtype pair
+    (``PairComparer.tolerance``), by (bench dtype code, target dtype code)."""
+    from .engine import _torch_dtype
+
+    both = (plan.ao >= 0) & (plan.bo >= 0)
+    pairs = set(zip(ta.out_dtype[plan.ao[both]].tolist(), tb.out_dtype[plan.bo[both]].tolist()))
+    text = _dtype_names(ta)
+    floor = None
+    for db, dt in pairs:
+        if db != dt:
+            tdb, tdt = _torch_dtype(text[db]), _torch_dtype(text[dt])
+            if tdb is not None and tdt is not None and tdb.is_floating_point and tdt.is_floating_point:
+                t = rules.tolerance(text[db], text[dt])
+                floor = t if floor is None else Tolerance(max(t.rtol, floor.rtol), max(t.atol, floor.atol))
+    tols = {}
+    for db, dt in pairs:
+        tol = rules.tolerance(text[db], text[dt])
+        d = _torch_dtype(text[db])
+        if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
+            tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
+        tols[db, dt] = tol
+    return floor, tols
+
+
+def _dtype_names(t: EntryTable) -> dict[int, str]:
+    """dtype code -> name, both sides (their codes are shared)."""
+    return dict(enumerate(t.codes.lut("dtype").tolist()))
+
+
+def _vectorised(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str], vocab: _Vocab) -> np.ndarray:
+    """Which plan rows the statistics judge covers: both outputs with statistics, not both with
+    saved data, same dtype (a known one) and shape, not empty, not a random op's. The rest go
+    through PairComparer.compare, as on the record path."""
+    from .engine import _torch_dtype
+
+    fast = np.zeros(len(plan), dtype=bool)
+    rows = np.flatnonzero((plan.ao >= 0) & (plan.bo >= 0))
+    ao, bo = plan.ao[rows], plan.bo[rows]
+    known = np.array([_torch_dtype(d) is not None for d in vocab.dtype.tolist()], dtype=bool)
+    numel = np.array([n > 0 for n in vocab.numel.tolist()], dtype=bool)
+    ok = (ta.stat("has_stats", ao) != 0) & (tb.stat("has_stats", bo) != 0)
+    ok &= (ta.stat("data", ao) < 0) | (tb.stat("data", bo) < 0)
+    ok &= (ta.out_dtype[ao] == tb.out_dtype[bo]) & (ta.out_shape[ao] == tb.out_shape[bo])
+    ok &= numel[ta.out_shape[ao]] & known[ta.out_dtype[ao]]
+    if random_of:
+        ok &= ~np.isin(plan.a[rows], np.fromiter(random_of, dtype=np.int64, count=len(random_of)))
+    fast[rows[ok]] = True
+    return fast
+
+
+# Status texts by verdict code, indexed so every row holds the one str object (np.where on texts
+# and astype(object) would make a new str per row: 50 MB at a million rows).
+_STATUS_OBJECTS = np.array([PairStatus.PASS.value, PairStatus.WARNING.value, PairStatus.FAIL.value,
+                            PairStatus.NAN_INF.value], dtype=object)
+
+
+def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Python's ``max(x, y)``: y only when y > x (NaN never wins against the first)."""
+    return np.where(y > x, y, x)
+
+
+def _pymin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.where(y < x, y, x)
+
+
+def _square(x: np.ndarray) -> np.ndarray:
+    """``x ** 2`` as Python computes it (C pow), for results equal to stats_rms's to the bit."""
+    return np.array([v ** 2 for v in x.tolist()], dtype=np.float64)
+
+
+def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rules) -> dict[str, np.ndarray]:
+    """``stats_compare`` + the status ``PairComparer._compare_stats`` gives, over arrays of
+    output pairs (bench ``b``, target ``t``: columns of statistics, ``absent`` masks)."""
+    present_b = [(b["absent"] & bit) == 0 for bit in (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)]
+    present_t = [(t["absent"] & bit) == 0 for bit in (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)]
+    keys = ("min", "max", "mean", "std")
+    lo, hi = np.abs(b["min"]), np.abs(b["max"])
+    scale = np.where(present_b[0], np.where(present_b[1], _pymax(lo, hi), lo), np.where(present_b[1], hi, 0.0))
+    worst = np.zeros(len(rtol))
+    with np.errstate(all="ignore"):
+        for key, pb, pt in zip(keys, present_b, present_t):
+            worst = np.where(pb != pt, np.inf, np.where(pb, _pymax(worst, np.abs(t[key] - b[key])), worst))
+        std = np.where(present_b[3], b["std"], 0.0)
+        std = np.where(std != 0, std, 0.0)  # ``std or 0.0``: -0.0 counts as 0.0 too
+        rms = np.sqrt(_square(b["mean"]) + _square(std))
+        base = np.where(present_b[2], rms, scale)  # tol.floor(scale if rms is None else rms)
+        exact = (rtol == 0) & (atol == 0)
+        floor = np.where(exact, 0.0, _pymax(atol * _pymin(base, np.ones_like(base)), ATOL_PER_RTOL * rtol * base))
+        allowed = floor + rtol * scale
+        within = np.where(allowed > 0, worst / allowed, np.where(worst == 0, 0.0, np.inf))
+        stats_err = np.where(scale > 0, worst / scale, worst)
+    verdict = np.where(within <= 1.0, 0, np.where(exact, 2, np.where(within <= rules.stats_warn_factor, 1, 2)))
+    verdict[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = 3
+    return {"status": _STATUS_OBJECTS[verdict], "stats_err": stats_err}
