@@ -45,22 +45,28 @@ def test_native_strided_statistics_see_nan_and_inf():
     assert (got.nan, got.posinf) == (1, 1) and got.max == float(_BASE[..., :32].amax())
 
 
-def test_each_weight_is_reduced_once_per_use(tmp_path, monkeypatch):
+@pytest.mark.parametrize("row_path", ["0", "1"])
+def test_each_weight_is_reduced_once_per_use(row_path, tmp_path, monkeypatch):
     """t(weight) holds the weight's values and its output gets the weight's version counter only
-    after the call: neither may cost a second reduction (it cost two, then a third in mm)."""
+    after the call: neither may cost a second reduction (it cost two, then a third in mm), on
+    the Record path (Stats) or the row path (cells)."""
     computed = []
-    real = tracer_mod.tensor_stats
 
-    def counting(t, **kw):
-        computed.append(tuple(t.shape))
-        return real(t, **kw)
+    def counting(real):
+        def count(t, **kw):
+            computed.append(tuple(t.shape))
+            return real(t, **kw)
+        return count
 
-    monkeypatch.setattr(tracer_mod, "tensor_stats", counting)
+    monkeypatch.setattr(tracer_mod, "tensor_stats", counting(tracer_mod.tensor_stats))
+    monkeypatch.setattr(tracer_mod, "stats_row", counting(tracer_mod.stats_row))
     monkeypatch.setenv("XRAY_DEFERRED_STATS", "0")
+    monkeypatch.setenv("XRAY_ROW_PATH", row_path)
     lin = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8)
-    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0):
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0) as session:
         lin(x)
+    assert (session.recorder.rows is not None) == (row_path == "1")
     assert computed.count((4, 8)) == 1 and (8, 4) not in computed, computed
 
 

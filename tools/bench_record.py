@@ -49,18 +49,24 @@ CONFIGS = [  # (label, dump kwargs, tracer only)
 
 
 class NullWriter(DumpWriter):
-    """A writer that keeps records without encoding or writing them (the tracer's share)."""
+    """A writer that drops what it is given, without building columns or writing files: the
+    tracer's share of the cost."""
 
     def add(self, record) -> None:
-        self._pending.append(record)
+        pass
+
+    def add_rows(self, *cells) -> None:
+        pass
 
     def touch(self, record) -> None:
         pass
 
-    def flush(self, *, updates: bool = True) -> None:
+    def count_changed(self, seq: int, count: int, last_seq: int) -> None:
+        pass
+
+    def flush(self, *, journal: bool = True) -> None:
         if self.before_flush is not None:
             self.before_flush()
-        self._pending.clear()
 
     def close(self, summary: dict) -> Path:
         self.flush()

@@ -43,7 +43,7 @@ class DumpConfig:
     dump_num: int = 5
     dump_dir: Path = Path("xray_debug")
     stack_depth: int = 8
-    flush_records: int = 512
+    flush_records: int = 4096
     flush_seconds: float = 1.0
     flush_bytes: int = 256 << 20  # saved tensor bytes held in memory before a segment is written
 

@@ -2,7 +2,8 @@
 
 One pass per record: its tensors become rows of the tensor table, its non-tensor rest a skeleton
 string shared with every record of the same op and arguments (keyed without building JSON: about
-7 us a record), its texts indices into one ``StringTable``.
+7 us a record), its texts indices into one ``StringTable``. The recorder's row path hands rows
+over already made (``add_rows``), and shares the skeleton and name logic (``skeleton_of``).
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import json
 from functools import lru_cache
 from typing import Any, Iterable
 
-from .columns import (ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, INPUT, KINDS, NONE, OUTPUT, PARAM,
-                      RECORD_DTYPE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SRC_OP, SRC_PARAM, TENSOR_DTYPE, Columns, Table)
+import numpy as np
+
+from .columns import (DIRECTIONS, INPUT, KINDS, NONE, OUTPUT, PARAM, RECORD_DTYPE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SRC_OP, SRC_PARAM, TENSOR_DTYPE, Columns, Table)
 from .model import Record, Scalar, Source, TensorMeta, value_to_json
+from .stats import NO_STATS, row_of_stats
 from .strings import StringTable
 
 _TENSOR_MARK = {"t": "@"}
@@ -21,28 +24,55 @@ _TENSOR_MARK = {"t": "@"}
 class ColumnBuilder:
     """Appends records as rows. Strings go to ``strings`` (shared across a writer's chunks, so
     chunks concatenate without renumbering); ``first_row``/``first_tensor`` number this builder's
-    rows after the chunks before it."""
+    rows after the chunks before it.
+
+    Rows arrive two ways, in recording order: ``add(record)`` converts a ``Record``, and
+    ``add_rows`` takes what the recorder's row path (xray/record/rows.py) already made. Either
+    way the tensor cells are kept in a few lists of flat tuples, and ``build()`` turns each list
+    into columns with one numpy call. Statistics may be a ``Stats`` still being filled (deferred
+    on a device): they are read at ``build()``, after the writer's ``before_flush``."""
 
     def __init__(self, strings: StringTable | None = None, first_row: int = 0, first_tensor: int = 0) -> None:
         self.strings = StringTable() if strings is None else strings
         self.first_row, self.first_tensor = first_row, first_tensor
-        self._records: list[tuple] = []
-        self._tensors: list[tuple] = []
+        self._records: list[tuple] = []  # RECORD_DTYPE's fields up to t_begin
+        self._counts: list[int] = []  # tensor rows per record
+        self._layouts: list[tuple] = []  # LAYOUT_FIELDS per tensor
+        self._stats: list[Any] = []  # STATS_FIELDS per tensor, or a Stats to convert at build()
+        self._sources: list[tuple] = []  # SOURCE_FIELDS per tensor
+        self._roles: list[int] = []
+        self._names: list[int] = []
+        self._extras: dict[int, tuple[int, int]] = {}  # tensor index -> (data, note), where either is set
         self._skeletons: dict[tuple, int] = {}  # skeleton key -> string id
         self._stacks: dict[tuple, int] = {}  # module stack -> string id
 
     def __len__(self) -> int:
         return len(self._records)
 
+    def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
+                 roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None) -> None:
+        """One record already as cells: ``record`` holds RECORD_DTYPE's fields up to ``t_begin``;
+        the tensor lists are parallel; ``notes`` maps a tensor's position to its note's string."""
+        if notes:
+            base = len(self._layouts)
+            for i, note in notes.items():
+                self._extras[base + i] = (NONE, note)
+        self._records.append(record)
+        self._counts.append(len(layouts))
+        self._layouts += layouts
+        self._stats += stats
+        self._sources += sources
+        self._roles += roles
+        self._names += names
+
     def add(self, rec: Record) -> None:
         s = self.strings
-        row = self.first_row + len(self._records)
-        t_begin = self.first_tensor + len(self._tensors)
-        key = (tuple([(k, self._value(v, INPUT, k, row)) for k, v in rec.inputs.items()]),
-               tuple([self._value(v, OUTPUT, f"out{i}", row) for i, v in enumerate(rec.outputs)]),
+        before = len(self._layouts)
+        key = (tuple([(k, self._value(v, INPUT, k)) for k, v in rec.inputs.items()]),
+               tuple([self._value(v, OUTPUT, f"out{i}") for i, v in enumerate(rec.outputs)]),
                tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params))
         for name, meta in rec.params.items():
-            self._tensor(meta, PARAM, name, row)
+            self._tensor(meta, PARAM, name)
         skeleton = self._skeletons.get(key)
         if skeleton is None:
             skeleton = self._skeletons[key] = s.intern(_skeleton_text(rec))
@@ -52,47 +82,38 @@ class ColumnBuilder:
             rec.seq, _KIND_CODE[rec.kind], _DIRECTION_CODE[rec.direction], s.intern(rec.op),
             NONE if rec.module is None else s.intern(rec.module),
             rec.count, first, last, rec.call_index, NONE if rec.step is None else rec.step,
-            self._stack_id(rec.module_stack) if rec.module_stack else NONE,
+            self.stack_id(rec.module_stack) if rec.module_stack else NONE,
             s.intern(json.dumps(rec.stack, separators=(",", ":"))) if rec.stack else NONE,
-            skeleton, t_begin, self.first_tensor + len(self._tensors)))
+            skeleton))
+        self._counts.append(len(self._layouts) - before)
 
-    def _value(self, v: Any, role: int, name: str, row: int) -> Any:
+    def _value(self, v: Any, role: int, name: str) -> Any:
         """A hashable key of a value's skeleton; appends its tensors' rows on the way. Floats keep
         their repr (1 == 1.0 == True, and NaN != NaN, in a dict)."""
         if type(v) is TensorMeta:
-            self._tensor(v, role, name, row)
+            self._tensor(v, role, name)
             return _TENSOR_KEY
         if type(v) is int:
             return ("int", v)
         if isinstance(v, (list, tuple)):
             if all(type(x) is int for x in v):  # sizes, dims: the common list, no names to build
                 return ("I", tuple(v))
-            return ("L", tuple([self._value(x, role, f"{name}.{i}", row) for i, x in enumerate(v)]))
+            return ("L", tuple([self._value(x, role, f"{name}.{i}") for i, x in enumerate(v)]))
         if isinstance(v, Scalar):
             return ("S", v.tag, json.dumps(v.value, default=str))
         if isinstance(v, float):
             return ("f", repr(v))
         return (type(v).__name__, v)
 
-    def _stack_id(self, frames: list[tuple[str, str]]) -> int:
+    def stack_id(self, frames: list[tuple[str, str]] | tuple) -> int:
         key = tuple(frames)
         i = self._stacks.get(key)
         if i is None:
             i = self._stacks[key] = self.strings.intern(_stack_text(frames))
         return i
 
-    def _tensor(self, meta: TensorMeta, role: int, name: str, row: int) -> None:
+    def _tensor(self, meta: TensorMeta, role: int, name: str) -> None:
         intern = self.strings.intern
-        st = meta.stats
-        if st is None:
-            stats = _NO_STATS
-        else:
-            mn, mx, mean, std = st.min, st.max, st.mean, st.std
-            absent = ((mn is None) * ABSENT_MIN | (mx is None) * ABSENT_MAX
-                      | (mean is None) * ABSENT_MEAN | (std is None) * ABSENT_STD)
-            stats = (1, absent, 0.0 if mn is None else mn, 0.0 if mx is None else mx,
-                     0.0 if mean is None else mean, 0.0 if std is None else std,
-                     st.nan, st.posinf, st.neginf, st.numel)
         src = meta.source
         if src is None:
             source = _NO_SOURCE
@@ -102,21 +123,73 @@ class ColumnBuilder:
         else:
             source = _source_columns(src, self.strings)
         stride = meta.stride
-        self._tensors.append((
-            row, role, intern(name), intern(meta.dtype), intern(_shape_text(meta.shape)),
-            NONE if stride is None else intern(_shape_text(stride)), meta.storage_offset, intern(meta.device),
-            meta.requires_grad, *stats, NONE if meta.data is None else intern(meta.data), *source,
-            NONE if meta.note is None else intern(meta.note)))
+        if meta.data is not None or meta.note is not None:
+            self._extras[len(self._layouts)] = (NONE if meta.data is None else intern(meta.data),
+                                                NONE if meta.note is None else intern(meta.note))
+        self._layouts.append((intern(meta.dtype), intern(_shape_text(meta.shape)),
+                              NONE if stride is None else intern(_shape_text(stride)), meta.storage_offset,
+                              intern(meta.device), meta.requires_grad))
+        self._stats.append(NO_STATS if meta.stats is None else meta.stats)
+        self._sources.append(source)
+        self._roles.append(role)
+        self._names.append(intern(name))
+
+    def drop_data(self, prefix: str) -> None:
+        """Forget the data references into a segment that could not be written."""
+        for i, (data, note) in list(self._extras.items()):
+            if data != NONE and self.strings[data].startswith(prefix):
+                self._extras[i] = (NONE, note)
 
     def build(self) -> "Columns":
-        return Columns(Table.from_rows(RECORD_DTYPE, self._records), Table.from_rows(TENSOR_DTYPE, self._tensors),
+        if not self._records:
+            return Columns(Table.empty(RECORD_DTYPE), Table.empty(TENSOR_DTYPE), self.strings)
+        head = np.array(self._records, dtype=_RECORD_HEAD)
+        counts = np.array(self._counts, dtype=np.int64)
+        ends = self.first_tensor + np.cumsum(counts)
+        records = {name: np.ascontiguousarray(head[name]) for name in _RECORD_HEAD.names}
+        records["t_begin"], records["t_end"] = ends - counts, ends
+        tensors = {"record": np.repeat(np.arange(self.first_row, self.first_row + len(counts), dtype=np.int64), counts),
+                   "role": np.array(self._roles, dtype=TENSOR_DTYPE["role"]),
+                   "name": np.array(self._names, dtype=TENSOR_DTYPE["name"])}
+        stats = [s if type(s) is tuple else row_of_stats(s) for s in self._stats]
+        for dtype, rows in ((_LAYOUT, self._layouts), (_STATS, stats), (_SOURCE, self._sources)):
+            packed = np.array(rows, dtype=dtype) if rows else np.zeros(0, dtype)
+            tensors.update((name, np.ascontiguousarray(packed[name])) for name in dtype.names)
+        data = np.full(len(self._layouts), NONE, dtype=TENSOR_DTYPE["data"])
+        note = np.full(len(self._layouts), NONE, dtype=TENSOR_DTYPE["note"])
+        for i, (d, n) in self._extras.items():
+            data[i], note[i] = d, n
+        tensors["data"], tensors["note"] = data, note
+        return Columns(Table(RECORD_DTYPE, records), Table(TENSOR_DTYPE, {n: tensors[n] for n in TENSOR_DTYPE.names}),
                        self.strings)
+
+
+def skeleton_of(rec: Record) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+    """A record's skeleton text and its tensors' roles and names in row order: what the row path
+    shares among the calls of one shape (xray/record/rows.py)."""
+    builder = ColumnBuilder()
+    builder.add(rec)
+    names = builder.strings
+    return _skeleton_text(rec), tuple(builder._roles), tuple(names[i] for i in builder._names)
+
+
+def _fields(dtype: np.dtype, names: tuple[str, ...]) -> np.dtype:
+    return np.dtype([(n, dtype[n]) for n in names])
+
+
+# The tensor table's cells in the groups the recorder produces them in (and RECORD_DTYPE's up to
+# the tensor range, which build() computes).
+LAYOUT_FIELDS = ("dtype", "shape", "stride", "offset", "device", "requires_grad")
+STATS_FIELDS = ("has_stats", "absent", "min", "max", "mean", "std", "nan", "posinf", "neginf", "numel")
+SOURCE_FIELDS = ("src_kind", "src_seq", "src_index", "src_name")
+_LAYOUT, _STATS, _SOURCE = (_fields(TENSOR_DTYPE, f) for f in (LAYOUT_FIELDS, STATS_FIELDS, SOURCE_FIELDS))
+_RECORD_HEAD = _fields(RECORD_DTYPE, RECORD_DTYPE.names[:RECORD_DTYPE.names.index("t_begin")])
+assert set(LAYOUT_FIELDS + STATS_FIELDS + SOURCE_FIELDS + ("record", "role", "name", "data", "note")) == set(TENSOR_DTYPE.names)
 
 
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _DIRECTION_CODE = {d: i for i, d in enumerate(DIRECTIONS)}
 _TENSOR_KEY = ("T",)
-_NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)
 
 

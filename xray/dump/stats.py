@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from .columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from .model import Stats
 
 try:
@@ -70,6 +71,47 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     """Statistics of ``t``. Fast path (every element finite, the common case): min/max, sum and
     sum of squares in one native pass (CPU) or three torch reductions and one host transfer,
     mean and std from those. ``native=False`` forces the torch path (tests, benchmarks)."""
+    return Stats(*_reduce(t, native))
+
+
+def stats_row(t: torch.Tensor) -> tuple:
+    """``t``'s statistics as the index's tensor-row cells (``row_of_stats``), for the recorder's
+    row path: no ``Stats`` object is made, and the tuple of numbers costs the garbage collector
+    nothing once it has been seen."""
+    lo, hi, mean, std, nan, posinf, neginf, n = _reduce(t, True)
+    if lo is not None and mean is not None and std is not None and hi is not None:
+        return (1, 0, lo, hi, mean, std, nan, posinf, neginf, n)
+    return row_of_stats(Stats(lo, hi, mean, std, nan, posinf, neginf, n))
+
+
+def row_of_stats(st: Stats | None) -> tuple:
+    """(has_stats, absent, min, max, mean, std, nan, posinf, neginf, numel): the tensor-row cells."""
+    if st is None:
+        return NO_STATS
+    mn, mx, mean, std = st.min, st.max, st.mean, st.std
+    absent = ((mn is None) * ABSENT_MIN | (mx is None) * ABSENT_MAX
+              | (mean is None) * ABSENT_MEAN | (std is None) * ABSENT_STD)
+    return (1, absent, 0.0 if mn is None else mn, 0.0 if mx is None else mx,
+            0.0 if mean is None else mean, 0.0 if std is None else std, st.nan, st.posinf, st.neginf, st.numel)
+
+
+def stats_of_row(row: tuple | Stats | None) -> Stats | None:
+    """The ``Stats`` behind a cached value of either form (rows and deferred ``Stats`` share a cache)."""
+    if row is None or type(row) is not tuple:
+        return row
+    has, absent, mn, mx, mean, std, nan, posinf, neginf, n = row
+    if not has:
+        return None
+    return Stats(None if absent & ABSENT_MIN else mn, None if absent & ABSENT_MAX else mx,
+                 None if absent & ABSENT_MEAN else mean, None if absent & ABSENT_STD else std,
+                 nan, posinf, neginf, n)
+
+
+NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
+
+
+def _reduce(t: torch.Tensor, native: bool) -> tuple:
+    """(min, max, mean, std, nan, posinf, neginf, numel); None where there is no finite element."""
     n = t.numel()
     x = None  # the tensor the torch reductions below read; None after the native pass
     sums = _native_moments(t, n) if native else None
@@ -77,7 +119,7 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
         lo, hi, total, sq = sums
     else:
         if n == 0 or t.layout != torch.strided or t.is_meta:
-            return Stats(None, None, None, None, numel=n)
+            return (None, None, None, None, 0, 0, 0, n)
         # float32/float64 (nearly every activation) skip the dtype ladder
         x = t.detach() if t.dtype in _FAST_DTYPES else _as_real(t.detach())
         if x.dtype == torch.uint8:
@@ -96,15 +138,15 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     # native pass skips NaN in min/max, but a NaN or Inf anywhere makes the sum non-finite.
     if lo - lo == 0.0 and hi - hi == 0.0 and total - total == 0.0:
         if lo == hi:  # constant (or one element): exact without any arithmetic
-            return Stats(lo, hi, lo, 0.0, 0, 0, 0, n)
+            return (lo, hi, lo, 0.0, 0, 0, 0, n)
         mean = total / n
         var = sq / n - mean * mean
         # E[x^2] - mean^2 loses digits when |mean| >> std (or overflows): then take the exact
         # two-pass formula (torch.std_mean's Welford kernel is much slower on CPU).
         if var - var == 0.0 and var > 1e-3 * mean * mean:
-            return Stats(lo, hi, mean, var ** 0.5, 0, 0, 0, n)  # positional: hot
+            return (lo, hi, mean, var ** 0.5, 0, 0, 0, n)
         mean, std = _two_pass(_as_real(t.detach()) if x is None else x)
-        return Stats(lo, hi, mean, std, numel=n)
+        return (lo, hi, mean, std, 0, 0, 0, n)
     # Slow path: some element is NaN or +-Inf (or the sum overflowed). Count them and take the
     # rest's statistics.
     if x is None:
@@ -114,10 +156,10 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     neginf = int(torch.isneginf(x).sum())
     finite = x[torch.isfinite(x)]
     if finite.numel() == 0:
-        return Stats(None, None, None, None, nan=nan, posinf=posinf, neginf=neginf, numel=n)
+        return (None, None, None, None, nan, posinf, neginf, n)
     mn, mx = torch.aminmax(finite)
     mean, std = _two_pass(finite)
-    return Stats(float(mn), float(mx), mean, std, nan=nan, posinf=posinf, neginf=neginf, numel=n)
+    return (float(mn), float(mx), mean, std, nan, posinf, neginf, n)
 
 
 def _native_moments(t: torch.Tensor, n: int) -> tuple[float, float, float, float] | None:
@@ -174,9 +216,11 @@ class StatsCache:
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True) -> None:
         self._compute = tensor_stats if compute is None else compute
         self._keep_parameters = keep_parameters
-        # id(t) -> (weak reference to t, t's version, t's data pointer, value): one flat tuple,
-        # as few objects as possible for the garbage collector to count and scan.
-        self.entries: dict[int, tuple[weakref.ref, int, int, Any]] = {}
+        # id(t) -> (weak reference to t, t's version, t's data pointer, value, layout): one flat
+        # tuple, as few objects as possible for the garbage collector to count and scan. The
+        # recorder's row path keeps t's layout cells beside its statistics (``describe``), so an
+        # op's input that was an earlier op's output costs one lookup; None where not known.
+        self.entries: dict[int, tuple[weakref.ref, int, int, Any, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
     def get(self, t: torch.Tensor) -> Any:
@@ -218,11 +262,33 @@ class StatsCache:
         for key in [k for k, hit in cache.items() if isinstance(hit[0](), torch.nn.Parameter)]:
             del cache[key]
 
-    def _store(self, t: torch.Tensor, version: int, ptr: int, value: Any) -> None:
+    def describe(self, t: torch.Tensor, layout_of: Callable[[torch.Tensor], Any]) -> tuple[Any, Any]:
+        """(value, layout) of ``t``, both cached under the same rules as ``get``; ``layout_of``
+        computes the layout on a miss (parameters: every time, as their values)."""
+        try:
+            version, ptr = t._version, t.data_ptr()
+        except RuntimeError:
+            layout = layout_of(t)  # first: it refuses a tensor that cannot be reduced
+            return self._compute(t), layout
+        hit = self.entries.get(id(t))
+        if hit is not None and hit[1] == version and hit[2] == ptr and hit[0]() is t:
+            layout = hit[4]
+            if layout is None:
+                layout = layout_of(t)
+                self.entries[id(t)] = hit[:4] + (layout,)
+            return hit[3], layout
+        layout = layout_of(t)
+        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
+            return self._compute(t), layout
+        value = self._compute(t)
+        self._store(t, version, ptr, value, layout)
+        return value, layout
+
+    def _store(self, t: torch.Tensor, version: int, ptr: int, value: Any, layout: Any = None) -> None:
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self.entries
-        cache[id(t)] = (weakref.ref(t), version, ptr, value)
+        cache[id(t)] = (weakref.ref(t), version, ptr, value, layout)
         if len(cache) >= self._sweep_at:
             self.sweep()
 

@@ -49,12 +49,21 @@ def _unrecorded():
     return contextlib.nullcontext()
 
 
+def _set_counts(records, counts: dict[int, tuple[int, int]]) -> None:
+    """Write the latest (count, last_seq) of de-duplicated records into their rows."""
+    if not counts or not len(records):
+        return
+    seqs = records["seq"]
+    for row in np.flatnonzero(np.isin(seqs, np.fromiter(counts, dtype=np.int64, count=len(counts)))):
+        records["count"][row], records["last_seq"][row] = counts[int(seqs[row])]
+
+
 class DumpWriteError(OSError):
     """The dump folder cannot be written (unwritable path, full disk...)."""
 
 
 class DumpWriter:
-    def __init__(self, folder: Path, header: dict[str, Any], *, flush_records: int = 512,
+    def __init__(self, folder: Path, header: dict[str, Any], *, flush_records: int = 4096,
                  flush_seconds: float = 1.0, flush_bytes: int = FLUSH_BYTES) -> None:
         self.folder = Path(folder)
         self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
@@ -67,12 +76,14 @@ class DumpWriter:
         # writer on the same folder, can never replace a segment this writer's records point to.
         self.pid = os.getpid()
         self._prefix = f"tensors-{self.pid}-{secrets.token_hex(4)}"
-        self._pending: list[Record] = []  # not yet in the journal
-        self._updates: dict[int, Record] = {}  # de-duplicated records whose count changed since the last chunk
-        self._touched: dict[int, Record] = {}  # every de-duplicated record whose count changed
-        # Every flushed record, as column chunks sharing one string table: close() concatenates
-        # them into index.h5, so each record is converted once and no Record is kept after its flush.
+        # seq -> (count, last_seq) of de-duplicated records whose count changed: since the last
+        # chunk, and since the start
+        self._updates: dict[int, tuple[int, int]] = {}
+        self._touched: dict[int, tuple[int, int]] = {}
+        # Every record, as column chunks sharing one string table: records become rows as they
+        # arrive (the pending chunk's builder), and close() concatenates the chunks into the index.
         self._strings = StringTable()
+        self._builder = ColumnBuilder(self._strings)
         self._chunks: list[Columns] = []
         self._rows = self._tensor_rows = 0
         self._strings_in_journal = 0
@@ -99,14 +110,27 @@ class DumpWriter:
             raise DumpWriteError(f"cannot write dump folder {self.folder}: {e.strerror or e}") from e
 
     # -- called by the tracer -----------------------------------------------------------
+    @property
+    def strings(self) -> StringTable:
+        """The texts every row refers to (the recorder's row path interns its own into it)."""
+        return self._strings
+
     def add(self, record: Record) -> None:
-        self._pending.append(record)
+        self._builder.add(record)
+        self._maybe_flush()
+
+    def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
+                 roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None) -> None:
+        """A record already as index cells (ColumnBuilder.add_rows): the recorder's row path."""
+        self._builder.add_rows(record, layouts, stats, sources, roles, names, notes)
         self._maybe_flush()
 
     def touch(self, record: Record) -> None:
         """A de-duplicated record's count or last_seq changed."""
-        self._updates[record.seq] = record
-        self._touched[record.seq] = record
+        self.count_changed(record.seq, record.count, record.seq if record.last_seq is None else record.last_seq)
+
+    def count_changed(self, seq: int, count: int, last_seq: int) -> None:
+        self._updates[seq] = self._touched[seq] = (count, last_seq)
 
     def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
         """Queue a copy of ``t`` for the current segment; return its data reference."""
@@ -123,7 +147,7 @@ class DumpWriter:
         return f"{self._prefix}-{self._segment:05d}.h5"
 
     def _maybe_flush(self) -> None:
-        if len(self._pending) >= self.flush_records or (
+        if len(self._builder) >= self.flush_records or (
             time.monotonic() - self._last_flush >= self.flush_seconds
         ):
             self.flush()
@@ -186,22 +210,16 @@ class DumpWriter:
         return None
 
     def _forget_segment(self, name: str) -> None:
-        prefix = name + ":"
-        for r in self._pending:
-            for _, meta in (*r.input_tensors(), *r.output_tensors()):
-                if meta.data is not None and meta.data.startswith(prefix):
-                    meta.data = None
+        self._builder.drop_data(name + ":")
 
     def _write_journal(self, to_disk: bool) -> None:
-        if self._pending:
-            builder = ColumnBuilder(self._strings, self._rows, self._tensor_rows)
-            for r in self._pending:
-                builder.add(r)
-            chunk = builder.build()
+        if len(self._builder):
+            chunk = self._builder.build()
+            _set_counts(chunk.records, self._updates)
             self._chunks.append(chunk)
             self._rows += len(chunk.records)
             self._tensor_rows += len(chunk.tensors)
-            self._pending.clear()
+            self._builder = ColumnBuilder(self._strings, self._rows, self._tensor_rows)
         else:
             chunk = None
         self._unjournaled = None if to_disk else chunk
@@ -214,8 +232,7 @@ class DumpWriter:
         """The records since the last chunk, the strings new since then, the changed counts."""
         first_string = self._strings_in_journal
         blob, ends = self._strings.to_arrays(first_string)
-        updates = np.array([(r.seq, r.count, r.last_seq if r.last_seq is not None else r.seq)
-                            for r in self._updates.values()], dtype=UPDATE_DTYPE)
+        updates = np.array([(seq, count, last) for seq, (count, last) in self._updates.items()], dtype=UPDATE_DTYPE)
         if chunk is None:
             chunk = concat([], self._strings)
         name = f"journal-{self._prefix.removeprefix('tensors-')}-{self._chunk:05d}.h5"
@@ -232,13 +249,7 @@ class DumpWriter:
     def columns(self) -> Columns:
         """Every record flushed so far as one index, with the final counts of de-duplicated ones."""
         cols = concat(self._chunks, self._strings)
-        if self._touched and len(cols.records):
-            records = cols.records
-            rows = np.flatnonzero(np.isin(records["seq"], np.fromiter(self._touched, dtype=np.int64)))
-            for row in rows:
-                r = self._touched[int(records["seq"][row])]
-                records["count"][row] = r.count
-                records["last_seq"][row] = r.seq if r.last_seq is None else r.last_seq
+        _set_counts(cols.records, self._touched)
         return cols
 
     def close(self, summary: dict[str, Any]) -> Path:

@@ -43,17 +43,25 @@ class Producers:
         self._sweep_at = 4096
 
     def source_of(self, t: torch.Tensor) -> str:
-        entry = self._by_id.get(id(t))
-        if entry is None or entry[0]() is not t:
+        entry = self.entry_of(t)
+        if entry is None:
             return "input"
-        try:
-            if t.data_ptr() != entry[3]:
-                return "input"
-        except RuntimeError:  # no single data pointer (see _data_ptr)
-            if entry[3] is not None:
-                return "input"
         src = entry[1]
         return src if type(src) is str else f"op:{src}:{entry[2]}"
+
+    def entry_of(self, t: torch.Tensor) -> _Entry | None:
+        """The live entry naming ``t``'s producer (its ``[1]``: a seq, or "param:..."/"buffer:...";
+        its ``[2]``: the output index), or None when ``t`` is a model input."""
+        entry = self._by_id.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        try:
+            if t.data_ptr() != entry[3]:
+                return None
+        except RuntimeError:  # no single data pointer (see _data_ptr)
+            if entry[3] is not None:
+                return None
+        return entry
 
     def produced(self, seq: int, out: Any) -> None:
         """The output tensors of call ``seq`` (its raw result) now hold its values. Hot: runs

@@ -1,8 +1,11 @@
-"""The recording TorchDispatchMode: sees every ATen call, turns it into a Record, hands it on.
+"""The recording TorchDispatchMode: sees every ATen call and hands its description on.
 
-The mode only collects. Statistics live in ``xray.dump.stats``, encoding in ``encode``, data
-edges (each input's ``src``) in ``producers``, storage in ``xray.dump.writer``. All of the tracer's own tensor work runs with dispatch modes disabled,
-so it never records itself and never disturbs another active mode.
+The mode only collects. A call becomes index rows directly (``rows``, the row path, for a
+writer that takes rows) or a ``Record`` (everything else: saved tensors, Python stacks,
+collectives, tensor subclasses, the module debugger's sink); both write the same index.
+Statistics live in ``xray.dump.stats``, encoding in ``encode``, data edges (each input's
+``src``) in ``producers``, storage in ``xray.dump.writer``. All of the tracer's own tensor work
+runs with dispatch modes disabled, so it never records itself and never disturbs another mode.
 """
 from __future__ import annotations
 
@@ -18,12 +21,13 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
-from ..dump.stats import DeferredStats, StatsCache, tensor_stats
+from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter
 from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
 from .flatten import flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
+from .rows import RowPath
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -60,24 +64,27 @@ def _wait_collective(outs: list) -> None:
 
 
 DEFERRED_ENV = "XRAY_DEFERRED_STATS"
+# "0": every call takes the Record path (rows.py explains the row path); both write the same index.
+ROW_PATH_ENV = "XRAY_ROW_PATH"
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _ATOMS = frozenset({type(None), bool, int, str})
 
 
-def _stats_function(deferred: DeferredStats):
+def _stats_function(deferred: DeferredStats, sync=tensor_stats):
     """How the recorder computes statistics, chosen by ``XRAY_DEFERRED_STATS`` (read when a
     dump begins): "auto" (default) launches them on the device for accelerator tensors, read
     back once per flush (no host sync per tensor), and takes the synchronous one-pass path on
     CPU, where nothing is gained by waiting; "1" defers on every device, CPU included (tests
-    prove the O(flushes) transfers with it); "0" never defers."""
+    prove the O(flushes) transfers with it); "0" never defers. ``sync`` computes the
+    synchronous ones (``stats_row`` for the row path: cells instead of a ``Stats``)."""
     mode = os.environ.get(DEFERRED_ENV, "auto").strip().lower()
     if mode in ("0", "false", "no", "off"):
-        return tensor_stats
+        return sync
     if mode in ("1", "true", "yes", "on", "all"):
-        return lambda t: deferred.launch(t) if type(t) in _PLAIN_TYPES else tensor_stats(t)
+        return lambda t: deferred.launch(t) if type(t) in _PLAIN_TYPES else sync(t)
     # Subclasses (DTensor, fake and wrapper tensors) stay synchronous: their torch ops may
     # communicate or have no storage to reduce into a buffer.
-    return lambda t: tensor_stats(t) if t.is_cpu or type(t) not in _PLAIN_TYPES else deferred.launch(t)
+    return lambda t: sync(t) if t.is_cpu or type(t) not in _PLAIN_TYPES else deferred.launch(t)
 
 
 _RECORDERS: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
@@ -111,16 +118,23 @@ class Recorder:
         self.records_written = 0
         self.tensors_saved = 0
         self.failed: str | None = None
-        self._seen: dict[tuple, Record] = {}
+        # signature -> the Record it folds into, or [seq, count] for a record made by the row path
+        self._seen: dict[tuple, Record | list[int]] = {}
         self.deferred = DeferredStats()
+        # The row path needs a writer that takes rows; saved tensors and Python stacks take the
+        # Record path for every call.
+        rows = (hasattr(writer, "add_rows") and config.dump_num == 0 and not self.stack_on
+                and (self.meta_on or self.stats_on) and os.environ.get(ROW_PATH_ENV, "1").strip() != "0")
         # Deferred statistics need a writer that calls before_flush ahead of encoding; a sink
         # that consumes records at once (the module debugger's) gets synchronous ones.
         deferrable = hasattr(writer, "before_flush")
-        self._stats = StatsCache(_stats_function(self.deferred) if deferrable else tensor_stats,
+        sync = stats_row if rows else tensor_stats
+        self._stats = StatsCache(_stats_function(self.deferred, sync) if deferrable else sync,
                                  keep_parameters=False)
         if deferrable:
             writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
         self.producers = Producers()
+        self.rows = RowPath(self, writer) if rows else None
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
@@ -141,7 +155,7 @@ class Recorder:
             stack[:] = saved
 
     def stats(self, t: torch.Tensor) -> Stats:
-        return self._stats.get(t)
+        return stats_of_row(self._stats.get(t))
 
     def _meta(self, t: torch.Tensor, source: str | None = None) -> TensorMeta:
         """A tensor the recorder cannot read (meta, nested, quantized...) is described with a
@@ -152,7 +166,7 @@ class Recorder:
             meta.source = source
             return meta
         try:
-            stats = self._stats.get(t) if self.stats_on else None
+            stats = stats_of_row(self._stats.get(t)) if self.stats_on else None
         except Exception as e:  # noqa: BLE001 - an exotic tensor type: note it, record on
             meta = noted_meta(t, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
             meta.source = source
@@ -211,12 +225,20 @@ class Recorder:
             except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
                 key = seen = None
             if seen is not None:
-                seen.count += 1
-                seen.last_seq = seq
-                self.writer.touch(seen)
+                if type(seen) is list:
+                    seen[1] += 1
+                    self.writer.count_changed(seen[0], seen[1], seq)
+                else:
+                    seen.count += 1
+                    seen.last_seq = seq
+                    self.writer.touch(seen)
                 return seq
         info = op_info(func)
         frames = self.modules.current(backward)
+        if self.rows is not None:
+            call = self.rows.before(func, info, args, kwargs, seq, backward, frames)
+            if call is not None:
+                return call, key
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
                      module=frames[-1][0] if frames else None, module_stack=list(frames),
                      mutates=list(info.mutates))
@@ -231,24 +253,40 @@ class Recorder:
             self._save(rec, "in", bound, rec.inputs, budget)
         return rec, info, key, budget, bound
 
-    def _inputs(self, bound: dict) -> dict:
+    def _inputs(self, bound: dict, meta_of=None) -> dict:
         """The described arguments: every one with META, else only those holding tensors.
         Exact types first (the common cases), the general encoder for the rest."""
         inputs = {}
         meta_on = self.meta_on
-        source_of = self.producers.source_of
+        meta_of = self._input_meta if meta_of is None else meta_of
         for k, v in bound.items():
             kind = type(v)
             if kind in _PLAIN_TYPES:
-                inputs[k] = self._meta(v, source_of(v))
+                inputs[k] = meta_of(v)
             elif kind in _ATOMS:
                 if meta_on:
                     inputs[k] = v
             elif meta_on or _holds_tensor(v):
-                inputs[k] = encode_value(v, self._input_meta)
+                inputs[k] = encode_value(v, meta_of)
         return inputs
 
+    def skeleton_record(self, info, args: tuple, kwargs: dict, out: Any) -> Record:
+        """A call's Record with every tensor a placeholder: its non-tensor rest, for the row
+        path's plans (the same encoding as the records this path makes)."""
+        outs = list(out) if info.returns > 1 else [out]
+        return Record(seq=0, kind="op", op=info.name, mutates=list(info.mutates),
+                      inputs=self._inputs(bind_inputs(info, args, kwargs), _placeholder),
+                      outputs=[encode_value(v, _placeholder) for v in outs])
+
     def _after(self, pending, args: tuple, out: Any) -> None:
+        if len(pending) == 2:  # the row path's (call, de-dup key); the Record path's pending has 5 items
+            call, key = pending
+            self.producers.produced(call.seq, out)
+            self.rows.after(call, out)
+            self.records_written += 1
+            if key is not None:
+                self._seen[key] = [call.seq, 1]
+            return
         rec, info, key, budget, bound = pending
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
@@ -371,6 +409,13 @@ class Recorder:
                      call_index=call_index, params=params)
         self.seq += 1
         self._emit(rec)
+
+
+_PLACEHOLDER = TensorMeta((), "float32")
+
+
+def _placeholder(t: torch.Tensor) -> TensorMeta:
+    return _PLACEHOLDER
 
 
 class XrayTracer(TorchDispatchMode):

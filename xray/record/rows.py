@@ -1,0 +1,306 @@
+"""The recorder's row path: an op call goes straight to index cells, with no Record in between.
+
+Why: building a ``Record`` per call (with a ``TensorMeta`` and ``Stats`` per tensor, dicts and
+lists) and converting it to columns at flush was most of the cost of full recording, and those
+objects kept the garbage collector busy. Here a call becomes one tuple for its record and three
+flat tuples per tensor (layout, statistics, source), appended to the writer's pending chunk.
+
+What depends only on the *shape* of a call (the op, its non-tensor arguments, the structure of
+its result) is worked out once, as a ``Plan``: the skeleton string and each tensor's role and
+name, taken from the Record path's own encoding (``Recorder.skeleton_record``), so both paths
+write the same index. A call the row path does not take (a tensor subclass, a symbolic size, an
+argument type it does not know, a collective) returns None from ``before`` and goes through the
+Record path, which handles everything. Statistics come from the recorder's one cache, where the
+row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; either is fine here.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..dump.column_builder import _shape_text, _stack_text, skeleton_of
+from ..dump.columns import DIRECTIONS, NONE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SRC_OP, SRC_PARAM
+from ..dump.model import Source
+from ..dump.stats import NO_STATS
+from ..dump.tensorio import dtype_name
+from .encode import noted_meta, unsupported
+
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_ATOMS = frozenset({type(None), bool, int, str})
+# Non-tensor argument types keyed by value (hashable, with an exact equality).
+_VALUES = frozenset({torch.dtype, torch.device, torch.layout, torch.memory_format})
+_KEYED = _ATOMS | _VALUES
+_TENSOR = ("T",)
+_FORWARD, _BACKWARD = DIRECTIONS.index("forward"), DIRECTIONS.index("backward")
+_INPUT_SOURCE = (SRC_INPUT, 0, 0, NONE)
+_STRIDED = torch.strided
+
+
+class Unsupported(Exception):
+    """A value the row path does not describe: the call goes through the Record path."""
+
+
+class _Noted(Exception):
+    """A tensor the recorder cannot read (``unsupported``): described by a note."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class Plan:
+    """What every call of one shape shares: its op's and skeleton's strings, its tensors' roles and names."""
+
+    __slots__ = ("op", "skeleton", "roles", "names")
+
+    def __init__(self, op: int, skeleton: int, roles: tuple[int, ...], names: tuple[int, ...]) -> None:
+        self.op, self.skeleton, self.roles, self.names = op, skeleton, roles, names
+
+
+class RowCall:
+    """A call between ``before`` and ``after``: its inputs' cells, taken before it ran."""
+
+    __slots__ = ("func", "info", "seq", "direction", "frames", "key", "args", "kwargs",
+                 "layouts", "stats", "sources", "notes", "outs")
+
+
+class RowPath:
+    """Turns op calls into rows of ``writer``'s index, sharing the recorder's statistics cache
+    and producer map."""
+
+    def __init__(self, recorder, writer) -> None:
+        self.recorder = recorder
+        self.writer = writer
+        self.intern = writer.strings.intern
+        self.meta_on = recorder.meta_on
+        self.stats_on = recorder.stats_on
+        self._plans: dict[tuple, Plan] = {}
+        self._dims: dict[tuple, int] = {}  # a shape or stride -> its text's id
+        self._dtypes: dict[torch.dtype, int] = {}
+        self._devices: dict[torch.device, int] = {}
+        self._cpu = self.intern("cpu")
+        self._frames: dict[tuple, tuple[int, int]] = {}  # module stack -> (module id, stack id)
+        self._state: dict[str, tuple] = {}  # "param:<name>" -> its source cells
+        self._describe = recorder._stats.describe
+
+    # -- before the call: inputs, described before an in-place op changes them ----------------
+    def before(self, func, info, args: tuple, kwargs: dict, seq: int, backward: bool, frames: list):
+        """The pending call, or None: the Record path takes it."""
+        if info.collective:
+            return None
+        call = RowCall()
+        call.layouts, call.stats, call.sources, call.notes = [], [], [], None
+        parts = [func]
+        try:
+            for a in args:  # the common kinds inline (this runs for every call)
+                kind = type(a)
+                if kind in _PLAIN:
+                    self._tensor(a, call, self._source(a))
+                    parts.append(_TENSOR)
+                elif kind in _KEYED:
+                    parts.append((kind, a))
+                else:
+                    parts.append(self._input(a, call))
+            if kwargs:
+                parts += [(name, self._input(a, call)) for name, a in kwargs.items()]
+        except Unsupported:
+            return None
+        call.func, call.info, call.seq, call.frames = func, info, seq, tuple(frames)  # as the stack is now
+        call.direction = _BACKWARD if backward else _FORWARD
+        call.key = tuple(parts)
+        call.args, call.kwargs = args, kwargs
+        return call
+
+    def _input(self, a: Any, call: RowCall) -> Any:
+        """``a``'s part of the plan key; its tensors' cells go into ``call``."""
+        kind = type(a)
+        if kind in _PLAIN:
+            self._tensor(a, call, self._source(a))
+            return _TENSOR
+        if kind in _KEYED:
+            return (kind, a)
+        if kind is float:  # 1.0 == 1 == True and NaN != NaN in a dict: keyed by text
+            return (kind, repr(a))
+        if kind is list or kind is tuple:
+            return (kind, tuple([self._input(x, call) for x in a]))
+        raise Unsupported  # a SymInt, a tensor subclass, an opaque object...
+
+    def _source(self, t: torch.Tensor) -> tuple:
+        entry = self.recorder.producers.entry_of(t)
+        if entry is None:
+            return _INPUT_SOURCE
+        src = entry[1]
+        if type(src) is int:
+            return (SRC_OP, src, entry[2], NONE)
+        cells = self._state.get(src)
+        if cells is None:
+            parsed = Source.parse(src)
+            cells = self._state[src] = (SRC_PARAM if parsed.kind == "param" else SRC_BUFFER, 0, 0,
+                                        self.intern(parsed.name))
+        return cells
+
+    def _tensor(self, t: torch.Tensor, call: RowCall, source: tuple) -> None:
+        """Append ``t``'s layout, statistics and source cells: what the Record path's ``_meta``
+        and ``tensor_meta`` write, cell for cell. Layout and statistics are cached together
+        under the tensor's version (an in-place op, metadata ones too, bumps it); whether it
+        requires grad is read each time (``requires_grad_()`` bumps nothing)."""
+        if self.stats_on:
+            try:
+                stats, layout = self._describe(t, self._layout)
+            except _Noted as e:
+                self._noted(t, call, source, e.why)
+                return
+            except Exception as e:  # noqa: BLE001 - an exotic tensor: note it, record on
+                self._noted(t, call, source, f"no statistics ({type(e).__name__}: {str(e)[:200]})")
+                return
+        else:
+            why = unsupported(t)
+            if why is not None:
+                self._noted(t, call, source, why)
+                return
+            stats, layout = NO_STATS, self._layout(t)
+        call.layouts.append(layout + (t.requires_grad,) if self.meta_on else layout + (False,))
+        call.stats.append(stats)
+        call.sources.append(source)
+
+    def _layout(self, t: torch.Tensor) -> tuple:
+        """dtype, shape, stride, offset, device cells (requires_grad is appended by the caller)."""
+        why = unsupported(t)
+        if why is not None:
+            raise _Noted(why)
+        dims = self._dims
+        shape = t.shape
+        shape_id = dims.get(shape)
+        if shape_id is None:
+            shape_id = dims[tuple(shape)] = self.intern(_shape_text(tuple(shape)))
+        dtype = self._dtypes.get(t.dtype)
+        if dtype is None:
+            dtype = self._dtypes[t.dtype] = self.intern(dtype_name(t.dtype))
+        if not self.meta_on:
+            return (dtype, shape_id, NONE, 0, self._cpu)
+        try:
+            stride, offset = t.stride(), t.storage_offset()
+        except RuntimeError:  # sparse and other layouts have no strides
+            stride, offset = None, 0
+        stride_id = NONE if stride is None else dims.get(stride)
+        if stride_id is None:
+            stride_id = dims[stride] = self.intern(_shape_text(stride))
+        return (dtype, shape_id, stride_id, offset, self._cpu if t.is_cpu else self._device(t.device))
+
+    def _device(self, device: torch.device) -> int:
+        i = self._devices.get(device)
+        if i is None:
+            i = self._devices[device] = self.intern(str(device))
+        return i
+
+    def _noted(self, t: torch.Tensor, call: RowCall, source: tuple, why: str) -> None:
+        """A tensor described by a note instead of statistics (the Record path's ``noted_meta``)."""
+        meta = noted_meta(t, why)
+        if call.notes is None:
+            call.notes = {}
+        call.notes[len(call.layouts)] = self.intern(meta.note)
+        call.layouts.append((self.intern(meta.dtype), self.intern(_shape_text(meta.shape)), NONE, 0,
+                             self.intern(meta.device), meta.requires_grad))
+        call.stats.append(NO_STATS)
+        call.sources.append(source)
+
+    # -- after the call: outputs, the record -------------------------------------------------------
+    def after(self, call: RowCall, out: Any) -> None:
+        info = call.info
+        stats_cache = self.recorder._stats
+        for name in info.mutates:  # the version counter is bumped only after we return
+            _forget_all(stats_cache, _argument(call, name))
+        first_out = len(call.layouts)
+        call.outs = outs = []
+        if self.stats_on and info.stats_preserving:
+            self._reuse_stats(call, out)
+        if type(out) in _PLAIN:  # the common result inline
+            outs.append(out)
+            self._tensor(out, call, _NO_SOURCE)
+            key = (call.key, _TENSOR)
+        else:
+            key = (call.key, self._output(out, call))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(call, out, len(call.layouts))
+        if info.view and self.stats_on and outs:
+            self._cache_view_outputs(call, outs, first_out)
+        frames = call.frames
+        ids = self._frames.get(frames)
+        if ids is None:
+            ids = self._frames[frames] = (
+                (self.intern(frames[-1][0]), self.intern(_stack_text(frames))) if frames else (NONE, NONE))
+        seq = call.seq
+        self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], NONE,
+                              plan.skeleton),
+                             call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes)
+
+    def _output(self, out: Any, call: RowCall) -> Any:
+        """``out``'s part of the plan key; its tensors' cells go into ``call`` (never raises
+        Unsupported: the call has run, and anything unknown is keyed by its text)."""
+        kind = type(out)
+        if kind in _PLAIN or isinstance(out, torch.Tensor):
+            call.outs.append(out)
+            self._tensor(out, call, _NO_SOURCE)
+            return _TENSOR
+        if kind is list or kind is tuple:
+            return (kind, tuple([self._output(x, call) for x in out]))
+        if kind in _KEYED:
+            return (kind, out)
+        return (kind, repr(out))
+
+    def _reuse_stats(self, call: RowCall, out: Any) -> None:
+        """The output holds the first input's values: take the statistics it was described with."""
+        src = call.args[0] if call.args else None
+        dst = out[0] if call.info.returns > 1 else out  # as the Record path reads its outputs
+        if (type(src) in _PLAIN and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
+                and src.numel() == dst.numel()):
+            stats = call.stats[0] if not (call.notes and 0 in call.notes) else None
+            if stats is None or stats is NO_STATS:
+                stats = self.recorder._stats.get(src)
+            self.recorder._stats.put(dst, stats)
+
+    def _cache_view_outputs(self, call: RowCall, outs: list, first_out: int) -> None:
+        """A view's outputs take their base's version counter once the call returns: cache their
+        statistics under that version, or the next op reading them reduces them again."""
+        base = call.args[0] if call.args else None
+        if not isinstance(base, torch.Tensor):
+            return
+        try:
+            version = base._version
+        except RuntimeError:  # inference tensors have no version counter
+            return
+        notes = call.notes or {}
+        put = self.recorder._stats.put
+        for i, o in enumerate(outs, start=first_out):
+            if i not in notes:
+                put(o, call.stats[i], version)
+
+    def _plan(self, call: RowCall, out: Any, tensors: int) -> Plan:
+        """Skeleton and tensor names of this shape of call, from the Record path's encoding."""
+        rec = self.recorder.skeleton_record(call.info, call.args, call.kwargs, out)
+        text, roles, names = skeleton_of(rec)
+        if len(roles) != tensors:
+            raise RuntimeError(f"the row path found {tensors} tensors in a call of {call.info.name}, "
+                               f"the record path {len(roles)}")
+        return Plan(self.intern(call.info.name), self.intern(text), roles, tuple(self.intern(n) for n in names))
+
+
+def _argument(call: RowCall, name: str) -> Any:
+    if name in call.kwargs:
+        return call.kwargs[name]
+    names = call.info.arg_names
+    i = names.index(name) if name in names else len(call.args)
+    return call.args[i] if i < len(call.args) else None
+
+
+def _forget_all(cache, value: Any) -> None:
+    """Forget the statistics of every tensor a call wrote (nested lists included)."""
+    if isinstance(value, torch.Tensor):
+        cache.forget(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _forget_all(cache, v)
+
+
+_NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source
