@@ -86,3 +86,47 @@ def test_deferred_statistics_fill_the_rows(tmp_path, monkeypatch):
     plain, rows = both_paths(odd_ops, tmp_path, monkeypatch, **CONFIGS["meta+stats, no dedup"])
     assert rows == plain
     assert any(t.get("stats", {}).get("std") for r in rows for t in r["outputs"] if isinstance(t, dict))
+
+
+# -- inference tensors: no version counter, cached until the recorder sees a write ---------------
+def _input_stats(dump, op: str) -> list[tuple[float, float]]:
+    """(min, max) of the first input of every record of ``op``, in order."""
+    out = []
+    for r in dump.records:
+        if r.op == op:
+            meta = next(iter(r.inputs.values()))
+            out.append((meta.stats.min, meta.stats.max))
+    return out
+
+
+@pytest.mark.parametrize("row_path", ["0", "1"])
+@pytest.mark.parametrize("dedup", [False, True])
+def test_inference_tensor_written_through_a_view_is_reduced_again(row_path, dedup, tmp_path, monkeypatch):
+    """Inference tensors have no version counter; the recorder caches their statistics until it
+    sees any write. A write through a view (the base itself is not an argument) and a write
+    folded by de-dup (never described) must both end the cache."""
+    monkeypatch.setenv("XRAY_ROW_PATH", row_path)
+    with torch.inference_mode():
+        x = torch.arange(6.0).reshape(2, 3)
+        with xray.dump(dump_dir=tmp_path, X_DEDUP=dedup, X_DUMP_NUM=0):
+            x.sum()
+            x[0].add_(10.0)
+            x.mean()
+            x[0].add_(10.0)  # under de-dup: select and add_ both fold into the first call's records
+            x.amax()
+    dump = xray.load_dump(tmp_path)
+    assert _input_stats(dump, "aten.sum.default") == [(0.0, 5.0)]
+    assert _input_stats(dump, "aten.mean.default") == [(3.0, 12.0)]
+    assert _input_stats(dump, "aten.amax.default") == [(3.0, 22.0)]
+
+
+def test_inference_tensor_written_while_paused_is_reduced_again(tmp_path):
+    with torch.inference_mode():
+        x = torch.arange(6.0).reshape(2, 3)
+        with xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0) as session:
+            x.sum()
+            session.pause()
+            x.mul_(2.0)  # not seen by the recorder
+            session.start()
+            x.sum()
+    assert _input_stats(xray.load_dump(tmp_path), "aten.sum.default") == [(0.0, 5.0), (0.0, 10.0)]

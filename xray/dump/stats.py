@@ -213,9 +213,14 @@ class StatsCache:
 
     _MIN_SWEEP = 1024  # entries before the first sweep of dead ones
 
-    def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True) -> None:
+    def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True,
+                 writes_seen: bool = False) -> None:
         self._compute = tensor_stats if compute is None else compute
         self._keep_parameters = keep_parameters
+        # The owner sees every in-place write and calls forget() for it (the tracer does): then
+        # an inference tensor, which has no version counter, is cached until the next write.
+        self._writes_seen = writes_seen
+        self.writes = 0
         # id(t) -> (weak reference to t, t's version, t's data pointer, value, layout): one flat
         # tuple, as few objects as possible for the garbage collector to count and scan. The
         # recorder's row path keeps t's layout cells beside its statistics (``describe``), so an
@@ -223,10 +228,23 @@ class StatsCache:
         self.entries: dict[int, tuple[weakref.ref, int, int, Any, Any]] = {}
         self._sweep_at = self._MIN_SWEEP
 
+    def stamp(self, t: torch.Tensor) -> int | None:
+        """What a cache entry of ``t`` is valid for: its version counter. An inference tensor has
+        none (asking raises, at about 6 us): with ``writes_seen`` it gets the count of writes
+        seen so far instead, else None (never cached)."""
+        if t.is_inference():
+            return -1 - self.writes if self._writes_seen else None
+        try:
+            return t._version
+        except RuntimeError:  # no version counter for other reasons (wrapper subclasses)
+            return None
+
     def get(self, t: torch.Tensor) -> Any:
         try:
-            version, ptr = t._version, t.data_ptr()
-        except RuntimeError:  # inference tensors (no version counter), tensors without storage
+            version, ptr = self.stamp(t), t.data_ptr()
+        except RuntimeError:  # tensors without storage
+            return self._compute(t)
+        if version is None:
             return self._compute(t)
         # type() first: isinstance against Parameter runs a Python __instancecheck__
         if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
@@ -243,15 +261,35 @@ class StatsCache:
         where it differs from now (a view's output gets its base's counter after the call)."""
         if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
             return
+        if version is None:
+            version = self.stamp(t)
+            if version is None:
+                return
         try:
-            self._store(t, t._version if version is None else version, t.data_ptr(), value)
+            self._store(t, version, t.data_ptr(), value)
         except RuntimeError:
             pass
 
+    def wrote(self) -> None:
+        """Some tensor was (or may have been) written: with ``writes_seen``, no inference tensor's
+        entry is trusted any more."""
+        self.writes += 1
+
     def forget(self, t: torch.Tensor) -> None:
+        """``t`` was written: drop its entry (and, for ``writes_seen``, every inference tensor's)."""
+        self.writes += 1
         hit = self.entries.get(id(t))
         if hit is not None and hit[0]() is t:
             del self.entries[id(t)]
+
+    def forget_all(self, value: Any) -> None:
+        """Forget every tensor in ``value``, nested lists included (``c10d.allgather_`` fills a
+        ``Tensor[][]``; collectives do not always bump the version counter)."""
+        if isinstance(value, torch.Tensor):
+            self.forget(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                self.forget_all(v)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -266,8 +304,10 @@ class StatsCache:
         """(value, layout) of ``t``, both cached under the same rules as ``get``; ``layout_of``
         computes the layout on a miss (parameters: every time, as their values)."""
         try:
-            version, ptr = t._version, t.data_ptr()
+            version, ptr = self.stamp(t), t.data_ptr()
         except RuntimeError:
+            version = None
+        if version is None:
             layout = layout_of(t)  # first: it refuses a tensor that cannot be reduced
             return self._compute(t), layout
         hit = self.entries.get(id(t))

@@ -209,7 +209,7 @@ class RowPath:
         info = call.info
         stats_cache = self.recorder._stats
         for name in info.mutates:  # the version counter is bumped only after we return
-            _forget_all(stats_cache, _argument(call, name))
+            stats_cache.forget_all(_argument(call, name))
         first_out = len(call.layouts)
         call.outs = outs = []
         if self.stats_on and info.stats_preserving:
@@ -263,12 +263,8 @@ class RowPath:
     def _cache_view_outputs(self, call: RowCall, outs: list, first_out: int) -> None:
         """A view's outputs take their base's version counter once the call returns: cache their
         statistics under that version, or the next op reading them reduces them again."""
-        base = call.args[0] if call.args else None
-        if not isinstance(base, torch.Tensor):
-            return
-        try:
-            version = base._version
-        except RuntimeError:  # inference tensors have no version counter
+        version = view_base_version(call.args, self.recorder._stats)
+        if version is None:
             return
         notes = call.notes or {}
         put = self.recorder._stats.put
@@ -294,13 +290,11 @@ def _argument(call: RowCall, name: str) -> Any:
     return call.args[i] if i < len(call.args) else None
 
 
-def _forget_all(cache, value: Any) -> None:
-    """Forget the statistics of every tensor a call wrote (nested lists included)."""
-    if isinstance(value, torch.Tensor):
-        cache.forget(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _forget_all(cache, v)
+def view_base_version(args: tuple, cache) -> int | None:
+    """The stamp a view's outputs will share: their base's (the first argument), or None when
+    there is none to cache under (no tensor base, no version counter)."""
+    base = args[0] if args else None
+    return cache.stamp(base) if isinstance(base, torch.Tensor) else None
 
 
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source

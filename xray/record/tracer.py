@@ -27,7 +27,7 @@ from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_ke
 from .flatten import flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
-from .rows import RowPath
+from .rows import RowPath, view_base_version
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -130,7 +130,7 @@ class Recorder:
         deferrable = hasattr(writer, "before_flush")
         sync = stats_row if rows else tensor_stats
         self._stats = StatsCache(_stats_function(self.deferred, sync) if deferrable else sync,
-                                 keep_parameters=False)
+                                 keep_parameters=False, writes_seen=True)
         if deferrable:
             writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
         self.producers = Producers()
@@ -213,6 +213,7 @@ class Recorder:
         record with what _after needs."""
         backward = torch._C._current_graph_task_id() != -1
         if backward and not self.backward_on:
+            self._unseen_write(func)
             return None
         self.op_calls += 1
         seq = self.seq
@@ -232,6 +233,7 @@ class Recorder:
                     seen.count += 1
                     seen.last_seq = seq
                     self.writer.touch(seen)
+                self._unseen_write(func)
                 return seq
         info = op_info(func)
         frames = self.modules.current(backward)
@@ -252,6 +254,13 @@ class Recorder:
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
         return rec, info, key, budget, bound
+
+    def _unseen_write(self, func) -> None:
+        """A call that is not described may still write a tensor: inference tensors, cached
+        without a version counter, must not keep their statistics across it."""
+        info = op_info(func)
+        if info.mutates or info.collective:
+            self._stats.wrote()
 
     def _inputs(self, bound: dict, meta_of=None) -> dict:
         """The described arguments: every one with META, else only those holding tensors.
@@ -294,9 +303,9 @@ class Recorder:
             _wait_collective(outs)
             # c10d schemas declare no writes (allgather_ fills its Tensor[][] all the same), and
             # collectives do not bump version counters: any tensor argument may hold new values.
-            _forget_all(self._stats, list(bound.values()))
+            self._stats.forget_all(list(bound.values()))
         for name in info.mutates:  # the version counter is bumped only after we return
-            _forget_all(self._stats, bound.get(name))
+            self._stats.forget_all(bound.get(name))
         if self.stats_on and info.stats_preserving:
             self._reuse_stats(rec, info, args, outs)
         if self.meta_on or self.stats_on:
@@ -324,12 +333,8 @@ class Recorder:
     def _cache_view_outputs(self, args: tuple, outs: list, metas: list) -> None:
         """A view's outputs take their base's version counter once the call returns: cache
         their statistics under that version, or the next op reading them reduces them again."""
-        base = args[0] if args else None
-        if not isinstance(base, torch.Tensor):
-            return
-        try:
-            version = base._version
-        except RuntimeError:  # inference tensors have no version counter
+        version = view_base_version(args, self._stats)
+        if version is None:
             return
         for o, m in zip(outs, metas):
             if type(o) in (list, tuple) and type(m) is list:  # split, chunk, unbind: Tensor[]
@@ -439,6 +444,7 @@ class Tracing:
 
     def start(self) -> None:
         if not self.active:
+            self.recorder._stats.wrote()  # whatever ran while paused went unseen
             self.recorder.modules.install()
             self.mode.__enter__()
             self.active = True
@@ -448,13 +454,3 @@ class Tracing:
             self.mode.__exit__(None, None, None)
             self.recorder.modules.remove()
             self.active = False
-
-
-def _forget_all(cache, value: Any) -> None:
-    """Forget the statistics of every tensor a call wrote, nested lists included (``c10d.allgather_``
-    fills a ``Tensor[][]``; collectives do not always bump the version counter)."""
-    if isinstance(value, torch.Tensor):
-        cache.forget(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _forget_all(cache, v)
