@@ -217,7 +217,9 @@ def main(argv=None) -> int:
                    "0x102 dedup, X_DUMP_NUM=5": "dump_ratio_dedup_tensors", "msprobe L1": "msprobe_L1_ratio",
                    "0x102 dedup, tracer only": "dump_ratio_dedup_tracer", "0x102 no dedup, tracer only":
                    "dump_ratio_nodedup_tracer",
-                   "msprobe mix": "msprobe_mix_ratio"}.get(r["config"])
+                   "msprobe mix": "msprobe_mix_ratio",
+                   "0x102 dedup, per forward in a session": "session_ratio_dedup",
+                   "0x102 no dedup, per forward in a session": "session_ratio_nodedup"}.get(r["config"])
             if key:
                 headline[key] = r["ratio"]
         Path(args.json).write_text(json.dumps(headline, indent=1))
