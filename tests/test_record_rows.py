@@ -130,3 +130,31 @@ def test_inference_tensor_written_while_paused_is_reduced_again(tmp_path):
             session.start()
             x.sum()
     assert _input_stats(xray.load_dump(tmp_path), "aten.sum.default") == [(0.0, 5.0), (0.0, 10.0)]
+
+
+def test_dedup_counts_survive_flushes_and_a_crash(tmp_path):
+    """A folded call only bumps its record's count; each flush writes the counts that grew since
+    the one before (journal updates), and the final index has them all."""
+    import shutil
+
+    from xray.dump import TruncatedDumpWarning
+
+    with xray.dump(dump_dir=tmp_path / "d", X_DEDUP=True, X_DUMP_NUM=0, flush_records=1,
+                   flush_seconds=0.0) as session:
+        x = torch.ones(3)
+        for _ in range(5):
+            x * 2
+        session.writer.flush()
+        shutil.copytree(session.writer.folder, tmp_path / "killed")  # what a kill here leaves
+        for _ in range(3):
+            x * 2
+        (x * 2).sum()
+
+    def counts(folder):
+        return {r.op: (r.count, r.last_seq) for r in xray.load_dump(folder).records}
+
+    final = counts(session.writer.folder)
+    assert final["aten.mul.Tensor"][0] == 9 and final["aten.sum.default"][0] == 1
+    with pytest.warns(TruncatedDumpWarning):
+        killed = counts(tmp_path / "killed")
+    assert killed["aten.mul.Tensor"][0] == 5 and killed["aten.mul.Tensor"][1] < final["aten.mul.Tensor"][1]

@@ -58,10 +58,7 @@ class NullWriter(DumpWriter):
     def add_rows(self, *cells) -> None:
         pass
 
-    def touch(self, record) -> None:
-        pass
-
-    def count_changed(self, seq: int, count: int, last_seq: int) -> None:
+    def count_changed(self, fold) -> None:
         pass
 
     def flush(self, *, journal: bool = True) -> None:

@@ -26,7 +26,7 @@ class _OpSink:
     def add(self, record: Record) -> None:
         self.on_record(record)
 
-    def touch(self, record: Record) -> None:  # de-duplication is off
+    def count_changed(self, fold) -> None:  # de-duplication is off
         pass
 
     def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:

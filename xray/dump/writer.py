@@ -58,6 +58,17 @@ def _set_counts(records, counts: dict[int, tuple[int, int]]) -> None:
         records["count"][row], records["last_seq"][row] = counts[int(seqs[row])]
 
 
+class Fold:
+    """The count of a de-duplicated record: the calls folded into it so far (``count``, the
+    record's own included) and the last one's seq. The recorder bumps it; the writer reads it at
+    flush (``dirty``: registered with ``count_changed`` since the last flush)."""
+
+    __slots__ = ("seq", "count", "last", "writes", "dirty")
+
+    def __init__(self, seq: int, writes: bool = False) -> None:
+        self.seq, self.count, self.last, self.writes, self.dirty = seq, 1, seq, writes, False
+
+
 class DumpWriteError(OSError):
     """The dump folder cannot be written (unwritable path, full disk...)."""
 
@@ -76,10 +87,10 @@ class DumpWriter:
         # writer on the same folder, can never replace a segment this writer's records point to.
         self.pid = os.getpid()
         self._prefix = f"tensors-{self.pid}-{secrets.token_hex(4)}"
-        # seq -> (count, last_seq) of de-duplicated records whose count changed: since the last
-        # chunk, and since the start
-        self._updates: dict[int, tuple[int, int]] = {}
-        self._touched: dict[int, tuple[int, int]] = {}
+        # De-duplicated records whose count grew: since the last chunk (read at flush), and since
+        # the start (seq -> Fold).
+        self._dirty: list[Fold] = []
+        self._touched: dict[int, Fold] = {}
         # Every record, as column chunks sharing one string table: records become rows as they
         # arrive (the pending chunk's builder), and close() concatenates the chunks into the index.
         self._strings = StringTable()
@@ -125,12 +136,10 @@ class DumpWriter:
         self._builder.add_rows(record, layouts, stats, sources, roles, names, notes)
         self._maybe_flush()
 
-    def touch(self, record: Record) -> None:
-        """A de-duplicated record's count or last_seq changed."""
-        self.count_changed(record.seq, record.count, record.seq if record.last_seq is None else record.last_seq)
-
-    def count_changed(self, seq: int, count: int, last_seq: int) -> None:
-        self._updates[seq] = self._touched[seq] = (count, last_seq)
+    def count_changed(self, fold: "Fold") -> None:
+        """``fold``'s count grew since the last flush. The caller sets ``fold.dirty`` and calls
+        this once until the next flush, which reads the count then: a folded call only counts."""
+        self._dirty.append(fold)
 
     def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
         """Queue a copy of ``t`` for the current segment; return its data reference."""
@@ -213,9 +222,15 @@ class DumpWriter:
         self._builder.drop_data(name + ":")
 
     def _write_journal(self, to_disk: bool) -> None:
+        updates = {}
+        for fold in self._dirty:
+            updates[fold.seq] = (fold.count, fold.last)
+            self._touched[fold.seq] = fold
+            fold.dirty = False
+        self._dirty.clear()
         if len(self._builder):
             chunk = self._builder.build()
-            _set_counts(chunk.records, self._updates)
+            _set_counts(chunk.records, updates)
             self._chunks.append(chunk)
             self._rows += len(chunk.records)
             self._tensor_rows += len(chunk.tensors)
@@ -223,16 +238,15 @@ class DumpWriter:
         else:
             chunk = None
         self._unjournaled = None if to_disk else chunk
-        if to_disk and (chunk is not None or self._updates):
-            self._write_chunk(chunk)
-        self._updates.clear()
+        if to_disk and (chunk is not None or updates):
+            self._write_chunk(chunk, updates)
         self._last_flush = time.monotonic()
 
-    def _write_chunk(self, chunk: Columns | None) -> None:
+    def _write_chunk(self, chunk: Columns | None, counts: dict[int, tuple[int, int]]) -> None:
         """The records since the last chunk, the strings new since then, the changed counts."""
         first_string = self._strings_in_journal
         blob, ends = self._strings.to_arrays(first_string)
-        updates = np.array([(seq, count, last) for seq, (count, last) in self._updates.items()], dtype=UPDATE_DTYPE)
+        updates = np.array([(seq, count, last) for seq, (count, last) in counts.items()], dtype=UPDATE_DTYPE)
         if chunk is None:
             chunk = concat([], self._strings)
         name = f"journal-{self._prefix.removeprefix('tensors-')}-{self._chunk:05d}.h5"
@@ -249,8 +263,11 @@ class DumpWriter:
     def columns(self) -> Columns:
         """Every record flushed so far as one index, with the final counts of de-duplicated ones."""
         cols = concat(self._chunks, self._strings)
-        _set_counts(cols.records, self._touched)
+        _set_counts(cols.records, self._final_counts())
         return cols
+
+    def _final_counts(self) -> dict[int, tuple[int, int]]:
+        return {seq: (f.count, f.last) for seq, f in self._touched.items()}
 
     def close(self, summary: dict[str, Any]) -> Path:
         """Flush, write index.h5 and dump.json atomically, and return the dump folder."""
@@ -270,7 +287,7 @@ class DumpWriter:
         after all (when the disk lets them), so the dump stays readable from there."""
         if self._unjournaled is not None:
             try:
-                self._write_chunk(self._unjournaled)
+                self._write_chunk(self._unjournaled, self._final_counts())
             except DumpWriteError:
                 pass
 

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
-from ..dump.writer import DumpWriteError, DumpWriter
+from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
 from .flatten import flatten_tensors
 from .modules import ModuleStack
@@ -118,8 +118,8 @@ class Recorder:
         self.records_written = 0
         self.tensors_saved = 0
         self.failed: str | None = None
-        # signature -> the Record it folds into, or [seq, count] for a record made by the row path
-        self._seen: dict[tuple, Record | list[int]] = {}
+        # signature -> the count of the record its calls fold into
+        self._seen: dict[tuple, Fold] = {}
         self.deferred = DeferredStats()
         # The row path needs a writer that takes rows; saved tensors and Python stacks take the
         # Record path for every call.
@@ -226,14 +226,13 @@ class Recorder:
             except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
                 key = seen = None
             if seen is not None:
-                if type(seen) is list:
-                    seen[1] += 1
-                    self.writer.count_changed(seen[0], seen[1], seq)
-                else:
-                    seen.count += 1
-                    seen.last_seq = seq
-                    self.writer.touch(seen)
-                self._unseen_write(func)
+                seen.count += 1
+                seen.last = seq
+                if not seen.dirty:
+                    seen.dirty = True
+                    self.writer.count_changed(seen)
+                if seen.writes:  # not described, but it wrote (see _unseen_write)
+                    self._stats.wrote()
                 return seq
         info = op_info(func)
         frames = self.modules.current(backward)
@@ -294,7 +293,7 @@ class Recorder:
             self.rows.after(call, out)
             self.records_written += 1
             if key is not None:
-                self._seen[key] = [call.seq, 1]
+                self._seen[key] = Fold(call.seq, bool(call.info.mutates or call.info.collective))
             return
         rec, info, key, budget, bound = pending
         self.producers.produced(rec.seq, out)
@@ -316,7 +315,7 @@ class Recorder:
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         if key is not None:
-            self._seen[key] = rec
+            self._seen[key] = Fold(rec.seq, bool(info.mutates or info.collective))
         self._emit(rec)
 
     def _reuse_stats(self, rec: Record, info, args: tuple, outs: list) -> None:
