@@ -222,7 +222,7 @@ class RowPath:
             key = (call.key, self._output(out, call))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._plan(call, out, len(call.layouts))
+            plan = self._plans[key] = self._plan(call, key, out, len(call.layouts))
         if info.view and self.stats_on and outs:
             self._cache_view_outputs(call, outs, first_out)
         frames = call.frames
@@ -272,14 +272,27 @@ class RowPath:
             if i not in notes:
                 put(o, call.stats[i], version)
 
-    def _plan(self, call: RowCall, out: Any, tensors: int) -> Plan:
-        """Skeleton and tensor names of this shape of call, from the Record path's encoding."""
-        rec = self.recorder.skeleton_record(call.info, call.args, call.kwargs, out)
-        text, roles, names = skeleton_of(rec)
+    def _plan(self, call: RowCall, key: tuple, out: Any, tensors: int) -> Plan:
+        """Skeleton and tensor names of this shape of call, from the Record path's encoding (once
+        per process: a new dump session only interns the texts into its own string table)."""
+        texts_key = (self.meta_on, key)
+        texts = _PLAN_TEXTS.get(texts_key)
+        if texts is None:
+            rec = self.recorder.skeleton_record(call.info, call.args, call.kwargs, out)
+            text, roles, names = skeleton_of(rec)
+            if len(_PLAN_TEXTS) >= _PLAN_TEXTS_MAX:  # a bound, for shapes that never repeat
+                _PLAN_TEXTS.clear()
+            texts = _PLAN_TEXTS[texts_key] = (text, roles, names)
+        text, roles, names = texts
         if len(roles) != tensors:
             raise RuntimeError(f"the row path found {tensors} tensors in a call of {call.info.name}, "
                                f"the record path {len(roles)}")
         return Plan(self.intern(call.info.name), self.intern(text), roles, tuple(self.intern(n) for n in names))
+
+
+# (META on?, call shape) -> (skeleton text, roles, names): what a Plan holds before interning.
+_PLAN_TEXTS: dict[tuple, tuple[str, tuple[int, ...], tuple[str, ...]]] = {}
+_PLAN_TEXTS_MAX = 1 << 16
 
 
 def _argument(call: RowCall, name: str) -> Any:
