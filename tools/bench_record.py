@@ -4,11 +4,12 @@ Model: transformers LlamaForCausalLM, 4 layers, hidden 256, batch 2x128 tokens (
 configuration is timed over the same number of forwards, interleaved with eager, and the
 median ratio is printed. msprobe (pip install mindstudio-probe) runs beside it when installed.
 
-The "tracer only" rows swap the dump writer for one whose add() only appends (``NullWriter``):
-what the dispatch path costs without the writer's encoding and file I/O (docs/performance.md).
+The "tracer only" rows swap the dump writer for one that drops what it is given (``NullWriter``):
+what the dispatch path costs without building columns or writing files (docs/performance.md).
 Those rows time one forward per dump session (folder set-up and end_dump included). The "per
 forward in a session" rows time forwards inside one long session, as a training or eval loop
-records them: median and mean (the mean carries periodic flushes and garbage collection).
+records them: median and mean (the mean carries periodic flushes and garbage collection); the
+inference_mode row runs both sides under ``torch.inference_mode()`` instead of ``no_grad``.
 
     python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
 """
@@ -190,9 +191,11 @@ def main(argv=None) -> int:
             rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
                          f"{size / 2**20:.2f}"])
             results.append({"config": label, "ratio": r, **summary, "bytes": size})
-        for label, kw in (("0x102 dedup, per forward in a session", CONFIGS[0][1]),
-                          ("0x102 no dedup, per forward in a session", CONFIGS[3][1])):
-            median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
+        for label, kw, mode in (("0x102 dedup, per forward in a session", CONFIGS[0][1], torch.no_grad),
+                                ("0x102 no dedup, per forward in a session", CONFIGS[3][1], torch.no_grad),
+                                ("0x102 no dedup, per forward, inference_mode", CONFIGS[3][1], torch.inference_mode)):
+            with mode():  # inference tensors carry no version counter: their own cache rule
+                median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
             rows.append([label, f"{median:.2f}x (mean {mean:.2f}x)", "", "", "", ""])
             results.append({"config": label, "ratio": median, "mean_ratio": mean})
         for level in ("L1", "mix"):
@@ -216,7 +219,8 @@ def main(argv=None) -> int:
                    "dump_ratio_nodedup_tracer",
                    "msprobe mix": "msprobe_mix_ratio",
                    "0x102 dedup, per forward in a session": "session_ratio_dedup",
-                   "0x102 no dedup, per forward in a session": "session_ratio_nodedup"}.get(r["config"])
+                   "0x102 no dedup, per forward in a session": "session_ratio_nodedup",
+                   "0x102 no dedup, per forward, inference_mode": "session_ratio_nodedup_inference"}.get(r["config"])
             if key:
                 headline[key] = r["ratio"]
         Path(args.json).write_text(json.dumps(headline, indent=1))
