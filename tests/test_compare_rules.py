@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from xray.compare import CompareInputError, Rules, PairStatus, compare_dumps
+from xray.compare import Rules, PairStatus, compare_dumps
 from xray.compare.align import align
 from xray.compare.cli import main
 from xray.compare.entries import Entry, normalize_path

@@ -200,7 +200,7 @@ def test_dedup_folded_calls_still_produce_under_their_own_seq(tmp_path):
     x = torch.randn(3)
 
     def fn():
-        a = x.exp()
+        _a = x.exp()
         b = x.exp()  # same signature: folded into a's record
         return b.neg()
 

@@ -2,7 +2,6 @@
 cannot read, huge tensors, two processes on one folder, a failing index write."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -18,7 +18,6 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
 
 import xray  # noqa: E402
 from xray.demo.examples import record_dedup, record_pair  # noqa: E402

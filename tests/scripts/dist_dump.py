@@ -1,5 +1,4 @@
 """Launched by torchrun in tests: every rank dumps the same small Llama forward (gloo, CPU)."""
-import os
 import sys
 
 import torch
