@@ -34,7 +34,6 @@ _KEYED = _ATOMS | _VALUES
 _TENSOR = ("T",)
 _FORWARD, _BACKWARD = DIRECTIONS.index("forward"), DIRECTIONS.index("backward")
 _INPUT_SOURCE = (SRC_INPUT, 0, 0, NONE)
-_STRIDED = torch.strided
 
 
 class Unsupported(Exception):
