@@ -79,6 +79,30 @@ def test_llama_training_step_gives_the_same_records(config, llama, tokens, tmp_p
     assert rows == plain
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "t5", "vit"])
+def test_other_architectures_give_the_same_records(arch, tmp_path, monkeypatch):
+    """Forward and backward with module records, on the self-check's architectures (random
+    weights from their configs): encoder-decoder, convolution and layer-norm models take other
+    ops, argument kinds and result structures than a Llama."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from gen_selfcheck import ARCHS
+
+    model, args, kwargs = ARCHS[arch](0)
+
+    def step():
+        out = model(*args, **kwargs)
+        first = out[0] if isinstance(out, tuple) else next(iter(out.values()))
+        first.float().pow(2).mean().backward()
+
+    plain, rows = both_paths(step, tmp_path, monkeypatch, reset=lambda: model.zero_grad(set_to_none=True),
+                             **CONFIGS["backward + modules"])
+    assert len(plain) > 100
+    assert rows == plain
+
+
 def test_deferred_statistics_fill_the_rows(tmp_path, monkeypatch):
     """XRAY_DEFERRED_STATS=1: statistics are Stats objects filled at flush, read into the rows
     after the writer's before_flush; both paths see the same values."""
