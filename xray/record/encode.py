@@ -9,6 +9,7 @@ import torch
 
 from ..dump.model import Scalar, Stats, TensorMeta
 from ..dump.tensorio import dtype_name
+from .flatten import PLAIN_TENSORS
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class OpInfo:
     # version counter, which autograd attaches only after the kernel has returned.
     view: bool = False
     collective: bool = False  # c10d.*: returns before its tensors are final
+
+    @property
+    def writes(self) -> bool:
+        """A call may write a tensor argument (collectives declare no writes but do)."""
+        return bool(self.mutates) or self.collective
 
 
 # Ops whose first output holds the same multiset of values as their first input, so the
@@ -77,9 +83,9 @@ def signature_key(func, args: tuple, kwargs: dict) -> tuple:
     parts = [func]
     for a in args:
         kind = type(a)
-        if kind in _PLAIN:
+        if kind in PLAIN_TENSORS:
             parts.append((a.shape, a.dtype, a.stride(), a.device))
-        elif kind in _ATOMS:
+        elif kind in ATOMS:
             parts.append((kind, a))
         else:
             parts.append(_key(a))
@@ -89,7 +95,7 @@ def signature_key(func, args: tuple, kwargs: dict) -> tuple:
 
 
 def _key(a: Any) -> Any:
-    if type(a) in _PLAIN or isinstance(a, torch.Tensor):
+    if type(a) in PLAIN_TENSORS or isinstance(a, torch.Tensor):
         return (a.shape, a.dtype, a.stride(), a.device)
     if isinstance(a, (list, tuple)):
         return tuple([_key(x) for x in a])
@@ -100,17 +106,17 @@ def _key(a: Any) -> Any:
     return (type(a).__name__, repr(a))
 
 
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-_ATOMS = frozenset({type(None), bool, int, str})
+# Argument values kept as they are (and keyed by type and value: 1 == True in a dict).
+ATOMS = frozenset({type(None), bool, int, str})
 
 
 def encode_value(v: Any, meta_of: Callable[[torch.Tensor], TensorMeta]) -> Any:
     """Convert one argument or result into JSON-able model values (TensorMeta, Scalar...).
     Exact types first: ``isinstance(x, torch.Tensor)`` costs ~250 ns for a non-tensor."""
     kind = type(v)
-    if kind in _PLAIN:
+    if kind in PLAIN_TENSORS:
         return meta_of(v)
-    if kind in _ATOMS:
+    if kind in ATOMS:
         return v
     if kind is list or kind is tuple:
         return [encode_value(x, meta_of) for x in v]

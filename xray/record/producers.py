@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
+from .flatten import PLAIN_TENSORS as _PLAIN
+
 # ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
 # order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
 _Entry = tuple  # (weakref to the tensor, seq or "param:..."/"buffer:...", k, data_ptr): one flat tuple
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _data_ptr(t: torch.Tensor) -> int | None:

@@ -24,10 +24,9 @@ from ..dump.columns import DIRECTIONS, NONE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SR
 from ..dump.model import Source
 from ..dump.stats import NO_STATS
 from ..dump.tensorio import dtype_name
-from .encode import noted_meta, unsupported
+from .encode import ATOMS as _ATOMS, noted_meta, unsupported
+from .flatten import PLAIN_TENSORS as _PLAIN
 
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-_ATOMS = frozenset({type(None), bool, int, str})
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
 _VALUES = frozenset({torch.dtype, torch.device, torch.layout, torch.memory_format})
 _KEYED = _ATOMS | _VALUES

@@ -23,8 +23,8 @@ from ..config import DebugFlags, DumpConfig
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
-from .encode import bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
-from .flatten import flatten_tensors
+from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
+from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
 from .rows import RowPath, view_base_version
@@ -66,8 +66,6 @@ def _wait_collective(outs: list) -> None:
 DEFERRED_ENV = "XRAY_DEFERRED_STATS"
 # "0": every call takes the Record path (rows.py explains the row path); both write the same index.
 ROW_PATH_ENV = "XRAY_ROW_PATH"
-_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
-_ATOMS = frozenset({type(None), bool, int, str})
 
 
 def _stats_function(deferred: DeferredStats, sync=tensor_stats):
@@ -257,8 +255,7 @@ class Recorder:
     def _unseen_write(self, func) -> None:
         """A call that is not described may still write a tensor: inference tensors, cached
         without a version counter, must not keep their statistics across it."""
-        info = op_info(func)
-        if info.mutates or info.collective:
+        if op_info(func).writes:
             self._stats.wrote()
 
     def _inputs(self, bound: dict, meta_of=None) -> dict:
@@ -293,7 +290,7 @@ class Recorder:
             self.rows.after(call, out)
             self.records_written += 1
             if key is not None:
-                self._seen[key] = Fold(call.seq, bool(call.info.mutates or call.info.collective))
+                self._seen[key] = Fold(call.seq, call.info.writes)
             return
         rec, info, key, budget, bound = pending
         self.producers.produced(rec.seq, out)
@@ -308,14 +305,13 @@ class Recorder:
         if self.stats_on and info.stats_preserving:
             self._reuse_stats(rec, info, args, outs)
         if self.meta_on or self.stats_on:
-            rec.outputs = [self._meta(v) if type(v) in _PLAIN_TYPES else encode_value(v, self._meta)
-                           for v in outs]
+            rec.outputs = [encode_value(v, self._meta) for v in outs]
             if info.view and self.stats_on:
                 self._cache_view_outputs(args, outs, rec.outputs)
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         if key is not None:
-            self._seen[key] = Fold(rec.seq, bool(info.mutates or info.collective))
+            self._seen[key] = Fold(rec.seq, info.writes)
         self._emit(rec)
 
     def _reuse_stats(self, rec: Record, info, args: tuple, outs: list) -> None:
