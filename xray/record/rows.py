@@ -24,7 +24,8 @@ from ..dump.columns import DIRECTIONS, NONE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SR
 from ..dump.model import Source
 from ..dump.stats import NO_STATS
 from ..dump.tensorio import dtype_name
-from .encode import ATOMS as _ATOMS, noted_meta, unsupported
+from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
+from .encode import ATOMS as _ATOMS, bind_inputs, noted_meta, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
@@ -56,9 +57,10 @@ class Plan:
 
 
 class RowCall:
-    """A call between ``before`` and ``after``: its inputs' cells, taken before it ran."""
+    """A call between ``before`` and ``after``: its inputs' cells, taken before it ran; ``key``
+    the shape of its arguments (for the plan), ``signature`` its de-dup key (None without)."""
 
-    __slots__ = ("func", "info", "seq", "direction", "frames", "key", "args", "kwargs",
+    __slots__ = ("info", "seq", "direction", "frames", "key", "signature", "args", "kwargs",
                  "layouts", "stats", "sources", "notes", "outs")
 
 
@@ -103,7 +105,7 @@ class RowPath:
                 parts += [(name, self._input(a, call)) for name, a in kwargs.items()]
         except Unsupported:
             return None
-        call.func, call.info, call.seq, call.frames = func, info, seq, tuple(frames)  # as the stack is now
+        call.info, call.seq, call.frames, call.signature = info, seq, tuple(frames), None  # the stack as it is now
         call.direction = _BACKWARD if backward else _FORWARD
         call.key = tuple(parts)
         call.args, call.kwargs = args, kwargs
@@ -205,13 +207,14 @@ class RowPath:
     # -- after the call: outputs, the record -------------------------------------------------------
     def after(self, call: RowCall, out: Any) -> None:
         info = call.info
-        stats_cache = self.recorder._stats
-        for name in info.mutates:  # the version counter is bumped only after we return
-            stats_cache.forget_all(_argument(call, name))
+        cache = self.recorder._stats
+        if info.mutates:  # the version counter is bumped only after we return
+            forget_written(cache, info, bind_inputs(info, call.args, call.kwargs))
         first_out = len(call.layouts)
         call.outs = outs = []
         if self.stats_on and info.stats_preserving:
-            self._reuse_stats(call, out)
+            first_input_described = call.args and type(call.args[0]) in _PLAIN and not (call.notes and 0 in call.notes)
+            reuse_input_stats(cache, info, call.args, out, call.stats[0] if first_input_described else None)
         if type(out) in _PLAIN:  # the common result inline
             outs.append(out)
             self._tensor(out, call, _NO_SOURCE)
@@ -222,7 +225,9 @@ class RowPath:
         if plan is None:
             plan = self._plans[key] = self._plan(call, key, out, len(call.layouts))
         if info.view and self.stats_on and outs:
-            self._cache_view_outputs(call, outs, first_out)
+            notes = call.notes or {}
+            cache_view_outputs(cache, call.args, [(o, call.stats[i]) for i, o in enumerate(outs, start=first_out)
+                                                  if i not in notes])
         frames = call.frames
         ids = self._frames.get(frames)
         if ids is None:
@@ -247,29 +252,6 @@ class RowPath:
             return (kind, out)
         return (kind, repr(out))
 
-    def _reuse_stats(self, call: RowCall, out: Any) -> None:
-        """The output holds the first input's values: take the statistics it was described with."""
-        src = call.args[0] if call.args else None
-        dst = out[0] if call.info.returns > 1 else out  # as the Record path reads its outputs
-        if (type(src) in _PLAIN and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
-                and src.numel() == dst.numel()):
-            stats = call.stats[0] if not (call.notes and 0 in call.notes) else None
-            if stats is None or stats is NO_STATS:
-                stats = self.recorder._stats.get(src)
-            self.recorder._stats.put(dst, stats)
-
-    def _cache_view_outputs(self, call: RowCall, outs: list, first_out: int) -> None:
-        """A view's outputs take their base's version counter once the call returns: cache their
-        statistics under that version, or the next op reading them reduces them again."""
-        version = view_base_version(call.args, self.recorder._stats)
-        if version is None:
-            return
-        notes = call.notes or {}
-        put = self.recorder._stats.put
-        for i, o in enumerate(outs, start=first_out):
-            if i not in notes:
-                put(o, call.stats[i], version)
-
     def _plan(self, call: RowCall, key: tuple, out: Any, tensors: int) -> Plan:
         """Skeleton and tensor names of this shape of call, from the Record path's encoding (once
         per process: a new dump session only interns the texts into its own string table)."""
@@ -291,21 +273,6 @@ class RowPath:
 # (META on?, call shape) -> (skeleton text, roles, names): what a Plan holds before interning.
 _PLAN_TEXTS: dict[tuple, tuple[str, tuple[int, ...], tuple[str, ...]]] = {}
 _PLAN_TEXTS_MAX = 1 << 16
-
-
-def _argument(call: RowCall, name: str) -> Any:
-    if name in call.kwargs:
-        return call.kwargs[name]
-    names = call.info.arg_names
-    i = names.index(name) if name in names else len(call.args)
-    return call.args[i] if i < len(call.args) else None
-
-
-def view_base_version(args: tuple, cache) -> int | None:
-    """The stamp a view's outputs will share: their base's (the first argument), or None when
-    there is none to cache under (no tensor base, no version counter)."""
-    base = args[0] if args else None
-    return cache.stamp(base) if isinstance(base, torch.Tensor) else None
 
 
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source

@@ -27,7 +27,8 @@ from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, op_i
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
-from .rows import RowPath, view_base_version
+from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
+from .rows import RowCall, RowPath
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -208,7 +209,7 @@ class Recorder:
     def _before(self, func, args: tuple, kwargs: dict):
         """None: not recorded (backward without BACKWARD); the call's seq: folded by de-dup into
         an earlier record, it still produces its outputs under its own seq; else the pending
-        record with what _after needs."""
+        call with what _after needs: the row path's ``RowCall``, or the Record path's tuple."""
         backward = torch._C._current_graph_task_id() != -1
         if backward and not self.backward_on:
             self._unseen_write(func)
@@ -237,7 +238,8 @@ class Recorder:
         if self.rows is not None:
             call = self.rows.before(func, info, args, kwargs, seq, backward, frames)
             if call is not None:
-                return call, key
+                call.signature = key
+                return call
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
                      module=frames[-1][0] if frames else None, module_stack=list(frames),
                      mutates=list(info.mutates))
@@ -284,60 +286,32 @@ class Recorder:
                       outputs=[encode_value(v, _placeholder) for v in outs])
 
     def _after(self, pending, args: tuple, out: Any) -> None:
-        if len(pending) == 2:  # the row path's (call, de-dup key); the Record path's pending has 5 items
-            call, key = pending
+        if type(pending) is RowCall:
+            call = pending
             self.producers.produced(call.seq, out)
             self.rows.after(call, out)
             self.records_written += 1
-            if key is not None:
-                self._seen[key] = Fold(call.seq, call.info.writes)
+            if call.signature is not None:
+                self._seen[call.signature] = Fold(call.seq, call.info.writes)
             return
         rec, info, key, budget, bound = pending
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
             _wait_collective(outs)
-            # c10d schemas declare no writes (allgather_ fills its Tensor[][] all the same), and
-            # collectives do not bump version counters: any tensor argument may hold new values.
-            self._stats.forget_all(list(bound.values()))
-        for name in info.mutates:  # the version counter is bumped only after we return
-            self._stats.forget_all(bound.get(name))
+        forget_written(self._stats, info, bound)  # the version counter is bumped only after we return
         if self.stats_on and info.stats_preserving:
-            self._reuse_stats(rec, info, args, outs)
+            meta = rec.inputs.get(info.arg_names[0]) if info.arg_names else None
+            reuse_input_stats(self._stats, info, args, out, meta.stats if type(meta) is TensorMeta else None)
         if self.meta_on or self.stats_on:
             rec.outputs = [encode_value(v, self._meta) for v in outs]
             if info.view and self.stats_on:
-                self._cache_view_outputs(args, outs, rec.outputs)
+                cache_view_outputs(self._stats, args, _described(outs, rec.outputs))
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         if key is not None:
             self._seen[key] = Fold(rec.seq, info.writes)
         self._emit(rec)
-
-    def _reuse_stats(self, rec: Record, info, args: tuple, outs: list) -> None:
-        """The output holds the input's values: take the statistics the input was described
-        with (a parameter's are never cached, so asking again would reduce it twice)."""
-        src = args[0] if args else None
-        dst = outs[0] if outs else None
-        if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
-                and src.numel() == dst.numel()):
-            meta = rec.inputs.get(info.arg_names[0]) if info.arg_names else None
-            stats = meta.stats if type(meta) is TensorMeta and meta.stats is not None else self.stats(src)
-            self._stats.put(dst, stats)
-
-    def _cache_view_outputs(self, args: tuple, outs: list, metas: list) -> None:
-        """A view's outputs take their base's version counter once the call returns: cache
-        their statistics under that version, or the next op reading them reduces them again."""
-        version = view_base_version(args, self._stats)
-        if version is None:
-            return
-        for o, m in zip(outs, metas):
-            if type(o) in (list, tuple) and type(m) is list:  # split, chunk, unbind: Tensor[]
-                for oi, mi in zip(o, m):
-                    if type(mi) is TensorMeta and mi.stats is not None:
-                        self._stats.put(oi, mi.stats, version)
-            elif type(m) is TensorMeta and m.stats is not None:
-                self._stats.put(o, m.stats, version)
 
     def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
         """Copy up to ``budget`` tensors (inputs first, then outputs, in schema order)."""
@@ -409,6 +383,15 @@ class Recorder:
                      call_index=call_index, params=params)
         self.seq += 1
         self._emit(rec)
+
+
+def _described(outs: list, metas: list) -> Iterator[tuple[torch.Tensor, Stats]]:
+    """(output tensor, its statistics) for each described output, Tensor[] items included."""
+    for o, m in zip(outs, metas):
+        if type(o) in (list, tuple) and type(m) is list:  # split, chunk, unbind: Tensor[]
+            yield from _described(o, m)
+        elif type(m) is TensorMeta and m.stats is not None:
+            yield o, m.stats
 
 
 _PLACEHOLDER = TensorMeta((), "float32")
