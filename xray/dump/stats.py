@@ -240,21 +240,7 @@ class StatsCache:
             return None
 
     def get(self, t: torch.Tensor) -> Any:
-        try:
-            version, ptr = self.stamp(t), t.data_ptr()
-        except RuntimeError:  # tensors without storage
-            return self._compute(t)
-        if version is None:
-            return self._compute(t)
-        # type() first: isinstance against Parameter runs a Python __instancecheck__
-        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
-            return self._compute(t)
-        hit = self.entries.get(id(t))
-        if hit is not None and hit[1] == version and hit[2] == ptr and hit[0]() is t:
-            return hit[3]
-        value = self._compute(t)
-        self._store(t, version, ptr, value)
-        return value
+        return self.describe(t)[0]
 
     def put(self, t: torch.Tensor, value: Any, version: int | None = None) -> None:
         """Cache ``value`` for ``t``; ``version``: the counter ``t`` will have when next asked,
@@ -300,28 +286,28 @@ class StatsCache:
         for key in [k for k, hit in cache.items() if isinstance(hit[0](), torch.nn.Parameter)]:
             del cache[key]
 
-    def describe(self, t: torch.Tensor, layout_of: Callable[[torch.Tensor], Any]) -> tuple[Any, Any]:
-        """(value, layout) of ``t``, both cached under the same rules as ``get``; ``layout_of``
-        computes the layout on a miss (parameters: every time, as their values)."""
+    def describe(self, t: torch.Tensor, layout_of: Callable[[torch.Tensor], Any] | None = None) -> tuple[Any, Any]:
+        """(value, layout) of ``t``. A hit needs the same object, stamp and data pointer;
+        parameters and tensors without a stamp are computed every time. ``layout_of`` (the
+        recorder's row path) computes a layout to keep beside the value, first, so that it can
+        refuse a tensor that cannot be reduced; without it the layout is None."""
         try:
             version, ptr = self.stamp(t), t.data_ptr()
-        except RuntimeError:
+        except RuntimeError:  # tensors without storage
             version = None
-        if version is None:
-            layout = layout_of(t)  # first: it refuses a tensor that cannot be reduced
-            return self._compute(t), layout
-        hit = self.entries.get(id(t))
+        hit = None if version is None else self.entries.get(id(t))
         if hit is not None and hit[1] == version and hit[2] == ptr and hit[0]() is t:
             layout = hit[4]
-            if layout is None:
+            if layout is None and layout_of is not None:
                 layout = layout_of(t)
                 self.entries[id(t)] = hit[:4] + (layout,)
             return hit[3], layout
-        layout = layout_of(t)
-        if not self._keep_parameters and type(t) is not _TENSOR and isinstance(t, torch.nn.Parameter):
-            return self._compute(t), layout
+        layout = None if layout_of is None else layout_of(t)
         value = self._compute(t)
-        self._store(t, version, ptr, value, layout)
+        # type() first: isinstance against Parameter runs a Python __instancecheck__
+        if version is not None and (self._keep_parameters or type(t) is _TENSOR
+                                    or not isinstance(t, torch.nn.Parameter)):
+            self._store(t, version, ptr, value, layout)
         return value, layout
 
     def _store(self, t: torch.Tensor, version: int, ptr: int, value: Any, layout: Any = None) -> None:
