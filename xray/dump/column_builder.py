@@ -13,7 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .columns import (DIRECTIONS, INPUT, KINDS, NONE, OUTPUT, PARAM, RECORD_DTYPE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SRC_OP, SRC_PARAM, TENSOR_DTYPE, Columns, Table)
+from .columns import (DIRECTIONS, INPUT, KINDS, NONE, OUTPUT, PARAM, RECORD_DTYPE, SRC_BUFFER, SRC_INPUT, SRC_NONE,
+                      SRC_OP, SRC_PARAM, TENSOR_DTYPE, Columns, Table)
 from .model import Record, Scalar, Source, TensorMeta, value_to_json
 from .stats import NO_STATS, row_of_stats
 from .strings import StringTable
@@ -109,25 +110,18 @@ class ColumnBuilder:
         key = tuple(frames)
         i = self._stacks.get(key)
         if i is None:
-            i = self._stacks[key] = self.strings.intern(_stack_text(frames))
+            i = self._stacks[key] = self.strings.intern(stack_text(frames))
         return i
 
     def _tensor(self, meta: TensorMeta, role: int, name: str) -> None:
         intern = self.strings.intern
-        src = meta.source
-        if src is None:
-            source = _NO_SOURCE
-        elif src.startswith("op:"):
-            _, seq, index = src.split(":")
-            source = (SRC_OP, int(seq), int(index), NONE)
-        else:
-            source = _source_columns(src, self.strings)
+        source = source_cells(meta.source, self.strings)
         stride = meta.stride
         if meta.data is not None or meta.note is not None:
             self._extras[len(self._layouts)] = (NONE if meta.data is None else intern(meta.data),
                                                 NONE if meta.note is None else intern(meta.note))
-        self._layouts.append((intern(meta.dtype), intern(_shape_text(meta.shape)),
-                              NONE if stride is None else intern(_shape_text(stride)), meta.storage_offset,
+        self._layouts.append((intern(meta.dtype), intern(shape_text(meta.shape)),
+                              NONE if stride is None else intern(shape_text(stride)), meta.storage_offset,
                               intern(meta.device), meta.requires_grad))
         self._stats.append(NO_STATS if meta.stats is None else meta.stats)
         self._sources.append(source)
@@ -207,20 +201,21 @@ def _skeleton_text(rec: Record) -> str:
 
 
 @lru_cache(maxsize=65536)
-def _shape_text(shape: tuple[int, ...]) -> str:
+def shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
 
-def _stack_text(frames: list[tuple[str, str]]) -> str:
+def stack_text(frames: list[tuple[str, str]]) -> str:
     return json.dumps([list(f) for f in frames], separators=(",", ":"))
 
 
-def _source_columns(text: str | None, strings: StringTable) -> tuple[int, int, int, int]:
+def source_cells(text: str | None, strings: StringTable) -> tuple[int, int, int, int]:
+    """A tensor's ``src`` text as (src_kind, src_seq, src_index, src_name) cells."""
     if text is None:
-        return SRC_NONE, 0, 0, NONE
-    if text.startswith("op:"):
-        src = Source.parse(text)
-        return SRC_OP, src.seq, src.index, NONE
+        return _NO_SOURCE
+    if text.startswith("op:"):  # the common source, without Source.parse
+        _, seq, index = text.split(":")
+        return SRC_OP, int(seq), int(index), NONE
     if text == "input":
         return SRC_INPUT, 0, 0, NONE
     src = Source.parse(text)

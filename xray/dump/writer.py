@@ -10,7 +10,6 @@ record and then ``dump.json`` (the header), and removes the journal. A dump with
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -22,8 +21,8 @@ from typing import Any, Callable
 import h5py
 import numpy as np
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
+from ..modes import no_dispatch_modes
 from .column_builder import ColumnBuilder
 from .columns import UPDATE_DTYPE, Columns, StringTable, concat
 from .index_file import write_file, write_index
@@ -39,14 +38,6 @@ def _encode(obj: Any) -> str:
     """Compact JSON; a value JSON cannot hold (a symbolic size) is written as its text rather
     than losing the whole header."""
     return json.dumps(obj, separators=(",", ":"), default=str)
-
-
-def _unrecorded():
-    """The writer's own tensor work (converting saved copies) must never be recorded, even when
-    a caller flushes from inside an active dump."""
-    if torch._C._len_torch_dispatch_stack() > 0:
-        return _disable_current_modes()
-    return contextlib.nullcontext()
 
 
 def _set_counts(records, counts: dict[int, tuple[int, int]]) -> None:
@@ -202,7 +193,7 @@ class DumpWriter:
             # Build the HDF5 image in memory and write it with plain file I/O: when HDF5's
             # own writes fail (full disk) h5py can crash the process instead of raising.
             buffer = io.BytesIO()
-            with _unrecorded(), h5py.File(buffer, "w") as f:
+            with no_dispatch_modes(), h5py.File(buffer, "w") as f:  # never recorded, even inside a dump
                 for path, t in self._tensors:
                     write_dataset(f, path, t)
             with open(tmp, "wb") as out:

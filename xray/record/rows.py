@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from ..dump.column_builder import _shape_text, _stack_text, skeleton_of
-from ..dump.columns import DIRECTIONS, NONE, SRC_BUFFER, SRC_INPUT, SRC_NONE, SRC_OP, SRC_PARAM
-from ..dump.model import Source
+from ..dump.column_builder import shape_text, skeleton_of, source_cells, stack_text
+from ..dump.columns import DIRECTIONS, NONE, SRC_INPUT, SRC_NONE, SRC_OP
 from ..dump.stats import NO_STATS
 from ..dump.tensorio import dtype_name
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
@@ -132,11 +131,9 @@ class RowPath:
         src = entry[1]
         if type(src) is int:
             return (SRC_OP, src, entry[2], NONE)
-        cells = self._state.get(src)
+        cells = self._state.get(src)  # "param:<name>", "buffer:<name>"
         if cells is None:
-            parsed = Source.parse(src)
-            cells = self._state[src] = (SRC_PARAM if parsed.kind == "param" else SRC_BUFFER, 0, 0,
-                                        self.intern(parsed.name))
+            cells = self._state[src] = source_cells(src, self.writer.strings)
         return cells
 
     def _tensor(self, t: torch.Tensor, call: RowCall, source: tuple) -> None:
@@ -172,7 +169,7 @@ class RowPath:
         shape = t.shape
         shape_id = dims.get(shape)
         if shape_id is None:
-            shape_id = dims[tuple(shape)] = self.intern(_shape_text(tuple(shape)))
+            shape_id = dims[tuple(shape)] = self.intern(shape_text(tuple(shape)))
         dtype = self._dtypes.get(t.dtype)
         if dtype is None:
             dtype = self._dtypes[t.dtype] = self.intern(dtype_name(t.dtype))
@@ -184,7 +181,7 @@ class RowPath:
             stride, offset = None, 0
         stride_id = NONE if stride is None else dims.get(stride)
         if stride_id is None:
-            stride_id = dims[stride] = self.intern(_shape_text(stride))
+            stride_id = dims[stride] = self.intern(shape_text(stride))
         return (dtype, shape_id, stride_id, offset, self._cpu if t.is_cpu else self._device(t.device))
 
     def _device(self, device: torch.device) -> int:
@@ -199,7 +196,7 @@ class RowPath:
         if call.notes is None:
             call.notes = {}
         call.notes[len(call.layouts)] = self.intern(meta.note)
-        call.layouts.append((self.intern(meta.dtype), self.intern(_shape_text(meta.shape)), NONE, 0,
+        call.layouts.append((self.intern(meta.dtype), self.intern(shape_text(meta.shape)), NONE, 0,
                              self.intern(meta.device), meta.requires_grad))
         call.stats.append(NO_STATS)
         call.sources.append(source)
@@ -232,7 +229,7 @@ class RowPath:
         ids = self._frames.get(frames)
         if ids is None:
             ids = self._frames[frames] = (
-                (self.intern(frames[-1][0]), self.intern(_stack_text(frames))) if frames else (NONE, NONE))
+                (self.intern(frames[-1][0]), self.intern(stack_text(frames))) if frames else (NONE, NONE))
         seq = call.seq
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], NONE,
                               plan.skeleton),

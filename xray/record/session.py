@@ -14,7 +14,8 @@ import torch
 from ..config import DumpConfig
 from ..ranks import dist_ranks
 from ..dump.writer import DumpWriteError, DumpWriter
-from .tracer import Recorder, Tracing, no_dispatch_modes
+from ..modes import no_dispatch_modes
+from .tracer import Recorder, Tracing
 
 
 class DumpUsageError(RuntimeError):

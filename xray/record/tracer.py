@@ -13,13 +13,14 @@ import os
 import traceback
 import warnings
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..config import DebugFlags, DumpConfig
+from ..modes import no_dispatch_modes
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
@@ -40,14 +41,6 @@ def _user_stack(depth: int) -> list[str]:
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames[-depth:]]
 
 
-def no_dispatch_modes():
-    """Our own tensor work must bypass any dispatch mode below ours (ours is already off).
-    Without any mode it returns one shared no-op context: the module debugger enters this
-    twice per module call, and a fresh nullcontext per call cost twice as much."""
-    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() > 0 else _NO_MODES
-
-
-_NO_MODES = nullcontext()  # reusable: nullcontext keeps no state between uses
 
 
 def _holds_tensor(v: Any) -> bool:
