@@ -12,13 +12,11 @@ import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from .alignment import RowPlan
-from .causality import Matches, _random
+from .causality import _SUSPECT, Matches, _random
 from .entries import Entry
 from .entry_table import CHUNK, MODULE, EntryTable
 from .lazy_entries import LazyEntries
-from .result import CompareRow, PairStatus
-
-_SUSPECT = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value, PairStatus.WARNING.value))
+from .result import CompareRow
 
 
 def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
