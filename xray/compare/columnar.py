@@ -46,7 +46,7 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     plan = RowPlan(ta, tb, pa, pb)
     _name_rows(ta, tb, pa, pb)
     vocab = _Vocab(codes)
-    floor, tols = _tolerances(ta, tb, plan, rules)
+    floor, tols = _tolerances(ta, tb, plan, rules, vocab)
     comparer = PairComparer(bench, target, rules, None, floor)
     random_of = _random_of(ta, ea)
     for t in (ta, tb):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -68,11 +68,7 @@ class PairComparer:
         self.bar: tqdm | None = None
 
     def tolerance(self, bm: TensorMeta, tm: TensorMeta) -> Tolerance:
-        tol = self.rules.tolerance(bm.dtype, tm.dtype)
-        dt = _torch_dtype(bm.dtype)
-        if self.floor is not None and dt is not None and (dt.is_floating_point or dt.is_complex):
-            tol = Tolerance(max(tol.rtol, self.floor.rtol), max(tol.atol, self.floor.atol))
-        return tol
+        return dtype_tolerance(self.rules, self.floor, bm.dtype, tm.dtype)
 
     # -- data ------------------------------------------------------------------------------
     def scale(self, bm: TensorMeta, tm: TensorMeta, cd: torch.dtype) -> float:
@@ -242,15 +238,30 @@ def precision_floor(ea: list[Entry], eb: list[Entry], pairs: list[tuple[int, int
     A mixed-precision run feeds its low-precision error into ops whose outputs are float32 again
     (softmax, norms, residual adds), so every float pair of such a compare is judged at that floor.
     """
+    return dtype_floor(((bm.dtype, tm.dtype) for i, j in pairs
+                        for (_, bm), (_, tm) in zip(ea[i].outputs, eb[j].outputs)), rules)
+
+
+def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Tolerance | None:
+    """precision_floor over (bench dtype, target dtype) pairs of matched outputs."""
     floor = None
-    for i, j in pairs:
-        for (_, bm), (_, tm) in zip(ea[i].outputs, eb[j].outputs):
-            if bm.dtype != tm.dtype:
-                db, dt = _torch_dtype(bm.dtype), _torch_dtype(tm.dtype)
-                if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
-                    t = rules.tolerance(bm.dtype, tm.dtype)
-                    floor = t if floor is None else Tolerance(max(t.rtol, floor.rtol), max(t.atol, floor.atol))
+    for b, t in dtype_pairs:
+        if b != t:
+            db, dt = _torch_dtype(b), _torch_dtype(t)
+            if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
+                tol = rules.tolerance(b, t)
+                floor = tol if floor is None else Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
     return floor
+
+
+def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, target_dtype: str) -> Tolerance:
+    """The tolerance of an output pair of these dtypes (PairComparer.tolerance): the rules',
+    raised to the mixed-precision ``floor`` for a float or complex bench output."""
+    tol = rules.tolerance(bench_dtype, target_dtype)
+    d = _torch_dtype(bench_dtype)
+    if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
+        tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
+    return tol
 
 
 def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
