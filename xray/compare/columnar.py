@@ -93,7 +93,7 @@ def _name_rows(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -
 
 def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
     """engine._random_entries over a table: only ops whose name can be random build a Record."""
-    from .engine import _inside
+    from .engine import random_modules
 
     out: dict[int, str] = {}
     sources: dict[str, str] = {}
@@ -109,11 +109,8 @@ def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
             out[pos] = why
             sources.setdefault(ea[pos].path, why)
     if sources:
-        for pos in np.flatnonzero(ta.kind == MODULE).tolist():
-            path = ta.path_text[pos]
-            inner = next((why for p, why in sources.items() if _inside(p, path)), None)
-            if inner:
-                out[pos] = f"a random op ran inside it ({inner})"
+        modules = np.flatnonzero(ta.kind == MODULE)
+        out.update(random_modules(sources, zip(modules.tolist(), ta.path_text[modules].tolist())))
     return out
 
 

@@ -346,11 +346,19 @@ def _random_entries(entries: list[Entry]) -> dict[int, str]:
         if why:
             out[e.pos] = why
             sources.setdefault(e.path, why)
-    for e in entries:
-        if e.kind == "module" and sources:
-            inner = next((why for path, why in sources.items() if _inside(path, e.path)), None)
+    out.update(random_modules(sources, ((e.pos, e.path) for e in entries if e.kind == "module")))
+    return out
+
+
+def random_modules(sources: dict[str, str], modules: Iterable[tuple[int, str]]) -> dict[int, str]:
+    """Position -> why, of the ``modules`` ((position, path) pairs) a random op ran inside;
+    ``sources``: module path a random op ran in -> why the op is random."""
+    out: dict[int, str] = {}
+    if sources:
+        for pos, path in modules:
+            inner = next((why for p, why in sources.items() if _inside(p, path)), None)
             if inner:
-                out[e.pos] = f"a random op ran inside it ({inner})"
+                out[pos] = f"a random op ran inside it ({inner})"
     return out
 
 
