@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import Rules
@@ -36,7 +35,7 @@ from .stat_verdicts import _tolerances, _vectorised
 def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
                     progress: bool | None = None) -> tuple[list[CompareRow], dict]:
     """compare_loaded for two columnar dumps (no reference run): the same rows and totals."""
-    from .engine import PairComparer
+    from .engine import PairComparer, progress_bar
 
     started = time.perf_counter()
     codes = Codes()
@@ -51,7 +50,7 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     random_of = _random_of(ta, ea)
     for t in (ta, tb):
         t.trim("group", "op", "path", "call_index")
-    comparer.bar = _progress_bar(ta, vocab, rank, progress)
+    comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
     fast = _vectorised(ta, tb, plan, random_of, vocab)
     _return_freed_memory()
     rows = _rows(rank, ta, tb, plan, fast, tols, rules, vocab)
@@ -114,29 +113,14 @@ def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
     return out
 
 
-def _progress_bar(ta: EntryTable, vocab: _Vocab, rank: str, progress: bool | None) -> tqdm:
-    from .engine import PROGRESS_BYTES
-
-    total_bytes = _total_bytes(ta, vocab)
-    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), disable=not show,
-                leave=False)
-
-
 def _total_bytes(t: EntryTable, vocab: _Vocab) -> int:
-    """Bytes of the bench's saved outputs, twice (the progress bar's total)."""
-    from ..dump.tensorio import dtype_from_name
+    """Bytes of the bench's saved outputs, twice (the progress bar's total; compare_loaded's)."""
+    from .engine import _torch_dtype
 
     saved = np.flatnonzero(t.stat("data", np.arange(len(t.out))) >= 0)
     if not len(saved):
         return 0
-
-    def size(text: str) -> int:
-        try:
-            return dtype_from_name(text).itemsize
-        except ValueError:
-            return 0
-
-    itemsize = np.array([size(d) for d in vocab.dtype.tolist()], dtype=np.int64)
+    itemsize = np.array([0 if d is None else d.itemsize for d in map(_torch_dtype, vocab.dtype.tolist())],
+                        dtype=np.int64)
     numel = vocab.numel[t.out_shape[saved]].astype(np.int64)
     return int((numel * itemsize[t.out_dtype[saved]]).sum()) * 2

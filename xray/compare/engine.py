@@ -290,10 +290,8 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
         ref_of = {i: er[j] for i, j in align(ea, er).pairs}
     comparer = PairComparer(bench, target, rules, reference, precision_floor(ea, eb, alignment.pairs, rules))
     random_of = _random_entries(ea)
-    total_bytes = sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None)
-    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
-                        disable=not show, leave=False)
+    comparer.bar = progress_bar(sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None),
+                                rank, progress)
     rows: list[CompareRow] = []
     matched_entries: list[tuple[Entry, Entry, list[CompareRow]]] = []
     ia = ib = 0
@@ -333,6 +331,14 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
               "anchors": alignment.anchors, "bytes_compared": comparer.bytes,
               "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals
+
+
+def progress_bar(total_bytes: int, rank: str, progress: bool | None) -> tqdm:
+    """The bar over the bytes of saved data compared; shown from PROGRESS_BYTES unless
+    ``progress`` says."""
+    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), disable=not show,
+                leave=False)
 
 
 def _random_entries(entries: list[Entry]) -> dict[int, str]:
