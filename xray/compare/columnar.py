@@ -24,12 +24,12 @@ from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import Rules
 from .alignment import RowPlan, align_tables
 from .causality import attribute
-from .entry_table import MODULE, Codes, EntryTable, _Vocab
+from .entry_table import MODULE, Codes, EntryTable, Vocab
 from .lazy_entries import LazyEntries
-from .lazy_matches import _matches
+from .lazy_matches import matches_of
 from .result import CompareRow
-from .row_building import _judge_the_rest, _rows
-from .stat_verdicts import _tolerances, _vectorised
+from .row_building import judge_the_rest, make_rows
+from .stat_verdicts import covered_by_stats, tolerances
 
 
 def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
@@ -44,24 +44,24 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     ea, eb = LazyEntries(ta), LazyEntries(tb)
     plan = RowPlan(ta, tb, pa, pb)
     _name_rows(ta, tb, pa, pb)
-    vocab = _Vocab(codes)
-    floor, tols = _tolerances(ta, tb, plan, rules, vocab)
+    vocab = Vocab(codes)
+    floor, tols = tolerances(ta, tb, plan, rules, vocab)
     comparer = PairComparer(bench, target, rules, None, floor)
     random_of = _random_of(ta, ea)
     for t in (ta, tb):
         t.trim("group", "op", "path", "call_index")
     comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
-    fast = _vectorised(ta, tb, plan, random_of, vocab)
+    fast = covered_by_stats(ta, tb, plan, random_of, vocab)
     _return_freed_memory()
-    rows = _rows(rank, ta, tb, plan, fast, tols, rules, vocab)
-    random_rows = _judge_the_rest(bench, target, ta, tb, plan, fast, rows, comparer, random_of)
+    rows = make_rows(rank, ta, tb, plan, fast, tols, rules, vocab)
+    random_rows = judge_the_rest(bench, target, ta, tb, plan, fast, rows, comparer, random_of)
     comparer.bar.close()
     for t in (ta, tb):
         t.trim("out_name", "out_dtype", "out_shape", "seq_value")
     ta.trim("out", "out_start", "n_out")  # the bench's outputs are read through its Records from here on
     plan.trim()
     _return_freed_memory()
-    matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
+    matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows)
     attribute(ea, eb, suspect, comparer, rules, target, matches)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
@@ -113,7 +113,7 @@ def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
     return out
 
 
-def _total_bytes(t: EntryTable, vocab: _Vocab) -> int:
+def _total_bytes(t: EntryTable, vocab: Vocab) -> int:
     """Bytes of the bench's saved outputs, twice (the progress bar's total; compare_loaded's)."""
     from .engine import _torch_dtype
 

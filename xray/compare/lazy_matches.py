@@ -19,8 +19,8 @@ from .lazy_entries import LazyEntries
 from .result import CompareRow
 
 
-def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
-             rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
+def matches_of(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
+               rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
     """causality's look-ups over every matched pair, and the pairs it starts from (those with a
     suspect row), without building an Entry for the others."""
     pair_of_b = np.full(len(tb), -1, dtype=np.int32)

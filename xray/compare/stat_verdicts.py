@@ -11,12 +11,12 @@ import numpy as np
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
 from .alignment import RowPlan
-from .entry_table import EntryTable, _Vocab
+from .entry_table import EntryTable, Vocab
 from .result import PairStatus
 
 
-def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules,
-                vocab: _Vocab) -> tuple[Tolerance | None, dict]:
+def tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules,
+               vocab: Vocab) -> tuple[Tolerance | None, dict]:
     """engine.precision_floor over the matched outputs, and the tolerance of each dtype pair
     (``PairComparer.tolerance``), by (bench dtype code, target dtype code)."""
     from .engine import dtype_floor, dtype_tolerance
@@ -28,7 +28,8 @@ def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules,
     return floor, {(db, dt): dtype_tolerance(rules, floor, text[db], text[dt]) for db, dt in pairs}
 
 
-def _vectorised(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str], vocab: _Vocab) -> np.ndarray:
+def covered_by_stats(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str],
+                     vocab: Vocab) -> np.ndarray:
     """Which plan rows the statistics judge covers: both outputs with statistics, not both with
     saved data, same dtype (a known one) and shape, not empty, not a random op's. The rest go
     through PairComparer.compare, as on the record path."""
