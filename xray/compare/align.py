@@ -39,7 +39,8 @@ class Features:
     """Integer codes of each entry's features, so score matrices are numpy comparisons.
 
     Codes mean only equality, within one feature, across both sides: the columnar compare
-    builds them from its arrays instead (``of_arrays``)."""
+    builds them from its arrays instead (``of_arrays``). ``paths`` and ``ops`` are lists of
+    texts (the fuzzy scorer's input)."""
 
     @classmethod
     def of_arrays(cls, **features) -> "Features":
@@ -73,10 +74,10 @@ def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice) -> np.ndarray
     group = eq(fa.group, fb.group)
     op_eq, base_eq, path_eq = eq(fa.op, fb.op), eq(fa.base, fb.base), eq(fa.path, fb.path)
     mod = fa.module[ia][:, None] & fb.module[ib][None, :]
-    path_sim = cdist(list(fa.paths[ia]), list(fb.paths[ib]), scorer=fuzz.ratio, dtype=np.float32) / 100.0
+    path_sim = cdist(fa.paths[ia], fb.paths[ib], scorer=fuzz.ratio, dtype=np.float32) / 100.0
     op_ok = op_eq | base_eq
     if mod.any():
-        cls_sim = cdist(list(fa.ops[ia]), list(fb.ops[ib]), scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
+        cls_sim = cdist(fa.ops[ia], fb.ops[ib], scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
         op_ok |= mod & (path_eq | cls_sim)
     numel_eq = eq(fa.numel, fb.numel)
     perm_eq = eq(fa.perm, fb.perm)

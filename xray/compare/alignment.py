@@ -39,7 +39,7 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
             perm=np.array([codes.code("perms", p) for p in t.per_entry(perm_of[t.out_shape])], dtype=np.int64),
             numel=np.array([codes.code("numels", n) for n in t.per_entry(numel_of[t.out_shape])], dtype=np.int64),
             dtype=np.array([codes.code("dtypes", d) for d in t.per_entry(t.out_dtype)], dtype=np.int64),
-            module=t.kind == MODULE, paths=t.path_text, ops=t.op_text))
+            module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
     alignment = align_features(feats[0], feats[1], keys[0], keys[1])
     pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
     return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors
