@@ -35,14 +35,15 @@ def anchor_key(e: Entry) -> tuple:
     return (e.group, e.path, ident, e.shapes)
 
 
-class _Features:
+class Features:
     """Integer codes of each entry's features, so score matrices are numpy comparisons.
 
     Codes mean only equality, within one feature, across both sides: the columnar compare
-    builds them from its arrays instead (``of_arrays``)."""
+    builds them from its arrays instead (``of_arrays``). ``paths`` and ``ops`` are lists of
+    texts (the fuzzy scorer's input)."""
 
     @classmethod
-    def of_arrays(cls, **features) -> "_Features":
+    def of_arrays(cls, **features) -> "Features":
         f = cls.__new__(cls)
         f.__dict__.update(features)
         return f
@@ -65,7 +66,7 @@ class _Features:
         self.ops = [e.op for e in entries]
 
 
-def score_matrix(fa: _Features, ia: slice, fb: _Features, ib: slice) -> np.ndarray:
+def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice) -> np.ndarray:
     """Similarity of every pair in two windows; <= 0 means the pair may not match."""
     def eq(x, y):
         return x[ia][:, None] == y[ib][None, :]
@@ -73,10 +74,10 @@ def score_matrix(fa: _Features, ia: slice, fb: _Features, ib: slice) -> np.ndarr
     group = eq(fa.group, fb.group)
     op_eq, base_eq, path_eq = eq(fa.op, fb.op), eq(fa.base, fb.base), eq(fa.path, fb.path)
     mod = fa.module[ia][:, None] & fb.module[ib][None, :]
-    path_sim = cdist(list(fa.paths[ia]), list(fb.paths[ib]), scorer=fuzz.ratio, dtype=np.float32) / 100.0
+    path_sim = cdist(fa.paths[ia], fb.paths[ib], scorer=fuzz.ratio, dtype=np.float32) / 100.0
     op_ok = op_eq | base_eq
     if mod.any():
-        cls_sim = cdist(list(fa.ops[ia]), list(fb.ops[ib]), scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
+        cls_sim = cdist(fa.ops[ia], fb.ops[ib], scorer=fuzz.ratio, dtype=np.float32) >= CLASS_SIMILARITY
         op_ok |= mod & (path_eq | cls_sim)
     numel_eq = eq(fa.numel, fb.numel)
     perm_eq = eq(fa.perm, fb.perm)
@@ -144,10 +145,10 @@ def align(bench: list[Entry], target: list[Entry]) -> Alignment:
     if [k + (e.op,) for k, e in zip(anchors_a, bench)] == [k + (e.op,) for k, e in zip(anchors_b, target)]:
         return Alignment([(i, i) for i in range(len(bench))], len(bench))  # same structure: nothing to search
     codes: dict = {}
-    return align_features(_Features(bench, codes), _Features(target, codes), anchors_a, anchors_b)
+    return align_features(Features(bench, codes), Features(target, codes), anchors_a, anchors_b)
 
 
-def align_features(fa: _Features, fb: _Features, keys_a: list, keys_b: list) -> Alignment:
+def align_features(fa: Features, fb: Features, keys_a: list, keys_b: list) -> Alignment:
     """Anchors from the keys (hashable, equal across sides when the anchor keys are), then the
     gaps by score; the entries are seen only through their features."""
     anchors = _anchors(keys_a, keys_b)
@@ -174,7 +175,7 @@ def _anchors(keys_a: list[tuple], keys_b: list[tuple]) -> list[tuple[int, int]]:
     return _longest_increasing(sorted((i, ub[k]) for k, i in ua.items() if k in ub))
 
 
-def _fill(fa: _Features, i0: int, i1: int, fb: _Features, j0: int, j1: int) -> list[tuple[int, int]]:
+def _fill(fa: Features, i0: int, i1: int, fb: Features, j0: int, j1: int) -> list[tuple[int, int]]:
     """Align bench[i0:i1] with target[j0:j1] (a gap between anchors)."""
     if i1 <= i0 or j1 <= j0:
         return []

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .align import _Features, align_features, op_base
-from .entry_table import MODULE, Codes, EntryTable, _gather
+from .align import Features, align_features, op_base
+from .entry_table import MODULE, Codes, EntryTable, gather
 
 
 def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
@@ -33,13 +33,13 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
     for t in (ta, tb):
         shapes = [codes.code("shapes", s) for s in t.per_entry(t.out_shape)]
         keys.append(list(zip(t.group.tolist(), t.path.tolist(), t.ident().tolist(), shapes)))
-        feats.append(_Features.of_arrays(
+        feats.append(Features.of_arrays(
             group=t.group, op=t.op, path=t.path, shape=np.array(shapes, dtype=np.int64),
             base=np.array([codes.code("base", op_base(o)) for o in t.op_text.tolist()], dtype=np.int64),
             perm=np.array([codes.code("perms", p) for p in t.per_entry(perm_of[t.out_shape])], dtype=np.int64),
             numel=np.array([codes.code("numels", n) for n in t.per_entry(numel_of[t.out_shape])], dtype=np.int64),
             dtype=np.array([codes.code("dtypes", d) for d in t.per_entry(t.out_dtype)], dtype=np.int64),
-            module=t.kind == MODULE, paths=t.path_text, ops=t.op_text))
+            module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
     alignment = align_features(feats[0], feats[1], keys[0], keys[1])
     pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
     return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors
@@ -75,8 +75,8 @@ class RowPlan:
 
         self.cat, self.pair, self.a, self.b = rep(cat), rep(pair), rep(a), rep(b)
         k = np.arange(len(self.cat), dtype=np.int32) - np.repeat(block_start.astype(np.int32), n)  # output index
-        self.ao = np.where(k < _gather(ta.n_out, self.a, 0), _gather(ta.out_start, self.a, 0) + k, -1).astype(np.int32)
-        self.bo = np.where(k < _gather(tb.n_out, self.b, 0), _gather(tb.out_start, self.b, 0) + k, -1).astype(np.int32)
+        self.ao = np.where(k < gather(ta.n_out, self.a, 0), gather(ta.out_start, self.a, 0) + k, -1).astype(np.int32)
+        self.bo = np.where(k < gather(tb.n_out, self.b, 0), gather(tb.out_start, self.b, 0) + k, -1).astype(np.int32)
         del k
         # where each pair's rows start, by pair index
         self.pair_start = np.zeros(len(pa), np.int64)

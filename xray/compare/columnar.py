@@ -19,24 +19,23 @@ import time
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from ..nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import Rules
 from .alignment import RowPlan, align_tables
 from .causality import attribute
-from .entry_table import MODULE, Codes, EntryTable, _Vocab
+from .entry_table import MODULE, Codes, EntryTable, Vocab
 from .lazy_entries import LazyEntries
-from .lazy_matches import _matches
+from .lazy_matches import matches_of
 from .result import CompareRow
-from .row_building import _judge_the_rest, _rows
-from .stat_verdicts import _tolerances, _vectorised
+from .row_building import judge_the_rest, make_rows
+from .stat_verdicts import covered_by_stats, tolerances
 
 
 def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
                     progress: bool | None = None) -> tuple[list[CompareRow], dict]:
     """compare_loaded for two columnar dumps (no reference run): the same rows and totals."""
-    from .engine import PairComparer
+    from .engine import PairComparer, progress_bar
 
     started = time.perf_counter()
     codes = Codes()
@@ -45,24 +44,24 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     ea, eb = LazyEntries(ta), LazyEntries(tb)
     plan = RowPlan(ta, tb, pa, pb)
     _name_rows(ta, tb, pa, pb)
-    vocab = _Vocab(codes)
-    floor, tols = _tolerances(ta, tb, plan, rules)
+    vocab = Vocab(codes)
+    floor, tols = tolerances(ta, tb, plan, rules, vocab)
     comparer = PairComparer(bench, target, rules, None, floor)
     random_of = _random_of(ta, ea)
     for t in (ta, tb):
         t.trim("group", "op", "path", "call_index")
-    comparer.bar = _progress_bar(ta, vocab, rank, progress)
-    fast = _vectorised(ta, tb, plan, random_of, vocab)
+    comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
+    fast = covered_by_stats(ta, tb, plan, random_of, vocab)
     _return_freed_memory()
-    rows = _rows(rank, ta, tb, plan, fast, tols, rules, vocab)
-    random_rows = _judge_the_rest(bench, target, ta, tb, plan, fast, rows, comparer, random_of)
+    rows = make_rows(rank, ta, tb, plan, fast, tols, rules, vocab)
+    random_rows = judge_the_rest(bench, target, ta, tb, plan, fast, rows, comparer, random_of)
     comparer.bar.close()
     for t in (ta, tb):
         t.trim("out_name", "out_dtype", "out_shape", "seq_value")
     ta.trim("out", "out_start", "n_out")  # the bench's outputs are read through its Records from here on
     plan.trim()
     _return_freed_memory()
-    matches, suspect = _matches(ta, tb, ea, eb, plan, rows, random_rows)
+    matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows)
     attribute(ea, eb, suspect, comparer, rules, target, matches)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
@@ -93,7 +92,7 @@ def _name_rows(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -
 
 def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
     """engine._random_entries over a table: only ops whose name can be random build a Record."""
-    from .engine import _inside
+    from .engine import random_modules
 
     out: dict[int, str] = {}
     sources: dict[str, str] = {}
@@ -109,37 +108,19 @@ def _random_of(ta: EntryTable, ea: LazyEntries) -> dict[int, str]:
             out[pos] = why
             sources.setdefault(ea[pos].path, why)
     if sources:
-        for pos in np.flatnonzero(ta.kind == MODULE).tolist():
-            path = ta.path_text[pos]
-            inner = next((why for p, why in sources.items() if _inside(p, path)), None)
-            if inner:
-                out[pos] = f"a random op ran inside it ({inner})"
+        modules = np.flatnonzero(ta.kind == MODULE)
+        out.update(random_modules(sources, zip(modules.tolist(), ta.path_text[modules].tolist())))
     return out
 
 
-def _progress_bar(ta: EntryTable, vocab: _Vocab, rank: str, progress: bool | None) -> tqdm:
-    from .engine import PROGRESS_BYTES
-
-    total_bytes = _total_bytes(ta, vocab)
-    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), disable=not show,
-                leave=False)
-
-
-def _total_bytes(t: EntryTable, vocab: _Vocab) -> int:
-    """Bytes of the bench's saved outputs, twice (the progress bar's total)."""
-    from ..dump.tensorio import dtype_from_name
+def _total_bytes(t: EntryTable, vocab: Vocab) -> int:
+    """Bytes of the bench's saved outputs, twice (the progress bar's total; compare_loaded's)."""
+    from .engine import _torch_dtype
 
     saved = np.flatnonzero(t.stat("data", np.arange(len(t.out))) >= 0)
     if not len(saved):
         return 0
-
-    def size(text: str) -> int:
-        try:
-            return dtype_from_name(text).itemsize
-        except ValueError:
-            return 0
-
-    itemsize = np.array([size(d) for d in vocab.dtype.tolist()], dtype=np.int64)
+    itemsize = np.array([0 if d is None else d.itemsize for d in map(_torch_dtype, vocab.dtype.tolist())],
+                        dtype=np.int64)
     numel = vocab.numel[t.out_shape[saved]].astype(np.int64)
     return int((numel * itemsize[t.out_dtype[saved]]).sum()) * 2

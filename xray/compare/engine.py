@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -68,11 +68,7 @@ class PairComparer:
         self.bar: tqdm | None = None
 
     def tolerance(self, bm: TensorMeta, tm: TensorMeta) -> Tolerance:
-        tol = self.rules.tolerance(bm.dtype, tm.dtype)
-        dt = _torch_dtype(bm.dtype)
-        if self.floor is not None and dt is not None and (dt.is_floating_point or dt.is_complex):
-            tol = Tolerance(max(tol.rtol, self.floor.rtol), max(tol.atol, self.floor.atol))
-        return tol
+        return dtype_tolerance(self.rules, self.floor, bm.dtype, tm.dtype)
 
     # -- data ------------------------------------------------------------------------------
     def scale(self, bm: TensorMeta, tm: TensorMeta, cd: torch.dtype) -> float:
@@ -242,15 +238,30 @@ def precision_floor(ea: list[Entry], eb: list[Entry], pairs: list[tuple[int, int
     A mixed-precision run feeds its low-precision error into ops whose outputs are float32 again
     (softmax, norms, residual adds), so every float pair of such a compare is judged at that floor.
     """
+    return dtype_floor(((bm.dtype, tm.dtype) for i, j in pairs
+                        for (_, bm), (_, tm) in zip(ea[i].outputs, eb[j].outputs)), rules)
+
+
+def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Tolerance | None:
+    """precision_floor over (bench dtype, target dtype) pairs of matched outputs."""
     floor = None
-    for i, j in pairs:
-        for (_, bm), (_, tm) in zip(ea[i].outputs, eb[j].outputs):
-            if bm.dtype != tm.dtype:
-                db, dt = _torch_dtype(bm.dtype), _torch_dtype(tm.dtype)
-                if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
-                    t = rules.tolerance(bm.dtype, tm.dtype)
-                    floor = t if floor is None else Tolerance(max(t.rtol, floor.rtol), max(t.atol, floor.atol))
+    for b, t in dtype_pairs:
+        if b != t:
+            db, dt = _torch_dtype(b), _torch_dtype(t)
+            if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
+                tol = rules.tolerance(b, t)
+                floor = tol if floor is None else Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
     return floor
+
+
+def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, target_dtype: str) -> Tolerance:
+    """The tolerance of an output pair of these dtypes (PairComparer.tolerance): the rules',
+    raised to the mixed-precision ``floor`` for a float or complex bench output."""
+    tol = rules.tolerance(bench_dtype, target_dtype)
+    d = _torch_dtype(bench_dtype)
+    if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
+        tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
+    return tol
 
 
 def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
@@ -279,10 +290,8 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
         ref_of = {i: er[j] for i, j in align(ea, er).pairs}
     comparer = PairComparer(bench, target, rules, reference, precision_floor(ea, eb, alignment.pairs, rules))
     random_of = _random_entries(ea)
-    total_bytes = sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None)
-    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    comparer.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(),
-                        disable=not show, leave=False)
+    comparer.bar = progress_bar(sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None),
+                                rank, progress)
     rows: list[CompareRow] = []
     matched_entries: list[tuple[Entry, Entry, list[CompareRow]]] = []
     ia = ib = 0
@@ -324,6 +333,14 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     return rows, totals
 
 
+def progress_bar(total_bytes: int, rank: str, progress: bool | None) -> tqdm:
+    """The bar over the bytes of saved data compared; shown from PROGRESS_BYTES unless
+    ``progress`` says."""
+    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), disable=not show,
+                leave=False)
+
+
 def _random_entries(entries: list[Entry]) -> dict[int, str]:
     """Entry position -> why its values are random: ops that draw random numbers or return
     uninitialized memory (xray.nondeterminism), and the modules such an op ran inside (a
@@ -335,11 +352,19 @@ def _random_entries(entries: list[Entry]) -> dict[int, str]:
         if why:
             out[e.pos] = why
             sources.setdefault(e.path, why)
-    for e in entries:
-        if e.kind == "module" and sources:
-            inner = next((why for path, why in sources.items() if _inside(path, e.path)), None)
+    out.update(random_modules(sources, ((e.pos, e.path) for e in entries if e.kind == "module")))
+    return out
+
+
+def random_modules(sources: dict[str, str], modules: Iterable[tuple[int, str]]) -> dict[int, str]:
+    """Position -> why, of the ``modules`` ((position, path) pairs) a random op ran inside;
+    ``sources``: module path a random op ran in -> why the op is random."""
+    out: dict[int, str] = {}
+    if sources:
+        for pos, path in modules:
+            inner = next((why for p, why in sources.items() if _inside(p, path)), None)
             if inner:
-                out[e.pos] = f"a random op ran inside it ({inner})"
+                out[pos] = f"a random op ran inside it ({inner})"
     return out
 
 

@@ -41,7 +41,7 @@ class Codes:
         return out
 
 
-class _Vocab:
+class Vocab:
     """Values by shared code, as rows show them: dtype names, shapes as text, element counts
     (one Python object per distinct value, shared by every row)."""
 
@@ -127,8 +127,8 @@ class EntryTable:
                     for m, o, k, q, c, d in zip(self.module_text[sl].tolist(), ops, kinds, seq, calls, dirs)]
             if other is not None:
                 p = partner[sl]
-                text = [x if x == y else y for x, y in zip(_take(other.names, p, None).tolist(), text)]
-                seq = [x if x == y else y for x, y in zip(_take(other.seq_value, p, None).tolist(), seq)]
+                text = [x if x == y else y for x, y in zip(take(other.names, p, None).tolist(), text)]
+                seq = [x if x == y else y for x, y in zip(take(other.seq_value, p, None).tolist(), seq)]
             names[sl], seqs[sl] = text, seq
         self.names, self.seq_value = names, seqs
         self.module_text = None  # read only here
@@ -169,14 +169,14 @@ class SeqIndex:
         return i if i < len(self._seqs) and self._seqs[i] == seq else None
 
 
-def _objects(n: int, value: Any) -> np.ndarray:
+def objects(n: int, value: Any) -> np.ndarray:
     """An object array of ``n`` references to ``value`` (np.full would copy a str per element)."""
     out = np.empty(n, dtype=object)
     out.fill(value)
     return out
 
 
-def _gather(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
+def gather(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
     """values[idx] where idx >= 0, else ``missing`` (values' dtype)."""
     out = np.full(len(idx), missing, dtype=values.dtype)
     ok = idx >= 0
@@ -184,9 +184,9 @@ def _gather(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
     return out
 
 
-def _take(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
+def take(values: np.ndarray, idx: np.ndarray, missing: Any) -> np.ndarray:
     """values[idx] where idx >= 0, else ``missing`` (an object array)."""
-    out = _objects(len(idx), missing)
+    out = objects(len(idx), missing)
     ok = idx >= 0
     out[ok] = values[idx[ok]]
     return out

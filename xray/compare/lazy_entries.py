@@ -15,7 +15,7 @@ from .entry_table import EntryTable
 
 class ColumnEntry(Entry):
     """An Entry whose Record (and tensor lists) is built on first access; kind, op, path, name
-    and group come from the table."""
+    and direction come from the table."""
 
     def __init__(self, table: EntryTable, pos: int) -> None:  # not Entry's: that one takes a built Record
         self.table, self.pos = table, pos
@@ -48,11 +48,6 @@ class ColumnEntry(Entry):
     @property
     def direction(self) -> str:
         return DIRECTIONS[self.table.direction[self.pos]]
-
-    @property
-    def group(self) -> tuple:
-        step = int(self.table.columns.records["step"][self.table.row[self.pos]])
-        return (self.kind, self.direction, None if step < 0 else step)
 
     def __repr__(self) -> str:
         return f"ColumnEntry({self.pos}, {self.name})"

@@ -12,17 +12,15 @@ import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from .alignment import RowPlan
-from .causality import Matches, _random
+from .causality import _SUSPECT, Matches
 from .entries import Entry
 from .entry_table import CHUNK, MODULE, EntryTable
 from .lazy_entries import LazyEntries
-from .result import CompareRow, PairStatus
-
-_SUSPECT = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value, PairStatus.WARNING.value))
+from .result import CompareRow
 
 
-def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
-             rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
+def matches_of(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
+               rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
     """causality's look-ups over every matched pair, and the pairs it starts from (those with a
     suspect row), without building an Entry for the others."""
     pair_of_b = np.full(len(tb), -1, dtype=np.int32)
@@ -54,7 +52,8 @@ def _matches(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, p
         bad[lo:lo + CHUNK] = [r.status in _SUSPECT for r in rows[lo:lo + CHUNK]]
     suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)])
     suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], pair_rows(p)) for p in suspect_pairs.tolist()]
-    random_pos = min((int(plan.b[n]) for n in random_rows if _random(rows[n])), default=len(tb))
+    # every row judge_the_rest skipped as random is one causality's _random finds
+    random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
                    random_pos=random_pos, made=_LazyMade(tb, eb)), suspect
 

@@ -13,15 +13,15 @@ from ..dump.columns import KINDS
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from .alignment import RowPlan
-from .entry_table import CHUNK, EntryTable, _gather, _objects, _take, _Vocab
+from .entry_table import CHUNK, EntryTable, Vocab, gather, objects, take
 from .result import CompareRow, PairStatus
 from .stat_verdicts import judge_stats
 
 _FIELDS = CompareRow.__dataclass_fields__
 
 
-def _rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, tols: dict, rules: Rules,
-          vocab: _Vocab) -> list[CompareRow]:
+def make_rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, tols: dict, rules: Rules,
+              vocab: Vocab) -> list[CompareRow]:
     """Every row, named; those in ``fast`` judged from statistics. Chunk by chunk, so the
     per-row columns never exist for all rows at once."""
     rows: list[CompareRow] = [None] * len(plan)  # type: ignore[list-item]  # filled below, never regrown
@@ -35,14 +35,14 @@ def _rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.nda
     return rows
 
 
-def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: slice, vocab: _Vocab) -> dict:
+def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: slice, vocab: Vocab) -> dict:
     """Every CompareRow field that names rows ``sl`` of the plan (compare_loaded's _row and
     _unmatched)."""
     cat, a, b, ao, bo = plan.cat[sl], plan.a[sl], plan.b[sl], plan.ao[sl], plan.bo[sl]
     pair, bench_only = cat == 2, cat == 1
     on_a = pair | bench_only  # rows whose kind and module are the bench entry's
     kinds = np.array(KINDS, dtype=object)
-    note, status = _objects(len(cat), ""), _objects(len(cat), "")
+    note, status = objects(len(cat), ""), objects(len(cat), "")
     one_sided = pair & ((ao < 0) | (bo < 0))
     note[one_sided] = "output present on one side only"
     note[cat == 0] = "only in target"
@@ -50,25 +50,25 @@ def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: s
     status[~pair | one_sided] = PairStatus.UNMATCHED.value
 
     def shown(outs: np.ndarray, lut: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        return _take(lut, _gather(codes, outs, -1), "")
+        return take(lut, gather(codes, outs, -1), "")
 
-    kind = np.where(on_a, _gather(ta.kind, a, 0), _gather(tb.kind, b, 0))
+    kind = np.where(on_a, gather(ta.kind, a, 0), gather(tb.kind, b, 0))
 
     return {
         "rank": rank, "index": list(range(sl.start, sl.stop)), "status": status, "note": note,
-        "bench_name": _take(ta.names, a, ""), "target_name": _take(tb.names, b, ""),
+        "bench_name": take(ta.names, a, ""), "target_name": take(tb.names, b, ""),
         "kind": kinds[kind],
-        "module": np.where(on_a, _take(ta.path_text, a, ""), _take(tb.path_text, b, "")),
-        "bench_op": _take(ta.op_text, a, ""), "target_op": _take(tb.op_text, b, ""),
-        "tensor": np.where(ao >= 0, _take(ta.out_name, ao, ""), _take(tb.out_name, bo, "")),
-        "bench_seq": _take(ta.seq_value, a, None), "target_seq": _take(tb.seq_value, b, None),
+        "module": np.where(on_a, take(ta.path_text, a, ""), take(tb.path_text, b, "")),
+        "bench_op": take(ta.op_text, a, ""), "target_op": take(tb.op_text, b, ""),
+        "tensor": np.where(ao >= 0, take(ta.out_name, ao, ""), take(tb.out_name, bo, "")),
+        "bench_seq": take(ta.seq_value, a, None), "target_seq": take(tb.seq_value, b, None),
         "bench_shape": shown(ao, vocab.shape_text, ta.out_shape), "target_shape": shown(bo, vocab.shape_text, tb.out_shape),
         "bench_dtype": shown(ao, vocab.dtype, ta.out_dtype), "target_dtype": shown(bo, vocab.dtype, tb.out_dtype),
     }
 
 
 def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray, at: np.ndarray, tols: dict,
-                   rules: Rules, vocab: _Vocab, cols: dict[str, Any]) -> None:
+                   rules: Rules, vocab: Vocab, cols: dict[str, Any]) -> None:
     """Judge the output pairs (``ao``, ``bo``) from their statistics into rows ``at`` of ``cols``."""
     width = len(vocab.dtype)
     kinds, inv = np.unique(ta.out_dtype[ao].astype(np.int64) * width + tb.out_dtype[bo], return_inverse=True)
@@ -85,7 +85,7 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     def put(name: str, values: np.ndarray) -> None:
         col = cols.get(name)
         if not isinstance(col, np.ndarray):
-            col = cols[name] = _objects(len(cols["status"]), _FIELDS[name].default)
+            col = cols[name] = objects(len(cols["status"]), _FIELDS[name].default)
         col[at] = values
 
     put("status", judged["status"])
@@ -100,8 +100,8 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     put("atol", atol_of[inv])
 
 
-def _judge_the_rest(bench: Any, target: Any, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray,
-                    rows: list[CompareRow], comparer: Any, random_of: dict[int, str]) -> list[int]:
+def judge_the_rest(bench: Any, target: Any, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray,
+                   rows: list[CompareRow], comparer: Any, random_of: dict[int, str]) -> list[int]:
     """The output pairs the statistics judge left: judged one by one from their TensorMetas,
     as compare_loaded judges every pair. Returns the rows skipped as random."""
     from .engine import _same_layout

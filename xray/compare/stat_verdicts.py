@@ -11,41 +11,25 @@ import numpy as np
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
 from .alignment import RowPlan
-from .entry_table import EntryTable, _Vocab
+from .entry_table import EntryTable, Vocab
 from .result import PairStatus
 
 
-def _tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules) -> tuple[Tolerance | None, dict]:
+def tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules,
+               vocab: Vocab) -> tuple[Tolerance | None, dict]:
     """engine.precision_floor over the matched outputs, and the tolerance of each dtype pair
     (``PairComparer.tolerance``), by (bench dtype code, target dtype code)."""
-    from .engine import _torch_dtype
+    from .engine import dtype_floor, dtype_tolerance
 
     both = (plan.ao >= 0) & (plan.bo >= 0)
     pairs = set(zip(ta.out_dtype[plan.ao[both]].tolist(), tb.out_dtype[plan.bo[both]].tolist()))
-    text = _dtype_names(ta)
-    floor = None
-    for db, dt in pairs:
-        if db != dt:
-            tdb, tdt = _torch_dtype(text[db]), _torch_dtype(text[dt])
-            if tdb is not None and tdt is not None and tdb.is_floating_point and tdt.is_floating_point:
-                t = rules.tolerance(text[db], text[dt])
-                floor = t if floor is None else Tolerance(max(t.rtol, floor.rtol), max(t.atol, floor.atol))
-    tols = {}
-    for db, dt in pairs:
-        tol = rules.tolerance(text[db], text[dt])
-        d = _torch_dtype(text[db])
-        if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
-            tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
-        tols[db, dt] = tol
-    return floor, tols
+    text = vocab.dtype  # dtype names by code, both sides (their codes are shared)
+    floor = dtype_floor(((text[db], text[dt]) for db, dt in pairs), rules)
+    return floor, {(db, dt): dtype_tolerance(rules, floor, text[db], text[dt]) for db, dt in pairs}
 
 
-def _dtype_names(t: EntryTable) -> dict[int, str]:
-    """dtype code -> name, both sides (their codes are shared)."""
-    return dict(enumerate(t.codes.lut("dtype").tolist()))
-
-
-def _vectorised(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str], vocab: _Vocab) -> np.ndarray:
+def covered_by_stats(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str],
+                     vocab: Vocab) -> np.ndarray:
     """Which plan rows the statistics judge covers: both outputs with statistics, not both with
     saved data, same dtype (a known one) and shape, not empty, not a random op's. The rest go
     through PairComparer.compare, as on the record path."""
