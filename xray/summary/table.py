@@ -16,9 +16,10 @@ from typing import IO, Any, Iterable, Iterator
 import numpy as np
 from tabulate import tabulate
 
-from ..columnar import check_records, native_columns, no_cyclic_gc
+from ..columnar import check_records, native_columns
 from ..dump.columns import DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
+from ..dump.reader import no_cyclic_gc
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
@@ -132,7 +133,6 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
         recs = r[lo:int(owners[-1]) + 1]
         with no_cyclic_gc():
             prefix = _record_names(columns, recs, names)
-        with no_cyclic_gc():
             steps = [None if s < 0 else s for s in recs["step"].tolist()]
             directions = [DIRECTIONS[d] for d in recs["direction"].tolist()]
             stats = _stat_cells(chunk)
