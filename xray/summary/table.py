@@ -7,6 +7,7 @@ tensor data, so memory grows with the number of tensors, not with their size.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 from tabulate import tabulate
 
 from ..columnar import check_records, native_columns
-from ..dump.columns import DIRECTIONS, KINDS, PARAM, Columns
+from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
 from ..dump.reader import no_cyclic_gc
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
@@ -40,8 +41,7 @@ class SummaryRow:
         name = self.name
         if not csv_extra and s is not None and not s.finite:  # the table has no count columns
             name += f" [nan={s.nan} +inf={s.posinf} -inf={s.neginf}]"
-        row = [index, _opt(self.step), _opt(self.rank), name, self.meta.dtype,
-               "x".join(str(d) for d in self.meta.shape) or "scalar", *stat]
+        row = [index, _opt(self.step), _opt(self.rank), name, self.meta.dtype, shape_cell(self.meta.shape), *stat]
         if csv_extra:
             row += [s.nan if s else None, s.posinf if s else None, s.neginf if s else None,
                     self.meta.numel, self.direction, self.meta.data or ""]
@@ -50,6 +50,11 @@ class SummaryRow:
 
 def _opt(v: Any) -> Any:
     return "" if v is None else v
+
+
+def shape_cell(shape: Iterable[int]) -> str:
+    """A tensor's shape as the summary spells it: "2x3", "scalar"."""
+    return "x".join(str(d) for d in shape) or "scalar"
 
 
 class ColumnRow:
@@ -167,10 +172,7 @@ def _record_names(columns: Columns, recs, cache: dict[int, str]) -> list[str]:
 def _tensor_head(columns: Columns, dtype: int, shape: int, data: int) -> tuple:
     """(dtype, shape cell, numel, data) of a tensor, as SummaryRow.cells spells them."""
     dims = columns.shape(shape)
-    numel = 1
-    for d in dims:
-        numel *= d
-    return columns.strings[dtype], "x".join(str(d) for d in dims) or "scalar", numel, columns.strings.get(data)
+    return columns.strings[dtype], shape_cell(dims), math.prod(dims), columns.strings.get(data)
 
 
 def _stat_cells(chunk) -> tuple[list, list]:
@@ -185,11 +187,12 @@ def _stat_cells(chunk) -> tuple[list, list]:
             stats[i], counts[i] = _NO_STATS, None
         else:
             a = int(absent[i])
-            stats[i] = [None if a & bit else v for bit, v in zip((1, 2, 4, 8), stats[i])]
+            stats[i] = [None if a & bit else v for bit, v in zip(_ABSENT_BITS, stats[i])]
     return stats, counts
 
 
 _NO_STATS = [None] * 4
+_ABSENT_BITS = (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)  # min, max, mean, std
 
 
 def module_rows(rows: Iterable, rank: int | None) -> Iterator[SummaryRow]:
