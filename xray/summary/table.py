@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 from tabulate import tabulate
@@ -126,7 +126,7 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
     decoded once. A record that could not be built is refused first, as the record path would."""
     check_records(columns)
     t, r = columns.tensors, columns.records
-    names: dict[int, str] = {}
+    text = columns.strings.get  # decodes each string once, then returns it from its own cache
     tensors: dict[tuple, tuple] = {}
     for start in range(0, len(t), CHUNK):
         chunk = t[start:start + CHUNK]
@@ -137,7 +137,7 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
         lo = int(owners[0])
         recs = r[lo:int(owners[-1]) + 1]
         with no_cyclic_gc():
-            prefix = _record_names(columns, recs, names)
+            prefix = _record_names(recs, text)
             steps = [None if s < 0 else s for s in recs["step"].tolist()]
             directions = [DIRECTIONS[d] for d in recs["direction"].tolist()]
             stats = _stat_cells(chunk)
@@ -147,23 +147,15 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
             head = tensors.get(key)
             if head is None:
                 head = tensors[key] = _tensor_head(columns, *key)
-            yield ColumnRow(steps[i], rank, f"{prefix[i]}.{_text(columns, arg, names)}", directions[i],
+            yield ColumnRow(steps[i], rank, f"{prefix[i]}.{text(arg)}", directions[i],
                             (head[0], head[1], head[2], stat, counts, head[3]))
         if len(tensors) > CHUNK:  # saved-data references are distinct per tensor: keep the cache small
             tensors.clear()
 
 
-def _text(columns: Columns, i: int, cache: dict[int, str]) -> str | None:
-    got = cache.get(i)
-    if got is None and i >= 0:
-        got = cache[i] = columns.strings[i]
-    return got
-
-
-def _record_names(columns: Columns, recs, cache: dict[int, str]) -> list[str]:
-    """``Record.name`` of each row, from the columns."""
-    return [record_name(KINDS[kind], _text(columns, module, cache), _text(columns, op, cache), seq, call_index,
-                        DIRECTIONS[direction])
+def _record_names(recs, text: Callable[[int], str | None]) -> list[str]:
+    """``Record.name`` of each row, from the columns (``text``: a string id's text, None for -1)."""
+    return [record_name(KINDS[kind], text(module), text(op), seq, call_index, DIRECTIONS[direction])
             for seq, kind, direction, op, module, call_index in zip(
                 recs["seq"].tolist(), recs["kind"].tolist(), recs["direction"].tolist(), recs["op"].tolist(),
                 recs["module"].tolist(), recs["call_index"].tolist())]
