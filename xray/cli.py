@@ -62,14 +62,13 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     import numpy as np
 
     from .columnar import canonical, check_records, skeleton_keys
-    from .dump.columns import KINDS
 
     check_records(columns)
     r, t = columns.records, columns.tensors
-    is_op = r["kind"] == KINDS.index("op")
-    ops = canonical(r["op"], columns.strings.__getitem__)[is_op]
+    op_rows = columns.select(kind="op")
+    ops = canonical(r["op"], columns.strings.__getitem__)[op_rows]
     unique, first, inverse = np.unique(ops, return_index=True, return_inverse=True)
-    sums = np.bincount(inverse.reshape(-1), weights=r["count"][is_op], minlength=len(unique))
+    sums = np.bincount(inverse.reshape(-1), weights=r["count"][op_rows], minlength=len(unique))
     calls = Counter()
     for k in np.argsort(first, kind="stable").tolist():  # Counter order: first appearance (ties in most_common)
         calls[columns.strings[int(unique[k])]] = int(sums[k])
@@ -79,7 +78,7 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     is_output = (position >= sk.n_inputs[owner]) & (position < sk.n_inputs[owner] + sk.n_outputs[owner])
     bad = is_output & (t["has_stats"] != 0) & ((t["nan"] > 0) | (t["posinf"] > 0) | (t["neginf"] > 0))
     hit = np.flatnonzero(bad)
-    return int(is_op.sum()), calls, columns.record(int(owner[hit[0]])) if len(hit) else None
+    return len(op_rows), calls, columns.record(int(owner[hit[0]])) if len(hit) else None
 
 
 def _record(args) -> int:

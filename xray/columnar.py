@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .dump.columns import MARK, Columns, RecordSequence
-from .dump.reader import no_cyclic_gc
 
 # The record columns holding a string a Record decodes (and checks), and the tensor columns.
 _RECORD_TEXTS = ("op", "module", "module_stack", "stack", "skeleton")
@@ -200,5 +199,5 @@ def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray,
     return keys
 
 
-__all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns", "no_cyclic_gc",
+__all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns",
            "skeleton_keys"]

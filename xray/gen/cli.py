@@ -38,11 +38,10 @@ class NoOpRecordsError(ValueError):
 def _has_op_records(dump) -> bool:
     """Whether the dump holds an op record: on a v3 dump's kind column, else its records."""
     from ..columnar import native_columns
-    from ..dump.columns import KINDS
 
     columns = native_columns(dump)
     if columns is not None:
-        return bool((columns.records["kind"] == KINDS.index("op")).any())
+        return len(columns.select(kind="op")) > 0
     return any(r.kind == "op" for r in dump.records)
 
 

@@ -7,18 +7,20 @@ tensor data, so memory grows with the number of tensors, not with their size.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 from tabulate import tabulate
 
-from ..columnar import check_records, native_columns, no_cyclic_gc
-from ..dump.columns import DIRECTIONS, KINDS, PARAM, Columns
+from ..columnar import check_records, native_columns
+from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
+from ..dump.reader import no_cyclic_gc
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
@@ -39,8 +41,7 @@ class SummaryRow:
         name = self.name
         if not csv_extra and s is not None and not s.finite:  # the table has no count columns
             name += f" [nan={s.nan} +inf={s.posinf} -inf={s.neginf}]"
-        row = [index, _opt(self.step), _opt(self.rank), name, self.meta.dtype,
-               "x".join(str(d) for d in self.meta.shape) or "scalar", *stat]
+        row = [index, _opt(self.step), _opt(self.rank), name, self.meta.dtype, shape_cell(self.meta.shape), *stat]
         if csv_extra:
             row += [s.nan if s else None, s.posinf if s else None, s.neginf if s else None,
                     self.meta.numel, self.direction, self.meta.data or ""]
@@ -49,6 +50,11 @@ class SummaryRow:
 
 def _opt(v: Any) -> Any:
     return "" if v is None else v
+
+
+def shape_cell(shape: Iterable[int]) -> str:
+    """A tensor's shape as the summary spells it: "2x3", "scalar"."""
+    return "x".join(str(d) for d in shape) or "scalar"
 
 
 class ColumnRow:
@@ -120,7 +126,7 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
     decoded once. A record that could not be built is refused first, as the record path would."""
     check_records(columns)
     t, r = columns.tensors, columns.records
-    names: dict[int, str] = {}
+    text = columns.strings.get  # decodes each string once, then returns it from its own cache
     tensors: dict[tuple, tuple] = {}
     for start in range(0, len(t), CHUNK):
         chunk = t[start:start + CHUNK]
@@ -131,8 +137,7 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
         lo = int(owners[0])
         recs = r[lo:int(owners[-1]) + 1]
         with no_cyclic_gc():
-            prefix = _record_names(columns, recs, names)
-        with no_cyclic_gc():
+            prefix = _record_names(recs, text)
             steps = [None if s < 0 else s for s in recs["step"].tolist()]
             directions = [DIRECTIONS[d] for d in recs["direction"].tolist()]
             stats = _stat_cells(chunk)
@@ -142,23 +147,15 @@ def column_rows(columns: Columns, rank: int | None) -> Iterator[ColumnRow]:
             head = tensors.get(key)
             if head is None:
                 head = tensors[key] = _tensor_head(columns, *key)
-            yield ColumnRow(steps[i], rank, f"{prefix[i]}.{_text(columns, arg, names)}", directions[i],
+            yield ColumnRow(steps[i], rank, f"{prefix[i]}.{text(arg)}", directions[i],
                             (head[0], head[1], head[2], stat, counts, head[3]))
         if len(tensors) > CHUNK:  # saved-data references are distinct per tensor: keep the cache small
             tensors.clear()
 
 
-def _text(columns: Columns, i: int, cache: dict[int, str]) -> str | None:
-    got = cache.get(i)
-    if got is None and i >= 0:
-        got = cache[i] = columns.strings[i]
-    return got
-
-
-def _record_names(columns: Columns, recs, cache: dict[int, str]) -> list[str]:
-    """``Record.name`` of each row, from the columns."""
-    return [record_name(KINDS[kind], _text(columns, module, cache), _text(columns, op, cache), seq, call_index,
-                        DIRECTIONS[direction])
+def _record_names(recs, text: Callable[[int], str | None]) -> list[str]:
+    """``Record.name`` of each row, from the columns (``text``: a string id's text, None for -1)."""
+    return [record_name(KINDS[kind], text(module), text(op), seq, call_index, DIRECTIONS[direction])
             for seq, kind, direction, op, module, call_index in zip(
                 recs["seq"].tolist(), recs["kind"].tolist(), recs["direction"].tolist(), recs["op"].tolist(),
                 recs["module"].tolist(), recs["call_index"].tolist())]
@@ -167,10 +164,7 @@ def _record_names(columns: Columns, recs, cache: dict[int, str]) -> list[str]:
 def _tensor_head(columns: Columns, dtype: int, shape: int, data: int) -> tuple:
     """(dtype, shape cell, numel, data) of a tensor, as SummaryRow.cells spells them."""
     dims = columns.shape(shape)
-    numel = 1
-    for d in dims:
-        numel *= d
-    return columns.strings[dtype], "x".join(str(d) for d in dims) or "scalar", numel, columns.strings.get(data)
+    return columns.strings[dtype], shape_cell(dims), math.prod(dims), columns.strings.get(data)
 
 
 def _stat_cells(chunk) -> tuple[list, list]:
@@ -185,11 +179,12 @@ def _stat_cells(chunk) -> tuple[list, list]:
             stats[i], counts[i] = _NO_STATS, None
         else:
             a = int(absent[i])
-            stats[i] = [None if a & bit else v for bit, v in zip((1, 2, 4, 8), stats[i])]
+            stats[i] = [None if a & bit else v for bit, v in zip(_ABSENT_BITS, stats[i])]
     return stats, counts
 
 
 _NO_STATS = [None] * 4
+_ABSENT_BITS = (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)  # min, max, mean, std
 
 
 def module_rows(rows: Iterable, rank: int | None) -> Iterator[SummaryRow]:
