@@ -128,42 +128,14 @@ def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
 
 
 class Columns:
-    """A dump's index as columns; ``record(i)`` materialises one ``Record``.
+    """A dump's index as columns; ``record(i)`` materialises one ``Record``."""
 
-    Built from arrays, or from a ``loader`` that returns ``(records, tensors, strings)`` the first
-    time any of them is read (an index file: opening it reads no table)."""
-
-    def __init__(self, records: Table | None, tensors: Table | None, strings: StringTable | None,
-                 *, loader: Callable[[], tuple[Table, Table, StringTable]] | None = None) -> None:
-        self._records, self._tensors, self._strings = records, tensors, strings
-        self._loader = loader
+    def __init__(self, records: Table, tensors: Table, strings: StringTable) -> None:
+        self.records, self.tensors, self.strings = records, tensors, strings
         self.where = ""  # the index file, for error messages
         self._skeletons: dict[int, tuple[dict, int]] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
-
-    def _load(self) -> None:
-        loader, self._loader = self._loader, None
-        self._records, self._tensors, self._strings = loader()
-        self.validate()
-
-    @property
-    def records(self) -> Table:
-        if self._loader is not None:
-            self._load()
-        return self._records
-
-    @property
-    def tensors(self) -> Table:
-        if self._loader is not None:
-            self._load()
-        return self._tensors
-
-    @property
-    def strings(self) -> StringTable:
-        if self._loader is not None:
-            self._load()
-        return self._strings
 
     def __len__(self) -> int:
         return len(self.records)
