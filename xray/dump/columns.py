@@ -201,20 +201,18 @@ class Columns:
             named = np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER))
             if np.any(named & (t["src_name"] < 0)):
                 raise ColumnsError("a param/buffer source without a name")
-            for i in np.unique(t["dtype"]):
-                name = self.strings[int(i)]
+            for i in _used(t["dtype"]):
+                name = self.strings[i]
                 if name.removeprefix("torch.") not in DTYPE_NAMES:
                     raise ColumnsError(f"unknown tensor dtype {echo(name)}")
             for name in ("name", "device", "src_name"):
-                for i in np.unique(t[name]):
-                    if i >= 0:
-                        checked_name(self.strings[int(i)], f"tensor {name}")
-            for col in ("shape", "stride"):
-                for i in np.unique(t[col]):
-                    if i >= 0 and col == "shape" and any(n < 0 for n in self.shape(int(i))):
-                        raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[int(i)])}")
-                    if i >= 0:
-                        self.shape(int(i))
+                for i in _used(t[name]):
+                    checked_name(self.strings[i], f"tensor {name}")
+            for i in _used(t["shape"]):
+                if any(n < 0 for n in self.shape(i)):
+                    raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[i])}")
+            for i in _used(t["stride"]):
+                self.shape(i)
         return self
 
     def _check_record_texts(self) -> None:
@@ -222,19 +220,16 @@ class Columns:
         a million records), so building a Record later cannot fail on them; and check that each
         record's skeleton holds as many tensors as the record has rows."""
         r, strings = self.records, self.strings
-        for i in np.unique(r["op"]):
-            checked_name(strings[int(i)], "op")
-        for i in np.unique(r["module"]):
-            if i >= 0:
-                checked_name(strings[int(i)], "module")
-        for i in np.unique(r["module_stack"]):
-            if i >= 0:
-                self._frames(int(i))
-        for i in np.unique(r["stack"]):
-            if i >= 0:
-                parse_text_list(strings[int(i)])
-        for i in np.unique(r["skeleton"]):
-            self._skeleton(int(i))
+        for i in _used(r["op"]):
+            checked_name(strings[i], "op")
+        for i in _used(r["module"]):
+            checked_name(strings[i], "module")
+        for i in _used(r["module_stack"]):
+            self._frames(i)
+        for i in _used(r["stack"]):
+            parse_text_list(strings[i])
+        for i in _used(r["skeleton"]):
+            self.skeleton(i)
         bad = self.skeleton_mismatches()
         if len(bad):  # that record's own error, as building it would give (validate locates it)
             row = int(bad[0])
@@ -251,7 +246,7 @@ class Columns:
         holds = np.empty(len(skeletons), dtype=np.int64)
         for k, i in enumerate(skeletons.tolist()):
             try:
-                holds[k] = self._skeleton(i)[1]
+                holds[k] = self.skeleton(i)[1]
             except ValueError:  # ColumnsError included
                 holds[k] = -1
         expected = holds[which.reshape(-1)]
@@ -268,9 +263,6 @@ class Columns:
     def skeleton(self, i: int) -> tuple[dict, int]:
         """(template, number of tensors) of skeleton string ``i``: the template holds the decoded
         non-tensor values, and ``MARK`` where each tensor goes, in the order of the tensor rows."""
-        return self._skeleton(i)
-
-    def _skeleton(self, i: int) -> tuple[dict, int]:
         got = self._skeletons.get(i)
         if got is None:
             got = self._skeletons[i] = parse_skeleton(self.strings[i])
@@ -338,7 +330,7 @@ class Columns:
     def _build(self, row: tuple, tensor_rows: list[tuple]) -> Record:
         (seq, kind, direction, op, module, count, first_seq, last_seq, call_index, step, module_stack, stack,
          skeleton, begin, end) = row
-        template, n_tensors = self._skeleton(skeleton)
+        template, n_tensors = self.skeleton(skeleton)
         if n_tensors != end - begin:
             raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
         metas = iter([self._meta(t) for t in tensor_rows])
@@ -385,7 +377,12 @@ class Columns:
     def _ids_where(self, column: np.ndarray, test: Callable[[str], bool]) -> list[int]:
         """The string ids used in ``column`` whose text passes ``test`` (a text may be stored
         under several ids in a hand-made index: every one counts)."""
-        return [int(i) for i in np.unique(column) if i >= 0 and test(self.strings[int(i)])]
+        return [i for i in _used(column) if test(self.strings[i])]
+
+
+def _used(column: np.ndarray) -> list[int]:
+    """The distinct string ids a text column holds, ascending, without NONE (-1)."""
+    return [i for i in np.unique(column).tolist() if i >= 0]
 
 
 def _under(path: str, module: str) -> bool:
