@@ -136,6 +136,7 @@ class Columns:
         self._skeletons: dict[int, tuple[dict, int]] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
+        self._call_stacks: dict[int, list[str]] = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -227,7 +228,7 @@ class Columns:
         for i in _used(r["module_stack"]):
             self._frames(i)
         for i in _used(r["stack"]):
-            parse_text_list(strings[i])
+            self._call_stack(i)
         for i in _used(r["skeleton"]):
             self.skeleton(i)
         bad = self.skeleton_mismatches()
@@ -342,7 +343,7 @@ class Columns:
             inputs={k: fill(v, metas) for k, v in template["inputs"].items()},
             outputs=[fill(v, metas) for v in template["outputs"]],
             mutates=list(template["mutates"]), count=count, first_seq=first_seq, last_seq=last_seq,
-            stack=None if stack < 0 else parse_text_list(strings[stack]),
+            stack=None if stack < 0 else self._call_stack(stack),
             call_index=call_index, step=None if step < 0 else step,
             keywords=dict(template["keywords"]),
             params={k: next(metas) for k in template["params"]})
@@ -351,6 +352,12 @@ class Columns:
         got = self._stacks.get(i)
         if got is None:
             got = self._stacks[i] = parse_frames(self.strings[i])
+        return list(got)
+
+    def _call_stack(self, i: int) -> list[str]:
+        got = self._call_stacks.get(i)
+        if got is None:
+            got = self._call_stacks[i] = parse_text_list(self.strings[i])
         return list(got)
 
     # -- filters ---------------------------------------------------------------------------
