@@ -128,42 +128,15 @@ def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
 
 
 class Columns:
-    """A dump's index as columns; ``record(i)`` materialises one ``Record``.
+    """A dump's index as columns; ``record(i)`` materialises one ``Record``."""
 
-    Built from arrays, or from a ``loader`` that returns ``(records, tensors, strings)`` the first
-    time any of them is read (an index file: opening it reads no table)."""
-
-    def __init__(self, records: Table | None, tensors: Table | None, strings: StringTable | None,
-                 *, loader: Callable[[], tuple[Table, Table, StringTable]] | None = None) -> None:
-        self._records, self._tensors, self._strings = records, tensors, strings
-        self._loader = loader
+    def __init__(self, records: Table, tensors: Table, strings: StringTable) -> None:
+        self.records, self.tensors, self.strings = records, tensors, strings
         self.where = ""  # the index file, for error messages
         self._skeletons: dict[int, tuple[dict, int]] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
-
-    def _load(self) -> None:
-        loader, self._loader = self._loader, None
-        self._records, self._tensors, self._strings = loader()
-        self.validate()
-
-    @property
-    def records(self) -> Table:
-        if self._loader is not None:
-            self._load()
-        return self._records
-
-    @property
-    def tensors(self) -> Table:
-        if self._loader is not None:
-            self._load()
-        return self._tensors
-
-    @property
-    def strings(self) -> StringTable:
-        if self._loader is not None:
-            self._load()
-        return self._strings
+        self._call_stacks: dict[int, list[str]] = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -229,20 +202,18 @@ class Columns:
             named = np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER))
             if np.any(named & (t["src_name"] < 0)):
                 raise ColumnsError("a param/buffer source without a name")
-            for i in np.unique(t["dtype"]):
-                name = self.strings[int(i)]
+            for i in _used(t["dtype"]):
+                name = self.strings[i]
                 if name.removeprefix("torch.") not in DTYPE_NAMES:
                     raise ColumnsError(f"unknown tensor dtype {echo(name)}")
             for name in ("name", "device", "src_name"):
-                for i in np.unique(t[name]):
-                    if i >= 0:
-                        checked_name(self.strings[int(i)], f"tensor {name}")
-            for col in ("shape", "stride"):
-                for i in np.unique(t[col]):
-                    if i >= 0 and col == "shape" and any(n < 0 for n in self.shape(int(i))):
-                        raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[int(i)])}")
-                    if i >= 0:
-                        self.shape(int(i))
+                for i in _used(t[name]):
+                    checked_name(self.strings[i], f"tensor {name}")
+            for i in _used(t["shape"]):
+                if any(n < 0 for n in self.shape(i)):
+                    raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[i])}")
+            for i in _used(t["stride"]):
+                self.shape(i)
         return self
 
     def _check_record_texts(self) -> None:
@@ -250,19 +221,16 @@ class Columns:
         a million records), so building a Record later cannot fail on them; and check that each
         record's skeleton holds as many tensors as the record has rows."""
         r, strings = self.records, self.strings
-        for i in np.unique(r["op"]):
-            checked_name(strings[int(i)], "op")
-        for i in np.unique(r["module"]):
-            if i >= 0:
-                checked_name(strings[int(i)], "module")
-        for i in np.unique(r["module_stack"]):
-            if i >= 0:
-                self._frames(int(i))
-        for i in np.unique(r["stack"]):
-            if i >= 0:
-                parse_text_list(strings[int(i)])
-        for i in np.unique(r["skeleton"]):
-            self._skeleton(int(i))
+        for i in _used(r["op"]):
+            checked_name(strings[i], "op")
+        for i in _used(r["module"]):
+            checked_name(strings[i], "module")
+        for i in _used(r["module_stack"]):
+            self._frames(i)
+        for i in _used(r["stack"]):
+            self._call_stack(i)
+        for i in _used(r["skeleton"]):
+            self.skeleton(i)
         bad = self.skeleton_mismatches()
         if len(bad):  # that record's own error, as building it would give (validate locates it)
             row = int(bad[0])
@@ -279,7 +247,7 @@ class Columns:
         holds = np.empty(len(skeletons), dtype=np.int64)
         for k, i in enumerate(skeletons.tolist()):
             try:
-                holds[k] = self._skeleton(i)[1]
+                holds[k] = self.skeleton(i)[1]
             except ValueError:  # ColumnsError included
                 holds[k] = -1
         expected = holds[which.reshape(-1)]
@@ -296,9 +264,6 @@ class Columns:
     def skeleton(self, i: int) -> tuple[dict, int]:
         """(template, number of tensors) of skeleton string ``i``: the template holds the decoded
         non-tensor values, and ``MARK`` where each tensor goes, in the order of the tensor rows."""
-        return self._skeleton(i)
-
-    def _skeleton(self, i: int) -> tuple[dict, int]:
         got = self._skeletons.get(i)
         if got is None:
             got = self._skeletons[i] = parse_skeleton(self.strings[i])
@@ -366,7 +331,7 @@ class Columns:
     def _build(self, row: tuple, tensor_rows: list[tuple]) -> Record:
         (seq, kind, direction, op, module, count, first_seq, last_seq, call_index, step, module_stack, stack,
          skeleton, begin, end) = row
-        template, n_tensors = self._skeleton(skeleton)
+        template, n_tensors = self.skeleton(skeleton)
         if n_tensors != end - begin:
             raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
         metas = iter([self._meta(t) for t in tensor_rows])
@@ -378,7 +343,7 @@ class Columns:
             inputs={k: fill(v, metas) for k, v in template["inputs"].items()},
             outputs=[fill(v, metas) for v in template["outputs"]],
             mutates=list(template["mutates"]), count=count, first_seq=first_seq, last_seq=last_seq,
-            stack=None if stack < 0 else parse_text_list(strings[stack]),
+            stack=None if stack < 0 else self._call_stack(stack),
             call_index=call_index, step=None if step < 0 else step,
             keywords=dict(template["keywords"]),
             params={k: next(metas) for k in template["params"]})
@@ -387,6 +352,12 @@ class Columns:
         got = self._stacks.get(i)
         if got is None:
             got = self._stacks[i] = parse_frames(self.strings[i])
+        return list(got)
+
+    def _call_stack(self, i: int) -> list[str]:
+        got = self._call_stacks.get(i)
+        if got is None:
+            got = self._call_stacks[i] = parse_text_list(self.strings[i])
         return list(got)
 
     # -- filters ---------------------------------------------------------------------------
@@ -413,7 +384,12 @@ class Columns:
     def _ids_where(self, column: np.ndarray, test: Callable[[str], bool]) -> list[int]:
         """The string ids used in ``column`` whose text passes ``test`` (a text may be stored
         under several ids in a hand-made index: every one counts)."""
-        return [int(i) for i in np.unique(column) if i >= 0 and test(self.strings[int(i)])]
+        return [i for i in _used(column) if test(self.strings[i])]
+
+
+def _used(column: np.ndarray) -> list[int]:
+    """The distinct string ids a text column holds, ascending, without NONE (-1)."""
+    return [i for i in np.unique(column).tolist() if i >= 0]
 
 
 def _under(path: str, module: str) -> bool:

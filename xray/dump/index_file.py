@@ -4,10 +4,11 @@ One HDF5 file holds four byte datasets: ``records`` and ``tensors``, each the co
 ``xray.dump.columns`` back to back (column after column, in the dtype's field order, each one
 contiguous: reading a table is one copy, and each column is a view of it), and the string table
 (``strings``: UTF-8 bytes, ``string_ends``: the end offset of each string). Four datasets, not
-one per column: a file costs ~1 ms to write whatever its size, which matters at every flush. Opening reads no table: they are read whole, once, the first
-time a tool asks for them, then checked (``Columns.validate``). A journal chunk has the same
-datasets for the records of one flush, only the strings new since the chunk before, and an
-``updates`` table (de-duplicated records whose count grew).
+one per column: a file costs ~1 ms to write whatever its size, which matters at every flush.
+``load_dump`` opens the file once, reads the tables whole (``IndexFile.columns``) and checks them
+(``Columns.validate``). A journal chunk has the same datasets for the records of one flush, only
+the strings new since the chunk before, and an ``updates`` table (de-duplicated records whose
+count grew).
 
 Files are built in memory and written with plain file I/O under a temporary name, then renamed:
 a file on disk is always whole, and a full disk raises OSError instead of crashing HDF5.
@@ -125,11 +126,13 @@ class IndexFile:
             raise ColumnsError(f"table {name!r}: {len(blob)} bytes do not hold {rows!r} rows of its columns")
         return unpack(blob, dtype, int(rows))
 
-    def strings(self) -> StringTable:
-        return StringTable.from_arrays(*self.string_arrays())
+    def columns(self) -> Columns:
+        """The records and tensors tables and the string table, read whole (not yet validated)."""
+        return Columns(self.table("records", RECORD_DTYPE), self.table("tensors", TENSOR_DTYPE), self.strings())
 
-    def string_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.array("strings", np.dtype(np.uint8)), self.array("string_ends", np.dtype("<i8"))
+    def strings(self) -> StringTable:
+        return StringTable.from_arrays(self.array("strings", np.dtype(np.uint8)),
+                                       self.array("string_ends", np.dtype("<i8")))
 
     def updates(self) -> np.ndarray:
         if "updates" not in self.file:
@@ -144,19 +147,3 @@ class IndexFile:
 
     def close(self) -> None:
         self.file.close()
-
-
-def open_columns(path: Path) -> Columns:
-    """The columns of an ``index.h5``, read (and checked) on first use: opening a million-record
-    dump costs the file open, not the million rows. ColumnsError if it is not an index."""
-    index = IndexFile(path)
-    index.close()  # checked the header; the tables are read later, in one go
-
-    def load() -> tuple[Table, Table, StringTable]:
-        f = IndexFile(path)
-        try:
-            return f.table("records", RECORD_DTYPE), f.table("tensors", TENSOR_DTYPE), f.strings()
-        finally:
-            f.close()
-
-    return Columns(None, None, None, loader=load)
