@@ -380,7 +380,16 @@ CORRUPTIONS_V3: dict[str, Callable[[Path], None]] = {
     "v3 journal chunk cut in half": _killed(lambda chunks: chunks[1].write_bytes(chunks[1].read_bytes()[:500])),
     "v3 journal chunk missing": _killed(lambda chunks: chunks[1].unlink()),
     "v3 journal chunk random bytes": _killed(lambda chunks: chunks[0].write_bytes(np.random.default_rng(1).bytes(2048))),
+    "v3 journal chunk updates a group": _killed(lambda chunks: _replace_with_group(chunks[1], "updates")),
 }
+
+
+def _replace_with_group(path: Path, name: str) -> None:
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        del f[name]
+        f.create_group(name)
 
 
 def _call(main: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str, str]:

@@ -135,12 +135,8 @@ class IndexFile:
                                        self.array("string_ends", np.dtype("<i8")))
 
     def updates(self) -> np.ndarray:
-        if "updates" not in self.file:
-            return np.zeros(0, UPDATE_DTYPE)
-        ds = open_dataset(self.file, "updates")
-        if ds.dtype != UPDATE_DTYPE or ds.ndim != 1:
-            raise ColumnsError(f"the updates table has columns {ds.dtype} (expected {UPDATE_DTYPE})")
-        return ds[()]
+        """A journal chunk's changed de-dup counts (none when absent), read like any column."""
+        return self.array("updates", UPDATE_DTYPE) if "updates" in self.file else np.zeros(0, UPDATE_DTYPE)
 
     def attr(self, name: str, default=None):
         return self.file.attrs.get(name, default)
