@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from .protocol import Dump
+from .reader import INDEX_NAME
 from .writer import INDEX
 
 JSON_VERSION = 2  # the last version whose dump.json held the records
@@ -45,6 +46,6 @@ def rewrite_as_json(folder: str | os.PathLike) -> Path:
     index = json.loads((folder / INDEX).read_text(encoding="utf-8")).get("index")
     with load_dump(folder) as dump:
         path = write_json_index(dump, folder)
-    if isinstance(index, str) and "/" not in index and "\\" not in index:
+    if isinstance(index, str) and INDEX_NAME.fullmatch(index):  # the reader's rule: never a path
         (folder / index).unlink(missing_ok=True)
     return path

@@ -23,7 +23,7 @@ from .writer import INDEX, JOURNAL
 
 __all__ = ["DumpFormatError", "TraceDump", "TruncatedDumpWarning", "read_trace"]
 # An index file's name, as dump.json gives it: a plain name in the dump folder, nothing else.
-_INDEX_NAME = re.compile(r"index-[A-Za-z0-9_.-]{1,200}\.h5")
+INDEX_NAME = re.compile(r"index-[A-Za-z0-9_.-]{1,200}\.h5")
 
 
 
@@ -198,7 +198,7 @@ def _read_trace(folder: Path) -> TraceDump:
 
 def _read_columnar(folder: Path, data: dict, index: Path) -> TraceDump:
     name = data.get("index")
-    if not isinstance(name, str) or not _INDEX_NAME.fullmatch(name):
+    if not isinstance(name, str) or not INDEX_NAME.fullmatch(name):
         raise DumpFormatError(f"{index}: refusing index file reference {str(name)[:80]!r} (expected index-<id>.h5)")
     path = folder / name
     if not path.is_file():
