@@ -215,7 +215,7 @@ class StatsCache:
 
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True,
                  writes_seen: bool = False) -> None:
-        self._compute = tensor_stats if compute is None else compute
+        self.compute = tensor_stats if compute is None else compute
         self._keep_parameters = keep_parameters
         # The owner sees every in-place write and calls forget() for it (the tracer does): then
         # an inference tensor, which has no version counter, is cached until the next write.
@@ -226,7 +226,7 @@ class StatsCache:
         # recorder's row path keeps t's layout cells beside its statistics (``describe``), so an
         # op's input that was an earlier op's output costs one lookup; None where not known.
         self.entries: dict[int, tuple[weakref.ref, int, int, Any, Any]] = {}
-        self._sweep_at = self._MIN_SWEEP
+        self.sweep_at = self._MIN_SWEEP
 
     def stamp(self, t: torch.Tensor) -> int | None:
         """What a cache entry of ``t`` is valid for: its version counter. An inference tensor has
@@ -252,9 +252,14 @@ class StatsCache:
             if version is None:
                 return
         try:
-            self._store(t, version, t.data_ptr(), value)
+            ptr = t.data_ptr()
         except RuntimeError:
-            pass
+            return
+        # The layout cells of this same tensor stay (a view's output, described a moment ago):
+        # shape and strides change only through an in-place op, which forgets the entry.
+        old = self.entries.get(id(t))
+        layout = old[4] if old is not None and old[2] == ptr and old[0]() is t else None
+        self._store(t, version, ptr, value, layout)
 
     def wrote(self) -> None:
         """Some tensor was (or may have been) written: with ``writes_seen``, no inference tensor's
@@ -303,7 +308,7 @@ class StatsCache:
                 self.entries[id(t)] = hit[:4] + (layout,)
             return hit[3], layout
         layout = None if layout_of is None else layout_of(t)
-        value = self._compute(t)
+        value = self.compute(t)
         # type() first: isinstance against Parameter runs a Python __instancecheck__
         if version is not None and (self._keep_parameters or type(t) is _TENSOR
                                     or not isinstance(t, torch.nn.Parameter)):
@@ -315,7 +320,7 @@ class StatsCache:
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self.entries
         cache[id(t)] = (weakref.ref(t), version, ptr, value, layout)
-        if len(cache) >= self._sweep_at:
+        if len(cache) >= self.sweep_at:
             self.sweep()
 
     def sweep(self) -> None:
@@ -323,7 +328,7 @@ class StatsCache:
         cache = self.entries
         for key in [k for k, hit in cache.items() if hit[0]() is None]:
             del cache[key]
-        self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
+        self.sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
 
 
 # -- deferred statistics: launched on the device, read back once per flush ------------------------

@@ -12,9 +12,11 @@ from ..dump.tensorio import dtype_name
 from .flatten import PLAIN_TENSORS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpInfo:
-    """Per-OpOverload facts taken from its schema once, then cached."""
+    """Per-OpOverload facts taken from its schema once, then cached. Compared and hashed by
+    identity: there is one per OpOverload, so it keys an op in the recorder's tables at C speed
+    (an OpOverload's own ``__hash__`` is Python code)."""
 
     name: str
     arg_names: tuple[str, ...]
@@ -42,14 +44,18 @@ _SAME_VALUES = {
 }
 
 
-_OP_INFOS: dict[Any, OpInfo] = {}
+# id(func) -> (func, its OpInfo): keyed by id because OpOverload.__hash__ is Python code and
+# this runs for every recorded call; func is held, so its id is never reused while it is here.
+_OP_INFOS: dict[int, tuple[Any, OpInfo]] = {}
 
 
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
     """Schema facts of ``func``, computed once per process (schemas never change)."""
-    info = _OP_INFOS.get(func)
-    if info is None:
-        info = _OP_INFOS[func] = _op_info(func)
+    hit = _OP_INFOS.get(id(func))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    info = _op_info(func)
+    _OP_INFOS[id(func)] = (func, info)
     return info
 
 
@@ -76,11 +82,11 @@ def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound
 
 
-def signature_key(func, args: tuple, kwargs: dict) -> tuple:
-    """Hashable identity of a call: op, tensor shapes/dtypes/strides/devices, other values.
+def signature_key(op: OpInfo, args: tuple, kwargs: dict) -> tuple:
+    """Hashable identity of a call of ``op``: tensor shapes/dtypes/strides/devices, other values.
     One item per positional argument, then (name, key) per keyword. Runs for every call under
     de-dup, so plain tensors and atoms are keyed inline."""
-    parts = [func]
+    parts = [op]
     for a in args:
         kind = type(a)
         if kind in PLAIN_TENSORS:

@@ -20,6 +20,7 @@ internal error goes to ``on_error`` and the stack stops.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -51,6 +52,10 @@ class ModuleStack:
         self.backward = backward
         self.calls: Counter[str] = Counter()
         self._paths: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # id(module) -> (weak reference, frame, state sources, state count): what each entry of
+        # the module needs, worked out at its first entry (the hooks run for every module call).
+        self._known: dict[int, tuple] = {}
+        self._sweep_known_at = 1024
         self._roots = 0
         self._handles: list = []
         self._objects: list[tuple[Any, Any]] = []  # (module, on_enter's result), parallel to forward_stack
@@ -111,11 +116,31 @@ class ModuleStack:
         """Register the module's own parameters and buffers under their qualified names."""
         if self.producers is None:
             return
+        for state, name, src in self._state_sources(module, path):
+            self.producers.name_source(state.get(name), src)
+
+    @staticmethod
+    def _state_sources(module: torch.nn.Module, path: str) -> tuple[tuple[dict, str, str], ...]:
+        """(the module's parameter or buffer dict, a name in it, its data-edge source) for each."""
         dot = f"{path}." if path else ""
-        for name, p in module._parameters.items():
-            self.producers.name_state(p, "param", dot + name)
-        for name, b in module._buffers.items():
-            self.producers.name_state(b, "buffer", dot + name)
+        return (tuple((module._parameters, name, f"param:{dot}{name}") for name in module._parameters)
+                + tuple((module._buffers, name, f"buffer:{dot}{name}") for name in module._buffers))
+
+    def _known_module(self, module: torch.nn.Module) -> tuple:
+        """``module``'s (weak reference, frame, state sources, state count), learnt once; again
+        when a parameter or buffer was registered since (lazy modules)."""
+        known = self._known.get(id(module))
+        if (known is not None and known[0]() is module
+                and known[3] == len(module._parameters) + len(module._buffers)):
+            return known
+        path = self.path_of(module)
+        if len(self._known) >= self._sweep_known_at:  # modules made on the fly, then dropped
+            self._known = {k: v for k, v in self._known.items() if v[0]() is not None}
+            self._sweep_known_at = max(1024, 2 * len(self._known))
+        known = self._known[id(module)] = (weakref.ref(module), (path, type(module).__name__),
+                                           self._state_sources(module, path),
+                                           len(module._parameters) + len(module._buffers))
+        return known
 
     # -- hooks ------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
@@ -140,10 +165,11 @@ class ModuleStack:
             self.on_error(e)
 
     def _enter(self, module: torch.nn.Module, args: tuple) -> None:
-        path = self.path_of(module)
-        frame = (path, type(module).__name__)
-        if module._parameters or module._buffers:
-            self._name_state(module, path)
+        _, frame, state, _ = self._known_module(module)
+        if state and self.producers is not None:  # a parameter may have been replaced since
+            name_source = self.producers.name_source
+            for owner, name, src in state:
+                name_source(owner.get(name), src)
         self.forward_stack.append(frame)
         # on_enter's result (the module's inputs) rides in the same entry as the module, so the
         # two can never get out of step when a module raises.

@@ -40,7 +40,9 @@ class Producers:
     """id(tensor) -> (weak reference, source, data pointer); dead entries swept as it grows."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, _Entry] = {}
+        # Read directly by the recorder's row path (its hot loop inlines ``entry_of``): swept in
+        # place, never replaced.
+        self.by_id: dict[int, _Entry] = {}
         self._sweep_at = 4096
 
     def source_of(self, t: torch.Tensor) -> str:
@@ -53,7 +55,7 @@ class Producers:
     def entry_of(self, t: torch.Tensor) -> _Entry | None:
         """The live entry naming ``t``'s producer (its ``[1]``: a seq, or "param:..."/"buffer:...";
         its ``[2]``: the output index), or None when ``t`` is a model input."""
-        entry = self._by_id.get(id(t))
+        entry = self.by_id.get(id(t))
         if entry is None or entry[0]() is not t:
             return None
         try:
@@ -85,7 +87,7 @@ class Producers:
             self._produce(out, seq, 0)
 
     def _produce(self, t: torch.Tensor, seq: int, k: int) -> None:
-        by_id = self._by_id
+        by_id = self.by_id
         key = id(t)
         entry = by_id.get(key)
         if entry is not None and type(entry[1]) is str and entry[0]() is t:
@@ -100,13 +102,19 @@ class Producers:
 
     def name_state(self, t: Any, kind: str, name: str) -> None:
         """``t`` is module state: ``kind`` "param" or "buffer", ``name`` its qualified name."""
-        if not isinstance(t, torch.Tensor):  # a buffer slot registered as None
+        self.name_source(t, f"{kind}:{name}")
+
+    def name_source(self, t: Any, src: str) -> None:
+        """``t`` is module state named ``src`` ("param:<name>" or "buffer:<name>"); the module
+        stack calls this at every module entry, with the same string object each time."""
+        if type(t) not in _PLAIN and not isinstance(t, torch.Tensor):  # a buffer slot registered as None
             return
-        src = f"{kind}:{name}"
-        entry = self._by_id.get(id(t))
+        entry = self.by_id.get(id(t))
         if entry is None or entry[1] != src or entry[0]() is not t or entry[3] != _data_ptr(t):
-            self._by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t))
+            self.by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t))
 
     def _sweep(self) -> None:
-        self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}
-        self._sweep_at = max(4096, 2 * len(self._by_id))
+        by_id = self.by_id
+        for key in [k for k, e in by_id.items() if e[0]() is None]:
+            del by_id[key]
+        self._sweep_at = max(4096, 2 * len(by_id))

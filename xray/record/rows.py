@@ -15,6 +15,7 @@ row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; e
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -80,7 +81,14 @@ class RowPath:
         self._cpu = self.intern("cpu")
         self._frames: dict[tuple, tuple[int, int]] = {}  # module stack -> (module id, stack id)
         self._state: dict[str, tuple] = {}  # "param:<name>" -> its source cells
-        self._describe = recorder._stats.describe
+        cache = recorder._stats
+        self._cache = cache
+        self._describe = cache.describe
+        # The hot loops below read these tables directly (StatsCache.describe's and
+        # Producers.entry_of's lookups, inlined): a call costs less than the op it records.
+        self._entries = cache.entries
+        self._by_id = recorder.producers.by_id
+        self._fast = self.meta_on and self.stats_on
 
     # -- before the call: inputs, described before an in-place op changes them ----------------
     def before(self, func, info, args: tuple, kwargs: dict, seq: int, backward: bool, frames: list):
@@ -89,12 +97,12 @@ class RowPath:
             return None
         call = RowCall()
         call.layouts, call.stats, call.sources, call.notes = [], [], [], None
-        parts = [func]
+        parts = [info]  # the op, hashed by identity
         try:
             for a in args:  # the common kinds inline (this runs for every call)
                 kind = type(a)
                 if kind in _PLAIN:
-                    self._tensor(a, call, self._source(a))
+                    self._input_tensor(a, call)
                     parts.append(_TENSOR)
                 elif kind in _KEYED:
                     parts.append((kind, a))
@@ -114,7 +122,7 @@ class RowPath:
         """``a``'s part of the plan key; its tensors' cells go into ``call``."""
         kind = type(a)
         if kind in _PLAIN:
-            self._tensor(a, call, self._source(a))
+            self._input_tensor(a, call)
             return _TENSOR
         if kind in _KEYED:
             return (kind, a)
@@ -131,10 +139,82 @@ class RowPath:
         src = entry[1]
         if type(src) is int:
             return (SRC_OP, src, entry[2], NONE)
+        return self._state_cells(src)
+
+    def _state_cells(self, src: str) -> tuple:
         cells = self._state.get(src)  # "param:<name>", "buffer:<name>"
         if cells is None:
             cells = self._state[src] = source_cells(src, self.writer.strings)
         return cells
+
+    def _input_tensor(self, t: torch.Tensor, call: RowCall) -> None:
+        """A plain tensor argument's cells. The common case inline: an earlier call's output,
+        whose producer and cached statistics are found with one data-pointer read and one
+        stamp. Everything else (parameters, model inputs, inference tensors, a cache miss, an
+        exotic tensor) takes the general ``_tensor``, which gives the same cells."""
+        if self._fast:
+            try:
+                key = id(t)
+                ptr = t.data_ptr()
+                hit = self._entries.get(key)
+                if (hit is not None and hit[2] == ptr and hit[4] is not None and not t.is_inference()
+                        and hit[1] == t._version and hit[0]() is t):
+                    entry = self._by_id.get(key)  # Producers.entry_of
+                    if entry is None or entry[3] != ptr or entry[0]() is not t:
+                        source = _INPUT_SOURCE
+                    else:
+                        src = entry[1]
+                        source = (SRC_OP, src, entry[2], NONE) if type(src) is int else self._state_cells(src)
+                    call.layouts.append(hit[4] + (t.requires_grad,))
+                    call.stats.append(hit[3])
+                    call.sources.append(source)
+                    return
+            except RuntimeError:  # no storage or no version counter: the general path copes
+                pass
+        self._tensor(t, call, self._source(t))
+
+    def _new_output(self, t: torch.Tensor, call: RowCall) -> bool:
+        """Describe and cache a call's single result in one step, when it is a new plain tensor
+        (nearly always): its input's statistics where the op keeps its values
+        (``reuse_input_stats``), else its own; cached under its base's stamp for a view
+        (``cache_view_outputs``), else under its own. False: the caller takes the general steps,
+        which give the same cells and cache entry."""
+        if not self._fast or type(t) is not _TENSOR_TYPE:
+            return False
+        info = call.info
+        args = call.args
+        first = args[0] if args else None
+        try:
+            key = id(t)
+            entries = self._entries
+            hit = entries.get(key)
+            if hit is not None and hit[0]() is t:  # an existing tensor (lift_fresh returns its input)
+                return False
+            stamp = self._cache.stamp
+            if info.view:
+                if type(first) not in _PLAIN:
+                    return False
+                version = stamp(first)
+            else:
+                version = stamp(t) if t.is_inference() else t._version
+            if version is None:
+                return False
+            ptr = t.data_ptr()
+            layout = self._layout(t)
+            if (info.stats_preserving and type(first) in _PLAIN and not (call.notes and 0 in call.notes)
+                    and first.dtype == t.dtype and first.numel() == t.numel()):
+                stats = call.stats[0]
+            else:
+                stats = self._cache.compute(t)
+        except Exception:  # noqa: BLE001 - a noted or exotic tensor: the general steps note it
+            return False
+        entries[key] = (weakref.ref(t), version, ptr, stats, layout)
+        if len(entries) >= self._cache.sweep_at:
+            self._cache.sweep()
+        call.layouts.append(layout + (t.requires_grad,))
+        call.stats.append(stats)
+        call.sources.append(_NO_SOURCE)
+        return True
 
     def _tensor(self, t: torch.Tensor, call: RowCall, source: tuple) -> None:
         """Append ``t``'s layout, statistics and source cells: what the Record path's ``_meta``
@@ -209,19 +289,20 @@ class RowPath:
             forget_written(cache, info, bind_inputs(info, call.args, call.kwargs))
         first_out = len(call.layouts)
         call.outs = outs = []
-        if self.stats_on and info.stats_preserving:
-            first_input_described = call.args and type(call.args[0]) in _PLAIN and not (call.notes and 0 in call.notes)
-            reuse_input_stats(cache, info, call.args, out, call.stats[0] if first_input_described else None)
-        if type(out) in _PLAIN:  # the common result inline
-            outs.append(out)
-            self._tensor(out, call, _NO_SOURCE)
+        if type(out) in _PLAIN and self._new_output(out, call):  # the common result, in one step
             key = (call.key, _TENSOR)
+            cached = True
         else:
+            if self.stats_on and info.stats_preserving:
+                first_input_described = (call.args and type(call.args[0]) in _PLAIN
+                                         and not (call.notes and 0 in call.notes))
+                reuse_input_stats(cache, info, call.args, out, call.stats[0] if first_input_described else None)
             key = (call.key, self._output(out, call))
+            cached = False
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(call, key, out, len(call.layouts))
-        if info.view and self.stats_on and outs:
+        if info.view and self.stats_on and outs and not cached:
             notes = call.notes or {}
             cache_view_outputs(cache, call.args, [(o, call.stats[i]) for i, o in enumerate(outs, start=first_out)
                                                   if i not in notes])
@@ -273,3 +354,4 @@ _PLAN_TEXTS_MAX = 1 << 16
 
 
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source
+_TENSOR_TYPE = torch.Tensor

@@ -1,0 +1,43 @@
+"""A torch.compile'd function called inside a recording session runs eagerly and is recorded.
+
+The recorder's dispatch mode replaces TorchDispatchMode's per-call ``torch._disable_dynamo``
+wrapper with a cheaper guard of its own (xray/record/tracer.py, ``_dynamo_guard``). Without any
+guard, Dynamo traces the recorder's own code from inside a compiled function (it failed on the
+writer's flush): compiled code inside a session must give eager's numbers, every op it runs
+must be recorded, and the recorder must not fail.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import xray
+
+
+def _f(x: torch.Tensor) -> torch.Tensor:
+    return (x.sin() * 2.0).cos().sum()
+
+
+def test_compiled_function_inside_a_session_runs_eagerly_and_is_recorded(tmp_path):
+    torch._dynamo.reset()
+    compiled = torch.compile(_f, backend="eager")
+    x = torch.linspace(-3.0, 3.0, 64)
+    expected = _f(x)
+    assert torch.equal(compiled(x), expected)  # compiled once, before any recording
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xray.dump(dump_dir=tmp_path / "warm", X_DEDUP=False, X_DUMP_NUM=0) as warm:
+            got = compiled(x)
+        assert torch.equal(got, expected)
+        with xray.dump(dump_dir=tmp_path / "cold", X_DEDUP=False, X_DUMP_NUM=0) as cold:
+            got = torch.compile(_f, backend="eager")(x + 1.0)  # first compiled call inside the session
+        assert torch.equal(got, _f(x + 1.0))
+    # Dynamo warns when it tries to trace the recorder's frames (and then graph-breaks in them)
+    assert not [w for w in caught if "Dynamo" in str(w.message) or "dynamo" in str(w.filename)], \
+        [str(w.message)[:200] for w in caught]
+    for session, folder in ((warm, tmp_path / "warm"), (cold, tmp_path / "cold")):
+        assert session.recorder.failed is None
+        ops = [r.op for r in xray.load_dump(folder).records]
+        for op in ("aten.sin.default", "aten.mul.Tensor", "aten.cos.default", "aten.sum.default"):
+            assert op in ops, (folder.name, ops)
