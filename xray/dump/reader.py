@@ -206,16 +206,16 @@ def _read_columnar(folder: Path, data: dict, index: Path) -> TraceDump:
             warnings.warn(f"{path} is missing; recovering records from the journal", TruncatedDumpWarning, stacklevel=4)
             return _read_journal(folder)
         raise DumpFormatError(f"{path}: missing (the dump's index); was the folder copied only in part?")
+    # The tables are read and checked now (~0.2 s at a million records): a damaged index is
+    # refused by load_dump, not by whichever tool first reads it, and its error names the file.
     try:
         index_file = IndexFile(path)
+        try:
+            columns = index_file.columns()
+        finally:
+            index_file.close()
     except ColumnsError as e:
         raise DumpFormatError(f"{path}: corrupt dump index ({e})") from None
-    # The tables are read and checked now (~0.2 s at a million records): a damaged index is
-    # refused by load_dump, not by whichever tool first reads it.
-    try:
-        columns = index_file.columns()
-    finally:
-        index_file.close()
     columns.where = str(path)
     columns.validate()
     header = {k: v for k, v in data.items() if k not in ("summary", "complete", "index")}
