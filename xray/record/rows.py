@@ -289,20 +289,18 @@ class RowPath:
             forget_written(cache, info, bind_inputs(info, call.args, call.kwargs))
         first_out = len(call.layouts)
         call.outs = outs = []
-        if type(out) in _PLAIN and self._new_output(out, call):  # the common result, in one step
+        if type(out) in _PLAIN and self._new_output(out, call):  # the common result, cached in one step
             key = (call.key, _TENSOR)
-            cached = True
         else:
             if self.stats_on and info.stats_preserving:
                 first_input_described = (call.args and type(call.args[0]) in _PLAIN
                                          and not (call.notes and 0 in call.notes))
                 reuse_input_stats(cache, info, call.args, out, call.stats[0] if first_input_described else None)
             key = (call.key, self._output(out, call))
-            cached = False
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(call, key, out, len(call.layouts))
-        if info.view and self.stats_on and outs and not cached:
+        if info.view and self.stats_on and outs:  # (outs stays empty after _new_output)
             notes = call.notes or {}
             cache_view_outputs(cache, call.args, [(o, call.stats[i]) for i, o in enumerate(outs, start=first_out)
                                                   if i not in notes])
