@@ -41,3 +41,33 @@ def test_compiled_function_inside_a_session_runs_eagerly_and_is_recorded(tmp_pat
         ops = [r.op for r in xray.load_dump(folder).records]
         for op in ("aten.sin.default", "aten.mul.Tensor", "aten.cos.default", "aten.sum.default"):
             assert op in ops, (folder.name, ops)
+
+
+FALLBACK = r"""
+import sys, warnings, torch, torch._dynamo.eval_frame as ef
+del ef.skip_code  # a torch whose Dynamo lacks it
+import xray, importlib
+tracer = importlib.import_module("xray.record.tracer")
+def f(x): return (x.sin() * 2.0).cos().sum()
+x = torch.linspace(-3, 3, 64)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with xray.dump(dump_dir=sys.argv[1], X_DEDUP=False, X_DUMP_NUM=0) as s:
+        got = torch.compile(f, backend="eager")(x)
+assert torch.equal(got, f(x)) and s.recorder.failed is None
+assert tracer._SKIP_CODE is False, "the guard did not notice skip_code is missing"
+assert not [w for w in caught if "Dynamo" in str(w.message)], [str(w.message)[:200] for w in caught]
+ops = {r.op for r in xray.load_dump(sys.argv[1]).records}
+assert {"aten.sin.default", "aten.cos.default", "aten.sum.default"} <= ops, ops
+print("OK")
+"""
+
+
+def test_without_skip_code_the_recorder_falls_back_to_torchs_wrapper(tmp_path):
+    """The fallback path runs in a fresh interpreter: it replaces the mode's dispatch method."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path / "dump")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-1000:] + proc.stderr[-3000:]
