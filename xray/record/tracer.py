@@ -394,9 +394,10 @@ def _placeholder(t: torch.Tensor) -> TensorMeta:
     return _PLACEHOLDER
 
 
-try:  # the eval-frame hook Dynamo compiles through (a C function, cheap to import)
+try:  # the eval-frame hook Dynamo compiles through (a C function, cheap to import), probed once
     from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
-except (ImportError, AttributeError):
+    _set_eval_frame(_set_eval_frame(None))
+except Exception:  # noqa: BLE001 - absent or with another signature here: torch's wrapper then
     _set_eval_frame = None
 
 
