@@ -370,9 +370,9 @@ class Columns:
         keep = np.ones(len(r), dtype=bool)
         if op is not None:
             wanted = {op} if isinstance(op, str) else set(op)
-            keep &= np.isin(r["op"], self._ids_where(r["op"], lambda text: text in wanted))
+            keep &= np.isin(r["op"], self.ids_where(r["op"], lambda text: text in wanted))
         if module is not None:
-            keep &= np.isin(r["module"], self._ids_where(r["module"], lambda text: _under(text, module)))
+            keep &= np.isin(r["module"], self.ids_where(r["module"], lambda text: _under(text, module)))
         if kind is not None:
             keep &= r["kind"] == KINDS.index(kind)
         if direction is not None:
@@ -381,10 +381,14 @@ class Columns:
             keep &= (r["seq"] >= seq[0]) & (r["seq"] < seq[1])
         return np.flatnonzero(keep)
 
-    def _ids_where(self, column: np.ndarray, test: Callable[[str], bool]) -> list[int]:
-        """The string ids used in ``column`` whose text passes ``test`` (a text may be stored
-        under several ids in a hand-made index: every one counts)."""
-        return [i for i in _used(column) if test(self.strings[i])]
+    def ids_where(self, column: np.ndarray, test: Callable[[str | None], bool], *, none: bool = False) -> list[int]:
+        """The distinct string ids in ``column`` (a text column, or some of its rows) whose text
+        passes ``test``; with ``none``, NONE (-1) too, tested as None. A text may be stored
+        under several ids in a hand-made index: every one counts."""
+        ids = [i for i in _used(column) if test(self.strings[i])]
+        if none and (column == NONE).any() and test(None):
+            ids.append(NONE)
+        return ids
 
 
 def _used(column: np.ndarray) -> list[int]:

@@ -118,12 +118,12 @@ def select_rows(columns: Columns, cfg: ReplayConfig) -> np.ndarray:
     ops = canonical(r["op"], columns.strings.__getitem__)
     modules = canonical(r["module"], columns.strings.__getitem__)
     keep = np.isin(r["kind"], [KINDS.index(k) for k in _kinds(cfg)]) & (r["direction"] == DIRECTIONS.index("forward"))
-    keep &= np.isin(ops, _matching(ops[keep], columns, lambda op: not is_not_replayed(op) and (not cfg.ops or any(
+    keep &= np.isin(ops, columns.ids_where(ops[keep], lambda op: not is_not_replayed(op) and (not cfg.ops or any(
         fnmatch.fnmatchcase(op, p) or fnmatch.fnmatchcase(op, f"*{p}*") for p in cfg.ops))))
     if cfg.seqs:
         keep &= np.isin(r["seq"], list(set(cfg.seqs)))
     if cfg.modules:
-        keep &= np.isin(modules, _matching(modules[keep], columns, lambda m: any(
+        keep &= np.isin(modules, columns.ids_where(modules[keep], lambda m: any(
             fnmatch.fnmatchcase(m or "", p) for p in cfg.modules), none=True))
     rows = np.flatnonzero(keep)
     sk = skeleton_keys(columns, rows, _inputs_key)
@@ -132,11 +132,6 @@ def select_rows(columns: Columns, cfg: ReplayConfig) -> np.ndarray:
     if cfg.dedup and len(rows):
         rows = _first_per_signature(columns, rows, ops, modules, sk.numbers[outputs], sk.n_inputs[outputs])
     return rows[: cfg.limit] if cfg.limit else rows
-
-
-def _matching(ids: np.ndarray, columns: Columns, test: Callable[[str | None], bool], none: bool = False) -> list[int]:
-    """The distinct string ids among ``ids`` whose text passes ``test`` (-1 is None's)."""
-    return [i for i in np.unique(ids).tolist() if (i >= 0 or none) and test(columns.strings.get(i))]
 
 
 def _inputs_key(inputs: dict) -> str:
