@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import xray
-from xray.dump.columns import RECORD_DTYPE, TENSOR_DTYPE, StringTable
+from xray.dump.columns import OUTPUT, RECORD_DTYPE, TENSOR_DTYPE, StringTable
 from xray.dump.index_file import IndexFile, write_file
 from xray.dump.json_index import rewrite_as_json
 
@@ -386,6 +386,8 @@ CORRUPTIONS_V3: dict[str, Callable[[Path], None]] = {
     "v3 tensor data path traversal": _output_string("data", "../../../etc/passwd:x"),
     "v3 tensor data missing file": _output_string("data", "tensors-nope.h5:r0/x"),
     "v3 tensor role unknown": _set("tensors", "role", 9),
+    "v3 tensor role not the skeleton's": _tables_edit(
+        lambda records, tensors, strings: tensors["role"].__setitem__(int(np.argmin(tensors["role"])), OUTPUT)),
     "v3 tensor names another record": _set("tensors", "record", 5),
     "v3 journal without chunks": _killed(lambda chunks: [c.unlink() for c in chunks]),
     "v3 journal chunk cut in half": _killed(lambda chunks: chunks[1].write_bytes(chunks[1].read_bytes()[:500])),

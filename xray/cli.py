@@ -61,7 +61,8 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     """``_op_calls`` of a columnar index: counts summed per op name with numpy, one Record built."""
     import numpy as np
 
-    from .columnar import canonical, check_records, skeleton_keys
+    from .columnar import canonical, check_records
+    from .dump.columns import OUTPUT
 
     check_records(columns)
     r, t = columns.records, columns.tensors
@@ -72,13 +73,10 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     calls = Counter()
     for k in np.argsort(first, kind="stable").tolist():  # Counter order: first appearance (ties in most_common)
         calls[columns.strings[int(unique[k])]] = int(sums[k])
-    sk = skeleton_keys(columns, np.arange(len(r)), lambda inputs: None)
-    owner = t["record"]
-    position = np.arange(len(t)) - r["t_begin"][owner]  # a tensor's place in its record's rows
-    is_output = (position >= sk.n_inputs[owner]) & (position < sk.n_inputs[owner] + sk.n_outputs[owner])
-    bad = is_output & (t["has_stats"] != 0) & ((t["nan"] > 0) | (t["posinf"] > 0) | (t["neginf"] > 0))
+    # outputs by the role column, as summary reads them (load_dump has checked it against the skeletons)
+    bad = (t["role"] == OUTPUT) & (t["has_stats"] != 0) & ((t["nan"] > 0) | (t["posinf"] > 0) | (t["neginf"] > 0))
     hit = np.flatnonzero(bad)
-    return len(op_rows), calls, columns.record(int(owner[hit[0]])) if len(hit) else None
+    return len(op_rows), calls, columns.record(int(t["record"][hit[0]])) if len(hit) else None
 
 
 def _record(args) -> int:

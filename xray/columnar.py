@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .dump.columns import MARK, Columns, RecordSequence
+from .dump.skeleton import marks
 
 # The record columns holding a string a Record decodes (and checks), and the tensor columns.
 _RECORD_TEXTS = ("op", "module", "module_stack", "stack", "skeleton")
@@ -102,13 +103,6 @@ def canonical(ids: np.ndarray, decode: Callable[[int], Any]) -> np.ndarray:
     return canon[inverse.reshape(-1)] if len(unique) else ids.astype(np.int64)
 
 
-def _marks(v: Any) -> int:
-    """How many tensors a decoded skeleton value holds."""
-    if v is MARK:
-        return 1
-    return sum(map(_marks, v)) if isinstance(v, list) else 0
-
-
 @dataclass
 class SkeletonKeys:
     """Per row: a number for ``sig(inputs template)`` (equal numbers: equal keys; -1: the key is
@@ -131,8 +125,8 @@ def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]
     bad: dict[int, TypeError] = {}
     for k, sid in enumerate(unique.tolist()):
         template = columns.skeleton(sid)[0]
-        n_in[k] = sum(map(_marks, template["inputs"].values()))
-        n_out[k] = sum(map(_marks, template["outputs"]))
+        n_in[k] = sum(map(marks, template["inputs"].values()))
+        n_out[k] = sum(map(marks, template["outputs"]))
         try:
             out[k] = numbers.setdefault(sig(template["inputs"]), len(numbers))
         except TypeError as e:  # unhashable junk in a hostile dump

@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import ColumnsError
 from .model import DTYPE_NAMES, Record, Stats, TensorMeta, echo
-from .skeleton import MARK, checked_name, fill, parse_frames, parse_shape, parse_skeleton, parse_text_list
+from .skeleton import MARK, checked_name, fill, marks, parse_frames, parse_shape, parse_skeleton, parse_text_list
 from .strings import NONE, StringTable
 
 KINDS = ("op", "module")
@@ -193,6 +193,12 @@ class Columns:
                 raise ColumnsError("a tensor row names another record than the one it belongs to")
             if t["role"].max() > PARAM or t["src_kind"].max() > SRC_INPUT or t["absent"].max() > 15:
                 raise ColumnsError("a tensor row has an unknown role, source kind or absent mask")
+            # Records read their tensors' places from the skeleton, summary and info from the
+            # role column: the two must agree, or the tools would disagree about one dump.
+            wrong = np.flatnonzero(t["role"] != self._skeleton_roles(owner))
+            if len(wrong):
+                raise ColumnsError(f"record #{int(owner[wrong[0]])}: its tensor rows' roles are not its "
+                                   "skeleton's (inputs, then outputs, then parameters)")
             for name in ("name", "dtype", "shape", "device"):
                 ids(t[name], f"tensor {name}", optional=False)
             for name in ("stride", "data", "src_name", "note"):
@@ -238,6 +244,21 @@ class Columns:
                 self._record(row)
             except (ColumnsError, ValueError) as e:
                 raise ColumnsError(f"record #{row}: {e}") from None
+
+    def _skeleton_roles(self, owner: np.ndarray) -> np.ndarray:
+        """The role each tensor row has by its record's skeleton (``owner``: each row's record):
+        the builder writes inputs, then outputs, then parameters. Every skeleton decodes here
+        (``_check_record_texts`` ran first)."""
+        r = self.records
+        skeletons, which = np.unique(r["skeleton"], return_inverse=True)
+        n_in, n_out = np.empty(len(skeletons), np.int64), np.empty(len(skeletons), np.int64)
+        for k, i in enumerate(skeletons.tolist()):
+            template = self.skeleton(i)[0]
+            n_in[k] = sum(map(marks, template["inputs"].values()))
+            n_out[k] = sum(map(marks, template["outputs"]))
+        which = which.reshape(-1)[owner]
+        position = np.arange(len(owner)) - r["t_begin"][owner]
+        return np.where(position < n_in[which], INPUT, np.where(position < n_in[which] + n_out[which], OUTPUT, PARAM))
 
     def skeleton_mismatches(self) -> np.ndarray:
         """Record rows (ascending) whose skeleton holds another number of tensors than the rows

@@ -103,6 +103,13 @@ def parse_skeleton(text: str) -> tuple[dict, int]:
     return template, count[0] + len(template["params"])
 
 
+def marks(v: Any) -> int:
+    """How many tensors a decoded skeleton value holds."""
+    if v is MARK:
+        return 1
+    return sum(map(marks, v)) if isinstance(v, list) else 0
+
+
 def fill(v: Any, metas: Iterator[TensorMeta]) -> Any:
     if v is MARK:
         return next(metas)
