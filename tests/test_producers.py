@@ -257,6 +257,29 @@ def _downgrade_to_v1(obj: dict) -> dict:
     return obj
 
 
+def test_state_replaced_between_calls_keeps_its_name(tmp_path):
+    """The module stack learns each module's state names once (xray/record/modules.py); a
+    parameter replaced, a state dict replaced, or a parameter added later is still named."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0) as d:
+        lin(x)
+        lin.weight = torch.nn.Parameter(torch.randn(4, 4))  # a new object under the same name
+        lin(x)
+        lin._parameters = dict(lin._parameters)  # a new dict holding the same names
+        lin.weight = torch.nn.Parameter(torch.randn(4, 4))
+        lin(x)
+        lin.register_buffer("scale", torch.full((4,), 2.0))  # state registered after the first call
+        lin.forward = lambda inp: torch.nn.functional.linear(inp, lin.weight, lin.bias) * lin.scale
+        lin(x)
+    dump = xray.load_dump(d.folder)
+    weights = [m.source for r in dump.records if r.op == "aten.t.default" for _, m in r.input_tensors()]
+    assert weights == ["param:weight"] * 4, weights
+    scales = [m.source for r in dump.records if r.op == "aten.mul.Tensor" for _, m in r.input_tensors()]
+    assert "buffer:scale" in scales, scales
+
+
 def test_version_1_dumps_and_journals_still_read(tmp_path):
     _, dump = record(lambda: torch.ones(2).exp(), tmp_path / "a")
     assert dump.header["format_version"] == 3

@@ -52,8 +52,9 @@ class ModuleStack:
         self.backward = backward
         self.calls: Counter[str] = Counter()
         self._paths: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        # id(module) -> (weak reference, frame, state sources, state count): what each entry of
-        # the module needs, worked out at its first entry (the hooks run for every module call).
+        # id(module) -> (weak reference, frame, state sources, its _parameters, its _buffers, state
+        # count): what each entry of the module needs, worked out at its first entry (the hooks
+        # run for every module call).
         self._known: dict[int, tuple] = {}
         self._sweep_known_at = 1024
         self._roots = 0
@@ -127,19 +128,20 @@ class ModuleStack:
                 + tuple((module._buffers, name, f"buffer:{dot}{name}") for name in module._buffers))
 
     def _known_module(self, module: torch.nn.Module) -> tuple:
-        """``module``'s (weak reference, frame, state sources, state count), learnt once; again
-        when a parameter or buffer was registered since (lazy modules)."""
+        """``module``'s (weak reference, frame, state sources, ...), learnt once; again when its
+        state dicts were replaced or a parameter or buffer registered or removed since (lazy
+        modules, parametrizations)."""
         known = self._known.get(id(module))
-        if (known is not None and known[0]() is module
-                and known[3] == len(module._parameters) + len(module._buffers)):
+        if (known is not None and known[0]() is module and known[3] is module._parameters
+                and known[4] is module._buffers and known[5] == len(module._parameters) + len(module._buffers)):
             return known
         path = self.path_of(module)
         if len(self._known) >= self._sweep_known_at:  # modules made on the fly, then dropped
             self._known = {k: v for k, v in self._known.items() if v[0]() is not None}
             self._sweep_known_at = max(1024, 2 * len(self._known))
         known = self._known[id(module)] = (weakref.ref(module), (path, type(module).__name__),
-                                           self._state_sources(module, path),
-                                           len(module._parameters) + len(module._buffers))
+                                           self._state_sources(module, path), module._parameters,
+                                           module._buffers, len(module._parameters) + len(module._buffers))
         return known
 
     # -- hooks ------------------------------------------------------------------------
@@ -165,7 +167,7 @@ class ModuleStack:
             self.on_error(e)
 
     def _enter(self, module: torch.nn.Module, args: tuple) -> None:
-        _, frame, state, _ = self._known_module(module)
+        _, frame, state, *_ = self._known_module(module)
         if state and self.producers is not None:  # a parameter may have been replaced since
             name_source = self.producers.name_source
             for owner, name, src in state:
