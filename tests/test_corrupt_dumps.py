@@ -82,6 +82,7 @@ def test_corrupt_record_is_refused_at_load(base, tmp_path, capsys, case):  # noq
     assert gen_main([str(folder), "-o", str(tmp_path / "o"), "-q"]) == 2
     out = capsys.readouterr()
     assert len(out.err.strip().splitlines()) == 1 and "Traceback" not in out.err, out.err[-500:]
+    assert str(folder) in out.err, out.err[-500:]  # the refusal names the dump, not a usage error
     assert len(out.err) < 2 * ECHO + 500
 
 

@@ -61,9 +61,11 @@ def test_demo_refuses_a_folder_it_did_not_create(tmp_path, monkeypatch, capsys):
     assert (user / "notes.txt").read_text() == "mine"
     monkeypatch.chdir(user)
     assert main(["demo", "--small", "--no-replay", "--out", "."]) == 2
+    assert "--out . is not empty and was not created by xray demo" in capsys.readouterr().err
     assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
     file_out = user / "notes.txt"
     assert main(["demo", "--small", "--no-replay", "--out", str(file_out)]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
     assert file_out.read_text() == "mine"
 
 
