@@ -409,7 +409,7 @@ class XrayTracer(TorchDispatchMode):
     the mode is popped, and Dynamo would compile the recorder, writer flush included). That
     wrapper costs about 2 us per ATen call, 0.65 ms of the reference Llama's 13 ms forward. This
     mode does the same job with two C calls: it switches the eval-frame callback off around its
-    work, and its own frame is marked skip once (``_guard_dynamo``, at the first start)."""
+    work, and its own frame is marked for Dynamo to skip (``_guard_dynamo``, at every start)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
