@@ -327,7 +327,7 @@ def test_dead_outputs_are_swept_so_the_map_follows_live_tensors():
     producers.produced(0, keep)
     for seq in range(1, 20001):
         producers.produced(seq, torch.empty(1))  # dies at once
-    assert len(producers.by_id) <= 8192
+    assert len(producers._by_id) <= 8192
     assert producers.source_of(keep) == "op:0:0"
 
 

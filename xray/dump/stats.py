@@ -226,7 +226,7 @@ class StatsCache:
         # recorder's row path keeps t's layout cells beside its statistics (``describe``), so an
         # op's input that was an earlier op's output costs one lookup; None where not known.
         self.entries: dict[int, tuple[weakref.ref, int, int, Any, Any]] = {}
-        self.sweep_at = self._MIN_SWEEP
+        self._sweep_at = self._MIN_SWEEP
 
     def stamp(self, t: torch.Tensor) -> int | None:
         """What a cache entry of ``t`` is valid for: its version counter. An inference tensor has
@@ -259,7 +259,7 @@ class StatsCache:
         # shape and strides change only through an in-place op, which forgets the entry.
         old = self.entries.get(id(t))
         layout = old[4] if old is not None and old[2] == ptr and old[0]() is t else None
-        self._store(t, version, ptr, value, layout)
+        self.store(t, version, ptr, value, layout)
 
     def wrote(self) -> None:
         """Some tensor was (or may have been) written: with ``writes_seen``, no inference tensor's
@@ -312,15 +312,21 @@ class StatsCache:
         # type() first: isinstance against Parameter runs a Python __instancecheck__
         if version is not None and (self._keep_parameters or type(t) is _TENSOR
                                     or not isinstance(t, torch.nn.Parameter)):
-            self._store(t, version, ptr, value, layout)
+            self.store(t, version, ptr, value, layout)
         return value, layout
 
-    def _store(self, t: torch.Tensor, version: int, ptr: int, value: Any, layout: Any = None) -> None:
+    def holds(self, t: torch.Tensor) -> bool:
+        """An entry exists for this very tensor object (whatever its stamp)."""
+        hit = self.entries.get(id(t))
+        return hit is not None and hit[0]() is t
+
+    def store(self, t: torch.Tensor, version: int, ptr: int, value: Any, layout: Any = None) -> None:
+        """Cache ``value`` (and ``layout``) for ``t`` as of ``version`` and data pointer ``ptr``."""
         # A dead tensor's entry may still sit under a reused id: overwritten here, and never
         # returned meanwhile, since its reference no longer resolves to the asking tensor.
         cache = self.entries
         cache[id(t)] = (weakref.ref(t), version, ptr, value, layout)
-        if len(cache) >= self.sweep_at:
+        if len(cache) >= self._sweep_at:
             self.sweep()
 
     def sweep(self) -> None:
@@ -328,7 +334,7 @@ class StatsCache:
         cache = self.entries
         for key in [k for k, hit in cache.items() if hit[0]() is None]:
             del cache[key]
-        self.sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
+        self._sweep_at = max(self._MIN_SWEEP, 2 * len(cache))
 
 
 # -- deferred statistics: launched on the device, read back once per flush ------------------------

@@ -40,9 +40,7 @@ class Producers:
     """id(tensor) -> (weak reference, source, data pointer); dead entries swept as it grows."""
 
     def __init__(self) -> None:
-        # Read directly by the recorder's row path (its hot loop inlines ``entry_of``): swept in
-        # place, never replaced.
-        self.by_id: dict[int, _Entry] = {}
+        self._by_id: dict[int, _Entry] = {}
         self._sweep_at = 4096
 
     def source_of(self, t: torch.Tensor) -> str:
@@ -55,7 +53,7 @@ class Producers:
     def entry_of(self, t: torch.Tensor) -> _Entry | None:
         """The live entry naming ``t``'s producer (its ``[1]``: a seq, or "param:..."/"buffer:...";
         its ``[2]``: the output index), or None when ``t`` is a model input."""
-        entry = self.by_id.get(id(t))
+        entry = self._by_id.get(id(t))
         if entry is None or entry[0]() is not t:
             return None
         try:
@@ -87,7 +85,7 @@ class Producers:
             self._produce(out, seq, 0)
 
     def _produce(self, t: torch.Tensor, seq: int, k: int) -> None:
-        by_id = self.by_id
+        by_id = self._by_id
         key = id(t)
         entry = by_id.get(key)
         if entry is not None and type(entry[1]) is str and entry[0]() is t:
@@ -109,12 +107,10 @@ class Producers:
         stack calls this at every module entry, with the same string object each time."""
         if type(t) not in _PLAIN and not isinstance(t, torch.Tensor):  # a buffer slot registered as None
             return
-        entry = self.by_id.get(id(t))
+        entry = self._by_id.get(id(t))
         if entry is None or entry[1] != src or entry[0]() is not t or entry[3] != _data_ptr(t):
-            self.by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t))
+            self._by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t))
 
     def _sweep(self) -> None:
-        by_id = self.by_id
-        for key in [k for k, e in by_id.items() if e[0]() is None]:
-            del by_id[key]
-        self._sweep_at = max(4096, 2 * len(by_id))
+        self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}
+        self._sweep_at = max(4096, 2 * len(self._by_id))

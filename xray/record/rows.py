@@ -15,7 +15,6 @@ row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; e
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -81,14 +80,9 @@ class RowPath:
         self._cpu = self.intern("cpu")
         self._frames: dict[tuple, tuple[int, int]] = {}  # module stack -> (module id, stack id)
         self._state: dict[str, tuple] = {}  # "param:<name>" -> its source cells
-        cache = recorder._stats
-        self._cache = cache
-        self._describe = cache.describe
-        # The hot loops below read these tables directly (StatsCache.describe's and
-        # Producers.entry_of's lookups, inlined): a call costs less than the op it records.
-        self._entries = cache.entries
-        self._by_id = recorder.producers.by_id
-        self._fast = self.meta_on and self.stats_on
+        self._cache = recorder._stats
+        self._describe = self._cache.describe
+        self._fast = self.meta_on and self.stats_on  # _new_output's one-step case
 
     # -- before the call: inputs, described before an in-place op changes them ----------------
     def before(self, func, info, args: tuple, kwargs: dict, seq: int, backward: bool, frames: list):
@@ -102,7 +96,7 @@ class RowPath:
             for a in args:  # the common kinds inline (this runs for every call)
                 kind = type(a)
                 if kind in _PLAIN:
-                    self._input_tensor(a, call)
+                    self._tensor(a, call, self._source(a))
                     parts.append(_TENSOR)
                 elif kind in _KEYED:
                     parts.append((kind, a))
@@ -122,7 +116,7 @@ class RowPath:
         """``a``'s part of the plan key; its tensors' cells go into ``call``."""
         kind = type(a)
         if kind in _PLAIN:
-            self._input_tensor(a, call)
+            self._tensor(a, call, self._source(a))
             return _TENSOR
         if kind in _KEYED:
             return (kind, a)
@@ -147,32 +141,6 @@ class RowPath:
             cells = self._state[src] = source_cells(src, self.writer.strings)
         return cells
 
-    def _input_tensor(self, t: torch.Tensor, call: RowCall) -> None:
-        """A plain tensor argument's cells. The common case inline: an earlier call's output,
-        whose producer and cached statistics are found with one data-pointer read and one
-        stamp. Everything else (parameters, model inputs, inference tensors, a cache miss, an
-        exotic tensor) takes the general ``_tensor``, which gives the same cells."""
-        if self._fast:
-            try:
-                key = id(t)
-                ptr = t.data_ptr()
-                hit = self._entries.get(key)
-                if (hit is not None and hit[2] == ptr and hit[4] is not None and not t.is_inference()
-                        and hit[1] == t._version and hit[0]() is t):
-                    entry = self._by_id.get(key)  # Producers.entry_of
-                    if entry is None or entry[3] != ptr or entry[0]() is not t:
-                        source = _INPUT_SOURCE
-                    else:
-                        src = entry[1]
-                        source = (SRC_OP, src, entry[2], NONE) if type(src) is int else self._state_cells(src)
-                    call.layouts.append(hit[4] + (t.requires_grad,))
-                    call.stats.append(hit[3])
-                    call.sources.append(source)
-                    return
-            except RuntimeError:  # no storage or no version counter: the general path copes
-                pass
-        self._tensor(t, call, self._source(t))
-
     def _new_output(self, t: torch.Tensor, call: RowCall) -> bool:
         """Describe and cache a call's single result in one step, when it is a new plain tensor
         (nearly always): its input's statistics where the op keeps its values
@@ -184,13 +152,11 @@ class RowPath:
         info = call.info
         args = call.args
         first = args[0] if args else None
+        cache = self._cache
         try:
-            key = id(t)
-            entries = self._entries
-            hit = entries.get(key)
-            if hit is not None and hit[0]() is t:  # an existing tensor (lift_fresh returns its input)
+            if cache.holds(t):  # an existing tensor (lift_fresh returns its input)
                 return False
-            stamp = self._cache.stamp
+            stamp = cache.stamp
             if info.view:
                 if type(first) not in _PLAIN:
                     return False
@@ -205,12 +171,10 @@ class RowPath:
                     and first.dtype == t.dtype and first.numel() == t.numel()):
                 stats = call.stats[0]
             else:
-                stats = self._cache.compute(t)
+                stats = cache.compute(t)
         except Exception:  # noqa: BLE001 - a noted or exotic tensor: the general steps note it
             return False
-        entries[key] = (weakref.ref(t), version, ptr, stats, layout)
-        if len(entries) >= self._cache.sweep_at:
-            self._cache.sweep()
+        cache.store(t, version, ptr, stats, layout)
         call.layouts.append(layout + (t.requires_grad,))
         call.stats.append(stats)
         call.sources.append(_NO_SOURCE)
