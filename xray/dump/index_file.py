@@ -143,3 +143,9 @@ class IndexFile:
 
     def close(self) -> None:
         self.file.close()
+
+    def __enter__(self) -> "IndexFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

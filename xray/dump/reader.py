@@ -209,11 +209,8 @@ def _read_columnar(folder: Path, data: dict, index: Path) -> TraceDump:
     # The tables are read and checked now (~0.2 s at a million records): a damaged index is
     # refused by load_dump, not by whichever tool first reads it, and its error names the file.
     try:
-        index_file = IndexFile(path)
-        try:
+        with IndexFile(path) as index_file:
             columns = index_file.columns()
-        finally:
-            index_file.close()
     except ColumnsError as e:
         raise DumpFormatError(f"{path}: corrupt dump index ({e})") from None
     columns.where = str(path)
@@ -279,8 +276,7 @@ def _read_chunks(folder: Path, header: dict) -> TraceDump:
     problem = None
     for path in chunks:
         try:
-            f = IndexFile(path)
-            try:
+            with IndexFile(path) as f:
                 expect = {"first_row": rows, "first_tensor": tensors, "first_string": len(strings)}
                 got = {k: f.attr(k) for k in expect}
                 if got != expect:
@@ -288,8 +284,6 @@ def _read_chunks(folder: Path, header: dict) -> TraceDump:
                 part = f.columns()
                 new = part.strings.texts()
                 ups = f.updates()
-            finally:
-                f.close()
         except (ColumnsError, OSError) as e:
             problem = f"{path.name}: {e}"
             break

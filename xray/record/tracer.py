@@ -41,8 +41,6 @@ def _user_stack(depth: int) -> list[str]:
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames[-depth:]]
 
 
-
-
 def _holds_tensor(v: Any) -> bool:
     """A tensor or a Tensor[] argument (aten.cat's inputs): kept even without META."""
     return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v))
