@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .dump.columns import MARK, Columns, RecordSequence
-from .dump.skeleton import marks
 
 # The record columns holding a string a Record decodes (and checks), and the tensor columns.
 _RECORD_TEXTS = ("op", "module", "module_stack", "stack", "skeleton")
@@ -125,8 +124,7 @@ def skeleton_keys(columns: Columns, rows: np.ndarray, sig: Callable[[dict], Any]
     bad: dict[int, TypeError] = {}
     for k, sid in enumerate(unique.tolist()):
         template = columns.skeleton(sid)[0]
-        n_in[k] = sum(map(marks, template["inputs"].values()))
-        n_out[k] = sum(map(marks, template["outputs"]))
+        n_in[k], n_out[k] = columns.skeleton_io(sid)
         try:
             out[k] = numbers.setdefault(sig(template["inputs"]), len(numbers))
         except TypeError as e:  # unhashable junk in a hostile dump

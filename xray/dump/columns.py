@@ -253,9 +253,7 @@ class Columns:
         skeletons, which = np.unique(r["skeleton"], return_inverse=True)
         n_in, n_out = np.empty(len(skeletons), np.int64), np.empty(len(skeletons), np.int64)
         for k, i in enumerate(skeletons.tolist()):
-            template = self.skeleton(i)[0]
-            n_in[k] = sum(map(marks, template["inputs"].values()))
-            n_out[k] = sum(map(marks, template["outputs"]))
+            n_in[k], n_out[k] = self.skeleton_io(i)
         which = which.reshape(-1)[owner]
         position = np.arange(len(owner)) - r["t_begin"][owner]
         return np.where(position < n_in[which], INPUT, np.where(position < n_in[which] + n_out[which], OUTPUT, PARAM))
@@ -289,6 +287,12 @@ class Columns:
         if got is None:
             got = self._skeletons[i] = parse_skeleton(self.strings[i])
         return got
+
+    def skeleton_io(self, i: int) -> tuple[int, int]:
+        """How many input and output tensors skeleton string ``i`` holds (its tensor rows come
+        in that order, then its parameters)."""
+        template = self.skeleton(i)[0]
+        return sum(map(marks, template["inputs"].values())), sum(map(marks, template["outputs"]))
 
     # -- materialising ---------------------------------------------------------------------
     def tensor_meta(self, j: int) -> TensorMeta:
