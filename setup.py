@@ -25,5 +25,13 @@ setup(
             optional=True,
             extra_compile_args=_FLAGS,
         ),
+        Extension(
+            "xray.record._fastpath",
+            ["xray/record/_fastpath.c"],
+            depends=["xray/dump/moments_api.h"],
+            optional=True,
+            # no fused multiply-add: its statistics must be the same floats as stats.py's
+            extra_compile_args=_FLAGS + ([] if sys.platform == "win32" else ["-ffp-contract=off"]),
+        ),
     ]
 )

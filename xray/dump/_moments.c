@@ -153,74 +153,46 @@ static const kernel_t v16_kernels[NKINDS] = {v16_f32, v16_f64, v16_bf16, INT_KER
 
 static const kernel_t *kernels = scalar_kernels;
 
-static PyObject *moments(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "moments(address, n, kind) takes 3 arguments");
-        return NULL;
-    }
-    const void *p = PyLong_AsVoidPtr(args[0]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    long kind = PyLong_AsLong(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (p == NULL || n <= 0 || kind < 0 || kind >= NKINDS) {
-        PyErr_SetString(PyExc_ValueError, "moments: need a non-null address, n > 0, a known kind");
-        return NULL;
-    }
-    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+/* Tensors this small are reduced without releasing the GIL: releasing and taking it back costs
+ * more than the pass. */
+#define GIL_FREE_ELEMENTS 65536
+
+/* The two passes as plain C, shared with other extensions through the capsule below (the
+ * recorder's row path in xray/record/_fastpath.c calls them without a Python call). */
+static void pass_contiguous(const void *p, Py_ssize_t n, int kind, moments_t *r) {
     kernel_t kernel = kernels[kind];
-    Py_BEGIN_ALLOW_THREADS
-    kernel(p, (size_t)n, &r);
-    Py_END_ALLOW_THREADS
-    PyObject *out = PyTuple_New(4);
-    double v[4] = {r.min, r.max, r.sum, r.sumsq};
-    for (int i = 0; out != NULL && i < 4; i++) {
-        PyObject *f = PyFloat_FromDouble(v[i]);
-        if (f == NULL)
-            Py_CLEAR(out);
-        else
-            PyTuple_SET_ITEM(out, i, f);
+    if (n < GIL_FREE_ELEMENTS) {
+        kernel(p, (size_t)n, r);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        kernel(p, (size_t)n, r);
+        Py_END_ALLOW_THREADS
     }
-    return out;
 }
 
 /* Strided tensors (slices, transposes, permuted or broadcast results): the same kernels over the
  * tensor's contiguous innermost runs. Statistics ignore element order, so dimensions are sorted
  * by stride and merged where they tile memory; a broadcast (stride-0) dimension repeats every
  * element `size` times, which leaves min and max alone and scales sum and sum of squares.
- * Returns None when no unit-stride run remains (the caller takes the torch path). */
+ * Returns 1 when no unit-stride run remains (the caller takes the torch path), -1 for sizes or
+ * strides out of range (ValueError set), 0 when done. */
 #define MAX_DIMS 16
 #define GATHER_BYTES 16384
 static const size_t elem_size[NKINDS] = {4, 8, 2, 8, 4, 2, 1, 1};
 
-static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "moments_strided(address, kind, sizes, strides) takes 4 arguments");
-        return NULL;
-    }
-    const char *p = (const char *)PyLong_AsVoidPtr(args[0]);
-    long kind = PyLong_AsLong(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (p == NULL || kind < 0 || kind >= NKINDS || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3]) ||
-        PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[3]) || PyTuple_GET_SIZE(args[2]) > MAX_DIMS) {
-        PyErr_SetString(PyExc_ValueError, "moments_strided: need a non-null address, a known kind, "
-                                          "sizes and strides tuples of one length <= 16");
-        return NULL;
-    }
-    Py_ssize_t ndim = PyTuple_GET_SIZE(args[2]), nd = 0;
-    Py_ssize_t size[MAX_DIMS], stride[MAX_DIMS];
+static int pass_strided(const char *p, int kind, Py_ssize_t ndim, const Py_ssize_t *sizes,
+                        const Py_ssize_t *strides, moments_t *r) {
+    Py_ssize_t nd = 0, size[MAX_DIMS], stride[MAX_DIMS];
     double repeat = 1.0;
+    if (ndim > MAX_DIMS) {
+        PyErr_SetString(PyExc_ValueError, "moments_strided: at most 16 dimensions");
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < ndim; i++) {
-        Py_ssize_t sz = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], i));
-        Py_ssize_t st = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i));
-        if (PyErr_Occurred())
-            return NULL;
+        Py_ssize_t sz = sizes[i], st = strides[i];
         if (sz <= 0 || st < 0) {
             PyErr_SetString(PyExc_ValueError, "moments_strided: sizes must be > 0, strides >= 0");
-            return NULL;
+            return -1;
         }
         if (sz == 1)
             continue;
@@ -246,11 +218,15 @@ static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize
     size_t inner = 1;
     if (nd > 0) {
         if (stride[nd - 1] != 1)
-            Py_RETURN_NONE;
+            return 1;
         inner = (size_t)size[--nd];
     }
+    if (nd == 0) { /* one run: a contiguous tensor */
+        pass_contiguous(p, (Py_ssize_t)inner, kind, r);
+        r->sum *= repeat, r->sumsq *= repeat;
+        return 0;
+    }
     const size_t es = elem_size[kind];
-    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
     kernel_t kernel = kernels[kind];
     Py_ssize_t idx[MAX_DIMS] = {0};
     /* Short runs (a half-width slice of a head) are packed into a block first: one kernel call
@@ -266,9 +242,9 @@ static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize
         if (gather) {
             memcpy((char *)block + packed * run_bytes, p + (size_t)off * es, run_bytes);
             if (++packed == gather)
-                kernel(block, packed * inner, &r), packed = 0;
+                kernel(block, packed * inner, r), packed = 0;
         } else {
-            kernel(p + (size_t)off * es, inner, &r);
+            kernel(p + (size_t)off * es, inner, r);
         }
         Py_ssize_t d = nd - 1;
         for (; d >= 0 && ++idx[d] == size[d]; d--)
@@ -277,10 +253,91 @@ static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize
             break;
     }
     if (packed)
-        kernel(block, packed * inner, &r);
+        kernel(block, packed * inner, r);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("(dddd)", r.min, r.max, r.sum * repeat, r.sumsq * repeat);
+    r->sum *= repeat, r->sumsq *= repeat;
+    return 0;
 }
+
+static PyObject *moments(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "moments(address, n, kind) takes 3 arguments");
+        return NULL;
+    }
+    const void *p = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long kind = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (p == NULL || n <= 0 || kind < 0 || kind >= NKINDS) {
+        PyErr_SetString(PyExc_ValueError, "moments: need a non-null address, n > 0, a known kind");
+        return NULL;
+    }
+    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+    pass_contiguous(p, n, (int)kind, &r);
+    return Py_BuildValue("(dddd)", r.min, r.max, r.sum, r.sumsq);
+}
+
+static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "moments_strided(address, kind, sizes, strides) takes 4 arguments");
+        return NULL;
+    }
+    const char *p = (const char *)PyLong_AsVoidPtr(args[0]);
+    long kind = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (p == NULL || kind < 0 || kind >= NKINDS || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3]) ||
+        PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[3]) || PyTuple_GET_SIZE(args[2]) > MAX_DIMS) {
+        PyErr_SetString(PyExc_ValueError, "moments_strided: need a non-null address, a known kind, "
+                                          "sizes and strides tuples of one length <= 16");
+        return NULL;
+    }
+    Py_ssize_t ndim = PyTuple_GET_SIZE(args[2]), size[MAX_DIMS], stride[MAX_DIMS];
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        size[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], i));
+        stride[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i));
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+    int done = pass_strided(p, (int)kind, ndim, size, stride, &r);
+    if (done < 0)
+        return NULL;
+    if (done > 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(dddd)", r.min, r.max, r.sum, r.sumsq);
+}
+
+/* The capsule xray.dump._moments._C_API: the passes for C callers (xray/dump/moments_api.h). */
+#include "moments_api.h"
+
+static int api_contiguous(const void *p, Py_ssize_t n, int kind, double out[4]) {
+    if (p == NULL || n <= 0 || kind < 0 || kind >= NKINDS)
+        return 1;
+    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+    pass_contiguous(p, n, kind, &r);
+    out[0] = r.min, out[1] = r.max, out[2] = r.sum, out[3] = r.sumsq;
+    return 0;
+}
+
+static int api_strided(const void *p, int kind, Py_ssize_t ndim, const Py_ssize_t *sizes, const Py_ssize_t *strides,
+                       double out[4]) {
+    if (p == NULL || kind < 0 || kind >= NKINDS)
+        return 1;
+    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
+    int done = pass_strided(p, kind, ndim, sizes, strides, &r);
+    if (done < 0) {
+        PyErr_Clear();
+        return 1;
+    }
+    out[0] = r.min, out[1] = r.max, out[2] = r.sum, out[3] = r.sumsq;
+    return done;
+}
+
+static xray_moments_api c_api = {XRAY_MOMENTS_API_VERSION, api_contiguous, api_strided};
 
 static PyMethodDef methods[] = {
     {"moments", (PyCFunction)(void (*)(void))moments, METH_FASTCALL,
@@ -307,8 +364,10 @@ PyMODINIT_FUNC PyInit__moments(void) {
     if (__builtin_cpu_supports("avx2"))
         kernels = avx2_kernels, isa = "avx2";
 #endif
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL || PyModule_AddStringConstant(m, "ISA", isa) < 0 ||
+    PyObject *m = PyModule_Create(&module), *capsule = PyCapsule_New(&c_api, XRAY_MOMENTS_CAPSULE, NULL);
+    int added = m != NULL && capsule != NULL ? PyModule_AddObjectRef(m, "_C_API", capsule) : -1;
+    Py_XDECREF(capsule);
+    if (m == NULL || added < 0 || PyModule_AddStringConstant(m, "ISA", isa) < 0 ||
         PyModule_AddIntConstant(m, "FLOAT32", KIND_FLOAT32) < 0 ||
         PyModule_AddIntConstant(m, "FLOAT64", KIND_FLOAT64) < 0 ||
         PyModule_AddIntConstant(m, "BFLOAT16", KIND_BFLOAT16) < 0 ||

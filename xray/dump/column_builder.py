@@ -66,6 +66,11 @@ class ColumnBuilder:
         self._roles += roles
         self._names += names
 
+    def row_lists(self) -> tuple[list, list, list, list, list, list, list]:
+        """The lists ``add_rows`` appends to (records, counts, layouts, stats, sources, roles,
+        names): the recorder's native row path appends a record without notes to them itself."""
+        return self._records, self._counts, self._layouts, self._stats, self._sources, self._roles, self._names
+
     def add(self, rec: Record) -> None:
         s = self.strings
         before = len(self._layouts)

@@ -15,6 +15,7 @@ row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; e
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -61,6 +62,16 @@ class RowCall:
 
     __slots__ = ("info", "seq", "direction", "frames", "key", "signature", "args", "kwargs",
                  "layouts", "stats", "sources", "notes", "outs")
+
+
+try:  # the common call in C (xray/record/_fastpath.c), built by pip install where a compiler is
+    from . import _fastpath
+except ImportError:
+    _fastpath = None
+else:  # one RowCall type, so that calls the C path hands back pass Recorder._after's type test
+    RowCall = _fastpath.RowCall  # noqa: F811
+# "0": no C path even where it is built (the Python row path takes every call; same index).
+NATIVE_ENV = "XRAY_NATIVE_ROWS"
 
 
 class RowPath:
@@ -271,12 +282,17 @@ class RowPath:
         frames = call.frames
         ids = self._frames.get(frames)
         if ids is None:
-            ids = self._frames[frames] = (
-                (self.intern(frames[-1][0]), self.intern(stack_text(frames))) if frames else (NONE, NONE))
+            ids = self._frame_ids(frames)
         seq = call.seq
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], NONE,
                               plan.skeleton),
                              call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes)
+
+    def _frame_ids(self, frames: tuple) -> tuple[int, int]:
+        """(module id, module stack id) of a module stack, interned once."""
+        ids = self._frames[frames] = (
+            (self.intern(frames[-1][0]), self.intern(stack_text(frames))) if frames else (NONE, NONE))
+        return ids
 
     def _output(self, out: Any, call: RowCall) -> Any:
         """``out``'s part of the plan key; its tensors' cells go into ``call`` (never raises
@@ -317,3 +333,35 @@ _PLAN_TEXTS_MAX = 1 << 16
 
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source
 _TENSOR_TYPE = torch.Tensor
+
+
+def native_path(recorder):
+    """The C path over ``recorder``'s row path, or None: not built, switched off
+    (``XRAY_NATIVE_ROWS=0``), or a configuration it does not take (it needs META and STATS, the
+    row path's one-step case). Every piece of state it reads or writes is named here."""
+    rows = recorder.rows
+    if (_fastpath is None or rows is None or not rows._fast
+            or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
+        return None
+    import time
+
+    from ..dump import stats
+    from ..dump.writer import DumpWriter, Fold
+    from .encode import op_info
+    cache, producers, writer = recorder._stats, recorder.producers, recorder.writer
+    return _fastpath.FastPath(
+        recorder=recorder, cache=cache, producers=producers, entries=cache.entries,
+        seen=recorder._seen if recorder.dedup else None, stack=recorder.modules.forward_stack,
+        plans=rows._plans, frame_ids=rows._frames, dims=rows._dims, dtypes=rows._dtypes, state=rows._state,
+        cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
+        src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
+        fold_type=Fold, op_info=op_info, compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
+        graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
+        py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,
+        py_after=recorder._after, py_fail=recorder._fail, py_add_rows=writer.add_rows,
+        py_count_changed=writer.count_changed, py_sweep=cache.sweep, py_wrote=cache.wrote,
+        py_produced=producers.produced, py_producers_sweep=producers._sweep, writes_seen=cache._writes_seen,
+        native_kinds=stats._NATIVE_KINDS if recorder.cpu_sync else {}, native_max=stats._NATIVE_MAX,
+        strided=torch.strided, monotonic=time.monotonic,
+        # a writer that keeps DumpWriter's add_rows: the C path appends to its chunk itself
+        writer=writer if getattr(type(writer), "add_rows", None) is DumpWriter.add_rows else None)

@@ -29,7 +29,7 @@ from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
-from .rows import RowCall, RowPath
+from .rows import RowCall, RowPath, _fastpath, native_path
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -67,14 +67,24 @@ def _stats_function(deferred: DeferredStats, sync=tensor_stats):
     CPU, where nothing is gained by waiting; "1" defers on every device, CPU included (tests
     prove the O(flushes) transfers with it); "0" never defers. ``sync`` computes the
     synchronous ones (``stats_row`` for the row path: cells instead of a ``Stats``)."""
-    mode = os.environ.get(DEFERRED_ENV, "auto").strip().lower()
-    if mode in ("0", "false", "no", "off"):
+    mode = _deferred_mode()
+    if mode == "never":
         return sync
-    if mode in ("1", "true", "yes", "on", "all"):
+    if mode == "everywhere":
         return lambda t: deferred.launch(t) if type(t) in _PLAIN_TYPES else sync(t)
     # Subclasses (DTensor, fake and wrapper tensors) stay synchronous: their torch ops may
     # communicate or have no storage to reduce into a buffer.
     return lambda t: sync(t) if t.is_cpu or type(t) not in _PLAIN_TYPES else deferred.launch(t)
+
+
+def _deferred_mode() -> str:
+    """``XRAY_DEFERRED_STATS`` as "never", "everywhere" or "auto" (accelerators only)."""
+    mode = os.environ.get(DEFERRED_ENV, "auto").strip().lower()
+    if mode in ("0", "false", "no", "off"):
+        return "never"
+    if mode in ("1", "true", "yes", "on", "all"):
+        return "everywhere"
+    return "auto"
 
 
 _RECORDERS: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
@@ -123,12 +133,16 @@ class Recorder:
                                  keep_parameters=False, writes_seen=True)
         if deferrable:
             writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
+        # A plain CPU tensor's statistics are ``sync``'s (the native row path may compute them itself)
+        self.cpu_sync = not deferrable or _deferred_mode() != "everywhere"
         self.producers = Producers()
         self.rows = RowPath(self, writer) if rows else None
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
             backward=self.backward_on, producers=self.producers, on_error=self._fail)
+        # The row path's common call in C, where built: the same index, same state (rows.native_path)
+        self.native = native_path(self)
         _RECORDERS.add(self)
 
     @contextmanager
@@ -385,6 +399,7 @@ def _described(outs: list, metas: list) -> Iterator[tuple[torch.Tensor, Stats]]:
             yield o, m.stats
 
 
+_FALLBACK = None if _fastpath is None else _fastpath.FALLBACK
 _PLACEHOLDER = TensorMeta((), "float32")
 
 
@@ -419,12 +434,20 @@ class XrayTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _set_eval_frame is None:
-            return self.recorder.on_op(func, args, kwargs or {})
+            return self._on_op(func, args, kwargs or {})
         prior = _set_eval_frame(None)
         try:
-            return self.recorder.on_op(func, args, kwargs or {})
+            return self._on_op(func, args, kwargs or {})
         finally:
             _set_eval_frame(prior)
+
+    def _on_op(self, func, args: tuple, kwargs: dict) -> Any:
+        native = self.recorder.native
+        if native is not None:
+            out = native.on_op(func, args, kwargs)
+            if out is not _FALLBACK:
+                return out
+        return self.recorder.on_op(func, args, kwargs)
 
 
 _SKIP_CODE: Any = None  # torch._dynamo's skip_code, imported at the first start; False: unavailable
