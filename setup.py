@@ -26,6 +26,12 @@ setup(
             extra_compile_args=_FLAGS,
         ),
         Extension(
+            "xray.dump._pack",
+            ["xray/dump/_pack.c"],
+            optional=True,
+            extra_compile_args=_FLAGS,
+        ),
+        Extension(
             "xray.record._fastpath",
             ["xray/record/_fastpath.c"],
             depends=["xray/dump/moments_api.h"],

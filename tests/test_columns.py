@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import xray
@@ -168,3 +169,25 @@ def test_load_dump_picks_one_rank_of_a_multi_rank_folder(llama_dump, tmp_path):
     assert xray.load_dump(tmp_path, rank=1).folder == tmp_path / "rank_1"
     with pytest.raises(xray.DumpFormatError, match="no rank_5"):
         xray.load_dump(tmp_path, rank=5)
+
+
+def test_packed_columns_equal_numpy_conversion(monkeypatch):
+    """The writer's C conversion of cells into columns (xray/dump/_pack.c) gives numpy's
+    columns, and hands numpy whatever it does not convert itself (a float in an integer
+    column is truncated by numpy; a value out of a column's range is refused by both)."""
+    from xray.dump import column_builder as cb
+
+    if cb._pack is None:
+        pytest.skip("the C extension is not built")
+    rows = [(1, 0, -1.5, 2.0, 0.25, 1.0, 0, 0, 0, 10), (True, 15, 0.0, 0.0, 0.0, 0.0, 3, 1, 2, 2 ** 40),
+            (np.uint8(1), np.int64(2), np.float32(0.5), 1, 2, 3, 4, 5, 6, 7)]
+    packed = cb._columns(rows, cb._STATS)
+    monkeypatch.setattr(cb, "_pack", None)
+    reference = cb._columns(rows, cb._STATS)
+    for name in cb._STATS.names:
+        assert packed[name].dtype == reference[name].dtype and np.array_equal(packed[name], reference[name]), name
+    monkeypatch.undo()
+    truncated = cb._columns([(1, 0, 0.0, 0.0, 0.0, 0.0, 1.7, 0, 0, 1)], cb._STATS)  # numpy's path
+    assert truncated["nan"][0] == 1
+    with pytest.raises(OverflowError):
+        cb._columns([(300, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 1)], cb._STATS)

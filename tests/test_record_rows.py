@@ -1,8 +1,11 @@
-"""The recorder's row path (xray/record/rows.py) writes the same index as the Record path.
+"""The recorder's row paths (xray/record/rows.py, and its common call in C, _fastpath.c) write
+the same index as the Record path.
 
-Every scenario is recorded twice in one process, with ``XRAY_ROW_PATH=0`` (every call through a
-``Record``) and with the row path, from the same starting state, and the two dumps must hold
-equal records, field for field (statistics are the same floats: both paths share one reduction).
+Every scenario is recorded three times in one process, from the same starting state: with
+``XRAY_ROW_PATH=0`` (every call through a ``Record``), with the Python row path
+(``XRAY_NATIVE_ROWS=0``) and with the C path where it is built. The dumps must hold equal
+records, field for field: statistics are the same floats (the C path's one-pass formula is
+stats.py's, operation for operation).
 """
 from __future__ import annotations
 
@@ -10,6 +13,11 @@ import pytest
 import torch
 
 import xray
+from xray.record import rows as rows_mod
+
+NATIVE = rows_mod._fastpath is not None
+# path -> (XRAY_ROW_PATH, XRAY_NATIVE_ROWS)
+PATHS = {"record": ("0", "1"), "python rows": ("1", "0"), "native rows": ("1", "1")}
 
 CONFIGS = {
     "meta+stats, no dedup": dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0),
@@ -20,17 +28,38 @@ CONFIGS = {
 }
 
 
-def both_paths(fn, tmp_path, monkeypatch, reset=lambda: None, **kw):
+def use_path(monkeypatch, path: str) -> None:
+    row_path, native = PATHS[path]
+    monkeypatch.setenv("XRAY_ROW_PATH", row_path)
+    monkeypatch.setenv("XRAY_NATIVE_ROWS", native)
+
+
+def check_path(recorder, path: str, **kw) -> None:
+    """The recorder took the path it was asked for (the C path needs META and STATS)."""
+    assert (recorder.rows is not None) == (path != "record")
+    meta_and_stats = (kw.get("X_DEBUG", 0x102) & 0x102) == 0x102
+    assert (recorder.native is not None) == (path == "native rows" and NATIVE and meta_and_stats)
+
+
+def all_paths(fn, tmp_path, monkeypatch, reset=lambda: None, **kw):
+    """The records of ``fn`` on each path, the Record path's first."""
     dumps = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("XRAY_ROW_PATH", flag)
+    for i, path in enumerate(PATHS):
+        use_path(monkeypatch, path)
         reset()
-        with xray.dump(dump_dir=tmp_path / f"rows{flag}", flush_records=37, **kw) as session:
+        with xray.dump(dump_dir=tmp_path / f"path{i}", flush_records=37, **kw) as session:
             fn()
         assert session.recorder.failed is None
-        assert (session.recorder.rows is not None) == (flag == "1")
-        dumps.append([r.to_json() for r in xray.load_dump(tmp_path / f"rows{flag}").records])
+        check_path(session.recorder, path, **kw)
+        dumps.append([r.to_json() for r in xray.load_dump(tmp_path / f"path{i}").records])
     return dumps
+
+
+def assert_same(dumps, at_least: int) -> None:
+    plain, *rows = dumps
+    assert len(plain) > at_least
+    for path, got in zip(list(PATHS)[1:], rows):
+        assert got == plain, path
 
 
 def odd_ops():
@@ -62,9 +91,51 @@ def odd_ops():
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_odd_ops_give_the_same_records(config, tmp_path, monkeypatch):
-    plain, rows = both_paths(odd_ops, tmp_path, monkeypatch, **CONFIGS[config])
-    assert len(plain) > 30
-    assert rows == plain
+    assert_same(all_paths(odd_ops, tmp_path, monkeypatch, **CONFIGS[config]), 30)
+
+
+def _statistics_cases() -> list[torch.Tensor]:
+    """Tensors whose statistics take each branch of the one-pass formula and of its fallbacks:
+    contiguous, strided, broadcast and 0-d; every native dtype and others; constants; a mean far
+    above the spread (the exact two-pass formula); NaN and Inf (the slow path); empty; sizes
+    around the vector kernels' tails."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(3, 5, 7, generator=g)
+    cases = [base, base.transpose(0, 2), base[:, 1:4, ::2], base[..., 0], torch.randn(4, 1, generator=g).expand(4, 6),
+             torch.tensor(2.5), torch.full((9,), 7.0), 1e4 + torch.rand(64, generator=g) * 1e-3,
+             torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([float("inf"), -1.0]), torch.zeros(0, 4)]
+    cases += [torch.randn(n, generator=g) for n in (1, 7, 15, 16, 17, 31, 33, 255, 257, 1000)]
+    cases += [base.double(), base.bfloat16(), base.half(), (base * 10).to(torch.int64), (base * 10).to(torch.int32),
+              (base * 10).to(torch.int16), (base * 10).to(torch.int8), (base.abs() * 10).to(torch.uint8), base > 0]
+    return cases
+
+
+STATISTICS_CASES = _statistics_cases()
+
+
+def statistics_cases():
+    for t in STATISTICS_CASES + STATISTICS_CASES:  # the second time, every text is interned
+        t.clone()  # recorded: its input and its result are described
+        t.reshape(-1)  # a view, or a copy of a strided tensor
+        t.double()  # new values (a float64 tensor: itself)
+    torch.tensor([1.0, 2.0]).mul(3)  # lift_fresh returns its input: a result the recorder knows
+
+
+@pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup"])
+def test_statistics_cases_give_the_same_records(config, tmp_path, monkeypatch):
+    assert_same(all_paths(statistics_cases, tmp_path, monkeypatch, **CONFIGS[config]), 20)
+
+
+def test_an_op_that_raises_gives_the_same_records(tmp_path, monkeypatch):
+    """The op's own error reaches the caller unchanged on every path, and recording goes on."""
+    def fn():
+        x = torch.ones(2, 3)
+        x.sum()
+        with pytest.raises(RuntimeError, match="size of tensor a"):
+            x + torch.ones(4)
+        (x * 2).sum()
+
+    assert_same(all_paths(fn, tmp_path, monkeypatch, **CONFIGS["meta+stats, no dedup"]), 2)
 
 
 @pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup", "backward + modules"])
@@ -73,10 +144,21 @@ def test_llama_training_step_gives_the_same_records(config, llama, tokens, tmp_p
         out = llama(tokens)
         out.logits.float().pow(2).mean().backward()
 
-    plain, rows = both_paths(step, tmp_path, monkeypatch, reset=lambda: llama.zero_grad(set_to_none=True),
-                             **CONFIGS[config])
-    assert len(plain) > 60
-    assert rows == plain
+    assert_same(all_paths(step, tmp_path, monkeypatch, reset=lambda: llama.zero_grad(set_to_none=True),
+                          **CONFIGS[config]), 60)
+
+
+@pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup"])
+def test_llama_inference_gives_the_same_records(config, llama, tokens, tmp_path, monkeypatch):
+    """Repeated forwards under no_grad and inference_mode: what the C path takes nearly alone."""
+    def forwards():
+        with torch.no_grad():
+            llama(tokens)
+            llama(tokens)
+        with torch.inference_mode():
+            llama(tokens)
+
+    assert_same(all_paths(forwards, tmp_path, monkeypatch, **CONFIGS[config]), 60)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "bert", "t5", "vit"])
@@ -97,18 +179,17 @@ def test_other_architectures_give_the_same_records(arch, tmp_path, monkeypatch):
         first = out[0] if isinstance(out, tuple) else next(iter(out.values()))
         first.float().pow(2).mean().backward()
 
-    plain, rows = both_paths(step, tmp_path, monkeypatch, reset=lambda: model.zero_grad(set_to_none=True),
-                             **CONFIGS["backward + modules"])
-    assert len(plain) > 100
-    assert rows == plain
+    assert_same(all_paths(step, tmp_path, monkeypatch, reset=lambda: model.zero_grad(set_to_none=True),
+                          **CONFIGS["backward + modules"]), 100)
 
 
 def test_deferred_statistics_fill_the_rows(tmp_path, monkeypatch):
     """XRAY_DEFERRED_STATS=1: statistics are Stats objects filled at flush, read into the rows
     after the writer's before_flush; both paths see the same values."""
     monkeypatch.setenv("XRAY_DEFERRED_STATS", "1")
-    plain, rows = both_paths(odd_ops, tmp_path, monkeypatch, **CONFIGS["meta+stats, no dedup"])
-    assert rows == plain
+    dumps = all_paths(odd_ops, tmp_path, monkeypatch, **CONFIGS["meta+stats, no dedup"])
+    assert_same(dumps, 30)
+    rows = dumps[-1]
     assert any(t.get("stats", {}).get("std") for r in rows for t in r["outputs"] if isinstance(t, dict))
 
 
@@ -123,13 +204,13 @@ def _input_stats(dump, op: str) -> list[tuple[float, float]]:
     return out
 
 
-@pytest.mark.parametrize("row_path", ["0", "1"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dedup", [False, True])
-def test_inference_tensor_written_through_a_view_is_reduced_again(row_path, dedup, tmp_path, monkeypatch):
+def test_inference_tensor_written_through_a_view_is_reduced_again(path, dedup, tmp_path, monkeypatch):
     """Inference tensors have no version counter; the recorder caches their statistics until it
     sees any write. A write through a view (the base itself is not an argument) and a write
     folded by de-dup (never described) must both end the cache."""
-    monkeypatch.setenv("XRAY_ROW_PATH", row_path)
+    use_path(monkeypatch, path)
     with torch.inference_mode():
         x = torch.arange(6.0).reshape(2, 3)
         with xray.dump(dump_dir=tmp_path, X_DEDUP=dedup, X_DUMP_NUM=0):

@@ -45,11 +45,11 @@ def test_native_strided_statistics_see_nan_and_inf():
     assert (got.nan, got.posinf) == (1, 1) and got.max == float(_BASE[..., :32].amax())
 
 
-@pytest.mark.parametrize("row_path", ["0", "1"])
-def test_each_weight_is_reduced_once_per_use(row_path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("row_path,native", [("0", "0"), ("1", "0"), ("1", "1")])
+def test_each_weight_is_reduced_once_per_use(row_path, native, tmp_path, monkeypatch):
     """t(weight) holds the weight's values and its output gets the weight's version counter only
     after the call: neither may cost a second reduction (it cost two, then a third in mm), on
-    the Record path (Stats) or the row path (cells)."""
+    the Record path (Stats), the row path (cells) or its C path (which counts its own)."""
     computed = []
 
     def counting(real):
@@ -62,12 +62,17 @@ def test_each_weight_is_reduced_once_per_use(row_path, tmp_path, monkeypatch):
     monkeypatch.setattr(tracer_mod, "stats_row", counting(tracer_mod.stats_row))
     monkeypatch.setenv("XRAY_DEFERRED_STATS", "0")
     monkeypatch.setenv("XRAY_ROW_PATH", row_path)
+    monkeypatch.setenv("XRAY_NATIVE_ROWS", native)
     lin = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8)
     with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=0) as session:
         lin(x)
     assert (session.recorder.rows is not None) == (row_path == "1")
-    assert computed.count((4, 8)) == 1 and (8, 4) not in computed, computed
+    c_path = session.recorder.native
+    if c_path is None:
+        assert computed.count((4, 8)) == 1 and (8, 4) not in computed, computed
+    # x, the weight, the bias and the result: each once
+    assert len(computed) + (0 if c_path is None else c_path.reductions) == 4, computed
 
 
 def test_positional_construction_matches_the_model_fields():

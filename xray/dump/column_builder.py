@@ -19,6 +19,11 @@ from .model import Record, Scalar, Source, TensorMeta, value_to_json
 from .stats import NO_STATS, row_of_stats
 from .strings import StringTable
 
+try:  # rows into columns in C (xray/dump/_pack.c); numpy's conversion without it
+    from . import _pack
+except ImportError:
+    _pack = None
+
 _TENSOR_MARK = {"t": "@"}
 
 
@@ -142,18 +147,16 @@ class ColumnBuilder:
     def build(self) -> "Columns":
         if not self._records:
             return Columns(Table.empty(RECORD_DTYPE), Table.empty(TENSOR_DTYPE), self.strings)
-        head = np.array(self._records, dtype=_RECORD_HEAD)
         counts = np.array(self._counts, dtype=np.int64)
         ends = self.first_tensor + np.cumsum(counts)
-        records = {name: np.ascontiguousarray(head[name]) for name in _RECORD_HEAD.names}
+        records = _columns(self._records, _RECORD_HEAD)
         records["t_begin"], records["t_end"] = ends - counts, ends
         tensors = {"record": np.repeat(np.arange(self.first_row, self.first_row + len(counts), dtype=np.int64), counts),
                    "role": np.array(self._roles, dtype=TENSOR_DTYPE["role"]),
                    "name": np.array(self._names, dtype=TENSOR_DTYPE["name"])}
         stats = [s if type(s) is tuple else row_of_stats(s) for s in self._stats]
         for dtype, rows in ((_LAYOUT, self._layouts), (_STATS, stats), (_SOURCE, self._sources)):
-            packed = np.array(rows, dtype=dtype) if rows else np.zeros(0, dtype)
-            tensors.update((name, np.ascontiguousarray(packed[name])) for name in dtype.names)
+            tensors.update(_columns(rows, dtype))
         data = np.full(len(self._layouts), NONE, dtype=TENSOR_DTYPE["data"])
         note = np.full(len(self._layouts), NONE, dtype=TENSOR_DTYPE["note"])
         for i, (d, n) in self._extras.items():
@@ -161,6 +164,19 @@ class ColumnBuilder:
         tensors["data"], tensors["note"] = data, note
         return Columns(Table(RECORD_DTYPE, records), Table(TENSOR_DTYPE, {n: tensors[n] for n in TENSOR_DTYPE.names}),
                        self.strings)
+
+
+def _columns(rows: list[tuple], dtype: np.dtype) -> dict[str, np.ndarray]:
+    """Rows of cells (tuples in ``dtype``'s field order) as one contiguous array a field."""
+    if _pack is not None:
+        columns = {name: np.empty(len(rows), dtype[name]) for name in dtype.names}
+        try:
+            _pack.rows_to_columns(rows, tuple(columns.values()), _PACK_KINDS[dtype])
+            return columns
+        except (TypeError, ValueError, OverflowError):
+            pass  # a cell _pack does not convert: numpy converts it, or says what is wrong
+    packed = np.array(rows, dtype=dtype) if rows else np.zeros(0, dtype)
+    return {name: np.ascontiguousarray(packed[name]) for name in dtype.names}
 
 
 def skeleton_of(rec: Record) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
@@ -183,6 +199,9 @@ STATS_FIELDS = ("has_stats", "absent", "min", "max", "mean", "std", "nan", "posi
 SOURCE_FIELDS = ("src_kind", "src_seq", "src_index", "src_name")
 _LAYOUT, _STATS, _SOURCE = (_fields(TENSOR_DTYPE, f) for f in (LAYOUT_FIELDS, STATS_FIELDS, SOURCE_FIELDS))
 _RECORD_HEAD = _fields(RECORD_DTYPE, RECORD_DTYPE.names[:RECORD_DTYPE.names.index("t_begin")])
+# _pack's kind of each field: int64, int32, uint8, float64
+_PACK_KINDS = {dtype: "".join({"<i8": "q", "<i4": "i", "|u1": "B", "<f8": "d"}[dtype[n].str] for n in dtype.names)
+               for dtype in (_LAYOUT, _STATS, _SOURCE, _RECORD_HEAD)}
 assert set(LAYOUT_FIELDS + STATS_FIELDS + SOURCE_FIELDS + ("record", "role", "name", "data", "note")) == set(TENSOR_DTYPE.names)
 
 

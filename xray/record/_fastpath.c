@@ -109,6 +109,7 @@ typedef struct {
      * is a DumpWriter's own; writer None: every record through py_add_rows. */
     PyObject *writer, *monotonic, *builder, *lists;
     Py_ssize_t native_max; /* stats._NATIVE_MAX */
+    Py_ssize_t reductions; /* tensors reduced by native_stats (tests count them) */
     int dedup, writes_seen;
     OpFacts *ops;
     Py_ssize_t ops_cap, ops_len;
@@ -539,14 +540,15 @@ static void layout_clear(Layout *l) {
 }
 
 /* RowPath._layout for a strided CPU tensor whose texts are all interned: (dtype, shape, stride,
- * offset, device) ids. 1: filled; 0: not that case (Python's _layout decides, notes included);
- * -1: error. What encode.unsupported refuses never gets here: a meta tensor is not on the CPU, a
- * quantized dtype is never interned (Python's _layout notes the tensor before interning it), and a
- * nested one is asked. */
-static int layout_cells(FastPath *self, PyObject *t, Layout *l) {
+ * offset, device) ids. 1: filled; 0: not that case (Python's _layout decides, notes included),
+ * *unseen set where only a text was missing; -1: error. What encode.unsupported refuses never
+ * gets here: a meta tensor is not on the CPU, a quantized dtype is never interned (Python's
+ * _layout notes the tensor before interning it), and a nested one is asked. */
+static int layout_cells(FastPath *self, PyObject *t, Layout *l, int *unseen) {
     *l = (Layout){NULL, NULL, NULL, NULL};
     PyObject *v = NULL, *offset = NULL, *shape_id, *dtype_id, *stride_id;
     int r = 0;
+    *unseen = 0;
     if ((v = PyObject_GetAttr(t, s_is_nested)) == NULL || v != Py_False)
         goto done;
     Py_SETREF(v, PyObject_GetAttr(t, s_layout));
@@ -555,6 +557,7 @@ static int layout_cells(FastPath *self, PyObject *t, Layout *l) {
     Py_SETREF(v, PyObject_GetAttr(t, s_is_cpu));
     if (v != Py_True)
         goto done;
+    *unseen = 1;
     if ((l->shape = PyObject_GetAttr(t, s_shape)) == NULL ||
         (shape_id = PyDict_GetItemWithError(self->dims, l->shape)) == NULL)
         goto done;
@@ -563,6 +566,7 @@ static int layout_cells(FastPath *self, PyObject *t, Layout *l) {
         goto done;
     if ((l->stride = call0(t, s_stride)) == NULL || (stride_id = PyDict_GetItemWithError(self->dims, l->stride)) == NULL)
         goto done;
+    *unseen = 0;
     if ((offset = call0(t, s_storage_offset)) == NULL)
         goto done;
     if ((l->cells = untracked(PyTuple_Pack(5, dtype_id, shape_id, stride_id, offset, self->cpu))) != NULL)
@@ -578,13 +582,22 @@ done:
 }
 
 /* layout_cells, or Python's RowPath._layout for the rest (l->shape NULL then: no native
- * statistics). -1 with an error set: the tensor is noted (rows._Noted) or cannot be read, which
- * RowPath._tensor turns into a note. */
+ * statistics). A text seen for the first time is interned by Python's _layout, and the cells
+ * are then read here. -1 with an error set: the tensor is noted (rows._Noted) or cannot be
+ * read, which RowPath._tensor turns into a note. */
 static int layout_of(FastPath *self, PyObject *t, Layout *l) {
-    int r = layout_cells(self, t, l);
+    int unseen, r = layout_cells(self, t, l, &unseen);
     if (r != 0)
         return r;
-    return (l->cells = call1(self->py_layout, t)) != NULL ? 1 : -1;
+    PyObject *cells = call1(self->py_layout, t);
+    if (cells == NULL)
+        return -1;
+    if (unseen && layout_cells(self, t, l, &unseen) != 0) { /* now interned: the same cells */
+        Py_DECREF(cells);
+        return l->cells != NULL ? 1 : -1;
+    }
+    l->cells = cells;
+    return 1;
 }
 
 /* stats.stats_row for a CPU tensor that stats._native_moments takes and whose elements are all
@@ -633,6 +646,7 @@ static PyObject *native_stats(FastPath *self, PyObject *t, PyObject *ptr, Layout
         std = pow(var, 0.5); /* Python's var ** 0.5 */
     }
     out = untracked(Py_BuildValue("(iiddddiiin)", 1, 0, lo, hi, mean, std, 0, 0, 0, n));
+    self->reductions++;
 done:
     if (out == NULL)
         PyErr_Clear(); /* the recorder's own function says what is wrong, if anything */
@@ -1007,7 +1021,14 @@ static int new_output(FastPath *self, OpFacts *op, RowCall *call, PyObject *t) {
     }
     if (version == NULL || version == Py_None || (ptr = call0(t, s_data_ptr)) == NULL)
         goto python;
-    int laid = layout_cells(self, t, &l);
+    int unseen, laid = layout_cells(self, t, &l, &unseen);
+    if (laid == 0 && unseen) { /* a text seen for the first time: Python's _layout interns it */
+        PyObject *cells = call1(self->py_layout, t);
+        if (cells == NULL)
+            goto python;
+        Py_DECREF(cells);
+        laid = layout_cells(self, t, &l, &unseen);
+    }
     if (laid <= 0) {
         r = laid < 0 ? -1 : 0;
         goto done;
@@ -1120,14 +1141,40 @@ static int cache_view_outputs(FastPath *self, RowCall *call, Py_ssize_t first_ou
     return r;
 }
 
+/* cache_rules.reuse_input_stats for a single result: it holds the first input's values, so it
+ * is cached with the statistics that input was described with. 1: done (or nothing to do); 0:
+ * not this case (Python's after takes the call; nothing was changed); -1: error. */
+static int reuse_input_stats(FastPath *self, RowCall *call, PyObject *out) {
+    PyObject *src = PyTuple_GET_SIZE(call->args) ? PyTuple_GET_ITEM(call->args, 0) : NULL;
+    if (src == NULL || !is_plain(self, src))
+        return 1; /* not a tensor: nothing to hand on */
+    int noted = call->notes != Py_None && PyDict_Check(call->notes) ? PyDict_Contains(call->notes, self->zero) : 0;
+    if (noted != 0 || !is_plain(self, out) || PyList_GET_SIZE(call->stats) == 0)
+        return noted < 0 ? -1 : 0; /* the input was not described, or several results */
+    PyObject *d1 = PyObject_GetAttr(src, s_dtype), *d2 = d1 ? PyObject_GetAttr(out, s_dtype) : NULL;
+    PyObject *n1 = d2 ? call0(src, s_numel) : NULL, *n2 = n1 ? call0(out, s_numel) : NULL;
+    int same = n2 ? (d1 == d2 && PyObject_RichCompareBool(n1, n2, Py_EQ) == 1) : -1;
+    Py_XDECREF(d1), Py_XDECREF(d2), Py_XDECREF(n1), Py_XDECREF(n2);
+    if (same <= 0)
+        return same < 0 ? -1 : 1;
+    PyObject *version = stamp(self, out);
+    if (version == NULL)
+        return -1;
+    int r = version == Py_None ? 0 : put(self, out, PyList_GET_ITEM(call->stats, 0), version);
+    Py_DECREF(version);
+    return r < 0 ? -1 : 1;
+}
+
 /* RowPath.after's general steps, for a result new_output did not take: the plan key's part of
  * the result (NULL without error: Python's after takes the call; nothing was changed). */
 static PyObject *general_outputs(FastPath *self, OpFacts *op, RowCall *call, PyObject *out) {
-    /* in place (forget the written arguments first) and reuse of an input's statistics stay in Python */
-    int ok = op->mutates || op->preserving ? 0 : result_supported(self, out, 0);
+    /* in place: the written arguments are forgotten first, in Python */
+    int ok = op->mutates ? 0 : result_supported(self, out, 0);
+    if (ok == 1 && op->preserving)
+        ok = reuse_input_stats(self, call, out);
     if (ok <= 0) {
         if (ok < 0)
-            PyErr_Clear();
+            to_python(); /* an Exception: Python's after redoes the step; anything else stays set */
         return NULL;
     }
     Py_ssize_t first_out = PyList_GET_SIZE(call->layouts);
@@ -1424,6 +1471,12 @@ static PyMethodDef fp_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef fp_members[] = {
+    {"reductions", T_PYSSIZET, offsetof(FastPath, reductions), READONLY,
+     "tensors reduced here (native_stats) so far; the others went to the recorder's own function"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject FastPathType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "xray.record._fastpath.FastPath",
     .tp_basicsize = sizeof(FastPath),
@@ -1433,6 +1486,7 @@ static PyTypeObject FastPathType = {
     .tp_traverse = (traverseproc)fp_traverse,
     .tp_clear = (inquiry)fp_clear,
     .tp_methods = fp_methods,
+    .tp_members = fp_members,
     .tp_init = (initproc)fp_init,
     .tp_new = PyType_GenericNew,
 };

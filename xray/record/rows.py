@@ -16,6 +16,7 @@ row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; e
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -349,19 +350,24 @@ def native_path(recorder):
     from ..dump.writer import DumpWriter, Fold
     from .encode import op_info
     cache, producers, writer = recorder._stats, recorder.producers, recorder.writer
-    return _fastpath.FastPath(
-        recorder=recorder, cache=cache, producers=producers, entries=cache.entries,
-        seen=recorder._seen if recorder.dedup else None, stack=recorder.modules.forward_stack,
-        plans=rows._plans, frame_ids=rows._frames, dims=rows._dims, dtypes=rows._dtypes, state=rows._state,
-        cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
-        src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
-        fold_type=Fold, op_info=op_info, compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
-        graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
-        py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,
-        py_after=recorder._after, py_fail=recorder._fail, py_add_rows=writer.add_rows,
-        py_count_changed=writer.count_changed, py_sweep=cache.sweep, py_wrote=cache.wrote,
-        py_produced=producers.produced, py_producers_sweep=producers._sweep, writes_seen=cache._writes_seen,
-        native_kinds=stats._NATIVE_KINDS if recorder.cpu_sync else {}, native_max=stats._NATIVE_MAX,
-        strided=torch.strided, monotonic=time.monotonic,
-        # a writer that keeps DumpWriter's add_rows: the C path appends to its chunk itself
-        writer=writer if getattr(type(writer), "add_rows", None) is DumpWriter.add_rows else None)
+    try:
+        return _fastpath.FastPath(
+            recorder=recorder, cache=cache, producers=producers, entries=cache.entries,
+            seen=recorder._seen if recorder.dedup else None, stack=recorder.modules.forward_stack,
+            plans=rows._plans, frame_ids=rows._frames, dims=rows._dims, dtypes=rows._dtypes, state=rows._state,
+            cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
+            src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
+            fold_type=Fold, op_info=op_info, compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
+            graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
+            py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,
+            py_after=recorder._after, py_fail=recorder._fail, py_add_rows=writer.add_rows,
+            py_count_changed=writer.count_changed, py_sweep=cache.sweep, py_wrote=cache.wrote,
+            py_produced=producers.produced, py_producers_sweep=producers._sweep, writes_seen=cache._writes_seen,
+            native_kinds=stats._NATIVE_KINDS if recorder.cpu_sync else {}, native_max=stats._NATIVE_MAX,
+            strided=torch.strided, monotonic=time.monotonic,
+            # a writer that keeps DumpWriter's add_rows: the C path appends to its chunk itself
+            writer=writer if getattr(type(writer), "add_rows", None) is DumpWriter.add_rows else None)
+    except Exception as e:  # noqa: BLE001 - a mismatch with this build: the Python row path records
+        warnings.warn(f"xray: the C row path is off ({type(e).__name__}: {e}); recording in Python, "
+                      "same dump, slower", RuntimeWarning, stacklevel=2)
+        return None

@@ -431,23 +431,21 @@ class XrayTracer(TorchDispatchMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        # the C row path, tried first; FALLBACK: the Recorder takes the call (rows.native_path)
+        self._native = None if recorder.native is None else recorder.native.on_op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _set_eval_frame is None:
-            return self._on_op(func, args, kwargs or {})
-        prior = _set_eval_frame(None)
+        kwargs = kwargs or {}
+        prior = None if _set_eval_frame is None else _set_eval_frame(None)
         try:
-            return self._on_op(func, args, kwargs or {})
+            if self._native is not None:
+                out = self._native(func, args, kwargs)
+                if out is not _FALLBACK:
+                    return out
+            return self.recorder.on_op(func, args, kwargs)
         finally:
-            _set_eval_frame(prior)
-
-    def _on_op(self, func, args: tuple, kwargs: dict) -> Any:
-        native = self.recorder.native
-        if native is not None:
-            out = native.on_op(func, args, kwargs)
-            if out is not _FALLBACK:
-                return out
-        return self.recorder.on_op(func, args, kwargs)
+            if _set_eval_frame is not None:
+                _set_eval_frame(prior)
 
 
 _SKIP_CODE: Any = None  # torch._dynamo's skip_code, imported at the first start; False: unavailable
