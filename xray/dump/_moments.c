@@ -9,8 +9,9 @@
  * A large but finite tensor may overflow sum/sumsq too; the slow path is then merely slower.
  *
  * Vectorisation uses GCC/Clang vector extensions with two accumulators per statistic: 16-byte
- * vectors by default (SSE2 on x86-64, NEON on arm64) and a 32-byte copy compiled for AVX2,
- * picked at import with __builtin_cpu_supports. Never compile the 32-byte kernels without AVX:
+ * vectors by default (SSE2 on x86-64, NEON on arm64) and 32- and 64-byte copies compiled for
+ * AVX2 and AVX-512, picked at import with __builtin_cpu_supports (the widest the CPU runs; torch
+ * picks AVX-512 kernels on such CPUs too). Never compile the wide kernels without their ISA:
  * GCC then emulates them through the stack, several times slower than torch. Other compilers
  * get the plain C loop. float32/bfloat16 lanes sum in float32 and are flushed into doubles every
  * CHUNK steps (at most 2*CHUNK terms per float partial sum); float64 sums in double.
@@ -137,6 +138,14 @@ VECTOR_KERNEL(avx2_f32, AVX2, float, float, 32, LOAD_PLAIN, _mm256_min_ps, _mm25
 VECTOR_KERNEL(avx2_f64, AVX2, double, double, 32, LOAD_PLAIN, _mm256_min_pd, _mm256_max_pd, scalar_f64)
 VECTOR_KERNEL(avx2_bf16, AVX2, uint16_t, float, 32, LOAD_BF16, _mm256_min_ps, _mm256_max_ps, scalar_bf16)
 static const kernel_t avx2_kernels[NKINDS] = {avx2_f32, avx2_f64, avx2_bf16, INT_KERNELS};
+#endif
+#ifndef XRAY_NO_AVX512 /* likewise, to benchmark the AVX2 kernels on an AVX-512 machine */
+#define DISPATCH_AVX512 1
+#define AVX512 __attribute__((target("avx512f")))
+VECTOR_KERNEL(avx512_f32, AVX512, float, float, 64, LOAD_PLAIN, _mm512_min_ps, _mm512_max_ps, scalar_f32)
+VECTOR_KERNEL(avx512_f64, AVX512, double, double, 64, LOAD_PLAIN, _mm512_min_pd, _mm512_max_pd, scalar_f64)
+VECTOR_KERNEL(avx512_bf16, AVX512, uint16_t, float, 64, LOAD_BF16, _mm512_min_ps, _mm512_max_ps, scalar_bf16)
+static const kernel_t avx512_kernels[NKINDS] = {avx512_f32, avx512_f64, avx512_bf16, INT_KERNELS};
 #endif
 #else
 #define MIN_F32 BLEND_MIN
@@ -363,6 +372,10 @@ PyMODINIT_FUNC PyInit__moments(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2"))
         kernels = avx2_kernels, isa = "avx2";
+#endif
+#ifdef DISPATCH_AVX512
+    if (__builtin_cpu_supports("avx512f"))
+        kernels = avx512_kernels, isa = "avx512";
 #endif
     PyObject *m = PyModule_Create(&module), *capsule = PyCapsule_New(&c_api, XRAY_MOMENTS_CAPSULE, NULL);
     int added = m != NULL && capsule != NULL ? PyModule_AddObjectRef(m, "_C_API", capsule) : -1;
