@@ -82,6 +82,8 @@ def main(argv=None) -> int:
                   "target <= 1.3x (issue 21)"],
                  ["", "0x102 no dedup, per forward in a session", f"{rec['session_ratio_nodedup']:.2f}x",
                   "target <= 1.5x (issue 21)"],
+                 ["", "... the same with the C path off", f"{rec['session_ratio_nodedup_python']:.2f}x",
+                  "XRAY_NATIVE_ROWS=0: the Python row path"],
                  ["", "0x102 dedup + 5 tensors/record, vs eager", f"{rec['dump_ratio_dedup_tensors']:.2f}x",
                   "writes tensors to disk"]]
         for level in ("L1", "mix"):

@@ -4,6 +4,9 @@ Model: transformers LlamaForCausalLM, 4 layers, hidden 256, batch 2x128 tokens (
 configuration is timed over the same number of forwards, interleaved with eager, and the
 median ratio is printed. msprobe (pip install mindstudio-probe) runs beside it when installed.
 
+The "Python row path" row switches the recorder's C path off (``XRAY_NATIVE_ROWS=0``): the same
+dump, recorded by xray/record/rows.py alone, measured beside it.
+
 The "tracer only" rows swap the dump writer for one that drops what it is given (``NullWriter``):
 what the dispatch path costs without building columns or writing files (docs/performance.md).
 Those rows time one forward per dump session (folder set-up and end_dump included). The "per
@@ -191,11 +194,16 @@ def main(argv=None) -> int:
             rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
                          f"{size / 2**20:.2f}"])
             results.append({"config": label, "ratio": r, **summary, "bytes": size})
-        for label, kw, mode in (("0x102 dedup, per forward in a session", CONFIGS[0][1], torch.no_grad),
-                                ("0x102 no dedup, per forward in a session", CONFIGS[3][1], torch.no_grad),
-                                ("0x102 no dedup, per forward, inference_mode", CONFIGS[3][1], torch.inference_mode)):
+        for label, kw, mode, native in (
+                ("0x102 dedup, per forward in a session", CONFIGS[0][1], torch.no_grad, "1"),
+                ("0x102 no dedup, per forward in a session", CONFIGS[3][1], torch.no_grad, "1"),
+                ("0x102 no dedup, per forward, inference_mode", CONFIGS[3][1], torch.inference_mode, "1"),
+                ("0x102 dedup, per forward, Python row path", CONFIGS[0][1], torch.no_grad, "0"),
+                ("0x102 no dedup, per forward, Python row path", CONFIGS[3][1], torch.no_grad, "0")):
+            os.environ["XRAY_NATIVE_ROWS"] = native
             with mode():  # inference tensors carry no version counter: their own cache rule
                 median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
+            os.environ.pop("XRAY_NATIVE_ROWS")
             rows.append([label, f"{median:.2f}x (mean {mean:.2f}x)", "", "", "", ""])
             results.append({"config": label, "ratio": median, "mean_ratio": mean})
         for level in ("L1", "mix"):
@@ -220,7 +228,9 @@ def main(argv=None) -> int:
                    "msprobe mix": "msprobe_mix_ratio",
                    "0x102 dedup, per forward in a session": "session_ratio_dedup",
                    "0x102 no dedup, per forward in a session": "session_ratio_nodedup",
-                   "0x102 no dedup, per forward, inference_mode": "session_ratio_nodedup_inference"}.get(r["config"])
+                   "0x102 no dedup, per forward, inference_mode": "session_ratio_nodedup_inference",
+                   "0x102 dedup, per forward, Python row path": "session_ratio_dedup_python",
+                   "0x102 no dedup, per forward, Python row path": "session_ratio_nodedup_python"}.get(r["config"])
             if key:
                 headline[key] = r["ratio"]
         Path(args.json).write_text(json.dumps(headline, indent=1))

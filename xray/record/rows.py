@@ -12,6 +12,12 @@ write the same index. A call the row path does not take (a tensor subclass, a sy
 argument type it does not know, a collective) returns None from ``before`` and goes through the
 Record path, which handles everything. Statistics come from the recorder's one cache, where the
 row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; either is fine here.
+
+The common call (plain tensors and values, on the CPU, META and STATS on) is taken by the same
+steps in C (``_fastpath.c``, built by pip install where a compiler is; ``native_path``), over
+this module's own state: its plans, texts, cache entries and data edges are the ones these
+methods make, and whatever the C code does not take it hands to them. ``XRAY_NATIVE_ROWS=0``
+switches it off. Either way the index is the same (tests/test_record_rows.py).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The recording TorchDispatchMode: sees every ATen call and hands its description on.
 
 The mode only collects. A call becomes index rows directly (``rows``, the row path, for a
-writer that takes rows) or a ``Record`` (everything else: saved tensors, Python stacks,
-collectives, tensor subclasses, the module debugger's sink); both write the same index.
+writer that takes rows; its common call in C, ``_fastpath``) or a ``Record`` (everything else:
+saved tensors, Python stacks, collectives, tensor subclasses, the module debugger's sink); all
+write the same index.
 Statistics live in ``xray.dump.stats``, encoding in ``encode``, data edges (each input's
 ``src``) in ``producers``, storage in ``xray.dump.writer``. All of the tracer's own tensor work
 runs with dispatch modes disabled, so it never records itself and never disturbs another mode.
