@@ -402,7 +402,8 @@ static OpFacts *op_facts(FastPath *self, PyObject *func) {
 }
 
 /* -- arguments and results: the values the row path keys (rows.RowPath._input, _output) ------ */
-/* 1: a plain tensor, a value keyed by itself, a float, or a list/tuple of them; 0: anything else. */
+/* 1: a plain tensor, a value keyed by itself, a float, or a list/tuple of them; 0: anything else
+ * (an argument the row path does not key, a result it keys by its text: Python's). */
 static int supported(FastPath *self, PyObject *a, int depth) {
     if (is_plain(self, a) || PyFloat_CheckExact(a))
         return 1;
@@ -869,30 +870,35 @@ done:
 }
 
 /* -- before the call ---------------------------------------------------------------------------- */
-/* RowPath._input: a value's part of the plan key; its tensors' cells go into the call. */
-static PyObject *input_part(FastPath *self, RowCall *call, PyObject *a) {
-    if (is_plain(self, a))
-        return add_tensor(self, call, a, NULL) < 0 ? NULL : Py_NewRef(self->tensor_mark);
-    if (PyFloat_CheckExact(a)) { /* 1.0 == 1 == True and NaN != NaN in a dict: keyed by text */
-        PyObject *r = PyObject_Repr(a), *out = r ? PyTuple_Pack(2, (PyObject *)&PyFloat_Type, r) : NULL;
+/* RowPath._input and RowPath._output: a value's part of the plan key; its tensors' cells go into
+ * the call (a result's tensors also into call->outs, with no data edge). Floats are keyed by
+ * their text (1.0 == 1 == True and NaN != NaN in a dict). */
+static PyObject *key_part(FastPath *self, RowCall *call, PyObject *v, int result) {
+    if (is_plain(self, v)) {
+        if (result && PyList_Append(call->outs, v) < 0)
+            return NULL;
+        return add_tensor(self, call, v, result ? self->no_source : NULL) < 0 ? NULL : Py_NewRef(self->tensor_mark);
+    }
+    if (PyFloat_CheckExact(v)) {
+        PyObject *r = PyObject_Repr(v), *out = r ? PyTuple_Pack(2, (PyObject *)&PyFloat_Type, r) : NULL;
         Py_XDECREF(r);
         return out;
     }
-    if (PyList_CheckExact(a) || PyTuple_CheckExact(a)) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
         PyObject *items = PyTuple_New(n);
         for (Py_ssize_t i = 0; items != NULL && i < n; i++) {
-            PyObject *part = input_part(self, call, PySequence_Fast_GET_ITEM(a, i));
+            PyObject *part = key_part(self, call, PySequence_Fast_GET_ITEM(v, i), result);
             if (part == NULL)
                 Py_CLEAR(items);
             else
                 PyTuple_SET_ITEM(items, i, part);
         }
-        PyObject *out = items ? PyTuple_Pack(2, (PyObject *)Py_TYPE(a), items) : NULL;
+        PyObject *out = items ? PyTuple_Pack(2, (PyObject *)Py_TYPE(v), items) : NULL;
         Py_XDECREF(items);
         return out;
     }
-    return PyTuple_Pack(2, (PyObject *)Py_TYPE(a), a); /* keyed by value (checked by `supported`) */
+    return PyTuple_Pack(2, (PyObject *)Py_TYPE(v), v); /* keyed by value (checked by `supported`) */
 }
 
 /* RowPath.before, for a call whose arguments are all `supported`. */
@@ -914,7 +920,7 @@ static RowCall *before(FastPath *self, OpFacts *op, PyObject *args, PyObject *kw
         goto fail;
     PyTuple_SET_ITEM(call->key, 0, Py_NewRef(op->info)); /* the op, hashed by identity */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *part = input_part(self, call, PyTuple_GET_ITEM(args, i));
+        PyObject *part = key_part(self, call, PyTuple_GET_ITEM(args, i), 0);
         if (part == NULL)
             goto fail;
         PyTuple_SET_ITEM(call->key, 1 + i, part);
@@ -922,7 +928,7 @@ static RowCall *before(FastPath *self, OpFacts *op, PyObject *args, PyObject *kw
     Py_ssize_t pos = 0, i = 1 + n;
     PyObject *name, *value;
     while (PyDict_Next(kwargs, &pos, &name, &value)) {
-        PyObject *part = input_part(self, call, value), *pair = part ? PyTuple_Pack(2, name, part) : NULL;
+        PyObject *part = key_part(self, call, value, 0), *pair = part ? PyTuple_Pack(2, name, part) : NULL;
         Py_XDECREF(part);
         if (pair == NULL)
             goto fail;
@@ -1065,54 +1071,6 @@ done:
     return r;
 }
 
-/* 1: the result is what RowPath._output keys without its text (plain tensors, values keyed by
- * themselves, floats, and lists/tuples of them). */
-static int result_supported(FastPath *self, PyObject *out, int depth) {
-    if (is_plain(self, out) || PyFloat_CheckExact(out))
-        return 1;
-    int keyed = PySet_Contains(self->keyed, (PyObject *)Py_TYPE(out));
-    if (keyed != 0)
-        return keyed;
-    if ((PyList_CheckExact(out) || PyTuple_CheckExact(out)) && depth < 8) {
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(out); i++) {
-            int r = result_supported(self, PySequence_Fast_GET_ITEM(out, i), depth + 1);
-            if (r != 1)
-                return r;
-        }
-        return 1;
-    }
-    return 0;
-}
-
-/* RowPath._output: the result's part of the plan key; its tensors' cells go into the call. */
-static PyObject *output_part(FastPath *self, RowCall *call, PyObject *out) {
-    if (is_plain(self, out)) {
-        if (PyList_Append(call->outs, out) < 0 || add_tensor(self, call, out, self->no_source) < 0)
-            return NULL;
-        return Py_NewRef(self->tensor_mark);
-    }
-    if (PyList_CheckExact(out) || PyTuple_CheckExact(out)) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(out);
-        PyObject *items = PyTuple_New(n);
-        for (Py_ssize_t i = 0; items != NULL && i < n; i++) {
-            PyObject *part = output_part(self, call, PySequence_Fast_GET_ITEM(out, i));
-            if (part == NULL)
-                Py_CLEAR(items);
-            else
-                PyTuple_SET_ITEM(items, i, part);
-        }
-        PyObject *key = items ? PyTuple_Pack(2, (PyObject *)Py_TYPE(out), items) : NULL;
-        Py_XDECREF(items);
-        return key;
-    }
-    if (PyFloat_CheckExact(out)) {
-        PyObject *r = PyObject_Repr(out), *key = r ? PyTuple_Pack(2, (PyObject *)&PyFloat_Type, r) : NULL;
-        Py_XDECREF(r);
-        return key;
-    }
-    return PyTuple_Pack(2, (PyObject *)Py_TYPE(out), out);
-}
-
 /* cache_rules.cache_view_outputs: a view's results take their base's counter once the call
  * returns; their statistics are cached under that stamp. */
 static int cache_view_outputs(FastPath *self, RowCall *call, Py_ssize_t first_out) {
@@ -1169,7 +1127,7 @@ static int reuse_input_stats(FastPath *self, RowCall *call, PyObject *out) {
  * the result (NULL without error: Python's after takes the call; nothing was changed). */
 static PyObject *general_outputs(FastPath *self, OpFacts *op, RowCall *call, PyObject *out) {
     /* in place: the written arguments are forgotten first, in Python */
-    int ok = op->mutates ? 0 : result_supported(self, out, 0);
+    int ok = op->mutates ? 0 : supported(self, out, 0); /* else: keyed by its text, in Python */
     if (ok == 1 && op->preserving)
         ok = reuse_input_stats(self, call, out);
     if (ok <= 0) {
@@ -1181,7 +1139,7 @@ static PyObject *general_outputs(FastPath *self, OpFacts *op, RowCall *call, PyO
     Py_SETREF(call->outs, PyList_New(0));
     if (call->outs == NULL)
         return NULL;
-    PyObject *part = output_part(self, call, out);
+    PyObject *part = key_part(self, call, out, 1);
     if (part != NULL && op->view && PyList_GET_SIZE(call->outs) && cache_view_outputs(self, call, first_out) < 0)
         Py_CLEAR(part);
     if (part == NULL && !PyErr_Occurred())
@@ -1406,11 +1364,8 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
     if (self->rdict == NULL) /* closed */
         return Py_NewRef(FALLBACK);
     int theirs = python_call(self, &op, func, args, kwargs);
-    if (theirs != 0) {
-        if (theirs < 0)
-            PyErr_Clear(); /* Python's path meets the same problem and says so */
-        return Py_NewRef(FALLBACK);
-    }
+    if (theirs != 0) /* an Exception here: Python's path meets the same problem and says so */
+        return theirs < 0 && to_python() < 0 ? NULL : Py_NewRef(FALLBACK);
     /* From here on the call is ours: Recorder._before */
     PyObject *seq = NULL, *signature = NULL, *out = NULL;
     RowCall *call = NULL;
