@@ -111,7 +111,9 @@ NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
 
 
 def _reduce(t: torch.Tensor, native: bool) -> tuple:
-    """(min, max, mean, std, nan, posinf, neginf, numel); None where there is no finite element."""
+    """(min, max, mean, std, nan, posinf, neginf, numel); None where there is no finite element.
+    The recorder's C path (xray/record/_fastpath.c, native_stats) repeats the all-finite branch
+    operation for operation: a change to it is a change there too."""
     n = t.numel()
     x = None  # the tensor the torch reductions below read; None after the native pass
     sums = _native_moments(t, n) if native else None
@@ -209,6 +211,9 @@ class StatsCache:
 
     Caveat: the version counter is bumped by the autograd layer *after* an in-place kernel
     returns, so a dispatch-level caller must ``forget`` a tensor it saw being mutated.
+
+    The recorder's common call in C (xray/record/_fastpath.c) reads and writes ``entries``
+    directly, by these same rules (``stamp``, ``describe``, ``put``, ``store`` and the sweep).
     """
 
     _MIN_SWEEP = 1024  # entries before the first sweep of dead ones

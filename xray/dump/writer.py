@@ -123,7 +123,9 @@ class DumpWriter:
 
     def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
                  roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None) -> None:
-        """A record already as index cells (ColumnBuilder.add_rows): the recorder's row path."""
+        """A record already as index cells (ColumnBuilder.add_rows): the recorder's row path. Its
+        common call in C (xray/record/_fastpath.c) appends the same cells to the builder's
+        ``row_lists`` itself and applies ``_maybe_flush``'s rule: change both together."""
         self._builder.add_rows(record, layouts, stats, sources, roles, names, notes)
         self._maybe_flush()
 

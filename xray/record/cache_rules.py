@@ -4,6 +4,9 @@ The cache keys a tensor's statistics by its version counter, and three facts of 
 around that counter: a write is counted only after the kernel returns (so written arguments are
 forgotten), an op that keeps its input's values can hand those statistics on, and a view's
 outputs share their base's counter only once the call has returned.
+
+xray/record/_fastpath.c mirrors these rules for the recorder's common call: a change here is a
+change there too; tests/test_record_rows.py compares the two.
 """
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
 def signature_key(op: OpInfo, args: tuple, kwargs: dict) -> tuple:
     """Hashable identity of a call of ``op``: tensor shapes/dtypes/strides/devices, other values.
     One item per positional argument, then (name, key) per keyword. Runs for every call under
-    de-dup, so plain tensors and atoms are keyed inline."""
+    de-dup, so plain tensors and atoms are keyed inline. The recorder's C path
+    (xray/record/_fastpath.c) builds the same keys for the same table: change both together."""
     parts = [op]
     for a in args:
         kind = type(a)

@@ -14,6 +14,10 @@ In-place and ``out=`` calls return their mutated tensor, so registering outputs 
 mutating call its latest producer. A base written through a view (``x[0].zero_()``) keeps its
 earlier producer: no output of the writing call has the base's shape to name. Module state keeps its name even when an in-place call
 updates it (an optimizer step, running statistics): to compare runs, a parameter is the edge.
+
+xray/record/_fastpath.c mirrors ``entry_of`` and ``produced`` for the recorder's common call, on
+this same table (it reads ``_by_id`` afresh each time: a sweep replaces it): a change to these
+rules is a change there too; tests/test_record_rows.py compares the two.
 """
 from __future__ import annotations
 

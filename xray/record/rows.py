@@ -345,7 +345,11 @@ _TENSOR_TYPE = torch.Tensor
 def native_path(recorder):
     """The C path over ``recorder``'s row path, or None: not built, switched off
     (``XRAY_NATIVE_ROWS=0``), or a configuration it does not take (it needs META and STATS, the
-    row path's one-step case). Every piece of state it reads or writes is named here."""
+    row path's one-step case). Every piece of state it shares is handed over here; besides, it
+    reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
+    its instance dict), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
+    the writer's ``_builder``/``_last_flush``/``flush_records``/``flush_seconds``, and the fields
+    of ``OpInfo``, ``Plan`` and ``Fold``."""
     rows = recorder.rows
     if (_fastpath is None or rows is None or not rows._fast
             or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
