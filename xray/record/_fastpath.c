@@ -1035,8 +1035,10 @@ static int new_output(FastPath *self, OpFacts *op, RowCall *call, PyObject *t) {
         Py_DECREF(cells);
         laid = layout_cells(self, t, &l, &unseen);
     }
-    if (laid <= 0) {
-        r = laid < 0 ? -1 : 0;
+    if (laid < 0)
+        goto python; /* a getter raised: RowPath._tensor notes the tensor */
+    if (laid == 0) {
+        r = 0;
         goto done;
     }
     int reuse = 0; /* the op keeps its first input's values: that input's statistics */
