@@ -237,13 +237,15 @@ static int pass_strided(const char *p, int kind, Py_ssize_t ndim, const Py_ssize
     }
     const size_t es = elem_size[kind];
     kernel_t kernel = kernels[kind];
-    Py_ssize_t idx[MAX_DIMS] = {0};
+    Py_ssize_t idx[MAX_DIMS] = {0}, elements = (Py_ssize_t)inner;
+    for (Py_ssize_t d = 0; d < nd; d++)
+        elements *= size[d];
     /* Short runs (a half-width slice of a head) are packed into a block first: one kernel call
      * per block instead of one per run, whose set-up would dominate. */
     double block[GATHER_BYTES / sizeof(double)]; /* on the stack: 16 KiB */
     const size_t run_bytes = inner * es, gather = inner < 256 ? GATHER_BYTES / run_bytes : 0;
     size_t packed = 0;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *released = elements < GIL_FREE_ELEMENTS ? NULL : PyEval_SaveThread();
     for (;;) {
         Py_ssize_t off = 0;
         for (Py_ssize_t d = 0; d < nd; d++)
@@ -263,7 +265,8 @@ static int pass_strided(const char *p, int kind, Py_ssize_t ndim, const Py_ssize
     }
     if (packed)
         kernel(block, packed * inner, r);
-    Py_END_ALLOW_THREADS
+    if (released != NULL)
+        PyEval_RestoreThread(released);
     r->sum *= repeat, r->sumsq *= repeat;
     return 0;
 }
@@ -323,15 +326,6 @@ static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize
 /* The capsule xray.dump._moments._C_API: the passes for C callers (xray/dump/moments_api.h). */
 #include "moments_api.h"
 
-static int api_contiguous(const void *p, Py_ssize_t n, int kind, double out[4]) {
-    if (p == NULL || n <= 0 || kind < 0 || kind >= NKINDS)
-        return 1;
-    moments_t r = {INFINITY, -INFINITY, 0.0, 0.0};
-    pass_contiguous(p, n, kind, &r);
-    out[0] = r.min, out[1] = r.max, out[2] = r.sum, out[3] = r.sumsq;
-    return 0;
-}
-
 static int api_strided(const void *p, int kind, Py_ssize_t ndim, const Py_ssize_t *sizes, const Py_ssize_t *strides,
                        double out[4]) {
     if (p == NULL || kind < 0 || kind >= NKINDS)
@@ -346,7 +340,7 @@ static int api_strided(const void *p, int kind, Py_ssize_t ndim, const Py_ssize_
     return done;
 }
 
-static xray_moments_api c_api = {XRAY_MOMENTS_API_VERSION, api_contiguous, api_strided};
+static xray_moments_api c_api = {XRAY_MOMENTS_API_VERSION, api_strided};
 
 static PyMethodDef methods[] = {
     {"moments", (PyCFunction)(void (*)(void))moments, METH_FASTCALL,

@@ -97,7 +97,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     /* shared state: the same objects the Python row path reads and writes */
-    PyObject *recorder, *rdict, *cache, *producers, *entries, *seen, *stack, *plans, *frame_ids, *dims, *dtypes,
+    PyObject *rdict, *cache, *producers, *entries, *seen, *stack, *plans, *frame_ids, *dims, *dtypes,
         *state;
     PyObject *cpu, *keyed, *tensor_mark, *input_source, *no_source, *src_op, *none_id, *forward, *zero, *one;
     PyObject *tensor_type, *param_type, *fold_type, *op_info, *compute, *len_modes, *graph_task;
@@ -116,7 +116,7 @@ typedef struct {
 } FastPath;
 
 #define FP_OBJECTS(X)                                                                                      \
-    X(recorder) X(rdict) X(cache) X(producers) X(entries) X(seen) X(stack) X(plans) X(frame_ids) X(dims)    \
+    X(rdict) X(cache) X(producers) X(entries) X(seen) X(stack) X(plans) X(frame_ids) X(dims)    \
     X(dtypes) X(state) X(cpu) X(keyed) X(tensor_mark) X(input_source) X(no_source) X(src_op) X(none_id)      \
     X(forward) X(zero) X(one) X(tensor_type) X(param_type) X(fold_type) X(op_info) X(compute) X(len_modes)   \
     X(graph_task) X(py_tensor) X(py_layout) X(py_plan) X(py_state_cells) X(py_frame_ids) X(py_after)         \
@@ -164,8 +164,9 @@ static const char *const init_names[] = {
 #define N_INIT_OBJECTS ((int)(sizeof init_names / sizeof init_names[0]))
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
+    PyObject *recorder = NULL; /* only its instance dict is kept (rdict) */
     PyObject **slots[] = {
-        &self->recorder, &self->cache, &self->producers, &self->entries, &self->seen, &self->stack, &self->plans,
+        &recorder, &self->cache, &self->producers, &self->entries, &self->seen, &self->stack, &self->plans,
         &self->frame_ids, &self->dims, &self->dtypes, &self->state, &self->cpu, &self->keyed, &self->tensor_mark,
         &self->input_source, &self->no_source, &self->src_op, &self->none_id, &self->forward, &self->tensor_type,
         &self->param_type, &self->fold_type, &self->op_info, &self->compute, &self->len_modes, &self->graph_task,
@@ -174,6 +175,7 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
         &self->py_wrote, &self->py_produced, &self->py_producers_sweep, &self->native_kinds, &self->strided,
         &self->writer, &self->monotonic};
     _Static_assert(sizeof slots / sizeof slots[0] == sizeof init_names / sizeof init_names[0], "one slot a name");
+    (void)recorder;
     if (PyTuple_GET_SIZE(args) != 0 || kw == NULL) {
         PyErr_SetString(PyExc_TypeError, "FastPath takes keyword arguments only");
         return -1;
@@ -214,7 +216,7 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
         }
     }
     Py_XSETREF(self->rdict, rdict);
-    for (int i = 0; i < N_INIT_OBJECTS; i++)
+    for (int i = 1; i < N_INIT_OBJECTS; i++)
         Py_XSETREF(*slots[i], Py_NewRef(values[i]));
     self->native_max = PyLong_AsSsize_t(native_max);
     self->writes_seen = PyObject_IsTrue(ws);
@@ -582,23 +584,25 @@ done:
     return 0;
 }
 
-/* layout_cells, or Python's RowPath._layout for the rest (l->shape NULL then: no native
- * statistics). A text seen for the first time is interned by Python's _layout, and the cells
- * are then read here. -1 with an error set: the tensor is noted (rows._Noted) or cannot be
- * read, which RowPath._tensor turns into a note. */
-static int layout_of(FastPath *self, PyObject *t, Layout *l) {
+/* layout_cells, where a text seen for the first time is first interned by Python's
+ * RowPath._layout (which raises for what it notes: -1 with that error set). */
+static int layout_interned(FastPath *self, PyObject *t, Layout *l) {
     int unseen, r = layout_cells(self, t, l, &unseen);
+    if (r != 0 || !unseen)
+        return r;
+    if (done_with(call1(self->py_layout, t)) < 0)
+        return -1;
+    return layout_cells(self, t, l, &unseen);
+}
+
+/* layout_interned, or Python's RowPath._layout for the rest (l->shape NULL then: no native
+ * statistics). -1 with an error set: the tensor is noted (rows._Noted) or cannot be read, which
+ * RowPath._tensor turns into a note. */
+static int layout_of(FastPath *self, PyObject *t, Layout *l) {
+    int r = layout_interned(self, t, l);
     if (r != 0)
         return r;
-    PyObject *cells = call1(self->py_layout, t);
-    if (cells == NULL)
-        return -1;
-    if (unseen && layout_cells(self, t, l, &unseen) != 0) { /* now interned: the same cells */
-        Py_DECREF(cells);
-        return l->cells != NULL ? 1 : -1;
-    }
-    l->cells = cells;
-    return 1;
+    return (l->cells = call1(self->py_layout, t)) != NULL ? 1 : -1;
 }
 
 /* stats.stats_row for a CPU tensor that stats._native_moments takes and whose elements are all
@@ -680,6 +684,17 @@ static PyObject *row_layout(PyObject *layout, PyObject *t) {
 static int append3(RowCall *call, PyObject *layout, PyObject *stats, PyObject *source) {
     return (PyList_Append(call->layouts, layout) < 0 || PyList_Append(call->stats, stats) < 0 ||
             PyList_Append(call->sources, source) < 0) ? -1 : 0;
+}
+
+/* The condition under which an op that keeps its input's values hands on that input's
+ * statistics (RowPath._new_output, cache_rules.reuse_input_stats): the same dtype and as many
+ * elements. 1 yes, 0 no, -1 error. */
+static int same_values(PyObject *src, PyObject *dst) {
+    PyObject *d1 = PyObject_GetAttr(src, s_dtype), *d2 = d1 ? PyObject_GetAttr(dst, s_dtype) : NULL;
+    PyObject *n1 = d2 ? call0(src, s_numel) : NULL, *n2 = n1 ? call0(dst, s_numel) : NULL;
+    int same = n2 ? (d1 == d2 ? PyObject_RichCompareBool(n1, n2, Py_EQ) : 0) : -1;
+    Py_XDECREF(d1), Py_XDECREF(d2), Py_XDECREF(n1), Py_XDECREF(n2);
+    return same;
 }
 
 /* StatsCache.store: the one entry of t, as of version and ptr, and the sweep of dead ones. */
@@ -982,10 +997,10 @@ static int produced(FastPath *self, PyObject *seq, PyObject *out) {
         PyObject *argv[] = {seq, out};
         return done_with(PyObject_Vectorcall(self->py_produced, argv, 2, NULL));
     }
-    Py_ssize_t n = is_plain(self, out) ? 1 : PySequence_Fast_GET_SIZE(out), k = 0;
-    int r = 0;
+    int single = is_plain(self, out), r = 0;
+    Py_ssize_t n = single ? 1 : PySequence_Fast_GET_SIZE(out), k = 0;
     for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
-        PyObject *o = is_plain(self, out) ? out : PySequence_Fast_GET_ITEM(out, i);
+        PyObject *o = single ? out : PySequence_Fast_GET_ITEM(out, i);
         if (!is_plain(self, o))
             continue;
         PyObject *by_id = PyObject_GetAttr(self->producers, s_by_id); /* each time: a sweep replaces it */
@@ -1027,16 +1042,9 @@ static int new_output(FastPath *self, OpFacts *op, RowCall *call, PyObject *t) {
     }
     if (version == NULL || version == Py_None || (ptr = call0(t, s_data_ptr)) == NULL)
         goto python;
-    int unseen, laid = layout_cells(self, t, &l, &unseen);
-    if (laid == 0 && unseen) { /* a text seen for the first time: Python's _layout interns it */
-        PyObject *cells = call1(self->py_layout, t);
-        if (cells == NULL)
-            goto python;
-        Py_DECREF(cells);
-        laid = layout_cells(self, t, &l, &unseen);
-    }
+    int laid = layout_interned(self, t, &l);
     if (laid < 0)
-        goto python; /* a getter raised: RowPath._tensor notes the tensor */
+        goto python; /* noted, or a getter raised: the general steps note the tensor */
     if (laid == 0) {
         r = 0;
         goto done;
@@ -1046,15 +1054,8 @@ static int new_output(FastPath *self, OpFacts *op, RowCall *call, PyObject *t) {
         int noted = call->notes != Py_None && PyDict_Check(call->notes) ? PyDict_Contains(call->notes, self->zero) : 0;
         if (noted < 0)
             goto python;
-        if (!noted) {
-            PyObject *d = PyObject_GetAttr(first, s_dtype), *n1 = d ? call0(first, s_numel) : NULL;
-            PyObject *n2 = n1 ? call0(t, s_numel) : NULL;
-            int same = n2 ? (d == l.dtype && PyObject_RichCompareBool(n1, n2, Py_EQ) == 1) : -1;
-            Py_XDECREF(d), Py_XDECREF(n1), Py_XDECREF(n2);
-            if (same < 0)
-                goto python;
-            reuse = same;
-        }
+        if (!noted && (reuse = same_values(first, t)) < 0)
+            goto python;
     }
     stats = reuse ? Py_NewRef(PyList_GET_ITEM(call->stats, 0)) : stats_of(self, t, ptr, &l);
     if (stats == NULL)
@@ -1111,10 +1112,7 @@ static int reuse_input_stats(FastPath *self, RowCall *call, PyObject *out) {
     int noted = call->notes != Py_None && PyDict_Check(call->notes) ? PyDict_Contains(call->notes, self->zero) : 0;
     if (noted != 0 || !is_plain(self, out) || PyList_GET_SIZE(call->stats) == 0)
         return noted < 0 ? -1 : 0; /* the input was not described, or several results */
-    PyObject *d1 = PyObject_GetAttr(src, s_dtype), *d2 = d1 ? PyObject_GetAttr(out, s_dtype) : NULL;
-    PyObject *n1 = d2 ? call0(src, s_numel) : NULL, *n2 = n1 ? call0(out, s_numel) : NULL;
-    int same = n2 ? (d1 == d2 && PyObject_RichCompareBool(n1, n2, Py_EQ) == 1) : -1;
-    Py_XDECREF(d1), Py_XDECREF(d2), Py_XDECREF(n1), Py_XDECREF(n2);
+    int same = same_values(src, out);
     if (same <= 0)
         return same < 0 ? -1 : 1;
     PyObject *version = stamp(self, out);
@@ -1363,7 +1361,7 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
     }
     PyObject *func = argv[0], *args = argv[1], *kwargs = argv[2];
     OpFacts *op = NULL;
-    if (self->rdict == NULL) /* closed */
+    if (self->rdict == NULL) /* cleared by the collector */
         return Py_NewRef(FALLBACK);
     int theirs = python_call(self, &op, func, args, kwargs);
     if (theirs != 0) /* an Exception here: Python's path meets the same problem and says so */
@@ -1415,16 +1413,9 @@ cleanup:
     return out;
 }
 
-static PyObject *fp_close(FastPath *self, PyObject *unused) {
-    (void)unused;
-    fp_clear(self);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef fp_methods[] = {
     {"on_op", (PyCFunction)(void (*)(void))fp_on_op, METH_FASTCALL,
      "on_op(func, args, kwargs) -> the op's result, recorded; FALLBACK: Python takes the call (nothing done)."},
-    {"close", (PyCFunction)fp_close, METH_NOARGS, "Drop every reference (the recorder is done)."},
     {NULL, NULL, 0, NULL},
 };
 
