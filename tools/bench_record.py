@@ -200,10 +200,16 @@ def main(argv=None) -> int:
                 ("0x102 no dedup, per forward, inference_mode", CONFIGS[3][1], torch.inference_mode, "1"),
                 ("0x102 dedup, per forward, Python row path", CONFIGS[0][1], torch.no_grad, "0"),
                 ("0x102 no dedup, per forward, Python row path", CONFIGS[3][1], torch.no_grad, "0")):
+            previous = os.environ.get("XRAY_NATIVE_ROWS")
             os.environ["XRAY_NATIVE_ROWS"] = native
-            with mode():  # inference tensors carry no version counter: their own cache rule
-                median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
-            os.environ.pop("XRAY_NATIVE_ROWS")
+            try:
+                with mode():  # inference tensors carry no version counter: their own cache rule
+                    median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
+            finally:  # the caller's setting back, for the rows that follow
+                if previous is None:
+                    os.environ.pop("XRAY_NATIVE_ROWS")
+                else:
+                    os.environ["XRAY_NATIVE_ROWS"] = previous
             rows.append([label, f"{median:.2f}x (mean {mean:.2f}x)", "", "", "", ""])
             results.append({"config": label, "ratio": median, "mean_ratio": mean})
         for level in ("L1", "mix"):
