@@ -79,6 +79,8 @@ else:  # one RowCall type, so that calls the C path hands back pass Recorder._af
     RowCall = _fastpath.RowCall  # noqa: F811
 # "0": no C path even where it is built (the Python row path takes every call; same index).
 NATIVE_ENV = "XRAY_NATIVE_ROWS"
+# What the C path answers for a call it leaves to the Recorder (nothing done yet)
+FALLBACK = None if _fastpath is None else _fastpath.FALLBACK
 
 
 class RowPath:

@@ -30,7 +30,7 @@ from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
-from .rows import RowCall, RowPath, _fastpath, native_path
+from .rows import FALLBACK as _FALLBACK, RowCall, RowPath, native_path
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -400,7 +400,6 @@ def _described(outs: list, metas: list) -> Iterator[tuple[torch.Tensor, Stats]]:
             yield o, m.stats
 
 
-_FALLBACK = None if _fastpath is None else _fastpath.FALLBACK
 _PLACEHOLDER = TensorMeta((), "float32")
 
 
