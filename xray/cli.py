@@ -13,6 +13,8 @@ EXAMPLES = """examples:
   xray record -o dumps/run -- train.py --lr 1e-3   # dump a script without editing it
   xray info xray_debug/proc_1234            # what a dump holds
   xray drift xray.drift.examples:tiny_llama -b onnxrt-cpu -b torch-compile --out drift/
+  xray explain xray.explain.examples:demo_llama --target cpu:bf16 --inject aten.mm.default#5+0.05
+  xray fix xray.explain.examples:t5_fp16_overflow --target cpu:fp16 --max-error 1e-2
 """
 
 
@@ -176,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="backend preset, repeatable (default onnxrt-cpu); name:key=value overrides options")
     drift.add_argument("--out", default="xray-drift", help="output folder (default: xray-drift)")
     drift.add_argument("--no-layers", action="store_true", help="print the backend table only, no per-layer tables")
+    from .explain import cli as explain_cli
+
+    explain_cli.add_parsers(sub)
     args = ap.parse_args(argv)
     from .quiet import quiet_third_party
 
@@ -187,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
     if args.cmd == "drift":
         return _drift(args)
+    if args.cmd in ("explain", "fix"):
+        from .explain import cli as explain_cli
+
+        return explain_cli.run_explain(args) if args.cmd == "explain" else explain_cli.run_fix(args)
     if args.cmd == "export-json":
         return _export_json(args)
     if args.cmd == "record":

@@ -1,0 +1,295 @@
+"""``explain``: how much of the target's final error each module, then each op, explains.
+
+For every place (a named module) the target is rerun twice: once with the place fed the bench's
+inputs (what reaches the output is the place's own error plus what bypasses it; its output on
+those inputs is its *local error*) and once with its output replaced by the bench's (cast to the
+target's dtype). The difference of the two final errors is the error the place itself makes:
+its ``share``. Its ``self_share`` leaves out what its child modules make, so a broken matmul
+ranks its own Linear first, not the decoder layer around it. Three views come with it:
+
+- one place at a time: ``share``/``self_share`` and ``error_grafted`` (final error with it grafted);
+- cumulative, "fix everything up to here": ``prefix_error``, every place that finished before
+  this one grafted too (QAIRT's cumulative-layerwise, seen from the other end);
+- each layer on its own with bench inputs: ``local_err`` (QAIRT's layerwise), beside
+  ``accumulated_err``, its output's error in the plain target run (QAIRT's oneshot-layerwise).
+
+Inside the modules that explain most, the recorder dumps both runs, compare matches their calls
+and judges them (local error, born or inherited), and each matched call is grafted alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import hooks, ops, places
+from .progress import bar
+from .spec import Spec, check_available, parse_spec
+from .trees import error
+
+# A place explains "most" of an error when it removes more than half of it: the residual after
+# the top place is called spread when no place explains most of it.
+MOST = 0.5
+
+
+@dataclass
+class Row:
+    kind: str  #: "module" or "op"
+    name: str  #: module path; for an op, compare's name of the call (module/op#bench seq)
+    module: str
+    what: str  #: module class or ATen op
+    depth: int
+    order: int  #: when its output was ready (first call), in execution order
+    calls: int = 1
+    share: float | None = None  #: of the final error, made by this place (children included)
+    self_share: float | None = None  #: ... by this place's own code, children excluded
+    error_grafted: float | None = None  #: final error with this place's output taken from the bench
+    error_fed: float | None = None  #: final error with this place fed the bench's inputs
+    prefix_error: float | None = None  #: final error with everything up to here grafted
+    local_err: float | None = None  #: its output's error on the bench's inputs
+    accumulated_err: float | None = None  #: its output's error in the target run
+    residual_share: float | None = None  #: of the error left once the top place is grafted
+    status: str = ""  #: compare's verdict of an op (pass/warning/fail/nan/inf)
+    origin: str = ""  #: compare: born here or inherited
+    cause: str = ""
+    local_floor: float | None = None  #: compare: CPU's own error at the target's dtype on that op
+
+
+@dataclass
+class Explanation:
+    bench: str
+    target: str
+    error: float  #: final error of the target against the bench (normwise, numerics.metrics)
+    rows: list[Row]
+    top: str | None = None  #: the place that explains most (its own code)
+    top_op: str | None = None  #: the call inside it that explains most
+    error_without_top: float | None = None
+    rest: dict = field(default_factory=dict)
+    verdict: str = ""
+    compare: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def ranking(self, kind: str = "module") -> list[Row]:
+        """Places by how much of the error their own code makes (self share), most first."""
+        rows = [r for r in self.rows if r.kind == kind and r.self_share is not None]
+        return sorted(rows, key=lambda r: -r.self_share)
+
+    def row(self, name: str) -> Row | None:
+        return next((r for r in self.rows if r.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Runs:
+    """Everything a graft run needs: the target model and inputs, its spec, what wraps it."""
+
+    model: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    spec: Spec
+    bench: hooks.Capture
+    below: Callable | None = None
+
+    def final_error(self, graft=(), feed=(), above: Callable | None = None, local: dict | None = None) -> float:
+        plan = hooks.Plan(frozenset(graft), frozenset(feed), self.bench)
+        result = hooks.run(self.model, self.args, self.kwargs, self.spec, plan, self.below, above)
+        if local is not None:
+            local.update(result.local)
+        return error(result.final, self.bench.final)
+
+
+def prepare(model, args, kwargs, bench: str | Spec, target: str | Spec):
+    bench = parse_spec(bench) if isinstance(bench, str) else bench
+    target = parse_spec(target) if isinstance(target, str) else target
+    for s in (bench, target):
+        check_available(s)
+    args = args if isinstance(args, tuple) else (args,)
+    bm, (ba, bk) = bench.prepare(model, (args, dict(kwargs or {})))
+    tm, (ta, tk) = target.prepare(model, (args, dict(kwargs or {})))
+    return bench, target, (bm, ba, bk), (tm, ta, tk)
+
+
+def capture_both(model, args, kwargs, bench, target, target_context=None):
+    """Both plain runs with every module call captured: (bench spec, Runs, target capture)."""
+    bench, target, (bm, ba, bk), (tm, ta, tk) = prepare(model, args, kwargs, bench, target)
+    bcap = hooks.run(bm, ba, bk, bench, hooks.Plan(capture=True)).capture
+    tcap = hooks.run(tm, ta, tk, target, hooks.Plan(capture=True), below=target_context).capture
+    return bench, Runs(tm, ta, tk, target, bcap, target_context), tcap, (bm, ba, bk)
+
+
+def explain(model: torch.nn.Module, args: Any, kwargs: dict | None = None, *, target: str | Spec = "cpu:bf16",
+            bench: str | Spec = "cpu", target_context: Callable | None = None, op_modules: int = 3,
+            max_ops: int = 64, residual: bool = True, progress: bool | None = None,
+            workdir: str | Path | None = None, threads: int | None = 1) -> Explanation:
+    """Explain the target's final error place by place (module docstring).
+
+    ``target_context``: a callable returning a context manager entered around every target
+    forward inside its precision mode (a backend's dispatch mode, a fault injector).
+    ``op_modules``: how many of the top modules get op-level grafts (0: none); ``max_ops`` caps
+    the calls grafted. ``workdir`` keeps the two dumps of the op level there. ``threads`` caps
+    torch's intra-op threads meanwhile (None keeps torch's setting; see ``capped_threads``)."""
+    with capped_threads(threads):
+        return _explain(model, args, kwargs, target, bench, target_context, op_modules, max_ops, residual,
+                        progress, workdir)
+
+
+@contextlib.contextmanager
+def capped_threads(threads: int | None):
+    """Demo-sized models run hundreds of short forwards whose ops are too small to share among
+    threads: on a busy 2-core machine one thread ran the demo Llama's forward in 5 ms, two in
+    270 ms (OpenMP barriers waiting for a core). Restored afterwards."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(max(1, min(threads, previous)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _explain(model, args, kwargs, target, bench, target_context, op_modules, max_ops, residual, progress,
+             workdir) -> Explanation:
+    started = time.perf_counter()
+    bspec, runs, tcap, bench_run = capture_both(model, args, kwargs, bench, target, target_context)
+    e0 = error(tcap.final, runs.bench.final)
+    names = [n for n in tcap.finished if n in runs.bench.calls]
+    kinds = dict((n, type(m).__name__) for n, m in hooks.places(runs.model))
+    rows: dict[str, Row] = {}
+    for i, n in enumerate(names):
+        acc = max((error(t.output, b.output) for t, b in zip(tcap.calls[n], runs.bench.calls[n])), default=0.0)
+        rows[n] = Row("module", n, n, kinds.get(n, ""), places.depth(n), i, len(tcap.calls[n]), accumulated_err=acc)
+    if e0 > 0:
+        _one_at_a_time(runs, rows, names, e0, progress)
+        _self_shares(rows, names)
+        _prefix(runs, rows, names, progress)
+    result = Explanation(str(bspec), str(runs.spec), e0, list(rows.values()))
+    ranked = result.ranking()
+    if ranked and ranked[0].self_share > 0:
+        top = ranked[0]
+        result.top, result.error_without_top = top.name, top.error_grafted
+        if op_modules:
+            _op_level(result, runs, bench_run, bspec, [r.name for r in ranked[:op_modules]], max_ops, workdir,
+                      progress)
+        if residual:
+            _residual(result, runs, rows, names, top, progress)
+    result.verdict = verdict(result)
+    result.seconds = round(time.perf_counter() - started, 2)
+    return result
+
+
+def _one_at_a_time(runs: Runs, rows: dict[str, Row], names: list[str], e0: float, progress) -> None:
+    for n in bar(names, "explain: modules", progress):
+        local: dict[str, float] = {}
+        r = rows[n]
+        r.error_fed = runs.final_error(feed=[n], local=local)
+        r.local_err = local.get(n)
+        r.error_grafted = runs.final_error(graft=[n])
+        r.share = places.share(e0, r.error_grafted) - places.share(e0, r.error_fed)
+
+
+def _self_shares(rows: dict[str, Row], names: list[str]) -> None:
+    kids = places.children(names)
+    for n in names:
+        r = rows[n]
+        r.self_share = r.share - sum(rows[c].share for c in kids[n])
+
+
+def _prefix(runs: Runs, rows: dict[str, Row], names: list[str], progress) -> None:
+    for i, n in enumerate(bar(names, "explain: cumulative", progress)):
+        rows[n].prefix_error = runs.final_error(graft=names[: i + 1])
+
+
+def _residual(result: Explanation, runs: Runs, rows: dict[str, Row], names: list[str], top: Row, progress) -> None:
+    """What is left once the top place is grafted, and whether one place explains most of it."""
+    left = top.error_grafted
+    others = [n for n in names if not places.is_inside(n, top.name) and not places.is_inside(top.name, n)]
+    if not left or not others:
+        result.rest = {"error": left, "places": 0}
+        return
+    base = [top.name]
+    shares = {}
+    for n in bar(others, "explain: residual", progress):
+        fed = runs.final_error(graft=base, feed=[n])
+        grafted = runs.final_error(graft=base + [n])
+        shares[n] = places.share(left, grafted) - places.share(left, fed)
+    kids = places.children(others)
+    for n in others:
+        rows[n].residual_share = shares[n] - sum(shares[c] for c in kids[n])
+    ordered = sorted(others, key=lambda n: -rows[n].residual_share)
+    total, half = 0.0, 0
+    for n in ordered:
+        total += max(rows[n].residual_share, 0.0)
+        half += 1
+        if total >= MOST:
+            break
+    best = rows[ordered[0]]
+    result.rest = {"error": left, "share_of_error": places.share(result.error, result.error - left),
+                   "best_place": best.name, "best_share": best.residual_share, "places_for_half": half,
+                   "places": len(others), "spread": best.residual_share < MOST}
+
+
+def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: list[str], max_ops: int,
+              workdir, progress) -> None:
+    """Graft each matched call inside ``modules`` alone; compare's verdicts come along."""
+    bm, ba, bk = bench_run
+    with ops.Workdir(workdir) as folder:
+        bdump = ops.record(lambda above: hooks.run(bm, ba, bk, bspec, above=above), folder / "bench")
+        tdump = ops.record(lambda above: hooks.run(runs.model, runs.args, runs.kwargs, runs.spec,
+                                                   below=runs.below, above=above), folder / "target")
+        calls, summary = ops.matched_calls(bdump, tdump)
+        born = [c for c in calls if c.origin == "born" and c.cause.startswith("local error")]
+        result.compare = {"matched": summary.matched, "pass": summary.passed, "warning": summary.warned,
+                          "fail": summary.failed, "nan_inf": summary.nan_inf,
+                          "born": [c.name for c in born]}
+        inside = [c for c in calls if any(places.is_inside(c.module, m) for m in modules)
+                  and c.status != "pass"][:max_ops]
+        values = ops.bench_values(bdump, inside)
+    for c in bar(inside, "explain: ops", progress):
+        value = values.get((c.bench_seq, c.output))
+        if value is None:
+            continue
+        mode = lambda c=c, v=value: ops.GraftOps({c.target_seq: (c.op, c.output, v)})
+        after = runs.final_error(above=mode)
+        result.rows.append(Row("op", c.name, c.module, c.op, places.depth(c.module) + 1,
+                               result.row(c.module).order if result.row(c.module) else -1,
+                               share=places.share(result.error, after), error_grafted=after,
+                               local_err=c.local_err, accumulated_err=c.accumulated_err, status=c.status,
+                               origin=c.origin, cause=c.cause, local_floor=c.local_floor))
+    top_ops = sorted((r for r in result.rows if r.kind == "op" and places.is_inside(r.module, result.top)),
+                     key=lambda r: -r.share)
+    if top_ops and top_ops[0].share > 0:
+        result.top_op = top_ops[0].name
+
+
+def verdict(x: Explanation) -> str:
+    """The explanation in words."""
+    if x.error == 0:
+        return f"the target ({x.target}) gives the bench's ({x.bench}) output exactly: nothing to explain"
+    if x.top is None:
+        return f"final error {x.error:.3g}: no single module's own code removes any of it when grafted"
+    top = x.row(x.top)
+    words = [f"final error {x.error:.3g}; {x.top} ({top.what}) makes {100 * top.self_share:.0f}% of it"]
+    if x.top_op:
+        op = x.row(x.top_op)
+        words.append(f", in the call {x.top_op} (grafting it leaves {op.error_grafted:.3g}"
+                     + (f"; compare: {op.origin}, {op.cause}" if op.origin else "") + ")")
+    rest = x.rest
+    if rest.get("places"):
+        words.append(f". With it grafted the error is {rest['error']:.3g}")
+        if rest["spread"]:
+            words.append(f": the rest is {x.target.partition(':')[2] or x.target} noise spread over the model "
+                         f"(no place explains more than {100 * max(rest['best_share'], 0):.0f}% of it; "
+                         f"{rest['places_for_half']} places make half)")
+        else:
+            words.append(f": {rest['best_place']} makes {100 * rest['best_share']:.0f}% of the rest")
+    born = [b for b in x.compare.get("born", []) if b != x.top_op]
+    if x.compare:
+        words.append(f". compare: {len(born)} other call(s) born wrong"
+                     + (f" ({', '.join(born[:3])})" if born else f", {x.compare['warning']} within precision (warnings)"))
+    return "".join(words)
