@@ -38,3 +38,12 @@ def t5_fp16_overflow(d_model: int = 128, seq: int = 32, seed: int = 0):
     ids = torch.randint(0, 256, (2, seq), generator=g)
     decoder_ids = torch.randint(0, 256, (2, seq // 2), generator=g)
     return model, (), {"input_ids": ids, "decoder_input_ids": decoder_ids}
+
+
+def real_llama():
+    """A real-size case (hidden 1024, 512 tokens, SDPA attention, one layer to fit the CPU
+    budget); call 5 of aten.mm is again the MLP's up_proj, as in the demo."""
+    from ..demo.models import tiny_llama as llama
+
+    model = llama(layers=1, hidden=1024, heads=16, kv_heads=8, vocab=1000, intermediate=2752, attn="sdpa")
+    return model, (token_batch(batch=1, seq=512, vocab=1000),)

@@ -1,0 +1,82 @@
+"""How long ``xray explain`` and ``xray fix`` take, and what they find, against the 60 s goal.
+
+Runs the real command lines in fresh processes (the totals include importing torch and
+transformers, as a user's run does) and reads the results from explain.json / fix.json:
+
+- explain: the demo Llama (2 layers, hidden 64, 2x16 tokens), bf16 autocast target with the
+  demo's broken matmul call (``--inject aten.mm.default#5+0.05``);
+- fix: a T5 (2+2 layers, d_model 128) whose one FF layer overflows fp16, fp16 autocast
+  target, bound 1e-2;
+- with ``--real``: explain at real size (Llama hidden 1024, 512 tokens, one layer, module level
+  only), same fault.
+
+    python tools/bench_explain.py [--real] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL_S = 60.0
+FAULT = "aten.mm.default#5+0.05"
+
+
+def cli(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "xray.cli", *args], capture_output=True, text=True, env=env)
+    return time.perf_counter() - start, proc
+
+
+def explain_row(out: Path, factory: str, label: str, extra: list[str] = ()) -> list:
+    wall, proc = cli(["explain", factory, "--target", "cpu:bf16", "--inject", FAULT, "--out", str(out), *extra])
+    if proc.returncode != 0:
+        raise SystemExit(f"xray explain failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    x = json.loads((out / "explain.json").read_text())
+    found = f"top {x['top']}; call {x['top_op'] or '-'}"
+    result = f"error {x['error']:.3g} -> {x['error_without_top']:.3g} grafted; rest spread: {x['rest'].get('spread')}"
+    return [label, f"{x['seconds']:.1f}", f"{wall:.1f}", "yes" if wall <= GOAL_S else "NO", found, result]
+
+
+def fix_row(out: Path) -> list:
+    wall, proc = cli(["fix", "xray.explain.examples:t5_fp16_overflow", "--target", "cpu:fp16", "--max-error", "1e-2",
+                      "--out", str(out)])
+    if proc.returncode != 0:
+        raise SystemExit(f"xray fix failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    f = json.loads((out / "fix.json").read_text())
+    return ["fix: T5 fp16 overflow, bound 1e-2", f"{f['seconds']:.1f}", f"{wall:.1f}",
+            "yes" if wall <= GOAL_S else "NO", f"{len(f['modules'])} island(s): {', '.join(f['modules'])}",
+            f"error {f['error_before']} -> {f['error_after']:.3g} ({len(f['trials'])} trial runs)"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--real", action="store_true", help="add explain at real size (hidden 1024, 512 tokens)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp:
+        tmp = Path(tmp)
+        rows = [explain_row(tmp / "demo", "xray.explain.examples:demo_llama", "explain: demo Llama bf16 + fault"),
+                fix_row(tmp / "fix")]
+        if args.real:
+            rows.append(explain_row(tmp / "real", "xray.explain.examples:real_llama",
+                                    "explain: Llama h1024 x 512 tok bf16 + fault", ["--op-modules", "0",
+                                                                                    "--threads", "0"]))
+    head = ["run", "compute s", "wall s (fresh process)", f"<= {GOAL_S:.0f} s", "found", "result"]
+    print(tabulate(rows, head, tablefmt="github"))
+    if args.json:
+        Path(args.json).write_text(json.dumps([dict(zip(head, r)) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
