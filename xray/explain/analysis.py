@@ -67,6 +67,7 @@ class Explanation:
     rows: list[Row]
     top: str | None = None  #: the place that explains most (its own code)
     top_op: str | None = None  #: the call inside it that explains most
+    first_nonfinite: str | None = None  #: the first call inside it whose output is Inf/NaN where the bench's is not
     error_without_top: float | None = None
     rest: dict = field(default_factory=dict)
     verdict: str = ""
@@ -96,8 +97,9 @@ class Runs:
     bench: hooks.Capture
     below: Callable | None = None
 
-    def final_error(self, graft=(), feed=(), above: Callable | None = None, local: dict | None = None) -> float:
-        plan = hooks.Plan(frozenset(graft), frozenset(feed), self.bench)
+    def final_error(self, graft=(), feed=(), above: Callable | None = None, local: dict | None = None,
+                    calls=()) -> float:
+        plan = hooks.Plan(frozenset(graft), frozenset(calls), frozenset(feed), self.bench)
         result = hooks.run(self.model, self.args, self.kwargs, self.spec, plan, self.below, above)
         if local is not None:
             local.update(result.local)
@@ -167,7 +169,7 @@ def _explain(model, args, kwargs, target, bench, target_context, op_modules, max
     if e0 > 0:
         _one_at_a_time(runs, rows, names, e0, progress)
         _self_shares(rows, names)
-        _prefix(runs, rows, names, progress)
+        _prefix(runs, rows, tcap.returned, progress)
     result = Explanation(str(bspec), str(runs.spec), e0, list(rows.values()))
     ranked = result.ranking()
     if ranked and ranked[0].self_share > 0:
@@ -200,9 +202,13 @@ def _self_shares(rows: dict[str, Row], names: list[str]) -> None:
         r.self_share = r.share - sum(rows[c].share for c in kids[n])
 
 
-def _prefix(runs: Runs, rows: dict[str, Row], names: list[str], progress) -> None:
-    for i, n in enumerate(bar(names, "explain: cumulative", progress)):
-        rows[n].prefix_error = runs.final_error(graft=names[: i + 1])
+def _prefix(runs: Runs, rows: dict[str, Row], returned: list[tuple[str, int]], progress) -> None:
+    """Fix everything up to here: every module call that returned before a place's first call
+    did (a module called twice, like T5's dropout, counts each call where it happens)."""
+    calls = [c for c in returned if c[0] in rows]
+    for i, (n, k) in enumerate(bar(calls, "explain: cumulative", progress)):
+        if k == 0:
+            rows[n].prefix_error = runs.final_error(calls=calls[: i + 1])
 
 
 def _residual(result: Explanation, runs: Runs, rows: dict[str, Row], names: list[str], top: Row, progress) -> None:
@@ -265,6 +271,9 @@ def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: 
                      key=lambda r: -r.share)
     if top_ops and top_ops[0].share > 0:
         result.top_op = top_ops[0].name
+    inf = float("inf")
+    result.first_nonfinite = next((r.name for r in result.rows if r.kind == "op" and places.is_inside(r.module, result.top)
+                                   and inf in (r.accumulated_err, r.local_err)), None)
 
 
 def verdict(x: Explanation) -> str:
@@ -279,6 +288,10 @@ def verdict(x: Explanation) -> str:
         op = x.row(x.top_op)
         words.append(f", in the call {x.top_op} (grafting it leaves {op.error_grafted:.3g}"
                      + (f"; compare: {op.origin}, {op.cause}" if op.origin else "") + ")")
+    if x.first_nonfinite:
+        words.append(f"; the first Inf/NaN the bench does not have comes out of {x.first_nonfinite} "
+                     f"(a value that does not fit the target's dtype: a graft cast to it cannot remove it, "
+                     f"an fp32 island can)")
     rest = x.rest
     if rest.get("places"):
         words.append(f". With it grafted the error is {rest['error']:.3g}")

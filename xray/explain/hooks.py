@@ -29,6 +29,7 @@ class Capture:
 
     calls: dict[str, list[Call]] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)  #: places in the order their first call returned
+    returned: list[tuple[str, int]] = field(default_factory=list)  #: every (place, call) in the order it returned
     final: torch.Tensor | None = None
 
 
@@ -37,6 +38,7 @@ class Plan:
     """What a target run does at each place."""
 
     graft: frozenset[str] = frozenset()  #: replace these places' outputs by the bench's
+    graft_calls: frozenset[tuple[str, int]] = frozenset()  #: ... these single calls' outputs
     feed: frozenset[str] = frozenset()  #: run these places on the bench's inputs (their local error)
     bench: Capture | None = None
     capture: bool = False  #: record every call (inputs and outputs)
@@ -81,6 +83,7 @@ def _hooked(model: torch.nn.Module, plan: Plan, result: dict) -> Iterator[Captur
             k = counts[name] - 1
             if plan.capture:
                 cap.calls[name][k].output = trees.snapshot(output)
+                cap.returned.append((name, k))
                 if k == 0:
                     cap.finished.append(name)
             b = bench_call(name, k)
@@ -88,7 +91,7 @@ def _hooked(model: torch.nn.Module, plan: Plan, result: dict) -> Iterator[Captur
                 return None
             if name in plan.feed:
                 local[name] = max(local.get(name, 0.0), trees.error(output, b.output))
-            if name in plan.graft:
+            if name in plan.graft or (name, k) in plan.graft_calls:
                 return trees.graft(b.output, output)
             return None
         return hook
