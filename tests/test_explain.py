@@ -10,6 +10,7 @@ import torch
 from xray.cli import main
 from xray.explain import analysis, hooks
 from xray.explain.cli import parse_inject
+from xray.explain.ops import GraftOps
 from xray.explain.examples import OUTLIER_FF, demo_llama, t5_fp16_overflow
 from xray.explain.search import fix
 from xray.explain.spec import Spec, SpecError, parse_spec
@@ -118,6 +119,8 @@ def test_fix_cli_writes_code(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--target", "cpu:int3"], "unknown precision mode"),
     (["--target", "cpu:bf16", "--inject", "mm"], "--inject"),
+    (["--target", "cpu:bf16", "--bench", "cuda"] if not torch.cuda.is_available() else ["--target", "cpu:int3"],
+     "no CUDA device here" if not torch.cuda.is_available() else "unknown precision mode"),
 ])
 def test_bad_input_one_line_error(argv, message, capsys):
     rc = main(["explain", "xray.explain.examples:demo_llama", *argv])
@@ -128,3 +131,16 @@ def test_bad_input_one_line_error(argv, message, capsys):
 def test_bad_factory_one_line_error(capsys):
     rc = main(["fix", "no_such_module_xyz:f", "--target", "cpu:fp16", "--max-error", "1e-2"])
     assert rc == 2 and "cannot import" in capsys.readouterr().err
+
+
+def test_op_graft_replaces_the_numbered_call_and_refuses_another_op():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    value = torch.full((4, 4), 7.0)
+    with torch.no_grad(), GraftOps({1: ("aten.mm.default", 0, value)}) as mode:
+        x = torch.add(a, b)  # call 0
+        y = torch.mm(x, b)  # call 1: grafted
+        z = torch.mm(y, b)  # call 2: computed on the grafted value
+    assert mode.done == 1 and torch.equal(y, value) and torch.allclose(z, value @ b)
+    with pytest.raises(RuntimeError, match="does not issue the same calls"):
+        with torch.no_grad(), GraftOps({0: ("aten.mm.default", 0, value)}):
+            torch.add(a, b)

@@ -167,8 +167,8 @@ def _explain(model, args, kwargs, target, bench, target_context, op_modules, max
         acc = max((error(t.output, b.output) for t, b in zip(tcap.calls[n], runs.bench.calls[n])), default=0.0)
         rows[n] = Row("module", n, n, kinds.get(n, ""), places.depth(n), i, len(tcap.calls[n]), accumulated_err=acc)
     if e0 > 0:
-        _one_at_a_time(runs, rows, names, e0, progress)
-        _self_shares(rows, names)
+        one_at_a_time(runs, rows, names, e0, progress)
+        self_shares(rows, names)
         _prefix(runs, rows, tcap.returned, progress)
     result = Explanation(str(bspec), str(runs.spec), e0, list(rows.values()))
     ranked = result.ranking()
@@ -185,7 +185,8 @@ def _explain(model, args, kwargs, target, bench, target_context, op_modules, max
     return result
 
 
-def _one_at_a_time(runs: Runs, rows: dict[str, Row], names: list[str], e0: float, progress) -> None:
+def one_at_a_time(runs: Runs, rows: dict[str, Row], names: list[str], e0: float, progress) -> None:
+    """Fill each place's fed and grafted final errors, local error and share (fix ranks by them too)."""
     for n in bar(names, "explain: modules", progress):
         local: dict[str, float] = {}
         r = rows[n]
@@ -195,7 +196,8 @@ def _one_at_a_time(runs: Runs, rows: dict[str, Row], names: list[str], e0: float
         r.share = places.share(e0, r.error_grafted) - places.share(e0, r.error_fed)
 
 
-def _self_shares(rows: dict[str, Row], names: list[str]) -> None:
+def self_shares(rows: dict[str, Row], names: list[str]) -> None:
+    """A place's share less its child modules' shares: what its own code makes."""
     kids = places.children(names)
     for n in names:
         r = rows[n]
@@ -260,8 +262,10 @@ def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: 
         value = values.get((c.bench_seq, c.output))
         if value is None:
             continue
-        mode = lambda c=c, v=value: ops.GraftOps({c.target_seq: (c.op, c.output, v)})
-        after = runs.final_error(above=mode)
+        def graft_mode(c=c, v=value):
+            return ops.GraftOps({c.target_seq: (c.op, c.output, v)})
+
+        after = runs.final_error(above=graft_mode)
         result.rows.append(Row("op", c.name, c.module, c.op, places.depth(c.module) + 1,
                                result.row(c.module).order if result.row(c.module) else -1,
                                share=places.share(result.error, after), error_grafted=after,

@@ -1,7 +1,6 @@
 """``xray explain FACTORY --target SPEC`` and ``xray fix FACTORY --target SPEC --max-error E``."""
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path

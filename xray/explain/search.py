@@ -18,7 +18,6 @@ from typing import Any, Callable
 import torch
 
 from . import analysis, hooks, islands
-from .progress import bar
 from .trees import error
 
 
@@ -92,8 +91,8 @@ def _ranking(runs: analysis.Runs, tcap: hooks.Capture, e0: float, progress) -> l
     """Places by the share of the final error their own code makes, most first (explain's view)."""
     names = [n for n in tcap.finished if n in runs.bench.calls]
     rows = {n: analysis.Row("module", n, n, "", 0, i) for i, n in enumerate(names)}
-    analysis._one_at_a_time(runs, rows, names, e0, progress)
-    analysis._self_shares(rows, names)
+    analysis.one_at_a_time(runs, rows, names, e0, progress)
+    analysis.self_shares(rows, names)
     ranked = sorted(names, key=lambda n: -rows[n].self_share)
     return [n for n in ranked if rows[n].self_share > 0], rows
 
