@@ -8,9 +8,12 @@ transformers, as a user's run does) and reads the results from explain.json / fi
 - fix: a T5 (2+2 layers, d_model 128) whose one FF layer overflows fp16, fp16 autocast
   target, bound 1e-2;
 - with ``--real``: explain at real size (Llama hidden 1024, 512 tokens, one layer, module level
-  only), same fault.
+  only), same fault;
+- with ``--sweep``: the same fault on every ``aten.mm`` call of the demo Llama in turn, bf16
+  target, module level only: how often explain ranks the faulted call's module first (the
+  module read from a recorded dump of the bench run, not from explain).
 
-    python tools/bench_explain.py [--real] [--json out.json]
+    python tools/bench_explain.py [--real] [--sweep] [--json out.json]
 """
 from __future__ import annotations
 
@@ -58,9 +61,51 @@ def fix_row(out: Path) -> list:
             f"error {f['error_before']} -> {f['error_after']:.3g} ({len(f['trials'])} trial runs)"]
 
 
+def sweep(offset: float = 0.05) -> list:
+    """Fault each aten.mm call of the demo Llama in turn; count explain's top module hits."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    import xray
+    from xray.demo.inject import FaultSpec, InjectFault
+    from xray.explain import analysis
+    from xray.explain.examples import demo_llama
+    from xray.explain.trees import error
+
+    model, args = demo_llama()
+    with tempfile.TemporaryDirectory(prefix="bench-explain-sweep-") as tmp:
+        with torch.no_grad(), xray.dump(dump_dir=tmp, X_DEDUP=False, X_DUMP_NUM=0) as session:
+            model(*args)
+        with xray.load_dump(session.folder) as dump:
+            modules = [r.module for r in dump.records if r.op == "aten.mm.default"]
+    def final_error(target: str, context=None) -> float:
+        _, runs, tcap, _ = analysis.capture_both(model, args, {}, "cpu", target, context)
+        return error(tcap.final, runs.bench.final)
+
+    noise = final_error("cpu:bf16")  # what bf16 alone makes
+    hits, weak, misses, seconds = 0, [], [], []
+    for call, module in enumerate(modules):
+        spec = FaultSpec(op="aten.mm.default", call=call, scale=1.0, offset=offset)
+        fault = final_error("cpu", lambda: InjectFault(spec))  # what the fault alone makes, in fp32
+        if fault <= noise:  # a fault bf16's own error hides: nothing to rank first
+            weak.append(f"call {call} ({module}: {fault:.2g})")
+            continue
+        x = analysis.explain(model, args, target="cpu:bf16", target_context=lambda: InjectFault(spec),
+                             op_modules=0, residual=False)
+        seconds.append(x.seconds)
+        if x.top == module:
+            hits += 1
+        else:
+            misses.append(f"call {call} in {module}: top {x.top}")
+    found = f"faulted module first in {hits} of {len(modules) - len(weak)} faults above bf16's error {noise:.2g}"
+    return [f"sweep: +{offset} on each of {len(modules)} aten.mm calls, bf16", f"{sum(seconds):.1f}", "", "", found,
+            "; ".join(misses) or "no miss" + (f"; below bf16's error, not ranked: {', '.join(weak)}" if weak else "")]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--real", action="store_true", help="add explain at real size (hidden 1024, 512 tokens)")
+    ap.add_argument("--sweep", action="store_true", help="add the fault-position sweep (module level)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp:
@@ -71,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(explain_row(tmp / "real", "xray.explain.examples:real_llama",
                                     "explain: Llama h1024 x 512 tok bf16 + fault", ["--op-modules", "0",
                                                                                     "--threads", "0"]))
+    if args.sweep:
+        rows.append(sweep())
     head = ["run", "compute s", "wall s (fresh process)", f"<= {GOAL_S:.0f} s", "found", "result"]
     print(tabulate(rows, head, tablefmt="github"))
     if args.json:
