@@ -230,11 +230,11 @@ def _residual(result: Explanation, runs: Runs, rows: dict[str, Row], names: list
     for n in others:
         rows[n].residual_share = shares[n] - sum(shares[c] for c in kids[n])
     ordered = sorted(others, key=lambda n: -rows[n].residual_share)
-    total, half = 0.0, 0
-    for n in ordered:
+    total, half = 0.0, None
+    for i, n in enumerate(ordered):
         total += max(rows[n].residual_share, 0.0)
-        half += 1
         if total >= MOST:
+            half = i + 1
             break
     best = rows[ordered[0]]
     result.rest = {"error": left, "share_of_error": places.share(result.error, result.error - left),
@@ -255,8 +255,9 @@ def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: 
         result.compare = {"matched": summary.matched, "pass": summary.passed, "warning": summary.warned,
                           "fail": summary.failed, "nan_inf": summary.nan_inf,
                           "born": [c.name for c in born]}
-        inside = [c for c in calls if any(places.is_inside(c.module, m) for m in modules)
-                  and c.status != "pass"][:max_ops]
+        # the calls inside the top modules, and every call compare finds wrong on its own inputs
+        inside = [c for c in calls if (any(places.is_inside(c.module, m) for m in modules) and c.status != "pass")
+                  or c in born][:max_ops]
         values = ops.bench_values(bdump, inside)
     for c in bar(inside, "explain: ops", progress):
         value = values.get((c.bench_seq, c.output))
@@ -297,16 +298,24 @@ def verdict(x: Explanation) -> str:
                      f"(a value that does not fit the target's dtype: a graft cast to it cannot remove it, "
                      f"an fp32 island can)")
     rest = x.rest
+    born = [b for b in x.compare.get("born", []) if b != x.top_op]
+    # noise only when compare's rules find no other call wrong on its own inputs
+    noise = f"{x.target.partition(':')[2] or x.target} noise" if not born else "error"
     if rest.get("places"):
         words.append(f". With it grafted the error is {rest['error']:.3g}")
         if rest["spread"]:
-            words.append(f": the rest is {x.target.partition(':')[2] or x.target} noise spread over the model "
-                         f"(no place explains more than {100 * max(rest['best_share'], 0):.0f}% of it; "
-                         f"{rest['places_for_half']} places make half)")
+            half = (f"{rest['places_for_half']} places make half" if rest["places_for_half"] else
+                    "together they do not make half: the rest is made outside the modules' own code, "
+                    "such as the rounding of the output itself")
+            words.append(f": the rest is {noise} spread over the model "
+                         f"(no place explains more than {100 * max(rest['best_share'], 0):.0f}% of it; {half})")
         else:
             words.append(f": {rest['best_place']} makes {100 * rest['best_share']:.0f}% of the rest")
-    born = [b for b in x.compare.get("born", []) if b != x.top_op]
     if x.compare:
+        def named(b: str) -> str:
+            r = x.row(b)
+            return b + (f", {100 * r.share:.0f}% of the final error when grafted" if r and r.share is not None else "")
         words.append(f". compare: {len(born)} other call(s) born wrong"
-                     + (f" ({', '.join(born[:3])})" if born else f", {x.compare['warning']} within precision (warnings)"))
+                     + (f" ({'; '.join(named(b) for b in born[:3])})" if born
+                        else f", {x.compare['warning']} within precision (warnings)"))
     return "".join(words)
