@@ -44,6 +44,7 @@ class Row:
     what: str  #: module class or ATen op
     depth: int
     order: int  #: when its output was ready (first call), in execution order
+    tree: int = 0  #: position in ``named_modules()`` (a parent before its children)
     calls: int = 1
     share: float | None = None  #: of the final error, made by this place (children included)
     self_share: float | None = None  #: ... by this place's own code, children excluded
@@ -162,10 +163,12 @@ def _explain(model, args, kwargs, target, bench, target_context, op_modules, max
     e0 = error(tcap.final, runs.bench.final)
     names = [n for n in tcap.finished if n in runs.bench.calls]
     kinds = dict((n, type(m).__name__) for n, m in hooks.places(runs.model))
+    tree = {n: i for i, n in enumerate(kinds)}
     rows: dict[str, Row] = {}
     for i, n in enumerate(names):
         acc = max((error(t.output, b.output) for t, b in zip(tcap.calls[n], runs.bench.calls[n])), default=0.0)
-        rows[n] = Row("module", n, n, kinds.get(n, ""), places.depth(n), i, len(tcap.calls[n]), accumulated_err=acc)
+        rows[n] = Row("module", n, n, kinds.get(n, ""), places.depth(n), i, tree.get(n, 0), len(tcap.calls[n]),
+                      accumulated_err=acc)
     if e0 > 0:
         one_at_a_time(runs, rows, names, e0, progress)
         self_shares(rows, names)
@@ -267,8 +270,9 @@ def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: 
             return ops.GraftOps({c.target_seq: (c.op, c.output, v)})
 
         after = runs.final_error(above=graft_mode)
+        home = result.row(c.module)
         result.rows.append(Row("op", c.name, c.module, c.op, places.depth(c.module) + 1,
-                               result.row(c.module).order if result.row(c.module) else -1,
+                               home.order if home else -1, home.tree if home else -1,
                                share=places.share(result.error, after), error_grafted=after,
                                local_err=c.local_err, accumulated_err=c.accumulated_err, status=c.status,
                                origin=c.origin, cause=c.cause, local_floor=c.local_floor))

@@ -65,13 +65,11 @@ def _colour(share: float | None) -> str:
 
 def write_html(x: Explanation, path: Path) -> Path:
     """The module tree (nested by path) coloured by self share; self-contained, no scripts."""
-    modules = sorted((r for r in x.rows if r.kind == "module"), key=lambda r: r.order)
+    modules = sorted((r for r in x.rows if r.kind == "module"), key=lambda r: r.tree)  # a parent, then its children
     ops: dict[str, list[Row]] = {}
     for r in x.rows:
         if r.kind == "op":
             ops.setdefault(r.module, []).append(r)
-    by_depth = sorted(modules, key=lambda r: (r.name.split(".")))  # a parent before its children
-
     def line(r: Row) -> str:
         calls = "".join(f"<li class=op style='background:{_colour(o.share)}'><code>{html.escape(o.name)}</code> "
                         f"share {_num(o.share, True)}, compare {html.escape(o.status)} {html.escape(o.origin)}, "
@@ -82,7 +80,7 @@ def write_html(x: Explanation, path: Path) -> Path:
                 f"accumulated {_num(r.accumulated_err)} · fixed up to here {_num(r.prefix_error)}"
                 + (f"<ul>{calls}</ul>" if calls else "") + "</li>")
 
-    body = "\n".join(line(r) for r in by_depth)
+    body = "\n".join(line(r) for r in modules)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>xray explain</title>
 <style>body{{font-family:sans-serif;margin:2em}} ul{{list-style:none;padding-left:0}}
 li{{padding:2px 6px;margin:1px 0;border-radius:3px}} code{{font-size:90%}}</style></head><body>
