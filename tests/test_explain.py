@@ -93,18 +93,21 @@ def test_fix_finds_fp32_islands_for_an_fp16_overflow(t5_fix):
     assert f.error_before > 1e-2  # NaN logits: the normwise error is inf
     assert f.found and 1 <= len(f.modules) <= 3 and f.error_after <= 1e-2
     assert f.modules == [OUTLIER_FF]  # narrowed down to the layer whose output overflows
+    assert f.ops == {OUTLIER_FF: ["aten.mm.default"]}  # then ops: only its matmul needs fp32
+    assert f.error_after_ops <= 1e-2
 
 
-def test_fix_printed_code_does_the_same_when_pasted(t5_fix):
+@pytest.mark.parametrize("which", ["code", "op_code"])
+def test_fix_printed_code_does_the_same_when_pasted(t5_fix, which):
     model, args, kwargs = t5_fp16_overflow()  # a fresh model, as a user's script builds it
     namespace = {"model": model}
-    exec(t5_fix.code, namespace)  # noqa: S102 - the code xray printed, as a user pastes it
+    exec(getattr(t5_fix, which), namespace)  # noqa: S102 - the code xray printed, as a user pastes it
     with analysis.capped_threads(1):
         bench = hooks.run(t5_fp16_overflow()[0], args, kwargs, parse_spec("cpu")).final
         fixed = hooks.run(namespace["model"], args, kwargs, parse_spec("cpu:fp16")).final
         plain = hooks.run(t5_fp16_overflow()[0], args, kwargs, parse_spec("cpu:fp16")).final
     assert error(plain, bench) > 1e-2
-    assert error(fixed, bench) == t5_fix.error_after
+    assert error(fixed, bench) == (t5_fix.error_after if which == "code" else t5_fix.error_after_ops)
 
 
 def test_fix_cli_writes_code(tmp_path, capsys):
@@ -113,6 +116,7 @@ def test_fix_cli_writes_code(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert rc == 0 and f"keep 1 module(s) in fp32: {OUTLIER_FF}" in printed
     assert "def keep_in_fp32" in (tmp_path / "fix.py").read_text()
+    assert "def keep_ops_in_fp32" in (tmp_path / "fix_ops.py").read_text()
     assert json.loads((tmp_path / "fix.json").read_text())["modules"] == [OUTLIER_FF]
 
 

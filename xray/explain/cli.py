@@ -95,6 +95,8 @@ def run_fix(args) -> int:
         report.write_fix_json(f, out / "fix.json")
         if f.code:
             (out / "fix.py").write_text(f.code)
+        if f.op_code:
+            (out / "fix_ops.py").write_text(f.op_code)
     return 0 if f.found else 1
 
 

@@ -44,3 +44,45 @@ def keep_in_fp32(model, names, device_type="cpu"):
     for name in names:
         island(model.get_submodule(name))
     return model
+
+
+def keep_ops_in_fp32(model, ops_by_module, device_type="cpu"):
+    """Run the ATen ops named per submodule (``{"layers.0.mlp": ["aten.mm.default"]}``) in
+    float32 and return ``model``: their floating inputs are upcast; their outputs stay float32
+    under autocast and are cast back to the inputs' dtype otherwise. Everything else in those
+    modules keeps the model's precision."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    def to(dtype):
+        return lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    class Fp32Ops(TorchDispatchMode):
+        def __init__(self, ops, autocast):
+            super().__init__()
+            self.ops, self.autocast = set(ops), autocast  # (autocast reads as off below its dispatch key)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if str(func) not in self.ops:
+                return func(*args, **kwargs)
+            low = [t.dtype for t in tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float32]
+            out = func(*tree_map(to(torch.float32), args), **tree_map(to(torch.float32), kwargs))
+            if low and not self.autocast:
+                out = tree_map(to(low[0]), out)
+            return out
+
+    def island(module, ops):
+        forward = module.forward
+
+        def run_ops_in_fp32(*args, **kwargs):
+            with Fp32Ops(ops, torch.is_autocast_enabled(device_type)):
+                return forward(*args, **kwargs)
+
+        module.forward = run_ops_in_fp32
+
+    for name, ops in ops_by_module.items():
+        island(model.get_submodule(name), ops)
+    return model

@@ -104,4 +104,8 @@ def fix_text(f) -> str:
     lines += [f"keep {len(f.modules)} module(s) in fp32: {', '.join(f.modules)}",
               f"final error before {f.error_before:.3g}, after {f.error_after:.3g}", "", "# paste after building the model:",
               f.code]
+    if f.ops:
+        where = "; ".join(f"{m}: {', '.join(o)}" for m, o in f.ops.items())
+        lines += [f"# or, finer (then ops): keep only these ATen ops in fp32: {where}; "
+                  f"final error after {f.error_after_ops:.3g}", f.op_code]
     return "\n".join(lines)

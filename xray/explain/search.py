@@ -29,6 +29,9 @@ class Fix:
     error_before: float
     error_after: float | None = None
     modules: list[str] = field(default_factory=list)
+    ops: dict[str, list[str]] = field(default_factory=dict)  #: the finer fix: module -> ATen ops kept in fp32
+    error_after_ops: float | None = None
+    op_code: str = ""
     found: bool = False
     code: str = ""
     trials: list[dict] = field(default_factory=list)  #: every island set run, with its final error
@@ -44,13 +47,20 @@ class Trials:
     def __init__(self, runs: analysis.Runs, log: list[dict]) -> None:
         self.runs, self.log, self.seen = runs, log, {}
 
-    def __call__(self, names: list[str]) -> float:
-        key = tuple(sorted(names))
+    def __call__(self, names: list[str], ops: dict[str, list[str]] | None = None) -> float:
+        ops = ops or {}
+        key = (tuple(sorted(names)), tuple(sorted((m, tuple(o)) for m, o in ops.items())))
         if key not in self.seen:
             model = islands.keep_in_fp32(copy.deepcopy(self.runs.model), list(names), self.runs.spec.device_type)
-            out = hooks.run(model, self.runs.args, self.runs.kwargs, self.runs.spec, below=self.runs.below)
-            self.seen[key] = error(out.final, self.runs.bench.final)
-            self.log.append({"modules": list(names), "error": self.seen[key]})
+            model = islands.keep_ops_in_fp32(model, ops, self.runs.spec.device_type)
+            try:
+                out = hooks.run(model, self.runs.args, self.runs.kwargs, self.runs.spec, below=self.runs.below)
+                self.seen[key] = error(out.final, self.runs.bench.final)
+            except RuntimeError:  # an op kept in fp32 that its consumer refuses (a view's dtype): no fix
+                if not ops:
+                    raise
+                self.seen[key] = float("inf")
+            self.log.append({"modules": list(names), "ops": ops, "error": self.seen[key]})
         return self.seen[key]
 
 
@@ -81,6 +91,10 @@ def _fix(model, args, kwargs, target, bench, max_error, target_context, max_modu
         chosen = _narrow(chosen, rows, trial, max_error)
         result.found, result.modules, result.error_after = True, chosen, trial(chosen)
         result.code = code(chosen, runs.spec.device_type)
+        kept, ops = _op_islands(chosen, runs, trial, max_error)
+        if ops:
+            result.ops, result.error_after_ops = ops, trial(kept, ops)
+            result.op_code = op_code(kept, ops, runs.spec.device_type)
     else:
         result.error_after = trial(ranked) if ranked else e0
     result.seconds = round(time.perf_counter() - started, 2)
@@ -143,6 +157,57 @@ def _narrow(chosen: list[str], rows: dict, trial: Trials, bound: float) -> list[
             else:
                 break
     return kept
+
+
+def ops_inside(runs: analysis.Runs, module: str) -> list[str]:
+    """The floating-point ATen ops the target runs inside ``module``, most called first."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: Counter = Counter()
+
+    class Listing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                seen[str(func)] += 1
+            return out
+
+    model = copy.deepcopy(runs.model)
+    sub = model.get_submodule(module)
+    forward = sub.forward
+
+    def listed(*args, **kwargs):
+        with Listing():
+            return forward(*args, **kwargs)
+
+    sub.forward = listed
+    hooks.run(model, runs.args, runs.kwargs, runs.spec, below=runs.below)
+    return [op for op, _ in seen.most_common()]
+
+
+def _op_islands(chosen: list[str], runs: analysis.Runs, trial: Trials, bound: float):
+    """Then ops: each chosen module replaced, if the bound holds, by one ATen op kind of it kept
+    in fp32 (the module's other ops stay in the target's precision). (modules, ops) kept."""
+    kept, ops = list(chosen), {}
+    for module in chosen:
+        rest = [n for n in kept if n != module]
+        for op in ops_inside(runs, module):
+            if trial(rest, {**ops, module: [op]}) <= bound:
+                kept, ops = rest, {**ops, module: [op]}
+                break
+    return kept, ops
+
+
+def op_code(modules: list[str], ops: dict[str, list[str]], device_type: str) -> str:
+    """Ready-to-paste Python for the op-level fix (and any module islands it still needs)."""
+    text = inspect.getsource(islands.keep_ops_in_fp32) + "\n\n"
+    if modules:
+        text += inspect.getsource(islands.keep_in_fp32) + "\n\n"
+        text += f"model = keep_in_fp32(model, {modules!r}, device_type={device_type!r})\n"
+    return text + (f"# xray fix, op level: these ATen ops in float32 bring the final error under the bound\n"
+                   f"model = keep_ops_in_fp32(model, {ops!r}, device_type={device_type!r})\n")
 
 
 def code(modules: list[str], device_type: str) -> str:
