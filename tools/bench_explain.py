@@ -57,8 +57,10 @@ def fix_row(out: Path) -> list:
         raise SystemExit(f"xray fix failed ({proc.returncode}): {proc.stderr[-2000:]}")
     f = json.loads((out / "fix.json").read_text())
     return ["fix: T5 fp16 overflow, bound 1e-2", f"{f['seconds']:.1f}", f"{wall:.1f}",
-            "yes" if wall <= GOAL_S else "NO", f"{len(f['modules'])} island(s): {', '.join(f['modules'])}",
-            f"error {f['error_before']} -> {f['error_after']:.3g} ({len(f['trials'])} trial runs)"]
+            "yes" if wall <= GOAL_S else "NO", f"{len(f['modules'])} island(s): {', '.join(f['modules'])}"
+            + "".join(f"; then ops: {m} {', '.join(o)}" for m, o in f["ops"].items()),
+            f"error {f['error_before']} -> {f['error_after']:.3g}"
+            + (f", ops {f['error_after_ops']:.3g}" if f["ops"] else "") + f" ({len(f['trials'])} trial runs)"]
 
 
 def sweep(offset: float = 0.05) -> list:
