@@ -3,6 +3,10 @@ bf16 target and one broken matmul call, and a T5 whose FF outliers overflow fp16
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,3 +152,16 @@ def test_op_graft_replaces_the_numbered_call_and_refuses_another_op():
     with pytest.raises(RuntimeError, match="does not issue the same calls"):
         with torch.no_grad(), GraftOps({0: ("aten.mm.default", 0, value)}):
             torch.add(a, b)
+
+
+@pytest.mark.parametrize("command", ["explain", "fix"])
+def test_help_is_light(command):
+    """``xray explain --help`` answers without importing torch (as every xray --help does)."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, contextlib, io\nfrom xray.cli import main\nout = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n    try:\n"
+            f"        main([{command!r}, '--help'])\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules, 'FACTORY' in out.getvalue() or 'factory' in out.getvalue())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.stdout.split()[-2:] == ["False", "True"], proc.stdout + proc.stderr
