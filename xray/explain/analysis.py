@@ -74,6 +74,7 @@ class Explanation:
     rest: dict = field(default_factory=dict)
     verdict: str = ""
     compare: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  #: what could not be measured, and why
     seconds: float = 0.0
 
     def ranking(self, kind: str = "module") -> list[Row]:
@@ -180,8 +181,11 @@ def _explain(model, args, kwargs, target, bench, target_context, op_modules, max
         top = ranked[0]
         result.top, result.error_without_top = top.name, top.error_grafted
         if op_modules:
-            _op_level(result, runs, bench_run, bspec, [r.name for r in ranked[:op_modules]], max_ops, workdir,
-                      progress)
+            try:
+                _op_level(result, runs, bench_run, bspec, [r.name for r in ranked[:op_modules]], max_ops, workdir,
+                          progress)
+            except (ValueError, RuntimeError) as e:  # compare refusing the dumps, calls that change between runs
+                result.notes.append(f"op level skipped: {str(e).splitlines()[0][:300]}")
         if residual:
             _residual(result, runs, rows, names, top, progress)
     result.verdict = verdict(result)

@@ -53,7 +53,7 @@ def terminal(x: Explanation, top: int = 10) -> str:
                                 _num(r.local_err), _num(r.local_floor)] for r in ops],
                               ["call (compare's name)", "share", "error grafted", "compare", "origin", "local err",
                                "local floor"], tablefmt="simple", disable_numparse=True)]
-    return "\n".join(text + ["", "verdict: " + x.verdict])
+    return "\n".join(text + [f"note: {n}" for n in x.notes] + ["", "verdict: " + x.verdict])
 
 
 def _colour(share: float | None) -> str:
