@@ -27,13 +27,13 @@ import torch
 from ..dump.model import Source
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.metrics import normwise_error
-from ..numerics.rules import PRECISION_STEPS, eps
+from ..numerics.rules import PRECISION_STEPS, Tolerance, eps
 from ..numerics.math_settings import run_math
 from .align import op_base
 from .entries import Entry
 from .local import LocalError, local_error
 from .noise_floor import Floors, is_convolution, is_matmul_like, outliers, reduction_length
-from .op_classes import cast_class, is_value_preserving
+from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
 from .result import CompareRow, PairStatus
 
 _FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
@@ -86,7 +86,8 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
     for p in pending:  # the device floor is what the row shows
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
-    graph = _Graph(index, floors, target_dump)
+    graph = _Graph(index, floors, target_dump, getattr(comparer, "bench", None),
+                   (ea, eb) if _module_dump(eb) else ((), ()))
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
@@ -251,12 +252,15 @@ def made_by(eb: list[Entry]) -> dict[tuple, list[tuple[int, int]]]:
 class _Graph:
     """Target records by seq, and which of them are matched (with their rows)."""
 
-    def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None) -> None:
+    def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None, bench_dump: Any = None,
+                 entries: tuple[Any, Any] = ((), ())) -> None:
         self.by_seq = index.by_seq
         self.rows_of = index.rows_of
         self.made = index.made
         self.target_of = index.target_of
-        self.floors, self.dump = floors, dump
+        self.floors, self.dump, self.bench_dump = floors, dump, bench_dump
+        self._entries = entries  # (bench, target) entries: module forward calls are looked up there
+        self._forward: list[dict] | None = None
         self._within: dict[tuple[int, bool], bool | None] = {}  # (target pos, substituted) -> verdict
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
@@ -312,6 +316,13 @@ class _Graph:
                 if kind == "target-only":
                     todo.append(detail)
         return "target-only", e, ops
+
+    def forward_call(self, e: Entry, bench: bool) -> Entry | None:
+        """The forward record of the module call whose backward is ``e`` (module dumps)."""
+        if self._forward is None:
+            self._forward = [{(x.path, x.record.call_index, x.record.step): x for x in side
+                              if x.kind == "module" and x.direction == "forward"} for side in self._entries]
+        return self._forward[0 if bench else 1].get((e.path, e.record.call_index, e.record.step))
 
     def judge_target_only(self, e: Entry, substituted: bool) -> tuple[str, Any]:
         """("failing", row) when a failing matched record feeds the target-only ops that made
@@ -469,11 +480,86 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, floors: Floors, b
         r.origin = ""
     elif is_value_preserving(op) and not r.layout:
         _downgrade(r, f"{op} moves its input's values: never an origin on its own")
+    elif (flips := _across_boundary(r, p, k, graph)) is not None:
+        _downgrade(r, flips)
     elif (bound := _reduction_noise(p, k, floors)) is not None:
         _downgrade(r, bound)
     else:
         _set(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
              "inputs within precision (local error not measured)")
+
+
+def _across_boundary(r: CompareRow, p: _Pending, k: int, graph: _Graph) -> str | None:
+    """A discontinuous op or module (relu's mask, forward or backward) whose output disagrees
+    only where its decision input lies on different sides of the boundary in the two runs:
+    the input's own noise crossed the boundary, precision loss, not a bug. None otherwise."""
+    e = p.target
+    if not is_discontinuous(e.op, e.kind) or k >= len(e.outputs) or k >= len(p.bench.outputs):
+        return None
+    pair = _decision_inputs(p, graph)
+    if pair is None:
+        return None
+    dump_b, dump_t = graph.bench_dump, graph.dump
+    try:
+        xb, xt = dump_b.load_tensor(pair[0]).reshape(-1), dump_t.load_tensor(pair[1]).reshape(-1)
+        yb, yt = dump_b.load_tensor(p.bench.outputs[k][1]).reshape(-1), dump_t.load_tensor(e.outputs[k][1]).reshape(-1)
+    except (AttributeError, KeyError, OSError, ValueError, RuntimeError):
+        return None
+    if not (xb.numel() == xt.numel() == yb.numel() == yt.numel()) or not xb.is_floating_point():
+        return None
+    boundary = 0.0
+    threshold = e.record.inputs.get(THRESHOLD_ARG) if e.kind == "op" else None
+    if isinstance(threshold, (int, float)):
+        boundary = float(threshold)
+    xb, xt, yb, yt = (t.to(torch.float64) for t in (xb, xt, yb, yt))
+    flipped = (xb > boundary) != (xt > boundary)
+    if not bool(flipped.any()):
+        return None
+    # the elements whose decision agrees, judged as a row is: pass or precision-like warning
+    tol = Tolerance(r.rtol or 0.0, r.atol or 0.0)
+    b, t = yb[~flipped], yt[~flipped]
+    if b.numel():
+        allowed = tol.floor(float(yb.square().mean().sqrt())) + tol.rtol * b.abs()
+        d = (t - b).abs()
+        ratio = float((d / allowed.clamp_min(1e-300)).max())
+        norm = float(b.norm())
+        rel = float(d.norm()) / norm if norm > 0 else (0.0 if float(d.norm()) == 0 else math.inf)
+        cos = float(torch.nn.functional.cosine_similarity(b, t, dim=0)) if norm > 0 and float(t.norm()) > 0 else None
+        verdict = graph.floors.rules.judge_data(not_close=int((d > allowed).sum()), numel=b.numel(), max_ratio=ratio,
+                                                rel_rmse=rel, cosine=cos, tol=tol)
+        if verdict == PairStatus.FAIL.value:
+            return None
+    return (f"{int(flipped.sum())} of {flipped.numel()} elements flipped {e.op}'s decision: there the input lies on "
+            f"either side of {boundary:g} in the two runs, within its own noise; the other elements agree")
+
+
+def _decision_inputs(p: _Pending, graph: _Graph) -> tuple[Any, Any] | None:
+    """(bench, target) metas of the value a discontinuous op decides on: its ``self``/first input
+    (a trace's threshold_backward gets it as ``self``); for a module's backward, its forward
+    call's input."""
+    def first(entry: Entry, name: str = "self") -> Any:
+        ins = dict(entry.inputs)
+        meta = ins.get(name) if name in ins else next(iter(ins.values()), None)
+        return meta if getattr(meta, "data", None) is not None else None
+
+    if p.target.kind == "op":
+        b, t = first(p.bench), first(p.target)
+    elif p.target.direction == "backward":
+        fb, ft = graph.forward_call(p.bench, bench=True), graph.forward_call(p.target, bench=False)
+        if fb is None or ft is None:
+            return None
+        b, t = first(fb), first(ft)
+    else:
+        b, t = first(p.bench), first(p.target)
+    return (b, t) if b is not None and t is not None else None
+
+
+def _module_dump(eb: Any) -> bool:
+    """Module-level dumps (few records, module calls first): worth indexing their forward calls."""
+    try:
+        return len(eb) > 0 and eb[0].kind == "module"
+    except (TypeError, IndexError):
+        return False
 
 
 def _substituted(p: _Pending, name: str, graph: _Graph) -> bool:

@@ -31,13 +31,23 @@ DISCONTINUOUS = frozenset(f"aten.{n}" for n in (
     "logical_and", "logical_or", "logical_not", "isin", "bucketize", "searchsorted", "nonzero"))
 
 
+# Module classes (module-level dumps) that apply such a decision: their backward passes the
+# gradient where the forward input was on one side of the boundary.
+DISCONTINUOUS_MODULES = frozenset(("relu", "relu6", "hardtanh", "threshold", "leakyrelu", "rrelu", "dropout"))
+# the boundary value of each kind, where it is not 0 (threshold's is an argument)
+THRESHOLD_ARG = "threshold"
+
+
 def is_value_preserving(op: str) -> bool:
     """Moves its input's numbers (a same-dtype copy at most): never an origin on its own."""
     return bool(op) and packet(op) in VALUE_PRESERVING
 
 
-def is_discontinuous(op: str) -> bool:
-    return bool(op) and packet(op) in DISCONTINUOUS
+def is_discontinuous(op: str, kind: str = "op") -> bool:
+    """An op (or, ``kind="module"``, a module class) whose output jumps at a decision boundary."""
+    if not op:
+        return False
+    return op.lower() in DISCONTINUOUS_MODULES if kind == "module" else packet(op) in DISCONTINUOUS
 
 
 _ORDER = ("float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "float64")

@@ -1,0 +1,170 @@
+"""Verdicts that hold on real accelerators (issue 29).
+
+The real pairs: CPU fp32 bench vs NVIDIA H100 targets (tests/fixtures/cuda-h100, ground truth in
+its manifest): every injected fault named exactly, every legitimate target (fp32, TF32, bf16,
+fp16 autocast; CUDA attention kernels in place of the CPU's) without a FAIL row or a first
+divergence. Then the bf16 regressions on CPU: a 3 % error in one call under bf16 autocast is born
+at that call; a legitimate bf16 training step (forward and backward, trace and module dumps)
+has no FAIL row.
+"""
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import xray  # noqa: E402
+from xray.compare import compare_dumps  # noqa: E402
+from accuracy import devices  # noqa: E402
+from accuracy.faults import CorruptCall, relative  # noqa: E402
+
+_MANIFEST = {k: v for k, v in devices.manifest(devices.FIXTURES).items() if v["variant"] != "cpu_fp32"}
+
+
+@pytest.fixture(scope="module")
+def real_pairs(tmp_path_factory):
+    return devices.unpack(tmp_path_factory.mktemp("cuda-h100"))
+
+
+@pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items() if "fault_target_seq" in v))
+def test_real_device_fault_is_named_exactly(real_pairs, key):
+    o = devices.score(real_pairs, key, _MANIFEST[key])
+    assert o.crash is None, o.crash
+    assert o.exact, f"{key}: first divergence at {o.fd_op} seq {o.fd_target_seq}, " \
+                    f"not seq {_MANIFEST[key]['fault_target_seq']}"
+
+
+@pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items() if "fault_target_seq" not in v))
+def test_real_device_legitimate_run_is_clean(real_pairs, key):
+    o = devices.score(real_pairs, key, _MANIFEST[key])
+    assert o.crash is None, o.crash
+    assert o.clean, f"{key}: {o.fail_rows} FAIL rows, first divergence {o.fd_op} seq {o.fd_target_seq}"
+
+
+def test_cuda_attention_kernel_pairs_with_the_cpu_one(real_pairs):
+    r = compare_dumps(real_pairs / "gpt2/cpu_fp32/proc_480", real_pairs / "gpt2/cuda_tf32/proc_480", progress=False)
+    sdpa = [row for row in r.rows if "scaled_dot_product" in (row.target_op or "")]
+    assert sdpa and all("flash_attention_for_cpu" in row.bench_op for row in sdpa)
+    out0 = [row for row in sdpa if row.tensor == "out0"]
+    assert out0 and all(row.status != "fail" for row in out0)
+    # the CUDA kernel's logsumexp/seed/offset have no CPU meaning: skipped with the reason
+    assert all(row.status == "skip" and "kernel-specific" in row.note for row in sdpa if row.tensor != "out0")
+
+
+# -- bf16 regressions, on CPU --------------------------------------------------------------------
+def _llama(hidden: int = 256, layers: int = 2) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden + 64,
+                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=256, attn_implementation="sdpa")).eval()
+
+
+def _bert_relu(hidden: int = 128) -> torch.nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    return BertModel(BertConfig(vocab_size=512, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=4 * hidden, hidden_act="relu", hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0, attn_implementation="sdpa")).train()
+
+
+def _tokens(n: int) -> torch.Tensor:
+    return torch.randint(0, 512, (1, n), generator=torch.Generator().manual_seed(0))
+
+
+def _trace(folder: Path, run, *, backward: bool = False, modes=()) -> Path:
+    for m in modes:
+        m.__enter__()
+    try:
+        xray.begin_dump(X_DEBUG=0x102 | (0x008 if backward else 0), X_DEDUP=False, X_DUMP_NUM=64, dump_dir=folder)
+        try:
+            run()
+        finally:
+            path = xray.end_dump()
+    finally:
+        for m in reversed(modes):
+            m.__exit__(None, None, None)
+    return path
+
+
+def _nth_seq(path: Path, op: str, n: int) -> int:
+    seqs = [r.seq for r in xray.load_dump(path).records if r.op == op and r.direction == "forward"]
+    return seqs[n]
+
+
+def test_three_percent_error_under_bf16_autocast_is_born_at_its_call(tmp_path):
+    model, ids = _llama(), _tokens(128)
+
+    def bench():
+        with torch.no_grad():
+            model(input_ids=ids)
+
+    def target():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=ids)
+
+    b = _trace(tmp_path / "bench", bench)
+    fault = CorruptCall("aten.mm.default", 9, relative(3e-2))
+    t = _trace(tmp_path / "target", target, modes=[fault])
+    assert fault.hit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = compare_dumps(b, t, progress=False)
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["origin"] == "born"
+    assert fd["target_seq"] == _nth_seq(t, "aten.mm.default", 9), fd
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    """A loss through a fixed random head (BERT's output is a LayerNorm's: a loss of its norm
+    alone, like ``out.square().mean()``, has a gradient of pure rounding noise)."""
+    head = torch.randn(out.shape[-1], 8, generator=torch.Generator().manual_seed(1))
+    return (out.float() @ head).square().mean()
+
+
+def _step(model, ids, autocast: bool = True):
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(input_ids=ids).last_hidden_state
+        _loss(out).backward()
+    return run
+
+
+def test_bf16_training_step_trace_dump_has_no_fail_row(tmp_path):
+    model, ids = _bert_relu(), _tokens(128)
+
+    b = _trace(tmp_path / "bench", _step(model, ids, autocast=False), backward=True)
+    model.zero_grad()
+    t = _trace(tmp_path / "target", _step(model, ids), backward=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = compare_dumps(b, t, progress=False)
+    fails = [(row.target_name, row.cause, row.culprit) for row in r.rows if row.status in ("fail", "nan_inf")]
+    assert not fails, fails[:5]
+    assert r.summary.first_divergence is None
+
+
+def test_bf16_training_step_module_dump_has_no_fail_row(tmp_path):
+    model, ids = _bert_relu(), _tokens(128)
+    paths = []
+    for side, run in (("bench", _step(model, ids, autocast=False)), ("target", _step(model, ids))):
+        model.zero_grad()
+        dbg = xray.PrecisionDebugger(dump_path=tmp_path / side, model=model, task="tensor", backward=True)
+        dbg.start()
+        try:
+            run()
+        finally:
+            dbg.stop()
+            dbg.close()
+        paths.append(tmp_path / side)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = compare_dumps(*paths, progress=False)
+    fails = [(row.target_name or row.bench_name, row.cause, row.culprit) for row in r.rows
+             if row.status in ("fail", "nan_inf")]
+    assert not fails, fails[:5]
