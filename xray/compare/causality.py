@@ -82,7 +82,7 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
         pending.append(p)
     floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices))
     floors.established = _mark_precision_loss(pending, rules)
-    _mark_outliers(pending)
+    _mark_outliers(pending, floors)
     for p in pending:  # the device floor is what the row shows
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
@@ -719,7 +719,7 @@ def _mark_precision_loss(pending: list[_Pending], rules: Any) -> dict[str, list[
     return established
 
 
-def _mark_outliers(pending: list[_Pending]) -> None:
+def _mark_outliers(pending: list[_Pending], floors: Floors) -> None:
     """Calls far above their own kind's level on this run (noise_floor.outliers): one op kind
     (a kernel family counts as one), one direction, one output dtype."""
     kinds: dict[tuple, list[tuple[tuple[_Pending, int], LocalError]]] = {}
@@ -727,7 +727,7 @@ def _mark_outliers(pending: list[_Pending]) -> None:
         for k, le in p.local.items():
             kinds.setdefault((op_base(p.target.op), p.target.record.direction, le.dtype, k), []).append(((p, k), le))
     for calls in kinds.values():
-        for i, why in outliers(calls).items():
+        for i, why in outliers(calls, floors.allowed_steps(calls[0][0][0].target.op)).items():
             p, k = calls[i][0]
             p.outlier[k] = why
 

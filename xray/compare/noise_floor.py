@@ -39,7 +39,7 @@ TF32 = "tf32/fp16"
 # kind's median, and at least OUTLIER_MIN_FACTOR times the median ratio and the CPU floor.
 MIN_POPULATION = 4
 OUTLIER_Z = 5.0
-OUTLIER_MIN_FACTOR = 4.0
+OUTLIER_MIN_FACTOR = 5.0
 
 
 def is_matmul_like(op: str) -> bool:
@@ -114,12 +114,14 @@ class Floors:
         return le.local > self.floor(le, op, n)
 
 
-def outliers(calls: list[tuple[Any, Any]]) -> dict[int, str]:
+def outliers(calls: list[tuple[Any, Any]], steps: list[str] = ()) -> dict[int, str]:
     """Index into ``calls`` ((key, LocalError) of one op kind, one dtype, one run) -> why it is
-    far above its kind's level. Judged on log(local / CPU floor), median and MAD."""
+    far above its kind's level. Judged on log(local / legitimate error), median and MAD; the
+    legitimate error is the CPU's, or a reduced-precision step's that the run allows (``steps``),
+    so a call that is off exactly as TF32 makes it is never an outlier."""
     logs = []
     for _, le in calls:
-        base = max(le.floor, eps(le.dtype) / 2)
+        base = max([le.floor, eps(le.dtype) / 2] + [le.steps.get(s, 0.0) for s in steps])
         logs.append(math.log(le.local / base) if le.local > 0 and base > 0 else -math.inf)
     finite = [x for x in logs if math.isfinite(x)]
     if len(finite) < MIN_POPULATION:
