@@ -17,7 +17,7 @@ from rapidfuzz import fuzz
 from rapidfuzz.process import cdist
 
 from .entries import Entry
-from .kernel_families import kind_of, primary_shapes
+from ..numerics.kernel_families import kind_of, primary_shapes
 
 WINDOW = 1000  # entries per side per DP window: 1M cells, ~10 ms of numpy per window
 MAX_CELLS = 2_500_000  # a gap smaller than this is aligned in one DP

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .align import Features, align_features, op_base
-from .kernel_families import primary_shapes
+from ..numerics.kernel_families import primary_shapes
 from .entry_table import MODULE, Codes, EntryTable, gather
 
 

@@ -25,7 +25,7 @@ from ..numerics.rules import Rules
 from .alignment import RowPlan, align_tables
 from .causality import attribute
 from .entry_table import MODULE, Codes, EntryTable, Vocab
-from .kernel_families import skip_kernel_specific
+from .op_classes import skip_kernel_specific
 from .lazy_entries import LazyEntries
 from .lazy_matches import matches_of
 from .result import CompareRow

@@ -23,7 +23,7 @@ from ..numerics.rules import Rules, Tolerance
 from .align import align
 from .causality import attribute
 from .entries import Entry, entries_of
-from .kernel_families import skip_kernel_specific
+from .op_classes import skip_kernel_specific
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
 from .result import CompareRow, PairStatus
 from .stream import data_bytes, iter_chunks

@@ -19,7 +19,7 @@ from ..inputs import build_call, check_call
 from ..nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
-from .kernel_families import primary_outputs, reference_of
+from ..numerics.kernel_families import primary_outputs, reference_of
 
 MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
 

@@ -27,7 +27,7 @@ import torch
 
 from ..numerics.math_settings import RunMath
 from ..numerics.rules import eps
-from .kernel_families import family_of, packet
+from ..numerics.kernel_families import family_of, packet
 
 # ops whose inputs a TF32 (or reduced-precision) matmul path rounds
 _MATMUL_LIKE = frozenset(("aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.einsum", "aten.tensordot"))

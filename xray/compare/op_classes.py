@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from .kernel_families import packet
+from ..numerics.kernel_families import kernel_specific, packet
 
 VALUE_PRESERVING = frozenset(f"aten.{n}" for n in (
     "view", "_unsafe_view", "reshape", "_reshape_alias", "alias", "transpose", "t", "permute", "clone", "contiguous",
@@ -58,3 +58,15 @@ def cast_class(op: str, from_dtype: str, to_dtype: str) -> str | None:
     if packet(op) not in _CASTS or from_dtype not in _ORDER or to_dtype not in _ORDER:
         return None
     return f"cast to {to_dtype}" if _ORDER.index(to_dtype) < _ORDER.index(from_dtype) else None
+
+
+def skip_kernel_specific(rows: list) -> None:
+    """Mark the rows of outputs two family members do not share as SKIP, with the reason (both
+    compare paths call this before attribution)."""
+    from .result import PairStatus
+
+    for r in rows:
+        if r.bench_op and r.target_op and r.bench_op != r.target_op:
+            why = kernel_specific(r.bench_op, r.target_op, r.tensor)
+            if why:
+                r.status, r.note = PairStatus.SKIP.value, why
