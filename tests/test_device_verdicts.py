@@ -168,3 +168,48 @@ def test_bf16_training_step_module_dump_has_no_fail_row(tmp_path):
     fails = [(row.target_name or row.bench_name, row.cause, row.culprit) for row in r.rows
              if row.status in ("fail", "nan_inf")]
     assert not fails, fails[:5]
+
+
+# -- kernel substitution at a real size, on CPU ------------------------------------------------------
+def _attention(q, k, v):
+    x = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return x.transpose(1, 2).reshape(1, q.shape[2], -1)
+
+
+def test_fused_vs_math_attention_at_real_size_is_clean_and_a_bug_inside_is_named(tmp_path):
+    """CPU's fused kernel on the bench, the math form (bmm, softmax, bmm: what CUDA fp32 runs for
+    Llama) on the target; 8 heads x 512 tokens x 128 (hidden 1024). No FAIL row; then a 1e-3
+    error in the math form's second bmm is born at that bmm. (16 heads x 64 would be the same
+    hidden size, but the dump reader refuses its 4-D strides, whose product passes 2**48, as a
+    corrupt shape: a reader bug, outside this test's subject.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 512, 128, generator=g) for _ in range(3))
+
+    def run():
+        with torch.no_grad():
+            _attention(q, k, v)
+
+    def math_form():
+        with sdpa_kernel([SDPBackend.MATH]):
+            run()
+
+    b = _trace(tmp_path / "bench", run)
+    t = _trace(tmp_path / "target", math_form)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = compare_dumps(b, t, progress=False)
+    assert not [row.target_name for row in r.rows if row.status == "fail"]
+    assert r.summary.first_divergence is None
+
+    fault = CorruptCall("aten.bmm.default", 1, relative(1e-3))
+    t2 = _trace(tmp_path / "target2", math_form, modes=[fault])
+    assert fault.hit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fd = compare_dumps(b, t2, progress=False).summary.first_divergence
+    assert fd is not None and fd["origin"] == "born"
+    # the bmm has no bench counterpart: the first divergence is where its output is consumed,
+    # naming it as the target-only op that brought the error in
+    assert fd["cause"] == "target-only op" and fd["culprit_target_seq"] == _nth_seq(t2, "aten.bmm.default", 1), fd

@@ -80,7 +80,8 @@ def score(root: Path, key: str, entry: dict) -> DeviceOutcome:
     fd = s.first_divergence or {}
     o.fd_target_seq, o.fd_module, o.fd_op = fd.get("target_seq"), fd.get("module"), fd.get("target_op") or fd.get("op")
     if o.fault:
-        o.exact = fd.get("target_seq") == entry["fault_target_seq"]
+        # a corrupted call with no bench counterpart is named as the consumer's culprit
+        o.exact = entry["fault_target_seq"] in (fd.get("target_seq"), fd.get("culprit_target_seq"))
         o.right_module = bool(fd) and _inside(fd.get("module"), entry["fault_module"])
     else:
         o.clean = o.fail_rows == 0 and not fd

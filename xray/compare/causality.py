@@ -337,16 +337,19 @@ class _Graph:
         kind, detail, ops = self._region(e)
         if kind == "failing" or self.floors is None or self.dump is None or len(ops) > MAX_REGION:
             return kind, detail
-        casts = []
-        for op in sorted(ops, key=lambda x: x.record.seq):
+        casts, unmeasured = [], False
+        for op in sorted(ops, key=lambda x: x.record.seq):  # the first op beyond its floor is named
             key = (op.pos, substituted)
             if key not in self._within:
                 self._within[key] = self._computed_right(op, substituted)
-            if not self._within[key]:
-                return "target-only", op if self._within[key] is False else e
+            if self._within[key] is False:
+                return "target-only", op
+            unmeasured = unmeasured or self._within[key] is None
             cast = _cast_of(op)
             if cast:
                 casts.append(cast)
+        if unmeasured:
+            return "target-only", e
         why = f"{len(ops)} target-only op(s) from {e.name} back computed right on their inputs"
         return "computed", why + (f" ({casts[0]}: precision loss)" if casts else "")
 
