@@ -213,3 +213,43 @@ def test_fused_vs_math_attention_at_real_size_is_clean_and_a_bug_inside_is_named
     # the bmm has no bench counterpart: the first divergence is where its output is consumed,
     # naming it as the target-only op that brought the error in
     assert fd["cause"] == "target-only op" and fd["culprit_target_seq"] == _nth_seq(t2, "aten.bmm.default", 1), fd
+
+
+# -- math settings and device floors ------------------------------------------------------------------
+def test_dump_header_records_the_math_settings(tmp_path):
+    xray.begin_dump(dump_dir=tmp_path, X_DUMP_NUM=0)
+    try:
+        torch.ones(2) + 1
+    finally:
+        path = xray.end_dump()
+    m = xray.load_dump(path).header["math"]
+    assert m["torch"] == torch.__version__ and m["allow_tf32_matmul"] == torch.backends.cuda.matmul.allow_tf32
+    for key in ("cuda", "device", "allow_tf32_cudnn", "reduced_precision_reduction_fp16",
+                "reduced_precision_reduction_bf16", "deterministic_algorithms", "autocast"):
+        assert key in m
+
+
+def test_run_math_reads_settings_and_never_assumes_tf32_without_them():
+    from xray.numerics.math_settings import run_math
+
+    assert run_math({}, {"cuda"}) == run_math(None, {"cuda"})
+    assert not run_math(None, {"cuda"}).tf32_matmul  # an old dump: TF32 only where measured
+    on = {"math": {"allow_tf32_matmul": True, "allow_tf32_cudnn": True}}
+    assert run_math(on, {"cuda", "cpu"}).tf32_matmul and run_math(on, {"cuda"}).tf32_conv
+    assert not run_math(on, {"cpu"}).tf32_matmul  # CPU has no TF32 matmul
+    assert run_math({"math": '{"allow_tf32_matmul": true}'}, {"cuda"}).tf32_matmul  # a module dump's JSON attribute
+
+
+def test_tf32_widens_the_floor_of_matmuls_only_where_enabled():
+    from xray.compare.local import LocalError
+    from xray.compare.noise_floor import Floors
+    from xray.numerics.math_settings import RunMath
+    from xray.numerics.rules import Rules
+
+    le = LocalError(local=3e-4, floor=1e-7, dtype=torch.float32, steps={"tf32/fp16": 2.5e-4})
+    off, on = Floors(Rules(), RunMath("cuda")), Floors(Rules(), RunMath("cuda", tf32_matmul=True))
+    assert off.beyond(le, "aten.mm.default", 32)
+    assert not on.beyond(le, "aten.mm.default", 32)
+    assert on.beyond(le, "aten.gelu.default", 1)  # TF32 rounds matmul inputs, not an activation's
+    bug = LocalError(local=1e-2, floor=1e-7, dtype=torch.float32, steps={"tf32/fp16": 2.5e-4})
+    assert on.beyond(bug, "aten.addmm.default", 32)  # a 1e-2 bug under TF32 stays a bug
