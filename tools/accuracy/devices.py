@@ -68,8 +68,9 @@ def score(root: Path, key: str, entry: dict) -> DeviceOutcome:
     arch = entry["arch"]
     o = DeviceOutcome(key, arch, entry["variant"], fault="fault_target_seq" in entry)
     started = time.perf_counter()
+    bench = manifest(root).get(f"{arch}/cpu_fp32", {}).get("path", f"{arch}/cpu_fp32/proc_480")
     try:
-        r = compare_dumps(root / arch / "cpu_fp32" / "proc_480", root / entry["path"], progress=False)
+        r = compare_dumps(root / bench, root / entry["path"], progress=False)
     except Exception as e:  # noqa: BLE001 -- a crash is a result of the benchmark, listed
         o.crash = f"{type(e).__name__}: {e}"
         o.seconds = time.perf_counter() - started
