@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
 import torch
@@ -114,6 +115,7 @@ def packet(op: str) -> str:
     return f"{parts[0]}.{parts[1].rstrip('_')}" if len(parts) >= 2 else op
 
 
+@lru_cache(maxsize=4096)  # a million records name a few hundred ops: look each up once
 def family_of(op: str) -> Family | None:
     return _BY_OP.get(packet(op)) if op else None
 
@@ -156,6 +158,6 @@ def kernel_specific(bench_op: str, target_op: str, tensor: str) -> str | None:
 
 def primary_shapes(op: str, shapes: tuple) -> tuple:
     """The output shapes alignment compares: the family's primary outputs only."""
-    n = primary_outputs(op)
-    return shapes if n is None else tuple(shapes[:n])
+    f = family_of(op)
+    return shapes if f is None or f.primary is None else tuple(shapes[:f.primary])
 
