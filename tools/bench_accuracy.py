@@ -13,6 +13,11 @@ It measures whatever xray is on PYTHONPATH, so the same run can be made before a
 Reports per fault class: exact hit % (named the corrupted call), right module % (named a
 record in its module); per noise kind: false-fail rows %, scenarios with any FAIL row; crashes
 (exceptions from xray, caught per scenario and listed). Definitions: tools/accuracy/report.py.
+
+Beside the CPU sets, the real cross-device set (tools/accuracy/devices.py): dumps recorded on an
+NVIDIA H100 (fp32, TF32, bf16, fp16 autocast, injected faults) against a CPU fp32 bench, read
+from tests/fixtures/cuda-h100/. ``--device-set-only`` runs just that (about a minute);
+``--no-device-set`` leaves it out.
 """
 from __future__ import annotations
 
@@ -57,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout", type=int, choices=(1, 2), metavar="SET",
                     help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt); see accuracy/scenarios.py")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    ap.add_argument("--no-device-set", action="store_true", help="leave out the real CPU-vs-H100 set")
+    ap.add_argument("--device-set-only", action="store_true", help="run only the real CPU-vs-H100 set")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per scenario as it runs")
     args = ap.parse_args(argv)
     chosen = holdout(args.holdout) if args.holdout else scenarios()
@@ -70,6 +77,11 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     import xray
 
+    if args.device_set_only:
+        t = {"device_set": _device_set()}
+        if args.json:
+            args.json.write_text(json.dumps(t, indent=1))
+        return 0
     started = time.perf_counter()
     outcomes = []
     for i, s in enumerate(chosen):
@@ -99,11 +111,32 @@ def main(argv=None) -> int:
           f"{t['fault_scenarios']} fault scenarios; noise only: {t['noise_fail_rows_pct']:.2f} % false-fail rows, "
           f"{t['noise_scenarios_failing']} of {t['noise_scenarios']} scenarios with a FAIL row; "
           f"{t['crashes']} crashes; wall time {wall:.0f} s")
+    if not args.no_device_set:
+        t["device_set"] = _device_set()
     if args.csv:
         report.write_csv(outcomes, args.csv)
     if args.json:
         args.json.write_text(json.dumps(t, indent=1))
     return 0
+
+
+def _device_set() -> dict:
+    """Score the real CPU-vs-H100 pairs, print their table, return their totals."""
+    from accuracy import devices
+
+    started = time.perf_counter()
+    outcomes = devices.run()
+    print()
+    print(tabulate(devices.table(outcomes), headers=devices.HEADERS))
+    for o in outcomes:
+        if o.crash or (o.fault and not o.exact) or (not o.fault and not o.clean):
+            print(f"  {o.key}: {'crash ' + o.crash if o.crash else 'missed' if o.fault else 'not clean'} "
+                  f"(first divergence: {o.fd_op or '-'} seq {o.fd_target_seq}, {o.fail_rows} FAIL rows)")
+    t = devices.totals(outcomes)
+    print(f"real device set: exact hit {t['exact_pct']:.1f} % of {t['faults']} faults, {t['legit_clean']} of "
+          f"{t['legitimate']} legitimate runs clean, {t['legit_fail_rows']} false FAIL rows; "
+          f"{time.perf_counter() - started:.0f} s")
+    return t
 
 
 if __name__ == "__main__":

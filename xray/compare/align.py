@@ -9,6 +9,7 @@ overlapping windows when a gap is large, so the whole stays near-linear. Never a
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,13 +17,18 @@ from rapidfuzz import fuzz
 from rapidfuzz.process import cdist
 
 from .entries import Entry
+from ..numerics.kernel_families import kind_of, primary_shapes
 
 WINDOW = 1000  # entries per side per DP window: 1M cells, ~10 ms of numpy per window
 MAX_CELLS = 2_500_000  # a gap smaller than this is aligned in one DP
 CLASS_SIMILARITY = 80.0  # rapidfuzz ratio above which two module classes count as renamed twins
 
 def op_base(op: str) -> str:
-    """``aten.add_.Tensor`` and ``aten.add.Scalar`` -> ``aten.add``; module classes lower-cased."""
+    """``aten.add_.Tensor`` and ``aten.add.Scalar`` -> ``aten.add``; module classes lower-cased;
+    members of one kernel family (kernel_families.py) -> that family."""
+    family = kind_of(op)
+    if family is not None:
+        return family
     parts = op.split(".")
     if len(parts) >= 2 and parts[0] in ("aten", "prims", "quantized") or len(parts) == 3:
         return f"{parts[0]}.{parts[1].rstrip('_')}"
@@ -57,10 +63,11 @@ class Features:
         self.op = np.array([code("o", e.op) for e in entries], dtype=np.int64)
         self.base = np.array([code("b", op_base(e.op)) for e in entries], dtype=np.int64)
         self.path = np.array([code("p", e.path) for e in entries], dtype=np.int64)
-        self.shape = np.array([code("s", e.shapes) for e in entries], dtype=np.int64)
-        self.perm = np.array([code("q", tuple(tuple(sorted(s)) for s in e.shapes)) for e in entries], dtype=np.int64)
-        self.numel = np.array([code("n", tuple(m.numel for _, m in e.outputs)) for e in entries], dtype=np.int64)
-        self.dtype = np.array([code("d", e.dtypes) for e in entries], dtype=np.int64)
+        shapes = [primary_shapes(e.op, e.shapes) for e in entries]
+        self.shape = np.array([code("s", s) for s in shapes], dtype=np.int64)
+        self.perm = np.array([code("q", tuple(tuple(sorted(x)) for x in s)) for s in shapes], dtype=np.int64)
+        self.numel = np.array([code("n", tuple(math.prod(x) for x in s)) for s in shapes], dtype=np.int64)
+        self.dtype = np.array([code("d", primary_shapes(e.op, e.dtypes)) for e in entries], dtype=np.int64)
         self.module = np.array([e.kind == "module" for e in entries], dtype=bool)
         self.paths = [e.path for e in entries]
         self.ops = [e.op for e in entries]

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from .align import Features, align_features, op_base
+from ..numerics.kernel_families import primary_shapes
 from .entry_table import MODULE, Codes, EntryTable, gather
 
 
@@ -31,14 +32,20 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
     perm_of = codes.lut("shape", lambda v: codes.code("perm", tuple(sorted(v))), np.int64)
     numel_of = codes.lut("shape", math.prod)
     for t in (ta, tb):
+        ops = t.op_text.tolist()
+
+        def primary(values: np.ndarray) -> list[tuple]:  # a kernel family's shared outputs only
+            return [primary_shapes(o, v) for o, v in zip(ops, t.per_entry(values))]
+
         shapes = [codes.code("shapes", s) for s in t.per_entry(t.out_shape)]
         keys.append(list(zip(t.group.tolist(), t.path.tolist(), t.ident().tolist(), shapes)))
         feats.append(Features.of_arrays(
-            group=t.group, op=t.op, path=t.path, shape=np.array(shapes, dtype=np.int64),
-            base=np.array([codes.code("base", op_base(o)) for o in t.op_text.tolist()], dtype=np.int64),
-            perm=np.array([codes.code("perms", p) for p in t.per_entry(perm_of[t.out_shape])], dtype=np.int64),
-            numel=np.array([codes.code("numels", n) for n in t.per_entry(numel_of[t.out_shape])], dtype=np.int64),
-            dtype=np.array([codes.code("dtypes", d) for d in t.per_entry(t.out_dtype)], dtype=np.int64),
+            group=t.group, op=t.op, path=t.path,
+            shape=np.array([codes.code("shapes", s) for s in primary(t.out_shape)], dtype=np.int64),
+            base=np.array([codes.code("base", op_base(o)) for o in ops], dtype=np.int64),
+            perm=np.array([codes.code("perms", p) for p in primary(perm_of[t.out_shape])], dtype=np.int64),
+            numel=np.array([codes.code("numels", n) for n in primary(numel_of[t.out_shape])], dtype=np.int64),
+            dtype=np.array([codes.code("dtypes", d) for d in primary(t.out_dtype)], dtype=np.int64),
             module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
     alignment = align_features(feats[0], feats[1], keys[0], keys[1])
     pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)

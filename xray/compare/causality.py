@@ -25,11 +25,15 @@ from typing import Any
 import torch
 
 from ..dump.model import Source
-from ..dump.tensorio import dtype_name
+from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.metrics import normwise_error
-from ..numerics.rules import PRECISION_STEPS, eps
+from ..numerics.rules import PRECISION_STEPS, Tolerance, eps
+from ..numerics.math_settings import run_math
+from .align import op_base
 from .entries import Entry
 from .local import LocalError, local_error
+from .noise_floor import Floors, is_convolution, is_matmul_like, outliers, reduction_length
+from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
 from .result import CompareRow, PairStatus
 
 _FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
@@ -48,6 +52,8 @@ class _Pending:
     inputs: list[tuple[str, Any, str]]  # (name, target meta, status)
     local: dict[int, LocalError] = field(default_factory=dict)  # output index -> local error
     precision: dict[int, str] = field(default_factory=dict)  # output index -> consistent step
+    reduce: dict[int, int] = field(default_factory=dict)  # output index -> reduction length
+    outlier: dict[int, str] = field(default_factory=dict)  # output index -> why far above its kind
 
 
 def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
@@ -60,19 +66,28 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
     ``matched`` and an index that reads its arrays, so a million passing pairs cost nothing here."""
     index = index if index is not None else Matches.of(eb, matched)
     pending = []
+    devices: set[str] = set()
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
         if not any(r.status in _SUSPECT for r in rows):
             continue
         p = _Pending(a, b, rows, comparer.judge_inputs(a, b))
+        devices.update(str(m.device or "cpu").split(":")[0] for _, m in b.outputs[:1])
         for k, r in enumerate(rows):
             if r.status in _SUSPECT and r.mode == "data" and k < len(b.outputs):
                 le = local_error(b.record, target_dump, b.outputs[k][1], k)
                 if le is not None:
                     p.local[k] = le
+                    p.reduce[k] = reduction_length(b.record, k)
                     r.local_err, r.local_floor = le.local, le.floor
         pending.append(p)
-    _mark_precision_loss(pending, rules)
-    graph = _Graph(index)
+    floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices))
+    floors.established = _mark_precision_loss(pending, rules)
+    _mark_outliers(pending, floors)
+    for p in pending:  # the device floor is what the row shows
+        for k, le in p.local.items():
+            p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
+    graph = _Graph(index, floors, target_dump, getattr(comparer, "bench", None),
+                   (ea, eb) if _module_dump(eb) else ((), ()))
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
@@ -91,7 +106,7 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
                 born_seen = True
                 continue
             if r.status == PairStatus.WARNING.value:
-                if not _wrong_on_its_inputs(p, k, rules):
+                if not _wrong_on_its_inputs(p, k, floors):
                     continue  # within the compare's precision, and computed right on what it got
                 # Accumulated error within the run's precision, but this op is wrong on its own
                 # inputs (a 5 % kernel bug under bf16 noise): that is a bug, born here.
@@ -99,7 +114,7 @@ def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry
                 r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
             r.inputs_agree = agree
             if r.status in _FAILING:
-                _decide(r, p, k, graph, rules, born_seen)
+                _decide(r, p, k, graph, floors, born_seen)
                 born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
     _modules_follow_their_ops(pending, eb, graph)
     _statistics_precision_loss(pending, rules)
@@ -237,10 +252,16 @@ def made_by(eb: list[Entry]) -> dict[tuple, list[tuple[int, int]]]:
 class _Graph:
     """Target records by seq, and which of them are matched (with their rows)."""
 
-    def __init__(self, index: Matches) -> None:
+    def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None, bench_dump: Any = None,
+                 entries: tuple[Any, Any] = ((), ())) -> None:
         self.by_seq = index.by_seq
         self.rows_of = index.rows_of
         self.made = index.made
+        self.target_of = index.target_of
+        self.floors, self.dump, self.bench_dump = floors, dump, bench_dump
+        self._entries = entries  # (bench, target) entries: module forward calls are looked up there
+        self._forward: list[dict] | None = None
+        self._within: dict[tuple[int, bool], bool | None] = {}  # (target pos, substituted) -> verdict
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
@@ -277,19 +298,103 @@ class _Graph:
     def target_only_origin(self, e: Entry) -> tuple[str, Any]:
         """A target-only op is the origin unless a failing matched record feeds it (walked back
         through chains of target-only ops)."""
-        seen, todo = set(), [e]
+        kind, detail, _ = self._region(e)
+        return kind, detail
+
+    def _region(self, e: Entry) -> tuple[str, Any, list[Entry]]:
+        seen, todo, ops = set(), [e], []
         while todo:
             cur = todo.pop()
             if cur.pos in seen:
                 continue
             seen.add(cur.pos)
+            ops.append(cur)
             for _, m in cur.inputs:
                 kind, detail = self.producer(m, cur.record.seq)
                 if kind == "failing":
-                    return "failing", detail
+                    return "failing", detail, ops
                 if kind == "target-only":
                     todo.append(detail)
-        return "target-only", e
+        return "target-only", e, ops
+
+    def forward_call(self, e: Entry, bench: bool) -> Entry | None:
+        """The forward record of the module call whose backward is ``e`` (module dumps)."""
+        if self._forward is None:
+            self._forward = [{(x.path, x.record.call_index, x.record.step): x for x in side
+                              if x.kind == "module" and x.direction == "forward"} for side in self._entries]
+        return self._forward[0 if bench else 1].get((e.path, e.record.call_index, e.record.step))
+
+    def judge_target_only(self, e: Entry, substituted: bool) -> tuple[str, Any]:
+        """("failing", row) when a failing matched record feeds the target-only ops that made
+        this value; ("target-only", op) naming the op where the difference enters; or
+        ("computed", why) when every one of them computed right on its own inputs.
+
+        ``substituted``: the bench made the value with ops of its own (a CUDA math-form
+        attention for the CPU's fused kernel): each target-only op is then judged by its local
+        error against its device floor. Otherwise the ops were inserted on an edge both runs
+        share: only value-preserving ops and casts that change nothing beyond their dtype's
+        rounding are harmless (an inserted ``x * 1.001`` computes right, and is the bug)."""
+        kind, detail, ops = self._region(e)
+        if kind == "failing" or self.floors is None or self.dump is None or len(ops) > MAX_REGION:
+            return kind, detail
+        casts, unmeasured = [], False
+        for op in sorted(ops, key=lambda x: x.record.seq):  # the first op beyond its floor is named
+            key = (op.pos, substituted)
+            if key not in self._within:
+                self._within[key] = self._computed_right(op, substituted)
+            if self._within[key] is False:
+                return "target-only", op
+            unmeasured = unmeasured or self._within[key] is None
+            cast = _cast_of(op)
+            if cast:
+                casts.append(cast)
+        if unmeasured:
+            return "target-only", e
+        why = f"{len(ops)} target-only op(s) from {e.name} back computed right on their inputs"
+        return "computed", why + (f" ({casts[0]}: precision loss)" if casts else "")
+
+    def _computed_right(self, op: Entry, substituted: bool) -> bool | None:
+        """True: within its floor (and, when inserted, value-preserving); False: beyond it;
+        None: not measurable."""
+        if not substituted and not is_value_preserving(op.op):
+            return False
+        measured = False
+        for k, (_, meta) in enumerate(op.outputs):
+            if meta.data is None:
+                continue
+            le = local_error(op.record, self.dump, meta, k)
+            if le is None:
+                continue
+            measured = True
+            if self.floors.beyond(le, op.op, reduction_length(op.record, k)):
+                return False
+            if not substituted and _changed_beyond_rounding(op, meta, self.dump, self.floors.rules):
+                return False
+        return True if measured or is_value_preserving(op.op) and substituted else None
+
+
+MAX_REGION = 64  # target-only ops judged one by one behind one input; a longer region stays the origin
+
+
+def _cast_of(op: Entry) -> str | None:
+    ins = [m for _, m in op.inputs if hasattr(m, "dtype")]
+    outs = [m for _, m in op.outputs]
+    return cast_class(op.op, ins[0].dtype, outs[0].dtype) if ins and outs else None
+
+
+def _changed_beyond_rounding(op: Entry, meta: Any, dump: Any, rules: Any) -> bool:
+    """An inserted op's output against its same-size float input: more than its dtype's rounding?"""
+    feeds = [m for _, m in op.inputs if getattr(m, "data", None) is not None and tuple(m.shape) == tuple(meta.shape)]
+    if len(feeds) != 1:
+        return False
+    try:
+        before, after = dump.load_tensor(feeds[0]), dump.load_tensor(meta)
+    except (KeyError, OSError, ValueError):
+        return False
+    if not (before.is_floating_point() and after.is_floating_point()):
+        return False
+    change = normwise_error(after.reshape(-1), before.reshape(-1).to(after.dtype).to(torch.float64))
+    return change > rules.local_factor * eps(after.dtype)
 
 
 def _fingerprint(meta: Any) -> tuple | None:
@@ -313,9 +418,10 @@ def _agreement(inputs: list[tuple[str, Any, str]]) -> str:
     return "no"
 
 
-def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_seen: bool) -> None:
+def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool) -> None:
     causes: dict[str, tuple[str, Any]] = {}
     carried_precision = None  # a producer whose difference is measured precision loss
+    computed_region = None  # target-only ops that computed right on their inputs (a substituted kernel)
     for name, meta, status in p.inputs:
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
             continue
@@ -330,9 +436,13 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
         if status == PairStatus.WARNING.value or kind == "settled":
             continue
         if kind == "target-only":
-            kind, detail = graph.target_only_origin(detail)
+            kind, detail = graph.judge_target_only(detail, _substituted(p, name, graph))
+            if kind == "computed":
+                computed_region = computed_region or detail
+                continue
         causes.setdefault(kind, (name, detail))
     le = p.local.get(k)
+    op = p.target.op
     if "param" in causes:
         name, qual = causes["param"]
         _set(r, "born", "parameter", f"parameter {qual} differs")
@@ -342,9 +452,10 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
-    elif k not in p.precision and le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
+    elif _wrong_on_its_inputs(p, k, floors):
         # wrong on the target's own inputs: born here, whatever those inputs were
-        _set(r, "born", "local error", f"local error {le.local:.3g} > floor {le.floor:.3g}")
+        why = p.outlier.get(k) or f"local error {le.local:.3g} > floor {r.local_floor:.3g}"
+        _set(r, "born", "local error", why)
     elif "failing" in causes:
         _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
@@ -356,20 +467,139 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
     elif "none" in causes and le is not None and not born_seen:
         # v1 dump, but this op computed correctly on its inputs and no error was born before it
         # in execution order: what it carries is precision, not a bug
-        _downgrade(r, f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g}); "
+        _downgrade(r, f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g}); "
                       "no error born before it")
     elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
         _set(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
     elif le is not None:
-        why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {le.floor:.3g})"
-        _downgrade(r, why + (f"; carries {_row_name(carried_precision)}'s precision loss" if carried_precision else ""))
+        why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g})"
+        carried = _row_name(carried_precision) + "'s precision loss" if carried_precision else computed_region
+        _downgrade(r, why + (f"; carries {carried}" if carried else ""))
     elif carried_precision is not None:
         _downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
+    elif computed_region is not None:
+        _downgrade(r, f"carries what {computed_region}")
     elif r.inputs_agree == "unknown":
         r.origin = ""
+    elif is_value_preserving(op) and not r.layout:
+        _downgrade(r, f"{op} moves its input's values: never an origin on its own")
+    elif (flips := _across_boundary(r, p, k, graph)) is not None:
+        _downgrade(r, flips)
+    elif (bound := _reduction_noise(p, k, floors)) is not None:
+        _downgrade(r, bound)
     else:
         _set(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
              "inputs within precision (local error not measured)")
+
+
+def _across_boundary(r: CompareRow, p: _Pending, k: int, graph: _Graph) -> str | None:
+    """A discontinuous op or module (relu's mask, forward or backward) whose output disagrees
+    only where its decision input lies on different sides of the boundary in the two runs:
+    the input's own noise crossed the boundary, precision loss, not a bug. None otherwise."""
+    e = p.target
+    if not is_discontinuous(e.op, e.kind) or k >= len(e.outputs) or k >= len(p.bench.outputs):
+        return None
+    pair = _decision_inputs(p, graph)
+    if pair is None:
+        return None
+    dump_b, dump_t = graph.bench_dump, graph.dump
+    try:
+        xb, xt = dump_b.load_tensor(pair[0]).reshape(-1), dump_t.load_tensor(pair[1]).reshape(-1)
+        yb, yt = dump_b.load_tensor(p.bench.outputs[k][1]).reshape(-1), dump_t.load_tensor(e.outputs[k][1]).reshape(-1)
+    except (AttributeError, KeyError, OSError, ValueError, RuntimeError):
+        return None
+    if not (xb.numel() == xt.numel() == yb.numel() == yt.numel()) or not xb.is_floating_point():
+        return None
+    boundary = 0.0
+    threshold = e.record.inputs.get(THRESHOLD_ARG) if e.kind == "op" else None
+    if isinstance(threshold, (int, float)):
+        boundary = float(threshold)
+    xb, xt, yb, yt = (t.to(torch.float64) for t in (xb, xt, yb, yt))
+    flipped = (xb > boundary) != (xt > boundary)
+    if not bool(flipped.any()):
+        return None
+    # the elements whose decision agrees, judged as a row is: pass or precision-like warning
+    tol = Tolerance(r.rtol or 0.0, r.atol or 0.0)
+    b, t = yb[~flipped], yt[~flipped]
+    if b.numel():
+        allowed = tol.floor(float(yb.square().mean().sqrt())) + tol.rtol * b.abs()
+        d = (t - b).abs()
+        ratio = float((d / allowed.clamp_min(1e-300)).max())
+        norm = float(b.norm())
+        rel = float(d.norm()) / norm if norm > 0 else (0.0 if float(d.norm()) == 0 else math.inf)
+        cos = float(torch.nn.functional.cosine_similarity(b, t, dim=0)) if norm > 0 and float(t.norm()) > 0 else None
+        verdict = graph.floors.rules.judge_data(not_close=int((d > allowed).sum()), numel=b.numel(), max_ratio=ratio,
+                                                rel_rmse=rel, cosine=cos, tol=tol)
+        if verdict == PairStatus.FAIL.value:
+            return None
+    return (f"{int(flipped.sum())} of {flipped.numel()} elements flipped {e.op}'s decision: there the input lies on "
+            f"either side of {boundary:g} in the two runs, within its own noise; the other elements agree")
+
+
+def _decision_inputs(p: _Pending, graph: _Graph) -> tuple[Any, Any] | None:
+    """(bench, target) metas of the value a discontinuous op decides on: its ``self``/first input
+    (a trace's threshold_backward gets it as ``self``); for a module's backward, its forward
+    call's input."""
+    def first(entry: Entry, name: str = "self") -> Any:
+        ins = dict(entry.inputs)
+        meta = ins.get(name) if name in ins else next(iter(ins.values()), None)
+        return meta if getattr(meta, "data", None) is not None else None
+
+    if p.target.kind == "op":
+        b, t = first(p.bench), first(p.target)
+    elif p.target.direction == "backward":
+        fb, ft = graph.forward_call(p.bench, bench=True), graph.forward_call(p.target, bench=False)
+        if fb is None or ft is None:
+            return None
+        b, t = first(fb), first(ft)
+    else:
+        b, t = first(p.bench), first(p.target)
+    return (b, t) if b is not None and t is not None else None
+
+
+def _module_dump(eb: Any) -> bool:
+    """Module-level dumps (few records, module calls first): worth indexing their forward calls."""
+    try:
+        return len(eb) > 0 and eb[0].kind == "module"
+    except (TypeError, IndexError):
+        return False
+
+
+def _substituted(p: _Pending, name: str, graph: _Graph) -> bool:
+    """The bench made input ``name`` with ops the target did not run (another kernel of the
+    same computation), not straight from a record both ran."""
+    src = _op_source(dict(p.bench.inputs).get(name))
+    return src is not None and graph.target_of.get(src.seq) is None
+
+
+def _reduction_noise(p: _Pending, k: int, floors: Floors) -> str | None:
+    """Statistics only, inputs agree, the output a reduction of its input (a norm's mean and
+    rstd, a sum): the statistics' difference within the accumulation-order bound at the
+    *input's* magnitude is another summation order, however large relative to a cancelled
+    output (a mean of 4.6e-5 from values of 1). None when not such a row or beyond the bound."""
+    if k >= len(p.target.outputs) or k >= len(p.bench.outputs) or is_matmul_like(p.target.op) \
+            or is_convolution(p.target.op):
+        return None
+    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
+    ins = [m for _, m in p.target.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None]
+    if bm.stats is None or tm.stats is None or not ins or bm.stats.mean is None or tm.stats.mean is None:
+        return None
+    biggest = max(ins, key=lambda m: m.numel)
+    if tm.numel >= biggest.numel:
+        return None  # not a reduction
+    try:
+        dtype = dtype_from_name(tm.dtype)
+    except ValueError:
+        return None
+    n = max(1, biggest.numel // max(1, tm.numel))
+    scale = max(math.sqrt(m.stats.mean ** 2 + (m.stats.std or 0.0) ** 2) for m in ins)
+    diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
+               if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
+    bound = floors.rules.local_factor * floors.accumulation(dtype, n) * scale
+    if not math.isfinite(diff) or diff > bound:
+        return None
+    return (f"statistics differ by {diff:.3g}, within the accumulation-order bound of a {n}-term reduction "
+            f"of inputs of magnitude {scale:.3g} ({bound:.3g})")
 
 
 def _inserted_op_change(p: _Pending, graph: _Graph, matched_target: dict, dump: Any,
@@ -421,10 +651,15 @@ def _op_source(meta: Any) -> Source | None:
     return src if src is not None and src.kind == "op" else None
 
 
-def _wrong_on_its_inputs(p: _Pending, k: int, rules: Any) -> bool:
-    """Output ``k``'s local error is beyond its floor and not a measured precision step."""
+def _wrong_on_its_inputs(p: _Pending, k: int, floors: Floors) -> bool:
+    """Output ``k``'s local error is far above its own kind's level on this run, or beyond its
+    device floor and not a measured precision step."""
     le = p.local.get(k)
-    return le is not None and k not in p.precision and rules.is_local_error(le.local, le.floor, le.dtype)
+    if le is None:
+        return False
+    if k in p.outlier:
+        return True
+    return k not in p.precision and floors.beyond(le, p.target.op, p.reduce.get(k, 1))
 
 
 def _param_name(name: str, meta: Any) -> str:
@@ -446,7 +681,7 @@ def _row_name(r: CompareRow) -> str:
     return r.target_name or r.bench_name
 
 
-def _mark_precision_loss(pending: list[_Pending], rules: Any) -> None:
+def _mark_precision_loss(pending: list[_Pending], rules: Any) -> dict[str, list[float]]:
     """An op kind whose failing calls all carry local error near one reduced-precision step's
     is precision loss, call by call; a call far above the kind's level stays a bug."""
     kinds: dict[tuple, list[tuple[_Pending, int, LocalError]]] = {}
@@ -484,6 +719,20 @@ def _mark_precision_loss(pending: list[_Pending], rules: Any) -> None:
             if le.steps.get(step, 0) > 0 and min(levels) / f <= le.local / le.steps[step] <= f * max(levels):
                 p.precision[k] = step
                 break
+    return established
+
+
+def _mark_outliers(pending: list[_Pending], floors: Floors) -> None:
+    """Calls far above their own kind's level on this run (noise_floor.outliers): one op kind
+    (a kernel family counts as one), one direction, one output dtype."""
+    kinds: dict[tuple, list[tuple[tuple[_Pending, int], LocalError]]] = {}
+    for p in pending:
+        for k, le in p.local.items():
+            kinds.setdefault((op_base(p.target.op), p.target.record.direction, le.dtype, k), []).append(((p, k), le))
+    for calls in kinds.values():
+        for i, why in outliers(calls, floors.allowed_steps(calls[0][0][0].target.op)).items():
+            p, k = calls[i][0]
+            p.outlier[k] = why
 
 
 def _log(x: float) -> float:

@@ -25,6 +25,7 @@ from ..numerics.rules import Rules
 from .alignment import RowPlan, align_tables
 from .causality import attribute
 from .entry_table import MODULE, Codes, EntryTable, Vocab
+from .op_classes import skip_kernel_specific
 from .lazy_entries import LazyEntries
 from .lazy_matches import matches_of
 from .result import CompareRow
@@ -61,6 +62,7 @@ def compare_columns(bench: Any, target: Any, rules: Rules, *, rank: str = "",
     ta.trim("out", "out_start", "n_out")  # the bench's outputs are read through its Records from here on
     plan.trim()
     _return_freed_memory()
+    skip_kernel_specific(rows)
     matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows)
     attribute(ea, eb, suspect, comparer, rules, target, matches)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,

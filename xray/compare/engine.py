@@ -23,6 +23,7 @@ from ..numerics.rules import Rules, Tolerance
 from .align import align
 from .causality import attribute
 from .entries import Entry, entries_of
+from .op_classes import skip_kernel_specific
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
 from .result import CompareRow, PairStatus
 from .stream import data_bytes, iter_chunks
@@ -324,6 +325,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
         matched_entries.append((a, b, pair_rows))
         ia, ib = i + 1, j + 1
     comparer.bar.close()
+    skip_kernel_specific(rows)
     attribute(ea, eb, matched_entries, comparer, rules, target)
     for n, r in enumerate(rows):
         r.index = n

@@ -19,6 +19,7 @@ from ..inputs import build_call, check_call
 from ..nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
+from ..numerics.kernel_families import primary_outputs, reference_of
 
 MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
 
@@ -53,6 +54,8 @@ def _convert(v: Any, fn) -> Any:
         return fn(v) if v.is_floating_point() else v
     if isinstance(v, (list, tuple)):
         return type(v)(_convert(x, fn) for x in v)
+    if isinstance(v, dict):
+        return {key: _convert(x, fn) for key, x in v.items()}
     return v
 
 
@@ -63,6 +66,29 @@ def _output(out: Any, k: int) -> torch.Tensor | None:
         flat = [x for x in out if isinstance(x, torch.Tensor)]
         return flat[k] if k < len(flat) else None
     return None
+
+
+def _runner(op: str, func, args: tuple, kwargs: dict, k: int):
+    """``run(convert)``: output ``k`` of the call on converted inputs. A kernel family's member
+    (a CUDA attention kernel, a fused norm) is run as its family's public op, so every device's
+    kernel is judged against one device-neutral reference (kernel_families.py)."""
+    reference = reference_of(op)
+    shared = primary_outputs(op)
+    if reference is not None and (shared is None or k < shared):
+        names = [a.name for a in func._schema.arguments]
+        values = {**dict(zip(names, args)), **kwargs}
+
+        def run(fn) -> torch.Tensor | None:
+            with torch.no_grad():
+                return reference(_convert(values, fn))
+
+        return run
+
+    def run(fn) -> torch.Tensor | None:
+        with torch.no_grad():
+            return _output(func(*_convert(args, fn), **_convert(kwargs, fn)), k)
+
+    return run
 
 
 def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalError | None:
@@ -76,10 +102,7 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
         if func._schema.is_mutable:
             return None
         target = dump.load_tensor(output).reshape(output.shape)
-
-        def run(fn) -> torch.Tensor | None:
-            with torch.no_grad():
-                return _output(func(*_convert(args, fn), **_convert(kwargs, fn)), k)
+        run = _runner(record.op, func, args, kwargs, k)
 
         if not target.is_floating_point():
             # Integer results (pooling indices, argmax, positions) are exact: right on these inputs

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..dump.model import Record, Source, Stats
+from ..numerics import math_settings
 from ..ranks import dist_ranks
 from ..dump.summary_csv import append_index_csv
 from .aten import AtenCapture
@@ -116,7 +117,8 @@ class PrecisionDebugger:
             "python_version": platform.python_version(), "host": platform.node(), "pid": os.getpid(),
             "rank": self.global_rank, "global_rank": self.global_rank, "local_rank": self.local_rank,
             "world_size": self.world_size, "hook_name": hook_name, "task": task,
-            "model_class": type(model).__name__, "dump_torch_api": bool(dump_torch_api)})
+            "model_class": type(model).__name__, "dump_torch_api": bool(dump_torch_api),
+            "math": math_settings.current()})
         self._capture = TensorCapture(self._writer, save_data=task == "tensor",
                                       overflow_only=hook_name == "overflow_check", on_overflow=self._on_overflow)
         self._hooks = ModuleHooks(model, self._capture, self._next_seq, backward=backward, on_error=self._fail)

@@ -24,6 +24,7 @@ from ..inputs import place, random_like_meta
 from ..record.encode import op_info
 from .columns import make_row
 from ..numerics import noise
+from ..numerics.kernel_families import packet, reference_of
 from .reference import OutputVerdict, combine_verdicts, judge_output, to_cpu, widen
 
 _DATA_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.h5$")
@@ -124,6 +125,8 @@ class OpCheck:
         call instead of its return values.
         """
         op_name = str(op)
+        self._skip_unless_device_runs()
+        op, args, kwargs = public_form(op, args, kwargs)
         gen = self._generator()
         dev_args = self._materialize(list(args), gen)
         dev_kwargs = {k: self._materialize(v, gen) for k, v in kwargs.items()}
@@ -136,6 +139,9 @@ class OpCheck:
         try:
             out = op(*dev_args, **dev_kwargs)
         except Exception as e:
+            why = _no_kernel(e)
+            if why:
+                self._skip(op_name, f"{op_name} has no kernel on {self.device}: {why}")
             self._row(op_name, None, "", f"device run failed: {type(e).__name__}: {e}")
             raise
         with _disable_current_modes():
@@ -165,10 +171,61 @@ class OpCheck:
             raise OpCheckFailed(f"{self.name} ({op_name} on {self.device}): {verdict.reason}")
         return verdict
 
+    def _skip_unless_device_runs(self) -> None:
+        """A device this machine cannot reach (``--device cuda`` without CUDA) skips every test."""
+        try:
+            torch.empty(0, device=self.device)
+        except (RuntimeError, AssertionError) as e:
+            self._skip("", f"device {self.device} is not available here: {str(e).splitlines()[0]}")
+
+    def _skip(self, op_name: str, reason: str) -> None:
+        """A test that cannot run on the device under test is a SKIP with its reason, never a FAIL."""
+        import pytest
+
+        self._row(op_name, None, "", f"skipped: {reason}")
+        pytest.skip(reason)
+
     def _row(self, op_name: str, verdict: OutputVerdict | None, ref_dtype: str, error: str) -> None:
         row = make_row(self.name, op_name, verdict, ref_dtype=ref_dtype, device=str(self.device), error=error)
         if self.on_row is not None:
             self.on_row(row)
+
+
+_NO_KERNEL = ("Could not run", "not implemented for", "no kernel", "NotImplementedError")
+
+
+def _no_kernel(e: BaseException) -> str | None:
+    """The first line of an error that says the device has no kernel for this op, else None."""
+    text = f"{type(e).__name__}: {e}"
+    return text.splitlines()[0][:300] if isinstance(e, NotImplementedError) or any(m in text for m in _NO_KERNEL) \
+        else None
+
+
+class _PublicOp:
+    """A kernel family member called as the family's public op (numerics/kernel_families.py):
+    ``_scaled_dot_product_flash_attention_for_cpu`` becomes F.scaled_dot_product_attention, so
+    each device picks its own kernel; only the outputs the family shares are compared."""
+
+    def __init__(self, op: torch._ops.OpOverload, names: list[str], reference) -> None:
+        self.op, self.names, self.reference = op, names, reference
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.reference({**dict(zip(self.names, args)), **kwargs})
+
+    def __str__(self) -> str:
+        return str(self.op)
+
+
+def public_form(op: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """``op`` itself, or its family's public op where it is a device-specific kernel."""
+    reference = reference_of(str(op)) if isinstance(op, torch._ops.OpOverload) else None
+    if reference is None or packet(str(op)) in _PUBLIC:
+        return op, args, kwargs
+    return _PublicOp(op, [a.name for a in op._schema.arguments], reference), args, kwargs
+
+
+_PUBLIC = frozenset(("aten.scaled_dot_product_attention", "aten.layer_norm", "aten.rms_norm", "aten.conv1d",
+                     "aten.conv2d", "aten.conv3d", "aten.convolution"))
 
 
 def _run_reference(op: torch._ops.OpOverload, ref_args: list, ref_kwargs: dict, cpu_args: list,

@@ -15,6 +15,7 @@ from ..config import DumpConfig
 from ..ranks import dist_ranks
 from ..dump.writer import DumpWriteError, DumpWriter
 from ..modes import no_dispatch_modes
+from ..numerics import math_settings
 from .tracer import Recorder, Tracing
 
 
@@ -34,6 +35,7 @@ class DumpSession:
             "host": platform.node(),
             "pid": os.getpid(),
             "rank": _rank(),
+            "math": math_settings.current(),  # the floors compare allows this run (docs/format.md)
         }
         self.writer = DumpWriter(folder, header, flush_records=config.flush_records,
                                  flush_seconds=config.flush_seconds, flush_bytes=config.flush_bytes)

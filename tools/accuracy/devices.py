@@ -1,0 +1,128 @@
+"""The real cross-device set: CPU fp32 bench vs NVIDIA H100 targets, recorded on real hardware.
+
+tests/fixtures/cuda-h100/ holds one archive per architecture (llama, gpt2, bert, vit; made by
+xray dac56dc on an H100 with torch 2.11+cu130, see its README) and ``manifest.json`` with the
+ground truth: for each fault run the corrupted call's seq in the target dump and its module.
+Each target is compared with its architecture's ``cpu_fp32`` bench. A fault run is an exact hit
+when the first divergence names that seq, right module when it names a record of that module;
+a legitimate run (fp32, TF32, bf16, fp16 autocast) is clean when it has no FAIL or NaN/Inf row
+and no first divergence.
+"""
+from __future__ import annotations
+
+import json
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cuda-h100"
+
+
+@dataclass
+class DeviceOutcome:
+    key: str  # "<arch>/<variant>"
+    arch: str
+    variant: str
+    fault: bool
+    fail_rows: int = 0
+    rows: int = 0
+    fd_target_seq: int | None = None
+    fd_module: str | None = None
+    fd_op: str | None = None
+    exact: bool | None = None  # faults only
+    right_module: bool | None = None
+    clean: bool | None = None  # legitimate runs only
+    crash: str | None = None
+    seconds: float = 0.0
+
+
+def unpack(into: Path | None = None, fixtures: Path = FIXTURES) -> Path:
+    """The archives extracted under ``into`` (a new temporary folder by default); returns the
+    folder that holds manifest.json and one folder per architecture."""
+    root = Path(into or tempfile.mkdtemp(prefix="xray-cuda-h100-"))
+    for archive in sorted(fixtures.glob("*.tar.gz")):
+        if not (root / archive.name.removesuffix(".tar.gz")).is_dir():
+            with tarfile.open(archive) as tf:
+                tf.extractall(root, filter="data")
+    (root / "manifest.json").write_text((fixtures / "manifest.json").read_text())
+    return root
+
+
+def manifest(root: Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())["dumps"]
+
+
+def _inside(path: str | None, parent: str) -> bool:
+    from xray.compare.entries import normalize_path
+
+    p, q = normalize_path(path), normalize_path(parent)
+    return p == q or p.startswith(q + ".")
+
+
+def score(root: Path, key: str, entry: dict) -> DeviceOutcome:
+    """Compare one target with its bench and score it against the manifest's ground truth."""
+    from xray.compare import compare_dumps
+
+    arch = entry["arch"]
+    o = DeviceOutcome(key, arch, entry["variant"], fault="fault_target_seq" in entry)
+    started = time.perf_counter()
+    bench = manifest(root).get(f"{arch}/cpu_fp32", {}).get("path", f"{arch}/cpu_fp32/proc_480")
+    try:
+        r = compare_dumps(root / bench, root / entry["path"], progress=False)
+    except Exception as e:  # noqa: BLE001 -- a crash is a result of the benchmark, listed
+        o.crash = f"{type(e).__name__}: {e}"
+        o.seconds = time.perf_counter() - started
+        return o
+    o.seconds = time.perf_counter() - started
+    s = r.summary
+    o.rows, o.fail_rows = s.rows, s.failed + s.nan_inf
+    fd = s.first_divergence or {}
+    o.fd_target_seq, o.fd_module, o.fd_op = fd.get("target_seq"), fd.get("module"), fd.get("target_op") or fd.get("op")
+    if o.fault:
+        # a corrupted call with no bench counterpart is named as the consumer's culprit
+        o.exact = entry["fault_target_seq"] in (fd.get("target_seq"), fd.get("culprit_target_seq"))
+        o.right_module = bool(fd) and _inside(fd.get("module"), entry["fault_module"])
+    else:
+        o.clean = o.fail_rows == 0 and not fd
+    return o
+
+
+def run(root: Path | None = None) -> list[DeviceOutcome]:
+    root = root or unpack()
+    return [score(root, key, e) for key, e in manifest(root).items() if e["variant"] != "cpu_fp32"]
+
+
+HEADERS = ["real device set", "runs", "exact hit %", "right module %", "clean (no FAIL, no divergence)",
+           "FAIL rows", "crashes"]
+
+
+def table(outcomes: list[DeviceOutcome]) -> list[list]:
+    """One row for the fault runs, one per legitimate variant, one overall."""
+    def pct(n: int, d: int) -> str:
+        return f"{100.0 * n / d:.1f}" if d else "-"
+
+    faults = [o for o in outcomes if o.fault]
+    rows = [["faults (fp32 1e-3, tf32 1e-2, bf16 5e-2)", len(faults), pct(sum(bool(o.exact) for o in faults), len(faults)),
+             pct(sum(bool(o.right_module) for o in faults), len(faults)), "-", "-", sum(o.crash is not None for o in faults)]]
+    for variant in sorted({o.variant for o in outcomes if not o.fault}):
+        legit = [o for o in outcomes if o.variant == variant]
+        rows.append([f"legitimate {variant}", len(legit), "-", "-", f"{sum(bool(o.clean) for o in legit)}/{len(legit)}",
+                     sum(o.fail_rows for o in legit), sum(o.crash is not None for o in legit)])
+    legit = [o for o in outcomes if not o.fault]
+    rows.append(["overall", len(outcomes), pct(sum(bool(o.exact) for o in faults), len(faults)),
+                 pct(sum(bool(o.right_module) for o in faults), len(faults)),
+                 f"{sum(bool(o.clean) for o in legit)}/{len(legit)}", sum(o.fail_rows for o in legit),
+                 sum(o.crash is not None for o in outcomes)])
+    return rows
+
+
+def totals(outcomes: list[DeviceOutcome]) -> dict:
+    faults = [o for o in outcomes if o.fault]
+    legit = [o for o in outcomes if not o.fault]
+    return {"runs": len(outcomes), "faults": len(faults), "legitimate": len(legit),
+            "exact_pct": 100.0 * sum(bool(o.exact) for o in faults) / max(len(faults), 1),
+            "right_module_pct": 100.0 * sum(bool(o.right_module) for o in faults) / max(len(faults), 1),
+            "legit_clean": sum(bool(o.clean) for o in legit),
+            "legit_fail_rows": sum(o.fail_rows for o in legit), "crashes": sum(o.crash is not None for o in outcomes)}

@@ -1,0 +1,163 @@
+"""Kernel families: device- or backend-specific implementations of one computation.
+
+Why: CPU runs ``_scaled_dot_product_flash_attention_for_cpu`` where CUDA runs
+``_scaled_dot_product_efficient_attention`` (or cudnn's, or flash's); a linear layer is an
+``addmm`` on one side and an ``mm`` on the other; a cast is ``_to_copy`` or ``copy_``. These are
+one computation, so alignment pairs them as one kind, compares only the outputs they share (the
+attention output, not a kernel's logsumexp or RNG seed), and recomputes their local error with one
+device-neutral reference: the public op, in float64, on CPU; a generated test of a member calls
+that public op, so each device picks its own kernel. Every such rule reads this table.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+import torch
+
+Reference = Callable[[dict[str, Any]], torch.Tensor]
+
+
+def _sdpa(v: dict[str, Any]) -> torch.Tensor:
+    """F.scaled_dot_product_attention on the call's query/key/value (B, H, L, E)."""
+    import torch.nn.functional as F
+
+    q, k, val = v["query"], v["key"], v["value"]
+    mask = v.get("attn_mask", v.get("attn_bias", v.get("bias")))
+    gqa = q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, val, attn_mask=mask, dropout_p=0.0,
+                                          is_causal=bool(v.get("is_causal", False)), scale=v.get("scale"),
+                                          enable_gqa=gqa)
+
+
+def _sdpa_bmhk(v: dict[str, Any]) -> torch.Tensor:
+    """The varlen forward kernels (_efficient/_flash_attention_forward) take (B, L, H, E)."""
+    if v.get("cu_seqlens_q", v.get("cum_seq_q")) is not None:
+        raise ValueError("variable-length attention: no public-op reference")
+    causal = v.get("is_causal", v.get("custom_mask_type", 0) == 1)
+    t = {**v, "query": v["query"].transpose(1, 2), "key": v["key"].transpose(1, 2),
+         "value": v["value"].transpose(1, 2), "is_causal": bool(causal), "attn_bias": v.get("bias")}
+    return _sdpa(t).transpose(1, 2)
+
+
+def _conv(v: dict[str, Any]) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    x, w = v["input"], v["weight"]
+    if v.get("transposed"):
+        raise ValueError("transposed convolution: compared by its own op")
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
+    return fn(x, w, v.get("bias"), stride=v.get("stride", 1), padding=v.get("padding", 0),
+              dilation=v.get("dilation", 1), groups=v.get("groups", 1))
+
+
+def _layer_norm(v: dict[str, Any]) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    return F.layer_norm(v["input"], list(v["normalized_shape"]), v.get("weight"), v.get("bias"),
+                        float(v.get("eps", 1e-5)))
+
+
+def _rms_norm(v: dict[str, Any]) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    return F.rms_norm(v["input"], list(v["normalized_shape"]), v.get("weight"), v.get("eps"))
+
+
+@dataclass(frozen=True)
+class Family:
+    """``members``: op names without overload (``aten.addmm``); ``primary``: how many leading
+    outputs carry the computation's value (the rest are kernel-specific: logsumexp, RNG state,
+    debug masks), None when all do; ``reference``: the public op on the call's arguments by
+    schema name, None when the op's own float64 run is the reference already."""
+
+    name: str
+    members: frozenset[str]
+    primary: int | None = None
+    reference: Reference | None = None
+
+
+def _aten(*names: str) -> frozenset[str]:
+    return frozenset(f"aten.{n}" for n in names)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("scaled_dot_product_attention", _aten(
+        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_fused_attention_overrideable"),
+        primary=1, reference=_sdpa),
+    Family("attention_forward_bmhk", _aten("_efficient_attention_forward", "_flash_attention_forward"),
+           primary=1, reference=_sdpa_bmhk),
+    Family("convolution", _aten(
+        "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
+        "miopen_convolution", "_nnpack_spatial_convolution", "thnn_conv2d", "_slow_conv2d_forward",
+        "_conv_depthwise2d", "conv_depthwise3d", "slow_conv3d_forward", "_mps_convolution"),
+        primary=1, reference=_conv),
+    Family("layer_norm", _aten("native_layer_norm", "layer_norm", "_fused_layer_norm"), primary=1,
+           reference=_layer_norm),
+    Family("rms_norm", _aten("rms_norm", "_fused_rms_norm"), primary=1, reference=_rms_norm),
+    Family("linear", _aten("linear", "addmm", "mm", "matmul", "_addmm_activation")),
+    Family("copy", _aten("_to_copy", "copy", "to", "_copy_from", "_copy_from_and_resize")),
+)
+
+_BY_OP: dict[str, Family] = {m: f for f in FAMILIES for m in f.members}
+
+
+def packet(op: str) -> str:
+    """``aten.addmm.default`` and ``aten.copy_.default`` -> ``aten.addmm``, ``aten.copy``."""
+    parts = op.split(".")
+    return f"{parts[0]}.{parts[1].rstrip('_')}" if len(parts) >= 2 else op
+
+
+@lru_cache(maxsize=4096)  # a million records name a few hundred ops: look each up once
+def family_of(op: str) -> Family | None:
+    return _BY_OP.get(packet(op)) if op else None
+
+
+def kind_of(op: str) -> str | None:
+    """The family name that stands for ``op`` in alignment, or None when it has none."""
+    f = family_of(op)
+    return f"family:{f.name}" if f else None
+
+
+def primary_outputs(op: str) -> int | None:
+    """How many leading outputs of ``op`` its family compares across members (None: all)."""
+    f = family_of(op)
+    return f.primary if f else None
+
+
+def reference_of(op: str) -> Reference | None:
+    """The device-neutral public op that recomputes a family member's primary outputs."""
+    f = family_of(op)
+    return f.reference if f else None
+
+
+_OUT_INDEX = re.compile(r"^out(\d+)")
+
+
+def kernel_specific(bench_op: str, target_op: str, tensor: str) -> str | None:
+    """Why output ``tensor`` of a pair of family members is not compared, or None. Two members
+    (or one member on both sides) share only the family's primary outputs: a CUDA kernel's
+    logsumexp, philox seed and offset have no CPU counterpart of the same meaning."""
+    if not bench_op or not target_op:
+        return None
+    fb, ft = family_of(bench_op), family_of(target_op)
+    if fb is None or fb is not ft or fb.primary is None or packet(bench_op) == packet(target_op):
+        return None
+    m = _OUT_INDEX.match(tensor or "")
+    if m is None or int(m.group(1)) < fb.primary:
+        return None
+    return f"kernel-specific output of {fb.name} ({packet(bench_op)} vs {packet(target_op)}): not compared"
+
+
+def primary_shapes(op: str, shapes: tuple) -> tuple:
+    """The output shapes alignment compares: the family's primary outputs only."""
+    f = family_of(op)
+    return shapes if f is None or f.primary is None else tuple(shapes[:f.primary])
+
