@@ -15,13 +15,13 @@ import torch
 
 from .column_builder import columns_of
 from .columns import Columns, ColumnsError, RecordSequence, StringTable, concat
-from .errors import DumpFormatError, TruncatedDumpWarning
+from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
 from .index_file import IndexFile
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
 from .tensorio import check_dataset, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
-__all__ = ["DumpFormatError", "TraceDump", "TruncatedDumpWarning", "read_trace"]
+__all__ = ["DumpFormatError", "RefusedRecordsWarning", "TraceDump", "TruncatedDumpWarning", "read_trace"]
 # An index file's name, as dump.json gives it: a plain name in the dump folder, nothing else.
 INDEX_NAME = re.compile(r"index-[A-Za-z0-9_.-]{1,200}\.h5")
 
@@ -50,6 +50,11 @@ class TraceDump:
         if self._records is None:
             self._records = RecordSequence(self._columns)
         return self._records
+
+    @property
+    def refused(self) -> list:
+        """The records the validator left out at load (``columns.Refusal``: row, seq, op, why)."""
+        return self._columns.refused if self._columns is not None else []
 
     @property
     def columns(self) -> Columns:
@@ -215,9 +220,18 @@ def _read_columnar(folder: Path, data: dict, index: Path) -> TraceDump:
         raise DumpFormatError(f"{path}: corrupt dump index ({e})") from None
     columns.where = str(path)
     columns.validate()
+    _warn_refused(path, columns)
     header = {k: v for k, v in data.items() if k not in ("summary", "complete", "index")}
     summary = data.get("summary")
     return TraceDump(folder, header, None, True, summary if isinstance(summary, dict) else None, columns)
+
+
+def _warn_refused(where: Path, columns: Columns) -> None:
+    """One warning for the records the validator left out, naming the first; `xray info` lists all."""
+    if columns.refused:
+        more = f" and {len(columns.refused) - 1} more" if len(columns.refused) > 1 else ""
+        warnings.warn(f"{where}: refused {len(columns.refused)} record(s), the rest opened: {columns.refused[0]}{more} "
+                      "(xray info lists them)", RefusedRecordsWarning, stacklevel=4)
 
 
 def _read_journal(folder: Path) -> TraceDump:
@@ -304,6 +318,7 @@ def _read_chunks(folder: Path, header: dict) -> TraceDump:
         columns.validate()
     except ColumnsError as e:
         raise DumpFormatError(str(e)) from None
+    _warn_refused(folder / JOURNAL, columns)
     warnings.warn(
         f"{folder}: dump was not finalised (process killed before end_dump?); recovered "
         f"{len(columns)} records from {len(parts)} journal chunk(s)" + (f"; stopped at {problem}" if problem else ""),

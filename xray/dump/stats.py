@@ -122,6 +122,8 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     else:
         if n == 0 or t.layout != torch.strided or t.is_meta:
             return (None, None, None, None, 0, 0, 0, n)
+        if 0 in t.stride():
+            return _expanded(t, n, native)
         # float32/float64 (nearly every activation) skip the dtype ladder
         x = t.detach() if t.dtype in _FAST_DTYPES else _as_real(t.detach())
         if x.dtype == torch.uint8:
@@ -162,6 +164,22 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     mn, mx = torch.aminmax(finite)
     mean, std = _two_pass(finite)
     return (float(mn), float(mx), mean, std, nan, posinf, neginf, n)
+
+
+def unexpanded(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the tensor without its broadcast dims, how often each of its elements repeats in ``t``).
+    An ``expand`` repeats every element equally often, so min, max, mean and the population std
+    are the distinct elements', and the NaN/Inf counts scale by the repeat: a (2**20, 2**20, 4096)
+    expand of one value is reduced in one element, not 2**52."""
+    sizes = [1 if st == 0 else sz for sz, st in zip(t.shape, t.stride())]
+    base = t.as_strided(sizes, t.stride(), t.storage_offset())
+    return base, t.numel() // max(base.numel(), 1)
+
+
+def _expanded(t: torch.Tensor, n: int, native: bool) -> tuple:
+    base, repeat = unexpanded(t)
+    lo, hi, mean, std, nan, posinf, neginf, _ = _reduce(base, native)
+    return (lo, hi, mean, std, nan * repeat, posinf * repeat, neginf * repeat, n)
 
 
 def _native_moments(t: torch.Tensor, n: int) -> tuple[float, float, float, float] | None:
