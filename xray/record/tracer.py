@@ -443,17 +443,25 @@ class XrayTracer(TorchDispatchMode):
         self.recorder = recorder
         # the C row path, tried first; FALLBACK: the Recorder takes the call (rows.native_path)
         self._native = None if recorder.native is None else recorder.native.on_op
+        self._deferred = recorder.deferred
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         prior = None if _set_eval_frame is None else _set_eval_frame(None)
+        deferred = self._deferred
+        writes = deferred.used and op_info(func).writes
         try:
+            if writes:  # queued statistics read the values each tensor had at its call
+                deferred.before_write()
+                deferred.at_once = True
             if self._native is not None:
                 out = self._native(func, args, kwargs)
                 if out is not _FALLBACK:
                     return out
             return self.recorder.on_op(func, args, kwargs)
         finally:
+            if writes:
+                deferred.at_once = False
             if _set_eval_frame is not None:
                 _set_eval_frame(prior)
 
@@ -498,5 +506,6 @@ class Tracing:
     def stop(self) -> None:
         if self.active:
             self.mode.__exit__(None, None, None)
+            self.recorder.deferred.before_write()  # what runs while paused goes unseen
             self.recorder.modules.remove()
             self.active = False
