@@ -10,8 +10,9 @@ calls (measurements: tools/bench_debugger.py). Everything else, and any tensor h
 or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
 ``XRAY_NATIVE_STATS=0`` in the environment (read once, at import) to force the torch path.
 
-``DeferredStats`` is the accelerator path: statistics launched on the device into a buffer and
-read back once per writer flush, not once per tensor (docs/performance.md).
+``DeferredStats`` is the accelerator path: tensors queued per device, reduced there in batches
+into a buffer, read back once per writer flush, not once per tensor (docs/performance.md).
+An expanded tensor is reduced over its stored elements (``unexpanded``), on every path.
 """
 from __future__ import annotations
 
