@@ -15,6 +15,15 @@ records them: median and mean (the mean carries periodic flushes and garbage col
 inference_mode row runs both sides under ``torch.inference_mode()`` instead of ``no_grad``.
 
     python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
+
+``--device DEV`` (cuda, xpu, mps, cpu...) measures issue 30's table instead: a Llama with hidden
+1024, 8 layers, 16 heads (8 KV), 4x512 tokens (``--small``: hidden 256, 2 layers, 2x128, for a
+CPU), fp32 and bf16, per forward inside a session: eager, de-dup, every call, every call
+without statistics (X_DEBUG=0x100). Beside each ratio: kernel launches per forward
+(torch.profiler's device kernels; ATen ops on a CPU), host synchronisations per forward
+(``torch.cuda.set_sync_debug_mode`` on CUDA), and the queued statistics' batches and transfers.
+
+    python tools/bench_record.py --device cuda [--small] [--repeats 5] [--json out.json]
 """
 from __future__ import annotations
 
@@ -166,9 +175,139 @@ def steady_ratios(model, ids, root: Path, kw: dict, repeats: int) -> tuple[float
     return statistics.median(medians), statistics.median(means)
 
 
+DEVICE_CONFIGS = [  # (label, dump kwargs or None for eager)
+    ("eager", None),
+    ("dedup", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0)),
+    ("every call", dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0)),
+    ("every call, no statistics (0x100)", dict(X_DEBUG=0x100, X_DEDUP=False, X_DUMP_NUM=0)),
+]
+
+
+def _sync(device: torch.device) -> None:
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "synchronize"):
+        module.synchronize()
+
+
+def _timed_forwards(model, ids, device, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        _sync(device)
+        t = time.perf_counter()
+        model(ids)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _launches(model, ids, device) -> int:
+    """Device kernels (or, on a CPU, ATen ops) one forward launches, by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    elif device.type == "xpu" and hasattr(ProfilerActivity, "XPU"):
+        activities.append(ProfilerActivity.XPU)
+    with profile(activities=activities) as prof:
+        model(ids)
+        _sync(device)
+    events = prof.events()
+    if device.type == "cpu":
+        return sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
+    return sum(1 for e in events if str(getattr(e, "device_type", "")).endswith(("CUDA", "XPU", "MPS", "PrivateUse1"))
+               and not e.name.startswith(("Memcpy", "Memset")))
+
+
+def _host_syncs(model, ids, device) -> int | None:
+    """Host synchronisations in one forward, where the device can count them (CUDA)."""
+    if device.type != "cuda":
+        return None
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def device_table(device: torch.device, small: bool, repeats: int, root: Path) -> list[dict]:
+    """Issue 30's table on ``device``: per forward inside a session, each configuration beside
+    eager forwards run in the same loop (the median of ``repeats`` blocks)."""
+    from xray.demo.models import tiny_llama
+
+    hidden, layers, batch, seq = (256, 2, 2, 128) if small else (1024, 8, 4, 512)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_llama(layers=layers, hidden=hidden, heads=16 if not small else 4, kv_heads=8 if not small else 2,
+                           vocab=1000, intermediate=hidden * 11 // 4, attn="eager").to(device=device, dtype=dtype)
+        ids = token_batch(batch=batch, seq=seq, vocab=1000).to(device)
+        with torch.no_grad():
+            _timed_forwards(model, ids, device, 3)
+            eager_launches = _launches(model, ids, device)
+            for label, kw in DEVICE_CONFIGS:
+                ratios, eager_ms, row = [], [], {"dtype": str(dtype).removeprefix("torch."), "config": label}
+                for _ in range(repeats):
+                    eager = statistics.median(_timed_forwards(model, ids, device, 5))
+                    eager_ms.append(eager * 1e3)
+                    if kw is None:
+                        ratios.append(1.0)
+                        continue
+                    shutil.rmtree(root, ignore_errors=True)
+                    with xray.dump(dump_dir=root, **kw) as session:
+                        _timed_forwards(model, ids, device, 1)  # the first forward makes de-dup's records
+                        recorded = statistics.median(_timed_forwards(model, ids, device, 5))
+                        launches = _launches(model, ids, device)
+                        syncs = _host_syncs(model, ids, device)
+                        deferred = session.recorder.deferred
+                        forwards = 7 + (syncs is not None)
+                        calls = session.recorder.op_calls / forwards
+                    ratios.append(recorded / eager)
+                    # per forward; transfers happen at the writer's flushes and end_dump
+                    row.update(launches=launches, added_launches=launches - eager_launches, host_syncs=syncs,
+                               batches=deferred.batches / forwards, transfers=deferred.transfers / forwards,
+                               queued=deferred.launched / forwards, op_calls=calls)
+                row.update(ratio=statistics.median(ratios), eager_ms=statistics.median(eager_ms))
+                if kw is None:
+                    row.update(launches=eager_launches)
+                results.append(row)
+    return results
+
+
+def _per(row: dict, key: str) -> str:
+    return f"{row[key]:.1f}" if key in row else ""
+
+
+def _device_main(args) -> int:
+    device = torch.device(args.device)
+    tmp = Path(tempfile.mkdtemp(prefix="xray-bench-"))
+    try:
+        results = device_table(device, args.small, args.repeats, tmp / "d")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = "hidden 256, 2 layers, 2x128 tokens" if args.small else "hidden 1024, 8 layers, 16 heads (8 KV), 4x512 tokens"
+    print(f"Llama {size}, eager attention, on {device} ({torch.__version__}); per forward inside a session, "
+          f"median of {args.repeats} blocks")
+    print(tabulate([[r["dtype"], r["config"], f"{r['eager_ms']:.1f}", f"{r['ratio']:.2f}x", r.get("launches", ""),
+                     r.get("added_launches", ""), "" if r.get("host_syncs") is None else r["host_syncs"],
+                     _per(r, "queued"), _per(r, "batches"), _per(r, "transfers")] for r in results],
+                   headers=["dtype", "configuration", "eager ms", "vs eager", "launches/fwd", "added",
+                            "host syncs/fwd", "queued stats/fwd", "stat batches/fwd", "transfers/fwd"],
+                   tablefmt="github"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": str(device), "small": args.small, "rows": results}, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", help="measure issue 30's device table on this device instead")
+    ap.add_argument("--small", action="store_true", help="with --device: a model small enough for a CPU")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--msprobe-level", help=argparse.SUPPRESS)
@@ -176,6 +315,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     if args.msprobe_level:
         return _msprobe_child(args.msprobe_level, args.repeats)
+    if args.device:
+        return _device_main(args)
     model, ids = bench_llama(), token_batch(batch=2, seq=128, vocab=1000)
     tmp = Path(tempfile.mkdtemp(prefix="xray-bench-"))
     rows, results = [], []

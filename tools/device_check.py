@@ -1,168 +1,231 @@
-"""A prepared check for a machine with an accelerator: record, compare, generate, report as JSON.
+"""One prepared check for a machine with an accelerator (issue 30), in under 5 minutes.
 
-Run from the repository root on the device machine (a few minutes on an H100):
+For each architecture (llama, gpt2, bert, vit; tiny transformers configs with random weights, as
+/work/shared/fixtures/README.md describes) it records one forward, every call, statistics and 4
+saved tensors per call (``X_DEBUG=0x102``, no de-dup, ``X_DUMP_NUM=4``), as:
 
-    python tools/device_check.py --device cuda --out /tmp/device_check --json $OUT/device_check.json
+- ``cpu_fp32``: the bench, on the CPU;
+- ``dev_fp32``, ``dev_tf32``, ``dev_bf16``, ``dev_fp16``: the device in fp32, with TF32 on, and
+  under bf16 / fp16 autocast. Legitimate: the right verdict is no fail row and no first divergence;
+- ``fault_*``: one matmul-family call's output multiplied by 1+eps by a dispatch mode entered
+  *below* the recorder, so the recorder sees the corrupted value as that call's own output. The
+  right verdict names that call (its seq, read from the dump: the n-th matmul-family record).
 
-1. makes this checkout's xray importable (``--pip`` installs it with pip instead);
-2. records, per architecture (transformers configs, random weights, tools/accuracy/archs.py), a
-   CPU fp32 bench and device targets: fp32 (TF32 off), TF32, bf16 and fp16 autocast, and one
-   injected fault per precision (a matmul-family call's output x (1 + eps): fp32 1e-3, TF32 1e-2,
-   bf16 5e-2), laid out as tests/fixtures/cuda-h100 is (manifest.json with the ground truth);
-3. scores compare on every target (tools/accuracy/devices.py: exact hit, clean legitimate runs);
-4. generates the op-test suite from the CPU bench dump and runs it on the device, and the suite
-   from a device dump and runs it on CPU;
-5. writes every figure as JSON. ``--device cpu`` exercises the whole pipeline without a device.
+Each device run is scored with ``xray.compare.compare_dumps`` against the bench. Then op suites
+are generated from each CPU dump and run with ``pytest --device DEV``, and
+``tools/bench_record.py --device DEV`` measures the recording cost. Everything is written as
+JSON under ``--out`` (``check.json`` holds the whole summary). ``--device cpu`` runs the same
+script end to end on any machine (tests/test_device_check.py).
+
+    pip install --no-deps --no-build-isolation -e .   # once, on the device machine
+    python tools/device_check.py --device cuda --out device-check/
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-import warnings
-from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ARCHS = ("llama-sdpa", "gpt2", "bert", "vit")
-# variant -> (tf32, autocast dtype name, fault eps or None)
-VARIANTS = {"cuda_fp32": (False, None, None), "cuda_tf32": (True, None, None), "cuda_bf16": (False, "bfloat16", None),
-            "cuda_fp16": (False, "float16", None), "fault_fp32_1e-3": (False, None, 1e-3),
-            "fault_tf32_1e-2": (True, None, 1e-2), "fault_bf16_5e-2": (False, "bfloat16", 5e-2)}
-FAULT_CALL = 2  # the third call of the model's most frequent matmul op
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import xray  # noqa: E402
+from xray.compare import compare_dumps  # noqa: E402
+from xray.gen.generator import generate  # noqa: E402
+
+ARCHS = ("llama", "gpt2", "bert", "vit")
+MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+                     "aten.matmul.default", "aten.linear.default"})
+# variant -> (TF32 on, autocast dtype or None, fault eps or None)
+VARIANTS = {
+    "dev_fp32": (False, None, None),
+    "dev_tf32": (True, None, None),
+    "dev_bf16": (False, torch.bfloat16, None),
+    "dev_fp16": (False, torch.float16, None),
+    "fault_fp32_1e-3": (False, None, 1e-3),
+    "fault_tf32_1e-2": (True, None, 1e-2),
+    "fault_bf16_5e-2": (False, torch.bfloat16, 5e-2),
+}
+FAULT_N = 2  # the (n+1)-th matmul-family call is corrupted
 
 
-def _importable(pip: bool) -> None:
-    if pip:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
-                        str(ROOT)], check=True)
+def build(arch: str):
+    """(model, inputs) of one tiny architecture: hidden 32, 2 layers, 12 tokens or one 32x32 image."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if arch == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=256, num_key_value_heads=2, **common))
+    elif arch == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=64))
+    elif arch == "bert":
+        model = tf.BertModel(tf.BertConfig(vocab_size=256, **common))
+    elif arch == "vit":
+        model = tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, num_labels=10, **common))
+        return model.eval(), {"pixel_values": torch.randn(1, 3, 32, 32)}
     else:
-        sys.path.insert(0, str(ROOT))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+        raise ValueError(f"unknown architecture {arch!r}")
+    return model.eval(), {"input_ids": torch.randint(0, 256, (1, 12))}
 
 
-def _record(folder: Path, model, inputs: dict, device: str, tf32: bool, autocast: str | None, modes=()) -> Path:
-    import torch
-    import xray
+class Fault(TorchDispatchMode):
+    """Multiplies the output of the (n+1)-th matmul-family call by 1+eps."""
 
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    def __init__(self, n: int, eps: float) -> None:
+        super().__init__()
+        self.n, self.eps, self.seen, self.op = n, eps, 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = f"aten.{func._schema.name.split('::')[-1]}.{func._overloadname}"
+        if name in MATMULS:
+            if self.seen == self.n:
+                out = out * (1 + self.eps)
+                self.op = name
+            self.seen += 1
+        return out
+
+
+@contextlib.contextmanager
+def _tf32(on: bool):
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def record(arch: str, device: str, variant: str, out: Path) -> dict:
+    """Record one run; returns its manifest entry (path, and for a fault the corrupted seq)."""
+    tf32, autocast, eps = VARIANTS.get(variant, (False, None, None))
+    model, inputs = build(arch)
     model = model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    cast = torch.autocast(device, dtype=getattr(torch, autocast)) if autocast else nullcontext()
-    with ExitStack() as stack:
-        for m in modes:  # below the recorder: the corrupted value is recorded as the call's own
-            stack.enter_context(m)
-        xray.begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=4, dump_dir=folder)
-        try:
-            with torch.no_grad(), cast:
+    fault = Fault(FAULT_N, eps) if eps else None
+    amp = torch.autocast(torch.device(device).type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with torch.no_grad(), _tf32(tf32), amp:
+        with fault if fault else contextlib.nullcontext():  # entered first: below the recorder
+            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=4) as d:
                 model(**inputs)
-        finally:
-            path = xray.end_dump()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return Path(path)
+    entry = {"arch": arch, "variant": variant, "device": device, "path": str(d.folder), "tf32": tf32,
+             "autocast": str(autocast)}
+    if fault:
+        dump = xray.load_dump(d.folder)
+        matmuls = [r for r in dump.records if r.kind == "op" and r.op in MATMULS]
+        target = matmuls[FAULT_N]
+        entry.update(fault_eps=eps, fault_n=FAULT_N, fault_target_seq=target.seq, fault_op=target.op,
+                     fault_module=target.module, injected_op=fault.op)
+        dump.close()
+    return entry
 
 
-def _matmul_op(bench: Path) -> str:
-    import xray
-
-    ops = [r.op for r in xray.load_dump(bench).records if r.op in ("aten.mm.default", "aten.addmm.default")]
-    return max(set(ops), key=ops.count)
-
-
-def record_all(out: Path, device: str, archs: list[str]) -> dict:
-    from accuracy.archs import ARCHS as BUILD
-    from accuracy.faults import CorruptCall, relative
-    import xray
-
-    dumps: dict[str, dict] = {}
-    for arch in archs:
-        a = BUILD[arch]
-        bench = _record(out / arch / "cpu_fp32", a.build(), a.inputs(), "cpu", False, None)
-        dumps[f"{arch}/cpu_fp32"] = {"arch": arch, "variant": "cpu_fp32", "device": "cpu",
-                                     "path": str(bench.relative_to(out))}
-        op = _matmul_op(bench)
-        for variant, (tf32, autocast, eps) in VARIANTS.items():
-            fault = CorruptCall(op, FAULT_CALL, relative(eps)) if eps else None
-            path = _record(out / arch / variant, a.build(), a.inputs(), device, tf32, autocast,
-                           [fault] if fault else [])
-            entry = {"arch": arch, "variant": variant, "device": device, "path": str(path.relative_to(out)),
-                     "tf32": tf32, "autocast": autocast}
-            if fault is not None:
-                calls = [r for r in xray.load_dump(path).records if r.op == op and r.direction == "forward"]
-                if not fault.hit or len(calls) <= FAULT_CALL:
-                    raise RuntimeError(f"{arch}/{variant}: the fault did not fire")
-                entry.update(fault_eps=eps, fault_op=op, fault_target_seq=calls[FAULT_CALL].seq,
-                             fault_module=calls[FAULT_CALL].module)
-            dumps[f"{arch}/{variant}"] = entry
-    (out / "manifest.json").write_text(json.dumps({"dumps": dumps}, indent=1))
-    return dumps
+def score(bench: dict, target: dict) -> dict:
+    """compare_dumps' verdict, scored: a fault run is right when its first divergence (or that
+    divergence's culprit) is the corrupted call; a legitimate run when nothing fails or diverges."""
+    started = time.perf_counter()
+    result = compare_dumps(bench["path"], target["path"], progress=False)
+    counts = result.status_counts()
+    fd = result.summary.first_divergence
+    got = {"run": f"{target['arch']}/{target['variant']}", "counts": counts, "first_divergence": fd,
+           "seconds": round(time.perf_counter() - started, 3)}
+    if "fault_target_seq" in target:
+        seq = target["fault_target_seq"]
+        got["right"] = fd is not None and seq in (fd.get("target_seq"), fd.get("culprit_target_seq"))
+    else:
+        got["right"] = counts.get("fail", 0) == 0 and fd is None
+    return got
 
 
-def _suite(dump: Path, folder: Path, device: str) -> dict:
-    """xray-gen on ``dump``, pytest on ``device``: counts from pytest's summary line."""
-    gen = subprocess.run([sys.executable, "-m", "xray.gen.cli", str(dump), "-o", str(folder), "-q"],
-                         capture_output=True, text=True)
-    if gen.returncode:
-        return {"error": gen.stderr.strip()[-500:]}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder), "--device", device,
-                          "-rfs"], capture_output=True, text=True, cwd=folder)
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", run.stdout.splitlines()[-1])}
-    failed = re.findall(r"^FAILED (\S+)", run.stdout, re.M)
-    skipped = re.findall(r"^SKIPPED \[\d+\] (.*)$", run.stdout, re.M)
-    return {"dump": str(dump), "device": device, **counts, "failed_tests": failed, "skip_reasons": skipped[:20]}
+def run_suite(bench: dict, device: str, out: Path, timeout: float) -> dict:
+    """Generate the op suite of a CPU dump and run it with pytest --device DEV."""
+    suite = out / "suites" / bench["arch"]
+    dump = xray.load_dump(bench["path"])
+    report = generate(dump, suite)
+    dump.close()
+    cmd = [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", "--device", device,
+           "--detail_compare_path", str(suite / "result.csv")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=suite)
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        tail, rc = ["timed out"], None
+    found = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|xfailed)", tail[0]))
+    return {"arch": bench["arch"], "files": report.files, "tests": report.tests, "pytest_rc": rc, "summary": tail[0],
+            **found}
+
+
+def run_bench(device: str, out: Path, repeats: int, timeout: float) -> dict:
+    tool = Path(__file__).with_name("bench_record.py")
+    path = out / "bench_record.json"
+    cmd = [sys.executable, str(tool), "--device", device, "--repeats", str(repeats), "--json", str(path)]
+    if device == "cpu":
+        cmd.append("--small")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0 or not path.exists():
+        return {"error": (proc.stderr or proc.stdout)[-2000:]}
+    return json.loads(path.read_text())
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/xray_device_check"))
-    ap.add_argument("--json", type=Path, help="write the results here (default: <out>/device_check.json)")
-    ap.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated, from tools/accuracy/archs.py ({','.join(ARCHS)})")
-    ap.add_argument("--pip", action="store_true", help="pip install -e this checkout first (no dependencies)")
+    ap.add_argument("--device", required=True, help="cuda, xpu, mps, cpu...")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--archs", default=",".join(ARCHS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--bench-repeats", type=int, default=3, help="0: skip tools/bench_record.py")
+    ap.add_argument("--suite-timeout", type=float, default=60.0)
+    ap.add_argument("--bench-timeout", type=float, default=150.0)
     args = ap.parse_args(argv)
-    _importable(args.pip)
-    warnings.simplefilter("ignore")
-    import torch
-
-    from accuracy import devices
-
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    result: dict = {"device": args.device, "torch": torch.__version__, "cuda": torch.version.cuda,
-                    "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") and torch.cuda.is_available()
-                    else None}
-    archs = [a for a in args.archs.split(",") if a]
-    dumps = record_all(args.out, args.device, archs)
-    result["record_seconds"] = round(time.perf_counter() - started, 1)
-    outcomes = [devices.score(args.out, key, e) for key, e in dumps.items() if e["variant"] != "cpu_fp32"]
-    result["compare"] = devices.totals(outcomes)
-    result["runs"] = [o.__dict__ for o in outcomes]
-    suites = []
-    for arch in archs:
-        suites.append(_suite(args.out / dumps[f"{arch}/cpu_fp32"]["path"], args.out / "gen" / arch / "cpu_dump",
-                             args.device))
-        suites.append(_suite(args.out / dumps[f"{arch}/cuda_bf16"]["path"], args.out / "gen" / arch / "device_dump",
-                             "cpu"))
-    result["generated_suites"] = suites
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    path = args.json or args.out / "device_check.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=str))
-    c = result["compare"]
-    print(f"device check on {result['gpu'] or args.device}: exact hit {c['exact_pct']:.1f} % of {c['faults']} faults, "
-          f"{c['legit_clean']}/{c['legitimate']} legitimate runs clean; suites: "
-          + "; ".join(f"{Path(s.get('dump', '?')).parts[-3] if 'dump' in s else '?'} on {s.get('device')}: "
-                      f"{s.get('passed', 0)} passed, {s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped"
-                      for s in suites)
-          + f"; {result['seconds']} s -> {path}")
-    return 0 if c["crashes"] == 0 else 1
+    check: dict = {"device": args.device, "torch": torch.__version__, "runs": [], "scores": [], "suites": []}
+    if args.device.startswith("cuda") and torch.cuda.is_available():
+        check["gpu"] = torch.cuda.get_device_name()
+
+    def save() -> None:  # after every step: a crash or a timeout keeps what was done
+        check["seconds"] = round(time.perf_counter() - started, 1)
+        (out / "check.json").write_text(json.dumps(check, indent=1, default=str))
+
+    for arch in args.archs.split(","):
+        bench = record(arch, "cpu", "cpu_fp32", out)
+        check["runs"].append(bench)
+        for variant in args.variants.split(","):
+            try:
+                target = record(arch, args.device, variant, out)
+                check["runs"].append(target)
+                check["scores"].append(score(bench, target))
+            except Exception as e:  # noqa: BLE001 - one failing run must not lose the others
+                check["scores"].append({"run": f"{arch}/{variant}", "error": f"{type(e).__name__}: {e}"[:500]})
+            save()
+        check["suites"].append(run_suite(bench, args.device, out, args.suite_timeout))
+        save()
+    if args.bench_repeats > 0:
+        check["bench_record"] = run_bench(args.device, out, args.bench_repeats, args.bench_timeout)
+    scored = [s for s in check["scores"] if "right" in s]
+    check["right"] = f"{sum(s['right'] for s in scored)}/{len(scored)}"
+    save()
+    print(f"device check on {args.device}: verdicts right {check['right']}, "
+          f"suites {[(s['arch'], s.get('passed', 0), s.get('failed', 0)) for s in check['suites']]}, "
+          f"{check['seconds']} s; {out / 'check.json'}")
+    for s in check["scores"]:
+        if not s.get("right"):
+            print(f"  wrong or failed: {s['run']}: {s.get('error') or (s['counts'], s['first_divergence'])}"[:400])
+    return 0
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ def info_text(dump, top: int = 15) -> str:
     if first is not None:
         lines.append(f"first NaN/Inf output: #{first.seq} {first.op} in {first.module or '<no module>'}")
     lines.append(tabulate(calls.most_common(top), headers=["op", "calls"], tablefmt="github"))
+    refused = getattr(dump, "refused", [])
+    if refused:  # the validator left these out; everything above is the rest of the dump
+        lines.append(f"refused records: {len(refused)} (left out at load; the rest opened)")
+        lines.append(tabulate([(x.row, x.seq, x.op or "?", x.reason) for x in refused],
+                              headers=["row", "seq", "op", "why"], tablefmt="github"))
     return "\n".join(lines)
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 from .model import FORMAT_NAME, FORMAT_VERSION, Record, Scalar, Source, Stats, TensorMeta
 from .module_reader import ModuleDump, read_module_dump
 from .protocol import Dump
-from .errors import DumpFormatError, TruncatedDumpWarning
+from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
 from .reader import TraceDump, read_trace
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Source", "Stats", "TensorMeta", "DumpFormatError",
-           "Dump", "TraceDump", "ModuleDump", "TruncatedDumpWarning", "read_module_dump", "load_dump",
+           "Dump", "TraceDump", "ModuleDump", "TruncatedDumpWarning", "RefusedRecordsWarning", "read_module_dump", "load_dump",
            "find_dump_folders"]
 
 

@@ -22,13 +22,15 @@ is column_builder.py; the file on disk, index_file.py (docs/format.md, version 3
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .errors import ColumnsError
 from .model import DTYPE_NAMES, Record, Stats, TensorMeta, echo
-from .skeleton import MARK, checked_name, fill, marks, parse_frames, parse_shape, parse_skeleton, parse_text_list
+from .skeleton import (MARK, check_shape, checked_name, fill, marks, parse_dims, parse_frames, parse_skeleton,
+                       parse_text_list)
 from .strings import NONE, StringTable
 
 KINDS = ("op", "module")
@@ -56,6 +58,20 @@ TENSOR_DTYPE = np.dtype([
     ("note", "<i4"),
 ])
 UPDATE_DTYPE = np.dtype([("seq", "<i8"), ("count", "<i8"), ("last_seq", "<i8")])
+
+@dataclass(frozen=True)
+class Refusal:
+    """A record the validator left out of an index: its row in the file, seq, op (None when
+    the op name itself is unreadable) and why, in one bounded line."""
+
+    row: int
+    seq: int
+    op: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"record #{self.row} (seq {self.seq}, {self.op or 'op unreadable'}): {self.reason}"
+
 
 class Table:
     """Named columns of equal length, each a contiguous numpy array (struct of arrays): a scan
@@ -133,6 +149,7 @@ class Columns:
     def __init__(self, records: Table, tensors: Table, strings: StringTable) -> None:
         self.records, self.tensors, self.strings = records, tensors, strings
         self.where = ""  # the index file, for error messages
+        self.refused: list[Refusal] = []  # records validate() left out, and why
         self._skeletons: dict[int, tuple[dict, int]] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
@@ -143,119 +160,149 @@ class Columns:
 
     # -- validation ------------------------------------------------------------------------
     def validate(self) -> "Columns":
-        """Check every column's range (vectorised): ids inside the string table, enums known,
-        tensor rows contiguous per record, dtypes torch knows. Raises ColumnsError."""
+        """Check the index once, vectorised, before any tool reads it. What breaks the tables
+        themselves (a missing or mistyped column, tensor rows that are not each record's in
+        order) refuses the whole index: raises ColumnsError. What breaks one record (a text it
+        uses, a value out of range, its tensors' rows) refuses that record alone: it is dropped
+        from the columns and listed in ``refused``, and the rest of the dump opens."""
         try:
-            return self._validate()
+            self._check_tables()
+            refusals = self._record_problems()
         except (ColumnsError, ValueError) as e:
             raise self._located(e if isinstance(e, ColumnsError) else ColumnsError(str(e))) from None
+        if refusals:
+            self._drop(refusals)
+        return self
 
     def _located(self, e: ColumnsError) -> ColumnsError:
         return ColumnsError(f"{self.where}: corrupt dump index ({e})") if self.where else e
 
-    def _validate(self) -> "Columns":
-        r, t, n_str = self.records, self.tensors, len(self.strings)
+    def _check_tables(self) -> None:
+        r, t = self.records, self.tensors
         for table, dtype in ((r, RECORD_DTYPE), (t, TENSOR_DTYPE)):
             for name in dtype.names:
                 col = table.columns.get(name)
                 if col is None or col.dtype != dtype[name] or col.ndim != 1 or len(col) != len(table):
                     raise ColumnsError(f"column {name!r} is missing or is not {dtype[name]} of {len(table)} rows")
-
-        def ids(col: np.ndarray, what: str, optional: bool = True) -> None:
-            if len(col) and (col.min() < (NONE if optional else 0) or col.max() >= n_str):
-                raise ColumnsError(f"{what}: a string index outside the table of {n_str} strings")
-
-        def at_least(col: np.ndarray, lo: int, what: str) -> None:
-            if len(col) and col.min() < lo:
-                raise ColumnsError(f"{what} below {lo} (row {int(np.argmin(col))})")
-
-        for name in ("kind", "direction"):
-            if len(r) and r[name].max() > 1:
-                raise ColumnsError(f"record {name}: unknown value in row {int(np.argmax(r[name]))}")
-        ids(r["op"], "record op", optional=False)
-        for name in ("module", "module_stack", "stack"):
-            ids(r[name], f"record {name}")
-        ids(r["skeleton"], "record skeleton", optional=False)
-        for name in ("seq", "first_seq", "last_seq", "call_index"):
-            at_least(r[name], 0, f"record {name}")
-        at_least(r["count"], 1, "record count")
-        at_least(r["step"], NONE, "record step")
-        self._check_record_texts()
         begin, end = r["t_begin"], r["t_end"]
         if len(r):
             if begin[0] != 0 or end[-1] != len(t) or np.any(end < begin) or np.any(begin[1:] != end[:-1]):
                 raise ColumnsError("records' tensor rows are not contiguous and in order")
         elif len(t):
             raise ColumnsError("tensor rows without records")
+        if len(t) and np.any(t["record"] != np.repeat(np.arange(len(r), dtype=np.int64), end - begin)):
+            raise ColumnsError("a tensor row names another record than the one it belongs to")
+
+    def _record_problems(self) -> dict[int, str]:
+        """{record row: why it is refused} (the first reason found), for every check that one
+        record's values can fail. Each distinct text is decoded once."""
+        r, t, n_str = self.records, self.tensors, len(self.strings)
+        found: dict[int, str] = {}
+
+        def refuse(rows: np.ndarray, why: str | Callable[[int], str]) -> None:
+            for row in np.flatnonzero(rows).tolist() if rows.dtype == bool else rows.tolist():
+                if row not in found:
+                    found[row] = why if isinstance(why, str) else why(row)
+
+        owner = t["record"]
+
+        def refuse_tensors(rows: np.ndarray, why: str) -> None:
+            refuse(np.unique(owner[rows]), why)
+
+        def texts(col: np.ndarray, what: str, check: Callable[[int], object], optional: bool,
+                  on_tensors: bool) -> None:
+            """String ids inside the table, and each distinct text passing ``check``."""
+            out = (col < (NONE if optional else 0)) | (col >= n_str)
+            (refuse_tensors if on_tensors else refuse)(out, f"{what}: a string index outside the table of {n_str} strings")
+            for i in _used(col[~out]):
+                try:
+                    check(i)
+                except ValueError as e:  # ColumnsError included
+                    (refuse_tensors if on_tensors else refuse)(col == i, f"{what}: {e}")
+
+        def at_least(col: np.ndarray, lo: int, what: str, on_tensors: bool = False) -> None:
+            (refuse_tensors if on_tensors else refuse)(col < lo, f"{what} below {lo}")
+
+        for name in ("kind", "direction"):
+            refuse(r[name] > 1, f"record {name}: unknown value")
+        for name in ("seq", "first_seq", "last_seq", "call_index"):
+            at_least(r[name], 0, f"record {name}")
+        at_least(r["count"], 1, "record count")
+        at_least(r["step"], NONE, "record step")
+        strings = self.strings
+        texts(r["op"], "record op", lambda i: checked_name(strings[i], "op"), False, False)
+        texts(r["module"], "record module", lambda i: checked_name(strings[i], "module"), True, False)
+        texts(r["module_stack"], "record module_stack", self._frames, True, False)
+        texts(r["stack"], "record stack", self._call_stack, True, False)
+        texts(r["skeleton"], "record skeleton", self.skeleton, False, False)
+        mismatch = self.skeleton_mismatches()
+        refuse(mismatch, lambda row: f"its skeleton holds {self.skeleton(int(r['skeleton'][row]))[1]} tensors, "
+                                     f"its rows {int(r['t_end'][row] - r['t_begin'][row])}")
         if len(t):
-            owner = np.repeat(np.arange(len(r), dtype=np.int64), end - begin)
-            if np.any(t["record"] != owner):
-                raise ColumnsError("a tensor row names another record than the one it belongs to")
-            if t["role"].max() > PARAM or t["src_kind"].max() > SRC_INPUT or t["absent"].max() > 15:
-                raise ColumnsError("a tensor row has an unknown role, source kind or absent mask")
+            refuse_tensors(t["role"] > PARAM, "a tensor row has an unknown role")
+            refuse_tensors(t["src_kind"] > SRC_INPUT, "a tensor row has an unknown source kind")
+            refuse_tensors(t["absent"] > 15, "a tensor row has an unknown absent mask")
+            for name in ("offset", "nan", "posinf", "neginf", "numel", "src_seq", "src_index"):
+                at_least(t[name], 0, f"tensor {name}", on_tensors=True)
+            refuse_tensors(np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER)) & (t["src_name"] < 0),
+                           "a param/buffer source without a name")
+
+            def dtype(i: int) -> None:
+                if strings[i].removeprefix("torch.") not in DTYPE_NAMES:
+                    raise ColumnsError(f"unknown tensor dtype {echo(strings[i])}")
+
+            texts(t["dtype"], "tensor dtype", dtype, False, True)
+            for name in ("name", "device"):
+                texts(t[name], f"tensor {name}", lambda i, name=name: checked_name(strings[i], f"tensor {name}"),
+                      False, True)
+            # a parameter's qualified name is its module's path (up to MAX_NAME) and more: the
+            # string table's own MAX_TEXT bounds it, as it does ``data``
+            texts(t["src_name"], "tensor src_name", lambda i: None, True, True)
+            texts(t["shape"], "tensor shape", lambda i: check_shape(self.shape(i)), False, True)
+            texts(t["stride"], "tensor stride", self.shape, True, True)
+            for name in ("data", "note"):
+                texts(t[name], f"tensor {name}", lambda i: None, True, True)
             # Records read their tensors' places from the skeleton, summary and info from the
             # role column: the two must agree, or the tools would disagree about one dump.
-            wrong = np.flatnonzero(t["role"] != self._skeleton_roles(owner))
-            if len(wrong):
-                raise ColumnsError(f"record #{int(owner[wrong[0]])}: its tensor rows' roles are not its "
-                                   "skeleton's (inputs, then outputs, then parameters)")
-            for name in ("name", "dtype", "shape", "device"):
-                ids(t[name], f"tensor {name}", optional=False)
-            for name in ("stride", "data", "src_name", "note"):
-                ids(t[name], f"tensor {name}")
-            for name in ("offset", "nan", "posinf", "neginf", "numel", "src_seq", "src_index"):
-                at_least(t[name], 0, f"tensor {name}")
-            named = np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER))
-            if np.any(named & (t["src_name"] < 0)):
-                raise ColumnsError("a param/buffer source without a name")
-            for i in _used(t["dtype"]):
-                name = self.strings[i]
-                if name.removeprefix("torch.") not in DTYPE_NAMES:
-                    raise ColumnsError(f"unknown tensor dtype {echo(name)}")
-            for name in ("name", "device", "src_name"):
-                for i in _used(t[name]):
-                    checked_name(self.strings[i], f"tensor {name}")
-            for i in _used(t["shape"]):
-                if any(n < 0 for n in self.shape(i)):
-                    raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[i])}")
-            for i in _used(t["stride"]):
-                self.shape(i)
-        return self
+            fine = np.ones(len(r), dtype=bool)
+            fine[list(found)] = False
+            rows = np.flatnonzero(fine[owner])
+            wrong = rows[t["role"][rows] != self._skeleton_roles(rows)]
+            refuse_tensors(wrong, "its tensor rows' roles are not its skeleton's (inputs, then outputs, then parameters)")
+        return found
 
-    def _check_record_texts(self) -> None:
-        """Decode and check every distinct text the records use (a few thousand at most, even at
-        a million records), so building a Record later cannot fail on them; and check that each
-        record's skeleton holds as many tensors as the record has rows."""
-        r, strings = self.records, self.strings
-        for i in _used(r["op"]):
-            checked_name(strings[i], "op")
-        for i in _used(r["module"]):
-            checked_name(strings[i], "module")
-        for i in _used(r["module_stack"]):
-            self._frames(i)
-        for i in _used(r["stack"]):
-            self._call_stack(i)
-        for i in _used(r["skeleton"]):
-            self.skeleton(i)
-        bad = self.skeleton_mismatches()
-        if len(bad):  # that record's own error, as building it would give (validate locates it)
-            row = int(bad[0])
+    def _drop(self, refusals: dict[int, str]) -> None:
+        """Leave the refused records out of the tables (and their tensor rows), keep why."""
+        r, t = self.records, self.tensors
+        keep = np.ones(len(r), dtype=bool)
+        keep[list(refusals)] = False
+        ops = r["op"]
+        for row in sorted(refusals):
+            op = ops[row]
             try:
-                self._record(row)
-            except (ColumnsError, ValueError) as e:
-                raise ColumnsError(f"record #{row}: {e}") from None
+                name = checked_name(self.strings[int(op)], "op") if 0 <= op < len(self.strings) else None
+            except ValueError:
+                name = None
+            self.refused.append(Refusal(row=row, seq=int(r["seq"][row]), op=name, reason=refusals[row]))
+        kept_t = keep[t["record"]]
+        records, tensors = r.take(keep), t.take(kept_t)
+        sizes = (records["t_end"] - records["t_begin"]).astype(np.int64)
+        records.columns["t_end"] = np.cumsum(sizes)
+        records.columns["t_begin"] = records["t_end"] - sizes
+        tensors.columns["record"] = np.repeat(np.arange(len(records), dtype=np.int64), sizes)
+        self.records, self.tensors = records, tensors
 
-    def _skeleton_roles(self, owner: np.ndarray) -> np.ndarray:
-        """The role each tensor row has by its record's skeleton (``owner``: each row's record):
-        the builder writes inputs, then outputs, then parameters. Every skeleton decodes here
-        (``_check_record_texts`` ran first)."""
+    def _skeleton_roles(self, rows: np.ndarray) -> np.ndarray:
+        """The role tensor rows ``rows`` have by their record's skeleton: the builder writes
+        inputs, then outputs, then parameters. Every owner's skeleton must decode."""
         r = self.records
-        skeletons, which = np.unique(r["skeleton"], return_inverse=True)
+        owner = self.tensors["record"][rows]
+        skeletons, which = np.unique(r["skeleton"][owner], return_inverse=True)
         n_in, n_out = np.empty(len(skeletons), np.int64), np.empty(len(skeletons), np.int64)
         for k, i in enumerate(skeletons.tolist()):
             n_in[k], n_out[k] = self.skeleton_io(i)
-        which = which.reshape(-1)[owner]
-        position = np.arange(len(owner)) - r["t_begin"][owner]
+        which = which.reshape(-1)
+        position = rows - r["t_begin"][owner]
         return np.where(position < n_in[which], INPUT, np.where(position < n_in[which] + n_out[which], OUTPUT, PARAM))
 
     def skeleton_mismatches(self) -> np.ndarray:
@@ -277,7 +324,7 @@ class Columns:
         """The shape (or stride) tuple behind string ``i``, checked once."""
         got = self._shapes.get(i)
         if got is None:
-            got = self._shapes[i] = parse_shape(self.strings[i])
+            got = self._shapes[i] = parse_dims(self.strings[i])
         return got
 
     def skeleton(self, i: int) -> tuple[dict, int]:
@@ -455,6 +502,6 @@ class RecordSequence(Sequence):
 
 
 
-__all__ = ["Columns", "ColumnsError", "RecordSequence", "StringTable", "Table", "concat", "MARK", "NONE",
+__all__ = ["Columns", "ColumnsError", "Refusal", "RecordSequence", "StringTable", "Table", "concat", "MARK", "NONE",
            "RECORD_DTYPE", "TENSOR_DTYPE", "UPDATE_DTYPE", "KINDS", "DIRECTIONS", "ROLES", "SRC_KINDS",
            "INPUT", "OUTPUT", "PARAM"]

@@ -12,3 +12,8 @@ class TruncatedDumpWarning(UserWarning):
 
 class ColumnsError(DumpFormatError):
     """A columnar index is not valid (raised with the index file's name when it is known)."""
+
+
+class RefusedRecordsWarning(UserWarning):
+    """The validator refused some records (``TraceDump.refused`` says which and why); the
+    rest of the dump opened."""

@@ -25,7 +25,8 @@ MAX_DEPTH = 32         # nesting of list values (Tensor[][] is 2)
 MAX_ITEMS = 1 << 16    # arguments, outputs, list items, stack frames, module-stack entries
 MAX_DIMS = 64          # tensor rank
 ECHO = 120             # characters of a bad value that an error message repeats
-MAX_NUMEL = 1 << 48    # elements of one recorded tensor (256 TiB of float8)
+MAX_NUMEL = (1 << 63) - 1  # elements of one tensor: torch counts them in int64 (an expand reaches it)
+MAX_INT = 1 << 63        # sizes, strides and offsets are int64 in torch
 
 # torch dtype names a tensor may carry (torch 2.6-2.13); anything else is not a dump's.
 DTYPE_NAMES = frozenset(
@@ -42,8 +43,8 @@ def echo(value: Any) -> str:
 
 
 def _int(v: Any, what: str, lo: int = 0) -> int:
-    if type(v) is not int or v < lo:
-        raise ValueError(f"{what} must be an integer >= {lo}, got {echo(v)}")
+    if type(v) is not int or v < lo or v >= MAX_INT:
+        raise ValueError(f"{what} must be an int64 >= {lo}, got {echo(v)}")
     return v
 
 
@@ -79,7 +80,10 @@ def _ints(v: Any, what: str) -> tuple[int, ...]:
     items = _list(v, what)
     if len(items) > MAX_DIMS:
         raise ValueError(f"{what} has {len(items)} dimensions (limit {MAX_DIMS})")
-    return tuple(_int(x, what, lo=-(1 << 62)) for x in items)
+    for x in items:
+        if type(x) is not int or not -MAX_INT <= x < MAX_INT:
+            raise ValueError(f"{what} must hold int64 integers, got {echo(x)}")
+    return tuple(items)
 
 
 def encode_float(x: float) -> Any:
@@ -213,7 +217,7 @@ class TensorMeta:
         if any(n < 0 for n in shape):
             raise ValueError(f"tensor shape has a negative size: {echo(list(shape))}")
         if math.prod(shape) > MAX_NUMEL:
-            raise ValueError(f"tensor shape {echo(list(shape))} has more than 2**48 elements")
+            raise ValueError(f"tensor shape {echo(list(shape))} has more than 2**63-1 elements")
         dtype = _str(d.get("dtype"), "tensor dtype")
         if dtype.removeprefix("torch.") not in DTYPE_NAMES:
             raise ValueError(f"unknown tensor dtype {echo(dtype)}")
@@ -226,7 +230,7 @@ class TensorMeta:
             requires_grad=bool(d.get("requires_grad", False)),
             stats=Stats.from_json(d["stats"]) if d.get("stats") is not None else None,
             data=_opt_str(d.get("data"), "tensor data reference"),
-            source=_opt_str(d.get("src"), "tensor source"),
+            source=_opt_str(d.get("src"), "tensor source", MAX_TEXT),
             note=_opt_str(d.get("note"), "tensor note"),
         )
 

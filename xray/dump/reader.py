@@ -14,14 +14,14 @@ import h5py
 import torch
 
 from .column_builder import columns_of
-from .columns import Columns, ColumnsError, RecordSequence, StringTable, concat
-from .errors import DumpFormatError, TruncatedDumpWarning
+from .columns import Columns, ColumnsError, RecordSequence, Refusal, StringTable, concat
+from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
 from .index_file import IndexFile
-from .model import FORMAT_NAME, FORMAT_VERSION, Record, TensorMeta
+from .model import ECHO, FORMAT_NAME, FORMAT_VERSION, MAX_NAME, Record, TensorMeta
 from .tensorio import check_dataset, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
-__all__ = ["DumpFormatError", "TraceDump", "TruncatedDumpWarning", "read_trace"]
+__all__ = ["DumpFormatError", "RefusedRecordsWarning", "TraceDump", "TruncatedDumpWarning", "read_trace"]
 # An index file's name, as dump.json gives it: a plain name in the dump folder, nothing else.
 INDEX_NAME = re.compile(r"index-[A-Za-z0-9_.-]{1,200}\.h5")
 
@@ -36,8 +36,10 @@ class TraceDump:
     (``records`` is a lazy sequence); older dumps hold Records, and get columns on first use."""
 
     def __init__(self, folder: Path, header: dict[str, Any], records: list[Record] | None, complete: bool,
-                 summary: dict[str, Any] | None = None, columns: Columns | None = None) -> None:
+                 summary: dict[str, Any] | None = None, columns: Columns | None = None,
+                 refused: list[Refusal] | None = None) -> None:
         self.folder = folder
+        self._refused = refused or []
         self.header = header
         self._records = records
         self._columns = columns
@@ -50,6 +52,11 @@ class TraceDump:
         if self._records is None:
             self._records = RecordSequence(self._columns)
         return self._records
+
+    @property
+    def refused(self) -> list:
+        """The records the validator left out at load (``columns.Refusal``: row, seq, op, why)."""
+        return self._refused or (self._columns.refused if self._columns is not None else [])
 
     @property
     def columns(self) -> Columns:
@@ -139,14 +146,22 @@ def _check_header(header: dict, where: Path) -> None:
             f"(reads versions 1..{FORMAT_VERSION}); upgrade xray or re-record the dump")
 
 
-def _parse_records(raw: list, where: Path) -> list[Record]:
-    records = []
+def _parse_records(raw: list, where: Path) -> tuple[list[Record], list[Refusal]]:
+    """The JSON records that validate, and a Refusal for each one that does not (one record's
+    damage never takes the rest of the dump with it)."""
+    records, refused = [], []
     for i, r in enumerate(raw):
         try:
             records.append(Record.from_json(r))
-        except (KeyError, TypeError, ValueError) as e:
-            raise DumpFormatError(f"{where}: record #{i} is malformed ({e})") from None
-    return records
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            seq = r.get("seq") if isinstance(r, dict) else None
+            op = r.get("op") if isinstance(r, dict) else None
+            refused.append(Refusal(row=i, seq=seq if type(seq) is int else -1,
+                                   op=op if isinstance(op, str) and len(op) <= MAX_NAME else None,
+                                   reason=f"malformed ({str(e)[:2 * ECHO]})"))
+    if refused:
+        _warn(where, refused)
+    return records, refused
 
 
 @contextmanager
@@ -190,7 +205,8 @@ def _read_trace(folder: Path) -> TraceDump:
         if not isinstance(data.get("records"), list):
             raise DumpFormatError(f"{index}: not an xray dump index (no 'records' list)")
         header = {k: v for k, v in data.items() if k not in ("records", "summary", "complete")}
-        return TraceDump(folder, header, _parse_records(data["records"], index), True, data.get("summary"))
+        records, refused = _parse_records(data["records"], index)
+        return TraceDump(folder, header, records, True, data.get("summary"), refused=refused)
     if journal.exists():
         return _read_journal(folder)
     raise DumpFormatError(f"{folder}: no {INDEX} or {JOURNAL} here; is this an xray dump folder?")
@@ -215,9 +231,22 @@ def _read_columnar(folder: Path, data: dict, index: Path) -> TraceDump:
         raise DumpFormatError(f"{path}: corrupt dump index ({e})") from None
     columns.where = str(path)
     columns.validate()
+    _warn_refused(path, columns)
     header = {k: v for k, v in data.items() if k not in ("summary", "complete", "index")}
     summary = data.get("summary")
     return TraceDump(folder, header, None, True, summary if isinstance(summary, dict) else None, columns)
+
+
+def _warn_refused(where: Path, columns: Columns) -> None:
+    if columns.refused:
+        _warn(where, columns.refused)
+
+
+def _warn(where: Path, refused: list[Refusal]) -> None:
+    """One warning for the records the validator left out, naming the first; `xray info` lists all."""
+    more = f" and {len(refused) - 1} more" if len(refused) > 1 else ""
+    warnings.warn(f"{where}: refused {len(refused)} record(s), the rest opened: {refused[0]}{more} "
+                  "(xray info lists them)", RefusedRecordsWarning, stacklevel=5)
 
 
 def _read_journal(folder: Path) -> TraceDump:
@@ -257,12 +286,12 @@ def _read_journal(folder: Path) -> TraceDump:
                 bad += 1
     if header is None:
         raise DumpFormatError(f"{journal}: empty journal; nothing was recorded")
-    records = _parse_records([by_seq[s] for s in order], journal)
+    records, refused = _parse_records([by_seq[s] for s in order], journal)
     warnings.warn(
         f"{folder}: dump was not finalised (process killed before end_dump?); recovered "
         f"{len(records)} records from {JOURNAL}" + (f", skipped {bad} unreadable line(s)" if bad else ""),
         TruncatedDumpWarning, stacklevel=3)
-    return TraceDump(folder, header, records, False)
+    return TraceDump(folder, header, records, False, refused=refused)
 
 
 def _read_chunks(folder: Path, header: dict) -> TraceDump:
@@ -304,6 +333,7 @@ def _read_chunks(folder: Path, header: dict) -> TraceDump:
         columns.validate()
     except ColumnsError as e:
         raise DumpFormatError(str(e)) from None
+    _warn_refused(folder / JOURNAL, columns)
     warnings.warn(
         f"{folder}: dump was not finalised (process killed before end_dump?); recovered "
         f"{len(columns)} records from {len(parts)} journal chunk(s)" + (f"; stopped at {problem}" if problem else ""),

@@ -29,13 +29,22 @@ def _loads(text: str, what: str) -> Any:
         raise ColumnsError(f"{what}: not JSON ({e})") from None
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
+def parse_dims(text: str) -> tuple[int, ...]:
+    """A shape or stride text: a list of at most MAX_DIMS int64 values. A stride has no element
+    limit (a contiguous (4, 16, 512, 512) has strides whose product is 2**49; repeat_kv's
+    expand gives strides of 0), so the shape's limits are ``check_shape``'s."""
     try:
-        shape = _ints(_loads(text, "tensor shape"), "tensor shape")
+        return _ints(_loads(text, "tensor shape or stride"), "tensor shape or stride")
     except ValueError as e:
         raise ColumnsError(str(e)) from None
-    if math.prod(abs(n) for n in shape) > MAX_NUMEL:
-        raise ColumnsError(f"tensor shape {echo(list(shape))} has more than 2**48 elements")
+
+
+def check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape's own limits: no negative size, at most MAX_NUMEL elements (torch's int64 numel)."""
+    if any(n < 0 for n in shape):
+        raise ColumnsError(f"tensor shape has a negative size: {echo(list(shape))}")
+    if math.prod(shape) > MAX_NUMEL:
+        raise ColumnsError(f"tensor shape {echo(list(shape))} has more than 2**63-1 elements")
     return shape
 
 

@@ -10,8 +10,9 @@ calls (measurements: tools/bench_debugger.py). Everything else, and any tensor h
 or Inf, takes the torch path. ``NATIVE`` says whether the extension is in use; set
 ``XRAY_NATIVE_STATS=0`` in the environment (read once, at import) to force the torch path.
 
-``DeferredStats`` is the accelerator path: statistics launched on the device into a buffer and
-read back once per writer flush, not once per tensor (docs/performance.md).
+``DeferredStats`` is the accelerator path: tensors queued per device, reduced there in batches
+into a buffer, read back once per writer flush, not once per tensor (docs/performance.md).
+An expanded tensor is reduced over its stored elements (``unexpanded``), on every path.
 """
 from __future__ import annotations
 
@@ -122,6 +123,8 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     else:
         if n == 0 or t.layout != torch.strided or t.is_meta:
             return (None, None, None, None, 0, 0, 0, n)
+        if 0 in t.stride():
+            return _expanded(t, n, native)
         # float32/float64 (nearly every activation) skip the dtype ladder
         x = t.detach() if t.dtype in _FAST_DTYPES else _as_real(t.detach())
         if x.dtype == torch.uint8:
@@ -162,6 +165,22 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     mn, mx = torch.aminmax(finite)
     mean, std = _two_pass(finite)
     return (float(mn), float(mx), mean, std, nan, posinf, neginf, n)
+
+
+def unexpanded(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the tensor without its broadcast dims, how often each of its elements repeats in ``t``).
+    An ``expand`` repeats every element equally often, so min, max, mean and the population std
+    are the distinct elements', and the NaN/Inf counts scale by the repeat: a (2**20, 2**20, 4096)
+    expand of one value is reduced in one element, not 2**52."""
+    sizes = [1 if st == 0 else sz for sz, st in zip(t.shape, t.stride())]
+    base = t.as_strided(sizes, t.stride(), t.storage_offset())
+    return base, t.numel() // max(base.numel(), 1)
+
+
+def _expanded(t: torch.Tensor, n: int, native: bool) -> tuple:
+    base, repeat = unexpanded(t)
+    lo, hi, mean, std, nan, posinf, neginf, _ = _reduce(base, native)
+    return (lo, hi, mean, std, nan * repeat, posinf * repeat, neginf * repeat, n)
 
 
 def _native_moments(t: torch.Tensor, n: int) -> tuple[float, float, float, float] | None:
@@ -373,21 +392,68 @@ def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:
                  neginf.to(torch.float64)], out=row)
 
 
-class DeferredStats:
-    """Statistics computed where the tensor lives, into a preallocated buffer per device, and
-    copied to the host once per ``resolve()`` (the writer's flush) instead of once per tensor.
+BATCH_ENV = "XRAY_STATS_BATCH"  # "<tensors>,<bytes>": the queue's bounds (read when a DeferredStats is made)
+BATCH_DEFAULT = (256, 1 << 30)
 
-    ``launch(t)`` returns a ``Stats`` holding only ``numel``; ``resolve()`` copies each device's
-    buffer to the host in one transfer and fills those same objects in place, so every record
-    (and cache entry) that holds one sees the values. A full buffer is resolved early: one more
-    transfer per ``capacity`` tensors. ``transfers`` counts the device-to-host copies made.
+
+def batch_bounds() -> tuple[int, int]:
+    """``XRAY_STATS_BATCH`` as (tensors, bytes); the default where unset or unreadable."""
+    text = os.environ.get(BATCH_ENV, "").replace(" ", "")
+    try:
+        count, size = (int(x) for x in text.split(","))
+    except ValueError:
+        return BATCH_DEFAULT
+    return max(1, count), max(1, size)
+
+
+def _rows_one_by_one(items: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The portable batch kernel: each tensor's row by ``_launch_row`` (device kernels only)."""
+    for x, row in items:
+        _launch_row(x, row)
+
+
+# device type -> a kernel that writes the rows of a whole batch at once: [(tensor, row)] -> None.
+# A fused multi-tensor kernel (one read of each byte for every statistic) registers here; every
+# device type without one takes ``_rows_one_by_one``.
+BATCH_KERNELS: dict[str, Callable[[list[tuple[torch.Tensor, torch.Tensor]]], None]] = {}
+
+
+class DeferredStats:
+    """Statistics computed where the tensor lives, in batches, into a preallocated buffer per
+    device, and copied to the host once per ``resolve()`` (the writer's flush) instead of once
+    per tensor. Works for any device type: only torch ops run on the tensor's own device.
+
+    ``launch(t)`` queues ``t`` and returns a ``Stats`` holding only ``numel``. The queue of a
+    device is reduced in one batch (``BATCH_KERNELS``) when it reaches ``batch_count`` tensors
+    or ``batch_bytes`` bytes (``XRAY_STATS_BATCH``), when a call is about to write a tensor
+    (``before_write``: a queued tensor keeps the values it had at its call), and at
+    ``resolve()``, which then copies each device's buffer to the host in one transfer and fills
+    the handed-out Stats in place, so every record (and cache entry) holding one sees the
+    values. A full buffer is resolved early: one more transfer per ``capacity`` tensors.
+    ``transfers`` counts the device-to-host copies made, ``batches`` the batches reduced,
+    ``launched`` the tensors queued.
     """
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 4096, batch_count: int | None = None, batch_bytes: int | None = None) -> None:
         self.capacity = capacity
+        count, size = batch_bounds()
+        self.batch_count = batch_count or count
+        self.batch_bytes = batch_bytes or size
         self._buffers: dict[torch.device, torch.Tensor] = {}
-        self._pending: dict[torch.device, list[Stats]] = {}
+        # per device: the Stats handed out since the last resolve, and how often each one's
+        # reduced elements repeat in its tensor (an expand is reduced over its stored values)
+        self._pending: dict[torch.device, list[tuple[Stats, int]]] = {}
+        # per device: (tensor, row) not reduced yet, and their bytes
+        self._queue: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._queued_bytes: dict[torch.device, int] = {}
+        self.queued = 0  # tensors waiting in every queue
+        self.launched = 0  # tensors queued in all
+        self.used = False  # launched at least once: the recorder then watches for writes
+        # set by the recorder around a call that writes: its inputs are reduced as described,
+        # before the call changes them
+        self.at_once = False
         self.transfers = 0
+        self.batches = 0
 
     def launch(self, t: torch.Tensor) -> Stats:
         n = t.numel()
@@ -404,28 +470,52 @@ class DeferredStats:
             with torch.inference_mode(False):
                 buffer = self._buffers[device] = torch.empty((self.capacity, _ROW), dtype=torch.float64,
                                                              device=device)
-        with torch.no_grad():  # a parameter's statistics must not join the autograd graph
-            _launch_row(t, buffer[len(pending)])
+        x, repeat = unexpanded(t.detach()) if 0 in t.stride() else (t.detach(), 1)
         stats = Stats(None, None, None, None, numel=n)
-        pending.append(stats)
+        queue = self._queue.setdefault(device, [])
+        queue.append((x, buffer[len(pending)]))
+        pending.append((stats, repeat))
+        self.queued += 1
+        self.launched += 1
+        self.used = True
+        size = self._queued_bytes[device] = self._queued_bytes.get(device, 0) + x.numel() * x.element_size()
+        if self.at_once or len(queue) >= self.batch_count or size >= self.batch_bytes:
+            self._reduce_queue(device)
         return stats
 
+    def before_write(self) -> None:
+        """A call is about to write some tensor: reduce every queued one first, on its device
+        (no host transfer), so none is read after it changed."""
+        for device in list(self._queue):
+            self._reduce_queue(device)
+
+    def _reduce_queue(self, device: torch.device) -> None:
+        queue = self._queue.pop(device, None)
+        self._queued_bytes.pop(device, None)
+        if not queue:
+            return
+        self.queued -= len(queue)
+        self.batches += 1
+        with torch.no_grad():  # a parameter's statistics must not join the autograd graph
+            BATCH_KERNELS.get(device.type, _rows_one_by_one)(queue)
+
     def resolve(self) -> None:
-        """Copy every device's pending rows to the host (one transfer per device) and fill in
-        the Stats handed out since the last call."""
+        """Reduce what is queued, copy every device's pending rows to the host (one transfer per
+        device) and fill in the Stats handed out since the last call."""
         for device in list(self._pending):
             self._resolve(device)
 
     def _resolve(self, device: torch.device) -> None:
+        self._reduce_queue(device)
         pending = self._pending.pop(device, None)
         if not pending:
             return
         rows = self._buffers[device][:len(pending)].tolist()  # the one device-to-host copy
         self.transfers += 1
-        for s, (lo, hi, total, m2, count, posinf, neginf) in zip(pending, rows):
+        for (s, repeat), (lo, hi, total, m2, count, posinf, neginf) in zip(pending, rows):
             k = int(count)
-            s.posinf, s.neginf = int(posinf), int(neginf)
-            s.nan = s.numel - k - s.posinf - s.neginf
+            s.posinf, s.neginf = int(posinf) * repeat, int(neginf) * repeat
+            s.nan = s.numel - k * repeat - s.posinf - s.neginf
             if k == 0:
                 continue
             if lo == hi:  # constant: exact, as tensor_stats gives it

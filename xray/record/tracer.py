@@ -57,6 +57,9 @@ def _wait_collective(outs: list) -> None:
 
 
 DEFERRED_ENV = "XRAY_DEFERRED_STATS"
+# An expanded view is saved as a contiguous copy: above this, that copy (2**32 elements from one
+# value) would take the host's memory, so it keeps its statistics only.
+_MAX_EXPANDED_SAVE = 1 << 28
 # "0": every call takes the Record path (rows.py explains the row path); both write the same index.
 ROW_PATH_ENV = "XRAY_ROW_PATH"
 
@@ -332,7 +335,14 @@ class Recorder:
                     continue
                 arg = f"{prefix}.{name}" + (f".{i}" if isinstance(value, (list, tuple)) else "")
                 # contiguous now, so the flush's to_numpy need not copy a strided view again
-                copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+                if 0 in t.stride() and t.numel() * t.element_size() > _MAX_EXPANDED_SAVE:
+                    meta.note = f"not saved: an expand of {t.numel()} elements (statistics only)"
+                    continue
+                try:
+                    copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+                except (RuntimeError, MemoryError) as e:  # an expand of 2**52 elements: statistics only
+                    meta.note = f"not saved: {str(e).splitlines()[0][:200]}"
+                    continue
                 meta.data = self.writer.save_tensor(rec, arg, copy)
                 self.tensors_saved += 1
                 budget[0] -= 1
@@ -433,17 +443,25 @@ class XrayTracer(TorchDispatchMode):
         self.recorder = recorder
         # the C row path, tried first; FALLBACK: the Recorder takes the call (rows.native_path)
         self._native = None if recorder.native is None else recorder.native.on_op
+        self._deferred = recorder.deferred
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         prior = None if _set_eval_frame is None else _set_eval_frame(None)
+        deferred = self._deferred
+        writes = deferred.used and op_info(func).writes
         try:
+            if writes:  # queued statistics read the values each tensor had at its call
+                deferred.before_write()
+                deferred.at_once = True
             if self._native is not None:
                 out = self._native(func, args, kwargs)
                 if out is not _FALLBACK:
                     return out
             return self.recorder.on_op(func, args, kwargs)
         finally:
+            if writes:
+                deferred.at_once = False
             if _set_eval_frame is not None:
                 _set_eval_frame(prior)
 
@@ -488,5 +506,6 @@ class Tracing:
     def stop(self) -> None:
         if self.active:
             self.mode.__exit__(None, None, None)
+            self.recorder.deferred.before_write()  # what runs while paused goes unseen
             self.recorder.modules.remove()
             self.active = False
