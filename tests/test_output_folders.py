@@ -101,3 +101,24 @@ def test_replay_on_a_full_disk_fails_in_one_line(recorded, tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.strip().splitlines() if "warning" not in ln.lower()]
     assert len(lines) == 1 and "xray-replay: error" in lines[0], proc.stderr[-2000:]
+
+
+def test_two_replays_into_one_out_both_finish_whole(recorded, tmp_path):
+    """Two xray-replay runs at once into one --out: each finishes, matrix.csv is one run's whole
+    table, and each run's per-backend dump is its own (one beside the other's folder)."""
+    import pandas as pd
+
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "xray.replay.cli", str(recorded), "-b", "torch-cpu", "-o", str(out), "-q",
+           "--repeats", "0", "--no-cache"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0 and "Traceback" not in err, err[-2000:]
+    matrix = pd.read_csv(out / "matrix.csv")
+    assert len(matrix) and set(matrix["backend"]) == {"torch-cpu"} and matrix["seq"].is_unique
+    assert not list(out.glob("*.partial")) and not list(out.glob(".*.tmp"))
+    dumps = sorted((out / "dumps").iterdir())  # torch-cpu/, and torch-cpu.<pid>/ when both wrote at once
+    assert 1 <= len(dumps) <= 2
+    for folder in dumps:
+        assert xray.load_dump(folder).complete
