@@ -209,3 +209,54 @@ def test_sigkill_while_a_segment_is_written_keeps_the_records(tmp_path):
     per_forward = 4  # four addmm (linear) records a forward
     due = sum(1 for t in ended if killed - t > 1.5)  # 1 s, plus slack for a busy machine
     assert records >= due * per_forward, (records, due, len(ended))
+
+
+class _Interrupts:
+    """A record argument whose hashing raises KeyboardInterrupt: Ctrl-C striking while the column
+    builder has appended some of a record's cells and not the rest."""
+
+    def __hash__(self):
+        raise KeyboardInterrupt
+
+    def __eq__(self, other):
+        return self is other
+
+
+def test_an_interrupt_inside_the_column_builder_drops_only_that_record():
+    """The old builder kept the half-added cells: its columns had different lengths and build()
+    failed ("could not broadcast"), losing every record of the chunk."""
+    from xray.dump.column_builder import ColumnBuilder
+    from xray.dump.model import Record, TensorMeta
+
+    def rec(seq, extra=None):
+        r = Record(seq=seq, kind="op", op="aten.add.Tensor")
+        r.inputs = {"self": TensorMeta((2,), "float32", (1,)), "other": TensorMeta((2,), "float32", (1,))}
+        if extra is not None:
+            r.inputs["alpha"] = extra
+        r.outputs = [TensorMeta((2,), "float32", (1,))]
+        return r
+
+    builder = ColumnBuilder()
+    builder.add(rec(0))
+    with pytest.raises(KeyboardInterrupt):
+        builder.add(rec(1, _Interrupts()))
+    builder.add(rec(2))
+    cols = builder.build()
+    assert cols.records["seq"].tolist() == [0, 2]
+    assert cols.records["t_end"].tolist() == [3, 6]
+    from xray.dump.columns import TENSOR_DTYPE
+
+    assert {len(cols.tensors[c]) for c in TENSOR_DTYPE.names} == {6}, "every tensor column holds 6 rows"
+
+
+def test_a_signal_during_a_critical_section_arrives_after_it():
+    from xray.dump.critical import critical_section
+
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with critical_section():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            steps.append("the section ran to its end")
+    assert steps == ["the section ran to its end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
