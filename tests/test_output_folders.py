@@ -122,3 +122,15 @@ def test_two_replays_into_one_out_both_finish_whole(recorded, tmp_path):
     assert 1 <= len(dumps) <= 2
     for folder in dumps:
         assert xray.load_dump(folder).complete
+
+
+def test_replaying_again_into_one_out_replaces_the_last_run(recorded, tmp_path):
+    """A re-run in the same process (a notebook) replaces its own finished output, as a re-run
+    of the command does, instead of piling up dumps/torch-cpu.<pid>/ folders."""
+    from xray.replay.runner import ReplayConfig, replay_dump
+
+    cfg = ReplayConfig(backends=[], out=tmp_path / "r", factory="load", repeats=0, progress=False)
+    first = replay_dump(recorded, cfg).dumps["torch-cpu"]
+    second = replay_dump(recorded, cfg).dumps["torch-cpu"]
+    assert first == second and [p.name for p in (tmp_path / "r" / "dumps").iterdir()] == ["torch-cpu"]
+    assert xray.load_dump(second).complete

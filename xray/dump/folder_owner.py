@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .writer import DumpWriteError
 
-OWNER = "owner.pid"  # the writer of the folder (pid host token), or a bare pid (older xray)
+OWNER = "owner.pid"  # the writer of the folder (pid host token [released]), or a bare pid (older xray)
+RELEASED = "released"
 TRIES = 1000
 
 
@@ -43,7 +44,7 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in platform.node()) or "-"
 
 
-def _may_take(text: str, token: str) -> bool:
+def _may_take(text: str, token: str, keep_earlier: bool) -> bool:
     """Whether the writer ``token`` of this process may take a folder whose owner file says ``text``."""
     parts = text.split()
     try:
@@ -56,14 +57,14 @@ def _may_take(text: str, token: str) -> bool:
             return True  # this writer again (a paused session resumed)
         if host != _host():
             return False  # another machine on a shared file system: cannot tell whether it runs
-        if pid == os.getpid():
-            return False  # an earlier session of this process: its dump stays
+        if pid == os.getpid():  # an earlier writer of this process: its dump stays, unless it was
+            return not keep_earlier and parts[3:] == [RELEASED]  # finished and a re-run may replace it
     elif pid == os.getpid():
         return True  # an older xray's owner file with a reused pid: that process has exited
     return not _alive(pid)
 
 
-def claim_folder(folder: Path, token: str) -> bool:
+def claim_folder(folder: Path, token: str, keep_earlier: bool = True) -> bool:
     """Make the writer ``token`` the folder's owner unless ``_may_take`` says no.
 
     The owner file is written whole under a private name and linked into place, so two
@@ -90,7 +91,7 @@ def claim_folder(folder: Path, token: str) -> bool:
             text = owner.read_text()
         except OSError:
             text = ""
-        if not _may_take(text, token):
+        if not _may_take(text, token, keep_earlier):
             return False
         os.replace(tmp, owner)
         return True
@@ -98,16 +99,18 @@ def claim_folder(folder: Path, token: str) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def own_folder(folder: Path, token: str) -> Path:
-    """``folder``, or the first free ``<folder>.<pid>[-<n>]`` beside it (with a warning)."""
+def own_folder(folder: Path, token: str, *, keep_earlier: bool = True) -> Path:
+    """``folder``, or the first free ``<folder>.<pid>[-<n>]`` beside it (with a warning).
+    ``keep_earlier=False``: a folder an earlier writer of this process released
+    (``release_folder``) is taken over, as a re-run's output replaces the last one's."""
     folder = Path(folder)
     try:
-        if claim_folder(folder, token):
+        if claim_folder(folder, token, keep_earlier):
             return folder
         pid = os.getpid()
         for n in range(1, TRIES + 1):
             mine = folder.with_name(f"{folder.name}.{pid}" + (f"-{n}" if n > 1 else ""))
-            if claim_folder(mine, token):
+            if claim_folder(mine, token, keep_earlier):
                 break
         else:
             raise DumpWriteError(f"cannot write dump folder {folder}: {TRIES} folders beside it are taken")
@@ -119,3 +122,16 @@ def own_folder(folder: Path, token: str) -> Path:
                   f"one (see its {OWNER}); "
                   f"this one goes into {mine}", RuntimeWarning, stacklevel=3)
     return mine
+
+
+def release_folder(folder: Path, token: str) -> None:
+    """Mark the folder finished by the writer ``token`` (for ``keep_earlier=False`` claims)."""
+    owner = Path(folder) / OWNER
+    me = f"{os.getpid()} {_host()} {token}"
+    try:
+        if owner.read_text().split() == me.split():
+            tmp = owner.with_name(f".{OWNER}.{token}.released.tmp")
+            tmp.write_text(f"{me} {RELEASED}")
+            os.replace(tmp, owner)
+    except OSError:
+        pass  # the folder stays claimed: a later writer of this process goes beside it
