@@ -173,7 +173,9 @@ def _end_at_exit() -> None:
     """A program that exits with a dump still open (sys.exit, an uncaught exception, a handled
     signal, no end_dump) gets its dump.json written, so nothing since the last flush is lost."""
     global _PAUSED
-    with _LOCK:
+    if not _LOCK.acquire(timeout=10):  # a daemon thread frozen mid-begin: exit rather than hang
+        return
+    try:
         if any(s is not None and s.writer.pid != os.getpid() for s in (_ACTIVE, _PAUSED)):
             return  # a forked child: the dump is the parent's
         if _ACTIVE is not None:
@@ -182,6 +184,8 @@ def _end_at_exit() -> None:
         if _PAUSED is not None:
             paused, _PAUSED = _PAUSED, None
             paused.finish()
+    finally:
+        _LOCK.release()
 
 
 def active_session() -> DumpSession | None:
