@@ -16,7 +16,7 @@ import torch
 from ..config import DumpConfig
 from ..ranks import dist_ranks
 from ..dump.critical import critical_section
-from ..dump.folder_owner import OWNER, claim_folder, new_token, own_folder  # noqa: F401 (OWNER, claim_folder: re-exported)
+from ..dump.folder_owner import new_token, own_folder
 from ..dump.writer import DumpWriteError, DumpWriter
 from ..modes import no_dispatch_modes
 from .tracer import Recorder, Tracing
