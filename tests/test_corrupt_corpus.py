@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import traceback
 import warnings
@@ -24,6 +25,7 @@ import torch
 import xray
 from xray.dump.columns import OUTPUT, RECORD_DTYPE, TENSOR_DTYPE, StringTable
 from xray.dump.index_file import IndexFile, write_file
+from xray.csv_cells import risky
 from xray.dump.json_index import rewrite_as_json
 
 DEEP = "[" * 5000 + "]" * 5000
@@ -131,6 +133,22 @@ def _virtual(f, path, data):
     return f.create_virtual_dataset(path, layout)
 
 
+def _symlink_out(seg: Path) -> None:
+    """The segment moved out of the dump, with other values, and a symlink left in its place."""
+    outside = seg.parent.parent / f"outside-{seg.name}"
+    with h5py.File(seg, "r+") as f:
+        f.visititems(lambda n, o: o.__setitem__(..., np.full(o.shape, 7, o.dtype))
+                     if isinstance(o, h5py.Dataset) and o.size else None)
+    shutil.move(seg, outside)
+    seg.symlink_to(outside)
+
+
+def _gzip_chunk(f, path, data):
+    """The values as one gzip chunk that declares 2^22 elements (a bomb in small: 16 MiB inflated
+    to read a few dozen values)."""
+    return f.create_dataset(path, data=data.reshape(-1), maxshape=(None,), chunks=(1 << 22,), compression="gzip")
+
+
 def _truncate(fraction: float) -> Callable[[Path], None]:
     def apply(seg: Path) -> None:
         raw = seg.read_bytes()
@@ -210,6 +228,9 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
         data=_rec()(d)["outputs"][0]["data"].split(":")[0] + ":nope/x")),
     "tensor data path traversal": _index_edit(lambda d: _rec()(d)["outputs"][0].update(data="../../../etc/passwd:x")),
     "tensor data absolute path": _index_edit(lambda d: _rec()(d)["outputs"][0].update(data="/etc/passwd:x")),
+    "tensor data the HDF5 root": _index_edit(lambda d: [o.update(data=o["data"].split(":")[0] + ":/")
+                                                        for r in d["records"] for o in r["outputs"]
+                                                        if isinstance(o, dict) and o.get("data")]),
     "tensor source garbage": _index_edit(lambda d: _rec()(d)["outputs"][0].update(src={"a": 1})),
     "records nested 5000 deep": _index_edit(lambda d: json.dumps(_rec()(d)["inputs"].update(deep="@DEEP@") or d).replace('"@DEEP@"', DEEP)),
     # the tensor segments
@@ -219,6 +240,8 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "segment cut to 90%": _truncate(0.9),
     "segment random bytes": _each_segment(lambda seg: seg.write_bytes(np.random.default_rng(0).bytes(4096))),
     "segment is a directory": _each_segment(_segment_dir),
+    "segment a symlink out of the dump": _each_segment(lambda seg: _symlink_out(seg)),
+    "segment a FIFO": _each_segment(lambda seg: (seg.unlink(), os.mkfifo(seg))),
     "dataset replaced by a group": lambda f: _edit_dataset(f, lambda h, p, d, a: h.create_group(p)),
     "dataset dtype attribute wider than data": lambda f: _edit_dataset(f, _set_attr("torch_dtype", "float64")),
     "dataset dtype attribute unknown": lambda f: _edit_dataset(f, _set_attr("torch_dtype", "os.system")),
@@ -231,6 +254,7 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "dataset external link": lambda f: _edit_dataset(f, lambda h, p, d, a: h.__setitem__(p, h5py.ExternalLink(_other_file(Path(h.filename).parent, d), "x"))),
     "dataset soft link": lambda f: _edit_dataset(f, lambda h, p, d, a: h.__setitem__(p, h5py.SoftLink("/nowhere"))),
     "dataset virtual": lambda f: _edit_dataset(f, _replace(_virtual)),
+    "dataset gzip chunk larger than the dataset": lambda f: _edit_dataset(f, _replace(_gzip_chunk)),
     # the journal (no dump.json)
     "journal header not an object": _journal_only(lambda ls: ["[1]"] + ls[1:]),
     "journal header future version": _journal_only(lambda ls: [ls[0].replace('"format_version": 2', '"format_version": 99')] + ls[1:]),
@@ -354,6 +378,47 @@ def _killed_source() -> Path:
     return _KILLED[0]
 
 
+def _data_to_root(records, tensors, strings) -> None:
+    """Every saved tensor's reference names its segment's root group (``segment.h5:/``)."""
+    for i in np.flatnonzero(tensors["data"] >= 0):
+        strings.append(strings[tensors["data"][i]].split(":")[0] + ":/")
+        tensors["data"][i] = len(strings) - 1
+
+
+def _huge_statistics(records, tensors, strings) -> None:
+    """Valid float64 statistics near 1e200 (min/max/mean/std): squaring them overflows."""
+    for col, v in (("min", -1.5e200), ("max", 1.7e200), ("mean", 1.2e200), ("std", 1e200)):
+        tensors[col][:] = v
+
+
+def _formula_names(records, tensors, strings) -> None:
+    """Modules named like live spreadsheet formulas: they must reach every CSV as text."""
+    names = ["=HYPERLINK(\"http://example/x\",\"open\")", "=cmd|' /C calc'!A0", "+1+2", "-2+3", "@SUM(A1)"]
+    for i in range(len(records)):
+        strings.append(names[i % len(names)])
+        records["module"][i] = len(strings) - 1
+
+
+def _edit_v3_datasets(folder: Path, make) -> None:
+    dump = xray.load_dump(folder)
+    refs = {m.data for r in dump.records for _, m in (*r.input_tensors(), *r.output_tensors()) if m.data}
+    dump.close()
+    for ref in refs:
+        fname, path = ref.split(":", 1)
+        with h5py.File(folder / fname, "r+") as f:
+            data, attrs = f[path][()], dict(f[path].attrs)
+            del f[path]
+            make(f, path, data).attrs.update(attrs)
+
+
+def _recompress(folder: Path, name: str) -> None:
+    with h5py.File(_index_file(folder), "r+") as f:
+        blob, rows = f[name][()], f[name].attrs["rows"]
+        del f[name]
+        f.create_dataset(name, data=blob, compression="gzip")
+        f[name].attrs["rows"] = rows
+
+
 CORRUPTIONS_V3: dict[str, Callable[[Path], None]] = {
     "v3 index file deleted": lambda f: _index_file(f).unlink(),
     "v3 index file empty": lambda f: _index_file(f).write_bytes(b""),
@@ -395,6 +460,19 @@ CORRUPTIONS_V3: dict[str, Callable[[Path], None]] = {
     "v3 journal chunk missing": _killed(lambda chunks: chunks[1].unlink()),
     "v3 journal chunk random bytes": _killed(lambda chunks: chunks[0].write_bytes(np.random.default_rng(1).bytes(2048))),
     "v3 journal chunk updates a group": _killed(lambda chunks: _replace_with_group(chunks[1], "updates")),
+    "v3 journal segments missing (tensors lag)": _killed(lambda chunks: [s.unlink() for s in
+                                                                         chunks[0].parent.glob("tensors-*.h5")]),
+    # issue 31: reads outside the dump, blow-ups, values a tool must survive
+    "v3 segment a symlink out of the dump": lambda f: [_symlink_out(seg) for seg in _segments(f)],
+    "v3 tensor data the HDF5 root": _tables_edit(_data_to_root),
+    "v3 dataset gzip chunk larger than the dataset": lambda f: _edit_v3_datasets(f, _gzip_chunk),
+    "v3 strings blob declares 4 GiB": _h5_replace("strings", lambda f: f.create_dataset("strings", shape=(4 << 30,),
+                                                                                          dtype="u1")),
+    "v3 string_ends declares 300M entries": _h5_replace("string_ends", lambda f: f.create_dataset(
+        "string_ends", shape=(300_000_000,), dtype="<i8")),
+    "v3 records table gzip-compressed": lambda f: _recompress(f, "records"),
+    "v3 statistics near 1e200": _tables_edit(_huge_statistics),
+    "v3 module names that are formulas": _tables_edit(_formula_names),
 }
 
 
@@ -404,6 +482,13 @@ def _replace_with_group(path: Path, name: str) -> None:
     with h5py.File(path, "a") as f:
         del f[name]
         f.create_group(name)
+
+
+def _csv_cells(path: Path) -> list[str]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        return [c for row in csv.reader(f) for c in row]
 
 
 def _call(main: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str, str]:
@@ -456,6 +541,8 @@ def _check_every_tool(good: Path, tmp_path: Path, case: str, corrupt_it: Callabl
     problems = []
     for tool, (main, argv) in _tools(corrupt, good, tmp_path).items():
         rc, out, err = _call(main, argv)
+        problems += [f"{tool}: {csv_path}: a cell a spreadsheet would evaluate: {c[:80]!r}"
+                     for csv_path in tmp_path.rglob("*.csv") for c in _csv_cells(csv_path) if risky(c)][:1]
         # progress bars and warnings (a recovered journal) may precede the one error line
         lines = [ln for ln in err.strip().splitlines() if ln.strip() and "warning" not in ln.lower()
                  and "\r" not in ln and "test/s]" not in ln]
@@ -487,6 +574,10 @@ def _right_answer(tool: str, case: str, text: str) -> bool:
     case = case.removeprefix("v3 ")
     if "refused" in text and "the rest opened" in text:
         return True  # one record's damage refuses that record alone (issue 30): named, and the rest read
+    if case.startswith(("statistics near 1e200", "module names that are formulas")):
+        return True  # legal values: the answer is the tool's usual one (its CSVs are checked for formulas)
+    if case.startswith("journal segments missing"):
+        return True  # a killed run whose tensors had not reached the disk: its records read, the data is absent
     if case.startswith(("journal chunk", "journal without chunks")):
         return True  # a legal partial dump: the loader recovers what the chunks before the damage hold, and warns
     if case.startswith("journal lines not objects"):

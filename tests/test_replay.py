@@ -201,14 +201,13 @@ def test_parent_vets_records_without_loading_tensors(tmp_path, monkeypatch):
     result = replay_dump(d.folder, cfg)
 
     assert loads == [], "the parent read tensor data"
-    [(skipped, why)] = result.skipped
-    assert skipped.seq == exp.seq
-    assert why.startswith(f"MissingTensorError: record seq={exp.seq} (aten.exp.default), argument 'self': "
-                          "tensor [3, 5] float32 was not saved") and "--factory random" in why
+    why = {r.seq: reason for r, reason in result.skipped}
+    assert set(why) == {exp.seq, neg.seq}
+    assert why[exp.seq].startswith(f"MissingTensorError: record seq={exp.seq} (aten.exp.default), argument 'self': "
+                                   "tensor [3, 5] float32 was not saved") and "--factory random" in why[exp.seq]
+    # compressed storage is refused from its header (xray writes none; a gzip chunk can be a bomb)
+    assert "refused: filtered storage" in why[neg.seq], why[neg.seq]
     assert result.status(sin.seq, "torch-cpu") == ReplayStatus.OK
-    assert result.status(neg.seq, "torch-cpu") == ReplayStatus.EXPORT_FAIL
-    row = next(r for r in result.rows if r.seq == neg.seq)
-    assert row.error.startswith("cannot rebuild the call: OSError"), row.error
 
 
 CUSTOM_OP_MODULE = '''

@@ -7,6 +7,7 @@ place (atomic on POSIX), and a failure names the file and removes the temporary.
 from __future__ import annotations
 
 import os
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
@@ -18,9 +19,11 @@ class OutputWriteError(OSError):
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator[IO]:
-    """``open(path, mode)`` through ``.<name>.<pid>.tmp``, renamed into place on success."""
+    """``open(path, mode)`` through ``.<name>.<pid>-<random>.tmp``, renamed into place on success.
+    The temporary is unique to this write: two runs (or threads) writing the same output never
+    share one, and the last to finish leaves its whole file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     if "b" not in mode:
         kwargs.setdefault("encoding", "utf-8")
     try:
@@ -41,6 +44,8 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def partial_path(path: str | os.PathLike) -> Path:
-    """Where a file written row by row grows until it is complete (then renamed to ``path``)."""
+    """Where a file written row by row grows until it is complete (then renamed to ``path``):
+    ``<name>.<pid>-<random>.partial``, unique to this writer, so two runs into one folder
+    never write, rename or delete each other's."""
     path = Path(path)
-    return path.with_name(path.name + ".partial")
+    return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")

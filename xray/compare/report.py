@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import base64
-import csv
 import io
 import json
 import math
@@ -11,6 +10,7 @@ from operator import attrgetter
 
 from tabulate import tabulate
 
+from .. import csv_cells
 from ..atomic import atomic_write, write_text
 from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
 
@@ -22,7 +22,7 @@ def write_csv(result: CompareResult, path: str | os.PathLike) -> None:
     every row: a minute at a million rows); the text is what csv.DictWriter wrote."""
     get = attrgetter(*COMPARE_COLUMNS)
     with atomic_write(path, newline="") as f:
-        w = csv.writer(f)
+        w = csv_cells.Writer(f)  # names from the dump cannot become spreadsheet formulas
         w.writerow(COMPARE_COLUMNS)
         w.writerows(["" if v is None else v for v in get(r)] for r in result.rows)
 

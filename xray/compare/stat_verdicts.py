@@ -6,6 +6,8 @@ Here they run over arrays, with Python's ``max``/``min`` (NaN) semantics written
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
@@ -65,9 +67,9 @@ def _pymin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(y < x, y, x)
 
 
-def _square(x: np.ndarray) -> np.ndarray:
-    """``x ** 2`` as Python computes it (C pow), for results equal to stats_rms's to the bit."""
-    return np.array([v ** 2 for v in x.tolist()], dtype=np.float64)
+def _hypot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``math.hypot`` element by element, for results equal to stats_rms's to the bit."""
+    return np.array([math.hypot(a, b) for a, b in zip(x.tolist(), y.tolist())], dtype=np.float64)
 
 
 def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rules) -> dict[str, np.ndarray]:
@@ -81,16 +83,17 @@ def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rul
     worst = np.zeros(len(rtol))
     with np.errstate(all="ignore"):
         for key, pb, pt in zip(keys, present_b, present_t):
-            worst = np.where(pb != pt, np.inf, np.where(pb, _pymax(worst, np.abs(t[key] - b[key])), worst))
+            # halves, as stats_compare: t/2 - b/2 never overflows where t - b would
+            worst = np.where(pb != pt, np.inf, np.where(pb, _pymax(worst, np.abs(t[key] * 0.5 - b[key] * 0.5)), worst))
         std = np.where(present_b[3], b["std"], 0.0)
         std = np.where(std != 0, std, 0.0)  # ``std or 0.0``: -0.0 counts as 0.0 too
-        rms = np.sqrt(_square(b["mean"]) + _square(std))
+        rms = _hypot(b["mean"], std)
         base = np.where(present_b[2], rms, scale)  # tol.floor(scale if rms is None else rms)
         exact = (rtol == 0) & (atol == 0)
         floor = np.where(exact, 0.0, _pymax(atol * _pymin(base, np.ones_like(base)), ATOL_PER_RTOL * rtol * base))
         allowed = floor + rtol * scale
-        within = np.where(allowed > 0, worst / allowed, np.where(worst == 0, 0.0, np.inf))
-        stats_err = np.where(scale > 0, worst / scale, worst)
+        within = np.where(allowed > 0, worst / (allowed * 0.5), np.where(worst == 0, 0.0, np.inf))
+        stats_err = np.where(scale > 0, (worst / scale) * 2, worst * 2)
     verdict = np.where(within <= 1.0, 0, np.where(exact, 2, np.where(within <= rules.stats_warn_factor, 1, 2)))
     verdict[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = 3
     return {"status": _STATUS_OBJECTS[verdict], "stats_err": stats_err}

@@ -59,17 +59,21 @@ class ColumnBuilder:
                  roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None) -> None:
         """One record already as cells: ``record`` holds RECORD_DTYPE's fields up to ``t_begin``;
         the tensor lists are parallel; ``notes`` maps a tensor's position to its note's string."""
-        if notes:
-            base = len(self._layouts)
-            for i, note in notes.items():
-                self._extras[base + i] = (NONE, note)
-        self._records.append(record)
-        self._counts.append(len(layouts))
-        self._layouts += layouts
-        self._stats += stats
-        self._sources += sources
-        self._roles += roles
-        self._names += names
+        try:
+            if notes:
+                base = len(self._layouts)
+                for i, note in notes.items():
+                    self._extras[base + i] = (NONE, note)
+            self._layouts += layouts
+            self._stats += stats
+            self._sources += sources
+            self._roles += roles
+            self._names += names
+            self._records.append(record)
+            self._counts.append(len(layouts))  # last: the record is in once its count is
+        except BaseException:  # an interrupt (Ctrl-C) mid-record: the rows before stay whole
+            self._trim()
+            raise
 
     def row_lists(self) -> tuple[list, list, list, list, list, list, list]:
         """The lists ``add_rows`` appends to (records, counts, layouts, stats, sources, roles,
@@ -77,6 +81,24 @@ class ColumnBuilder:
         return self._records, self._counts, self._layouts, self._stats, self._sources, self._roles, self._names
 
     def add(self, rec: Record) -> None:
+        try:
+            self._add(rec)
+        except BaseException:  # an interrupt (Ctrl-C) mid-record: the rows before stay whole
+            self._trim()
+            raise
+
+    def _trim(self) -> None:
+        """Drop the cells of a record whose adding was interrupted. A record is in once its count
+        is appended (always last), so the complete records are the first ``len(_counts)`` and
+        their tensors the first ``sum(_counts)`` cells of every tensor list."""
+        rows, cells = len(self._counts), sum(self._counts)
+        del self._records[rows:]
+        for cells_list in (self._layouts, self._stats, self._sources, self._roles, self._names):
+            del cells_list[cells:]
+        for i in [i for i in self._extras if i >= cells]:
+            del self._extras[i]
+
+    def _add(self, rec: Record) -> None:
         s = self.strings
         before = len(self._layouts)
         key = (tuple([(k, self._value(v, INPUT, k)) for k, v in rec.inputs.items()]),
@@ -145,6 +167,7 @@ class ColumnBuilder:
                 self._extras[i] = (NONE, note)
 
     def build(self) -> "Columns":
+        self._trim()  # an interrupt that struck where add's own handler could not trim
         if not self._records:
             return Columns(Table.empty(RECORD_DTYPE), Table.empty(TENSOR_DTYPE), self.strings)
         counts = np.array(self._counts, dtype=np.int64)

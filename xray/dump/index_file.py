@@ -23,7 +23,8 @@ import h5py
 import numpy as np
 
 from .columns import RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table
-from .tensorio import open_dataset
+from .errors import DumpFormatError
+from .tensorio import file_inside, open_dataset
 
 LAYOUT = "xray-trace-index"  # the file's ``layout`` attribute
 LAYOUT_VERSION = 1
@@ -95,7 +96,11 @@ class IndexFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.file = h5py.File(path, "r")
+            real = file_inside(path.parent, path.name)  # never a symlink out of the dump, a FIFO...
+        except DumpFormatError as e:
+            raise ColumnsError(str(e).replace(f"{path}: ", "")) from None
+        try:
+            self.file = h5py.File(real, "r")
         except OSError as e:
             raise ColumnsError(f"not a readable HDF5 file ({e})") from None
         if self.file.attrs.get("layout") != LAYOUT:
@@ -106,24 +111,30 @@ class IndexFile:
             self.file.close()
             raise ColumnsError(f"index layout version {version!r} is newer than this xray reads; upgrade xray")
 
-    def array(self, name: str, dtype: np.dtype) -> np.ndarray:
-        """One 1-D dataset of exactly ``dtype`` (links and external storage refused)."""
+    def array(self, name: str, dtype: np.dtype, expect: int | None = None) -> np.ndarray:
+        """One 1-D dataset of exactly ``dtype`` (links, external storage, filters and sizes the
+        file cannot hold refused: ``open_dataset``), of ``expect`` values when that is known."""
         try:
             ds = open_dataset(self.file, name)
         except (KeyError, ValueError) as e:
             raise ColumnsError(f"no {name!r} column ({e})") from None
         if ds.dtype != dtype or ds.ndim != 1:
             raise ColumnsError(f"column {name!r} is {ds.dtype} of {ds.ndim} dimensions (expected 1-D {dtype})")
+        if expect is not None and ds.shape[0] != expect:
+            raise ColumnsError(f"column {name!r} holds {ds.shape[0]} values, its header says {expect}")
         try:
             return ds[()]
         except (OSError, ValueError) as e:
             raise ColumnsError(f"column {name!r} is unreadable ({e})") from None
 
     def table(self, name: str, dtype: np.dtype) -> Table:
-        blob = self.array(name, np.dtype(np.uint8))
-        rows = self.file[name].attrs.get("rows")
-        if not isinstance(rows, (int, np.integer)) or rows < 0 or table_bytes(dtype, int(rows)) != len(blob):
-            raise ColumnsError(f"table {name!r}: {len(blob)} bytes do not hold {rows!r} rows of its columns")
+        try:
+            rows = self.file[name].attrs.get("rows") if name in self.file else None
+        except (OSError, RuntimeError, KeyError) as e:
+            raise ColumnsError(f"table {name!r} is unreadable ({e})") from None
+        if not isinstance(rows, (int, np.integer)) or rows < 0:
+            raise ColumnsError(f"table {name!r}: its rows attribute is {rows!r}")
+        blob = self.array(name, np.dtype(np.uint8), expect=table_bytes(dtype, int(rows)))
         return unpack(blob, dtype, int(rows))
 
     def columns(self) -> Columns:

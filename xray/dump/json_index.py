@@ -27,13 +27,13 @@ def write_json_index(dump: Dump, out: str | os.PathLike) -> Path:
                 summary=getattr(dump, "summary", {}) or {})
     head.pop("index", None)
     text = json.dumps(head, separators=(",", ":"), default=str)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    from ..atomic import atomic_write
+
+    with atomic_write(path) as f:  # a full disk leaves neither a partial file nor a temporary
         f.write(text[:-1] + ',"records":[')
         for i, rec in enumerate(dump.records):
             f.write(("," if i else "") + json.dumps(rec.to_json(), separators=(",", ":"), default=str))
         f.write("]}")
-    os.replace(tmp, path)
     return path
 
 

@@ -18,7 +18,7 @@ from .columns import Columns, ColumnsError, RecordSequence, Refusal, StringTable
 from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
 from .index_file import IndexFile
 from .model import ECHO, FORMAT_NAME, FORMAT_VERSION, MAX_NAME, Record, TensorMeta
-from .tensorio import check_dataset, open_dataset, read_dataset
+from .tensorio import check_dataset, file_inside, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
 __all__ = ["DumpFormatError", "RefusedRecordsWarning", "TraceDump", "TruncatedDumpWarning", "read_trace"]
@@ -111,8 +111,9 @@ class TraceDump:
             raise DumpFormatError(f"{self.folder}: refusing tensor file reference {fname!r} outside the dump")
         if fname not in self._files:
             p = self.folder / fname
-            if not p.exists():
+            if not p.exists() and not p.is_symlink():
                 return None
+            p = file_inside(self.folder, fname)  # a symlink out of the dump is refused, not followed
             try:
                 self._files[fname] = h5py.File(p, "r")
             except OSError as e:

@@ -35,9 +35,10 @@ class StringTable:
     def intern(self, text: str) -> int:
         ids = self._ids if self._ids is not None else self._reverse()
         i = ids.get(text)
-        if i is None:
-            i = ids[text] = len(self._strings)
+        if i is None:  # the text first, then its id: an interrupt between leaves no id pointing past the end
+            i = len(self._strings)
             self._strings.append(text)
+            ids[text] = i
         return i
 
     def opt(self, text: str | None) -> int:
@@ -98,5 +99,6 @@ class StringTable:
     def extend(self, texts: Iterable[str]) -> None:
         ids = self._reverse()
         for t in texts:
-            ids.setdefault(t, len(self._strings))
+            i = len(self._strings)
             self._strings.append(t)
+            ids.setdefault(t, i)

@@ -5,10 +5,12 @@ file from a dump; both spell the cells here, so the two cannot drift apart.
 """
 from __future__ import annotations
 
-import csv
 import io
 import os
 from operator import itemgetter
+
+from .. import csv_cells
+from ..csv_cells import risky
 
 #: One row per tensor: where it is, its data-range statistics, non-finite counts and data path.
 CSV_COLUMNS = ("Index", "Step", "Rank", "Module", "Dtype", "Shape", "Min", "Max", "Mean", "Std",
@@ -31,8 +33,9 @@ _NUMBERS_FORMAT = ",".join([_STAT_FORMAT] * 4 + ["%d"] * 4)  # min, max, mean, s
 
 
 def _needs_quoting(text: str) -> bool:
-    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``."""
-    return '"' in text or "," in text or "\n" in text or "\r" in text
+    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``, or xray.csv_cells change it:
+    then the row goes through the csv writer."""
+    return '"' in text or "," in text or "\n" in text or "\r" in text or risky(text)
 
 
 def csv_head_cells(dtype: str, shape: str) -> str:
@@ -63,9 +66,10 @@ def append_index_csv(rows: list[tuple[str, str, str, str]], step: int, rank: int
     lines = []
     if start == 0:
         lines.append(",".join(CSV_COLUMNS) + "\r\n")
-    if _needs_quoting("".join(map(itemgetter(0), rows)) + "".join(map(itemgetter(3), rows))):
+    if _needs_quoting("".join(map(itemgetter(0), rows)) + "".join(map(itemgetter(3), rows))) or any(
+            risky(r[0]) or risky(r[3]) for r in rows):
         buffer = io.StringIO()
-        writer = csv.writer(buffer)
+        writer = csv_cells.Writer(buffer)
         for n, (name, cells, direction, data) in enumerate(rows, start):
             writer.writerow((n, step, rank_cell, name, *cells.split(","), direction, data))
         lines.append(buffer.getvalue())

@@ -6,9 +6,15 @@ are stored natively. Reading never executes anything from the file.
 """
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 import h5py
 import numpy as np
 import torch
+
+from .errors import DumpFormatError
 
 DTYPE_ATTR = "torch_dtype"
 
@@ -79,8 +85,30 @@ class UnsafeDatasetError(ValueError):
     """An HDF5 object whose bytes could come from outside its file: never read it."""
 
 
+def file_inside(folder: str | os.PathLike, name: str) -> Path:
+    """``folder/name`` if it is, once every symlink is resolved, a regular file directly in
+    ``folder``; else DumpFormatError. A dump's files (segments, index, journal chunks) always
+    are: a symlink out of the folder, a FIFO or a device is how a crafted dump would make xray
+    read bytes it does not hold."""
+    folder = Path(folder)
+    path = folder / name
+    if "/" in name or "\\" in name or name in ("", ".", ".."):
+        raise DumpFormatError(f"{folder}: refusing file reference {name[:80]!r} outside the dump")
+    try:
+        real, home = path.resolve(strict=True), folder.resolve(strict=True)
+        mode = os.stat(real).st_mode
+    except (OSError, RuntimeError) as e:  # missing, a symlink loop, unreadable
+        raise DumpFormatError(f"{path}: cannot open ({getattr(e, 'strerror', None) or e})") from None
+    if real.parent != home:
+        raise DumpFormatError(f"{path}: refused: it leads to {real}, outside the dump folder")
+    if not stat.S_ISREG(mode):
+        raise DumpFormatError(f"{path}: refused: not a regular file")
+    return real
+
+
 def open_dataset(f: h5py.File, path: str) -> h5py.Dataset:
-    """``f[path]``, refusing every way HDF5 offers to reach outside ``f``.
+    """``f[path]``, refusing every way HDF5 offers to reach outside ``f``, and every dataset
+    whose read could take more than the file holds (``check_storage``).
 
     External links, soft links (a dump never writes links; following one is how a crafted file
     would redirect a read), datasets whose bytes live in another file (external storage) and
@@ -88,22 +116,53 @@ def open_dataset(f: h5py.File, path: str) -> h5py.Dataset:
     xray read bytes that are inside the file the user named.
     """
     where = f"{f.filename}:{path}"
+    parts = str(path).strip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafeDatasetError(f"{where}: refused: not the path of a dataset")
     node = ""
-    for part in str(path).strip("/").split("/"):
-        node = f"{node}/{part}"
-        link = f.get(node, getlink=True)
-        if link is None:
-            raise KeyError(f"{where}: no such dataset")
-        if not isinstance(link, h5py.HardLink):
-            raise UnsafeDatasetError(f"{where}: refused: {node} is a {type(link).__name__}, not stored in the file")
-    ds = f[path]
+    try:
+        for part in parts:
+            node = f"{node}/{part}"
+            link = f.get(node, getlink=True)
+            if link is None:
+                raise KeyError(f"{where}: no such dataset")
+            if not isinstance(link, h5py.HardLink):
+                raise UnsafeDatasetError(f"{where}: refused: {node} is a {type(link).__name__}, not stored in the file")
+        ds = f[path]
+    except (OSError, RuntimeError, TypeError) as e:  # HDF5 on a damaged or odd name
+        raise UnsafeDatasetError(f"{where}: unreadable ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(ds, h5py.Dataset):
         raise UnsafeDatasetError(f"{where}: not a dataset (a {type(ds).__name__})")
     if ds.is_virtual:
         raise UnsafeDatasetError(f"{where}: refused: a virtual dataset (its bytes are mapped from other files)")
     if ds.external:
         raise UnsafeDatasetError(f"{where}: refused: external storage (its bytes live in another file)")
+    check_storage(ds, where)
     return ds
+
+
+def check_storage(ds: h5py.Dataset, where: str) -> None:
+    """Refuse a dataset whose read would take more bytes than its file holds.
+
+    xray's writers store every dataset unfiltered (no compression), so the budget of a read is
+    exact: the bytes it returns are bytes of the file. A filter (a gzip chunk that inflates
+    2 GiB from a few KB), a chunk larger than its dataset (read whole to return 48 values), or
+    a size the file cannot hold (a header that declares gigabytes in a file of kilobytes, or
+    storage never written) is refused before any byte is read."""
+    plist = ds.id.get_create_plist()
+    if plist.get_nfilters():
+        names = [plist.get_filter(i)[3].decode(errors="replace") or str(plist.get_filter(i)[0])
+                 for i in range(plist.get_nfilters())]
+        raise UnsafeDatasetError(f"{where}: refused: filtered storage ({', '.join(names)}); "
+                                 "xray writes datasets unfiltered")
+    if ds.chunks is not None and any(c > max(n, 1) for c, n in zip(ds.chunks, ds.shape)):
+        raise UnsafeDatasetError(f"{where}: refused: chunks of {list(ds.chunks)} for a dataset of {list(ds.shape)}")
+    nbytes = ds.size * ds.dtype.itemsize
+    if nbytes:
+        stored, size = ds.id.get_storage_size(), ds.file.id.get_filesize()
+        if stored < nbytes or stored > size:
+            raise UnsafeDatasetError(f"{where}: refused: declares {nbytes} bytes, {stored} stored, "
+                                     f"in a file of {size} bytes")
 
 
 def check_dataset(ds: h5py.Dataset, shape: tuple[int, ...], dtype: str, where: str) -> h5py.Dataset:

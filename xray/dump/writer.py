@@ -24,7 +24,8 @@ import torch
 
 from ..modes import no_dispatch_modes
 from .column_builder import ColumnBuilder
-from .columns import UPDATE_DTYPE, Columns, StringTable, concat
+from .columns import NONE, UPDATE_DTYPE, Columns, StringTable, concat
+from .critical import critical_section
 from .index_file import write_file, write_index
 from .model import FORMAT_NAME, FORMAT_VERSION, Record
 from .tensorio import write_dataset
@@ -91,6 +92,7 @@ class DumpWriter:
         self._strings_in_journal = 0
         self._chunk = 0
         self._unjournaled: Columns | None = None  # converted by close(), not in a chunk file
+        self._last_chunk: tuple | None = None  # write_file's arguments of the last chunk written
         self._snapshots = 0
         self._tensors: list[tuple[str, torch.Tensor]] = []  # (dataset path, data)
         self._segment = 0
@@ -138,7 +140,7 @@ class DumpWriter:
         """Queue a copy of ``t`` for the current segment; return its data reference."""
         nbytes = t.numel() * t.element_size()
         if self._tensors and self.pending_bytes + nbytes > self.flush_bytes:
-            self._raise_lost(self._write_segment())  # bound memory by bytes, not only by time
+            self.flush()  # bound memory by bytes, not only by time (the records first, as always)
         path = f"r{record.seq}/{arg}"
         self._tensors.append((path, t))
         self.pending_bytes += nbytes
@@ -163,21 +165,26 @@ class DumpWriter:
         return os.getpid() != self.pid
 
     def flush(self, *, journal: bool = True) -> None:
-        """Write queued tensors as one closed segment, then their records as a journal chunk
-        (with the changed counts of de-duplicated records). ``journal=False`` converts the records
-        without writing the chunk file (close() writes the whole index right after)."""
+        """Write the records since the last flush as a journal chunk (with the changed counts of
+        de-duplicated records), then their queued tensors as one closed segment. ``journal=False``
+        converts the records without writing the chunk file (close() writes the whole index
+        right after).
+
+        The records first: a chunk is small and quick, a segment can be hundreds of MB, and a
+        kill while it is written must not take the records with it (the 1 s promise). Until
+        the segment is on disk, the chunk's records name tensors it does not yet hold (the
+        chunk's ``segment`` attribute says which file they wait for); a reader finds them
+        missing, as it does for a segment a full disk refused."""
         if self._foreign():
             return
-        if self.before_flush is not None:
-            self.before_flush()
-        lost = None
-        try:
-            lost = self._write_segment()
-        finally:
-            # The records go to the journal even when their segment could not be written
-            # (a full disk): a lost tensor copy must not take the records' metadata with it.
+        with critical_section():
+            if self.before_flush is not None:
+                self.before_flush()
             self._write_journal(journal)
-        self._raise_lost(lost)
+            lost = self._write_segment()
+            if lost is not None:
+                self._rewrite_last_chunk()
+            self._raise_lost(lost)
 
     def _raise_lost(self, lost: OSError | None) -> None:
         if lost is not None:
@@ -205,6 +212,10 @@ class DumpWriter:
             tmp.unlink(missing_ok=True)  # give the space back to the journal
             self._forget_segment(name)
             return e
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            self._forget_segment(name)
+            raise
         finally:
             self._tensors.clear()
             self.pending_bytes = 0
@@ -212,7 +223,16 @@ class DumpWriter:
         return None
 
     def _forget_segment(self, name: str) -> None:
-        self._builder.drop_data(name + ":")
+        """Drop the data references into a segment that was not written: from the records still
+        pending, and from the chunks already made (their journal files keep naming it: a reader
+        finds it missing)."""
+        prefix = name + ":"
+        self._builder.drop_data(prefix)
+        for chunk in self._chunks:
+            data = chunk.tensors["data"]
+            ids = [i for i in np.unique(data).tolist() if i != NONE and self._strings[i].startswith(prefix)]
+            if ids:
+                data[np.isin(data, ids)] = NONE
 
     def _write_journal(self, to_disk: bool) -> None:
         updates = {}
@@ -243,15 +263,30 @@ class DumpWriter:
         if chunk is None:
             chunk = concat([], self._strings)
         name = f"journal-{self._prefix.removeprefix('tensors-')}-{self._chunk:05d}.h5"
+        attrs = {"chunk": self._chunk, "first_row": self._rows - len(chunk.records),
+                 "first_tensor": self._tensor_rows - len(chunk.tensors), "first_string": first_string}
+        if self._tensors:
+            attrs["segment"] = self._segment_name()  # written after this chunk: its tensors may lag
+        self._last_chunk = (self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates)
         try:
-            write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends,
-                       {"chunk": self._chunk, "first_row": self._rows - len(chunk.records),
-                        "first_tensor": self._tensor_rows - len(chunk.tensors), "first_string": first_string},
-                       updates=updates)
+            write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates=updates)
         except OSError as e:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
         self._chunk += 1
         self._strings_in_journal = len(self._strings)
+
+    def _rewrite_last_chunk(self) -> None:
+        """The segment the last chunk's records wait for was not written: the chunk again,
+        without their references to it (``_forget_segment`` dropped them), where the disk lets it."""
+        if self._last_chunk is None or "segment" not in self._last_chunk[5]:
+            return
+        path, records, tensors, blob, ends, attrs, updates = self._last_chunk
+        attrs = {k: v for k, v in attrs.items() if k != "segment"}
+        try:
+            write_file(path, records, tensors, blob, ends, attrs, updates=updates)
+        except OSError:
+            pass  # the chunk keeps naming the missing segment: a reader finds the tensors missing
+        self._last_chunk = None
 
     def columns(self) -> Columns:
         """Every record flushed so far as one index, with the final counts of de-duplicated ones."""
@@ -264,15 +299,16 @@ class DumpWriter:
 
     def close(self, summary: dict[str, Any]) -> Path:
         """Flush, write index.h5 and dump.json atomically, and return the dump folder."""
-        self.flush(journal=False)  # index.h5, written next, holds them
-        try:
-            folder = self.snapshot(summary)
-        except DumpWriteError:
-            self._write_chunk_after_failure()
-            raise
-        finally:
-            self._journal.close()
-        self._remove_journal()
+        with critical_section():
+            try:
+                self.flush(journal=False)  # index.h5, written next, holds them
+                folder = self.snapshot(summary)
+            except BaseException:
+                self._write_chunk_after_failure()
+                raise
+            finally:
+                self._journal.close()
+            self._remove_journal()
         return folder
 
     def _write_chunk_after_failure(self) -> None:
@@ -283,6 +319,7 @@ class DumpWriter:
                 self._write_chunk(self._unjournaled, self._final_counts())
             except DumpWriteError:
                 pass
+            self._unjournaled = None
 
     def _remove_journal(self) -> None:
         (self.folder / JOURNAL).unlink(missing_ok=True)  # index.h5 now holds all of it

@@ -1,12 +1,12 @@
 """The result CSV of a generated test run: its columns, declared once for the plugin and xray-diff."""
 from __future__ import annotations
 
-import csv
 import math
 import os
 from pathlib import Path
 from typing import Iterable
 
+from .. import csv_cells
 from ..atomic import atomic_write
 from .reference import THRESHOLDS, OutputVerdict
 
@@ -45,7 +45,7 @@ def write_rows(path: str | os.PathLike, rows: Iterable[dict[str, str]]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
+        w = csv_cells.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in sorted(rows, key=lambda r: r["name"]):
             w.writerow(r)

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import csv_cells
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     d = diff(a, b)
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(args.result, newline="") as f:
-        d.to_csv(f, index=False)
+        csv_cells.frame(d).to_csv(f, index=False)
     both = d[d["present"] == "both"]
     summary = [
         ["tests in both", len(both)],

@@ -387,7 +387,10 @@ class Renderer:
 # -- the whole run ---------------------------------------------------------------------------------------
 
 def _clean(out_dir: Path) -> None:
-    """Remove files a previous xray-gen run wrote here (and nothing else)."""
+    """Remove files a previous xray-gen run wrote here, and nothing else: a ``test_*.py`` that
+    carries xray-gen's marker, and the ``data/<its name>.h5`` beside it. A user's own
+    ``data/test_golden.h5`` has no marked test file of its name, and stays."""
+    data = out_dir / "data"
     for p in out_dir.glob("test_*.py"):
         try:
             head = p.read_text(encoding="utf-8", errors="replace")[:200]
@@ -395,10 +398,26 @@ def _clean(out_dir: Path) -> None:
             continue
         if MARKER in head:
             p.unlink()
-    data = out_dir / "data"
-    if data.is_dir():
-        for p in data.glob("test_*.h5"):
-            p.unlink()
+            tensors = data / f"{p.stem}.h5"
+            if tensors.is_file() and not tensors.is_symlink():
+                tensors.unlink()
+
+
+def _ours(path: Path) -> bool:
+    """Whether xray-gen wrote ``path``: a test file with its marker, or the data file of one."""
+    test = path.parent.parent / f"{path.stem}.py" if path.suffix == ".h5" else path
+    try:
+        return test.is_file() and MARKER in test.read_text(encoding="utf-8", errors="replace")[:200]
+    except OSError:
+        return False
+
+
+def _refuse_foreign(out_dir: Path, tests: list[str], data: list[str]) -> None:
+    """Refuse, before anything is deleted or written, to replace a file xray-gen did not write."""
+    for path in [out_dir / n for n in tests] + [out_dir / "data" / n for n in data]:
+        if (path.exists() or path.is_symlink()) and not _ours(path):
+            raise GenerationError(f"{path} exists and was not written by xray-gen; generate into another "
+                                  "folder, or move it away")
 
 
 def _check_conftest(path: Path) -> None:
@@ -435,6 +454,8 @@ def generate(dump: Dump, out_dir: str | Path, *, factory: str = "auto", cpu_init
             report.tests += n
             if progress is not None:
                 progress(len(op_cases))
+        data_files = sorted(h5.name for h5 in (staging / "data").iterdir()) if (staging / "data").is_dir() else []
+        _refuse_foreign(out, [name for name, _ in files], data_files)
         _clean(out)
         for name, text in [*files, (CONFTEST, renderer.conftest)]:
             (out / name).write_text(text, encoding="utf-8")

@@ -43,9 +43,9 @@ class CsvReporter:
 
         self._partial = partial_path(path)  # grows row by row; the sorted CSV replaces it at the end
         self._live = open(self._partial, "w", encoding="utf-8", newline="")
-        import csv
+        from .. import csv_cells
 
-        self._writer = csv.DictWriter(self._live, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
+        self._writer = csv_cells.DictWriter(self._live, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         self._writer.writeheader()
 
     def pytest_runtest_logreport(self, report) -> None:

@@ -1,8 +1,10 @@
 """begin_dump / end_dump / dump(): the one explicit piece of global state, the active session."""
 from __future__ import annotations
 
+import atexit
 import os
 import platform
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -13,6 +15,8 @@ import torch
 
 from ..config import DumpConfig
 from ..ranks import dist_ranks
+from ..dump.critical import critical_section
+from ..dump.folder_owner import new_token, own_folder
 from ..dump.writer import DumpWriteError, DumpWriter
 from ..modes import no_dispatch_modes
 from ..numerics import math_settings
@@ -42,6 +46,7 @@ class DumpSession:
         self.recorder = Recorder(config, self.writer)
         self.tracing = Tracing(self.recorder)
         self.started = time.perf_counter()
+        self.thread = threading.current_thread().name
 
     def start(self) -> None:
         self.tracing.start()
@@ -71,6 +76,9 @@ class DumpSession:
 
 _ACTIVE: DumpSession | None = None
 _PAUSED: DumpSession | None = None
+# begin_dump/end_dump run whole or not at all, one at a time: two threads beginning at once
+# cannot both start, and a signal waits until the session is consistent (critical_section).
+_LOCK = threading.RLock()
 
 
 def _rank() -> int | None:
@@ -83,105 +91,56 @@ def process_folder(dump_dir: Path) -> Path:
     return Path(dump_dir) / (f"rank_{rank}" if rank is not None else f"proc_{os.getpid()}")
 
 
-OWNER = "owner.pid"  # the pid of the process that writes (or last wrote) the folder
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    if os.name == "nt":  # os.kill would terminate it there: assume the owner still runs
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
-
-
-def claim_folder(folder: Path) -> bool:
-    """Make this process the folder's owner unless another live process owns it.
-
-    A folder whose owner has exited is taken over (a re-run replaces its old dump, as always).
-    The owner file is written whole under a private name and linked into place, so two
-    processes claiming at once cannot both win, nor read a half-written pid."""
-    folder.mkdir(parents=True, exist_ok=True)
-    owner = folder / OWNER
-    tmp = folder / f".{OWNER}.{os.getpid()}.tmp"
-    tmp.write_text(str(os.getpid()))
-    try:
-        try:
-            os.link(tmp, owner)
-            return True
-        except FileExistsError:
-            pass
-        except OSError:  # no hard links on this file system: exclusive create instead
-            try:
-                with open(owner, "x") as f:
-                    f.write(str(os.getpid()))
-                return True
-            except FileExistsError:
-                pass
-        try:
-            other = int(owner.read_text().strip())
-        except (OSError, ValueError):
-            other = 0
-        if other != os.getpid() and _alive(other):
-            return False
-        os.replace(tmp, owner)
-        return True
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def own_folder(folder: Path) -> Path:
-    """``folder``, or ``<folder>.<pid>`` beside it when another live process writes ``folder``
-    (two processes with the same RANK and dump_dir): neither dump replaces the other."""
-    try:
-        if claim_folder(folder):
-            return folder
-        mine = folder.with_name(f"{folder.name}.{os.getpid()}")
-        claim_folder(mine)
-    except OSError as e:
-        raise DumpWriteError(f"cannot write dump folder {folder}: {e.strerror or e}") from e
-    warnings.warn(f"xray: {folder} is being written by another process (see its {OWNER}); "
-                  f"this process dumps into {mine}", RuntimeWarning, stacklevel=3)
-    return mine
-
-
 def begin_dump(X_DEBUG: int | None = None, X_DEDUP: bool | None = None, X_DUMP_NUM: int | None = None,
                dump_dir: str | os.PathLike | None = None, **options) -> Path | None:
     """Start recording every ATen call and module boundary; returns the dump folder.
 
     Arguments left out come from the environment variables of the same names (X_DUMP_DIR for
     ``dump_dir``), then defaults. An unwritable ``dump_dir`` gives a warning and no dump (the
-    program goes on); calling begin_dump while a dump is active is an error. A folder another
-    live process writes (same RANK, same dump_dir) is left alone: this one gets
-    ``<folder>.<pid>`` and a warning. Only this process and thread are recorded.
+    program goes on). One session records at a time in a process: begin_dump while a dump is
+    active (from any thread) raises DumpUsageError and leaves that dump alone. Every session
+    gets its own folder: one that another live process, or an earlier session of this one,
+    wrote is left alone, and this one gets ``<folder>.<pid>`` (then ``-2``...) and a warning.
+    Only this process and thread are recorded.
     """
+    return _begin(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, options, [])
+
+
+def _begin(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, options: dict, begun: list) -> Path | None:
+    """begin_dump; the session started goes into ``begun`` before a held signal can strike."""
     global _ACTIVE, _PAUSED
-    if _ACTIVE is not None:
-        raise DumpUsageError(f"begin_dump() called while a dump into {_ACTIVE.folder} is active; "
-                             "call end_dump() first")
-    if _PAUSED is not None and not any(v is not None for v in (X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir)):
-        _ACTIVE, _PAUSED = _PAUSED, None  # resume after end_dump(clear_context=False)
-        _ACTIVE.start()
-        return _ACTIVE.folder
-    if _PAUSED is not None:
-        _PAUSED.finish()
-        _PAUSED = None
-    config = DumpConfig.resolve(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, **options)
-    try:
-        folder = own_folder(process_folder(config.dump_dir))
-        session = DumpSession(config, folder)
-    except DumpWriteError as e:
-        warnings.warn(f"xray: not dumping: {e}. Pass a writable dump_dir (or set X_DUMP_DIR).",
-                      RuntimeWarning, stacklevel=2)
-        return None
-    session.start()
-    _ACTIVE = session
-    return folder
+    with _LOCK, critical_section():
+        if _ACTIVE is not None:
+            raise DumpUsageError(f"begin_dump() called while a dump into {_ACTIVE.folder} is active "
+                                 f"(begun in thread {_ACTIVE.thread!r}); xray records one session per process "
+                                 "at a time: call end_dump() first")
+        if _PAUSED is not None and not any(v is not None for v in (X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir)):
+            session, _PAUSED = _PAUSED, None  # resume after end_dump(clear_context=False)
+            session.thread = threading.current_thread().name
+            session.start()
+            _ACTIVE = session
+            begun.append(session)
+            return session.folder
+        if _PAUSED is not None:
+            paused, _PAUSED = _PAUSED, None
+            paused.finish()
+        config = DumpConfig.resolve(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, **options)
+        token = new_token()
+        try:
+            folder = own_folder(process_folder(config.dump_dir), token)
+            session = DumpSession(config, folder)
+        except DumpWriteError as e:
+            warnings.warn(f"xray: not dumping: {e}. Pass a writable dump_dir (or set X_DUMP_DIR).",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        try:
+            session.start()
+        except BaseException:
+            session.finish()  # the dump mode and hooks off again, the empty dump closed
+            raise
+        _ACTIVE = session
+        begun.append(session)
+        return folder
 
 
 def end_dump(clear_context: bool = True) -> Path | None:
@@ -191,23 +150,44 @@ def end_dump(clear_context: bool = True) -> Path | None:
     ``begin_dump()`` without arguments continues the same dump (same de-dup table).
     """
     global _ACTIVE, _PAUSED
-    if _ACTIVE is None:
-        raise DumpUsageError("end_dump() called without an active begin_dump()")
-    session, _ACTIVE = _ACTIVE, None
-    if clear_context:
-        return session.finish()
-    session.pause()
-    _PAUSED = session
-    if session.recorder.failed is not None and session.writer.closed:
+    with _LOCK, critical_section():
+        if _ACTIVE is None:
+            raise DumpUsageError("end_dump() called without an active begin_dump()")
+        session, _ACTIVE = _ACTIVE, None
+        if clear_context:
+            return session.finish()
+        session.pause()
+        _PAUSED = session
+        if session.recorder.failed is not None and session.writer.closed:
+            return session.folder
+        try:
+            with no_dispatch_modes():
+                session.writer.flush()
+                session.writer.snapshot(session.summary())
+        except Exception as e:  # noqa: BLE001 - as in finish(): warn, never raise into the program
+            warnings.warn(f"xray: {e}; the journal in {session.folder} still holds what was recorded",
+                          RuntimeWarning, stacklevel=2)
         return session.folder
+
+
+@atexit.register
+def _end_at_exit() -> None:
+    """A program that exits with a dump still open (sys.exit, an uncaught exception, a handled
+    signal, no end_dump) gets its dump.json written, so nothing since the last flush is lost."""
+    global _PAUSED
+    if not _LOCK.acquire(timeout=10):  # a daemon thread frozen mid-begin: exit rather than hang
+        return
     try:
-        with no_dispatch_modes():
-            session.writer.flush()
-            session.writer.snapshot(session.summary())
-    except Exception as e:  # noqa: BLE001 - as in finish(): warn, never raise into the program
-        warnings.warn(f"xray: {e}; the journal in {session.folder} still holds what was recorded",
-                      RuntimeWarning, stacklevel=2)
-    return session.folder
+        if any(s is not None and s.writer.pid != os.getpid() for s in (_ACTIVE, _PAUSED)):
+            return  # a forked child: the dump is the parent's
+        if _ACTIVE is not None:
+            warnings.warn(f"xray: the program exits with a dump open; writing {_ACTIVE.folder}", RuntimeWarning)
+            end_dump()
+        if _PAUSED is not None:
+            paused, _PAUSED = _PAUSED, None
+            paused.finish()
+    finally:
+        _LOCK.release()
 
 
 def active_session() -> DumpSession | None:
@@ -217,11 +197,12 @@ def active_session() -> DumpSession | None:
 @contextmanager
 def dump(X_DEBUG: int | None = None, X_DEDUP: bool | None = None, X_DUMP_NUM: int | None = None,
          dump_dir: str | os.PathLike | None = None, **options) -> Iterator[DumpSession | None]:
-    """``with xray.dump(...) as d:`` records the block; ``d.folder`` is the dump folder."""
-    folder = begin_dump(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, **options)
-    session = _ACTIVE
+    """``with xray.dump(...) as d:`` records the block; ``d.folder`` is the dump folder. Whatever
+    ends the block (an exception, Ctrl-C, sys.exit) ends the dump, with dump.json written."""
+    begun: list[DumpSession] = []
     try:
-        yield session
+        _begin(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, options, begun)
+        yield begun[0] if begun else None
     finally:
-        if folder is not None and _ACTIVE is session:
+        if begun and _ACTIVE is begun[0]:
             end_dump()

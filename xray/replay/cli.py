@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError, SweepError) as e:
         print(f"xray-replay: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, an unwritable --out (DumpWriteError, OutputWriteError...)
+        print(f"xray-replay: error: {one_line(e)}", file=sys.stderr)
+        return 1
     if args.spec:
         print(f"sweep {sweep.name}: {len(sweep.cases)} combinations from {sweep.entries} entries"
               + (f"; {len(sweep.left_out)} left out (shapes that do not fit), first: {sweep.left_out[0][:200]}"

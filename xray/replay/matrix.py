@@ -5,7 +5,6 @@ run that is interrupted still leaves a readable matrix of what was done.
 """
 from __future__ import annotations
 
-import csv
 import html
 import json
 import math
@@ -18,6 +17,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from .. import csv_cells
 from ..atomic import write_text
 from ..backends.base import ReplayStatus
 from ..dump.model import Record
@@ -81,7 +81,7 @@ def _num(x: float | None) -> Any:
 
 
 class MatrixWriter:
-    """Appends rows to ``matrix.csv.partial`` and flushes each, so a killed run keeps what it did;
+    """Appends rows to ``matrix.csv.<pid>-<random>.partial`` (``partial_path``) and flushes each, so a killed run keeps what it did;
     ``close`` renames the complete file to ``matrix.csv``."""
 
     def __init__(self, path: Path) -> None:
@@ -90,7 +90,7 @@ class MatrixWriter:
         self.path = Path(path)
         self._partial = partial_path(self.path)
         self._f = open(self._partial, "w", newline="", encoding="utf-8")
-        self._w = csv.DictWriter(self._f, fieldnames=MATRIX_COLUMNS)
+        self._w = csv_cells.DictWriter(self._f, fieldnames=MATRIX_COLUMNS)
         self._w.writeheader()
 
     def add(self, row: MatrixRow) -> None:

@@ -16,6 +16,7 @@ import torch
 from ..dump.model import Record, TensorMeta
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name
+from ..dump.folder_owner import new_token, own_folder, release_folder
 from ..dump.writer import DumpWriter
 
 
@@ -27,8 +28,12 @@ class ReplayDumpWriter:
         header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
                   "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
                   "config": config, "replay": {"backend": backend, "options": options, "source": source}}
+        # The folder is this run's alone: a second replay into the same --out at the same time
+        # gets its own beside it instead of deleting this one's segments.
+        self.token = new_token()
+        folder = own_folder(Path(folder), self.token, keep_earlier=False)
         self.writer = DumpWriter(folder, header)
-        self.folder = Path(folder)
+        self.folder = folder
         self.count = 0
         self.saved = 0
 
@@ -49,8 +54,10 @@ class ReplayDumpWriter:
         self.count += 1
 
     def close(self, seconds: float) -> Path:
-        return self.writer.close({"op_calls": self.count, "records": self.count, "tensors_saved": self.saved,
-                                  "seconds": round(seconds, 6), "error": None})
+        folder = self.writer.close({"op_calls": self.count, "records": self.count, "tensors_saved": self.saved,
+                                    "seconds": round(seconds, 6), "error": None})
+        release_folder(folder, self.token)  # a later replay of this process into --out replaces it
+        return folder
 
 
 def _inputs_like(source: Record, used: list[dict]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from ..dump.model import Record, Scalar, Stats, TensorMeta, echo
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name
 from .sweep_values import (MAX_ELEMENTS, POSITIVE_RANGE, _alternatives, _dtype, _fmt, _Input, _is_plain, _keys,
-                           _meta, _number, _on_meta, _output_metas, _parse_input, _plain, _range, _short)
+                           _meta, _number, _on_meta, load_yaml, _output_metas, _parse_input, _plain, _range, _short)
 
 if TYPE_CHECKING:
     from .matrix import MatrixRow, ReplayResult
@@ -139,7 +139,7 @@ def _read(spec: str | Path) -> tuple[str, Any]:
         except (OSError, UnicodeDecodeError) as e:
             raise SweepError(f"{name}: cannot read it as UTF-8 text: {e}") from None
     try:
-        return name, yaml.safe_load(text)  # never yaml.load: python/object tags must not construct anything
+        return name, load_yaml(text)  # safe_load's rules, sized first; never yaml.load: no python/object tags
     except (yaml.YAMLError, RecursionError) as e:
         raise SweepError(f"{name}: not a valid sweep (YAML): {' '.join(str(e).split())[:300]}") from None
 

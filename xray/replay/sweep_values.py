@@ -20,7 +20,44 @@ DEFAULT_RANGE = (-1.0, 1.0)
 POSITIVE_RANGE = (0.1, 2.0)  # log, sqrt, rsqrt, pow with a fractional exponent
 DEFAULT_INT_RANGE = (0, 9)
 _INPUT_KEYS = ("shapes", "dtype", "range", "positive", "param")
+MAX_NODES = 1 << 18        # YAML values of one spec once its aliases are expanded (a billion laughs is 10^9)
 _FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # YAML 1.1 reads 1e-5 as text
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with the size of the document checked before it is built.
+
+    safe_load builds an alias as one shared object, so a 600-byte "billion laughs" costs
+    nothing to load; but anything that walks or prints it (``str()`` of a value in a message)
+    expands it: 9^depth. Its values are counted with every alias expanded, on the composed
+    nodes (memoized, so the count itself stays cheap), and more than MAX_NODES is refused."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def expanded(n) -> int:
+            got = sizes.get(id(n))
+            if got is None:
+                if isinstance(n, yaml.SequenceNode):
+                    got = 1 + sum(expanded(x) for x in n.value)
+                elif isinstance(n, yaml.MappingNode):
+                    got = 1 + sum(expanded(k) + expanded(v) for k, v in n.value)
+                else:
+                    got = 1
+                sizes[id(n)] = got = min(got, MAX_NODES + 1)
+            return got
+
+        if expanded(node) > MAX_NODES:
+            raise yaml.YAMLError(f"more than {MAX_NODES} values once its aliases (*name) are expanded; "
+                                 "a sweep spec is a page of YAML")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _alternatives(value: Any, what: str) -> list[Any]:

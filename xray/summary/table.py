@@ -6,7 +6,6 @@ tensor data, so memory grows with the number of tensors, not with their size.
 """
 from __future__ import annotations
 
-import csv
 import math
 import os
 import re
@@ -21,6 +20,7 @@ from ..columnar import check_records, native_columns
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
 from ..dump.reader import no_cyclic_gc
+from .. import csv_cells
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
@@ -321,7 +321,7 @@ def _afterpoint(s: str, v: Any, tab) -> int:
 
 
 def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, start: int = 0) -> int:
-    w = csv.writer(out)
+    w = csv_cells.Writer(out)
     if header:
         w.writerow(CSV_COLUMNS)
     n = 0
