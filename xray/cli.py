@@ -108,7 +108,9 @@ def _export_json(args) -> int:
         print(f"xray export-json: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"xray export-json: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+        from .quiet import os_error_line
+
+        print(f"xray export-json: {os_error_line(e, args.output)}", file=sys.stderr)
         return 2
     print(f"xray: {out}", file=sys.stderr)
     return 0

@@ -47,3 +47,15 @@ def one_line(error: object, limit: int = 500) -> str:
     HDF5's) may span several, and a hostile dump's values must not flood the terminal."""
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def os_error_line(error: OSError, path: object = None) -> str:
+    """An OSError as ``<file>: <reason>`` on one line: the file from the error itself, else
+    ``path``; an OutputWriteError's message already names its file and is used as it is."""
+    from .atomic import OutputWriteError
+
+    if isinstance(error, OutputWriteError):
+        return one_line(error.strerror or error)
+    where = error.filename or path
+    reason = error.strerror or error
+    return one_line(f"{where}: {reason}" if where else reason)

@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"xray-compare: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"xray-compare: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        from ..quiet import os_error_line
+
+        print(f"xray-compare: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     print(terminal_report(result, args.worst))
     print(f"\nwrote {args.out_csv}" + "".join(f", {p}" for p in (args.summary_json, args.html) if p))
