@@ -135,6 +135,7 @@ class Columns:
         self.where = ""  # the index file, for error messages
         self._skeletons: dict[int, tuple[dict, int]] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}
+        self._strides: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
         self._call_stacks: dict[int, list[str]] = {}
 
@@ -219,7 +220,7 @@ class Columns:
                 if any(n < 0 for n in self.shape(i)):
                     raise ColumnsError(f"tensor shape has a negative size: {echo(self.strings[i])}")
             for i in _used(t["stride"]):
-                self.shape(i)
+                self.stride(i)
         return self
 
     def _check_record_texts(self) -> None:
@@ -274,10 +275,17 @@ class Columns:
 
     # -- decoded pieces, cached per string -------------------------------------------------
     def shape(self, i: int) -> tuple[int, ...]:
-        """The shape (or stride) tuple behind string ``i``, checked once."""
+        """The shape tuple behind string ``i``, checked once."""
         got = self._shapes.get(i)
         if got is None:
             got = self._shapes[i] = parse_shape(self.strings[i])
+        return got
+
+    def stride(self, i: int) -> tuple[int, ...]:
+        """The stride tuple behind string ``i``, checked once (no element limit: see parse_shape)."""
+        got = self._strides.get(i)
+        if got is None:
+            got = self._strides[i] = parse_shape(self.strings[i], stride=True)
         return got
 
     def skeleton(self, i: int) -> tuple[dict, int]:
@@ -317,7 +325,7 @@ class Columns:
         else:
             source = f"{SRC_KINDS[src_kind]}:{strings[src_name]}"
         return TensorMeta(shape=self.shape(shape), dtype=checked_name(strings[dtype], "tensor dtype"),
-                          stride=None if stride < 0 else self.shape(stride), storage_offset=offset,
+                          stride=None if stride < 0 else self.stride(stride), storage_offset=offset,
                           device=checked_name(strings[device], "tensor device"), requires_grad=bool(requires_grad),
                           stats=stats, data=None if data < 0 else strings[data], source=source,
                           note=None if note < 0 else strings[note])

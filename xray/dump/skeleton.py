@@ -29,12 +29,14 @@ def _loads(text: str, what: str) -> Any:
         raise ColumnsError(f"{what}: not JSON ({e})") from None
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
+def parse_shape(text: str, stride: bool = False) -> tuple[int, ...]:
+    """A shape (or, with ``stride``, a stride: a contiguous 5-D tensor's strides multiply past
+    any element limit, so only shapes are held to MAX_NUMEL)."""
     try:
         shape = _ints(_loads(text, "tensor shape"), "tensor shape")
     except ValueError as e:
         raise ColumnsError(str(e)) from None
-    if math.prod(abs(n) for n in shape) > MAX_NUMEL:
+    if not stride and math.prod(abs(n) for n in shape) > MAX_NUMEL:
         raise ColumnsError(f"tensor shape {echo(list(shape))} has more than 2**48 elements")
     return shape
 
