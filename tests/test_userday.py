@@ -173,3 +173,63 @@ def test_a_contiguous_5d_tensor_loads(tmp_path):
         (meta,) = [m for r in d.records if r.op == "aten.mul.Tensor" for _, m in r.output_tensors()]
         assert meta.shape == (1, 4, 4, 512, 64) and meta.stride == (524288, 131072, 32768, 64, 1)
     assert y.shape == x.shape
+
+
+NOISY_IMPORT = """
+import sys
+if sys.argv[1] == "quiet":
+    import xray
+    xray.quiet_third_party()
+import logging
+from transformers import LlamaConfig, LlamaForCausalLM
+LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                             vocab_size=100))
+logging.getLogger("torchao").warning("a user's own torchao line")
+"""
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torchao") is None, reason="torchao is not installed")
+def test_quiet_third_party_in_a_users_own_program(tmp_path):
+    (tmp_path / "noisy.py").write_text(NOISY_IMPORT)
+
+    def run(mode: str) -> str:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env.pop("TRANSFORMERS_VERBOSITY", None)
+        return subprocess.run([sys.executable, str(tmp_path / "noisy.py"), mode], capture_output=True, text=True,
+                              env=env, timeout=300, check=True).stderr
+
+    loud, quiet = run("loud"), run("quiet")
+    assert "Failed to load" in loud and "is an Enum subclass" in loud  # the noise is real here
+    assert "Failed to load" not in quiet and "is an Enum subclass" not in quiet
+    assert "a user's own torchao line" in quiet  # only the known lines go
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("executorch") is None, reason="executorch not installed")
+def test_drift_output_has_no_executorch_cpuinfo_lines(tmp_path):
+    """XNNPACK's runtime logs its CPU probing ('[cpuinfo_utils.cpp:71] Reading file ...') on
+    every program load; drift's output is free of it, and other stderr lines still pass."""
+    proj = tmp_path / "p"
+    proj.mkdir()
+    (proj / "lin.py").write_text(textwrap.dedent("""
+        import torch
+        def build():
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024))
+            return m.eval(), (torch.randn(1, 512, 1024),)
+    """))
+    r = _xray("drift", "lin:build", "-b", "executorch-xnnpack", "--out", str(tmp_path / "d"), cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "cpuinfo_utils" not in r.stderr + r.stdout
+    assert "xray drift: backend executorch-xnnpack" in r.stderr
+    drift = json.loads((tmp_path / "d" / "drift.json").read_text())
+    assert drift["backends"][0]["status"] == "OK"
+
+
+def test_executorch_log_filter_passes_other_lines(capsys):
+    from xray.quiet import executorch_logs
+
+    with executorch_logs():
+        print("[cpuinfo_utils.cpp:71] Reading file /sys/devices/soc0/image_version", file=sys.stderr)
+        print("[method.cpp:1] a real ExecuTorch error", file=sys.stderr)
+    err = capsys.readouterr().err
+    assert err == "[method.cpp:1] a real ExecuTorch error\n"
