@@ -233,3 +233,28 @@ def test_executorch_log_filter_passes_other_lines(capsys):
         print("[method.cpp:1] a real ExecuTorch error", file=sys.stderr)
     err = capsys.readouterr().err
     assert err == "[method.cpp:1] a real ExecuTorch error\n"
+
+
+def test_guide_states_the_demos_real_counts(tmp_path):
+    """docs/guide.md quotes what `xray demo` shows: its numbers are the demo's own."""
+    import re
+
+    import torch
+
+    from xray.compare import compare_dumps
+    from xray.demo.examples import record_pair
+
+    guide = (REPO / "docs" / "guide.md").read_text()
+    text = " ".join(guide.split())
+    quoted = re.search(r"`xray demo` plays this out on (\d+) compared pairs: bf16 autocast gives (\d+) warnings "
+                       r"\(and (\d+) passes\).*? Of the (\d+) failing pairs, (\d+) inherit", text)
+    assert quoted, "the guide's demo paragraph changed shape"
+    pairs, warned, passed, failed, inherited = map(int, quoted.groups())
+    with torch.no_grad():  # the demo's own sizes and calls (xray/demo/run.py, not --small)
+        bench, target, hit = record_pair(tmp_path / "dumps", layers=2, hidden=64, seq=16, dump_num=8)
+    assert hit
+    result = compare_dumps(bench, target, progress=False)
+    s = result.summary
+    assert (s.warned, s.passed, s.failed) == (warned, passed, failed)
+    assert s.passed + s.warned + s.failed + s.nan_inf + s.skipped == pairs
+    assert sum(r.status == "fail" and r.origin == "inherited" for r in result.rows) == inherited
