@@ -345,7 +345,7 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, rules: Any, born_
     elif k not in p.precision and le is not None and rules.is_local_error(le.local, le.floor, le.dtype):
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
-        _set(r, "born", "local error", "this op, recomputed on the target's own inputs")
+        _set(r, "born", "local error", "this op, on the target's own inputs")
     elif "failing" in causes:
         _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
