@@ -146,6 +146,9 @@ def test_drift_runs_a_transformers_model_with_its_default_use_cache(tmp_path):
     (b,) = result.backends
     assert b.status == "OK", b.error
     assert json.loads((tmp_path / "d" / "drift.json").read_text())["notes"] == result.notes
+    from xray.drift.report import terminal_report
+
+    assert "note: use_cache=False for this run" in terminal_report(result)
 
 
 def test_drift_export_failure_on_a_cache_names_the_fix(tmp_path):

@@ -230,7 +230,7 @@ td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:
 {% if s.dedup %}<h2 class="fail">De-duplicated dumps</h2><ul>{% for w in s.dedup %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 {% if tree %}<h2>Modules (coloured by their worst row{% if fd %}; the first divergence is marked{% endif %})</h2>{{ tree }}{% endif %}
 {% if worst %}<h2>Worst rows</h2><table><tr>{% for h in headers %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for cells, test in worst %}<tr>{% for c in cells %}<td>{{ c }}</td>{% endfor %}<td>{% if test %}<a href="{{ test }}">{{ test.rsplit("/", 1)[-1] }}</a>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+{% for cells, test in worst %}<tr>{% for c in cells %}<td>{{ c }}</td>{% endfor %}{% if linked %}<td>{% if test %}<a href="{{ test }}">{{ test.rsplit("/", 1)[-1] }}</a>{% endif %}</td>{% endif %}</tr>{% endfor %}</table>{% endif %}
 {% if errors %}<h2>Local vs accumulated error of failing rows</h2>{{ errors }}{% endif %}
 {% if unmatched_count %}<h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}{% endif %}
 {% if s.warnings %}<h2>Warnings</h2><ul>{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
@@ -255,7 +255,7 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
                 ("pass / warning / fail / nan-inf / skip / unmatched",
                  f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped} / {s.unmatched}")],
         tree=_markup(module_tree_html(result.rows, (fd or {}).get("module"))),
-        headers=TABLE_HEADERS + ["test"],
+        headers=TABLE_HEADERS + (["test"] if tests is not None else []), linked=tests is not None,
         worst=[(cells, _test_link(r, tests, path)) for r, cells in
                ((r, _table_rows([r])[0]) for r in worst_rows(result.rows, worst))],
         unmatched=_markup(tabulate([[r.index, r.bench_name or "-", r.target_name or "-", r.tensor, r.note]
