@@ -164,12 +164,12 @@ def test_cli_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
     (tmp_path / "model.py").write_text(MODEL_FILE)
     proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", f"{tmp_path / 'model.py'}:build",
-                           "-b", "onnxrt-cpu", "-b", "nosuch-backend", "--out", str(tmp_path)],
+                           "-b", "onnxrt-cpu", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "every node" in proc.stdout and "EXPORT_FAIL" in proc.stdout and "unknown backend" in proc.stdout
+    assert "every node" in proc.stdout  # (an unknown backend is refused before export: tests/test_userday.py)
     summary = json.loads((tmp_path / "drift.json").read_text())
-    assert [b["status"] for b in summary["backends"]] == ["OK", "EXPORT_FAIL"]
+    assert [b["status"] for b in summary["backends"]] == ["OK"]
     assert summary["backends"][0]["mapped_pct"] == 100 and summary["backends"][0]["first"] is None
     cmp = subprocess.run([sys.executable, "-m", "xray.compare.cli", str(tmp_path / "eager"),
                           str(tmp_path / "dumps" / "onnxrt-cpu"), str(tmp_path / "cmp.csv")],

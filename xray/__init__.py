@@ -21,10 +21,12 @@ _PUBLIC = {  # name -> the module that defines it
     "PrecisionDebugger": ".debugger", "OverflowReport": ".debugger",
     "read_module_dump": ".dump.module_reader",
     "drift": ".drift",
+    "quiet_third_party": ".quiet",
 }
 
 __all__ = ["begin_dump", "end_dump", "dump", "load_dump", "DebugFlags", "DumpConfig", "Record", "Stats",
-           "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "drift", "__version__"]
+           "TensorMeta", "DumpFormatError", "DumpUsageError", "PrecisionDebugger", "drift", "quiet_third_party",
+           "__version__"]
 
 
 _SHADOWED = ("dump", "drift")  # functions named like the subpackage that implements them

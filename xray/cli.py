@@ -42,6 +42,10 @@ def info_text(dump, top: int = 15) -> str:
     lines = [f"{dump!r}",
              f"records: {len(dump.records)} ({n_ops} op records covering {sum(calls.values())} calls, "
              f"{len(dump.records) - n_ops} module records), distinct ops: {len(calls)}"]
+    program = (getattr(dump, "summary", None) or {}).get("program")
+    if isinstance(program, dict) and program.get("failure"):
+        lines.append(f"INCOMPLETE RUN: the recorded script {program.get('script')} {program['failure']}; "
+                     "the records stop there")
     if first is not None:
         lines.append(f"first NaN/Inf output: #{first.seq} {first.op} in {first.module or '<no module>'}")
     lines.append(tabulate(calls.most_common(top), headers=["op", "calls"], tablefmt="github"))
@@ -87,21 +91,48 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
 
 
 def _record(args) -> int:
-    from .record import begin_dump, end_dump
+    """Run the script as ``python script.py`` (or ``python -m``) would, recorded. A script that
+    raises or exits non-zero is reported, the dump's summary says how the program ended, and
+    xray exits with the script's status: a partial dump is never announced as a finished run."""
+    from .record import begin_dump, end_dump, mark_program
 
     script, *script_args = args.script
+    if not args.module and not Path(script).is_file():
+        print(f"xray record: no such script: {script}", file=sys.stderr)
+        return 2
     sys.argv = [script, *script_args]
+    # python puts the script's folder first on sys.path (the current folder for -m)
+    sys.path.insert(0, os.getcwd() if args.module else str(Path(script).resolve().parent))
     folder = begin_dump(args.debug, None if args.dedup is None else args.dedup == "1", args.dump_num, args.output)
+    status, failure = 0, None
     try:
         if args.module:
             runpy.run_module(script, run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if status:
+            failure = f"exited with status {status}"
+    except BaseException as e:  # noqa: BLE001 - the script's own error: shown as python would show it
+        import traceback
+
+        traceback.print_exc()
+        status, failure = 1, f"raised {type(e).__name__}: {e}"
     finally:
         if folder is not None:
+            mark_program(script, status, failure)
             folder = end_dump()
-            print(f"xray: dump written to {folder}", file=sys.stderr)
-    return 0
+    if folder is None:
+        return status
+    if failure is None:
+        print(f"xray: dump written to {folder}", file=sys.stderr)
+    else:
+        from .quiet import one_line
+
+        print(f"xray record: the script {one_line(failure, 300)}; the dump in {folder} holds only what ran "
+              "before that (its summary says so)", file=sys.stderr)
+    return status
 
 
 def _export_json(args) -> int:
@@ -115,13 +146,16 @@ def _export_json(args) -> int:
         print(f"xray export-json: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"xray export-json: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+        from .quiet import os_error_line
+
+        print(f"xray export-json: {os_error_line(e, args.output)}", file=sys.stderr)
         return 2
     print(f"xray: {out}", file=sys.stderr)
     return 0
 
 
 def _drift(args) -> int:
+    from .backends.registry import UnknownBackendError
     from .drift.load import ModelSpecError, load_model
     from .drift.reference import ReferenceError
     from .drift.report import terminal_report
@@ -129,10 +163,14 @@ def _drift(args) -> int:
     from .quiet import one_line
 
     try:
+        from .backends.registry import parse_spec
+
+        for name in args.backend or []:  # refused before the model is even built
+            parse_spec(name)
         model, margs, mkwargs = load_model(args.model)
         result = drift(model, margs, args.backend or ["onnxrt-cpu"], Path(args.out), kwargs=mkwargs,
                        progress=lambda s: print(f"xray drift: {s}", file=sys.stderr, flush=True))
-    except (ModelSpecError, ReferenceError) as e:
+    except (ModelSpecError, ReferenceError, UnknownBackendError) as e:
         print(f"xray drift: {one_line(e)}", file=sys.stderr)
         return 2
     print(terminal_report(result, layers=not args.no_layers))

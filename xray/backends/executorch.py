@@ -57,15 +57,19 @@ class ExecuTorch(Backend):
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         from executorch.runtime import Runtime
 
+        from ..quiet import executorch_logs
+
         try:
-            method = Runtime.get().load_program(artifact.data).load_method("forward")
+            with executorch_logs():
+                method = Runtime.get().load_program(artifact.data).load_method("forward")
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.RUN_FAIL, f"ExecuTorch could not load the program: {short_error(e)}") from e
         if method is None:
             raise BackendError(ReplayStatus.RUN_FAIL, "ExecuTorch could not load method 'forward'")
 
         def run(inputs: tuple) -> list[torch.Tensor]:
-            outs = method.execute([t.contiguous() for t in inputs])
+            with executorch_logs():
+                outs = method.execute([t.contiguous() for t in inputs])
             return [o.clone() for o in outs if isinstance(o, torch.Tensor)]
 
         return run

@@ -186,15 +186,19 @@ def _run_with_etdump(pte: bytes, args: tuple,
     """Run ``forward`` once with ETDump on: (program outputs, instruction -> (event name, logged tensors))."""
     from executorch.runtime import Runtime
 
+    from ..quiet import executorch_logs
+
     try:
-        loaded = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=buffer_size)
-        method = loaded.load_method("forward")
+        with executorch_logs():
+            loaded = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=buffer_size)
+            method = loaded.load_method("forward")
         if method is None:
             raise RuntimeError("no method 'forward'")
     except Exception as e:  # noqa: BLE001
         raise BackendError(ReplayStatus.RUN_FAIL, f"ExecuTorch could not load the program: {short_error(e)}") from e
     try:
-        raw = method.execute([a.contiguous() if isinstance(a, torch.Tensor) else a for a in args])
+        with executorch_logs():
+            raw = method.execute([a.contiguous() if isinstance(a, torch.Tensor) else a for a in args])
     except Exception as e:  # noqa: BLE001
         raise BackendError(ReplayStatus.RUN_FAIL, f"ExecuTorch execution failed: {short_error(e)}") from e
     outputs = [o.clone() for o in raw if isinstance(o, torch.Tensor)]

@@ -454,8 +454,8 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, floors: Floors, b
         _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
     elif _wrong_on_its_inputs(p, k, floors):
         # wrong on the target's own inputs: born here, whatever those inputs were
-        why = p.outlier.get(k) or f"local error {le.local:.3g} > floor {r.local_floor:.3g}"
-        _set(r, "born", "local error", why)
+        # the culprit is this op; its numbers are the row's local_err / local_floor columns
+        _set(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
     elif "failing" in causes:
         _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:

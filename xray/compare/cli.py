@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_csv", help="one row per compared tensor pair")
     p.add_argument("--summary-json", metavar="FILE", help="totals and first_divergence as JSON")
     p.add_argument("--html", metavar="FILE", help="self-contained report with an error plot")
+    p.add_argument("--tests", metavar="DIR", help="an xray-gen folder: the report's rows link to their op's tests")
     p.add_argument("--reference", metavar="DUMP", help="float64 run of the bench: a pair that is not all-close "
                    "passes when its error is within --fp64-multiplier x the bench's own (torch._dynamo's rule)")
     p.add_argument("--tol", action="append", default=[], metavar="DTYPE:rtol=R,atol=A",
@@ -57,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.summary_json:
             write_summary_json(result, args.summary_json)
         if args.html:
-            write_html(result, args.html)
+            write_html(result, args.html, tests=args.tests)
     except (CompareInputError, ValueError) as e:
         print(f"xray-compare: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"xray-compare: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        from ..quiet import os_error_line
+
+        print(f"xray-compare: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     print(terminal_report(result, args.worst))
     print(f"\nwrote {args.out_csv}" + "".join(f", {p}" for p in (args.summary_json, args.html) if p))

@@ -11,7 +11,6 @@ import time
 from typing import Any, Iterable, Iterator
 
 import torch
-from tqdm import tqdm
 
 from ..dump.model import TensorMeta
 from ..dump.protocol import Dump
@@ -66,7 +65,7 @@ class PairComparer:
         self.floor = floor
         self.work = Workspace()
         self.bytes = 0
-        self.bar: tqdm | None = None
+        self.bar: Any = None  # xray.progress
 
     def tolerance(self, bm: TensorMeta, tm: TensorMeta) -> Tolerance:
         return dtype_tolerance(self.rules, self.floor, bm.dtype, tm.dtype)
@@ -335,12 +334,13 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     return rows, totals
 
 
-def progress_bar(total_bytes: int, rank: str, progress: bool | None) -> tqdm:
+def progress_bar(total_bytes: int, rank: str, progress: bool | None) -> Any:
     """The bar over the bytes of saved data compared; shown from PROGRESS_BYTES unless
     ``progress`` says."""
+    from ..progress import progress as progress_of
+
     show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), disable=not show,
-                leave=False)
+    return progress_of(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), enabled=show)
 
 
 def _random_entries(entries: list[Entry]) -> dict[int, str]:

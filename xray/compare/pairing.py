@@ -77,7 +77,8 @@ def open_dump(path: Path, side: str, notes: list[str]) -> Any:
 
 def check_same_format(bench: Any, target: Any, bench_path: Path, target_path: Path, notes: list[str]) -> None:
     fb, ft = getattr(bench, "format", "?"), getattr(target, "format", "?")
-    if fb != ft:
+    # another tool's reader names the xray format whose records it shares (msprobe L0 ~ xray-module)
+    if fb != ft and ft not in getattr(bench, "comparable_with", ()) and fb not in getattr(target, "comparable_with", ()):
         raise CompareInputError(f"{bench_path} is an {fb} dump but {target_path} is an {ft} dump; "
                                 "compare two dumps of the same kind (both traces or both module-level)")
     vb = (getattr(bench, "header", None) or {}).get("format_version")

@@ -6,7 +6,10 @@ import io
 import json
 import math
 import os
+from collections import Counter
+from html import escape
 from operator import attrgetter
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -47,7 +50,28 @@ def _fmt(v) -> str:
 
 
 def _short(name: str, width: int = 60) -> str:
-    return name if len(name) <= width else "…" + name[-(width - 1):]
+    """A record name at most ``width`` long that keeps what it means: its op (namespace and the
+    ``.default`` overload dropped first) and #seq whole, the module path cut from the left by
+    whole components, its last component always kept."""
+    if len(name) <= width:
+        return name
+    module, sep, op = name.rpartition("/")
+    if not sep:  # a module record: <module path>.<Class>.<call>.<direction>
+        parts = name.split(".")
+        if len(parts) < 4 or parts[-1] not in ("forward", "backward"):
+            return "…" + name[-(width - 1):]
+        module, op, sep = ".".join(parts[:-3]), ".".join(parts[-3:]), "."
+    for shorter in ((op.replace(".default#", "#"), op.replace(".default#", "#").split(".", 1)[-1])
+                    if sep == "/" else ()):
+        op = shorter
+        if len(module) + 1 + len(op) <= width:
+            return f"{module}/{op}"
+    parts = module.split(".")
+    while len(parts) > 1 and len("….".join(["", *parts])) + 1 + len(op) > width:
+        parts.pop(0)
+    shown = ("…" if parts != module.split(".") else "") + ".".join(parts)
+    text = f"{shown}{sep}{op}"
+    return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
 def _table_rows(rows: list[CompareRow]) -> list[list[str]]:
@@ -138,24 +162,31 @@ def _errors(fd: dict) -> str:
 
 
 def _plot_png(rows: list[CompareRow], first: int | None) -> str:
-    """Error along execution order as a base64 PNG: where the drift is born and how it grows."""
+    """Error along execution order as a base64 PNG: where the drift is born and how it grows.
+
+    Top: relative error (RMSE over the bench's RMS; statistics rows: their stats error), which
+    a scaling bug moves (x1.01 -> 0.01). Bottom: 1 - cosine, which only direction moves (a
+    scaling bug stays at the floor there): both, so neither kind of error hides."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = {"pass": "tab:green", "warning": "tab:orange", "fail": "tab:red", "nan/inf": "purple"}
-    fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
-    for status, color in colors.items():
-        pts = [(r.index, _error(r)) for r in rows if r.status == status and _error(r) is not None]
-        if pts:
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, c=color, label=status)
-    if first is not None:
-        ax.axvline(first, color="black", linestyle="--", linewidth=1, label="first divergence")
-    ax.set_yscale("log")
-    ax.set_xlabel("execution order (row)")
-    ax.set_ylabel("1 - cosine (data) / stats err")
-    ax.legend(loc="upper left", fontsize=8)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.6), dpi=100, sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    for ax, value, label in ((top, _relative_error, "relative error\n(rel. RMSE / stats err)"),
+                             (bottom, _cosine_distance, "1 - cosine")):
+        for status, color in colors.items():
+            pts = [(r.index, value(r)) for r in rows if r.status == status and value(r) is not None]
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, c=color, label=status)
+        if first is not None:
+            ax.axvline(first, color="black", linestyle="--", linewidth=1, label="first divergence")
+        ax.set_yscale("log")
+        ax.set_ylabel(label)
+    top.legend(loc="upper left", fontsize=8)
+    bottom.set_xlabel("execution order (row)")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -163,19 +194,26 @@ def _plot_png(rows: list[CompareRow], first: int | None) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _error(r: CompareRow) -> float | None:
-    floor = 1e-12  # log scale: an exact match is drawn at the floor
-    if r.cosine is not None:
-        return max(1.0 - r.cosine, floor)
+_FLOOR = 1e-12  # log scale: an exact match is drawn at the floor
+
+
+def _relative_error(r: CompareRow) -> float | None:
+    if r.rel_rmse is not None and math.isfinite(r.rel_rmse):
+        return max(r.rel_rmse, _FLOOR)
     if r.stats_err is not None and math.isfinite(r.stats_err):
-        return max(r.stats_err, floor)
+        return max(r.stats_err, _FLOOR)
     return None
+
+
+def _cosine_distance(r: CompareRow) -> float | None:
+    return max(1.0 - r.cosine, _FLOOR) if r.cosine is not None and math.isfinite(r.cosine) else None
 
 
 _HTML = """<!doctype html><html><head><meta charset="utf-8"><title>xray-compare</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}
 td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:#b00}.warning{color:#b60}
-.pass{color:#070}</style></head><body>
+.pass{color:#070}.skip,.unmatched{color:#777}ul.tree{list-style:none;padding-left:1.2em;font-size:13px}
+.tree summary{cursor:pointer}.first{background:#fdd;font-weight:bold}</style></head><body>
 <h1>xray-compare</h1><p>bench: <code>{{ s.bench }}</code><br>target: <code>{{ s.target }}</code></p>
 <table>{% for k, v in totals %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
 <h2>First divergence</h2>
@@ -186,22 +224,29 @@ td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:
 <tr><th>local floor (CPU at the target's dtype)</th><td>{{ fd.local_floor if fd.local_floor is not none else "" }}</td></tr>
 <tr><th>accumulated error (target vs bench)</th><td>{{ fd.accumulated_err if fd.accumulated_err is not none else "" }}</td></tr></table>{% endif %}
 {% else %}<p>No row failed.</p>{% endif %}
-<h2>Error along execution order</h2><img alt="error plot" src="data:image/png;base64,{{ png }}">
+<h2>Error along execution order</h2>
+<p>Top: relative error (a scaling bug shows here); bottom: 1 - cosine (a direction error shows here).</p>
+<img alt="error plot" src="data:image/png;base64,{{ png }}">
 {% if s.dedup %}<h2 class="fail">De-duplicated dumps</h2><ul>{% for w in s.dedup %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
-<h2>Worst rows</h2>{{ worst }}
-<h2>Local vs accumulated error of failing rows</h2>{{ errors }}
-<h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}
+{% if tree %}<h2>Modules (coloured by their worst row{% if fd %}; the first divergence is marked{% endif %})</h2>{{ tree }}{% endif %}
+{% if worst %}<h2>Worst rows</h2><table><tr>{% for h in headers %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for cells, test in worst %}<tr>{% for c in cells %}<td>{{ c }}</td>{% endfor %}{% if linked %}<td>{% if test %}<a href="{{ test }}">{{ test.rsplit("/", 1)[-1] }}</a>{% endif %}</td>{% endif %}</tr>{% endfor %}</table>{% endif %}
+{% if errors %}<h2>Local vs accumulated error of failing rows</h2>{{ errors }}{% endif %}
+{% if unmatched_count %}<h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}{% endif %}
 {% if s.warnings %}<h2>Warnings</h2><ul>{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 </body></html>"""
 
 
-def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, max_unmatched: int = 500) -> None:
-    """One file, no external assets: the plot is an inline PNG."""
+def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, max_unmatched: int = 500,
+               tests: str | os.PathLike | None = None) -> None:
+    """One file, no external assets: the plot is an inline PNG. ``tests``: an xray-gen folder;
+    a worst row links to the generated test file of its op when that file is there."""
     from jinja2 import Environment
 
     s = result.summary
     fd = s.first_divergence
     unmatched = [r for r in result.rows if r.status == PairStatus.UNMATCHED.value]
+    failing = [r for r in result.rows if r.origin or r.cause][:worst]
     env = Environment(autoescape=True)
     html = env.from_string(_HTML).render(
         s=s, fd=fd, png=_plot_png(result.rows, fd["index"] if fd and not fd["rank"] else (fd or {}).get("index")),
@@ -209,17 +254,87 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
                 ("matched", f"{s.matched} ({s.match_pct:g}%)"),
                 ("pass / warning / fail / nan-inf / skip / unmatched",
                  f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped} / {s.unmatched}")],
-        worst=_markup(tabulate(_table_rows(worst_rows(result.rows, worst)), headers=TABLE_HEADERS, tablefmt="html")),
+        tree=_markup(module_tree_html(result.rows, (fd or {}).get("module"))),
+        headers=TABLE_HEADERS + (["test"] if tests is not None else []), linked=tests is not None,
+        worst=[(cells, _test_link(r, tests, path)) for r, cells in
+               ((r, _table_rows([r])[0]) for r in worst_rows(result.rows, worst))],
         unmatched=_markup(tabulate([[r.index, r.bench_name or "-", r.target_name or "-", r.tensor, r.note]
                                     for r in unmatched[:max_unmatched]],
                                    headers=["#", "bench", "target", "out", "note"], tablefmt="html")),
         unmatched_count=len(unmatched),
         errors=_markup(tabulate([[r.index, r.status, r.origin, r.cause, _short(r.target_name or "-"), _fmt(r.local_err),
-                                  _fmt(r.local_floor), _fmt(r.accumulated_err), r.culprit]
-                                 for r in result.rows if r.origin or r.cause][:worst],
+                                  _fmt(r.local_floor), _fmt(r.accumulated_err), r.culprit] for r in failing],
                                 headers=["#", "status", "origin", "cause", "target", "local err", "local floor",
-                                         "accumulated err", "culprit"], tablefmt="html")))
+                                         "accumulated err", "culprit"], tablefmt="html")) if failing else "")
     write_text(path, html)
+
+
+def _test_link(r: CompareRow, tests: str | os.PathLike | None, html: str | os.PathLike) -> str:
+    """The generated test file of the row's op (xray-gen names it test_<ns>_<op>_<overload>.py),
+    relative to the report, or "" when there is none."""
+    op = r.bench_op or r.target_op
+    if tests is None or op.count(".") != 2:
+        return ""
+    file = Path(tests) / f"test_{op.replace('.', '_')}.py"
+    return Path(os.path.relpath(file, Path(html).resolve().parent)).as_posix() if file.is_file() else ""
+
+
+_WORST = {s: i for i, s in enumerate(["nan/inf", "fail", "warning", "pass", "skip", "unmatched"])}
+MAX_TREE_NODES = 5000  # a report stays readable (and small) on the largest models
+
+
+def module_tree_html(rows: list[CompareRow], first_module: str | None) -> str:
+    """The module hierarchy as nested lists, each module coloured by the worst status of the rows
+    under it; modules on the first divergence's path are marked and open. "" when no row names a
+    module."""
+    tree: dict = {}
+    for r in rows:
+        if not r.module or r.status not in _WORST:
+            continue
+        node = tree
+        for part in r.module.split("."):
+            node = node.setdefault(part, {})
+        stats = node.setdefault(None, Counter())
+        stats[r.status] += 1
+    if not tree:
+        return ""
+    first = first_module.split(".") if first_module else []
+    count = [0]
+
+    def totals(node: dict) -> Counter:
+        c = Counter(node.get(None, {}))
+        for k, child in node.items():
+            if k is not None:
+                c += totals(child)
+        return c
+
+    def render(node: dict, path: list[str]) -> str:
+        items = []
+        for name, child in node.items():
+            if name is None or count[0] >= MAX_TREE_NODES:
+                continue
+            count[0] += 1
+            here = path + [name]
+            c = totals(child)
+            worst = min(c, key=_WORST.__getitem__)
+            on_path = here == first[:len(here)]
+            label = (f"{'.'.join(here) if not path else name} — {worst}, {sum(c.values())} rows"
+                     + (f", {c['fail'] + c['nan/inf']} failing" if c["fail"] + c["nan/inf"] else "")
+                     + (" ◀ first divergence" if on_path and len(here) == len(first) else ""))
+            css = f"{_css(worst)}{' first' if on_path else ''}"
+            inner = render(child, here)
+            if inner:
+                is_open = " open" if on_path or worst in ("fail", "nan/inf") else ""
+                items.append(f'<li><details{is_open}><summary class="{css}">{escape(label)}</summary>{inner}</details></li>')
+            else:
+                items.append(f'<li class="{css}">{escape(label)}</li>')
+        return f'<ul class="tree">{"".join(items)}</ul>' if items else ""
+
+    return render(tree, [])
+
+
+def _css(status: str) -> str:
+    return {"nan/inf": "nan", "fail": "fail", "warning": "warning", "pass": "pass"}.get(status, "skip")
 
 
 def _markup(html: str):

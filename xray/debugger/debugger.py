@@ -75,12 +75,14 @@ class PrecisionDebugger:
     ``dump_torch_api``: also record the ATen ops inside each module (xray's tracer).
     ``flush_secs``: statistics-only dumps write the HDF5 index at most this often (0: at every
     ``stop()``); see the module docstring.
+    ``process_rank``: (global rank, local rank, world size) when a training framework knows them
+    (default: torch.distributed's, or rank 0).
     """
 
     def __init__(self, dump_path: str | os.PathLike = "xray_module_dump", hook_name: str = "dump",
                  rank: Selection = None, step: Selection = None, model: torch.nn.Module | None = None,
                  dump_torch_api: bool = False, *, task: str = "tensor", backward: bool = True,
-                 flush_secs: float = 1.0) -> None:
+                 flush_secs: float = 1.0, process_rank: tuple[int, int, int] | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"PrecisionDebugger: model must be a torch.nn.Module, got {type(model).__name__}; "
                             "pass model=<your nn.Module>")
@@ -98,7 +100,9 @@ class PrecisionDebugger:
         self.dump_torch_api = dump_torch_api
         self.flush_secs = float(flush_secs)
         self._flushed_at = -math.inf  # time.monotonic() of the last write: the first stop() writes
-        g, local, self.world_size = dist_ranks()  # a single process is rank 0
+        # (global rank, local rank, world size): a training framework's own (the callbacks in
+        # xray.integrations pass them), else torch.distributed's; a single process is rank 0
+        g, local, self.world_size = process_rank if process_rank is not None else dist_ranks()
         self.global_rank, self.local_rank = g or 0, local or 0
         self.dump_path = Path(dump_path)
         self.current_step = 0
@@ -225,6 +229,15 @@ class PrecisionDebugger:
         self._csv_rows = append_index_csv(self._writer.csv_rows(self.current_step), self.current_step,
                                           self.global_rank, self.summary_csv, self._csv_rows)
         self._csv_step = self.current_step
+
+    def set_step(self, step: int) -> None:
+        """Take a training framework's own step number (its callbacks count steps, not this
+        debugger); between steps only, and steps only advance."""
+        if self._running:
+            raise RuntimeError("PrecisionDebugger.set_step() is for between steps: call stop() first")
+        if isinstance(step, bool) or not isinstance(step, int) or step < self.current_step:
+            raise ValueError(f"PrecisionDebugger.set_step({step!r}): steps only advance (now {self.current_step})")
+        self.current_step = step
 
     def step(self) -> None:
         """End the current training step: stop if running, and count the next step."""

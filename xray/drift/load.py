@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +22,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
     """The function named by ``spec``; a ``.py`` path is imported as a fresh module."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
-        raise ModelSpecError(f"MODEL {spec!r}: write pkg.module:function or path/to/file.py:function")
+        raise ModelSpecError(f"MODEL {spec!r}: write pkg.module:function or path/to/file.py:function "
+                             "(e.g. mymodel.py:build)")
     if target.endswith(".py") or "/" in target:
         path = Path(target)
         if not path.is_file():
@@ -34,10 +36,15 @@ def load_factory(spec: str) -> Callable[[], Any]:
         sys.modules[mod_name] = module
         loader.loader.exec_module(module)
     else:
+        # as ``python -m``: a module in the current folder imports (console scripts lack it on sys.path)
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise ModelSpecError(f"MODEL {spec!r}: cannot import {target}: {e}") from e
+            file = target.replace(".", "/") + ".py"
+            raise ModelSpecError(f"MODEL {spec!r}: cannot import {target}: {e}; for a file, write "
+                                 f"path/to/{file}:{name} (e.g. ./{file}:{name})") from e
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ModelSpecError(f"MODEL {spec!r}: {target} has no function {name!r}")

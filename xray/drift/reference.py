@@ -168,7 +168,9 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
     try:
         program = export_program(model, args, kwargs)
     except Exception as e:  # noqa: BLE001 - the exporter's error is the result
-        raise ReferenceError("export", f"torch.export failed: {type(e).__name__}: {str(e)[:500]}") from e
+        hint = ("; the model returns a KV cache: pass use_cache=False (in the example kwargs or the model's "
+                "config)" if "Cache" in str(e) and "use_cache" in str(kwargs) + str(getattr(model, "config", "")) else "")
+        raise ReferenceError("export", f"torch.export failed: {type(e).__name__}: {str(e)[:500]}{hint}") from e
     seconds["export"] = time.perf_counter() - start
 
     start = time.perf_counter()

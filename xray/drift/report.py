@@ -57,8 +57,8 @@ def layer_table(b: BackendDrift, limit: int = 40) -> str:
 def terminal_report(result: DriftResult, layers: bool = True) -> str:
     eq = "bitwise equal" if result.eager_equal else f"NOT bitwise equal (max abs diff {result.eager_max_diff:.3g})"
     lines = [f"reference: exported program, {result.program_nodes} op nodes -> {result.eager_records} eager records "
-             f"({result.eager_dump}); its outputs vs the model's own eager forward: {eq}", "",
-             backend_table(result)]
+             f"({result.eager_dump}); its outputs vs the model's own eager forward: {eq}",
+             *(f"note: {n}" for n in result.notes), "", backend_table(result)]
     for b in result.backends:
         if b.status != OK:
             continue

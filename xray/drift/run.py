@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -63,6 +64,7 @@ class DriftResult:
     eager_s: float
     seconds: dict[str, float]
     backends: list[BackendDrift]
+    notes: list[str] = field(default_factory=list)  # what drift changed for the run (use_cache off)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -81,20 +83,27 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     ``edits`` maps a backend name to a function given that backend's own program before it runs
     (``Backend.run_model``'s ``edit``): tests inject faults into the deployed graph this way.
     """
+    from ..backends.registry import parse_spec
+
+    for name in backends:  # replay's check: an unknown preset is refused before any export
+        parse_spec(name)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     started = time.perf_counter()
     say("export + eager reference")
-    ref = record_reference(model, args, kwargs or {}, out)
+    with _no_kv_cache(model, kwargs or {}) as notes:
+        for note in notes:
+            say(note)
+        ref = record_reference(model, args, kwargs or {}, out)
     from ..dump import load_dump
 
     eager = load_dump(ref.dump)
     result = DriftResult(out=out, eager_dump=ref.dump, program_nodes=len(ref.node_seq),
                          eager_records=sum(1 for r in eager.records if any(True for _ in r.output_tensors())),
                          eager_equal=ref.eager_equal, eager_max_diff=ref.eager_max_diff, eager_s=ref.eager_s,
-                         seconds=dict(ref.seconds), backends=[])
+                         seconds=dict(ref.seconds), backends=[], notes=notes)
     try:
         for name in backends:
             say(f"backend {name}")
@@ -106,6 +115,23 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     result.seconds["total"] = time.perf_counter() - started
     write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
     return result
+
+
+@contextmanager
+def _no_kv_cache(model: Any, kwargs: dict) -> Iterator[list[str]]:
+    """A transformers model built with ``use_cache=True`` (their default) returns a KV-cache
+    object torch.export cannot output: drift switches it off in the config for its run (and
+    back after), and says so. An explicit ``use_cache`` keyword is the caller's choice."""
+    config = getattr(model, "config", None)
+    if "use_cache" in kwargs or getattr(config, "use_cache", None) is not True:
+        yield []
+        return
+    config.use_cache = False
+    try:
+        yield ["use_cache=False for this run: a KV cache is not a tensor output torch.export can return "
+               "(model.config.use_cache is restored afterwards)"]
+    finally:
+        config.use_cache = True
 
 
 def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callable | None) -> BackendDrift:

@@ -30,7 +30,8 @@ def find_dump_folders(path: str | os.PathLike) -> list[Path]:
 
 def load_dump(path: str | os.PathLike, *, rank: int | None = None) -> Dump:
     """Open any xray dump: a trace folder, its dump.json, a dump_dir holding one process
-    folder, or a module-level ``.h5`` written by PrecisionDebugger. Returns an object whose
+    folder, or a module-level ``.h5`` written by PrecisionDebugger; or another tool's dump a
+    reader in ``formats`` claims (mindstudio-probe's ``dump.json`` folders). Returns an object whose
     ``.records`` iterate in execution order. ``rank`` picks ``rank_<rank>/`` of a multi-rank
     dump_dir (only that rank's files are opened)."""
     p = Path(path)
@@ -50,4 +51,7 @@ def load_dump(path: str | os.PathLike, *, rank: int | None = None) -> Dump:
     if len(folders) > 1:
         names = ", ".join(f.name for f in folders)
         raise DumpFormatError(f"{p} holds {len(folders)} dumps ({names}); pass one of them")
-    return read_trace(folders[0])
+    from .formats import reader_for
+
+    foreign = reader_for(folders[0])
+    return foreign.open(folders[0]) if foreign is not None else read_trace(folders[0])

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_third_party()
     from tabulate import tabulate  # torch and h5py come in with the dump: only once a command runs
-    from tqdm import tqdm
+    from ..progress import progress
 
     from ..dump import DumpFormatError, load_dump
     from ..inputs import MissingTensorError
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in caught:
             print(f"xray-gen: warning: {w.message}", file=sys.stderr)
         _require_op_records(dump, args.dump)
-        bar = tqdm(total=None, unit="test", desc="xray-gen", disable=args.quiet, file=sys.stderr)
+        bar = progress(unit="test", desc="xray-gen", enabled=not args.quiet)
         try:
             report = generate(dump, args.output, factory=args.factory, cpu_init=args.cpu_init, seed=args.seed,
                               blacklist=blacklist, progress=bar.update)

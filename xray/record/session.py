@@ -47,6 +47,7 @@ class DumpSession:
         self.tracing = Tracing(self.recorder)
         self.started = time.perf_counter()
         self.thread = threading.current_thread().name
+        self.program: dict | None = None  # how a recorded script ended (mark_program)
 
     def start(self) -> None:
         self.tracing.start()
@@ -56,8 +57,9 @@ class DumpSession:
 
     def summary(self) -> dict:
         r = self.recorder
-        return {"op_calls": r.op_calls, "records": r.records_written, "tensors_saved": r.tensors_saved,
-                "seconds": round(time.perf_counter() - self.started, 6), "error": r.failed}
+        summary = {"op_calls": r.op_calls, "records": r.records_written, "tensors_saved": r.tensors_saved,
+                   "seconds": round(time.perf_counter() - self.started, 6), "error": r.failed}
+        return summary if self.program is None else dict(summary, program=self.program)
 
     def finish(self) -> Path | None:
         """Write dump.json. Never raises for the recorder's own problems: the user's program
@@ -141,6 +143,13 @@ def _begin(X_DEBUG, X_DEDUP, X_DUMP_NUM, dump_dir, options: dict, begun: list) -
         _ACTIVE = session
         begun.append(session)
         return folder
+
+
+def mark_program(script: str, status: int, failure: str | None) -> None:
+    """Note in the active dump's summary how the recorded program ended (``xray record``):
+    ``{"script", "status", "failure"}``; a dump of a failed run says so."""
+    if _ACTIVE is not None:
+        _ACTIVE.program = {"script": script, "status": status, "failure": failure}
 
 
 def end_dump(clear_context: bool = True) -> Path | None:

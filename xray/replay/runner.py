@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from ..progress import progress
 
 from ..backends.base import ReplayStatus
 from ..backends.registry import create, parse_spec
@@ -230,7 +230,7 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
         started = time.perf_counter()
         precision_of = backend.tolerance_dtype
         with Worker(spec, out / "logs", threads=cfg.threads, imports=tuple(cfg.imports)) as worker:
-            bar = tqdm(runnable, desc=f"replay {spec}", unit="op", disable=not cfg.progress, leave=False)
+            bar = progress(runnable, desc=f"replay {spec}", unit="op", enabled=cfg.progress)
             for rec in bar:
                 job = Job(dump=source, record=rec.to_json(), backend=spec, factory=cfg.factory, seed=cfg.seed,
                           cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model,

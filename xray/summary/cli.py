@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()
-    from tqdm import tqdm  # torch and h5py come in with the dump: only once a command runs
+    from ..progress import progress
 
     from ..debugger.steps import SelectionError, parse_selection
     from ..dump import DumpFormatError
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in _inputs(Path(args.input)):  # open (and validate) every input before writing anything
             dumps.append(_open(p, args.allow_incomplete))
         _check_steps(steps, dumps)
-        rows = tqdm(_rows(dumps, args), desc="xray-summary", unit=" tensors", disable=None, leave=False,
-                    file=sys.stderr)
+        rows = progress(_rows(dumps, args), desc="xray-summary", unit="tensors")
         if args.csv:
             if args.output:
                 with atomic_write(args.output, newline="") as f:
