@@ -7,7 +7,7 @@ import sys
 
 import pandas as pd
 
-from xray.demo.run import divergence_table
+from xray.demo_command import divergence_table
 
 
 def test_demo_runs_every_step_and_finds_the_injected_fault(tmp_path):
@@ -70,7 +70,7 @@ def test_demo_refuses_a_folder_it_did_not_create(tmp_path, monkeypatch, capsys):
 
 
 def test_demo_replaces_its_own_previous_output(tmp_path):
-    from xray.demo.run import OUT_MARKER, _claim_out
+    from xray.demo_command import OUT_MARKER, _claim_out
 
     out = tmp_path / "demo"
     assert _claim_out(out) is None and (out / OUT_MARKER).is_file()  # new folder: created and marked

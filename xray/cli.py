@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # a recorded script's transformers too
     if args.cmd == "demo":
-        from .demo.run import run_demo
+        from .demo_command import run_demo
 
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
     if args.cmd == "drift":

@@ -22,10 +22,7 @@ import torch
 from ..backends.base import flatten_tensors
 from ..dump.model import Record, TensorMeta
 from ..dump.protocol import Dump
-
-# The model "factory" of a sweep (xray/replay/sweep.py): each module record is built alone as
-# torch.nn.<record.op>(**its init arguments), no user code involved. Not a valid --model spec.
-TORCH_NN = "torch.nn"
+from .nn_layers import TORCH_NN, build_nn_module, init_args
 
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _POSITIONAL = ("forward_input", "input")
@@ -142,7 +139,6 @@ def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple
     """A sweep's module record: ``torch.nn.<record.op>`` built from its init arguments, cast to the
     dtype of its recorded parameters, which are then drawn from their recorded statistics."""
     from ..inputs import dtype_of, materialize_value
-    from .sweep import build_nn_module, init_args
 
     try:
         inner = build_nn_module(record.op, init_args(record))

@@ -28,7 +28,7 @@ from ..nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, ReplayResult, MatrixRow
-from .modules import TORCH_NN
+from .nn_layers import TORCH_NN
 from .output import ReplayDumpWriter
 from .tolerance import judge_backend, judge_layout
 
