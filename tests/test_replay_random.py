@@ -17,7 +17,7 @@ import xray
 from xray.backends.base import ReplayStatus
 from xray.replay.job import JobResult
 from xray.replay.matrix import summary_table
-from xray.nondeterminism import nondeterministic
+from xray.ops.nondeterminism import nondeterministic
 from xray.replay.runner import ReplayConfig, _row, replay_dump
 
 RANDOM = ["aten.randn.default", "aten.bernoulli_.float", "aten.empty_like.default"]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import xray
-from xray.nondeterminism import nondeterministic
+from xray.ops.nondeterminism import nondeterministic
 from xray.replay.cli import main as replay_main
 from xray.replay.runner import ReplayConfig
 from xray.replay.sweep import SweepError, load_sweep, replay_sweep

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import torch
 
-from ..config import DumpConfig
-from ..ranks import dist_ranks
+from .config import DumpConfig
+from .ranks import dist_ranks
 from ..dump.writer import DumpWriteError, DumpWriter
 from ..modes import no_dispatch_modes
 from .tracer import Recorder, Tracing

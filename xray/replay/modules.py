@@ -111,7 +111,7 @@ def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
 def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict[str, torch.nn.Module], *,
                 factory: str = "auto", seed: int = 0) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """(module, tensor inputs) replaying ``record``; ``models`` caches built models per spec."""
-    from ..inputs import materialize_value
+    from ..ops.rebuild import materialize_value
 
     if model_spec == TORCH_NN:
         return _nn_call(record, factory, seed)
@@ -138,7 +138,7 @@ def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict
 def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """A sweep's module record: ``torch.nn.<record.op>`` built from its init arguments, cast to the
     dtype of its recorded parameters, which are then drawn from their recorded statistics."""
-    from ..inputs import dtype_of, materialize_value
+    from ..ops.rebuild import dtype_of, materialize_value
 
     try:
         inner = build_nn_module(record.op, init_args(record))
@@ -162,7 +162,7 @@ def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple
 
 def _module_records(dump: Dump, step: int | None) -> Iterable[Record]:
     """The dump's module records of ``step``: on a v3 trace dump's columns, building only those."""
-    from ..columnar import native_columns
+    from ..dump.column_scan import native_columns
     from ..dump.columns import KINDS, NONE
 
     columns = native_columns(dump)
@@ -179,7 +179,7 @@ def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Dump, fa
     A module record carries the module's own parameters and buffers (``Record.params``), so a
     parent's weights are found on its children's records.
     """
-    from ..inputs import materialize_value
+    from ..ops.rebuild import materialize_value
 
     path = record.module or ""
     prefix = path + "." if path else ""

@@ -3,8 +3,8 @@ dtypes and arguments, expanded into records of xray's data model and written as 
 
 Replay then runs that dump exactly as it runs a recording (same workers, statuses, matrix,
 heatmap, per-backend dumps): the spec is only another way to produce records. The YAML is
-untrusted input: ``yaml.safe_load`` only, op names through ``xray.inputs.resolve_op`` (which
-applies ``xray.op_safety``), module classes by name from ``torch.nn`` only, argument values plain
+untrusted input: ``yaml.safe_load`` only, op names through ``xray.ops.rebuild.resolve_op`` (which
+applies ``xray.ops.safety``), module classes by name from ``torch.nn`` only, argument values plain
 scalars and lists checked against the op's schema. Schema and examples: docs/replay.md, "Sweeps".
 """
 from __future__ import annotations
@@ -143,7 +143,7 @@ def _read(spec: str | Path) -> tuple[str, Any]:
 
 def _resolve(name: Any) -> torch._ops.OpOverload:
     """``aten.<op>.<overload>`` (or ``aten.<op>`` for its default overload) of this torch, safe to run."""
-    from ..inputs import resolve_op
+    from ..ops.rebuild import resolve_op
 
     if not isinstance(name, str):
         raise ValueError(f"'op' must be a name like aten.mm.default, got {echo(name)}")
@@ -239,7 +239,7 @@ class _OpEntry(_Entry):
         self.count = self.positions * len(self.dtypes) * math.prod(len(v) for v in self.args.values())
 
     def expand(self) -> tuple[list[Case], list[str]]:
-        from ..inputs import split_args
+        from ..ops.rebuild import split_args
 
         cases, bad = [], []
         order = [a.name for a in self.func._schema.arguments]

@@ -17,7 +17,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 import numpy as np
 from tabulate import tabulate
 
-from ..columnar import check_records, native_columns
+from ..dump.column_scan import check_records, native_columns
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
 from ..dump.reader import no_cyclic_gc
