@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from xray.demo_command import divergence_table
 
 
+@pytest.mark.slow
 def test_demo_runs_every_step_and_finds_the_injected_fault(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "xray.cli", "demo", "--small", "--out", str(out)],

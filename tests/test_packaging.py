@@ -18,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "xray", "templates")
 
