@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 class _StillRunning:
     """Under ``-n N`` the dots say nothing about what the workers are doing, and a long test looks
-    like a hang: every ``EVERY`` seconds a test runs, one line names it and how long it has run.
+    like a hang: each time a test has run another ``EVERY`` seconds, one line names it and says how long.
 
     Only in the xdist controller, which receives the workers' start and finish events: there the
     tests run in other processes, so this thread's lines never land in a test's captured output.
