@@ -1,9 +1,62 @@
 import os
+import threading
+import time
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+class _StillRunning:
+    """Under ``-n N`` the dots say nothing about what the workers are doing, and a long test looks
+    like a hang: each time a test has run another ``EVERY`` seconds, one line names it and says how long.
+
+    Only in the xdist controller, which receives the workers' start and finish events: there the
+    tests run in other processes, so this thread's lines never land in a test's captured output.
+    """
+
+    EVERY = 30.0
+
+    def __init__(self, reporter) -> None:
+        self.reporter = reporter
+        self.started: dict[str, float] = {}
+        self.said: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="still-running", daemon=True)
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.started[nodeid] = time.monotonic()
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self.started.pop(nodeid, None)
+        self.said.pop(nodeid, None)
+
+    def _watch(self) -> None:
+        while not self.stop.wait(1.0):
+            now = time.monotonic()
+            for nodeid, t0 in list(self.started.items()):
+                ticks = int((now - t0) // self.EVERY)
+                if ticks > self.said.get(nodeid, 0):
+                    self.said[nodeid] = ticks
+                    if self.reporter._tw.width_of_current_line:  # mid-way through a row of dots
+                        self.reporter._tw.line()
+                    self.reporter.write_line(f"   still running after {ticks * self.EVERY:.0f} s: {nodeid}")
+
+
+def pytest_report_header(config):
+    if config.option.markexpr == "not slow":
+        return "slow tests (real models end to end, deployment backends, the wheel) left out: add -m slow to run them"
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal plugin has registered its reporter
+def pytest_configure(config):
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        watcher = _StillRunning(reporter)
+        config.pluginmanager.register(watcher, "xray-still-running")
+        watcher.thread.start()
+        config.add_cleanup(watcher.stop.set)
 
 
 @pytest.fixture(autouse=True)

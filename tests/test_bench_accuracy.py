@@ -46,6 +46,7 @@ def test_named_seqs_reads_origin_fields():
     assert named_seqs(text) == {("target", 7), ("target", 5), ("bench", 5)}  # names outside origin are not read
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", [
     Scenario("t/gpt2-mm", "whole-1e-3", "gpt2", fault=Fault("aten.addmm.default", 3)),
     Scenario("t/bert-param-module", "parameter/module", "bert", param="encoder.layer.0.intermediate.dense.weight",
@@ -66,6 +67,7 @@ def test_fault_scenario_end_to_end(scenario, tmp_path):
         assert o.right_module or not o.exact  # an exact hit is in the right module
 
 
+@pytest.mark.slow
 def test_noise_scenario_and_reports(tmp_path):
     outcomes = [run_scenario(Scenario("t/noise", "noise/threads", "bert", noise="threads"), tmp_path),
                 run_scenario(Scenario("t/fault", "whole-1e-3", "bert", fault=Fault("aten.gelu.default", 0)), tmp_path)]

@@ -155,7 +155,7 @@ def test_diff_tables_have_headers(tmp_path):
 def test_demo_headings_are_bold_only_on_a_terminal(capsys):
     import importlib
 
-    say = importlib.import_module("xray.demo.run")._say
+    say = importlib.import_module("xray.demo_command")._say
     say("1/7 record")
     assert capsys.readouterr().out == "\n== 1/7 record\n"  # captured: not a terminal
 

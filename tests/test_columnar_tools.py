@@ -14,7 +14,7 @@ import torch
 
 import xray
 from xray.cli import info_text
-from xray.columnar import native_columns
+from xray.dump.column_scan import native_columns
 from xray.dump import DumpFormatError
 from xray.dump.column_builder import columns_of
 from xray.dump.columns import Columns, StringTable

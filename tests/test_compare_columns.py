@@ -15,7 +15,8 @@ from test_compare import PerturbNthMM, _run
 
 import xray
 from xray.compare import compare_dumps
-from xray.columnar import native_columns
+from xray.dump import column_scan
+from xray.dump.column_scan import native_columns
 from xray.compare.engine import compare_loaded
 from xray.demo.models import tiny_llama
 from xray.dump.reader import TraceDump
@@ -106,7 +107,7 @@ def test_compare_dumps_of_v3_dumps_matches_the_record_path_summary(tmp_path, mod
     bench = _run(model, tmp_path / "a", X_DUMP_NUM=0)
     target = _run(model, tmp_path / "b", X_DUMP_NUM=0, perturb=PerturbNthMM(2))
     fast = compare_dumps(bench, target)
-    monkeypatch.setattr("xray.columnar.native_columns", lambda dump: None)
+    monkeypatch.setattr(column_scan, "native_columns", lambda dump: None)
     slow = compare_dumps(bench, target)
     fast.summary.seconds = slow.summary.seconds = 0
     for r in fast.summary.ranks.values():

@@ -138,6 +138,7 @@ def test_merged_csv_only_from_files_rank_0_sees_as_written(tmp_path):
 # -- a real 4-rank gloo job -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_tracer_records_each_collective(dumps):
     _, target = dumps
     for rank in range(4):
@@ -146,6 +147,7 @@ def test_the_tracer_records_each_collective(dumps):
                                                            "c10d.allreduce_.default"]
 
 
+@pytest.mark.slow
 def test_single_process_compare_names_the_rank_that_diverged_first(single):
     s = single[0].summary
     assert s.divergence_order == ORDER
@@ -157,6 +159,7 @@ def test_single_process_compare_names_the_rank_that_diverged_first(single):
     assert s.ranks["rank_0"]["sync"] == {"collectives": 3, "offset": 0}
 
 
+@pytest.mark.slow
 def test_each_rank_compares_its_pair_and_rank_0_reports(dumps, single, tmp_path):
     result, single_csv = single
     out = tmp_path / "out"
@@ -183,6 +186,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_per_node_folders_hold_only_the_local_ranks(dumps, tmp_path):
     """Two 'nodes' of two ranks: node 1's folders hold only rank_2 and rank_3, its OUT is its own."""
     bench, target = dumps
@@ -205,6 +209,7 @@ def test_per_node_folders_hold_only_the_local_ranks(dumps, tmp_path):
     assert "FIRST DIVERGENCE" not in log1  # node 1 has no rank 0
 
 
+@pytest.mark.slow
 def test_an_unusable_rank_fails_the_job_and_the_others_still_report(dumps, tmp_path):
     bench, target = dumps
     partial = tmp_path / "target"
@@ -220,6 +225,7 @@ def test_an_unusable_rank_fails_the_job_and_the_others_still_report(dumps, tmp_p
     assert "!! rank_1 NOT COMPARED" in log
 
 
+@pytest.mark.slow
 def test_without_torchrun_one_process_compares_every_pair(dumps, single, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "xray.compare", *map(str, dumps), str(out)], capture_output=True,

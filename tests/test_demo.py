@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
-from xray.demo.run import divergence_table
+from xray.demo_command import divergence_table
 
 
+@pytest.mark.slow
 def test_demo_runs_every_step_and_finds_the_injected_fault(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "xray.cli", "demo", "--small", "--out", str(out)],
@@ -70,7 +72,7 @@ def test_demo_refuses_a_folder_it_did_not_create(tmp_path, monkeypatch, capsys):
 
 
 def test_demo_replaces_its_own_previous_output(tmp_path):
-    from xray.demo.run import OUT_MARKER, _claim_out
+    from xray.demo_command import OUT_MARKER, _claim_out
 
     out = tmp_path / "demo"
     assert _claim_out(out) is None and (out / OUT_MARKER).is_file()  # new folder: created and marked

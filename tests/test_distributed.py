@@ -12,6 +12,8 @@ import pytest
 import xray
 from xray.compare import compare_dumps
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 SCRIPT = Path(__file__).parent / "scripts" / "dist_dump.py"
 
 

@@ -15,6 +15,8 @@ import xray
 from xray.compare import compare_dumps
 from xray.drift.examples import onnx_weight_fault
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHT = "model.layers.0.mlp.down_proj.weight"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 pytest.importorskip("executorch.devtools")
 
 from xray.backends.base import BackendError, ReplayStatus  # noqa: E402

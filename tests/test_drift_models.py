@@ -10,6 +10,8 @@ import xray
 from xray.compare import compare_dumps
 from xray.drift import examples
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 pytest.importorskip("executorch.devtools")
 pytest.importorskip("onnxruntime")
 

@@ -1,4 +1,4 @@
-"""xray.inputs: safe op resolution and deterministic input materialization (shared with replay)."""
+"""xray.ops.rebuild: safe op resolution and deterministic input materialization (shared with replay)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import xray
 from xray.dump.model import Record, Stats, TensorMeta
-from xray.inputs import MissingTensorError, UnknownOpError, build_call, materialize_value, resolve_op
+from xray.ops.rebuild import MissingTensorError, UnknownOpError, build_call, materialize_value, resolve_op
 
 
 def test_resolve_op():

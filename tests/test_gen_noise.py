@@ -120,6 +120,7 @@ def suites(tmp_path_factory):
     return {arch: selfcheck.record_and_generate(arch, 0, root) for arch in ARCHS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_recording_cpu_passes_its_own_suite_and_another_order_too(suites, arch):
     tests = list(selfcheck.generated_tests(suites[arch]))

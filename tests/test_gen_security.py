@@ -222,8 +222,8 @@ def test_file_touching_op_is_refused_by_replay(base, tmp_path):
 
 
 def test_schema_rule_refuses_without_a_list():
-    from xray.inputs import UnsafeOpError, resolve_op
-    from xray.op_safety import refusal
+    from xray.ops.rebuild import UnsafeOpError, resolve_op
+    from xray.ops.safety import refusal
     for name in ("aten.from_file.default", "aten.set_.source_Storage", "profiler._record_function_enter.default"):
         with pytest.raises(UnsafeOpError):
             resolve_op(name)

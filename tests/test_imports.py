@@ -1,11 +1,12 @@
-"""The import graph of xray/: no cycle, and the dump format (the ground floor) imports no tool.
+"""The import graph of xray/, module by module: no cycle inside a package, none between
+packages, and the dump format and the numerics (the ground floor) import no other part of xray.
 
-Parsed with ast, nothing is imported. The cycle check follows module-level imports only:
-an import inside a function body runs when the function does, after every module is loaded,
-so it cannot take part in an import-time cycle (commands import heavy modules that way).
-Imports under ``if TYPE_CHECKING:`` do count: two modules that need each other's types are one
-design knot, whichever trick hides it at run time. The layering check counts every import,
-lazy ones included.
+Parsed with ast, nothing is imported. Every import counts: one at module level, one inside a
+function (commands import heavy modules that way; it cannot break at import time, but two modules
+that call each other are one design knot all the same) and one under ``if TYPE_CHECKING:``
+(two modules that need each other's types are a knot too, whichever trick hides it at run time).
+A "package" is a room of xray: a subpackage (``xray.compare``), or a module at the root
+(``xray.atomic``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,22 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "xray"
-TOOLS = ("debugger", "summary", "compare", "gen", "replay", "record")
+GROUND_FLOOR = ("xray.dump", "xray.numerics")
+
+# Known knots that issue 28 ("One path per job") removes; the compare work owns them. Each entry
+# is a whole strongly connected component; the test fails when one disappears or changes, so the
+# list only ever shrinks: delete the entry once the cycle is gone.
+ISSUE_28_KNOWN = {
+    # cli -> report -> distributed -> cli
+    frozenset({"xray.compare", "xray.compare.cli", "xray.compare.distributed", "xray.compare.report"}),
+    # the record engine and the columnar path call each other (through row_building and stat_verdicts)
+    frozenset({"xray.compare.columnar", "xray.compare.engine", "xray.compare.row_building",
+               "xray.compare.stat_verdicts"}),
+}
+# The writer steps outside the tracer's dispatch mode to convert saved copies (xray.modes, a root
+# module that imports nothing of xray); the ground floor should not know about the recorder's
+# modes: the conversion belongs to record/ (issue 28).
+GROUND_FLOOR_KNOWN = {("xray.dump.writer", "xray.modes")}
 
 
 def _module_name(path: Path) -> str:
@@ -105,21 +121,41 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+GRAPH = {name: _imports(name, lazy=True) for name in MODULES}
+
+
+def _room(name: str) -> str:
+    """The package a module belongs to: its top-level subpackage, or itself at the root."""
+    parts = name.split(".")
+    return ".".join(parts[:2])
+
+
 def test_the_parser_sees_the_imports():
     """The checks below would pass vacuously on a parser that finds nothing."""
     assert {"xray.dump.model", "xray.dump.tensorio"} <= _imports("xray.dump.reader", lazy=False)
     assert "xray.replay.matrix" in _imports("xray.replay.runner", lazy=False)
+    assert "xray.replay.runner" in GRAPH["xray.replay.sweep"]  # lazy, inside replay_sweep
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert len(MODULES) > 100 and _room("xray.compare.engine") == "xray.compare" and _room("xray.atomic") == "xray.atomic"
 
 
-def test_no_import_cycle():
-    graph = {name: _imports(name, lazy=False) for name in MODULES}
-    assert _cycles(graph) == []
+def test_no_module_cycle():
+    found = {frozenset(c) for c in _cycles(GRAPH)}
+    assert sorted(map(sorted, found - ISSUE_28_KNOWN)) == []
+    assert sorted(map(sorted, ISSUE_28_KNOWN - found)) == [], "cycle gone or changed: update ISSUE_28_KNOWN"
 
 
-def test_dump_imports_no_tool():
-    tools = tuple(f"xray.{t}" for t in TOOLS)
-    offending = {name: sorted(i for i in _imports(name, lazy=True) if i.startswith(tools) and
-                              (i in tools or i.startswith(tuple(t + "." for t in tools))))
-                 for name in MODULES if name == "xray.dump" or name.startswith("xray.dump.")}
-    assert {k: v for k, v in offending.items() if v} == {}
+def test_no_cycle_between_packages():
+    rooms: dict[str, set[str]] = {}
+    for name, deps in GRAPH.items():
+        if name != "xray":
+            rooms.setdefault(_room(name), set()).update(_room(d) for d in deps if _room(d) != _room(name))
+    assert _cycles(rooms) == []
+
+
+def test_dump_and_numerics_are_the_ground_floor():
+    """The dump format and the numerics import nothing of xray but themselves (not each other)."""
+    outside = {(name, dep) for name, deps in GRAPH.items() if _room(name) in GROUND_FLOOR
+               for dep in deps if _room(dep) != _room(name)}
+    assert sorted(outside - GROUND_FLOOR_KNOWN) == []
+    assert sorted(GROUND_FLOOR_KNOWN - outside) == [], "import gone: update GROUND_FLOOR_KNOWN"

@@ -1,9 +1,10 @@
 """A real wheel, installed into a fresh environment: the templates travel with it, the console
 scripts run outside the checkout, and no pytest plugin is registered globally.
 
-The venv sees the system's site-packages (torch and the rest come from there, nothing is
-downloaded); xray itself comes only from the wheel (PYTHONPATH is cleared, cwd is outside
-the repository).
+The venv sees the site-packages of the interpreter running the tests (torch and the rest come
+from there, nothing is downloaded), whether that interpreter is a system Python or itself a
+venv; xray itself comes only from the wheel (PYTHONPATH is cleared, cwd is outside the
+repository, and the venv's own site-packages, which holds the wheel, comes first).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "xray", "templates")
@@ -31,8 +34,8 @@ STALE_PLUGIN = ("from importlib.metadata import distributions as d\n"
 
 
 def _stale_global_plugin(python: Path, cwd: Path) -> bool:
-    """Whether an older xray install visible to ``python`` (the system's, under
-    --system-site-packages) still registers xray's plugin globally, under the entry-point name
+    """Whether an older xray install visible to ``python`` (the test interpreter's, see
+    ``_see_this_environment``) still registers xray's plugin globally, under the entry-point name
     "xray". Reinstalling xray (pip install -e .) removes it."""
     return _run([python, "-c", STALE_PLUGIN], cwd=cwd).stdout.strip() == "True"
 
@@ -42,6 +45,24 @@ def _run(cmd: list, cwd: Path, timeout: int = 300) -> subprocess.CompletedProces
                           timeout=timeout)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def _site_dirs() -> list[str]:
+    """The site-packages folders this interpreter imports from (a venv's own and, if it has
+    --system-site-packages, its base's; the user site when enabled)."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+
+
+def _see_this_environment(python: Path, cwd: Path) -> None:
+    """Let the venv of ``python`` import what this interpreter imports.
+
+    ``venv --system-site-packages`` would show it the *base* interpreter's packages, which lack
+    the dependencies when the tests run from a venv of their own. A .pth file in the venv's
+    site-packages adds this interpreter's site folders after the venv's own, with their .pth
+    files processed (site.addsitedir), as the system site-packages would be."""
+    purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=cwd).stdout.strip()
+    lines = [f"import site; site.addsitedir({d!r})" for d in _site_dirs()]
+    (Path(purelib) / "_xray_test_outer_site.pth").write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +80,9 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
          cwd=src)
     wheel = next((root / "dist").glob("xray_probe-*.whl"))
     venv = root / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv], cwd=root)
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root)
     python = venv / "bin" / "python"
+    _see_this_environment(python, root)
     _run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], cwd=root)
     return wheel, venv / "bin"
 

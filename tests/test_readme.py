@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 NOT_RUN = {"pip install": "installs into the environment; .ci/run runs it verbatim",

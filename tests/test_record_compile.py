@@ -13,6 +13,9 @@ import warnings
 import torch
 
 import xray
+import pytest
+
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
 
 
 def _f(x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import xray
-from xray.config import DumpConfig
+from xray.record.config import DumpConfig
 
 
 def data_references(dump) -> dict:

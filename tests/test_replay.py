@@ -18,6 +18,8 @@ from xray.demo.models import tiny_llama, token_batch
 from xray.replay.matrix import MATRIX_COLUMNS
 from xray.replay.runner import ReplayConfig, replay_dump, select_records
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # One of each kind of op the model runs: GEMMs, reductions, transcendental functions, data

@@ -9,6 +9,8 @@ from xray.backends.base import ReplayStatus
 from xray.backends.registry import UnknownBackendError, create
 from xray.replay.runner import ReplayConfig, replay_dump
 
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+
 
 def test_compile_and_portable(tmp_path):
     g = torch.Generator().manual_seed(0)

@@ -13,6 +13,9 @@ import torch
 import xray
 from xray.backends.base import ReplayStatus, is_macos
 from xray.replay.runner import ReplayConfig, replay_dump
+import pytest
+
+pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
 
 
 def test_coreml_conversion_status_per_op(tmp_path):

@@ -11,6 +11,7 @@ import os
 import time
 
 import pandas as pd
+import pytest
 import torch
 
 import xray
@@ -96,6 +97,7 @@ def test_dump_without_tensors_or_statistics(tmp_path, capsys):
     assert "no saved tensors and no statistics" in err and "aten.exp.default" in err
 
 
+@pytest.mark.slow
 def test_a_record_the_baseline_cannot_run_is_baseline_fail_never_within_tolerance(tmp_path):
     """ExecuTorch cannot lower a zero-size cat (a 0 stride), eager can: with ExecuTorch as the
     baseline, eager's row for that record ran but was compared with nothing. It must say so

@@ -21,6 +21,7 @@ def small_llama() -> torch.nn.Module:
     return tiny_llama(layers=1, hidden=32, seed=123)  # other weights than the recorded run's
 
 
+@pytest.mark.slow
 def test_module_replay_from_precision_debugger(tmp_path):
     model = tiny_llama(layers=1, hidden=32)
     dbg = xray.PrecisionDebugger(tmp_path / "dump", model=model, backward=False)

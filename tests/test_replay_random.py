@@ -17,7 +17,7 @@ import xray
 from xray.backends.base import ReplayStatus
 from xray.replay.job import JobResult
 from xray.replay.matrix import summary_table
-from xray.nondeterminism import nondeterministic
+from xray.ops.nondeterminism import nondeterministic
 from xray.replay.runner import ReplayConfig, _row, replay_dump
 
 RANDOM = ["aten.randn.default", "aten.bernoulli_.float", "aten.empty_like.default"]
@@ -34,6 +34,7 @@ def dropout_dump(tmp_path_factory):
     return d.folder
 
 
+@pytest.mark.slow
 def test_random_ops_run_on_each_backend_but_are_not_compared(dropout_dump, tmp_path):
     """Eager and ONNX Runtime draw different numbers: before, randn, bernoulli_ and empty_like read
     MISMATCH on ONNX Runtime and topped its worst-ops list. Now they ran (supported), their layout

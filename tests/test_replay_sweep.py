@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import xray
-from xray.nondeterminism import nondeterministic
+from xray.ops.nondeterminism import nondeterministic
 from xray.replay.cli import main as replay_main
 from xray.replay.runner import ReplayConfig
 from xray.replay.sweep import SweepError, load_sweep, replay_sweep
@@ -62,6 +62,7 @@ def _spec(tmp_path, text: str, name: str = "sweep.yaml"):
     return path
 
 
+@pytest.mark.slow
 def test_every_combination_runs_on_onnxrt_with_real_statuses(tmp_path):
     spec = _spec(tmp_path, SMALL)
     cfg = ReplayConfig(backends=["onnxrt-cpu"], out=tmp_path / "out", repeats=1, progress=False, timeout=180)

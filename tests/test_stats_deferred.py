@@ -186,7 +186,7 @@ def test_deferred_launches_in_and_out_of_inference_mode():
 
 def test_a_sink_without_before_flush_gets_synchronous_statistics(monkeypatch):
     """The module debugger's op sink encodes each record as it arrives: never placeholders."""
-    from xray.config import DumpConfig
+    from xray.record.config import DumpConfig
     from xray.record.tracer import Recorder
 
     class Sink:

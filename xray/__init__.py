@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 _PUBLIC = {  # name -> the module that defines it
     "begin_dump": ".record", "end_dump": ".record", "dump": ".record", "DumpUsageError": ".record",
     "load_dump": ".dump", "DumpFormatError": ".dump", "Record": ".dump", "Stats": ".dump", "TensorMeta": ".dump",
-    "DebugFlags": ".config", "DumpConfig": ".config",
+    "DebugFlags": ".record.config", "DumpConfig": ".record.config",
     "PrecisionDebugger": ".debugger", "OverflowReport": ".debugger",
     "read_module_dump": ".dump.module_reader",
     "drift": ".drift",

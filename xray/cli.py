@@ -35,7 +35,7 @@ def info_text(dump, top: int = 15) -> str:
     """A short human summary of a dump: what was recorded, top ops, where non-finite values are."""
     from tabulate import tabulate
 
-    from .columnar import native_columns
+    from .dump.column_scan import native_columns
 
     columns = native_columns(dump)
     n_ops, calls, first = _op_calls(dump) if columns is None else _op_calls_columns(columns)
@@ -72,7 +72,7 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     """``_op_calls`` of a columnar index: counts summed per op name with numpy, one Record built."""
     import numpy as np
 
-    from .columnar import canonical, check_records
+    from .dump.column_scan import canonical, check_records
     from .dump.columns import OUTPUT
 
     check_records(columns)
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # a recorded script's transformers too
     if args.cmd == "demo":
-        from .demo.run import run_demo
+        from .demo_command import run_demo
 
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
     if args.cmd == "drift":

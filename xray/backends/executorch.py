@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
+from .executorch_debug import count_nodes, run_whole_model
 
 
 class ExecuTorch(Backend):
@@ -42,7 +43,7 @@ class ExecuTorch(Backend):
         start = time.perf_counter()
         try:
             edge = to_edge_transform_and_lower(exported, partitioner=self._partitioners())
-            delegated, undelegated = _count_nodes(edge.exported_program().graph_module)
+            delegated, undelegated = count_nodes(edge.exported_program().graph_module)
             program = edge.to_executorch()
             data = program.buffer
         except BackendError:
@@ -81,25 +82,8 @@ class ExecuTorch(Backend):
         ``edit`` gets the edge program manager after partitioning, before ``to_executorch``:
         on the portable preset every weight is still a graph constant there; under XNNPACK the
         delegated linear layers' weights are already inside the delegate blobs."""
-        from .executorch_debug import run_whole_model
-
         return run_whole_model(program, args, self._partitioners(),
                                self.options.get("partitioner") or "portable", edit=edit)
-
-
-def _count_nodes(gm: torch.fx.GraphModule) -> tuple[int, int]:
-    """(delegate calls, ops left to the portable kernels) in the lowered edge graph."""
-    delegated = undelegated = 0
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = getattr(node.target, "__name__", str(node.target))
-        if "executorch_call_delegate" in name:
-            delegated += 1
-        elif name != "getitem":
-            undelegated += 1
-    return delegated, undelegated
-
 
 
 BACKEND = ExecuTorch

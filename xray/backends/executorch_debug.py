@@ -27,7 +27,6 @@ from typing import Any, Callable
 import torch
 
 from .base import BackendError, ModelCapture, ReplayStatus, flatten_tensors, short_error
-from .executorch import _count_nodes
 
 # Reference ops that ExecuTorch's memory planning turns into views of their input's memory.
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "alias", "squeeze", "unsqueeze"})
@@ -74,7 +73,7 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
         raise BackendError(ReplayStatus.LOWER_FAIL, f"to_executorch ({preset}): {short_error(e)}") from e
     facts["to_executorch_s"] = round(time.perf_counter() - start, 4)
     final = et_program.exported_program().graph_module
-    delegated, undelegated = _count_nodes(final)
+    delegated, undelegated = count_nodes(final)
     facts.update(delegated_nodes=delegated, undelegated_nodes=undelegated, pte_bytes=len(pte))
 
     start = time.perf_counter()
@@ -389,3 +388,17 @@ def _delegate_coverage(final: torch.fx.GraphModule, ref_graph_id: int, ref_names
                     inside.update(_provenance(inner, ref_graph_id, ref_names))
     boundary = {name for entry in logged if _is_delegate(entry.node) for names in entry.sources for name in names}
     return inside, boundary
+
+
+def count_nodes(gm: torch.fx.GraphModule) -> tuple[int, int]:
+    """(delegate calls, ops left to the portable kernels) in the lowered edge graph."""
+    delegated = undelegated = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if "executorch_call_delegate" in name:
+            delegated += 1
+        elif name != "getitem":
+            undelegated += 1
+    return delegated, undelegated

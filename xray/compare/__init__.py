@@ -167,7 +167,7 @@ def dedup_note(dump, side: str) -> str | None:
 def _columns(dump):
     """The dump's columns when its records are built from them (format v3), else None: facts
     about every record are then read from arrays, not from a million Records."""
-    from ..columnar import native_columns
+    from ..dump.column_scan import native_columns
 
     return native_columns(dump)
 

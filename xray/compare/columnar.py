@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..nondeterminism import _op_kind, nondeterministic
+from ..ops.nondeterminism import _op_kind, nondeterministic
 from ..numerics.rules import Rules
 from .alignment import RowPlan, align_tables
 from .causality import attribute

@@ -15,7 +15,7 @@ import torch
 from ..dump.model import TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import dtype_from_name
-from ..nondeterminism import nondeterministic
+from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
                                 stats_compare, stats_rms)
 from ..numerics.rules import Rules, Tolerance
@@ -276,7 +276,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
 
     Two format-v3 dumps (records built from columns) without a reference run are compared on
     their columns (columnar.py): the same rows, without building a Record per record."""
-    from ..columnar import native_columns
+    from ..dump.column_scan import native_columns
     from .columnar import compare_columns
 
     if reference is None and native_columns(bench) is not None and native_columns(target) is not None:
@@ -345,7 +345,7 @@ def progress_bar(total_bytes: int, rank: str, progress: bool | None) -> Any:
 
 def _random_entries(entries: list[Entry]) -> dict[int, str]:
     """Entry position -> why its values are random: ops that draw random numbers or return
-    uninitialized memory (xray.nondeterminism), and the modules such an op ran inside (a
+    uninitialized memory (xray.ops.nondeterminism), and the modules such an op ran inside (a
     training-mode Dropout and every module enclosing it)."""
     out: dict[int, str] = {}
     sources: dict[str, str] = {}  # module path an op ran in -> why the op is random

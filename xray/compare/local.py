@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ..dump.model import Record, TensorMeta
-from ..inputs import build_call, check_call
-from ..nondeterminism import nondeterministic
+from ..ops.rebuild import build_call, check_call
+from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 from ..numerics.kernel_families import primary_outputs, reference_of
@@ -36,7 +36,7 @@ class LocalError:
 
 def _blocked(record: Record) -> str | None:
     """Why an op must not be re-run here, or None: nothing random or uninitialised (the check
-    replay and gen share, xray.nondeterminism), nothing that writes its inputs (checked on the
+    replay and gen share, xray.ops.nondeterminism), nothing that writes its inputs (checked on the
     schema too, once resolved). Views are re-run: they move numbers, so their local error is 0
     unless the target moved them wrongly."""
     if record.kind != "op" or record.mutates:

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from ..config import DebugFlags, DumpConfig
+from ..record.config import DebugFlags, DumpConfig
 from ..dump.model import Record
 from ..record.tracer import Recorder, Tracing
 

@@ -29,7 +29,7 @@ import torch
 
 from ..dump.model import Record, Source, Stats
 from ..numerics import math_settings
-from ..ranks import dist_ranks
+from ..record.ranks import dist_ranks
 from ..dump.summary_csv import append_index_csv
 from .aten import AtenCapture
 from .capture import CallKey, TensorCapture

@@ -103,10 +103,6 @@ def module_prefix(path: str, cls: str, call_index: int) -> str:
     return f"{path}.{cls}.{call_index}" if path else f"{cls}.{call_index}"
 
 
-def tensor_name(path: str, cls: str, call_index: int, role: str, key: str) -> str:
-    return prefixed_name(module_prefix(path, cls, call_index), role, key)
-
-
 def prefixed_name(prefix: str, role: str, key: str) -> str:
     """A tensor's name from its module prefix: callers naming many tensors of one call build
     the prefix once."""

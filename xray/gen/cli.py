@@ -37,7 +37,7 @@ class NoOpRecordsError(ValueError):
 
 def _has_op_records(dump) -> bool:
     """Whether the dump holds an op record: on a v3 dump's kind column, else its records."""
-    from ..columnar import native_columns
+    from ..dump.column_scan import native_columns
 
     columns = native_columns(dump)
     if columns is not None:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..progress import progress
 
     from ..dump import DumpFormatError, load_dump
-    from ..inputs import MissingTensorError
+    from ..ops.rebuild import MissingTensorError
     from .blacklist import DEFAULT_BLACKLIST, Blacklist
     from .generator import GenerationError, generate
 

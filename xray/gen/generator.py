@@ -23,12 +23,12 @@ import torch
 
 import xray
 
-from ..columnar import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
+from ..dump.column_scan import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
 from ..dump.columns import KINDS as RECORD_KINDS, Columns
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import write_dataset
-from ..inputs import FACTORIES, MissingTensorError, UnknownOpError, resolve_op, split_args
+from ..ops.rebuild import FACTORIES, MissingTensorError, UnknownOpError, resolve_op, split_args
 from ..record.encode import op_info
 from .blacklist import Blacklist
 from .render import NotRebuildable, RenderError, audit, identifier, py_op, py_tensor, py_text, py_value
@@ -169,7 +169,7 @@ def plan_columns(columns: Columns, blacklist: Blacklist) -> tuple[dict[str, list
 
     A record's signature is its op, its skeleton's inputs (argument names, non-tensor values,
     list structure: decoded once per skeleton) and its input tensors' (shape, dtype, stride);
-    records are grouped on those as numbers, with numpy (``xray.columnar.group_rows``)."""
+    records are grouped on those as numbers, with numpy (``xray.dump.column_scan.group_rows``)."""
     check_records(columns)
     r = columns.records
     report = GenReport(records=len(r))
@@ -347,7 +347,7 @@ class Renderer:
             except (RenderError, ValueError) as e:
                 raise GenerationError(f"{where}, argument {a.name!r}: {e}") from None
             sources[a.name] = arg_src
-        args, kwargs = split_args(func, sources, where)  # the same call shape as xray.inputs.build_call
+        args, kwargs = split_args(func, sources, where)  # the same call shape as xray.ops.rebuild.build_call
         call = [py_op(rec.op), *args]
         for name, arg_src in kwargs.items():
             if identifier(name) != name:  # a Python keyword as argument name: pass it through a dict

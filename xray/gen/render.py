@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..dump.model import Scalar, TensorMeta
-from ..inputs import UnsupportedValueError, dtype_of, resolve_op, scalar_value
+from ..ops.rebuild import UnsupportedValueError, dtype_of, resolve_op, scalar_value
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DATA_REF_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.h5:[A-Za-z0-9_/.]+$")
@@ -132,7 +132,7 @@ def _value(v: Any, tensor_source, path: tuple) -> str:
 
 
 def _scalar(s: Scalar) -> str:
-    """Validate through xray.inputs (the one place that decides what a tag may hold), then
+    """Validate through xray.ops.rebuild (the one place that decides what a tag may hold), then
     render the validated Python value; nothing from the JSON is rendered unchecked."""
     try:
         v = scalar_value(s)

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..dump.model import Stats, TensorMeta
 from ..dump.tensorio import dtype_name, open_dataset, read_dataset
-from ..inputs import place, random_like_meta
+from ..ops.rebuild import place, random_like_meta
 from ..record.encode import op_info
 from .columns import make_row
 from ..numerics import noise

@@ -13,8 +13,8 @@ from typing import Iterator
 
 import torch
 
-from ..config import DumpConfig
-from ..ranks import dist_ranks
+from .config import DumpConfig
+from .ranks import dist_ranks
 from ..dump.critical import critical_section
 from ..dump.folder_owner import new_token, own_folder
 from ..dump.writer import DumpWriteError, DumpWriter

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..config import DebugFlags, DumpConfig
+from .config import DebugFlags, DumpConfig
 from ..modes import no_dispatch_modes
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats

@@ -155,7 +155,7 @@ def build_module(job: Job, ctx: JobContext
 
         module, inputs = module_call(record, dump, job.model, ctx.models, factory=job.factory, seed=job.seed)
         return module, inputs, inputs
-    from ..inputs import build_call
+    from ..ops.rebuild import build_call
     from .opmodule import op_module, parameter_flags
 
     op, args, kwargs = build_call(record, dump, factory=job.factory, seed=job.seed)

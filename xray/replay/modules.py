@@ -22,10 +22,7 @@ import torch
 from ..backends.base import flatten_tensors
 from ..dump.model import Record, TensorMeta
 from ..dump.protocol import Dump
-
-# The model "factory" of a sweep (xray/replay/sweep.py): each module record is built alone as
-# torch.nn.<record.op>(**its init arguments), no user code involved. Not a valid --model spec.
-TORCH_NN = "torch.nn"
+from .nn_layers import TORCH_NN, build_nn_module, init_args
 
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _POSITIONAL = ("forward_input", "input")
@@ -114,7 +111,7 @@ def input_order(record: Record) -> tuple[list[str], int, list[tuple[str, int]]]:
 def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict[str, torch.nn.Module], *,
                 factory: str = "auto", seed: int = 0) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """(module, tensor inputs) replaying ``record``; ``models`` caches built models per spec."""
-    from ..inputs import materialize_value
+    from ..ops.rebuild import materialize_value
 
     if model_spec == TORCH_NN:
         return _nn_call(record, factory, seed)
@@ -141,8 +138,7 @@ def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict
 def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple[torch.Tensor, ...]]:
     """A sweep's module record: ``torch.nn.<record.op>`` built from its init arguments, cast to the
     dtype of its recorded parameters, which are then drawn from their recorded statistics."""
-    from ..inputs import dtype_of, materialize_value
-    from .sweep import build_nn_module, init_args
+    from ..ops.rebuild import dtype_of, materialize_value
 
     try:
         inner = build_nn_module(record.op, init_args(record))
@@ -166,7 +162,7 @@ def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple
 
 def _module_records(dump: Dump, step: int | None) -> Iterable[Record]:
     """The dump's module records of ``step``: on a v3 trace dump's columns, building only those."""
-    from ..columnar import native_columns
+    from ..dump.column_scan import native_columns
     from ..dump.columns import KINDS, NONE
 
     columns = native_columns(dump)
@@ -183,7 +179,7 @@ def _load_recorded_params(inner: torch.nn.Module, record: Record, dump: Dump, fa
     A module record carries the module's own parameters and buffers (``Record.params``), so a
     parent's weights are found on its children's records.
     """
-    from ..inputs import materialize_value
+    from ..ops.rebuild import materialize_value
 
     path = record.module or ""
     prefix = path + "." if path else ""

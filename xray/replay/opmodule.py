@@ -98,7 +98,7 @@ class OpModule(torch.nn.Module):
 def op_module(op: torch._ops.OpOverload, args: tuple, kwargs: dict, constant: list[bool] | None = None
               ) -> tuple[OpModule, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """(module, tensor inputs, every tensor in argument order) for a live call as returned by
-    ``xray.inputs.build_call``; ``constant[i]`` bakes the i-th tensor (argument order) in."""
+    ``xray.ops.rebuild.build_call``; ``constant[i]`` bakes the i-th tensor (argument order) in."""
     tensors: list[torch.Tensor] = []
     every: list[torch.Tensor] = []
     consts: dict[str, torch.Tensor] = {}

@@ -77,7 +77,7 @@ def _inputs_like(source: Record, used: list[dict]) -> dict[str, Any]:
         keys = input_order(source)[0]
         swapped = {k: swap(source.inputs[k]) for k in keys}
         return {k: swapped.get(k, _no_data(v)) for k, v in source.inputs.items()}
-    from ..inputs import resolve_op
+    from ..ops.rebuild import resolve_op
 
     order = [a.name for a in resolve_op(source.op)._schema.arguments if a.name in source.inputs]
     swapped = {k: swap(source.inputs[k]) for k in order}

@@ -19,16 +19,16 @@ from ..progress import progress
 
 from ..backends.base import ReplayStatus
 from ..backends.registry import create, parse_spec
-from ..columnar import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
+from ..dump.column_scan import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
 from ..dump import load_dump
 from ..dump.columns import DIRECTIONS, KINDS, Columns
 from ..dump.model import Record, value_to_json
 from ..dump.protocol import Dump
-from ..nondeterminism import nondeterministic
+from ..ops.nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
 from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, ReplayResult, MatrixRow
-from .modules import TORCH_NN
+from .nn_layers import TORCH_NN
 from .output import ReplayDumpWriter
 from .tolerance import judge_backend, judge_layout
 
@@ -185,7 +185,7 @@ def check_inputs(record: Record, dump: Dump, cfg: ReplayConfig) -> str | None:
         return "no saved tensors and no statistics for its inputs (record with X_DEBUG STATS or X_DUMP_NUM > 0)"
     if record.kind == "module":
         return None
-    from ..inputs import check_call
+    from ..ops.rebuild import check_call
 
     try:
         check_call(record, dump, factory=cfg.factory)

@@ -3,8 +3,8 @@ dtypes and arguments, expanded into records of xray's data model and written as 
 
 Replay then runs that dump exactly as it runs a recording (same workers, statuses, matrix,
 heatmap, per-backend dumps): the spec is only another way to produce records. The YAML is
-untrusted input: ``yaml.safe_load`` only, op names through ``xray.inputs.resolve_op`` (which
-applies ``xray.op_safety``), module classes by name from ``torch.nn`` only, argument values plain
+untrusted input: ``yaml.safe_load`` only, op names through ``xray.ops.rebuild.resolve_op`` (which
+applies ``xray.ops.safety``), module classes by name from ``torch.nn`` only, argument values plain
 scalars and lists checked against the op's schema. Schema and examples: docs/replay.md, "Sweeps".
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ import dataclasses
 import inspect
 import itertools
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,6 +24,7 @@ import torch
 from ..dump.model import Record, Scalar, Stats, TensorMeta, echo
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name
+from .nn_layers import _IDENT_RE, INIT_PREFIX, TORCH_NN, build_nn_module, nn_class
 from .sweep_values import (MAX_ELEMENTS, POSITIVE_RANGE, _alternatives, _dtype, _fmt, _Input, _is_plain, _keys,
                            _meta, _number, _on_meta, load_yaml, _output_metas, _parse_input, _plain, _range, _short)
 
@@ -40,11 +40,6 @@ BUILTIN = ("common",)     # --spec common: xray/replay/sweeps/common.yaml
 
 _OP_KEYS = ("op", "inputs", "args", "dtypes", "range", "positive")
 _MODULE_KEYS = ("module", "init", "inputs", "dtypes", "range", "positive", "params")
-# torch.nn classes that hold other modules (or nothing to run): their arguments are not plain values.
-_CONTAINERS = frozenset({"Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
-                         "Container", "Identity"})
-_CLASS_RE = re.compile(r"^[A-Z][A-Za-z0-9_]{0,63}$")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 class SweepError(ValueError):
@@ -148,7 +143,7 @@ def _read(spec: str | Path) -> tuple[str, Any]:
 
 def _resolve(name: Any) -> torch._ops.OpOverload:
     """``aten.<op>.<overload>`` (or ``aten.<op>`` for its default overload) of this torch, safe to run."""
-    from ..inputs import resolve_op
+    from ..ops.rebuild import resolve_op
 
     if not isinstance(name, str):
         raise ValueError(f"'op' must be a name like aten.mm.default, got {echo(name)}")
@@ -244,7 +239,7 @@ class _OpEntry(_Entry):
         self.count = self.positions * len(self.dtypes) * math.prod(len(v) for v in self.args.values())
 
     def expand(self) -> tuple[list[Case], list[str]]:
-        from ..inputs import split_args
+        from ..ops.rebuild import split_args
 
         cases, bad = [], []
         order = [a.name for a in self.func._schema.arguments]
@@ -345,37 +340,6 @@ def _live(v: Any) -> Any:
 
 
 # -- module entries ----------------------------------------------------------------------------------
-
-def nn_class(name: Any) -> type[torch.nn.Module]:
-    """The ``torch.nn`` module class called ``name`` (``Conv2d``, ``nn.Conv2d``, ``torch.nn.Conv2d``).
-
-    Only classes defined in ``torch.nn.modules`` and not containers: nothing is imported, nothing
-    outside torch.nn is reachable. Used when the spec is read and again in each replay worker.
-    """
-    short = name.removeprefix("torch.").removeprefix("nn.") if isinstance(name, str) else None
-    cls = getattr(torch.nn, short, None) if short and _CLASS_RE.match(short) else None
-    if (not isinstance(cls, type) or not issubclass(cls, torch.nn.Module) or short in _CONTAINERS
-            or not cls.__module__.startswith("torch.nn.modules.")):
-        raise ValueError(f"module {echo(name)} is not a torch.nn layer class (e.g. torch.nn.Conv2d); "
-                         "only torch.nn classes by name can be swept")
-    return cls
-
-
-def build_nn_module(cls_name: str, init: dict[str, Any]) -> torch.nn.Module:
-    """``torch.nn.<cls_name>(**init)`` in eval mode, the init values plain (lists, numbers, strings),
-    its parameters and buffers at most MAX_ELEMENTS (counted on the meta device first)."""
-    cls = nn_class(cls_name)
-    for k, v in init.items():
-        if not _IDENT_RE.match(k) or k in ("device", "dtype"):
-            raise ValueError(f"init argument {echo(k)} is not allowed")
-        _plain(v, f"init.{k}")
-    if torch.get_default_device().type != "meta":
-        with torch.device("meta"):
-            n = sum(t.numel() for t in cls(**init).state_dict().values())
-        if n > MAX_ELEMENTS:
-            raise ValueError(f"{n} parameter elements (limit {MAX_ELEMENTS})")
-    return cls(**init).eval()
-
 
 def _init_names(cls: type) -> list[str]:
     params = inspect.signature(cls.__init__).parameters
@@ -478,15 +442,6 @@ class _ModuleEntry(_Entry):
         return cases, bad
 
 
-# Module records of a sweep carry the class's init arguments as non-tensor inputs "init.<name>";
-# replay's module input order (xray.replay.modules.input_order) skips them.
-INIT_PREFIX = "init."
-
-
-def init_args(record: Record) -> dict[str, Any]:
-    return {k[len(INIT_PREFIX):]: v for k, v in record.inputs.items() if k.startswith(INIT_PREFIX)}
-
-
 # -- the dump ----------------------------------------------------------------------------------------
 
 def write_sweep_dump(sweep: Sweep, folder: Path) -> Path:
@@ -510,7 +465,6 @@ def replay_sweep(spec: str | Path, cfg: "ReplayConfig", *, max_cases: int = MAX_
                  on_row: Callable[["MatrixRow"], None] | None = None) -> tuple[Sweep, "ReplayResult"]:
     """Expand ``spec`` into ``cfg.out/spec-dump`` and replay that dump as configured; inputs are
     drawn from the spec's ranges (the random factory), modules built by the torch.nn factory."""
-    from .modules import TORCH_NN
     from .runner import replay_dump
 
     if cfg.factory == "load":

@@ -183,7 +183,7 @@ def _meta(shape: tuple[int, ...], dtype: str, rng: tuple[float, float] | None, p
     else:
         lo, hi = rng or (DEFAULT_RANGE if dt.is_floating_point else DEFAULT_INT_RANGE)
         stats = Stats(lo, hi, (lo + hi) / 2, (hi - lo) / math.sqrt(12), numel=n)
-    from ..inputs import contiguous_stride
+    from ..ops.rebuild import contiguous_stride
 
     return TensorMeta(shape, dtype, contiguous_stride(shape), requires_grad=param, stats=stats)
 

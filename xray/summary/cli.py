@@ -57,7 +57,7 @@ def _steps(dump) -> set[int]:
 
     if hasattr(dump, "steps"):
         return set(dump.steps)
-    from ..columnar import native_columns
+    from ..dump.column_scan import native_columns
 
     columns = native_columns(dump)
     if columns is not None:  # a v3 trace dump: its step column, not a million Records

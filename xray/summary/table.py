@@ -7,16 +7,14 @@ tensor data, so memory grows with the number of tensors, not with their size.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 from tabulate import tabulate
 
-from ..columnar import check_records, native_columns
+from ..dump.column_scan import check_records, native_columns
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
 from ..dump.reader import no_cyclic_gc
@@ -336,13 +334,3 @@ def write_csv(rows: Iterable[SummaryRow], out: IO[str], *, header: bool = True, 
         w.writerow(["" if v is None else v for v in cells])
         n += 1
     return n
-
-
-def write_summary_csv(dump, path: str | os.PathLike) -> Path:
-    """The ``_summary.csv`` beside a module dump, written under a temporary name then renamed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        write_csv(dump_rows(dump), f)
-    os.replace(tmp, path)
-    return path

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import torch
 
-from .dump.model import Record, Scalar, TensorMeta
-from .dump.protocol import Dump
-from .dump.tensorio import dtype_from_name, stored_dtype_name
-from .op_safety import refusal
+from ..dump.model import Record, Scalar, TensorMeta
+from ..dump.protocol import Dump
+from ..dump.tensorio import dtype_from_name, stored_dtype_name
+from .safety import refusal
 
 FACTORIES = ("load", "random", "auto")
 
@@ -34,7 +34,7 @@ class UnknownOpError(ValueError):
 
 
 class UnsafeOpError(UnknownOpError):
-    """The recorded op could touch files or the process (xray.op_safety): never run it."""
+    """The recorded op could touch files or the process (xray.ops.safety): never run it."""
 
 
 class MissingTensorError(KeyError):

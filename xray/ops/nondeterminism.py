@@ -17,8 +17,8 @@ import functools
 
 import torch
 
-from .dump.model import Record
-from .inputs import UnknownOpError, resolve_op
+from ..dump.model import Record
+from .rebuild import UnknownOpError, resolve_op
 
 # Recorded False: dropout, rrelu and RNNs run in eval mode and draw nothing.
 _TRAIN_FLAGS = ("train", "training")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dump.columns import MARK, Columns, RecordSequence
+from .columns import MARK, Columns, RecordSequence
 
 # The record columns holding a string a Record decodes (and checks), and the tensor columns.
 _RECORD_TEXTS = ("op", "module", "module_stack", "stack", "skeleton")
