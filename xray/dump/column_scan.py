@@ -184,7 +184,7 @@ def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray,
     total = int(n_inputs.sum())
     offsets = np.arange(total) - np.repeat(np.cumsum(n_inputs) - n_inputs, n_inputs)
     at = np.repeat(starts, n_inputs) + offsets
-    decode = {"shape": columns.shape, "stride": columns.stride, "dtype": columns.strings.__getitem__}
+    decode = {"shape": columns.shape, "stride": columns.shape, "dtype": columns.strings.__getitem__}
     keys = np.full(len(t), -1, dtype=np.int64)
     if total:
         keys[at] = combine([canonical(t[f][at], decode[f]) if f in decode else t[f][at] for f in fields])
