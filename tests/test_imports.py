@@ -29,7 +29,10 @@ ISSUE_28_KNOWN = {
 # The writer steps outside the tracer's dispatch mode to convert saved copies (xray.modes, a root
 # module that imports nothing of xray); the ground floor should not know about the recorder's
 # modes: the conversion belongs to record/ (issue 28).
-GROUND_FLOOR_KNOWN = {("xray.dump.writer", "xray.modes")}
+# issue 28: dump/ should import nothing above it; these still do (move atomic writes and CSV
+# cell escaping into dump/ next): remove an entry when its import goes.
+GROUND_FLOOR_KNOWN = {("xray.dump.writer", "xray.modes"), ("xray.dump.json_index", "xray.atomic"),
+                      ("xray.dump.summary_csv", "xray.csv_cells")}
 
 
 def _module_name(path: Path) -> str:

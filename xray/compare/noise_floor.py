@@ -132,6 +132,6 @@ def outliers(calls: list[tuple[Any, Any]], steps: list[str] = ()) -> dict[int, s
     out = {}
     for i, x in enumerate(logs):
         if math.isfinite(x) and x > bar and x > math.log(OUTLIER_MIN_FACTOR):
-            out[i] = (f"local error {calls[i][1].local:.3g} is {math.exp(x - mid):.3g}x its kind's median level "
+            out[i] = (f"{calls[i][1].local:.3g} is {math.exp(x - mid):.3g}x its kind's median level "
                       f"on this run ({len(finite)} calls)")
     return out

@@ -123,7 +123,7 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     else:
         if n == 0 or t.layout != torch.strided or t.is_meta:
             return (None, None, None, None, 0, 0, 0, n)
-        if 0 in t.stride():
+        if 0 in t.stride() and any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride())):
             return _expanded(t, n, native)
         # float32/float64 (nearly every activation) skip the dtype ladder
         x = t.detach() if t.dtype in _FAST_DTYPES else _as_real(t.detach())
