@@ -26,11 +26,11 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -152,17 +152,29 @@ def run_suite(bench: dict, device: str, out: Path, timeout: float) -> dict:
     dump = xray.load_dump(bench["path"])
     report = generate(dump, suite)
     dump.close()
+    junit = suite / "junit.xml"
     cmd = [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", "--device", device,
-           "--detail_compare_path", str(suite / "result.csv")]
+           "--detail_compare_path", str(suite / "result.csv"), f"--junitxml={junit}"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=suite)
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         rc = proc.returncode
     except subprocess.TimeoutExpired:
         tail, rc = ["timed out"], None
-    found = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|xfailed)", tail[0]))
     return {"arch": bench["arch"], "files": report.files, "tests": report.tests, "pytest_rc": rc, "summary": tail[0],
-            **found}
+            **junit_counts(junit)}
+
+
+def junit_counts(path: Path) -> dict:
+    """passed/failed/skipped/errors from pytest's JUnit XML: the console's last line depends on the
+    caller's options (durations, warnings, xdist), the XML does not."""
+    if not path.is_file():
+        return {}
+    suites = ElementTree.parse(path).getroot()
+    suites = [suites] if suites.tag == "testsuite" else list(suites.iter("testsuite"))
+    total = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
+    return {"passed": total["tests"] - total["failures"] - total["errors"] - total["skipped"],
+            "failed": total["failures"], "errors": total["errors"], "skipped": total["skipped"]}
 
 
 def run_bench(device: str, out: Path, repeats: int, timeout: float) -> dict:
