@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import xray
-from xray.atomic import OutputWriteError, atomic_write
+from xray.dump.atomic import OutputWriteError, atomic_write
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path):

@@ -25,7 +25,7 @@ import torch
 import xray
 from xray.dump.columns import OUTPUT, RECORD_DTYPE, TENSOR_DTYPE, StringTable
 from xray.dump.index_file import IndexFile, write_file
-from xray.csv_cells import risky
+from xray.dump.csv_cells import risky
 from xray.dump.json_index import rewrite_as_json
 
 DEEP = "[" * 5000 + "]" * 5000

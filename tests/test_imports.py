@@ -6,7 +6,7 @@ function (commands import heavy modules that way; it cannot break at import time
 that call each other are one design knot all the same) and one under ``if TYPE_CHECKING:``
 (two modules that need each other's types are a knot too, whichever trick hides it at run time).
 A "package" is a room of xray: a subpackage (``xray.compare``), or a module at the root
-(``xray.atomic``).
+(``xray.quiet``).
 """
 from __future__ import annotations
 
@@ -26,13 +26,6 @@ ISSUE_28_KNOWN = {
     frozenset({"xray.compare.columnar", "xray.compare.engine", "xray.compare.row_building",
                "xray.compare.stat_verdicts"}),
 }
-# The writer steps outside the tracer's dispatch mode to convert saved copies (xray.modes, a root
-# module that imports nothing of xray); the ground floor should not know about the recorder's
-# modes: the conversion belongs to record/ (issue 28).
-# issue 28: dump/ should import nothing above it; these still do (move atomic writes and CSV
-# cell escaping into dump/ next): remove an entry when its import goes.
-GROUND_FLOOR_KNOWN = {("xray.dump.writer", "xray.modes"), ("xray.dump.json_index", "xray.atomic"),
-                      ("xray.dump.summary_csv", "xray.csv_cells")}
 
 
 def _module_name(path: Path) -> str:
@@ -139,7 +132,7 @@ def test_the_parser_sees_the_imports():
     assert "xray.replay.matrix" in _imports("xray.replay.runner", lazy=False)
     assert "xray.replay.runner" in GRAPH["xray.replay.sweep"]  # lazy, inside replay_sweep
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert len(MODULES) > 100 and _room("xray.compare.engine") == "xray.compare" and _room("xray.atomic") == "xray.atomic"
+    assert len(MODULES) > 100 and _room("xray.compare.engine") == "xray.compare" and _room("xray.quiet") == "xray.quiet"
 
 
 def test_no_module_cycle():
@@ -160,5 +153,4 @@ def test_dump_and_numerics_are_the_ground_floor():
     """The dump format and the numerics import nothing of xray but themselves (not each other)."""
     outside = {(name, dep) for name, deps in GRAPH.items() if _room(name) in GROUND_FLOOR
                for dep in deps if _room(dep) != _room(name)}
-    assert sorted(outside - GROUND_FLOOR_KNOWN) == []
-    assert sorted(GROUND_FLOOR_KNOWN - outside) == [], "import gone: update GROUND_FLOOR_KNOWN"
+    assert sorted(outside) == []

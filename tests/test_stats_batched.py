@@ -15,7 +15,7 @@ import torch
 
 import xray
 from xray.demo.models import bench_llama, token_batch
-from xray.modes import no_dispatch_modes
+from xray.dump.dispatch_modes import no_dispatch_modes
 
 stats_mod = importlib.import_module("xray.dump.stats")
 

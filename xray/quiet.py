@@ -60,7 +60,7 @@ def one_line(error: object, limit: int = 500) -> str:
 def os_error_line(error: OSError, path: object = None) -> str:
     """An OSError as ``<file>: <reason>`` on one line: the file from the error itself, else
     ``path``; an OutputWriteError's message already names its file and is used as it is."""
-    from .atomic import OutputWriteError
+    from .dump.atomic import OutputWriteError
 
     if isinstance(error, OutputWriteError):
         return one_line(error.strerror or error)

@@ -186,7 +186,7 @@ def merge_csv(payloads: Sequence[Mapping[str, Any]], path: Path) -> str | None:
     """Concatenate the ranks' CSVs into ``path`` when this process sees every one of them as the
     rank wrote it (a shared filesystem); else say where the rows are. A stale file of an earlier
     run on this node is told apart by its checksum."""
-    from ..atomic import atomic_write
+    from ..dump.atomic import atomic_write
 
     ok = [p for p in sorted(payloads, key=lambda p: p["rank"]) if not p.get("error")]
     unseen = [p for p in ok if not (Path(p["csv"]).is_file() and _sha256(Path(p["csv"])) == p["csv_sha256"])]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .. import csv_cells
-from ..atomic import atomic_write, write_text
+from ..dump import csv_cells
+from ..dump.atomic import atomic_write, write_text
 from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
 
 _FAIL_ORDER = {PairStatus.NAN_INF.value: 0, PairStatus.FAIL.value: 1, PairStatus.WARNING.value: 2}

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..record.flatten import flatten_kwargs, flatten_tensors
-from ..modes import no_dispatch_modes
+from ..dump.dispatch_modes import no_dispatch_modes
 from .capture import CallKey, TensorCapture, call_key
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is on

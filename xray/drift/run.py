@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..atomic import write_text
+from ..dump.atomic import write_text
 from ..backends.base import Backend, BackendError, ModelCapture, ReplayStatus, short_error
 from .capture_dump import CaptureResolver, write_capture
 from .layers import LayerRow, layer_rows

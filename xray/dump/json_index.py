@@ -27,7 +27,7 @@ def write_json_index(dump: Dump, out: str | os.PathLike) -> Path:
                 summary=getattr(dump, "summary", {}) or {})
     head.pop("index", None)
     text = json.dumps(head, separators=(",", ":"), default=str)
-    from ..atomic import atomic_write
+    from .atomic import atomic_write
 
     with atomic_write(path) as f:  # a full disk leaves neither a partial file nor a temporary
         f.write(text[:-1] + ',"records":[')

@@ -9,8 +9,8 @@ import io
 import os
 from operator import itemgetter
 
-from .. import csv_cells
-from ..csv_cells import risky
+from . import csv_cells
+from .csv_cells import risky
 
 #: One row per tensor: where it is, its data-range statistics, non-finite counts and data path.
 CSV_COLUMNS = ("Index", "Step", "Rank", "Module", "Dtype", "Shape", "Min", "Max", "Mean", "Std",
@@ -33,7 +33,7 @@ _NUMBERS_FORMAT = ",".join([_STAT_FORMAT] * 4 + ["%d"] * 4)  # min, max, mean, s
 
 
 def _needs_quoting(text: str) -> bool:
-    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``, or xray.csv_cells change it:
+    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``, or xray.dump.csv_cells change it:
     then the row goes through the csv writer."""
     return '"' in text or "," in text or "\n" in text or "\r" in text or risky(text)
 

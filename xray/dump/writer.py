@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import torch
 
-from ..modes import no_dispatch_modes
+from .dispatch_modes import no_dispatch_modes
 from .column_builder import ColumnBuilder
 from .columns import NONE, UPDATE_DTYPE, Columns, StringTable, concat
 from .critical import critical_section

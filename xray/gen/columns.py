@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .. import csv_cells
-from ..atomic import atomic_write
+from ..dump import csv_cells
+from ..dump.atomic import atomic_write
 from .reference import THRESHOLDS, OutputVerdict
 
 ERR_COLUMNS = [f"err>{t:.0e}" for t in THRESHOLDS]  # "err>1e-01" ... "err>1e-06"

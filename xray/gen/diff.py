@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import csv_cells
+from ..dump import csv_cells
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", help="where to write the side-by-side CSV")
     p.add_argument("--top", type=int, default=15, help="how many ops to list in the summary (default 15)")
     args = p.parse_args(argv)
-    from ..atomic import atomic_write
+    from ..dump.atomic import atomic_write
     from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()

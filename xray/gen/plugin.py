@@ -39,11 +39,11 @@ class CsvReporter:
         self.path = path
         self.rows: dict[str, dict] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
-        from ..atomic import partial_path
+        from ..dump.atomic import partial_path
 
         self._partial = partial_path(path)  # grows row by row; the sorted CSV replaces it at the end
         self._live = open(self._partial, "w", encoding="utf-8", newline="")
-        from .. import csv_cells
+        from ..dump import csv_cells
 
         self._writer = csv_cells.DictWriter(self._live, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         self._writer.writeheader()

@@ -18,7 +18,7 @@ from .ranks import dist_ranks
 from ..dump.critical import critical_section
 from ..dump.folder_owner import new_token, own_folder
 from ..dump.writer import DumpWriteError, DumpWriter
-from ..modes import no_dispatch_modes
+from ..dump.dispatch_modes import no_dispatch_modes
 from ..numerics import math_settings
 from .tracer import Recorder, Tracing
 

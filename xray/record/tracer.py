@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .config import DebugFlags, DumpConfig
-from ..modes import no_dispatch_modes
+from ..dump.dispatch_modes import no_dispatch_modes
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold

@@ -17,8 +17,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .. import csv_cells
-from ..atomic import write_text
+from ..dump import csv_cells
+from ..dump.atomic import write_text
 from ..backends.base import ReplayStatus
 from ..dump.model import Record
 
@@ -85,7 +85,7 @@ class MatrixWriter:
     ``close`` renames the complete file to ``matrix.csv``."""
 
     def __init__(self, path: Path) -> None:
-        from ..atomic import partial_path
+        from ..dump.atomic import partial_path
 
         self.path = Path(path)
         self._partial = partial_path(self.path)

@@ -104,7 +104,7 @@ def _rows(dumps: list, args) -> Iterator:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from ..atomic import atomic_write, write_text
+    from ..dump.atomic import atomic_write, write_text
     from ..quiet import one_line, quiet_third_party
 
     quiet_third_party()

@@ -18,7 +18,7 @@ from ..dump.column_scan import check_records, native_columns
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
 from ..dump.model import TensorMeta, record_name
 from ..dump.reader import no_cyclic_gc
-from .. import csv_cells
+from ..dump import csv_cells
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
 
 #: The table's columns: the CSV's without the non-finite counts and where the data lives.
