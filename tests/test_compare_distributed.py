@@ -21,8 +21,8 @@ import pytest
 
 import xray
 from xray.compare import COMPARE_COLUMNS, compare_dumps
-from xray.compare.distributed import (SyncPoint, collective_seqs, divergence_order, global_rank, is_collective,
-                                      merge_csv, sync_point)
+from xray.compare.distributed import global_rank, merge_csv
+from xray.compare.sync_points import SyncPoint, collective_seqs, divergence_order, is_collective, sync_point
 from xray.compare.report import write_csv
 from xray.dump.model import Record
 

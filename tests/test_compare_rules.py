@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from xray.compare import Rules, PairStatus, compare_dumps
-from xray.compare.align import align
 from xray.compare.cli import main
-from xray.compare.entries import Entry, normalize_path
+from xray.compare.entry_table import Codes, EntryTable
 from xray.compare.layout import find_layout
+from xray.compare.matching import align_tables
 from xray.numerics.metrics import Partial, as_real, chunk_partial, finish, merge
 from xray.compare.stream import chunk_selections
 from xray.demo.synthetic import Op, write_dump
 from xray.numerics.rules import Tolerance, default_tolerance, parse_tolerance_arg
+from xray.dump.dump_columns import DumpColumns
 from xray.dump.model import Record, TensorMeta
 
 
@@ -138,36 +139,48 @@ def test_layout_detector_on_permuted_pairs(tmp_path):
 
 
 # -- alignment -------------------------------------------------------------------------------
-def _entries(specs):
-    out = []
-    for i, (kind, op, module, shape) in enumerate(specs):
-        rec = Record(seq=i, kind=kind, op=op, module=module)
-        out.append(Entry(i, rec, normalize_path(module), [("out0", TensorMeta(shape, "float32"))], []))
-    return out
+class _Records:
+    """A dump held as Records (as a JSON or module dump is): compare builds its columns."""
+
+    def __init__(self, records):
+        self.records = records
+
+
+def _align(bench_specs, target_specs):
+    """Matched (bench, target) positions of two entry lists given as (kind, op, module, shape)."""
+    codes = Codes()
+
+    def table(specs):
+        recs = [Record(seq=i, kind=kind, op=op, module=module, outputs=[TensorMeta(shape, "float32")])
+                for i, (kind, op, module, shape) in enumerate(specs)]
+        return EntryTable(DumpColumns(_Records(recs)), codes)
+
+    pa, pb, _ = align_tables(table(bench_specs), table(target_specs), codes)
+    return list(zip(pa.tolist(), pb.tolist()))
 
 
 def test_alignment_survives_fusion_renames_and_wrapper_prefixes():
-    bench = _entries([("op", "aten.mm.default", "model.l0", (4, 8)), ("op", "aten.add.Tensor", "model.l0", (4, 8)),
-                      ("op", "aten.relu.default", "model.l0", (4, 8)), ("module", "ColumnParallelLinear", "model.l0", (4, 8)),
-                      ("op", "aten.mm.default", "model.l1", (4, 2)), ("op", "aten.sum.default", "model.l1", ())])
+    bench = [("op", "aten.mm.default", "model.l0", (4, 8)), ("op", "aten.add.Tensor", "model.l0", (4, 8)),
+             ("op", "aten.relu.default", "model.l0", (4, 8)), ("module", "ColumnParallelLinear", "model.l0", (4, 8)),
+             ("op", "aten.mm.default", "model.l1", (4, 2)), ("op", "aten.sum.default", "model.l1", ())]
     # target: DDP prefix, add+relu fused into one op, class misspelled, an extra copy op
-    target = _entries([("op", "aten.mm.default", "module.model.l0", (4, 8)),
-                       ("op", "aten.fused_add_relu.default", "module.model.l0", (4, 8)),
-                       ("module", "ColumnParalleLinear", "module.model.l0", (4, 8)),
-                       ("op", "aten._to_copy.default", "module.model.l1", (4, 8)),
-                       ("op", "aten.mm.default", "module.model.l1", (4, 2)),
-                       ("op", "aten.sum.default", "module.model.l1", ())])
-    assert align(bench, target).pairs == [(0, 0), (3, 2), (4, 4), (5, 5)]
+    target = [("op", "aten.mm.default", "module.model.l0", (4, 8)),
+              ("op", "aten.fused_add_relu.default", "module.model.l0", (4, 8)),
+              ("module", "ColumnParalleLinear", "module.model.l0", (4, 8)),
+              ("op", "aten._to_copy.default", "module.model.l1", (4, 8)),
+              ("op", "aten.mm.default", "module.model.l1", (4, 2)),
+              ("op", "aten.sum.default", "module.model.l1", ())]
+    assert _align(bench, target) == [(0, 0), (3, 2), (4, 4), (5, 5)]
 
 
 def test_alignment_handles_different_call_counts_at_scale():
     block = [("op", "aten.mm.default", "l", (4, 8)), ("op", "aten.add.Tensor", "l", (4, 8)),
              ("op", "aten.mul.Tensor", "l", (4, 8))]
-    bench = _entries(block * 3000)  # 9000 entries, no unique anchors: windowed DP
-    target = _entries([s for k, s in enumerate(block * 3000) if k % 300 != 7])  # 30 ops dropped
-    pairs = align(bench, target).pairs
+    bench = block * 3000  # 9000 entries, no unique anchors: windowed DP
+    target = [s for k, s in enumerate(block * 3000) if k % 300 != 7]  # 30 ops dropped
+    pairs = _align(bench, target)
     assert len(pairs) == len(target)
-    assert all(bench[i].op == target[j].op for i, j in pairs)
+    assert all(bench[i][1] == target[j][1] for i, j in pairs)
 
 
 # -- bad input -------------------------------------------------------------------------------

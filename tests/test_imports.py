@@ -16,18 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "xray"
 GROUND_FLOOR = ("xray.dump", "xray.numerics")
 
-# Known knots that issue 28 ("One path per job") removes; the compare work owns them. Each entry
-# is a whole strongly connected component; the test fails when one disappears or changes, so the
-# list only ever shrinks: delete the entry once the cycle is gone.
-ISSUE_28_KNOWN = {
-    # cli -> report -> distributed -> cli
-    frozenset({"xray.compare", "xray.compare.cli", "xray.compare.distributed", "xray.compare.report"}),
-    # the record engine and the columnar path call each other (through row_building and stat_verdicts)
-    frozenset({"xray.compare.columnar", "xray.compare.engine", "xray.compare.row_building",
-               "xray.compare.stat_verdicts"}),
-}
-
-
 def _module_name(path: Path) -> str:
     parts = ("xray",) + path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -136,9 +124,7 @@ def test_the_parser_sees_the_imports():
 
 
 def test_no_module_cycle():
-    found = {frozenset(c) for c in _cycles(GRAPH)}
-    assert sorted(map(sorted, found - ISSUE_28_KNOWN)) == []
-    assert sorted(map(sorted, ISSUE_28_KNOWN - found)) == [], "cycle gone or changed: update ISSUE_28_KNOWN"
+    assert _cycles(GRAPH) == []
 
 
 def test_no_cycle_between_packages():

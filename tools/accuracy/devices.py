@@ -55,7 +55,7 @@ def manifest(root: Path) -> dict:
 
 
 def _inside(path: str | None, parent: str) -> bool:
-    from xray.compare.entries import normalize_path
+    from xray.compare.entry_table import normalize_path
 
     p, q = normalize_path(path), normalize_path(parent)
     return p == q or p.startswith(q + ".")

@@ -47,8 +47,9 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
     from ..numerics.rules import Rules
-    from .distributed import SyncPoint, divergence_order, sync_point
-    from .engine import compare_loaded, first_divergence
+    from .divergence import first_divergence
+    from .engine import compare_loaded
+    from .sync_points import SyncPoint, divergence_order, sync_point
     from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 
     rules = rules or Rules()
@@ -190,8 +191,8 @@ def _first_seq(dump) -> int:
 
 
 def _collectives(dump) -> tuple[list[int], int]:
-    """distributed.collective_seqs, on the columns when there are some."""
-    from .distributed import collective_seqs, is_collective
+    """sync_points.collective_seqs, on the columns when there are some."""
+    from .sync_points import collective_seqs, is_collective
 
     cols = _columns(dump)
     if cols is None:

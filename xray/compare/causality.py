@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -29,9 +29,9 @@ from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, Tolerance, eps
 from ..numerics.math_settings import run_math
-from .align import op_base
-from .entries import Entry
+from .entry_records import Entry
 from .local import LocalError, local_error
+from .matching import op_base
 from .noise_floor import Floors, is_convolution, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
 from .result import CompareRow, PairStatus
@@ -56,15 +56,13 @@ class _Pending:
     outlier: dict[int, str] = field(default_factory=dict)  # output index -> why far above its kind
 
 
-def attribute(ea: list[Entry], eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
-              comparer: Any, rules: Any, target_dump: Any, index: Matches | None = None) -> None:
+def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
+              comparer: Any, rules: Any, target_dump: Any, index: Matches) -> None:
     """Fill origin, cause, culprit, local error and inputs_agree of every failing matched row;
     measured precision loss turns rows into warnings.
 
-    ``index`` answers the look-ups over every matched pair (Matches); without it, it is built
-    from ``matched``. The columnar compare passes only the pairs with a suspect row in
-    ``matched`` and an index that reads its arrays, so a million passing pairs cost nothing here."""
-    index = index if index is not None else Matches.of(eb, matched)
+    ``matched``: the pairs with a suspect row; ``index`` answers the look-ups over every matched
+    pair (Matches, read from the arrays: lazy_matches.py), so a million passing pairs cost nothing here."""
     pending = []
     devices: set[str] = set()
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
@@ -150,7 +148,7 @@ def _statistics_precision_loss(pending: list[_Pending], rules: Any) -> None:
                           f"({level:.3g}), consistent precision loss")
 
 
-def _modules_follow_their_ops(pending: list[_Pending], eb: list[Entry], graph: _Graph) -> None:
+def _modules_follow_their_ops(pending: list[_Pending], eb: Sequence[Entry], graph: _Graph) -> None:
     """A module record of a trace that also recorded the ATen ops inside it is judged by those
     ops: born only when a born failing op lies inside, precision loss when its failing content
     is all precision loss, else inherited from its first failing op."""
@@ -190,7 +188,7 @@ def _target_only_maker(m: Entry, k: int, graph: _Graph) -> Entry | None:
     return detail if kind == "target-only" else None
 
 
-def _ops_inside(m: Entry, eb: list[Entry]) -> list[Entry]:
+def _ops_inside(m: Entry, eb: Sequence[Entry]) -> list[Entry]:
     """Op entries recorded during module call ``m``. Traces record a module when it exits (its ops
     come just before it); module-level dumps when it is entered (its ops follow it)."""
     def inside(e: Entry) -> bool:
@@ -225,28 +223,6 @@ class Matches:
     target_of: Any
     random_pos: int
     made: Any
-
-    @classmethod
-    def of(cls, eb: list[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]]) -> Matches:
-        return cls(by_seq={e.record.seq: e for e in eb}, rows_of={b.pos: rows for _, b, rows in matched},
-                   target_of={a.record.seq: b for a, b, _ in matched},
-                   random_pos=min((b.pos for _, b, rows in matched if any(_random(r) for r in rows)), default=len(eb)),
-                   made=made_by(eb))
-
-
-def made_by(eb: list[Entry]) -> dict[tuple, list[tuple[int, int]]]:
-    """v1 traces name no producers: a value's fingerprint (shape, dtype, statistics) finds the
-    op output it came from. Only traces: they record every op, so "not found" means it came
-    from outside (a parameter or a model input); module dumps do not."""
-    made: dict[tuple, list[tuple[int, int]]] = {}
-    if eb and all(e.kind == "op" or e.record.kind == "module" for e in eb) and any(e.kind == "op" for e in eb):
-        for e in eb:
-            if e.kind == "op":
-                for k, (_, m) in enumerate(e.outputs):
-                    fp = _fingerprint(m)
-                    if fp is not None:
-                        made.setdefault(fp, []).append((e.record.seq, k))
-    return made
 
 
 class _Graph:
@@ -301,7 +277,7 @@ class _Graph:
         kind, detail, _ = self._region(e)
         return kind, detail
 
-    def _region(self, e: Entry) -> tuple[str, Any, list[Entry]]:
+    def _region(self, e: Entry) -> tuple[str, Any, Sequence[Entry]]:
         seen, todo, ops = set(), [e], []
         while todo:
             cur = todo.pop()

@@ -1,361 +1,153 @@
-"""Compare two loaded dumps: align their entries, compare each matched output pair, localise.
+"""Compare two loaded dumps: match their entries, judge each matched output pair, localise.
 
-Backend-agnostic: it sees only Records and TensorMetas, and reads tensor data through the dump's
-own reader, chunk by chunk. Failing rows are then attributed along data edges (causality.py),
-re-running ops on CPU from the target's saved inputs where it can (local.py).
+Every dump is compared on columns: a format-v3 trace dump's own index, or columns built from the
+Records of any other dump (xray.dump.dump_columns). Why: a million Records take minutes to build
+and gigabytes to hold, while what compare needs of almost all of them (kind, direction, step,
+module path, op, output shapes, dtypes and statistics) is in the columns. Records are built only
+where the rules look closer: pairs the vectorised statistics judge does not cover (saved data,
+dtype or shape differences, random ops, missing statistics: ``PairComparer.compare``) and the
+suspect pairs attribution walks from (causality.py, through Entries and a lazy ``Matches``).
+
+The steps, in order, freeing memory between them: entry_table.py (entries as arrays),
+matching.py (which entries match), row_plan.py (the rows they make), stat_verdicts.py (the numpy
+judge), row_building.py (CompareRows), entry_records.py and lazy_matches.py (what attribution
+reads).
 """
 from __future__ import annotations
 
-import math
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
-import torch
+import numpy as np
 
+from ..dump.dump_columns import DumpColumns
 from ..dump.model import TensorMeta
-from ..dump.protocol import Dump
-from ..dump.tensorio import dtype_from_name
-from ..ops.nondeterminism import nondeterministic
-from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
-                                stats_compare, stats_rms)
-from ..numerics.rules import Rules, Tolerance
-from .align import align
+from ..numerics.rules import Rules
+from ..ops.nondeterminism import _op_kind, nondeterministic
 from .causality import attribute
-from .entries import Entry, entries_of
+from .divergence import inside
+from .entry_records import Entries
+from .entry_table import MODULE, Codes, EntryTable, Vocab
+from .lazy_matches import matches_of
+from .matching import align_tables
 from .op_classes import skip_kernel_specific
-from .layout import MAX_NUMEL, could_be_permuted, find_layout
-from .result import CompareRow, PairStatus
-from .stream import data_bytes, iter_chunks
-
-PROGRESS_BYTES = 256 << 20  # show a progress bar when more tensor data than this is compared
-
-
-def _shape(meta: TensorMeta | None) -> str:
-    return "" if meta is None else str(tuple(meta.shape))
-
-
-def _torch_dtype(name: str) -> torch.dtype | None:
-    try:
-        return dtype_from_name(name)
-    except ValueError:
-        return None
-
-
-def _zip_chunks(a: Iterator[torch.Tensor], b: Iterator[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Pairs of equally long pieces from two chunk streams whose chunk boundaries may differ."""
-    ca = cb = None
-    while True:
-        if ca is None or ca.numel() == 0:
-            ca = next(a, None)
-        if cb is None or cb.numel() == 0:
-            cb = next(b, None)
-        if ca is None or cb is None:
-            return
-        n = min(ca.numel(), cb.numel())
-        yield ca[:n], cb[:n]
-        ca, cb = ca[n:], cb[n:]
-
-
-class PairComparer:
-    """Compares tensor pairs of one bench/target dump pair under the given rules."""
-
-    def __init__(self, bench: Any, target: Any, rules: Rules, reference: Any = None,
-                 floor: Tolerance | None = None) -> None:
-        self.bench, self.target, self.rules, self.reference = bench, target, rules, reference
-        self.floor = floor
-        self.work = Workspace()
-        self.bytes = 0
-        self.bar: Any = None  # xray.progress
-
-    def tolerance(self, bm: TensorMeta, tm: TensorMeta) -> Tolerance:
-        return dtype_tolerance(self.rules, self.floor, bm.dtype, tm.dtype)
-
-    # -- data ------------------------------------------------------------------------------
-    def scale(self, bm: TensorMeta, tm: TensorMeta, cd: torch.dtype) -> float:
-        """The RMS the absolute floor scales with: the larger side's, from statistics when
-        recorded, else from one pass over the data."""
-        rb, rt = stats_rms(bm.stats), stats_rms(tm.stats)
-        if rb is not None and rt is not None and math.isfinite(rb) and math.isfinite(rt):
-            return max(rb, rt)
-        out = 0.0
-        for dump, meta in ((self.bench, bm), (self.target, tm)):
-            ss = n = 0
-            for c in iter_chunks(dump, meta):
-                c = as_real(c, torch.float64)
-                c = c[torch.isfinite(c)]
-                ss, n = ss + float(torch.dot(c, c)), n + c.numel()
-            out = max(out, math.sqrt(ss / n) if n else 0.0)
-        return out if math.isfinite(out) else 0.0
-
-    def data_metrics(self, bm: TensorMeta, tm: TensorMeta, tol: Tolerance):
-        cd = compute_dtype(dtype_from_name(bm.dtype), dtype_from_name(tm.dtype))
-        floor = tol.floor(self.scale(bm, tm, cd))
-        total = Partial()
-        for a, b in _zip_chunks(iter_chunks(self.bench, bm), iter_chunks(self.target, tm)):
-            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work, floor))
-            nbytes = a.numel() * a.element_size() + b.numel() * b.element_size()
-            self.bytes += nbytes
-            if self.bar is not None:
-                self.bar.update(nbytes)
-        return finish(total)
-
-    def ref_errors(self, rm: TensorMeta, bm: TensorMeta, tm: TensorMeta) -> tuple[float, float]:
-        """RMSE of bench and of target against the float64 reference (torch._dynamo's rule)."""
-        sb = st = 0.0
-        nb = nt = 0
-        chunks = zip(iter_chunks(self.reference, rm), iter_chunks(self.bench, bm), iter_chunks(self.target, tm))
-        for r, b, t in chunks:  # equal shapes (checked by the caller): equal chunk boundaries
-            r = as_real(r, torch.float64)
-            s, n = rmse_partial(r, as_real(b, torch.float64))
-            sb, nb = sb + s, nb + n
-            s, n = rmse_partial(r, as_real(t, torch.float64))
-            st, nt = st + s, nt + n
-        return (sb / nb) ** 0.5 if nb else 0.0, (st / nt) ** 0.5 if nt else 0.0
-
-    def load_whole(self, dump: Dump, meta: TensorMeta) -> torch.Tensor:
-        return dump.load_tensor(meta).reshape(meta.shape)
-
-    # -- one output pair --------------------------------------------------------------------
-    def compare(self, row: CompareRow, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None, *,
-                layout: bool = True) -> CompareRow:
-        """Judge one tensor pair into ``row``; ``layout=False`` skips the permutation search."""
-        tol = self.tolerance(bm, tm)
-        row.rtol, row.atol = tol.rtol, tol.atol
-        notes = []
-        if bm.dtype != tm.dtype:
-            notes.append(f"dtype {bm.dtype} vs {tm.dtype}: compared after upcasting, at {_looser(bm, tm)} tolerance")
-        if _torch_dtype(bm.dtype) is None or _torch_dtype(tm.dtype) is None:
-            row.status, row.note = PairStatus.SKIP.value, f"unknown dtype {bm.dtype!r} / {tm.dtype!r}"
-            return row
-        if bm.numel != tm.numel:
-            row.status = PairStatus.FAIL.value
-            row.note = f"shape mismatch {tuple(bm.shape)} vs {tuple(tm.shape)} (different element counts)"
-            return row
-        if tuple(bm.shape) != tuple(tm.shape):
-            return self._compare_reshaped(row, bm, tm, tol, notes, layout)
-        if bm.numel == 0:
-            row.status, row.numel = PairStatus.PASS.value, 0
-            row.note = "; ".join(notes + ["empty tensor: nothing to compare"])
-            return row
-        if _torch_dtype(bm.dtype).is_complex != _torch_dtype(tm.dtype).is_complex:
-            row.status = PairStatus.FAIL.value
-            row.note = f"complex vs real dtypes ({bm.dtype} vs {tm.dtype})"
-            return row
-        if bm.data is not None and tm.data is not None:
-            try:
-                self._compare_data(row, bm, tm, tol, ref, notes, layout)
-                row.note = "; ".join(notes)
-                return row
-            except (KeyError, OSError, ValueError) as e:
-                notes.append(f"tensor data unreadable ({e}); compared statistics")
-        if bm.stats is not None and tm.stats is not None:
-            self._compare_stats(row, bm, tm, tol)
-        else:
-            row.status = PairStatus.SKIP.value
-            notes.append("no saved data or statistics on both sides (dump with X_DEBUG STATS or X_DUMP_NUM)")
-        row.note = "; ".join(notes)
-        return row
-
-    def _compare_reshaped(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str], layout: bool) -> CompareRow:
-        """Same element count, different shapes: never compared in memory order as if one tensor.
-        A permutation of the bench that gives the target's shape and agrees is a layout change;
-        otherwise the pair is reported as a reshape, values not compared."""
-        row.status, row.numel = PairStatus.WARNING.value, bm.numel
-        found = None
-        if layout and bm.data is not None and tm.data is not None and bm.numel <= MAX_NUMEL:
-            try:
-                found = find_layout(self.load_whole(self.bench, bm), self.load_whole(self.target, tm), tol)
-            except (KeyError, OSError, ValueError):
-                found = None
-        if found:  # the data is right, its layout is not: a layout bug
-            row.status, row.layout = PairStatus.FAIL.value, found
-            notes.append(f"layout mismatch: target agrees with bench.{found}")
-        else:
-            row.layout = f"reshape {tuple(bm.shape)} -> {tuple(tm.shape)}"
-            notes.append("shapes differ, same element count: reshape-compatible, values not compared "
-                         "(memory order is not the same tensor)")
-        row.note = "; ".join(notes)
-        return row
-
-    def _compare_data(self, row: CompareRow, bm, tm, tol: Tolerance, ref, notes: list[str], layout: bool) -> None:
-        m = self.data_metrics(bm, tm, tol)
-        row.mode = "data"
-        row.rel_rmse = m.rel_rmse
-        row.cosine, row.rmse, row.max_abs_err, row.max_rel_err = m.cosine, m.rmse, m.max_abs_err, m.max_rel_err
-        row.isclose_pct, row.gt_num, row.numel = m.isclose_pct, m.gt_num, m.numel
-        row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = m.nan_bench, m.nan_target, m.inf_bench, m.inf_target
-        r = self.rules
-        if m.nonfinite_mismatch:
-            row.status = PairStatus.NAN_INF.value
-            notes.append(f"{m.nonfinite_mismatch} positions NaN/Inf on one side only")
-        else:
-            row.status = r.judge_data(not_close=m.gt_num, numel=m.numel, max_ratio=m.max_ratio,
-                                      rel_rmse=m.rel_rmse, cosine=m.cosine, tol=tol)
-        if bm.stats is not None and bm.stats.min is not None and m.max_abs_err is not None:
-            peak = max(abs(bm.stats.min), abs(bm.stats.max))
-            row.accumulated_err = m.max_abs_err / peak if peak > 0 else (0.0 if m.max_abs_err == 0 else math.inf)
-        if m.cosine is None:
-            notes.append("all NaN/Inf on both sides")
-        if row.status in (PairStatus.WARNING.value, PairStatus.FAIL.value) and ref is not None and ref.data is not None \
-                and tuple(ref.shape) == tuple(bm.shape) == tuple(tm.shape):
-            eb, et = self.ref_errors(ref, bm, tm)
-            row.ref_err_bench, row.ref_err_target = eb, et
-            if et <= r.fp64_multiplier * eb + tol.atol / 10:
-                row.status = PairStatus.PASS.value
-                notes.append(f"within {r.fp64_multiplier:g}x the bench's own float64 error")
-        # The norm test is exact only over finite values: with NaN/Inf, search regardless.
-        if layout and row.status == PairStatus.FAIL.value and bm.numel <= MAX_NUMEL and (
-                m.nan_bench + m.inf_bench or could_be_permuted(m.bench_norm, m.target_norm, m.numel, tol)):
-            found = find_layout(self.load_whole(self.bench, bm), self.load_whole(self.target, tm), tol)
-            if found:
-                row.layout = found
-                notes.append(f"layout mismatch: target agrees with bench.{found}")
-
-    def _compare_stats(self, row: CompareRow, bm, tm, tol: Tolerance) -> None:
-        s = stats_compare(bm.stats, tm.stats, tol)
-        row.mode, row.stats_err, row.numel = "stats", s.stats_err, bm.numel
-        row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = s.nan_bench, s.nan_target, s.inf_bench, s.inf_target
-        if (s.nan_bench, s.inf_bench) != (s.nan_target, s.inf_target):
-            row.status = PairStatus.NAN_INF.value
-        else:
-            row.status = self.rules.judge_stats(s.within, tol)
-
-    # -- inputs of a failing record -----------------------------------------------------------
-    def judge_inputs(self, a: Entry, b: Entry) -> list[tuple[str, TensorMeta, str]]:
-        """(name, target meta, status) for every input pair, judged as outputs are (saved data
-        first, else statistics), plus module parameters as "param:<name>" (format v2)."""
-        tb, tt = dict(a.inputs), dict(b.inputs)
-        names = [n for n in tt if n in tb]
-        pairs = [(n, tb[n], tt[n]) for n in names] if names else \
-            [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
-        pairs += [(f"param:{n}", a.record.params[n], m) for n, m in b.record.params.items() if n in a.record.params]
-        return [(n, tm, self.compare(CompareRow(), bm, tm, layout=False).status) for n, bm, tm in pairs]
-
-
-def precision_floor(ea: list[Entry], eb: list[Entry], pairs: list[tuple[int, int]], rules: Rules) -> Tolerance | None:
-    """The loosest tolerance among matched float pairs of different dtypes (bf16 vs fp32), or None.
-
-    A mixed-precision run feeds its low-precision error into ops whose outputs are float32 again
-    (softmax, norms, residual adds), so every float pair of such a compare is judged at that floor.
-    """
-    return dtype_floor(((bm.dtype, tm.dtype) for i, j in pairs
-                        for (_, bm), (_, tm) in zip(ea[i].outputs, eb[j].outputs)), rules)
-
-
-def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Tolerance | None:
-    """precision_floor over (bench dtype, target dtype) pairs of matched outputs."""
-    floor = None
-    for b, t in dtype_pairs:
-        if b != t:
-            db, dt = _torch_dtype(b), _torch_dtype(t)
-            if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
-                tol = rules.tolerance(b, t)
-                floor = tol if floor is None else Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
-    return floor
-
-
-def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, target_dtype: str) -> Tolerance:
-    """The tolerance of an output pair of these dtypes (PairComparer.tolerance): the rules',
-    raised to the mixed-precision ``floor`` for a float or complex bench output."""
-    tol = rules.tolerance(bench_dtype, target_dtype)
-    d = _torch_dtype(bench_dtype)
-    if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
-        tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
-    return tol
-
-
-def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
-    order = ("float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "float64")
-    known = [d for d in (bm.dtype, tm.dtype) if d in order]
-    return min(known, key=order.index) if known else bm.dtype
+from .pair_judge import PairComparer, progress_bar, torch_dtype
+from .result import CompareRow
+from .row_building import judge_the_rest, make_rows
+from .row_plan import RowPlan
+from .stat_verdicts import covered_by_stats, tolerances
 
 
 def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
                    progress: bool | None = None) -> tuple[list[CompareRow], dict]:
-    """Rows in execution order and per-dump totals for one pair of loaded dumps.
-
-    Two format-v3 dumps (records built from columns) without a reference run are compared on
-    their columns (columnar.py): the same rows, without building a Record per record."""
-    from ..dump.column_scan import native_columns
-    from .columnar import compare_columns
-
-    if reference is None and native_columns(bench) is not None and native_columns(target) is not None:
-        return compare_columns(bench, target, rules, rank=rank, progress=progress)
+    """Rows (target-only entries before each matched pair, then bench-only ones, then the pair's
+    outputs) and per-dump totals for one pair of loaded dumps. ``reference``: a loaded float64
+    run of the bench, matched to the bench as the target is (torch._dynamo's rule on data pairs)."""
     started = time.perf_counter()
-    ea, eb = entries_of(bench), entries_of(target)
-    alignment = align(ea, eb)
-    ref_of: dict[int, Entry] = {}
-    if reference is not None:
-        er = entries_of(reference)
-        ref_of = {i: er[j] for i, j in align(ea, er).pairs}
-    comparer = PairComparer(bench, target, rules, reference, precision_floor(ea, eb, alignment.pairs, rules))
-    random_of = _random_entries(ea)
-    comparer.bar = progress_bar(sum(data_bytes(m) * 2 for e in ea for _, m in e.outputs if m.data is not None),
-                                rank, progress)
-    rows: list[CompareRow] = []
-    matched_entries: list[tuple[Entry, Entry, list[CompareRow]]] = []
-    ia = ib = 0
-    for i, j in alignment.pairs + [(len(ea), len(eb))]:
-        while ib < j:  # target-only entries that sit before this pair
-            rows += _unmatched(eb[ib], rank, target_side=True)
-            ib += 1
-        while ia < i:
-            rows += _unmatched(ea[ia], rank, target_side=False)
-            ia += 1
-        if i == len(ea):
-            break
-        a, b = ea[i], eb[j]
-        random = random_of.get(a.pos)
-        pair_rows = []
-        for k in range(max(len(a.outputs), len(b.outputs))):
-            row = _row(rank, a, b, k)
-            if k < len(a.outputs) and k < len(b.outputs):
-                bm, tm = a.outputs[k][1], b.outputs[k][1]
-                ref = ref_of.get(i)
-                ref_meta = ref.outputs[k][1] if ref is not None and k < len(ref.outputs) else None
-                if random and _same_layout(bm, tm):  # random values differ by nature: never a divergence
-                    row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random}"
-                else:
-                    comparer.compare(row, bm, tm, ref_meta)
-            else:
-                row.status, row.note = PairStatus.UNMATCHED.value, "output present on one side only"
-            pair_rows.append(row)
-        rows += pair_rows
-        matched_entries.append((a, b, pair_rows))
-        ia, ib = i + 1, j + 1
+    codes = Codes()
+    ta, tb = EntryTable(DumpColumns(bench), codes), EntryTable(DumpColumns(target), codes)
+    pa, pb, anchors = align_tables(ta, tb, codes)
+    refs = None if reference is None else _reference_outputs(ta, EntryTable(DumpColumns(reference), codes), codes)
+    ea, eb = Entries(ta), Entries(tb)
+    plan = RowPlan(ta, tb, pa, pb)
+    _name_rows(ta, tb, pa, pb)
+    vocab = Vocab(codes)
+    floor, tols = tolerances(ta, tb, plan, rules, vocab)
+    comparer = PairComparer(bench, target, rules, reference, floor)
+    random_of = _random_of(ta, ea)
+    for t in (ta, tb):
+        t.trim("group", "op", "path", "call_index")
+    comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
+    fast = covered_by_stats(ta, tb, plan, random_of, vocab)
+    _return_freed_memory()
+    rows = make_rows(rank, ta, tb, plan, fast, tols, rules, vocab)
+    random_rows = judge_the_rest(ta, tb, plan, fast, rows, comparer, random_of, refs)
+    refs = None  # the reference run's table
     comparer.bar.close()
+    for t in (ta, tb):
+        t.trim("out_name", "out_dtype", "out_shape", "seq_value")
+    ta.trim("out", "out_start", "n_out")  # the bench's outputs are read through its Records from here on
+    plan.trim()
+    _return_freed_memory()
     skip_kernel_specific(rows)
-    attribute(ea, eb, matched_entries, comparer, rules, target)
-    for n, r in enumerate(rows):
-        r.index = n
-    totals = {"bench_records": len(ea), "target_records": len(eb), "matched": len(alignment.pairs),
-              "anchors": alignment.anchors, "bytes_compared": comparer.bytes,
-              "seconds": round(time.perf_counter() - started, 3)}
+    matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows)
+    attribute(ea, eb, suspect, comparer, rules, target, matches)
+    totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
+              "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals
 
 
-def progress_bar(total_bytes: int, rank: str, progress: bool | None) -> Any:
-    """The bar over the bytes of saved data compared; shown from PROGRESS_BYTES unless
-    ``progress`` says."""
-    from ..progress import progress as progress_of
+def _reference_outputs(ta: EntryTable, tr: EntryTable, codes: Codes) -> Callable[[int, int], TensorMeta | None]:
+    """(bench entry, output index) -> the matching output of the reference run (aligned to the
+    bench as the target is), or None."""
+    ra, rr, _ = align_tables(ta, tr, codes)
+    ref_of = np.full(len(ta), -1, dtype=np.int64)
+    ref_of[ra] = rr
 
-    show = total_bytes >= PROGRESS_BYTES if progress is None else progress
-    return progress_of(total=total_bytes, unit="B", unit_scale=True, desc=f"compare {rank}".strip(), enabled=show)
+    def meta(a: int, k: int) -> TensorMeta | None:
+        r = int(ref_of[a])
+        if r < 0 or k >= tr.n_out[r]:
+            return None
+        return tr.source.tensor_meta(int(tr.out[tr.out_start[r] + k]))
+
+    return meta
 
 
-def _random_entries(entries: list[Entry]) -> dict[int, str]:
+def _return_freed_memory() -> None:
+    """Give the arrays freed so far back to the OS (glibc's malloc_trim; elsewhere nothing).
+
+    Why: glibc raises its mmap threshold each time a large block is freed, so the later arrays
+    of a few MB live in the heap, and freeing them (``trim``) leaves RSS where it was. Compare
+    then holds a million rows beside both indexes; the arrays it dropped are ~100 MB of that."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
+
+
+def _name_rows(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -> None:
+    """Names and seqs of both sides' entries, the target's shared with its matched bench entry."""
+    partner = np.full(len(tb), -1, dtype=np.int64)
+    partner[pb] = pa
+    ta.name_rows()
+    tb.name_rows(ta, partner)
+
+
+def _random_of(ta: EntryTable, ea: Entries) -> dict[int, str]:
     """Entry position -> why its values are random: ops that draw random numbers or return
     uninitialized memory (xray.ops.nondeterminism), and the modules such an op ran inside (a
-    training-mode Dropout and every module enclosing it)."""
+    training-mode Dropout and every module enclosing it). Only ops whose name can be random
+    build a Record."""
     out: dict[int, str] = {}
-    sources: dict[str, str] = {}  # module path an op ran in -> why the op is random
-    for e in entries:
-        why = nondeterministic(e.record) if e.kind == "op" else None
+    sources: dict[str, str] = {}
+    is_op = ta.kind != MODULE
+    codes, first = np.unique(ta.op[is_op], return_index=True)
+    texts = ta.op_text[np.flatnonzero(is_op)[first]].tolist()
+    maybe = [c for c, op in zip(codes.tolist(), texts) if _op_kind(op) is not None]
+    if not maybe:
+        return out
+    for pos in np.flatnonzero(is_op & np.isin(ta.op, maybe)).tolist():
+        why = nondeterministic(ea[pos].record)
         if why:
-            out[e.pos] = why
-            sources.setdefault(e.path, why)
-    out.update(random_modules(sources, ((e.pos, e.path) for e in entries if e.kind == "module")))
+            out[pos] = why
+            sources.setdefault(ea[pos].path, why)
+    if sources:
+        modules = np.flatnonzero(ta.kind == MODULE)
+        out.update(random_modules(sources, zip(modules.tolist(), ta.path_text[modules].tolist())))
     return out
+
+
+def _total_bytes(t: EntryTable, vocab: Vocab) -> int:
+    """Bytes of the bench's saved outputs, twice (the progress bar's total)."""
+    saved = np.flatnonzero(t.stat("data", np.arange(len(t.out))) >= 0)
+    if not len(saved):
+        return 0
+    itemsize = np.array([0 if d is None else d.itemsize for d in map(torch_dtype, vocab.dtype.tolist())],
+                        dtype=np.int64)
+    numel = vocab.numel[t.out_shape[saved]].astype(np.int64)
+    return int((numel * itemsize[t.out_dtype[saved]]).sum()) * 2
 
 
 def random_modules(sources: dict[str, str], modules: Iterable[tuple[int, str]]) -> dict[int, str]:
@@ -364,68 +156,7 @@ def random_modules(sources: dict[str, str], modules: Iterable[tuple[int, str]]) 
     out: dict[int, str] = {}
     if sources:
         for pos, path in modules:
-            inner = next((why for p, why in sources.items() if _inside(p, path)), None)
+            inner = next((why for p, why in sources.items() if inside(p, path)), None)
             if inner:
                 out[pos] = f"a random op ran inside it ({inner})"
     return out
-
-
-def _same_layout(bm: TensorMeta, tm: TensorMeta) -> bool:
-    """Equal shapes, and equal dtypes or both floating (a bf16 target of a float32 bench)."""
-    if tuple(bm.shape) != tuple(tm.shape):
-        return False
-    if bm.dtype == tm.dtype:
-        return True
-    db, dt = _torch_dtype(bm.dtype), _torch_dtype(tm.dtype)
-    return db is not None and dt is not None and db.is_floating_point and dt.is_floating_point
-
-
-def _row(rank: str, a: Entry, b: Entry, k: int) -> CompareRow:
-    bm = a.outputs[k][1] if k < len(a.outputs) else None
-    tm = b.outputs[k][1] if k < len(b.outputs) else None
-    return CompareRow(rank=rank, bench_name=a.name, target_name=b.name, kind=a.kind, module=a.path, bench_op=a.op, target_op=b.op,
-               tensor=(a.outputs[k][0] if bm is not None else b.outputs[k][0]),
-               bench_seq=a.record.seq, target_seq=b.record.seq, bench_shape=_shape(bm), target_shape=_shape(tm),
-               bench_dtype=bm.dtype if bm else "", target_dtype=tm.dtype if tm else "")
-
-
-def _unmatched(e: Entry, rank: str, target_side: bool) -> list[CompareRow]:
-    rows = []
-    for name, m in e.outputs:
-        r = CompareRow(rank=rank, kind=e.kind, module=e.path, tensor=name, status=PairStatus.UNMATCHED.value,
-                note=f"only in {'target' if target_side else 'bench'}")
-        if target_side:
-            r.target_name, r.target_op, r.target_seq, r.target_shape, r.target_dtype = \
-                e.name, e.op, e.record.seq, _shape(m), m.dtype
-        else:
-            r.bench_name, r.bench_op, r.bench_seq, r.bench_shape, r.bench_dtype = \
-                e.name, e.op, e.record.seq, _shape(m), m.dtype
-        rows.append(r)
-    return rows
-
-
-def first_divergence(rows: list[CompareRow]) -> CompareRow | None:
-    """The earliest born failing row; else the earliest failing row.
-
-    Module-level dumps record a module when it is entered, before its children: when the picked
-    row is a module and a born failing row inside it follows (a child module, or an ATen op
-    recorded inside it with dump_torch_api), the error is born in that child: the innermost wins.
-    """
-    failing = [r for r in rows if r.status in (PairStatus.FAIL.value, PairStatus.NAN_INF.value)]
-    born = [r for r in failing if r.origin == "born"]
-    if not born:
-        return failing[0] if failing else None
-    pick = born[0]
-    for r in born[1:]:
-        if r.rank != pick.rank or pick.kind != "module":
-            break
-        if _inside(r.module, pick.module):
-            pick = r
-        elif not _inside(r.module, born[0].module):
-            break
-    return pick
-
-
-def _inside(path: str, parent: str) -> bool:
-    # equal paths: a wrapper (``model``) whose prefix was stripped, entered inside its parent
-    return parent == "" or path == parent or path.startswith(parent + ".")

@@ -1,4 +1,5 @@
-"""One dump's entries as numpy arrays, with value codes shared by both dumps.
+"""One dump's entries (records with at least one output tensor) as numpy arrays, with value
+codes shared by both dumps.
 
 Why: of a million records compare needs a few fields each; arrays taken from the dump's columns
 hold them in megabytes, and codes shared by both sides make values from two string tables
@@ -12,12 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from ..dump.columns import DIRECTIONS, KINDS, OUTPUT, Columns
+from ..dump.columns import DIRECTIONS, KINDS, OUTPUT
+from ..dump.dump_columns import DumpColumns
 from ..dump.model import record_name
 from ..dump.skeleton import checked_name as _name
-from .entries import normalize_path
 
 MODULE = KINDS.index("module")
+# Prefixes added by wrappers (DDP/FSDP ``module.``, torch.compile ``_orig_mod.``, HF ``model.``);
+# stripped repeatedly so ``module._orig_mod.model.layers.0`` and ``layers.0`` name the same module.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.")
+_WRAPPER_NAMES = tuple(p[:-1] for p in WRAPPER_PREFIXES)
 CHUNK = 1 << 16  # rows (or entries) built at a time: the per-row columns of a chunk are a few MB, not a GB
 
 
@@ -51,6 +56,20 @@ class Vocab:
         self.numel = codes.lut("shape", math.prod)
 
 
+def normalize_path(path: str | None) -> str:
+    """A module path with its wrapper prefixes stripped (entries are matched by it)."""
+    p = path or ""
+    changed = True
+    while changed:
+        changed = False
+        for pre in WRAPPER_PREFIXES:
+            if p.startswith(pre):
+                p, changed = p[len(pre):], True
+        if p in _WRAPPER_NAMES:
+            p, changed = "", True
+    return p
+
+
 def _per_id(ids: np.ndarray, fn: Callable[[int], Any], dtype: Any = np.int64) -> np.ndarray:
     """``fn(i)`` for every distinct value of ``ids``, spread over ``ids``: each text, shape or
     name is decoded once however many rows use it."""
@@ -69,8 +88,9 @@ class EntryTable:
     """One dump's entries (records with at least one output tensor) as arrays, and their
     output tensors (``out_*``, entry after entry, ``out_start[e]:out_start[e] + n_out[e]``)."""
 
-    def __init__(self, columns: Columns, codes: Codes) -> None:
-        self.columns = columns
+    def __init__(self, source: DumpColumns, codes: Codes) -> None:
+        self.source, self.columns = source, source.columns
+        columns = source.columns
         r, t = columns.records, columns.tensors
         out = np.flatnonzero(t["role"] == OUTPUT)
         counts = np.bincount(t["record"][out], minlength=len(r)) if len(out) else np.zeros(len(r), np.int64)

@@ -11,15 +11,14 @@ from typing import Any
 import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
-from .alignment import RowPlan
 from .causality import _SUSPECT, Matches
-from .entries import Entry
 from .entry_table import CHUNK, MODULE, EntryTable
-from .lazy_entries import LazyEntries
+from .entry_records import Entries, Entry
 from .result import CompareRow
+from .row_plan import RowPlan
 
 
-def matches_of(ta: EntryTable, tb: EntryTable, ea: LazyEntries, eb: LazyEntries, plan: RowPlan,
+def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: RowPlan,
                rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
     """causality's look-ups over every matched pair, and the pairs it starts from (those with a
     suspect row), without building an Entry for the others."""
@@ -82,7 +81,7 @@ class _LazyMade:
     """causality's fingerprint map of target op outputs, built from the columns when a value
     without a recorded source first asks for it (v3 dumps name their producers)."""
 
-    def __init__(self, table: EntryTable, entries: LazyEntries) -> None:
+    def __init__(self, table: EntryTable, entries: Entries) -> None:
         self.table, self.entries = table, entries
         self._made: dict | None = None
 

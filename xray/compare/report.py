@@ -141,7 +141,7 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
 def rank_order_table(s: Summary) -> str:
     """The diverging ranks, first first. Ranks share no clock: they are ordered by how many
     collectives ran before their first divergence, then by how far into that interval it came."""
-    from .distributed import is_collective
+    from .sync_points import is_collective
 
     cells = []
     for label in s.divergence_order:

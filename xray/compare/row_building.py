@@ -5,6 +5,7 @@ a chunk at a time, so the per-row columns of a million rows never exist at once.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,10 @@ import numpy as np
 from ..dump.columns import KINDS
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
-from .alignment import RowPlan
 from .entry_table import CHUNK, EntryTable, Vocab, gather, objects, take
+from .pair_judge import same_layout
 from .result import CompareRow, PairStatus
+from .row_plan import RowPlan
 from .stat_verdicts import judge_stats
 
 _FIELDS = CompareRow.__dataclass_fields__
@@ -36,8 +38,8 @@ def make_rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np
 
 
 def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: slice, vocab: Vocab) -> dict:
-    """Every CompareRow field that names rows ``sl`` of the plan (compare_loaded's _row and
-    _unmatched)."""
+    """Every CompareRow field that names rows ``sl`` of the plan (the entries' names,
+    ops, sequence numbers, shapes and dtypes)."""
     cat, a, b, ao, bo = plan.cat[sl], plan.a[sl], plan.b[sl], plan.ao[sl], plan.bo[sl]
     pair, bench_only = cat == 2, cat == 1
     on_a = pair | bench_only  # rows whose kind and module are the bench entry's
@@ -74,7 +76,7 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     kinds, inv = np.unique(ta.out_dtype[ao].astype(np.int64) * width + tb.out_dtype[bo], return_inverse=True)
     tol = [tols[divmod(k, width)] for k in kinds.tolist()]
     inv = inv.reshape(-1)
-    rtol_of = np.empty(len(tol), dtype=object)  # shared float objects, as on the record path
+    rtol_of = np.empty(len(tol), dtype=object)  # shared float objects: one per dtype pair
     atol_of = np.empty(len(tol), dtype=object)
     rtol_of[:], atol_of[:] = [x.rtol for x in tol], [x.atol for x in tol]
     keys = ("absent", "min", "max", "mean", "std", "nan", "inf")
@@ -100,22 +102,22 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     put("atol", atol_of[inv])
 
 
-def judge_the_rest(bench: Any, target: Any, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray,
-                   rows: list[CompareRow], comparer: Any, random_of: dict[int, str]) -> list[int]:
-    """The output pairs the statistics judge left: judged one by one from their TensorMetas,
-    as compare_loaded judges every pair. Returns the rows skipped as random."""
-    from .engine import _same_layout
-
-    meta_a, meta_b = bench.columns.tensor_meta, target.columns.tensor_meta
+def judge_the_rest(ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, rows: list[CompareRow],
+                   comparer: Any, random_of: dict[int, str], refs: Callable[[int, int], Any] | None) -> list[int]:
+    """The output pairs the statistics judge left: judged one by one from their TensorMetas
+    (``refs``: the reference run's output for a bench entry and output index). Returns the rows
+    skipped as random."""
+    meta_a, meta_b = ta.source.tensor_meta, tb.source.tensor_meta
     random_rows = []
     for n in np.flatnonzero(~fast & (plan.ao >= 0) & (plan.bo >= 0)).tolist():
         row, a = rows[n], int(plan.a[n])
         bm, tm = meta_a(int(ta.out[plan.ao[n]])), meta_b(int(tb.out[plan.bo[n]]))
-        if a in random_of and _same_layout(bm, tm):  # random values differ by nature: never a divergence
+        if a in random_of and same_layout(bm, tm):  # random values differ by nature: never a divergence
             row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random_of[a]}"
             random_rows.append(n)
         else:
-            comparer.compare(row, bm, tm, None)
+            ref = None if refs is None else refs(a, int(plan.ao[n] - ta.out_start[a]))
+            comparer.compare(row, bm, tm, ref)
     return random_rows
 
 

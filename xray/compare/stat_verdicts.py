@@ -1,8 +1,8 @@
 """Statistics verdicts in numpy: tolerances, which output pairs they cover, and the judge.
 
-Why: ``stats_compare`` + ``Rules.judge_stats`` once per pair is most of the record path's cost.
+Why: ``stats_compare`` + ``Rules.judge_stats`` once per pair would be most of compare's cost.
 Here they run over arrays, with Python's ``max``/``min`` (NaN) semantics written out and
-``x ** 2`` taken in Python, so statuses and errors equal the record path's to the bit.
+``x ** 2`` taken in Python, so statuses and errors equal ``PairComparer.compare``'s to the bit.
 """
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
-from .alignment import RowPlan
 from .entry_table import EntryTable, Vocab
+from .pair_judge import dtype_floor, dtype_tolerance, torch_dtype
 from .result import PairStatus
+from .row_plan import RowPlan
 
 
 def tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules,
                vocab: Vocab) -> tuple[Tolerance | None, dict]:
-    """engine.precision_floor over the matched outputs, and the tolerance of each dtype pair
+    """The mixed-precision floor (pair_judge.dtype_floor) over the matched outputs, and the tolerance of each dtype pair
     (``PairComparer.tolerance``), by (bench dtype code, target dtype code)."""
-    from .engine import dtype_floor, dtype_tolerance
-
     both = (plan.ao >= 0) & (plan.bo >= 0)
     pairs = set(zip(ta.out_dtype[plan.ao[both]].tolist(), tb.out_dtype[plan.bo[both]].tolist()))
     text = vocab.dtype  # dtype names by code, both sides (their codes are shared)
@@ -34,13 +33,11 @@ def covered_by_stats(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: d
                      vocab: Vocab) -> np.ndarray:
     """Which plan rows the statistics judge covers: both outputs with statistics, not both with
     saved data, same dtype (a known one) and shape, not empty, not a random op's. The rest go
-    through PairComparer.compare, as on the record path."""
-    from .engine import _torch_dtype
-
+    through PairComparer.compare."""
     fast = np.zeros(len(plan), dtype=bool)
     rows = np.flatnonzero((plan.ao >= 0) & (plan.bo >= 0))
     ao, bo = plan.ao[rows], plan.bo[rows]
-    known = np.array([_torch_dtype(d) is not None for d in vocab.dtype.tolist()], dtype=bool)
+    known = np.array([torch_dtype(d) is not None for d in vocab.dtype.tolist()], dtype=bool)
     numel = np.array([n > 0 for n in vocab.numel.tolist()], dtype=bool)
     ok = (ta.stat("has_stats", ao) != 0) & (tb.stat("has_stats", bo) != 0)
     ok &= (ta.stat("data", ao) < 0) | (tb.stat("data", bo) < 0)

@@ -1,59 +1,17 @@
-"""Align two EntryTables, and lay out the rows their entries make.
+"""The rows two matched EntryTables make, laid out as arrays before any row exists.
 
-Why: ``align``'s anchors and gap scores taken from the arrays (at once when both dumps have the
-same structure), and compare_loaded's row order computed as arrays before any row exists.
+Why: the row order (target-only entries before each matched pair, then bench-only ones, then the
+pair's outputs) and each row's entries and outputs, as int32 arrays: a million rows cost a few MB.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from .align import Features, align_features, op_base
-from ..numerics.kernel_families import primary_shapes
-from .entry_table import MODULE, Codes, EntryTable, gather
-
-
-def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
-    """align()'s shortcut: equal anchor keys and ops, entry for entry."""
-    if len(ta) != len(tb) or len(ta.out) != len(tb.out):
-        return False
-    return bool(np.array_equal(ta.group, tb.group) and np.array_equal(ta.path, tb.path)
-                and np.array_equal(ta.op, tb.op) and np.array_equal(ta.n_out, tb.n_out)
-                and np.array_equal(ta.ident(), tb.ident()) and np.array_equal(ta.out_shape, tb.out_shape))
-
-
-def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarray, np.ndarray, int]:
-    """``align`` on two tables: the same anchors and gap scores, from the arrays. Returns the
-    matched (bench, target) positions as two arrays, and the number of anchors."""
-    if _same_structure(ta, tb):
-        return np.arange(len(ta), dtype=np.int32), np.arange(len(tb), dtype=np.int32), len(ta)
-    keys, feats = [], []
-    perm_of = codes.lut("shape", lambda v: codes.code("perm", tuple(sorted(v))), np.int64)
-    numel_of = codes.lut("shape", math.prod)
-    for t in (ta, tb):
-        ops = t.op_text.tolist()
-
-        def primary(values: np.ndarray) -> list[tuple]:  # a kernel family's shared outputs only
-            return [primary_shapes(o, v) for o, v in zip(ops, t.per_entry(values))]
-
-        shapes = [codes.code("shapes", s) for s in t.per_entry(t.out_shape)]
-        keys.append(list(zip(t.group.tolist(), t.path.tolist(), t.ident().tolist(), shapes)))
-        feats.append(Features.of_arrays(
-            group=t.group, op=t.op, path=t.path,
-            shape=np.array([codes.code("shapes", s) for s in primary(t.out_shape)], dtype=np.int64),
-            base=np.array([codes.code("base", op_base(o)) for o in ops], dtype=np.int64),
-            perm=np.array([codes.code("perms", p) for p in primary(perm_of[t.out_shape])], dtype=np.int64),
-            numel=np.array([codes.code("numels", n) for n in primary(numel_of[t.out_shape])], dtype=np.int64),
-            dtype=np.array([codes.code("dtypes", d) for d in primary(t.out_dtype)], dtype=np.int64),
-            module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
-    alignment = align_features(feats[0], feats[1], keys[0], keys[1])
-    pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
-    return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors
+from .entry_table import EntryTable, gather
 
 
 class RowPlan:
-    """Which entries and outputs each row shows, in compare_loaded's order: before each matched
+    """Which entries and outputs each row shows, in row order: before each matched
     pair, the target-only entries that precede it, then the bench-only ones, then the pair's rows."""
 
     def __init__(self, ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -> None:

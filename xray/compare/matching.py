@@ -1,4 +1,4 @@
-"""Align two entry sequences: unique anchors first, then a weighted LCS in the gaps.
+"""Which entries of two dumps match: unique anchors first, then a weighted LCS in the gaps.
 
 Like patience diff: entries whose anchor key (group, module path, op or call index, output shapes)
 occurs exactly once on each side are matched first, keeping the longest chain that is in order on
@@ -16,12 +16,13 @@ import numpy as np
 from rapidfuzz import fuzz
 from rapidfuzz.process import cdist
 
-from .entries import Entry
 from ..numerics.kernel_families import kind_of, primary_shapes
+from .entry_table import MODULE, Codes, EntryTable
 
 WINDOW = 1000  # entries per side per DP window: 1M cells, ~10 ms of numpy per window
 MAX_CELLS = 2_500_000  # a gap smaller than this is aligned in one DP
 CLASS_SIMILARITY = 80.0  # rapidfuzz ratio above which two module classes count as renamed twins
+
 
 def op_base(op: str) -> str:
     """``aten.add_.Tensor`` and ``aten.add.Scalar`` -> ``aten.add``; module classes lower-cased;
@@ -35,42 +36,18 @@ def op_base(op: str) -> str:
     return op.lower()
 
 
-def anchor_key(e: Entry) -> tuple:
-    # The class name is left out of a module's key: a renamed class is still the same module.
-    ident = e.op if e.kind != "module" else e.record.call_index
-    return (e.group, e.path, ident, e.shapes)
-
-
 class Features:
     """Integer codes of each entry's features, so score matrices are numpy comparisons.
 
-    Codes mean only equality, within one feature, across both sides: the columnar compare
-    builds them from its arrays instead (``of_arrays``). ``paths`` and ``ops`` are lists of
-    texts (the fuzzy scorer's input)."""
+    Codes mean only equality, within one feature, across both sides (built from two
+    EntryTables by ``align_tables``). ``paths`` and ``ops`` are lists of texts (the fuzzy
+    scorer's input)."""
 
     @classmethod
     def of_arrays(cls, **features) -> "Features":
         f = cls.__new__(cls)
         f.__dict__.update(features)
         return f
-
-    def __init__(self, entries: list[Entry], codes: dict) -> None:
-        def code(kind: str, value) -> int:
-            table = codes.setdefault(kind, {})
-            return table.setdefault(value, len(table))
-
-        self.group = np.array([code("g", e.group) for e in entries], dtype=np.int64)
-        self.op = np.array([code("o", e.op) for e in entries], dtype=np.int64)
-        self.base = np.array([code("b", op_base(e.op)) for e in entries], dtype=np.int64)
-        self.path = np.array([code("p", e.path) for e in entries], dtype=np.int64)
-        shapes = [primary_shapes(e.op, e.shapes) for e in entries]
-        self.shape = np.array([code("s", s) for s in shapes], dtype=np.int64)
-        self.perm = np.array([code("q", tuple(tuple(sorted(x)) for x in s)) for s in shapes], dtype=np.int64)
-        self.numel = np.array([code("n", tuple(math.prod(x) for x in s)) for s in shapes], dtype=np.int64)
-        self.dtype = np.array([code("d", primary_shapes(e.op, e.dtypes)) for e in entries], dtype=np.int64)
-        self.module = np.array([e.kind == "module" for e in entries], dtype=bool)
-        self.paths = [e.path for e in entries]
-        self.ops = [e.op for e in entries]
 
 
 def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice) -> np.ndarray:
@@ -147,14 +124,6 @@ class Alignment:
     anchors: int
 
 
-def align(bench: list[Entry], target: list[Entry]) -> Alignment:
-    anchors_a, anchors_b = [anchor_key(e) for e in bench], [anchor_key(e) for e in target]
-    if [k + (e.op,) for k, e in zip(anchors_a, bench)] == [k + (e.op,) for k, e in zip(anchors_b, target)]:
-        return Alignment([(i, i) for i in range(len(bench))], len(bench))  # same structure: nothing to search
-    codes: dict = {}
-    return align_features(Features(bench, codes), Features(target, codes), anchors_a, anchors_b)
-
-
 def align_features(fa: Features, fb: Features, keys_a: list, keys_b: list) -> Alignment:
     """Anchors from the keys (hashable, equal across sides when the anchor keys are), then the
     gaps by score; the entries are seen only through their features."""
@@ -204,3 +173,42 @@ def _fill(fa: Features, i0: int, i1: int, fb: Features, j0: int, j1: int) -> lis
         else:
             i, j = i + WINDOW // 2, j + WINDOW // 2
     return out
+
+
+def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
+    """Equal anchor keys and ops, entry for entry (the same model on both sides): nothing to search."""
+    if len(ta) != len(tb) or len(ta.out) != len(tb.out):
+        return False
+    return bool(np.array_equal(ta.group, tb.group) and np.array_equal(ta.path, tb.path)
+                and np.array_equal(ta.op, tb.op) and np.array_equal(ta.n_out, tb.n_out)
+                and np.array_equal(ta.ident(), tb.ident()) and np.array_equal(ta.out_shape, tb.out_shape))
+
+
+def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarray, np.ndarray, int]:
+    """Match two tables' entries: anchors, then the gaps by score, from the arrays. Returns the
+    matched (bench, target) positions as two arrays, increasing on both sides, and the number of
+    anchors."""
+    if _same_structure(ta, tb):
+        return np.arange(len(ta), dtype=np.int32), np.arange(len(tb), dtype=np.int32), len(ta)
+    keys, feats = [], []
+    perm_of = codes.lut("shape", lambda v: codes.code("perm", tuple(sorted(v))), np.int64)
+    numel_of = codes.lut("shape", math.prod)
+    for t in (ta, tb):
+        ops = t.op_text.tolist()
+
+        def primary(values: np.ndarray) -> list[tuple]:  # a kernel family's shared outputs only
+            return [primary_shapes(o, v) for o, v in zip(ops, t.per_entry(values))]
+
+        shapes = [codes.code("shapes", s) for s in t.per_entry(t.out_shape)]
+        keys.append(list(zip(t.group.tolist(), t.path.tolist(), t.ident().tolist(), shapes)))
+        feats.append(Features.of_arrays(
+            group=t.group, op=t.op, path=t.path,
+            shape=np.array([codes.code("shapes", s) for s in primary(t.out_shape)], dtype=np.int64),
+            base=np.array([codes.code("base", op_base(o)) for o in ops], dtype=np.int64),
+            perm=np.array([codes.code("perms", p) for p in primary(perm_of[t.out_shape])], dtype=np.int64),
+            numel=np.array([codes.code("numels", n) for n in primary(numel_of[t.out_shape])], dtype=np.int64),
+            dtype=np.array([codes.code("dtypes", d) for d in primary(t.out_dtype)], dtype=np.int64),
+            module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
+    alignment = align_features(feats[0], feats[1], keys[0], keys[1])
+    pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors

@@ -1,7 +1,7 @@
-"""Entries of an EntryTable that build their Record on first access.
+"""Entries as objects, each building its Record (and tensor lists) on first access.
 
-Why: attribution (causality.py) and the random-op check read Entries of a few records only;
-an Entry per record would build the million Records the columnar compare avoids.
+Why: attribution (causality.py) and the random-op check read the Records of a few entries only;
+a Record per entry would cost a million of them (minutes, gigabytes) on a large dump.
 """
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from ..dump.columns import DIRECTIONS, KINDS
-from .entries import Entry
 from .entry_table import EntryTable
 
 
-class ColumnEntry(Entry):
-    """An Entry whose Record (and tensor lists) is built on first access; kind, op, path, name
-    and direction come from the table."""
+class Entry:
+    """One record that produced tensors, at position ``pos`` of its dump's EntryTable: kind, op,
+    module path (wrapper prefixes stripped), name and direction from the table; its Record and
+    (name, TensorMeta) lists of outputs and inputs built on first access."""
 
-    def __init__(self, table: EntryTable, pos: int) -> None:  # not Entry's: that one takes a built Record
+    def __init__(self, table: EntryTable, pos: int) -> None:
         self.table, self.pos = table, pos
         self.path = table.path_text[pos]
 
     @cached_property
     def record(self):
-        return self.table.columns.record(int(self.table.row[self.pos]))
+        return self.table.source.record(int(self.table.row[self.pos]))
 
     @cached_property
     def outputs(self):
@@ -50,25 +50,25 @@ class ColumnEntry(Entry):
         return DIRECTIONS[self.table.direction[self.pos]]
 
     def __repr__(self) -> str:
-        return f"ColumnEntry({self.pos}, {self.name})"
+        return f"Entry({self.pos}, {self.name})"
 
 
-class LazyEntries(Sequence):
+class Entries(Sequence):
     """A table's entries by position, each built (and kept) when first read."""
 
     def __init__(self, table: EntryTable) -> None:
         self.table = table
-        self._built: dict[int, ColumnEntry] = {}
+        self._built: dict[int, Entry] = {}
 
     def __len__(self) -> int:
         return len(self.table)
 
-    def __getitem__(self, pos: int) -> ColumnEntry:
+    def __getitem__(self, pos: int) -> Entry:
         if not isinstance(pos, int):
-            raise TypeError("LazyEntries are read by position")
+            raise TypeError("Entries are read by position")
         e = self._built.get(pos)
         if e is None:
             if not 0 <= pos < len(self.table):
                 raise IndexError(pos)
-            e = self._built[pos] = ColumnEntry(self.table, pos)
+            e = self._built[pos] = Entry(self.table, pos)
         return e
