@@ -35,8 +35,9 @@ import triton.language as tl
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Elements per sub-block and sub-blocks per program. On a GPU, 1024 x 8 keeps a program busy for
-# a few microseconds; under the interpreter every op is a numpy call, so fewer, larger blocks.
-BLOCK, ITERS = (4096, 2) if INTERPRETED else (1024, 8)
+# a few microseconds; under the interpreter a program costs ~10 ms of Python whatever its size,
+# so fewer, larger blocks (still two per program, so the merge runs).
+BLOCK, ITERS = (8192, 2) if INTERPRETED else (1024, 8)
 CHUNK = BLOCK * ITERS
 PARTIAL_BLOCK = 256  # partials merged per step by _combine
 MAX_TENSORS = 1024  # tensors per launch (the table is searched as one vector of this length at most)
@@ -174,7 +175,8 @@ def fused_rows(items: list[tuple[torch.Tensor, torch.Tensor]],
 
 def _launch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     device = items[0][0].device
-    width = triton.next_power_of_2(len(items) + 1)  # + the end sentinel of the last tensor
+    # + the end sentinel of the last tensor; at least 64, so a run compiles a few widths only
+    width = max(64, triton.next_power_of_2(len(items) + 1))
     table = [[0] * width for _ in range(_COLUMNS)]
     programs = 0
     for t, (x, row) in enumerate(items):
