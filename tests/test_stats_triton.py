@@ -148,6 +148,7 @@ def test_what_the_kernel_takes():
     assert not stats_triton.takes(torch._neg_view(x), row)  # the memory holds -x
 
 
+@pytest.mark.slow  # a real model, twice, under the interpreter
 def test_a_recorded_llama_gets_the_same_statistics_from_the_fused_kernel_and_the_fallback(tmp_path, monkeypatch):
     """The batched path forced on CPU (tests/test_stats_batched.py), once per batch kernel."""
     import xray
