@@ -368,7 +368,8 @@ def device_table(device: torch.device, small: bool, repeats: int, root: Path) ->
                 if kw is None:
                     row.update(launches=eager_launches)
                 results.append(row)
-            costs.extend(dict(dtype=str(dtype).removeprefix("torch."), **c) for c in stats_cost(model, ids, device, repeats))
+            costs.extend(dict(dtype=str(dtype).removeprefix("torch."), **c)
+                         for c in stats_cost(model, ids, device, repeats))
     return results, costs
 
 
