@@ -28,6 +28,7 @@ without statistics (X_DEBUG=0x100). Beside each ratio: kernel launches per forwa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -49,6 +50,7 @@ from xray.demo.models import bench_llama, token_batch  # noqa: E402
 from xray.dump.writer import DumpWriter  # noqa: E402
 
 session_mod = importlib.import_module("xray.record.session")  # xray.dump is also a function
+stats_mod = importlib.import_module("xray.dump.stats")
 
 CONFIGS = [  # (label, dump kwargs, tracer only)
     ("0x102 dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0), False),
@@ -202,6 +204,11 @@ def _timed_forwards(model, ids, device, n: int) -> list[float]:
 
 def _launches(model, ids, device) -> int:
     """Device kernels (or, on a CPU, ATen ops) one forward launches, by torch.profiler."""
+    return _launches_of(lambda: model(ids), device)
+
+
+def _launches_of(fn, device) -> int:
+    """Device kernels (or, on a CPU, ATen ops) ``fn`` launches, by torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -210,7 +217,7 @@ def _launches(model, ids, device) -> int:
     elif device.type == "xpu" and hasattr(ProfilerActivity, "XPU"):
         activities.append(ProfilerActivity.XPU)
     with profile(activities=activities) as prof:
-        model(ids)
+        fn()
         _sync(device)
     events = prof.events()
     if device.type == "cpu":
@@ -221,6 +228,11 @@ def _launches(model, ids, device) -> int:
 
 def _host_syncs(model, ids, device) -> int | None:
     """Host synchronisations in one forward, where the device can count them (CUDA)."""
+    return _syncs_of(lambda: model(ids), device)
+
+
+def _syncs_of(fn, device) -> int | None:
+    """Host synchronisations ``fn`` makes, where the device can count them (CUDA)."""
     if device.type != "cuda":
         return None
     import warnings
@@ -229,19 +241,88 @@ def _host_syncs(model, ids, device) -> int | None:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model(ids)
+            fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def device_table(device: torch.device, small: bool, repeats: int, root: Path) -> list[dict]:
+def _batch_kernels(device: torch.device) -> dict:
+    """label -> the batch kernel for ``device``'s queued statistics: the registered one (the fused
+    Triton kernel where triton is installed for cuda/xpu) and the portable fallback beside it."""
+    registered = stats_mod.BATCH_KERNELS.get(device.type)
+    kernels = {"fused (Triton)": registered} if registered is not None else {}
+    kernels["fallback (per tensor)"] = stats_mod._rows_one_by_one
+    return kernels
+
+
+@contextlib.contextmanager
+def _batch_kernel(device: torch.device, kernel):
+    """Queued statistics of ``device`` computed by ``kernel`` inside the block."""
+    before = stats_mod.BATCH_KERNELS.get(device.type)
+    stats_mod.BATCH_KERNELS[device.type] = kernel
+    try:
+        yield
+    finally:
+        if before is None:
+            stats_mod.BATCH_KERNELS.pop(device.type, None)
+        else:
+            stats_mod.BATCH_KERNELS[device.type] = before
+
+
+def _outputs(model, ids) -> list[torch.Tensor]:
+    """Every floating module output of one forward: the tensors the statistics read (issue 30's probe)."""
+    found = []
+
+    def keep(_module, _args, out):
+        for t in out if isinstance(out, (tuple, list)) else (getattr(out, "logits", out),):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                found.append(t.detach())
+    handles = [m.register_forward_hook(keep) for m in model.modules()]
+    try:
+        model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def stats_cost(model, ids, device: torch.device, repeats: int) -> list[dict]:
+    """The statistics alone, per kernel side by side: one forward's floating module outputs in
+    batches of ``BATCH_DEFAULT`` tensors, each batch into a row buffer, as DeferredStats does:
+    median ms, device kernels launched and host syncs per forward's worth of outputs."""
+    tensors = _outputs(model, ids)
+    count = stats_mod.BATCH_DEFAULT[0]
+    rows = torch.empty((len(tensors), 7), dtype=torch.float64, device=device)
+    items = [(t, rows[i]) for i, t in enumerate(tensors)]
+    gbytes = sum(t.numel() * t.element_size() for t in tensors) / 1e9
+    results = []
+    for label, kernel in _batch_kernels(device).items():
+        def run(kernel=kernel):
+            for i in range(0, len(items), count):
+                kernel(items[i:i + count])
+        run()  # compiles (Triton) and warms the allocator
+        times = []
+        for _ in range(max(repeats, 1)):
+            _sync(device)
+            t = time.perf_counter()
+            run()
+            _sync(device)
+            times.append((time.perf_counter() - t) * 1e3)
+        results.append({"kernel": label, "tensors": len(tensors), "gbytes": round(gbytes, 3),
+                        "ms": statistics.median(times), "launches": _launches_of(run, device),
+                        "host_syncs": _syncs_of(run, device)})
+    return results
+
+
+def device_table(device: torch.device, small: bool, repeats: int, root: Path) -> tuple[list[dict], list[dict]]:
     """Issue 30's table on ``device``: per forward inside a session, each configuration beside
-    eager forwards run in the same loop (the median of ``repeats`` blocks)."""
+    eager forwards run in the same loop (the median of ``repeats`` blocks); "every call" once per
+    statistics kernel. Then the statistics alone per kernel (``stats_cost``)."""
     from xray.demo.models import tiny_llama
 
     hidden, layers, batch, seq = (256, 2, 2, 128) if small else (1024, 8, 4, 512)
-    results = []
+    results, costs = [], []
     for dtype in (torch.float32, torch.bfloat16):
         model = tiny_llama(layers=layers, hidden=hidden, heads=16 if not small else 4, kv_heads=8 if not small else 2,
                            vocab=1000, intermediate=hidden * 11 // 4, attn="eager").to(device=device, dtype=dtype)
@@ -249,7 +330,13 @@ def device_table(device: torch.device, small: bool, repeats: int, root: Path) ->
         with torch.no_grad():
             _timed_forwards(model, ids, device, 3)
             eager_launches = _launches(model, ids, device)
-            for label, kw in DEVICE_CONFIGS:
+            configs = [(label, kw, None) for label, kw in DEVICE_CONFIGS]
+            at = next(i for i, (label, _, _) in enumerate(configs) if label == "every call")
+            kernels = _batch_kernels(device)
+            if len(kernels) > 1:  # the same configuration once per statistics kernel, side by side
+                every = configs.pop(at)
+                configs[at:at] = [(f"{every[0]}, {k}", every[1], kernel) for k, kernel in kernels.items()]
+            for label, kw, kernel in configs:
                 ratios, eager_ms, row = [], [], {"dtype": str(dtype).removeprefix("torch."), "config": label}
                 for _ in range(repeats):
                     eager = statistics.median(_timed_forwards(model, ids, device, 5))
@@ -258,24 +345,32 @@ def device_table(device: torch.device, small: bool, repeats: int, root: Path) ->
                         ratios.append(1.0)
                         continue
                     shutil.rmtree(root, ignore_errors=True)
-                    with xray.dump(dump_dir=root, **kw) as session:
+                    with (contextlib.nullcontext() if kernel is None else _batch_kernel(device, kernel)), \
+                            xray.dump(dump_dir=root, **kw) as session:
                         _timed_forwards(model, ids, device, 1)  # the first forward makes de-dup's records
                         recorded = statistics.median(_timed_forwards(model, ids, device, 5))
                         launches = _launches(model, ids, device)
-                        syncs = _host_syncs(model, ids, device)
                         deferred = session.recorder.deferred
+                        transfers_before = deferred.transfers
+                        syncs = _host_syncs(model, ids, device)
+                        # each transfer (a writer flush's one copy per device) is one sync by design
+                        flush_syncs = deferred.transfers - transfers_before
                         forwards = 7 + (syncs is not None)
                         calls = session.recorder.op_calls / forwards
                     ratios.append(recorded / eager)
                     # per forward; transfers happen at the writer's flushes and end_dump
                     row.update(launches=launches, added_launches=launches - eager_launches, host_syncs=syncs,
+                               syncs_between_flushes=None if syncs is None else syncs - flush_syncs,
+                               added_per_call=(launches - eager_launches) / max(calls, 1),
                                batches=deferred.batches / forwards, transfers=deferred.transfers / forwards,
                                queued=deferred.launched / forwards, op_calls=calls)
                 row.update(ratio=statistics.median(ratios), eager_ms=statistics.median(eager_ms))
                 if kw is None:
                     row.update(launches=eager_launches)
                 results.append(row)
-    return results
+            costs.extend(dict(dtype=str(dtype).removeprefix("torch."), **c)
+                         for c in stats_cost(model, ids, device, repeats))
+    return results, costs
 
 
 def _per(row: dict, key: str) -> str:
@@ -286,20 +381,28 @@ def _device_main(args) -> int:
     device = torch.device(args.device)
     tmp = Path(tempfile.mkdtemp(prefix="xray-bench-"))
     try:
-        results = device_table(device, args.small, args.repeats, tmp / "d")
+        results, costs = device_table(device, args.small, args.repeats, tmp / "d")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     size = "hidden 256, 2 layers, 2x128 tokens" if args.small else "hidden 1024, 8 layers, 16 heads (8 KV), 4x512 tokens"
     print(f"Llama {size}, eager attention, on {device} ({torch.__version__}); per forward inside a session, "
           f"median of {args.repeats} blocks")
     print(tabulate([[r["dtype"], r["config"], f"{r['eager_ms']:.1f}", f"{r['ratio']:.2f}x", r.get("launches", ""),
-                     r.get("added_launches", ""), "" if r.get("host_syncs") is None else r["host_syncs"],
+                     r.get("added_launches", ""), f"{r['added_per_call']:.3f}" if "added_per_call" in r else "",
+                     "" if r.get("host_syncs") is None else r["host_syncs"],
+                     "" if r.get("syncs_between_flushes") is None else r["syncs_between_flushes"],
                      _per(r, "queued"), _per(r, "batches"), _per(r, "transfers")] for r in results],
                    headers=["dtype", "configuration", "eager ms", "vs eager", "launches/fwd", "added",
-                            "host syncs/fwd", "queued stats/fwd", "stat batches/fwd", "transfers/fwd"],
+                            "added/recorded call", "host syncs/fwd", "syncs between flushes", "queued stats/fwd",
+                            "stat batches/fwd", "transfers/fwd"],
                    tablefmt="github"))
+    print("\nStatistics alone, one forward's floating module outputs, per batch kernel:")
+    print(tabulate([[c["dtype"], c["kernel"], c["tensors"], c["gbytes"], f"{c['ms']:.2f}", c["launches"],
+                     "" if c["host_syncs"] is None else c["host_syncs"]] for c in costs],
+                   headers=["dtype", "kernel", "tensors", "GB", "ms", "launches", "host syncs"], tablefmt="github"))
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": str(device), "small": args.small, "rows": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"device": str(device), "small": args.small, "rows": results,
+                                               "stats_cost": costs}, indent=1))
     return 0
 
 

@@ -13,7 +13,10 @@ saved tensors per call (``X_DEBUG=0x102``, no de-dup, ``X_DUMP_NUM=4``), as:
 
 Each device run is scored with ``xray.compare.compare_dumps`` against the bench. Then op suites
 are generated from each CPU dump and run with ``pytest --device DEV``, and
-``tools/bench_record.py --device DEV`` measures the recording cost. Everything is written as
+``tools/bench_record.py --device DEV`` measures the recording cost (printed at the end: the
+ratio to eager, added kernel launches per recorded call and host syncs between flushes per
+configuration, and the statistics alone with the fused Triton kernel beside the per-tensor
+fallback). Everything is written as
 JSON under ``--out`` (``check.json`` holds the whole summary). ``--device cpu`` runs the same
 script end to end on any machine (tests/test_device_check.py).
 
@@ -192,6 +195,25 @@ def run_bench(device: str, out: Path, repeats: int, timeout: float) -> dict:
     return json.loads(path.read_text())
 
 
+def bench_summary(bench: dict) -> list[str]:
+    """The recording-cost lines issue 30's targets are read from: per recorded configuration, the
+    ratio to eager, added kernel launches per recorded call and host syncs between flushes; then
+    the statistics alone, per batch kernel (fused Triton vs the per-tensor fallback)."""
+    if "error" in bench:
+        return [f"  bench_record failed: {bench['error'][-300:]}"]
+    lines = []
+    for r in bench.get("rows", []):
+        if "added_per_call" in r:
+            syncs = r.get("syncs_between_flushes")
+            lines.append(f"  {r['dtype']} {r['config']}: {r['ratio']:.2f}x eager, "
+                         f"{r['added_per_call']:.3f} added launches per recorded call, "
+                         f"host syncs between flushes {'n/a' if syncs is None else syncs}")
+    for c in bench.get("stats_cost", []):
+        lines.append(f"  {c['dtype']} statistics of {c['tensors']} outputs ({c['gbytes']} GB), {c['kernel']}: "
+                     f"{c['ms']:.2f} ms, {c['launches']} launches")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", required=True, help="cuda, xpu, mps, cpu...")
@@ -234,6 +256,8 @@ def main(argv=None) -> int:
     print(f"device check on {args.device}: verdicts right {check['right']}, "
           f"suites {[(s['arch'], s.get('passed', 0), s.get('failed', 0)) for s in check['suites']]}, "
           f"{check['seconds']} s; {out / 'check.json'}")
+    for line in bench_summary(check.get("bench_record") or {}):
+        print(line)
     for s in check["scores"]:
         if not s.get("right"):
             print(f"  wrong or failed: {s['run']}: {s.get('error') or (s['counts'], s['first_divergence'])}"[:400])

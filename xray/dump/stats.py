@@ -16,6 +16,8 @@ An expanded tensor is reduced over its stored elements (``unexpanded``), on ever
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import weakref
 from typing import Any, Callable
@@ -412,10 +414,36 @@ def _rows_one_by_one(items: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         _launch_row(x, row)
 
 
+def _fused_rows(items: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The fused Triton kernel (xray/dump/stats_triton.py: two launches per batch, each byte read
+    once), imported at the first batch; ``_rows_one_by_one`` for what it does not take, and for
+    everything where triton does not import or ``XRAY_TRITON_STATS=0``."""
+    kernel = _rows_one_by_one
+    if os.environ.get("XRAY_TRITON_STATS", "1").strip().lower() not in ("0", "false", "no", "off"):
+        try:
+            from . import stats_triton
+            kernel = functools.partial(stats_triton.fused_rows, fallback=_rows_one_by_one)
+        except Exception:  # noqa: BLE001 - no triton, or one without this device's backend
+            pass
+    try:
+        kernel(items)
+    except Exception:  # noqa: BLE001 - the first compile failed (a device triton does not target)
+        kernel = _rows_one_by_one
+        kernel(items)
+    for device_type in TRITON_DEVICE_TYPES:
+        if BATCH_KERNELS.get(device_type) is _fused_rows:
+            BATCH_KERNELS[device_type] = kernel
+
+
+# Device types with a Triton backend (cuda covers ROCm too). Registered only where triton is
+# installed; the import itself waits for the first batch (it costs about a second).
+TRITON_DEVICE_TYPES = ("cuda", "xpu")
+
 # device type -> a kernel that writes the rows of a whole batch at once: [(tensor, row)] -> None.
 # A fused multi-tensor kernel (one read of each byte for every statistic) registers here; every
 # device type without one takes ``_rows_one_by_one``.
-BATCH_KERNELS: dict[str, Callable[[list[tuple[torch.Tensor, torch.Tensor]]], None]] = {}
+BATCH_KERNELS: dict[str, Callable[[list[tuple[torch.Tensor, torch.Tensor]]], None]] = (
+    dict.fromkeys(TRITON_DEVICE_TYPES, _fused_rows) if importlib.util.find_spec("triton") else {})
 
 
 class DeferredStats:
