@@ -1,11 +1,14 @@
+import contextlib
 import os
 import threading
 import time
+from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 
 class _StillRunning:
@@ -87,3 +90,34 @@ def tokens():
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+class ScaleNthMM(TorchDispatchMode):
+    """A scaling bug: the output of the n-th aten.mm is ``factor`` times too large, its direction
+    unchanged. Entered *before* the dump, so the recorder's mode sits above it and records the scaled
+    output (and not this mode's mul_). Test modules import it: ``from conftest import ScaleNthMM``."""
+
+    def __init__(self, n: int, factor: float = 1.01) -> None:
+        super().__init__()
+        self.n, self.factor, self.calls = n, factor, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mm.default:
+            self.calls += 1
+            if self.calls == self.n:
+                out.mul_(self.factor)
+        return out
+
+
+def record_forward(model, folder: Path, ids: torch.Tensor, fault: TorchDispatchMode | None = None,
+                   autocast: bool = False, **dump_options) -> Path:
+    """One no-grad forward of ``model`` on ``ids`` recorded into ``folder`` (the dump folder is
+    returned); ``fault`` (e.g. ScaleNthMM) is entered before the dump, ``autocast`` runs it in bf16."""
+    import xray
+
+    with torch.no_grad(), fault if fault is not None else contextlib.nullcontext():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+                xray.dump(dump_dir=folder, **dump_options) as d:
+            model(ids)
+    return d.folder

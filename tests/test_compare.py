@@ -7,9 +7,9 @@ import os
 import pandas as pd
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import xray
+from conftest import ScaleNthMM, record_forward
 from xray.compare import COMPARE_COLUMNS, compare_dumps
 from xray.compare.cli import main
 from xray.demo.models import tiny_llama, token_batch
@@ -19,36 +19,8 @@ DUMP = dict(X_DEDUP=False, X_DUMP_NUM=100, X_DEBUG=0x112)  # META|STATS|MODULES,
 PERTURBED_CALL = 7
 
 
-class PerturbNthMM(TorchDispatchMode):
-    """Scales the output of the n-th aten.mm call by (1 + 1e-2). Entered *before* the dump, so the
-    tracer's mode sits above it and records the perturbed output (and not our mul_)."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n, self.calls = n, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.mm.default:
-            self.calls += 1
-            if self.calls == self.n:
-                out.mul_(1 + 1e-2)
-        return out
-
-
 def _run(model, folder, perturb=None, autocast=False, **dump):
-    ids = token_batch()
-    with torch.no_grad():
-        if perturb is not None:
-            perturb.__enter__()
-        try:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
-                    xray.dump(dump_dir=folder, **{**DUMP, **dump}) as d:
-                model(ids)
-        finally:
-            if perturb is not None:
-                perturb.__exit__(None, None, None)
-    return d.folder
+    return record_forward(model, folder, token_batch(), perturb, autocast, **{**DUMP, **dump})
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +30,7 @@ def fault_pair(tmp_path_factory):
     bench = _run(model, tmp / "bench")
     mlp = model.model.layers[1].mlp  # rename one module class, as a refactor on the target side would
     mlp.__class__ = type("RenamedLlamaMLP", (type(mlp),), {})
-    target = _run(model, tmp / "target", perturb=PerturbNthMM(PERTURBED_CALL))
+    target = _run(model, tmp / "target", perturb=ScaleNthMM(PERTURBED_CALL))
     return tmp, bench, target
 
 
@@ -121,7 +93,7 @@ def test_bf16_autocast_vs_fp32(tmp_path):
 def test_statistics_only_dumps_of_a_real_model(tmp_path):
     model = tiny_llama(layers=1, hidden=32)
     bench = _run(model, tmp_path / "a", X_DUMP_NUM=0)
-    target = _run(model, tmp_path / "b", X_DUMP_NUM=0, perturb=PerturbNthMM(2))
+    target = _run(model, tmp_path / "b", X_DUMP_NUM=0, perturb=ScaleNthMM(2))
     r = compare_dumps(bench, target)
     assert {row.mode for row in r.rows if row.numel} == {"stats"}  # empty tensors have nothing to compare
     mm = [x for x in xray.load_dump(target).records if x.op == "aten.mm.default"]
@@ -133,7 +105,7 @@ def test_multi_rank_folders_are_paired_by_rank(tmp_path, monkeypatch):
     for side, scale in (("bench", None), ("target", 1)):
         for rank in (0, 1):
             monkeypatch.setenv("RANK", str(rank))
-            perturb = PerturbNthMM(3) if (side == "target" and rank == 1) else None
+            perturb = ScaleNthMM(3) if (side == "target" and rank == 1) else None
             folder = _run(model, tmp_path / side, perturb=perturb, X_DEBUG=0x102)
             assert folder.name == f"rank_{rank}"
     r = compare_dumps(tmp_path / "bench", tmp_path / "target")
@@ -147,7 +119,7 @@ def test_multi_rank_folders_are_paired_by_rank(tmp_path, monkeypatch):
 def test_module_level_dumps_from_precision_debugger(tmp_path):
     model = tiny_llama(layers=1, hidden=32)
     ids = token_batch()
-    for side, perturb in (("bench", None), ("target", PerturbNthMM(3))):
+    for side, perturb in (("bench", None), ("target", ScaleNthMM(3))):
         with torch.no_grad():
             if perturb is not None:
                 perturb.__enter__()

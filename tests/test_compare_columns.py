@@ -12,7 +12,8 @@ import math
 
 import pytest
 import torch
-from test_compare import PerturbNthMM, _run
+from conftest import ScaleNthMM as PerturbNthMM
+from test_compare import _run
 
 import xray
 from xray.compare import compare_dumps

@@ -15,7 +15,7 @@ import xray
 from xray.compare import compare_dumps
 from xray.drift.examples import onnx_weight_fault
 
-pytestmark = pytest.mark.slow  # a real model end to end, a deployment backend or the wheel (.ci/run)
+SLOW = pytest.mark.slow  # a real model on several backends (.ci/run); one ONNX Runtime run stays in the fast set
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHT = "model.layers.0.mlp.down_proj.weight"
@@ -40,6 +40,7 @@ def _by(result, name):
     return next(b for b in result.backends if b.backend == name)
 
 
+@SLOW
 def test_each_backend_run_is_a_dump_compare_reads(clean):
     for name in ("onnxrt-cpu", "torch-compile"):
         b = _by(clean, name)
@@ -56,6 +57,7 @@ def test_each_backend_run_is_a_dump_compare_reads(clean):
     assert json.loads((clean.out / "drift.json").read_text())["backends"][0]["mapped_pct"] >= 90
 
 
+@SLOW
 def test_onnx_runtime_exposes_every_node_mapped_through_provenance(clean):
     ort = _by(clean, "onnxrt-cpu")
     assert ort.granularity == "every node"
@@ -67,12 +69,14 @@ def test_onnx_runtime_exposes_every_node_mapped_through_provenance(clean):
     assert ort.layers and any(lr.local_err is not None for lr in ort.layers)
 
 
+@SLOW
 def test_torch_compile_says_it_exposes_outputs_only(clean):
     tc = _by(clean, "torch-compile")
     assert tc.granularity == "outputs only" and tc.mapped == 1
     assert any("inductor" in n for n in tc.notes)
 
 
+@SLOW
 def test_noise_only_runs_name_no_bug(clean):
     """fp32 on ORT and inductor differs from eager by summation order only: compare's rules
     (its fp32 tolerance, local error against the op's own float64 floor) must not call it a bug."""
@@ -86,11 +90,13 @@ def test_noise_only_runs_name_no_bug(clean):
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="CoreML predicts on macOS")
+@SLOW
 def test_coreml_converts_the_whole_model_and_says_it_cannot_run_here(clean):
     cm = _by(clean, "coreml")
     assert cm.status == "UNSUPPORTED_PLATFORM" and "converted" in cm.error and cm.dump is None, cm.error
 
 
+@SLOW
 def test_a_failing_lowering_is_reported_with_its_stage_and_the_others_still_run(clean):
     bad = _by(clean, "torch-compile:backend=nosuch")
     assert bad.status == "LOWER_FAIL" and "nosuch" in bad.error and bad.dump is None
@@ -122,6 +128,7 @@ def faulty(tmp_path_factory):
                       edits={"onnxrt-cpu": onnx_weight_fault(WEIGHT), "onnxrt-cpu:threads=1": _faulty_matmul})
 
 
+@SLOW
 def test_a_perturbed_onnx_weight_is_named_as_the_first_drifting_node_and_layer(faulty):
     ort = _by(faulty, "onnxrt-cpu")
     consumers = [r for r in xray.load_dump(faulty.eager_dump).records
@@ -136,6 +143,7 @@ def test_a_perturbed_onnx_weight_is_named_as_the_first_drifting_node_and_layer(f
     assert all(lr.isolated_err < 1e-5 for lr in ort.layers if lr is not layer and lr.isolated_err is not None)
 
 
+@SLOW
 def test_a_faulty_onnx_kernel_is_born_where_it_runs_with_its_local_error(faulty):
     """The 1% error shows as local error ~1e-2 at the matmul (floor ~1e-7, compare's rule: 8x floor),
     and every later layer carries it with a local error at its own floor."""
@@ -162,6 +170,7 @@ def build():  # keyword inputs: a padding mask, and a flag the export bakes in
 """
 
 
+@SLOW
 def test_cli_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
     (tmp_path / "model.py").write_text(MODEL_FILE)

@@ -104,6 +104,7 @@ def test_suite_is_portable(suite, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:]
 
 
+@pytest.mark.slow  # the generated suite again, under pytest -n 2 in a subprocess
 def test_xdist_run_gives_one_consistent_csv(suite, tmp_path):
     folder, csv_serial, _ = suite
     csv = tmp_path / "xdist.csv"

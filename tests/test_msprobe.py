@@ -61,10 +61,25 @@ def _msprobe(tmp: Path, task: str, level: str) -> Path:
     return out / "step0"  # msprobe: <dump_path>/step0/proc<pid>/dump.json
 
 
+class _Dumps(dict):
+    """msprobe's dump of each (task, level), made on first use: one subprocess (tens of seconds)
+    a mode, and the fast set reads three of the six."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, key: tuple[str, str]) -> Path:
+        self[key] = _msprobe(self.tmp, *key)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
-def dumps(tmp_path_factory) -> dict[tuple[str, str], Path]:
-    tmp = tmp_path_factory.mktemp("msprobe")
-    return {(t, lv): _msprobe(tmp, t, lv) for t in ("statistics", "tensor") for lv in ("L0", "L1", "mix")}
+def dumps(tmp_path_factory) -> _Dumps:
+    return _Dumps(tmp_path_factory.mktemp("msprobe"))
+
+
+SLOW = pytest.mark.slow  # another msprobe subprocess run (.ci/run runs them with -m slow)
 
 
 def _reference():
@@ -74,8 +89,9 @@ def _reference():
     return m, x
 
 
-@pytest.mark.parametrize("task", ["statistics", "tensor"])
-@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
+@pytest.mark.parametrize("level, task", [
+    pytest.param(level, task, marks=() if task == "tensor" and level != "L0" else SLOW, id=f"{level}-{task}")
+    for level in ("L0", "L1", "mix") for task in ("statistics", "tensor")])
 def test_every_mode_reads_with_msprobes_own_numbers(dumps, task, level):
     m, x = _reference()
     h = m[0](x).detach()
@@ -100,6 +116,7 @@ def test_every_mode_reads_with_msprobes_own_numbers(dumps, task, level):
             assert {"params_grad.weight", "params_grad.bias"} <= set(back.inputs)
 
 
+@SLOW
 def test_summary_and_compare_cli_on_msprobe_dumps(dumps, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     s = subprocess.run([sys.executable, "-m", "xray.summary.cli", str(dumps["statistics", "mix"])],
@@ -128,7 +145,7 @@ d.start(); m(x).sum().backward(); d.stop(); d.close()
 """
 
 
-@pytest.mark.parametrize("fault", [False, True])
+@pytest.mark.parametrize("fault", [pytest.param(False, marks=SLOW), True])
 def test_msprobe_run_against_an_xray_run(dumps, tmp_path, fault):
     """msprobe L0 on one side, xray's PrecisionDebugger on the other: module calls pair up, and a
     x1.01 scaling bug in layer 2 is the first divergence."""

@@ -103,6 +103,7 @@ def test_replay_on_a_full_disk_fails_in_one_line(recorded, tmp_path):
     assert len(lines) == 1 and "xray-replay: error" in lines[0], proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # two replay subprocesses at once
 def test_two_replays_into_one_out_both_finish_whole(recorded, tmp_path):
     """Two xray-replay runs at once into one --out: each finishes, matrix.csv is one run's whole
     table, and each run's per-backend dump is its own (one beside the other's folder)."""

@@ -80,7 +80,7 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("llama") else n for n in MODELS])
 def test_real_size_dump_opens_compares_and_generates(name, tmp_path):
     torch.manual_seed(0)
     model, inputs = MODELS[name]()

@@ -320,6 +320,7 @@ CRASH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess model run; SIGKILL mid-write stays fast in tests/test_session_safety.py
 def test_sigkill_mid_forward_leaves_a_readable_truncated_dump(tmp_path):
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], capture_output=True)
     assert proc.returncode == -9

@@ -96,6 +96,7 @@ def test_every_combination_runs_on_onnxrt_with_real_statuses(tmp_path):
     assert (result.out / "spec-dump" / "dump.json").exists()
 
 
+@pytest.mark.slow  # the shipped spec on a real backend; hostile specs and the cap stay fast
 def test_shipped_common_spec_expands_and_a_slice_runs(tmp_path, capsys):
     sweep = load_sweep("common")
     assert (sweep.entries, len(sweep.cases), sweep.left_out) == (50, 206, [])

@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import xray
+from conftest import ScaleNthMM, record_forward
 from xray.compare import compare_dumps
 from xray.compare.report import (_cosine_distance, _relative_error, _short, module_tree_html, terminal_report,
                                  worst_table, write_html)
@@ -26,34 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCALE = 1.01  # the scaling bug: every element 1% too large, direction unchanged
 
 
-class ScaleNthMM(TorchDispatchMode):
-    """Scales the output of the n-th aten.mm by SCALE (entered before the dump: it is recorded)."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n, self.calls = n, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.mm.default:
-            self.calls += 1
-            if self.calls == self.n:
-                out.mul_(SCALE)
-        return out
-
-
-def _record(model, folder: Path, fault: TorchDispatchMode | None = None) -> Path:
+def _record(model, folder: Path, fault: ScaleNthMM | None = None) -> Path:
     ids = token_batch(batch=1, seq=512, vocab=model.config.vocab_size)
-    with torch.no_grad():
-        if fault is not None:
-            fault.__enter__()
-        try:
-            with xray.dump(dump_dir=folder, X_DEDUP=False, X_DUMP_NUM=100, X_DEBUG=0x112) as d:
-                model(ids)
-        finally:
-            if fault is not None:
-                fault.__exit__(None, None, None)
-    return d.folder
+    return record_forward(model, folder, ids, fault, X_DEDUP=False, X_DUMP_NUM=100, X_DEBUG=0x112)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +36,7 @@ def dumps(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     model = tiny_llama(layers=1, hidden=1024, heads=16, kv_heads=4, vocab=1000)
     return tmp, _record(model, tmp / "bench"), _record(model, tmp / "same"), \
-        _record(model, tmp / "scaled", ScaleNthMM(3))
+        _record(model, tmp / "scaled", ScaleNthMM(3, SCALE))
 
 
 @pytest.fixture(scope="module")

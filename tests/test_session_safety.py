@@ -131,6 +131,7 @@ def _run_all(cmds: list[list[str]], parallel: int = 3) -> list[subprocess.Comple
     return out
 
 
+@pytest.mark.slow  # ten subprocesses; exits, SIGTERM and SIGKILL stay in the fast set below
 def test_ctrl_c_at_many_points_leaves_a_readable_dump_and_exits(tmp_path):
     """SIGINT on timers spread over the forwards and over end_dump: every child exits, and its
     dump (complete, or its journal) reads back whole, tensors included. It used to leave

@@ -133,6 +133,7 @@ def _llama(use_cache: bool):
     return model, (torch.randint(0, 1000, (1, 512), generator=torch.Generator().manual_seed(0)),)
 
 
+@pytest.mark.slow  # torch.compile of a hidden-1024 Llama
 def test_drift_runs_a_transformers_model_with_its_default_use_cache(tmp_path):
     """transformers' default use_cache=True: drift switches it off for its run, says so, and
     leaves the model as it was (hidden 1024, 512 tokens, GQA sdpa attention)."""
@@ -191,6 +192,7 @@ logging.getLogger("torchao").warning("a user's own torchao line")
 """
 
 
+@pytest.mark.slow  # two processes importing transformers and torchao
 @pytest.mark.skipif(__import__("importlib").util.find_spec("torchao") is None, reason="torchao is not installed")
 def test_quiet_third_party_in_a_users_own_program(tmp_path):
     (tmp_path / "noisy.py").write_text(NOISY_IMPORT)
@@ -207,6 +209,7 @@ def test_quiet_third_party_in_a_users_own_program(tmp_path):
     assert "a user's own torchao line" in quiet  # only the known lines go
 
 
+@pytest.mark.slow  # a deployment backend (ExecuTorch) in a subprocess
 @pytest.mark.skipif(__import__("importlib").util.find_spec("executorch") is None, reason="executorch not installed")
 def test_drift_output_has_no_executorch_cpuinfo_lines(tmp_path):
     """XNNPACK's runtime logs its CPU probing ('[cpuinfo_utils.cpp:71] Reading file ...') on
