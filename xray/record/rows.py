@@ -280,7 +280,7 @@ class RowPath:
         cache = self.recorder._stats
         if info.collective:  # its tensors are final only once waited for
             wait_collective(list(out) if info.returns > 1 else [out])
-        if info.writes:  # the version counter is bumped only after we return
+        if info.mutates or info.collective:  # (info.writes) the version counter is bumped only after we return
             forget_written(cache, info, bind_inputs(info, call.args, call.kwargs))
         first_out = len(call.layouts)
         call.outs = outs = []
