@@ -9,6 +9,9 @@ stats.py's, operation for operation).
 """
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -25,6 +28,10 @@ CONFIGS = {
     "stats only": dict(X_DEBUG=0x002, X_DEDUP=False, X_DUMP_NUM=0),
     "meta only": dict(X_DEBUG=0x100, X_DEDUP=False, X_DUMP_NUM=0),
     "backward + modules": dict(X_DEBUG=0x11a, X_DEDUP=False, X_DUMP_NUM=0),
+    # what the row path took from the Record path: saved tensors, Python stacks, bare records
+    "saved tensors": dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=2),
+    "stacks + dedup": dict(X_DEBUG=0x106, X_DEDUP=True, X_DUMP_NUM=0),
+    "neither meta nor stats": dict(X_DEBUG=0x008, X_DEDUP=False, X_DUMP_NUM=0),
 }
 
 
@@ -37,8 +44,10 @@ def use_path(monkeypatch, path: str) -> None:
 def check_path(recorder, path: str, **kw) -> None:
     """The recorder took the path it was asked for (the C path needs META and STATS)."""
     assert (recorder.rows is not None) == (path != "record")
-    meta_and_stats = (kw.get("X_DEBUG", 0x102) & 0x102) == 0x102
-    assert (recorder.native is not None) == (path == "native rows" and NATIVE and meta_and_stats)
+    debug = kw.get("X_DEBUG", 0x102)
+    # the C path: META and STATS, no saved tensors and no Python stacks
+    common = (debug & 0x106) == 0x102 and not kw.get("X_DUMP_NUM", 0)
+    assert (recorder.native is not None) == (path == "native rows" and NATIVE and common)
 
 
 def all_paths(fn, tmp_path, monkeypatch, reset=lambda: None, **kw):
@@ -51,8 +60,18 @@ def all_paths(fn, tmp_path, monkeypatch, reset=lambda: None, **kw):
             fn()
         assert session.recorder.failed is None
         check_path(session.recorder, path, **kw)
-        dumps.append([r.to_json() for r in xray.load_dump(tmp_path / f"path{i}").records])
+        dump = xray.load_dump(tmp_path / f"path{i}")
+        dumps.append([_same_file(r.to_json()) for r in dump.records])
+        for r in dump.records:  # every saved tensor reads back as the values described
+            for _, meta in [*r.input_tensors(), *r.output_tensors()]:
+                if meta.data is not None:
+                    assert dump.load_tensor(meta).shape == tuple(meta.shape)
     return dumps
+
+
+def _same_file(record: dict) -> dict:
+    """A record's fields with its data references' segment names dropped (each dump has its own)."""
+    return json.loads(re.sub(r'"tensors-[0-9a-f-]+\.h5:', '"', json.dumps(record)))
 
 
 def assert_same(dumps, at_least: int) -> None:
@@ -263,3 +282,22 @@ def test_dedup_counts_survive_flushes_and_a_crash(tmp_path):
     with pytest.warns(TruncatedDumpWarning):
         killed = counts(tmp_path / "killed")
     assert killed["aten.mul.Tensor"][0] == 5 and killed["aten.mul.Tensor"][1] < final["aten.mul.Tensor"][1]
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass without a dispatch of its own."""
+
+
+def other_values():
+    """Arguments the C path hands to Python, which the row path now takes itself: a tensor
+    subclass, a complex scalar. (A Generator's text holds its wrapper's address, new per call.)"""
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    (x * (2 + 1j)).abs().sum()
+    t = torch.linspace(0, 1, 6).reshape(2, 3).as_subclass(_Marked)
+    (t * 3).sum()
+    torch.tensor([1.0, 2.0]).pow(torch.tensor(2 + 0j)).real.exp()
+
+
+@pytest.mark.parametrize("config", ["meta+stats, no dedup", "stats only", "saved tensors"])
+def test_other_values_give_the_same_records(config, tmp_path, monkeypatch):
+    assert_same(all_paths(other_values, tmp_path, monkeypatch, **CONFIGS[config]), 6)

@@ -56,14 +56,16 @@ class ColumnBuilder:
         return len(self._records)
 
     def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
-                 roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None) -> None:
+                 roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None,
+                 data: dict[int, int] | None = None) -> None:
         """One record already as cells: ``record`` holds RECORD_DTYPE's fields up to ``t_begin``;
-        the tensor lists are parallel; ``notes`` maps a tensor's position to its note's string."""
+        the tensor lists are parallel; ``notes`` and ``data`` map a tensor's position to its
+        note's and its saved data reference's string."""
         try:
-            if notes:
+            if notes or data:
                 base = len(self._layouts)
-                for i, note in notes.items():
-                    self._extras[base + i] = (NONE, note)
+                for i in {*(notes or ()), *(data or ())}:
+                    self._extras[base + i] = ((data or {}).get(i, NONE), (notes or {}).get(i, NONE))
             self._layouts += layouts
             self._stats += stats
             self._sources += sources

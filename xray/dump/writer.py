@@ -124,11 +124,12 @@ class DumpWriter:
         self._maybe_flush()
 
     def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
-                 roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None) -> None:
+                 roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None,
+                 data: dict[int, int] | None = None) -> None:
         """A record already as index cells (ColumnBuilder.add_rows): the recorder's row path. Its
         common call in C (xray/record/_fastpath.c) appends the same cells to the builder's
         ``row_lists`` itself and applies ``_maybe_flush``'s rule: change both together."""
-        self._builder.add_rows(record, layouts, stats, sources, roles, names, notes)
+        self._builder.add_rows(record, layouts, stats, sources, roles, names, notes, data)
         self._maybe_flush()
 
     def count_changed(self, fold: "Fold") -> None:
@@ -136,12 +137,13 @@ class DumpWriter:
         this once until the next flush, which reads the count then: a folded call only counts."""
         self._dirty.append(fold)
 
-    def save_tensor(self, record: Record, arg: str, t: torch.Tensor) -> str:
-        """Queue a copy of ``t`` for the current segment; return its data reference."""
+    def save_tensor(self, record: Record | int, arg: str, t: torch.Tensor) -> str:
+        """Queue a copy of ``t`` for the current segment; return its data reference.
+        ``record``: the record, or its seq (the recorder's row path has no Record)."""
         nbytes = t.numel() * t.element_size()
         if self._tensors and self.pending_bytes + nbytes > self.flush_bytes:
             self.flush()  # bound memory by bytes, not only by time (the records first, as always)
-        path = f"r{record.seq}/{arg}"
+        path = f"r{record if type(record) is int else record.seq}/{arg}"
         self._tensors.append((path, t))
         self.pending_bytes += nbytes
         self.peak_pending_bytes = max(self.peak_pending_bytes, self.pending_bytes)

@@ -4,22 +4,27 @@
  * around each call (argument walk, cache and producer lookups, the plan, the row), not in the
  * statistics: 5 ms of a 12 ms Llama forward (docs/performance.md). This file is that glue for
  * the calls that make up nearly all of a model's forward: plain tensors (torch.Tensor,
- * nn.Parameter) and plain values as arguments and results, on CPU.
+ * nn.Parameter) and plain values as arguments and results, on any device (the statistics of a
+ * tensor off the CPU come from the recorder's own function, which queues them: DeferredStats).
  *
- * It is a mirror, not a second design. xray/record/rows.py is the reference: every cell written
- * here is the cell RowPath writes, every cache entry the one StatsCache stores, every data edge
- * the one Producers keeps, and both share the same dicts, so the two interleave freely within one
- * dump (tests/test_record_rows.py records each scenario both ways and compares every field).
- * Whatever is not the common case goes back to Python at a point where nothing has been done
- * that Python would not redo identically:
+ * It takes its decisions from the general path, it does not make them. xray/record/rows.py is
+ * the one path that records every call: every cell written here is the cell RowPath writes,
+ * every cache entry the one StatsCache stores, every data edge the one Producers keeps, and both
+ * share the same dicts, so the two interleave freely within one dump (tests/test_record_rows.py
+ * records each scenario both ways and compares every field). What an op is (whether this path
+ * takes its calls, which of the cache's rules apply to it) comes from rows.op_facts, once per
+ * op. Whatever is not the common case goes back to Python at a point where nothing has been
+ * done that Python would not redo identically:
  *   - the whole call (FastPath.on_op returns FALLBACK before anything changed): the recorder
- *     failed, other dispatch modes are below ours, autograd's backward is running, a
- *     collective, an argument of a kind the row path does not key (tensor subclasses, SymInts,
- *     opaque objects);
+ *     failed, other dispatch modes are below ours, autograd's backward is running, an op
+ *     op_facts leaves to Python (a collective), an argument of a kind this path does not key
+ *     (tensor subclasses, SymInts, opaque objects);
  *   - one tensor (RowPath._tensor): a tensor the recorder notes instead of reducing (meta,
- *     nested, quantized, sparse), a shape, stride or dtype never seen, another device;
+ *     nested, quantized, sparse), a shape, stride, dtype or device never seen;
  *   - the call's result (Recorder._after): an in-place call, an op that keeps its input's values
  *     whose result is not new, a result of a kind the row path keys by its text.
+ * Saved tensors (X_DUMP_NUM) and Python stacks (STACK) are the general path's: with either on,
+ * rows.native_path builds no FastPath.
  * Python's errors keep their meaning: an error before the op runs stops the recording with a
  * warning (Recorder._fail) and the op runs; after it, the same and the result is returned.
  *
@@ -47,7 +52,7 @@ static const xray_moments_api *moments_api;
 static PyObject *s_shape, *s_dtype, *s_stride, *s_device, *s_data_ptr, *s_version, *s_is_inference,
     *s_requires_grad, *s_is_cpu, *s_is_nested, *s_layout, *s_storage_offset, *s_numel, *s_count, *s_last,
     *s_dirty, *s_writes, *s_seq, *s_op_calls, *s_records_written, *s_failed, *s_by_id, *s_sweep_at, *s_op,
-    *s_skeleton, *s_roles, *s_names, *s_mutates, *s_stats_preserving, *s_view, *s_collective, *s_f,
+    *s_skeleton, *s_roles, *s_names, *s_f,
     *s_name_attr, *s_is_neg, *s_builder, *s_row_lists, *s_flush, *s_flush_records, *s_flush_seconds,
     *s_last_flush;
 
@@ -57,21 +62,22 @@ static PyObject *FALLBACK; /* FastPath.on_op's answer: Python takes this call, n
 typedef struct {
     PyObject_HEAD
     PyObject *info, *seq, *direction, *frames, *key, *signature, *args, *kwargs, *layouts, *stats, *sources,
-        *notes, *outs;
+        *notes, *outs, *data, *stack;
 } RowCall;
 
 #define RC_MEMBER(name) {#name, T_OBJECT, offsetof(RowCall, name), 0, NULL}
 static PyMemberDef rowcall_members[] = {
     RC_MEMBER(info), RC_MEMBER(seq), RC_MEMBER(direction), RC_MEMBER(frames), RC_MEMBER(key),
     RC_MEMBER(signature), RC_MEMBER(args), RC_MEMBER(kwargs), RC_MEMBER(layouts), RC_MEMBER(stats),
-    RC_MEMBER(sources), RC_MEMBER(notes), RC_MEMBER(outs), {NULL, 0, 0, 0, NULL},
+    RC_MEMBER(sources), RC_MEMBER(notes), RC_MEMBER(outs), RC_MEMBER(data), RC_MEMBER(stack),
+    {NULL, 0, 0, 0, NULL},
 };
 
 static void rowcall_dealloc(RowCall *c) {
     Py_XDECREF(c->info), Py_XDECREF(c->seq), Py_XDECREF(c->direction), Py_XDECREF(c->frames);
     Py_XDECREF(c->key), Py_XDECREF(c->signature), Py_XDECREF(c->args), Py_XDECREF(c->kwargs);
     Py_XDECREF(c->layouts), Py_XDECREF(c->stats), Py_XDECREF(c->sources), Py_XDECREF(c->notes);
-    Py_XDECREF(c->outs);
+    Py_XDECREF(c->outs), Py_XDECREF(c->data), Py_XDECREF(c->stack);
     PyObject_Free(c);
 }
 
@@ -88,9 +94,12 @@ static PyTypeObject RowCallType = {
 };
 
 /* -- per-op facts, keyed by the OpOverload's address (held, so never reused) --------------- */
+/* Worked out once per op in Python (rows.op_facts), where every rule they carry lives; this
+ * table only remembers them: the OpInfo, whether this path takes the op's calls at all, and
+ * which of the statistics cache's rules apply (cache_rules.py). */
 typedef struct {
     PyObject *func, *info; /* the OpOverload and its OpInfo (encode.op_info) */
-    int collective, view, preserving, mutates, writes;
+    int common, view, preserving, mutates, writes;
 } OpFacts;
 
 /* -- FastPath ------------------------------------------------------------------------------ */
@@ -98,9 +107,9 @@ typedef struct {
     PyObject_HEAD
     /* shared state: the same objects the Python row path reads and writes */
     PyObject *rdict, *cache, *producers, *entries, *seen, *stack, *plans, *frame_ids, *dims, *dtypes,
-        *state;
+        *state, *devices;
     PyObject *cpu, *keyed, *tensor_mark, *input_source, *no_source, *src_op, *none_id, *forward, *zero, *one;
-    PyObject *tensor_type, *param_type, *fold_type, *op_info, *compute, *len_modes, *graph_task;
+    PyObject *tensor_type, *param_type, *fold_type, *op_facts, *compute, *len_modes, *graph_task;
     /* Python's own steps, for everything that is not the common case */
     PyObject *py_tensor, *py_layout, *py_plan, *py_state_cells, *py_frame_ids, *py_after, *py_fail, *py_add_rows,
         *py_count_changed, *py_sweep, *py_wrote, *py_produced, *py_producers_sweep;
@@ -117,8 +126,8 @@ typedef struct {
 
 #define FP_OBJECTS(X)                                                                                      \
     X(rdict) X(cache) X(producers) X(entries) X(seen) X(stack) X(plans) X(frame_ids) X(dims)    \
-    X(dtypes) X(state) X(cpu) X(keyed) X(tensor_mark) X(input_source) X(no_source) X(src_op) X(none_id)      \
-    X(forward) X(zero) X(one) X(tensor_type) X(param_type) X(fold_type) X(op_info) X(compute) X(len_modes)   \
+    X(dtypes) X(devices) X(state) X(cpu) X(keyed) X(tensor_mark) X(input_source) X(no_source) X(src_op) X(none_id)      \
+    X(forward) X(zero) X(one) X(tensor_type) X(param_type) X(fold_type) X(op_facts) X(compute) X(len_modes)   \
     X(graph_task) X(py_tensor) X(py_layout) X(py_plan) X(py_state_cells) X(py_frame_ids) X(py_after)         \
     X(py_fail) X(py_add_rows) X(py_count_changed) X(py_sweep) X(py_wrote) X(py_produced)                     \
     X(py_producers_sweep) X(native_kinds) X(strided) X(writer) X(monotonic) X(builder) X(lists)
@@ -157,10 +166,10 @@ static void fp_dealloc(FastPath *self) {
 static const char *const init_names[] = {
     "recorder", "cache", "producers", "entries", "seen", "stack", "plans", "frame_ids", "dims", "dtypes", "state",
     "cpu", "keyed", "tensor_mark", "input_source", "no_source", "src_op", "none_id", "forward", "tensor_type",
-    "param_type", "fold_type", "op_info", "compute", "len_modes", "graph_task", "py_tensor", "py_layout",
+    "param_type", "fold_type", "op_facts", "compute", "len_modes", "graph_task", "py_tensor", "py_layout",
     "py_plan", "py_state_cells", "py_frame_ids", "py_after", "py_fail", "py_add_rows", "py_count_changed",
     "py_sweep", "py_wrote", "py_produced", "py_producers_sweep", "native_kinds", "strided", "writer",
-    "monotonic"};
+    "monotonic", "devices"};
 #define N_INIT_OBJECTS ((int)(sizeof init_names / sizeof init_names[0]))
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
@@ -169,11 +178,11 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
         &recorder, &self->cache, &self->producers, &self->entries, &self->seen, &self->stack, &self->plans,
         &self->frame_ids, &self->dims, &self->dtypes, &self->state, &self->cpu, &self->keyed, &self->tensor_mark,
         &self->input_source, &self->no_source, &self->src_op, &self->none_id, &self->forward, &self->tensor_type,
-        &self->param_type, &self->fold_type, &self->op_info, &self->compute, &self->len_modes, &self->graph_task,
+        &self->param_type, &self->fold_type, &self->op_facts, &self->compute, &self->len_modes, &self->graph_task,
         &self->py_tensor, &self->py_layout, &self->py_plan, &self->py_state_cells, &self->py_frame_ids,
         &self->py_after, &self->py_fail, &self->py_add_rows, &self->py_count_changed, &self->py_sweep,
         &self->py_wrote, &self->py_produced, &self->py_producers_sweep, &self->native_kinds, &self->strided,
-        &self->writer, &self->monotonic};
+        &self->writer, &self->monotonic, &self->devices};
     _Static_assert(sizeof slots / sizeof slots[0] == sizeof init_names / sizeof init_names[0], "one slot a name");
     (void)recorder;
     if (PyTuple_GET_SIZE(args) != 0 || kw == NULL) {
@@ -196,9 +205,10 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
     if (!PyDict_Check(values[3]) || !(seen == Py_None || PyDict_Check(seen)) || !PyList_Check(values[5]) ||
         !PyDict_Check(values[6]) || !PyDict_Check(values[7]) || !PyDict_Check(values[8]) ||
         !PyDict_Check(values[9]) || !PyDict_Check(values[10]) || !PyAnySet_Check(values[12]) ||
-        !PyType_Check(values[19]) || !PyType_Check(values[20]) || !PyDict_Check(values[39])) {
-        PyErr_SetString(PyExc_TypeError, "FastPath: entries, seen, plans, frame_ids, dims, dtypes, state and "
-                                         "native_kinds are dicts, stack a list, keyed a set, the tensor types types");
+        !PyType_Check(values[19]) || !PyType_Check(values[20]) || !PyDict_Check(values[39]) ||
+        !PyDict_Check(values[N_INIT_OBJECTS - 1])) {
+        PyErr_SetString(PyExc_TypeError, "FastPath: entries, seen, plans, frame_ids, dims, dtypes, state, "
+                                         "native_kinds and devices are dicts, stack a list, keyed a set, the tensor types types");
         return -1;
     }
     /* The recorder's counters and failure are read and written in its instance dict: they must
@@ -383,19 +393,24 @@ static OpFacts *op_facts(FastPath *self, PyObject *func) {
                 self->ops[op_slot(self, old[j].func)] = old[j];
         PyMem_Free(old);
     }
-    PyObject *info = call1(self->op_info, func);
-    if (info == NULL)
+    PyObject *facts = call1(self->op_facts, func); /* (info, common, view, preserving, mutates, writes) */
+    if (facts == NULL)
         return NULL;
-    OpFacts f = {func, info, 0, 0, 0, 0, 0};
-    f.mutates = attr_true(info, s_mutates);
-    f.collective = attr_true(info, s_collective);
-    f.view = attr_true(info, s_view);
-    f.preserving = attr_true(info, s_stats_preserving);
-    if (PyErr_Occurred() || f.mutates < 0 || f.collective < 0 || f.view < 0 || f.preserving < 0) {
-        Py_DECREF(info);
+    if (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 6) {
+        Py_DECREF(facts);
+        PyErr_SetString(PyExc_TypeError, "xray fast path: op_facts gives (info, common, view, preserving, "
+                                         "mutates, writes)");
         return NULL;
     }
-    f.writes = f.mutates || f.collective; /* OpInfo.writes */
+    int flags[5];
+    for (int i = 0; i < 5; i++)
+        flags[i] = PyObject_IsTrue(PyTuple_GET_ITEM(facts, i + 1));
+    OpFacts f = {func, Py_NewRef(PyTuple_GET_ITEM(facts, 0)), flags[0], flags[1], flags[2], flags[3], flags[4]};
+    Py_DECREF(facts);
+    if (PyErr_Occurred() || f.common < 0 || f.view < 0 || f.preserving < 0 || f.mutates < 0 || f.writes < 0) {
+        Py_DECREF(f.info);
+        return NULL;
+    }
     Py_INCREF(func);
     OpFacts *slot = &self->ops[op_slot(self, func)];
     *slot = f;
@@ -533,6 +548,7 @@ static PyObject *data_ptr(PyObject *t) {
  * its statistics need (new references; all NULL when not filled). */
 typedef struct {
     PyObject *cells, *shape, *stride, *dtype;
+    int cpu; /* its memory is the host's: native_stats may read it */
 } Layout;
 
 static void layout_clear(Layout *l) {
@@ -542,14 +558,15 @@ static void layout_clear(Layout *l) {
     Py_CLEAR(l->dtype);
 }
 
-/* RowPath._layout for a strided CPU tensor whose texts are all interned: (dtype, shape, stride,
- * offset, device) ids. 1: filled; 0: not that case (Python's _layout decides, notes included),
- * *unseen set where only a text was missing; -1: error. What encode.unsupported refuses never
- * gets here: a meta tensor is not on the CPU, a quantized dtype is never interned (Python's
+/* RowPath._layout for a strided tensor whose texts are all interned: (dtype, shape, stride,
+ * offset, device) ids, on any device (an accelerator's statistics go to the recorder's own
+ * function, which queues them). 1: filled; 0: not that case (Python's _layout decides, notes
+ * included), *unseen set where only a text was missing; -1: error. What encode.unsupported
+ * refuses never gets here: a meta device and a quantized dtype are never interned (Python's
  * _layout notes the tensor before interning it), and a nested one is asked. */
 static int layout_cells(FastPath *self, PyObject *t, Layout *l, int *unseen) {
-    *l = (Layout){NULL, NULL, NULL, NULL};
-    PyObject *v = NULL, *offset = NULL, *shape_id, *dtype_id, *stride_id;
+    *l = (Layout){NULL, NULL, NULL, NULL, 0};
+    PyObject *v = NULL, *offset = NULL, *shape_id, *dtype_id, *stride_id, *device_id;
     int r = 0;
     *unseen = 0;
     if ((v = PyObject_GetAttr(t, s_is_nested)) == NULL || v != Py_False)
@@ -558,9 +575,17 @@ static int layout_cells(FastPath *self, PyObject *t, Layout *l, int *unseen) {
     if (v != self->strided)
         goto done;
     Py_SETREF(v, PyObject_GetAttr(t, s_is_cpu));
-    if (v != Py_True)
+    if (v == NULL)
         goto done;
+    l->cpu = v == Py_True;
     *unseen = 1;
+    if (l->cpu)
+        device_id = self->cpu;
+    else { /* another device: its text, interned by Python's _layout the first time */
+        Py_SETREF(v, PyObject_GetAttr(t, s_device));
+        if (v == NULL || (device_id = PyDict_GetItemWithError(self->devices, v)) == NULL)
+            goto done;
+    }
     if ((l->shape = PyObject_GetAttr(t, s_shape)) == NULL ||
         (shape_id = PyDict_GetItemWithError(self->dims, l->shape)) == NULL)
         goto done;
@@ -572,7 +597,7 @@ static int layout_cells(FastPath *self, PyObject *t, Layout *l, int *unseen) {
     *unseen = 0;
     if ((offset = call0(t, s_storage_offset)) == NULL)
         goto done;
-    if ((l->cells = untracked(PyTuple_Pack(5, dtype_id, shape_id, stride_id, offset, self->cpu))) != NULL)
+    if ((l->cells = untracked(PyTuple_Pack(5, dtype_id, shape_id, stride_id, offset, device_id))) != NULL)
         r = 1;
 done:
     Py_XDECREF(v), Py_XDECREF(offset);
@@ -610,7 +635,7 @@ static int layout_of(FastPath *self, PyObject *t, Layout *l) {
  * or the formula does not hold (constant sums lost to rounding, NaN or Inf): the recorder's own
  * function then reduces it exactly as before. */
 static PyObject *native_stats(FastPath *self, PyObject *t, PyObject *ptr, Layout *l) {
-    if (moments_api == NULL || l->shape == NULL || ptr == Py_None || !PyTuple_Check(l->shape) ||
+    if (moments_api == NULL || !l->cpu || l->shape == NULL || ptr == Py_None || !PyTuple_Check(l->shape) ||
         !PyTuple_Check(l->stride))
         return NULL;
     PyObject *kind = PyDict_GetItemWithError(self->native_kinds, l->dtype), *out = NULL;
@@ -926,6 +951,7 @@ static RowCall *before(FastPath *self, OpFacts *op, PyObject *args, PyObject *kw
     call->args = Py_NewRef(args), call->kwargs = Py_NewRef(kwargs);
     call->signature = Py_NewRef(signature ? signature : Py_None);
     call->notes = Py_NewRef(Py_None), call->outs = Py_NewRef(Py_None);
+    call->data = Py_NewRef(Py_None), call->stack = Py_NewRef(Py_None); /* saved data and Python stacks: Python's */
     call->frames = PyList_AsTuple(self->stack); /* the module stack as it is now */
     call->layouts = PyList_New(0), call->stats = PyList_New(0), call->sources = PyList_New(0);
     Py_ssize_t n = PyTuple_GET_SIZE(args), nk = PyDict_GET_SIZE(kwargs);
@@ -1333,22 +1359,22 @@ static int python_call(FastPath *self, OpFacts **op, PyObject *func, PyObject *a
     if (task != -1)
         return 1;
     if ((*op = op_facts(self, func)) == NULL) {
-        PyErr_Clear(); /* Python's op_info says what is wrong, on its path */
+        PyErr_Clear(); /* Python's op_facts says what is wrong, on its path */
         return 1;
     }
-    if ((*op)->collective)
+    if (!(*op)->common)
         return 1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
         int s = supported(self, PyTuple_GET_ITEM(args, i), 0);
         if (s != 1)
-            return s;
+            return s < 0 ? -1 : 1; /* not a kind this path keys: Python's */
     }
     Py_ssize_t pos = 0;
     PyObject *name, *value;
     while (PyDict_Next(kwargs, &pos, &name, &value)) {
         int s = supported(self, value, 0);
         if (s != 1)
-            return s;
+            return s < 0 ? -1 : 1;
     }
     return 0;
 }
@@ -1453,8 +1479,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         {&s_last, "last"}, {&s_dirty, "dirty"}, {&s_writes, "writes"}, {&s_seq, "seq"}, {&s_op_calls, "op_calls"},
         {&s_records_written, "records_written"}, {&s_failed, "failed"}, {&s_by_id, "_by_id"},
         {&s_sweep_at, "_sweep_at"}, {&s_op, "op"}, {&s_skeleton, "skeleton"}, {&s_roles, "roles"},
-        {&s_names, "names"}, {&s_mutates, "mutates"}, {&s_stats_preserving, "stats_preserving"},
-        {&s_view, "view"}, {&s_collective, "collective"}, {&s_f, "f"}, {&s_name_attr, "__name__"},
+        {&s_names, "names"}, {&s_f, "f"}, {&s_name_attr, "__name__"},
         {&s_is_neg, "is_neg"}, {&s_builder, "_builder"}, {&s_row_lists, "row_lists"}, {&s_flush, "flush"},
         {&s_flush_records, "flush_records"}, {&s_flush_seconds, "flush_seconds"}, {&s_last_flush, "_last_flush"},
     };

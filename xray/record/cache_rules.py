@@ -5,8 +5,10 @@ around that counter: a write is counted only after the kernel returns (so writte
 forgotten), an op that keeps its input's values can hand those statistics on, and a view's
 outputs share their base's counter only once the call has returned.
 
-xray/record/_fastpath.c mirrors these rules for the recorder's common call: a change here is a
-change there too; tests/test_record_rows.py compares the two.
+Which of them applies to an op is decided once per op (``rows.op_facts``) and read from there by
+the recorder's C path (xray/record/_fastpath.c), which still carries their bodies for the common
+call (an entry stored under a stamp, the same-dtype-and-size test): tests/test_record_rows.py
+compares the two.
 """
 from __future__ import annotations
 

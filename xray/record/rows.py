@@ -1,26 +1,31 @@
-"""The recorder's row path: an op call goes straight to index cells, with no Record in between.
+"""The recorder's general path: every op call goes straight to index cells, with no Record in between.
 
 Why: building a ``Record`` per call (with a ``TensorMeta`` and ``Stats`` per tensor, dicts and
 lists) and converting it to columns at flush was most of the cost of full recording, and those
 objects kept the garbage collector busy. Here a call becomes one tuple for its record and three
 flat tuples per tensor (layout, statistics, source), appended to the writer's pending chunk.
+Everything a call can carry is written this way: saved tensors (X_DUMP_NUM, copied before an
+in-place call changes its inputs), Python stacks (STACK), collectives (waited for, every
+argument forgotten by the cache), tensor subclasses, values of any kind (keyed by their
+encoding), and records without tensors (neither META nor STATS).
 
 What depends only on the *shape* of a call (the op, its non-tensor arguments, the structure of
 its result) is worked out once, as a ``Plan``: the skeleton string and each tensor's role and
-name, taken from the Record path's own encoding (``Recorder.skeleton_record``), so both paths
-write the same index. A call the row path does not take (a tensor subclass, a symbolic size, an
-argument type it does not know, a collective) returns None from ``before`` and goes through the
-Record path, which handles everything. Statistics come from the recorder's one cache, where the
-row path keeps them as cells (``stats_row``) and the Record path as ``Stats``; either is fine here.
+name, taken from the data model's encoding (``Recorder.skeleton_record``, a call with every
+tensor a placeholder), so this path writes what a reader's ``Record`` holds. Statistics come
+from the recorder's one cache, as cells (``stats_row``).
 
-The common call (plain tensors and values, on the CPU, META and STATS on) is taken by the same
-steps in C (``_fastpath.c``, built by pip install where a compiler is; ``native_path``), over
-this module's own state: its plans, texts, cache entries and data edges are the ones these
-methods make, and whatever the C code does not take it hands to them. ``XRAY_NATIVE_ROWS=0``
-switches it off. Either way the index is the same (tests/test_record_rows.py).
+The common call (plain tensors and values, META and STATS on, no saved tensors or stacks) is
+taken by the same steps in C (``_fastpath.c``, built by pip install where a compiler is;
+``native_path``), over this module's own state: its plans, texts, cache entries and data edges
+are the ones these methods make, each op's facts are ``op_facts``' (the rules stay here and in
+``cache_rules``), and whatever the C code does not take it hands to them.
+``XRAY_NATIVE_ROWS=0`` switches it off. Either way the index is the same
+(tests/test_record_rows.py, against the Record encoding too: ``XRAY_ROW_PATH=0``).
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from typing import Any
@@ -32,7 +37,8 @@ from ..dump.columns import DIRECTIONS, NONE, SRC_INPUT, SRC_NONE, SRC_OP
 from ..dump.stats import NO_STATS
 from ..dump.tensorio import dtype_name
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
-from .encode import ATOMS as _ATOMS, bind_inputs, noted_meta, unsupported
+from ..dump.model import TensorMeta, value_to_json
+from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, op_info, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
@@ -41,10 +47,6 @@ _KEYED = _ATOMS | _VALUES
 _TENSOR = ("T",)
 _FORWARD, _BACKWARD = DIRECTIONS.index("forward"), DIRECTIONS.index("backward")
 _INPUT_SOURCE = (SRC_INPUT, 0, 0, NONE)
-
-
-class Unsupported(Exception):
-    """A value the row path does not describe: the call goes through the Record path."""
 
 
 class _Noted(Exception):
@@ -68,7 +70,7 @@ class RowCall:
     the shape of its arguments (for the plan), ``signature`` its de-dup key (None without)."""
 
     __slots__ = ("info", "seq", "direction", "frames", "key", "signature", "args", "kwargs",
-                 "layouts", "stats", "sources", "notes", "outs")
+                 "layouts", "stats", "sources", "notes", "outs", "data", "stack")
 
 
 try:  # the common call in C (xray/record/_fastpath.c), built by pip install where a compiler is
@@ -103,16 +105,19 @@ class RowPath:
         self._cache = recorder._stats
         self._describe = self._cache.describe
         self._fast = self.meta_on and self.stats_on  # _new_output's one-step case
+        self.described = self.meta_on or self.stats_on  # else a record names its op only
+        self.dump_num = recorder.config.dump_num  # tensors copied per call, inputs first
+        self.stack_depth = recorder.config.stack_depth
 
     # -- before the call: inputs, described before an in-place op changes them ----------------
-    def before(self, func, info, args: tuple, kwargs: dict, seq: int, backward: bool, frames: list):
-        """The pending call, or None: the Record path takes it."""
-        if info.collective:
-            return None
+    def before(self, func, info, args: tuple, kwargs: dict, seq: int, backward: bool, frames: list,
+               stack: list[str] | None = None) -> RowCall:
+        """The pending call: its inputs described (and copied, up to ``dump_num``) before it runs,
+        since an in-place op changes them; ``stack`` the user's Python frames (STACK)."""
         call = RowCall()
-        call.layouts, call.stats, call.sources, call.notes = [], [], [], None
+        call.layouts, call.stats, call.sources, call.notes, call.data = [], [], [], None, None
         parts = [info]  # the op, hashed by identity
-        try:
+        if self.described:
             for a in args:  # the common kinds inline (this runs for every call)
                 kind = type(a)
                 if kind in _PLAIN:
@@ -124,16 +129,17 @@ class RowPath:
                     parts.append(self._input(a, call))
             if kwargs:
                 parts += [(name, self._input(a, call)) for name, a in kwargs.items()]
-        except Unsupported:
-            return None
         call.info, call.seq, call.frames, call.signature = info, seq, tuple(frames), None  # the stack as it is now
         call.direction = _BACKWARD if backward else _FORWARD
         call.key = tuple(parts)
-        call.args, call.kwargs = args, kwargs
+        call.args, call.kwargs, call.stack = args, kwargs, stack
+        if self.dump_num:
+            self._save(call, "in", bind_inputs(info, args, kwargs), 0, self.dump_num)
         return call
 
     def _input(self, a: Any, call: RowCall) -> Any:
-        """``a``'s part of the plan key; its tensors' cells go into ``call``."""
+        """``a``'s part of the plan key; its tensors' cells go into ``call``. A value of another
+        kind (a SymInt, an opaque object) is keyed by its encoding, which its skeleton holds."""
         kind = type(a)
         if kind in _PLAIN:
             self._tensor(a, call, self._source(a))
@@ -144,7 +150,10 @@ class RowPath:
             return (kind, repr(a))
         if kind is list or kind is tuple:
             return (kind, tuple([self._input(x, call) for x in a]))
-        raise Unsupported  # a SymInt, a tensor subclass, an opaque object...
+        if isinstance(a, torch.Tensor):  # a subclass (DTensor, a wrapper): described all the same
+            self._tensor(a, call, self._source(a))
+            return _TENSOR
+        return (kind, _encoded_text(a))
 
     def _source(self, t: torch.Tensor) -> tuple:
         entry = self.recorder.producers.entry_of(t)
@@ -269,11 +278,15 @@ class RowPath:
     def after(self, call: RowCall, out: Any) -> None:
         info = call.info
         cache = self.recorder._stats
-        if info.mutates:  # the version counter is bumped only after we return
+        if info.collective:  # its tensors are final only once waited for
+            wait_collective(list(out) if info.returns > 1 else [out])
+        if info.mutates or info.collective:  # (info.writes) the version counter is bumped only after we return
             forget_written(cache, info, bind_inputs(info, call.args, call.kwargs))
         first_out = len(call.layouts)
         call.outs = outs = []
-        if type(out) in _PLAIN and self._new_output(out, call):  # the common result, cached in one step
+        if not self.described:
+            key = call.key
+        elif type(out) in _PLAIN and self._new_output(out, call):  # the common result, cached in one step
             key = (call.key, _TENSOR)
         else:
             if self.stats_on and info.stats_preserving:
@@ -288,14 +301,60 @@ class RowPath:
             notes = call.notes or {}
             cache_view_outputs(cache, call.args, [(o, call.stats[i]) for i, o in enumerate(outs, start=first_out)
                                                   if i not in notes])
+        if self.dump_num and self.described:
+            saved = len(call.data or ())
+            self._save(call, "out", dict(enumerate(list(out) if info.returns > 1 else [out])), first_out,
+                       self.dump_num - saved)
         frames = call.frames
         ids = self._frames.get(frames)
         if ids is None:
             ids = self._frame_ids(frames)
         seq = call.seq
-        self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], NONE,
+        stack = NONE if not call.stack else self.intern(json.dumps(call.stack, separators=(",", ":")))
+        self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),
-                             call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes)
+                             call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes, call.data)
+
+    def _save(self, call: RowCall, prefix: str, live: dict, first: int, budget: int) -> int:
+        """Copy up to ``budget`` of the call's tensors (``live``: its inputs by name, or its
+        outputs by index; ``first``: the row of the first one), to the writer's segment: a
+        tensor or a Tensor[]'s items, in row order, each named ``<prefix>.<name>[.<i>]``."""
+        row = first
+        for name, value in live.items():
+            if type(value) in _PLAIN or isinstance(value, torch.Tensor):
+                budget -= self._save_one(call, row, value, f"{prefix}.{name}", budget)
+                row += 1
+            elif isinstance(value, (list, tuple)):
+                for i, t in enumerate(value):
+                    if isinstance(t, torch.Tensor):
+                        budget -= self._save_one(call, row, t, f"{prefix}.{name}.{i}", budget)
+                        row += 1
+                    else:
+                        row += _tensors_in(t)
+        return budget
+
+    def _save_one(self, call: RowCall, row: int, t: torch.Tensor, arg: str, budget: int) -> int:
+        """1 when ``t`` (the call's tensor row ``row``) was copied; a tensor with a note, of
+        another layout, or too large an expand (noted here) is not."""
+        if budget <= 0 or (call.notes and row in call.notes) or t.layout != torch.strided:
+            return 0
+        if 0 in t.stride() and t.numel() * t.element_size() > _MAX_EXPANDED_SAVE:
+            return self._note(call, row, f"not saved: an expand of {t.numel()} elements (statistics only)")
+        try:  # contiguous now, so the flush's to_numpy need not copy a strided view again
+            copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+        except (RuntimeError, MemoryError) as e:  # an expand of 2**52 elements: statistics only
+            return self._note(call, row, f"not saved: {str(e).splitlines()[0][:200]}")
+        if call.data is None:
+            call.data = {}
+        call.data[row] = self.intern(self.writer.save_tensor(call.seq, arg, copy))
+        self.recorder.tensors_saved += 1
+        return 1
+
+    def _note(self, call: RowCall, row: int, note: str) -> int:
+        if call.notes is None:
+            call.notes = {}
+        call.notes[row] = self.intern(note)
+        return 0
 
     def _frame_ids(self, frames: tuple) -> tuple[int, int]:
         """(module id, module stack id) of a module stack, interned once."""
@@ -304,8 +363,8 @@ class RowPath:
         return ids
 
     def _output(self, out: Any, call: RowCall) -> Any:
-        """``out``'s part of the plan key; its tensors' cells go into ``call`` (never raises
-        Unsupported: the call has run, and anything unknown is keyed by its text)."""
+        """``out``'s part of the plan key; its tensors' cells go into ``call`` (anything unknown
+        is keyed by its text)."""
         kind = type(out)
         if kind in _PLAIN or isinstance(out, torch.Tensor):
             call.outs.append(out)
@@ -341,35 +400,78 @@ _PLAN_TEXTS_MAX = 1 << 16
 
 
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source
+# An expanded view is saved as a contiguous copy: above this, that copy (2**32 elements from one
+# value) would take the host's memory, so it keeps its statistics only.
+_MAX_EXPANDED_SAVE = 1 << 28
+_PLACEHOLDER = TensorMeta((), "float32")
+
+
+def placeholder(t: torch.Tensor) -> TensorMeta:
+    """Every tensor as one TensorMeta: a call's encoding without describing its tensors."""
+    return _PLACEHOLDER
+
+
+def _encoded_text(a: Any) -> str:
+    """The plan key of a value of another kind: its skeleton's own text (encode.encode_value)."""
+    return json.dumps(value_to_json(encode_value(a, placeholder)), default=str)
+
+
+def _tensors_in(v: Any) -> int:
+    """The tensor rows a value holds (its tensors at any depth, as _input and _output walk it)."""
+    if isinstance(v, torch.Tensor):
+        return 1
+    if isinstance(v, (list, tuple)):
+        return sum(_tensors_in(x) for x in v)
+    return 0
+
+
+def wait_collective(outs: list) -> None:
+    """A collective returns before its tensors are final (async Work): wait, so the recorded
+    result is the reduced one and not a race. Waiting twice is harmless for the user's code."""
+    for o in outs:
+        wait = getattr(o, "wait", None)
+        if callable(wait):
+            wait()
 _TENSOR_TYPE = torch.Tensor
+
+
+def op_facts(func) -> tuple:
+    """What the C path needs to know of an op, worked out once per op here, where the rules
+    live: (its OpInfo, whether the C path takes its calls, and whether each of the statistics
+    cache's rules applies: ``cache_view_outputs`` (a view), ``reuse_input_stats`` (keeps its
+    input's values), ``forget_written`` (an in-place call: its result goes to Python), and
+    whether it may write (de-dup's folded calls then count as writes)). A collective waits for
+    its Work and forgets every argument: the general path's."""
+    info = op_info(func)
+    return (info, not info.collective, info.view, info.stats_preserving, bool(info.mutates), info.writes)
 
 
 def native_path(recorder):
     """The C path over ``recorder``'s row path, or None: not built, switched off
     (``XRAY_NATIVE_ROWS=0``), or a configuration it does not take (it needs META and STATS, the
-    row path's one-step case). Every piece of state it shares is handed over here; besides, it
+    row path's one-step case, and leaves saved tensors and Python stacks to Python). Every piece of state it shares is handed over here; besides, it
     reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
     its instance dict), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
     the writer's ``_builder``/``_last_flush``/``flush_records``/``flush_seconds``, and the fields
-    of ``OpInfo``, ``Plan`` and ``Fold``."""
+    of ``Plan`` and ``Fold``; each op's facts come from ``op_facts``."""
     rows = recorder.rows
-    if (_fastpath is None or rows is None or not rows._fast
+    if (_fastpath is None or rows is None or not rows._fast or rows.dump_num or recorder.stack_on
             or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
         return None
     import time
 
     from ..dump import stats
     from ..dump.writer import DumpWriter, Fold
-    from .encode import op_info
     cache, producers, writer = recorder._stats, recorder.producers, recorder.writer
     try:
         return _fastpath.FastPath(
             recorder=recorder, cache=cache, producers=producers, entries=cache.entries,
             seen=recorder._seen if recorder.dedup else None, stack=recorder.modules.forward_stack,
             plans=rows._plans, frame_ids=rows._frames, dims=rows._dims, dtypes=rows._dtypes, state=rows._state,
+            devices=rows._devices,
             cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
             src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
-            fold_type=Fold, op_info=op_info, compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
+            fold_type=Fold, op_facts=op_facts, compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
             graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
             py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,
             py_after=recorder._after, py_fail=recorder._fail, py_add_rows=writer.add_rows,

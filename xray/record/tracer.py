@@ -1,9 +1,10 @@
 """The recording TorchDispatchMode: sees every ATen call and hands its description on.
 
-The mode only collects. A call becomes index rows directly (``rows``, the row path, for a
-writer that takes rows; its common call in C, ``_fastpath``) or a ``Record`` (everything else:
-saved tensors, Python stacks, collectives, tensor subclasses, the module debugger's sink); all
-write the same index.
+The mode only collects. Every op call becomes index rows on one general path (``rows``), whose
+common call also runs in C (``_fastpath``, deciding nothing of its own: ``rows.op_facts``). A
+``Record`` is built only where a Record is what is wanted: module-boundary records (MODULES), a
+writer without ``add_rows`` (the module debugger's sink, which consumes Records), and
+``XRAY_ROW_PATH=0``, the tests' reference encoding; all write the same index.
 Statistics live in ``xray.dump.stats``, encoding in ``encode``, data edges (each input's
 ``src``) in ``producers``, storage in ``xray.dump.writer``. All of the tracer's own tensor work
 runs with dispatch modes disabled, so it never records itself and never disturbs another mode.
@@ -30,7 +31,7 @@ from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
-from .rows import FALLBACK as _FALLBACK, RowCall, RowPath, native_path
+from .rows import FALLBACK as _FALLBACK, RowCall, RowPath, native_path, placeholder, wait_collective
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -47,20 +48,11 @@ def _holds_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v))
 
 
-def _wait_collective(outs: list) -> None:
-    """A collective returns before its tensors are final (async Work): wait, so the recorded
-    result is the reduced one and not a race. Waiting twice is harmless for the user's code."""
-    for o in outs:
-        wait = getattr(o, "wait", None)
-        if callable(wait):
-            wait()
-
-
 DEFERRED_ENV = "XRAY_DEFERRED_STATS"
 # An expanded view is saved as a contiguous copy: above this, that copy (2**32 elements from one
 # value) would take the host's memory, so it keeps its statistics only.
 _MAX_EXPANDED_SAVE = 1 << 28
-# "0": every call takes the Record path (rows.py explains the row path); both write the same index.
+# "0": every call takes the Record path, the reference the row path's tests compare against.
 ROW_PATH_ENV = "XRAY_ROW_PATH"
 
 
@@ -125,10 +117,9 @@ class Recorder:
         # signature -> the count of the record its calls fold into
         self._seen: dict[tuple, Fold] = {}
         self.deferred = DeferredStats()
-        # The row path needs a writer that takes rows; saved tensors and Python stacks take the
-        # Record path for every call.
-        rows = (hasattr(writer, "add_rows") and config.dump_num == 0 and not self.stack_on
-                and (self.meta_on or self.stats_on) and os.environ.get(ROW_PATH_ENV, "1").strip() != "0")
+        # The row path takes every op call of a writer that takes rows; the Record path remains
+        # for a sink that consumes Records (the module debugger's) and as the tests' reference.
+        rows = hasattr(writer, "add_rows") and os.environ.get(ROW_PATH_ENV, "1").strip() != "0"
         # Deferred statistics need a writer that calls before_flush ahead of encoding; a sink
         # that consumes records at once (the module debugger's) gets synchronous ones.
         deferrable = hasattr(writer, "before_flush")
@@ -218,7 +209,8 @@ class Recorder:
     def _before(self, func, args: tuple, kwargs: dict):
         """None: not recorded (backward without BACKWARD); the call's seq: folded by de-dup into
         an earlier record, it still produces its outputs under its own seq; else the pending
-        call with what _after needs: the row path's ``RowCall``, or the Record path's tuple."""
+        call with what _after needs: the row path's ``RowCall`` (every call of a writer that takes
+        rows), or the Record path's tuple."""
         backward = torch._C._current_graph_task_id() != -1
         if backward and not self.backward_on:
             self._unseen_write(func)
@@ -245,10 +237,10 @@ class Recorder:
                 return seq
         frames = self.modules.current(backward)
         if self.rows is not None:
-            call = self.rows.before(func, info, args, kwargs, seq, backward, frames)
-            if call is not None:
-                call.signature = key
-                return call
+            stack = _user_stack(self.config.stack_depth) if self.stack_on else None
+            call = self.rows.before(func, info, args, kwargs, seq, backward, frames, stack)
+            call.signature = key
+            return call
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
                      module=frames[-1][0] if frames else None, module_stack=list(frames),
                      mutates=list(info.mutates))
@@ -289,10 +281,12 @@ class Recorder:
     def skeleton_record(self, info, args: tuple, kwargs: dict, out: Any) -> Record:
         """A call's Record with every tensor a placeholder: its non-tensor rest, for the row
         path's plans (the same encoding as the records this path makes)."""
+        if not (self.meta_on or self.stats_on):  # the op's name only
+            return Record(seq=0, kind="op", op=info.name, mutates=list(info.mutates))
         outs = list(out) if info.returns > 1 else [out]
         return Record(seq=0, kind="op", op=info.name, mutates=list(info.mutates),
-                      inputs=self._inputs(bind_inputs(info, args, kwargs), _placeholder),
-                      outputs=[encode_value(v, _placeholder) for v in outs])
+                      inputs=self._inputs(bind_inputs(info, args, kwargs), placeholder),
+                      outputs=[encode_value(v, placeholder) for v in outs])
 
     def _after(self, pending, args: tuple, out: Any) -> None:
         if type(pending) is RowCall:
@@ -307,7 +301,7 @@ class Recorder:
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
-            _wait_collective(outs)
+            wait_collective(outs)
         forget_written(self._stats, info, bound)  # the version counter is bumped only after we return
         if self.stats_on and info.stats_preserving:
             meta = rec.inputs.get(info.arg_names[0]) if info.arg_names else None
@@ -408,13 +402,6 @@ def _described(outs: list, metas: list) -> Iterator[tuple[torch.Tensor, Stats]]:
             yield from _described(o, m)
         elif type(m) is TensorMeta and m.stats is not None:
             yield o, m.stats
-
-
-_PLACEHOLDER = TensorMeta((), "float32")
-
-
-def _placeholder(t: torch.Tensor) -> TensorMeta:
-    return _PLACEHOLDER
 
 
 try:  # the eval-frame hook Dynamo compiles through (a C function, cheap to import), probed once
