@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import xray
-from xray import csv_cells
+from xray.dump import csv_cells
 from xray.compare.cli import main as compare_main
 from xray.dump.model import Stats
 from xray.numerics.metrics import stats_rms

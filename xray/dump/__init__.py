@@ -4,11 +4,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .model import FORMAT_NAME, FORMAT_VERSION, Record, Scalar, Source, Stats, TensorMeta
-from .module_reader import ModuleDump, read_module_dump
-from .protocol import Dump
-from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
-from .reader import TraceDump, read_trace
+# Submodules load on first use (PEP 562): a command's --help that imports one leaf of the ground
+# floor (dump.csv_cells, dump.atomic) must not pay for torch and h5py.
+_LAZY = {"FORMAT_NAME": "model", "FORMAT_VERSION": "model", "Record": "model", "Scalar": "model", "Source": "model",
+         "Stats": "model", "TensorMeta": "model", "ModuleDump": "module_reader", "read_module_dump": "module_reader",
+         "Dump": "protocol", "DumpFormatError": "errors", "RefusedRecordsWarning": "errors",
+         "TruncatedDumpWarning": "errors", "TraceDump": "reader", "read_trace": "reader"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Record", "Scalar", "Source", "Stats", "TensorMeta", "DumpFormatError",
            "Dump", "TraceDump", "ModuleDump", "TruncatedDumpWarning", "RefusedRecordsWarning", "read_module_dump", "load_dump",
@@ -34,6 +44,10 @@ def load_dump(path: str | os.PathLike, *, rank: int | None = None) -> Dump:
     reader in ``formats`` claims (mindstudio-probe's ``dump.json`` folders). Returns an object whose
     ``.records`` iterate in execution order. ``rank`` picks ``rank_<rank>/`` of a multi-rank
     dump_dir (only that rank's files are opened)."""
+    from .errors import DumpFormatError
+    from .module_reader import read_module_dump
+    from .reader import read_trace
+
     p = Path(path)
     if rank is not None:
         if not (p / f"rank_{rank}").is_dir():

@@ -26,10 +26,6 @@ class DumpColumns:
             self._records = list(dump.records)
             self.columns = columns_of(self._records)
 
-    @property
-    def native(self) -> bool:
-        return self._records is None
-
     def record(self, i: int) -> Record:
         return self.columns.record(i) if self._records is None else self._records[i]
 
