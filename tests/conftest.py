@@ -8,6 +8,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# Triton's own library functions are decorated when triton is first imported, and only under
+# TRITON_INTERPRET=1 can they run on CPU tensors; any test may import triton first (torch.compile
+# does), so the flag is set here, before any test module, for tests/test_stats_triton.py.
+# No CPU path of xray or torch launches a triton kernel, so nothing else sees it; where CUDA is
+# present the kernels must compile for real, so the flag stays off.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 

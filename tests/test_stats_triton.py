@@ -1,7 +1,7 @@
 """The fused Triton statistics kernel (xray/dump/stats_triton.py) under Triton's CPU interpreter.
 
-``TRITON_INTERPRET=1`` must be set before the kernels are decorated, so it is set here, before the
-module is imported; it affects nothing else on CPU (only the cuda and xpu batch kernels import
+``TRITON_INTERPRET=1`` must be set before triton is first imported, so tests/conftest.py sets it
+(and this module again, for a lone run); it affects nothing else on CPU (only the cuda and xpu batch kernels import
 triton). Skipped where triton is not installed.
 
 Tolerances, against the exact reference (float64 two-pass over the finite elements, ``_truth``):
@@ -25,16 +25,19 @@ import subprocess
 import sys
 import textwrap
 
-os.environ["TRITON_INTERPRET"] = "1"
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if torch.cuda.is_available():  # the real kernels: tools/device_check.py and tests/test_bench_device.py
+    pytest.skip("a CUDA machine runs the compiled kernels, not the interpreter", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
 
 pytest.importorskip("triton")
 stats_triton = importlib.import_module("xray.dump.stats_triton")
 stats_mod = importlib.import_module("xray.dump.stats")
-if not stats_triton.INTERPRETED:  # triton's kernels were decorated before this module set the flag
-    pytest.skip("xray.dump.stats_triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+if not stats_triton.INTERPRETED:  # tests/conftest.py sets the flag before anything can import triton
+    pytest.fail("triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it first)",
+                pytrace=False)
 
 # The near-limit case overflows fp32 on purpose (the kernel then sums that block in fp64); the
 # interpreter's numpy reports the overflow.

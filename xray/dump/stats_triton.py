@@ -33,7 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Under the interpreter only if triton itself was imported with TRITON_INTERPRET=1: its library
+# functions (tl.cdiv, ...) are decorated then, and compiled ones cannot run inside an interpreted kernel.
+INTERPRETED = type(tl.standard.cdiv).__name__ == "InterpretedFunction"
 # Elements per sub-block and sub-blocks per program. On a GPU, 1024 x 8 keeps a program busy for
 # a few microseconds; under the interpreter a program costs ~10 ms of Python whatever its size,
 # so fewer, larger blocks (still two per program, so the merge runs).
