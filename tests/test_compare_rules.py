@@ -247,3 +247,28 @@ def test_zeros_beside_nonfinite_values_do_not_crash():
     bench = torch.tensor([0.0, 0.0, nan, float("-inf")])
     part = chunk_partial(bench, bench.clone(), default_tolerance("float32"))
     assert part.numel == 4 and part.not_close == 0 and part.max_abs == 0.0
+
+
+def test_statistics_rule_bands_on_one_pair():
+    """numerics.stats_judge (compare's one statistics rule) on single pairs: the floor at the
+    bench's RMS passes, up to stats_warn_factor floors warns, beyond fails; exact dtypes never
+    warn; a NaN/Inf count that differs wins; a statistic on one side only fails; 1e200 stays finite."""
+    from xray.dump.model import Stats
+    from xray.numerics.stats_judge import judge_one
+
+    rules, tol = Rules(), Tolerance(1.3e-6, 1e-5)
+    bench = Stats(-2.0, 2.0, 0.0, 1.0, numel=1000)
+    allowed = tol.floor(1.0) + tol.rtol * 2.0  # RMS 1, range 2: what one statistic may move
+
+    def moved(k: float, **kw) -> Stats:
+        return Stats(-2.0, 2.0, k * allowed, 1.0, numel=1000, **kw)
+
+    assert judge_one(bench, moved(0.9), tol, rules)[0] == "pass"
+    assert judge_one(bench, moved(5.0), tol, rules)[0] == "warning"
+    assert judge_one(bench, moved(rules.stats_warn_factor * 1.5), tol, rules)[0] == "fail"
+    assert judge_one(bench, moved(5.0), Tolerance(0.0, 0.0), rules)[0] == "fail"
+    assert judge_one(bench, moved(0.0, nan=1), tol, rules)[0] == "nan/inf"
+    assert judge_one(bench, Stats(-2.0, 2.0, 0.0, None, numel=1000), tol, rules)[0] == "fail"
+    status, err = judge_one(Stats(1e200, 1.5e200, 1.2e200, 1e199, numel=4),
+                            Stats(1e200, 1.5e200, 1.2e200 * (1 + 1e-9), 1e199, numel=4), tol, rules)
+    assert status == "pass" and math.isfinite(err) and err == pytest.approx(2 * 0.5e-9 * 1.2e200 / 1.5e200, rel=1e-6)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import xray
 from conftest import ScaleNthMM, record_forward
 from xray.compare import compare_dumps
 from xray.compare.report import (_cosine_distance, _relative_error, _short, module_tree_html, terminal_report,

@@ -15,8 +15,9 @@ import torch
 from ..dump.model import TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import dtype_from_name
+from ..numerics import stats_judge
 from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
-                                stats_compare, stats_rms)
+                                stats_rms)
 from ..numerics.rules import Rules, Tolerance
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
 from .result import CompareRow, PairStatus
@@ -203,13 +204,10 @@ class PairComparer:
                 notes.append(f"layout mismatch: target agrees with bench.{found}")
 
     def _compare_stats(self, row: CompareRow, bm, tm, tol: Tolerance) -> None:
-        s = stats_compare(bm.stats, tm.stats, tol)
-        row.mode, row.stats_err, row.numel = "stats", s.stats_err, bm.numel
-        row.bench_nan, row.target_nan, row.bench_inf, row.target_inf = s.nan_bench, s.nan_target, s.inf_bench, s.inf_target
-        if (s.nan_bench, s.inf_bench) != (s.nan_target, s.inf_target):
-            row.status = PairStatus.NAN_INF.value
-        else:
-            row.status = self.rules.judge_stats(s.within, tol)
+        row.status, row.stats_err = stats_judge.judge_one(bm.stats, tm.stats, tol, self.rules)
+        row.mode, row.numel = "stats", bm.numel
+        row.bench_nan, row.target_nan = bm.stats.nan, tm.stats.nan
+        row.bench_inf, row.target_inf = bm.stats.inf, tm.stats.inf
 
     # -- inputs of a failing record -----------------------------------------------------------
     def judge_inputs(self, a: Any, b: Any) -> list[tuple[str, TensorMeta, str]]:

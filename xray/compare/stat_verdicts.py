@@ -1,17 +1,15 @@
-"""Statistics verdicts in numpy: tolerances, which output pairs they cover, and the judge.
+"""Statistics verdicts over a compare's columns: tolerances, which output pairs they cover, and
+the judge (numerics/stats_judge.py, the one rule) applied to all of them at once.
 
-Why: ``stats_compare`` + ``Rules.judge_stats`` once per pair would be most of compare's cost.
-Here they run over arrays, with Python's ``max``/``min`` (NaN) semantics written out and
-``x ** 2`` taken in Python, so statuses and errors equal ``PairComparer.compare``'s to the bit.
+Why: judging pair by pair would be most of compare's cost at a million rows.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
-from ..numerics.rules import ATOL_PER_RTOL, Rules, Tolerance
+from ..numerics import stats_judge
+from ..numerics.rules import Rules, Tolerance
 from .entry_table import EntryTable, Vocab
 from .pair_judge import dtype_floor, dtype_tolerance, torch_dtype
 from .result import PairStatus
@@ -53,44 +51,13 @@ def covered_by_stats(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: d
 # and astype(object) would make a new str per row: 50 MB at a million rows).
 _STATUS_OBJECTS = np.array([PairStatus.PASS.value, PairStatus.WARNING.value, PairStatus.FAIL.value,
                             PairStatus.NAN_INF.value], dtype=object)
-
-
-def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Python's ``max(x, y)``: y only when y > x (NaN never wins against the first)."""
-    return np.where(y > x, y, x)
-
-
-def _pymin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.where(y < x, y, x)
-
-
-def _hypot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``math.hypot`` element by element, for results equal to stats_rms's to the bit."""
-    return np.array([math.hypot(a, b) for a, b in zip(x.tolist(), y.tolist())], dtype=np.float64)
+_ABSENT_BITS = {"min": ABSENT_MIN, "max": ABSENT_MAX, "mean": ABSENT_MEAN, "std": ABSENT_STD}
 
 
 def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rules) -> dict[str, np.ndarray]:
-    """``stats_compare`` + the status ``PairComparer._compare_stats`` gives, over arrays of
-    output pairs (bench ``b``, target ``t``: columns of statistics, ``absent`` masks)."""
-    present_b = [(b["absent"] & bit) == 0 for bit in (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)]
-    present_t = [(t["absent"] & bit) == 0 for bit in (ABSENT_MIN, ABSENT_MAX, ABSENT_MEAN, ABSENT_STD)]
-    keys = ("min", "max", "mean", "std")
-    lo, hi = np.abs(b["min"]), np.abs(b["max"])
-    scale = np.where(present_b[0], np.where(present_b[1], _pymax(lo, hi), lo), np.where(present_b[1], hi, 0.0))
-    worst = np.zeros(len(rtol))
-    with np.errstate(all="ignore"):
-        for key, pb, pt in zip(keys, present_b, present_t):
-            # halves, as stats_compare: t/2 - b/2 never overflows where t - b would
-            worst = np.where(pb != pt, np.inf, np.where(pb, _pymax(worst, np.abs(t[key] * 0.5 - b[key] * 0.5)), worst))
-        std = np.where(present_b[3], b["std"], 0.0)
-        std = np.where(std != 0, std, 0.0)  # ``std or 0.0``: -0.0 counts as 0.0 too
-        rms = _hypot(b["mean"], std)
-        base = np.where(present_b[2], rms, scale)  # tol.floor(scale if rms is None else rms)
-        exact = (rtol == 0) & (atol == 0)
-        floor = np.where(exact, 0.0, _pymax(atol * _pymin(base, np.ones_like(base)), ATOL_PER_RTOL * rtol * base))
-        allowed = floor + rtol * scale
-        within = np.where(allowed > 0, worst / (allowed * 0.5), np.where(worst == 0, 0.0, np.inf))
-        stats_err = np.where(scale > 0, (worst / scale) * 2, worst * 2)
-    verdict = np.where(within <= 1.0, 0, np.where(exact, 2, np.where(within <= rules.stats_warn_factor, 1, 2)))
-    verdict[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = 3
-    return {"status": _STATUS_OBJECTS[verdict], "stats_err": stats_err}
+    """numerics.stats_judge over columns of output pairs (bench ``b``, target ``t``: statistics
+    and their ``absent`` bit masks, as the dump stores them)."""
+    def present(side: dict) -> dict:
+        return {**side, **{"has_" + k: (side["absent"] & bit) == 0 for k, bit in _ABSENT_BITS.items()}}
+    judged = stats_judge.judge(present(b), present(t), rtol, atol, rules)
+    return {"status": _STATUS_OBJECTS[judged["verdict"]], "stats_err": judged["stats_err"]}

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .protocol import Dump
 
 # Submodules load on first use (PEP 562): a command's --help that imports one leaf of the ground
 # floor (dump.csv_cells, dump.atomic) must not pay for torch and h5py.

@@ -26,7 +26,6 @@ With ``TRITON_INTERPRET=1`` set before triton is imported, the kernels run on CP
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch

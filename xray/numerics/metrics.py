@@ -222,37 +222,6 @@ def rmse_partial(ref: torch.Tensor, x: torch.Tensor) -> tuple[float, int]:
     return float(torch.dot(d, d)), int(d.numel())
 
 
-@dataclass
-class StatsMetrics:
-    """Statistics-only comparison: the worst of min/max/mean/std, relative to the bench's range."""
-
-    stats_err: float  # max |target - bench| over min/max/mean/std, divided by the bench's max |value|
-    within: float  # that error as a multiple of the allowed error (<= 1 is within tolerance)
-    nan_bench: int
-    nan_target: int
-    inf_bench: int
-    inf_target: int
-
-
-def stats_compare(bench, target, tol: Tolerance) -> StatsMetrics:
-    """Compare two ``Stats``. The tolerance is applied to the bench's range, the scale at which a
-    mean or std can be judged; non-finite counts are compared exactly by the caller's rules."""
-    vals_b = (bench.min, bench.max, bench.mean, bench.std)
-    vals_t = (target.min, target.max, target.mean, target.std)
-    scale = max((abs(v) for v in vals_b[:2] if v is not None), default=0.0)
-    half = 0.0  # half the worst difference: t/2 - b/2 never overflows where t - b would (1e308 vs -1e308)
-    for b, t in zip(vals_b, vals_t):
-        if (b is None) != (t is None):
-            half = math.inf
-        elif b is not None:
-            half = max(half, abs(t * 0.5 - b * 0.5))
-    rms = stats_rms(bench)
-    allowed = tol.floor(scale if rms is None else rms) + tol.rtol * scale  # floor scaled like data rows'
-    within = half / (allowed * 0.5) if allowed > 0 else (0.0 if half == 0 else math.inf)
-    return StatsMetrics(stats_err=(half / scale) * 2 if scale > 0 else half * 2, within=within,
-                        nan_bench=bench.nan, nan_target=target.nan, inf_bench=bench.inf, inf_target=target.inf)
-
-
 def stats_rms(stats) -> float | None:
     """RMS of a tensor from its recorded ``Stats`` (mean and population-ish std), or None."""
     if stats is None or stats.mean is None:

@@ -25,7 +25,7 @@ from ..dump.model import Record, Scalar, Stats, TensorMeta, echo
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name
 from .nn_layers import _IDENT_RE, INIT_PREFIX, TORCH_NN, build_nn_module, nn_class
-from .sweep_values import (MAX_ELEMENTS, POSITIVE_RANGE, _alternatives, _dtype, _fmt, _Input, _is_plain, _keys,
+from .sweep_values import (POSITIVE_RANGE, _alternatives, _dtype, _fmt, _Input, _is_plain, _keys,
                            _meta, _number, _on_meta, load_yaml, _output_metas, _parse_input, _plain, _range, _short)
 
 if TYPE_CHECKING:

@@ -1,0 +1,76 @@
+"""The statistics verdict: one rule, over arrays of output pairs, for a million rows or for one.
+
+A pair recorded with statistics only (min, max, mean, std, NaN and Inf counts) is judged by its
+worst statistic, relative to the bench's range, against the tolerance's floor at the bench's RMS:
+within the floor passes; within ``Rules.stats_warn_factor`` floors warns (spread the dtype can
+make); beyond fails. A NaN/Inf count that differs is NAN_INF, whatever the values.
+
+Compare's columnar judge (compare/stat_verdicts.py) calls it over all rows at once and
+``PairComparer`` over a single pair (``judge_one``): there is no second copy to keep equal.
+Python's ``max``/``min`` semantics around NaN are written out (``_pymax``), so a row's error is
+the same whichever caller asked.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .rules import Rules, Tolerance, floor_of
+
+KEYS = ("min", "max", "mean", "std")
+PASS, WARNING, FAIL, NAN_INF = 0, 1, 2, 3  # verdict codes, in PairStatus's order
+VERDICT_TEXT = ("pass", "warning", "fail", "nan/inf")  # PairStatus values
+
+
+def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Python's ``max(x, y)``: y only when y > x (NaN never wins against the first)."""
+    return np.where(y > x, y, x)
+
+
+def _hypot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``math.hypot`` element by element: scaled inside, finite for 1e200 where x ** 2 overflows."""
+    return np.array([math.hypot(a, b) for a, b in zip(x.tolist(), y.tolist())], dtype=np.float64)
+
+
+def judge(b: dict[str, np.ndarray], t: dict[str, np.ndarray], rtol: np.ndarray, atol: np.ndarray,
+          rules: Rules) -> dict[str, np.ndarray]:
+    """Verdict codes (``PASS`` ... ``NAN_INF``), ``stats_err`` and ``within`` per pair.
+
+    ``b`` and ``t`` hold arrays per statistic (``min`` ... ``std``, ``nan``, ``inf``) and a
+    boolean ``has_<stat>`` per statistic (a statistic the recorder could not take, as for
+    an empty or non-float tensor); ``rtol``/``atol`` are each pair's tolerance."""
+    lo, hi = np.abs(b["min"]), np.abs(b["max"])
+    has_lo, has_hi = b["has_min"], b["has_max"]
+    scale = np.where(has_lo, np.where(has_hi, _pymax(lo, hi), lo), np.where(has_hi, hi, 0.0))
+    worst = np.zeros(len(rtol))  # half the worst difference: t/2 - b/2 never overflows where t - b would
+    with np.errstate(all="ignore"):
+        for key in KEYS:
+            pb, pt = b["has_" + key], t["has_" + key]
+            worst = np.where(pb != pt, np.inf, np.where(pb, _pymax(worst, np.abs(t[key] * 0.5 - b[key] * 0.5)), worst))
+        std = np.where(b["has_std"], b["std"], 0.0)
+        std = np.where(std != 0, std, 0.0)  # a missing or -0.0 std counts as 0.0
+        base = np.where(b["has_mean"], _hypot(b["mean"], std), scale)  # the bench's RMS, else its range
+        allowed = floor_of(rtol, atol, base) + rtol * scale
+        within = np.where(allowed > 0, worst / (allowed * 0.5), np.where(worst == 0, 0.0, np.inf))
+        stats_err = np.where(scale > 0, (worst / scale) * 2, worst * 2)
+    exact = (rtol == 0) & (atol == 0)
+    verdict = np.where(within <= 1.0, PASS, np.where(exact, FAIL, np.where(within <= rules.stats_warn_factor, WARNING, FAIL)))
+    verdict[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = NAN_INF
+    return {"verdict": verdict, "stats_err": stats_err, "within": within}
+
+
+def _columns(stats: Any) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {"nan": np.array([stats.nan]), "inf": np.array([stats.inf])}
+    for key in KEYS:
+        value = getattr(stats, key)
+        out[key] = np.array([0.0 if value is None else float(value)])
+        out["has_" + key] = np.array([value is not None])
+    return out
+
+
+def judge_one(bench: Any, target: Any, tol: Tolerance, rules: Rules) -> tuple[str, float]:
+    """(status text, stats_err) of one pair of ``Stats``: the same rule as ``judge``, one row."""
+    got = judge(_columns(bench), _columns(target), np.array([tol.rtol]), np.array([tol.atol]), rules)
+    return VERDICT_TEXT[int(got["verdict"][0])], float(got["stats_err"][0])
