@@ -37,6 +37,15 @@ def test_real_device_fault_is_named_exactly(real_pairs, key):
                     f"not seq {_MANIFEST[key]['fault_target_seq']}"
 
 
+def test_a_run_whose_compare_fails_is_never_right(real_pairs, tmp_path):
+    """One scorer for the fixtures and tools/device_check.py: a crash counts as wrong for both."""
+    key = next(k for k, v in _MANIFEST.items() if "fault_target_seq" not in v)
+    bench = real_pairs / devices.manifest(real_pairs)[f"{_MANIFEST[key]['arch']}/cpu_fp32"]["path"]
+    o = devices.judge(bench, tmp_path / "no-such-dump", _MANIFEST[key])
+    assert o.crash and not o.right
+    assert devices.score(real_pairs, key, _MANIFEST[key]).right
+
+
 @pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items() if "fault_target_seq" not in v))
 def test_real_device_legitimate_run_is_clean(real_pairs, key):
     o = devices.score(real_pairs, key, _MANIFEST[key])

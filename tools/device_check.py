@@ -6,12 +6,14 @@ saved tensors per call (``X_DEBUG=0x102``, no de-dup, ``X_DUMP_NUM=4``), as:
 
 - ``cpu_fp32``: the bench, on the CPU;
 - ``dev_fp32``, ``dev_tf32``, ``dev_bf16``, ``dev_fp16``: the device in fp32, with TF32 on, and
-  under bf16 / fp16 autocast. Legitimate: the right verdict is no fail row and no first divergence;
+  under bf16 / fp16 autocast. Legitimate: the right verdict is no FAIL or NaN/Inf row and no first
+  divergence;
 - ``fault_*``: one matmul-family call's output multiplied by 1+eps by a dispatch mode entered
   *below* the recorder, so the recorder sees the corrupted value as that call's own output. The
   right verdict names that call (its seq, read from the dump: the n-th matmul-family record).
 
-Each device run is scored with ``xray.compare.compare_dumps`` against the bench. Then op suites
+Each device run is compared with the bench and scored by tools/accuracy/devices.py, the scorer of
+the fixtures' set (a run that fails to record or compare counts as wrong). Then op suites
 are generated from each CPU dump and run with ``pytest --device DEV``, and
 ``tools/bench_record.py --device DEV`` measures the recording cost (printed at the end: the
 ratio to eager, added kernel launches per recorded call and host syncs between flushes per
@@ -41,8 +43,10 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import xray  # noqa: E402
-from xray.compare import compare_dumps  # noqa: E402
 from xray.gen.generator import generate  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy import devices  # noqa: E402 -- the fixtures' scorer, so both count alike
 
 ARCHS = ("llama", "gpt2", "bert", "vit")
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
@@ -133,20 +137,13 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
 
 
 def score(bench: dict, target: dict) -> dict:
-    """compare_dumps' verdict, scored: a fault run is right when its first divergence (or that
-    divergence's culprit) is the corrupted call; a legitimate run when nothing fails or diverges."""
-    started = time.perf_counter()
-    result = compare_dumps(bench["path"], target["path"], progress=False)
-    counts = result.status_counts()
-    fd = result.summary.first_divergence
-    got = {"run": f"{target['arch']}/{target['variant']}", "counts": counts, "first_divergence": fd,
-           "seconds": round(time.perf_counter() - started, 3)}
-    if "fault_target_seq" in target:
-        seq = target["fault_target_seq"]
-        got["right"] = fd is not None and seq in (fd.get("target_seq"), fd.get("culprit_target_seq"))
-    else:
-        got["right"] = counts.get("fail", 0) == 0 and fd is None
-    return got
+    """The verdict on one device run, scored by the fixtures' own scorer (tools/accuracy/devices.py):
+    a fault run is right when its first divergence (or that divergence's culprit) is the corrupted
+    call; a legitimate run when no row is FAIL or NaN/Inf and nothing diverges; a crash never."""
+    o = devices.judge(bench["path"], target["path"], target)
+    return {"run": o.key, "counts": o.counts, "first_divergence": o.first_divergence, "fail_rows": o.fail_rows,
+            "right": o.right, "right_module": o.right_module, "seconds": round(o.seconds, 3),
+            **({"error": o.crash[:500]} if o.crash else {})}
 
 
 def run_suite(bench: dict, device: str, out: Path, timeout: float) -> dict:
@@ -250,8 +247,7 @@ def main(argv=None) -> int:
         save()
     if args.bench_repeats > 0:
         check["bench_record"] = run_bench(args.device, out, args.bench_repeats, args.bench_timeout)
-    scored = [s for s in check["scores"] if "right" in s]
-    check["right"] = f"{sum(s['right'] for s in scored)}/{len(scored)}"
+    check["right"] = f"{sum(bool(s.get('right')) for s in check['scores'])}/{len(check['scores'])}"  # failed runs count
     save()
     print(f"device check on {args.device}: verdicts right {check['right']}, "
           f"suites {[(s['arch'], s.get('passed', 0), s.get('failed', 0)) for s in check['suites']]}, "

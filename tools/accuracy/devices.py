@@ -6,7 +6,9 @@ ground truth: for each fault run the corrupted call's seq in the target dump and
 Each target is compared with its architecture's ``cpu_fp32`` bench. A fault run is an exact hit
 when the first divergence names that seq, right module when it names a record of that module;
 a legitimate run (fp32, TF32, bf16, fp16 autocast) is clean when it has no FAIL or NaN/Inf row
-and no first divergence.
+and no first divergence. A compare that raises is a crash, and never right.
+
+``judge`` is the one scorer: tools/device_check.py scores the runs it records on a device with it.
 """
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ class DeviceOutcome:
     clean: bool | None = None  # legitimate runs only
     crash: str | None = None
     seconds: float = 0.0
+    first_divergence: dict | None = None
+    counts: dict | None = None  # rows per status
+
+    @property
+    def right(self) -> bool:
+        """An exact hit for a fault run, clean for a legitimate one; a crash is never right."""
+        return self.crash is None and bool(self.exact if self.fault else self.clean)
 
 
 def unpack(into: Path | None = None, fixtures: Path = FIXTURES) -> Path:
@@ -62,28 +71,35 @@ def _inside(path: str | None, parent: str) -> bool:
 
 
 def score(root: Path, key: str, entry: dict) -> DeviceOutcome:
-    """Compare one target with its bench and score it against the manifest's ground truth."""
+    """Compare one target of the fixtures with its bench and score it against the manifest's ground truth."""
+    bench = manifest(root).get(f"{entry['arch']}/cpu_fp32", {}).get("path", f"{entry['arch']}/cpu_fp32/proc_480")
+    return judge(root / bench, root / entry["path"], entry, key)
+
+
+def judge(bench: Path | str, target: Path | str, truth: dict, key: str | None = None) -> DeviceOutcome:
+    """Compare ``target`` with ``bench`` and score the verdict against ``truth`` (``arch``,
+    ``variant`` and, for a fault run, ``fault_target_seq`` and ``fault_module``)."""
     from xray.compare import compare_dumps
 
-    arch = entry["arch"]
-    o = DeviceOutcome(key, arch, entry["variant"], fault="fault_target_seq" in entry)
+    arch = truth["arch"]
+    o = DeviceOutcome(key or f"{arch}/{truth['variant']}", arch, truth["variant"], fault="fault_target_seq" in truth)
     started = time.perf_counter()
-    bench = manifest(root).get(f"{arch}/cpu_fp32", {}).get("path", f"{arch}/cpu_fp32/proc_480")
     try:
-        r = compare_dumps(root / bench, root / entry["path"], progress=False)
+        r = compare_dumps(bench, target, progress=False)
     except Exception as e:  # noqa: BLE001 -- a crash is a result of the benchmark, listed
         o.crash = f"{type(e).__name__}: {e}"
         o.seconds = time.perf_counter() - started
         return o
     o.seconds = time.perf_counter() - started
     s = r.summary
-    o.rows, o.fail_rows = s.rows, s.failed + s.nan_inf
-    fd = s.first_divergence or {}
+    o.rows, o.fail_rows, o.counts = s.rows, s.failed + s.nan_inf, r.status_counts()
+    fd = o.first_divergence = s.first_divergence or None
+    fd = fd or {}
     o.fd_target_seq, o.fd_module, o.fd_op = fd.get("target_seq"), fd.get("module"), fd.get("target_op") or fd.get("op")
     if o.fault:
         # a corrupted call with no bench counterpart is named as the consumer's culprit
-        o.exact = entry["fault_target_seq"] in (fd.get("target_seq"), fd.get("culprit_target_seq"))
-        o.right_module = bool(fd) and _inside(fd.get("module"), entry["fault_module"])
+        o.exact = truth["fault_target_seq"] in (fd.get("target_seq"), fd.get("culprit_target_seq"))
+        o.right_module = bool(fd) and _inside(fd.get("module"), truth["fault_module"])
     else:
         o.clean = o.fail_rows == 0 and not fd
     return o
