@@ -74,6 +74,36 @@ def test_dedup_collapses_repeated_signatures_and_keeps_counts(llama, tokens, tmp
         assert same[0].seq == r.first_seq and same[-1].seq >= r.last_seq - 0
 
 
+def test_calls_with_a_generator_argument_dedup_into_one_record(tmp_path):
+    """A Generator's repr holds its address; keyed by it, every randn(generator=g) was a new
+    signature (one record and one plan per call)."""
+    g = torch.Generator().manual_seed(0)
+
+    def run():
+        for _ in range(5):
+            torch.nn.functional.dropout(torch.randn(4, 4, generator=g), 0.5, training=True)
+    _, dump = record(run, dump_dir=tmp_path, X_DEDUP=True)
+    (randn,) = [r for r in ops_of(dump) if r.op == "aten.randn.generator"]
+    assert randn.count == 5 and "0x" not in str(randn.inputs)
+
+
+def test_a_wrapper_subclass_keeps_its_statistics_and_a_note_when_tensors_are_saved(tmp_path):
+    """X_DUMP_NUM on a TwoTensor: its .numpy() raised at the flush and the dump was lost to the
+    journal. Now the subclass's rows say why they hold no data; plain tensors beside it are saved."""
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    x = two_tensor.TwoTensor(torch.randn(3, 3), torch.randn(3, 3))
+    plain = torch.randn(3, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither a stopped recording nor a truncated dump
+        _, dump = record(lambda: ((x * 2).sum(), plain * 2), dump_dir=tmp_path, X_DUMP_NUM=2)
+    by_op = {r.op: r for r in ops_of(dump)}
+    (out,) = by_op["aten.sum.default"].outputs
+    assert out.data is None and "TwoTensor" in out.note and out.stats is not None
+    sub_mul, plain_mul = [r.outputs[0] for r in ops_of(dump) if r.op == "aten.mul.Tensor"]
+    assert sub_mul.data is None and "TwoTensor" in sub_mul.note
+    assert plain_mul.data is not None and plain_mul.note is None
+
+
 def test_statistics_and_saved_tensors_replay_exactly(tmp_path):
     a, b = torch.randn(4, 5), torch.randn(5, 3)
     out, dump = record(lambda: torch.mm(a, b), dump_dir=tmp_path, X_DUMP_NUM=3)

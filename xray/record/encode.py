@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..dump.model import Scalar, Stats, TensorMeta
 from ..dump.tensorio import dtype_name
@@ -110,7 +112,7 @@ def _key(a: Any) -> Any:
         return ("f", repr(a))
     if isinstance(a, (bool, int, str)) or a is None:
         return (type(a), a)
-    return (type(a).__name__, repr(a))
+    return (type(a).__name__, stable_repr(a))
 
 
 # Argument values kept as they are (and keyed by type and value: 1 == True in a dict).
@@ -150,7 +152,16 @@ def encode_value(v: Any, meta_of: Callable[[torch.Tensor], TensorMeta]) -> Any:
         return Scalar("symint", {"expr": str(v), "hint": hint if type(hint) is int else None})
     if isinstance(v, (torch.SymFloat, torch.SymBool)):
         return Scalar("repr", str(v))
-    return Scalar("repr", repr(v)[:200])
+    return Scalar("repr", stable_repr(v)[:200])
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def stable_repr(v: Any) -> str:
+    """``repr(v)`` without object addresses (``<torch._C.Generator object at 0x7f..>``): the text
+    keys de-duplication and plans, and an address would make every call of the op a new one."""
+    return _ADDRESS.sub("", repr(v))
 
 
 def unsupported(t: torch.Tensor) -> str | None:
@@ -161,6 +172,23 @@ def unsupported(t: torch.Tensor) -> str | None:
         return f"nested tensor ({str(t.layout).removeprefix('torch.')} layout)"
     if t.is_quantized:
         return "quantized tensor"
+    return None
+
+
+# An expanded view is saved as a contiguous copy: above this, that copy (2**32 elements from one
+# value) would take the host's memory, so it keeps its statistics only.
+MAX_EXPANDED_SAVE = 1 << 28
+
+
+def not_saved(t: torch.Tensor) -> str | None:
+    """Why ``t``'s values are not copied into the dump (the note its row gets), or None.
+
+    A wrapper subclass (TwoTensor, DTensor) holds no storage of its own: its data lives in inner
+    tensors whose meaning only the subclass knows, so it keeps its statistics only."""
+    if is_traceable_wrapper_subclass(t):
+        return f"not saved: a {type(t).__name__} (a tensor subclass) holds no data of its own (statistics only)"
+    if 0 in t.stride() and t.numel() * t.element_size() > MAX_EXPANDED_SAVE:
+        return f"not saved: an expand of {t.numel()} elements (statistics only)"
     return None
 
 

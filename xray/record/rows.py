@@ -38,7 +38,7 @@ from ..dump.stats import NO_STATS
 from ..dump.tensorio import dtype_name
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
 from ..dump.model import TensorMeta, value_to_json
-from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, op_info, unsupported
+from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, stable_repr, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
@@ -338,8 +338,10 @@ class RowPath:
         another layout, or too large an expand (noted here) is not."""
         if budget <= 0 or (call.notes and row in call.notes) or t.layout != torch.strided:
             return 0
-        if 0 in t.stride() and t.numel() * t.element_size() > _MAX_EXPANDED_SAVE:
-            return self._note(call, row, f"not saved: an expand of {t.numel()} elements (statistics only)")
+        if type(t) not in _PLAIN or 0 in t.stride():  # a subclass, or an expand
+            why = not_saved(t)
+            if why is not None:
+                return self._note(call, row, why)
         try:  # contiguous now, so the flush's to_numpy need not copy a strided view again
             copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
         except (RuntimeError, MemoryError) as e:  # an expand of 2**52 elements: statistics only
@@ -374,7 +376,7 @@ class RowPath:
             return (kind, tuple([self._output(x, call) for x in out]))
         if kind in _KEYED:
             return (kind, out)
-        return (kind, repr(out))
+        return (kind, stable_repr(out))
 
     def _plan(self, call: RowCall, key: tuple, out: Any, tensors: int) -> Plan:
         """Skeleton and tensor names of this shape of call, from the Record path's encoding (once
@@ -400,9 +402,6 @@ _PLAN_TEXTS_MAX = 1 << 16
 
 
 _NO_SOURCE = (SRC_NONE, 0, 0, NONE)  # outputs carry no source
-# An expanded view is saved as a contiguous copy: above this, that copy (2**32 elements from one
-# value) would take the host's memory, so it keeps its statistics only.
-_MAX_EXPANDED_SAVE = 1 << 28
 _PLACEHOLDER = TensorMeta((), "float32")
 
 

@@ -26,7 +26,7 @@ from ..dump.dispatch_modes import no_dispatch_modes
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
-from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, op_info, signature_key, tensor_meta, unsupported
+from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, signature_key, tensor_meta, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
@@ -49,9 +49,6 @@ def _holds_tensor(v: Any) -> bool:
 
 
 DEFERRED_ENV = "XRAY_DEFERRED_STATS"
-# An expanded view is saved as a contiguous copy: above this, that copy (2**32 elements from one
-# value) would take the host's memory, so it keeps its statistics only.
-_MAX_EXPANDED_SAVE = 1 << 28
 # "0": every call takes the Record path, the reference the row path's tests compare against.
 ROW_PATH_ENV = "XRAY_ROW_PATH"
 
@@ -329,8 +326,9 @@ class Recorder:
                     continue
                 arg = f"{prefix}.{name}" + (f".{i}" if isinstance(value, (list, tuple)) else "")
                 # contiguous now, so the flush's to_numpy need not copy a strided view again
-                if 0 in t.stride() and t.numel() * t.element_size() > _MAX_EXPANDED_SAVE:
-                    meta.note = f"not saved: an expand of {t.numel()} elements (statistics only)"
+                why = not_saved(t)
+                if why is not None:
+                    meta.note = why
                     continue
                 try:
                     copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
