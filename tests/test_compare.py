@@ -165,3 +165,35 @@ def test_random_ops_are_not_compared_nor_named_as_the_divergence(tmp_path):
     assert modules["2"].status == "fail" and modules["2"].origin == "inherited"
     fd = r.summary.first_divergence
     assert fd is not None and fd["origin"] == "inherited" and fd["status"] == "fail", fd
+
+
+def test_a_float64_reference_clears_reordering_noise_on_a_real_llama_but_not_a_bug(llama, tokens, tmp_path):
+    """The three-way compare (``--reference``, torch._dynamo's ``same()`` rule) end to end: bench
+    fp32, a float64 run of the same weights, and two targets. Matmul inputs rounded to 18 mantissa
+    bits (about 30x fp32's rounding, as another kernel's accumulation order might give) leave
+    rounding-like warnings that the reference clears: each target error is within
+    ``fp64_multiplier`` times the bench's own error against float64. A 0.1 % scaling bug in one mm
+    is still named at its call."""
+    import copy
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy.faults import ReducedPrecisionMatmul
+
+    opts = dict(X_DEDUP=False, X_DUMP_NUM=4)
+    bench = record_forward(llama, tmp_path / "bench", tokens, **opts)
+    ref = record_forward(copy.deepcopy(llama).double(), tmp_path / "fp64", tokens, **opts)
+    noisy = record_forward(llama, tmp_path / "noisy", tokens, fault=ReducedPrecisionMatmul(18), **opts)
+    buggy = record_forward(llama, tmp_path / "bug", tokens, fault=ScaleNthMM(5, 1.001), **opts)
+
+    alone = compare_dumps(bench, noisy, progress=False)
+    assert alone.status_counts().get("warning", 0) > 0 and "fail" not in alone.status_counts()
+    with_ref = compare_dumps(bench, noisy, reference=ref, progress=False)
+    assert set(with_ref.status_counts()) == {"pass"} and with_ref.summary.first_divergence is None
+    assert sum(r.ref_err_target is not None and r.ref_err_target > 0 for r in with_ref.rows) >= \
+        alone.status_counts()["warning"]
+
+    found = [compare_dumps(bench, buggy, reference=r, progress=False).summary.first_divergence for r in (None, ref)]
+    assert found[0] and found[1] and found[0]["target_seq"] == found[1]["target_seq"]
+    assert found[1]["target_op"] == "aten.mm.default"
