@@ -109,6 +109,27 @@ def test_autocast_target_adds_ops_and_changes_dtypes(tmp_path, model):
     assert not any(r.status == "fail" and r.origin == "born" for r in rows)
 
 
+def test_mixed_dtype_statistics_are_judged_on_columns_as_pair_by_pair(tmp_path, model, monkeypatch):
+    """A bf16 target of a float32 bench, statistics only: the columns' judge takes the mixed-dtype
+    pairs (half of an autocast compare) and gives each row, note included, what
+    PairComparer.compare gives it alone."""
+    from xray.compare import engine
+
+    bench = _run(model, tmp_path / "fp32", X_DEBUG=0x102, X_DUMP_NUM=0)
+    target = _run(model, tmp_path / "bf16", autocast=True, X_DEBUG=0x102, X_DUMP_NUM=0)
+    db, dt = xray.load_dump(bench), xray.load_dump(target)
+    on_columns, _ = compare_loaded(db, dt, Rules(), rank="r")
+    covered = engine.covered_by_stats
+    monkeypatch.setattr(engine, "covered_by_stats", lambda *a: covered(*a) & False)  # every pair alone
+    one_by_one, _ = compare_loaded(db, dt, Rules(), rank="r")
+    mixed = [r for r in on_columns if r.mode == "stats" and r.bench_dtype != r.target_dtype]
+    assert mixed and all("upcasting" in r.note for r in mixed)
+    for got, want in zip(on_columns, one_by_one, strict=True):
+        diff = {k: (getattr(got, k), getattr(want, k)) for k in got.__dataclass_fields__
+                if not _same(getattr(got, k), getattr(want, k))}
+        assert not diff, f"row {want.index}: {diff}"
+
+
 def test_extra_target_records_and_nonfinite_statistics(tmp_path):
     """A target that runs one more block (unmatched records on one side) and NaN/Inf values."""
     torch.manual_seed(0)

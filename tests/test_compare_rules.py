@@ -272,3 +272,21 @@ def test_statistics_rule_bands_on_one_pair():
     status, err = judge_one(Stats(1e200, 1.5e200, 1.2e200, 1e199, numel=4),
                             Stats(1e200, 1.5e200, 1.2e200 * (1 + 1e-9), 1e199, numel=4), tol, rules)
     assert status == "pass" and math.isfinite(err) and err == pytest.approx(2 * 0.5e-9 * 1.2e200 / 1.5e200, rel=1e-6)
+
+
+def test_a_tolerance_floor_is_the_same_for_one_pair_and_for_a_column():
+    """numerics.rules.floor_of is written once for numbers and arrays: Python's max/min choice
+    (NaN never wins against the first) on both, so the per-pair path and the columns agree."""
+    import numpy as np
+
+    from xray.numerics.rules import floor_of
+
+    scales = [0.0, -0.0, 0.5, 1.0, 2.0, 1e-30, 1e200, float("inf"), float("nan")]
+    for tol in (Tolerance(1.3e-6, 1e-5), Tolerance(0.0, 0.0), Tolerance(1e-3, 0.0), Tolerance(0.0, 1e-5)):
+        with np.errstate(all="ignore"):
+            column = floor_of(np.full(len(scales), tol.rtol), np.full(len(scales), tol.atol), np.array(scales))
+        for scale, got in zip(scales, column.tolist()):
+            one = tol.floor(scale)
+            assert one == got or (math.isnan(one) and math.isnan(got)), (tol, scale, one, got)
+    assert Tolerance(1.3e-6, 1e-5).floor(0.5) == 0.5e-5 and Tolerance(1e-3, 1e-5).floor(100.0) == 0.2
+    assert Tolerance(0.0, 0.0).floor(5.0) == 0.0

@@ -115,7 +115,7 @@ class PairComparer:
         row.rtol, row.atol = tol.rtol, tol.atol
         notes = []
         if bm.dtype != tm.dtype:
-            notes.append(f"dtype {bm.dtype} vs {tm.dtype}: compared after upcasting, at {_looser(bm, tm)} tolerance")
+            notes.append(dtype_note(bm.dtype, tm.dtype))
         if torch_dtype(bm.dtype) is None or torch_dtype(tm.dtype) is None:
             row.status, row.note = PairStatus.SKIP.value, f"unknown dtype {bm.dtype!r} / {tm.dtype!r}"
             return row
@@ -248,10 +248,12 @@ def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, tar
     return tol
 
 
-def _looser(bm: TensorMeta, tm: TensorMeta) -> str:
+def dtype_note(bench_dtype: str, target_dtype: str) -> str:
+    """The note of a pair whose dtypes differ (a bf16 target of a float32 bench)."""
     order = ("float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "float64")
-    known = [d for d in (bm.dtype, tm.dtype) if d in order]
-    return min(known, key=order.index) if known else bm.dtype
+    known = [d for d in (bench_dtype, target_dtype) if d in order]
+    looser = min(known, key=order.index) if known else bench_dtype
+    return f"dtype {bench_dtype} vs {target_dtype}: compared after upcasting, at {looser} tolerance"
 
 
 def same_layout(bm: TensorMeta, tm: TensorMeta) -> bool:

@@ -14,7 +14,7 @@ from ..dump.columns import KINDS
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from .entry_table import CHUNK, EntryTable, Vocab, gather, objects, take
-from .pair_judge import same_layout
+from .pair_judge import dtype_note, same_layout
 from .result import CompareRow, PairStatus
 from .row_plan import RowPlan
 from .stat_verdicts import judge_stats
@@ -74,7 +74,8 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     """Judge the output pairs (``ao``, ``bo``) from their statistics into rows ``at`` of ``cols``."""
     width = len(vocab.dtype)
     kinds, inv = np.unique(ta.out_dtype[ao].astype(np.int64) * width + tb.out_dtype[bo], return_inverse=True)
-    tol = [tols[divmod(k, width)] for k in kinds.tolist()]
+    pairs = [divmod(k, width) for k in kinds.tolist()]
+    tol = [tols[pair] for pair in pairs]
     inv = inv.reshape(-1)
     rtol_of = np.empty(len(tol), dtype=object)  # shared float objects: one per dtype pair
     atol_of = np.empty(len(tol), dtype=object)
@@ -100,6 +101,10 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     put("target_inf", t["inf"])
     put("rtol", rtol_of[inv])
     put("atol", atol_of[inv])
+    if any(db != dt for db, dt in pairs):  # mixed dtypes carry PairComparer.compare's note
+        note_of = np.array([dtype_note(vocab.dtype[db], vocab.dtype[dt]) if db != dt else "" for db, dt in pairs],
+                           dtype=object)
+        put("note", note_of[inv])
 
 
 def judge_the_rest(ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, rows: list[CompareRow],

@@ -30,17 +30,21 @@ def tolerances(ta: EntryTable, tb: EntryTable, plan: RowPlan, rules: Rules,
 def covered_by_stats(ta: EntryTable, tb: EntryTable, plan: RowPlan, random_of: dict[int, str],
                      vocab: Vocab) -> np.ndarray:
     """Which plan rows the statistics judge covers: both outputs with statistics, not both with
-    saved data, same dtype (a known one) and shape, not empty, not a random op's. The rest go
-    through PairComparer.compare."""
+    saved data, same shape, not empty, not a random op's, and the same known dtype or two real
+    floating ones (a bf16 target of a float32 bench: half of an autocast compare's pairs). The
+    rest go through PairComparer.compare."""
     fast = np.zeros(len(plan), dtype=bool)
     rows = np.flatnonzero((plan.ao >= 0) & (plan.bo >= 0))
     ao, bo = plan.ao[rows], plan.bo[rows]
-    known = np.array([torch_dtype(d) is not None for d in vocab.dtype.tolist()], dtype=bool)
+    dtypes = [torch_dtype(d) for d in vocab.dtype.tolist()]
+    known = np.array([d is not None for d in dtypes], dtype=bool)
+    real_float = np.array([d is not None and d.is_floating_point for d in dtypes], dtype=bool)
     numel = np.array([n > 0 for n in vocab.numel.tolist()], dtype=bool)
     ok = (ta.stat("has_stats", ao) != 0) & (tb.stat("has_stats", bo) != 0)
     ok &= (ta.stat("data", ao) < 0) | (tb.stat("data", bo) < 0)
-    ok &= (ta.out_dtype[ao] == tb.out_dtype[bo]) & (ta.out_shape[ao] == tb.out_shape[bo])
-    ok &= numel[ta.out_shape[ao]] & known[ta.out_dtype[ao]]
+    da, db = ta.out_dtype[ao], tb.out_dtype[bo]
+    ok &= ((da == db) & known[da]) | (real_float[da] & real_float[db])
+    ok &= (ta.out_shape[ao] == tb.out_shape[bo]) & numel[ta.out_shape[ao]]
     if random_of:
         ok &= ~np.isin(plan.a[rows], np.fromiter(random_of, dtype=np.int64, count=len(random_of)))
     fast[rows[ok]] = True

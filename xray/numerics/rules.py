@@ -66,13 +66,21 @@ class Tolerance:
 def floor_of(rtol, atol, scale):
     """The absolute floor of a tolerance (rtol, atol) at RMS ``scale``: numbers or numpy arrays.
 
-    ``max(atol * min(scale, 1), ATOL_PER_RTOL * rtol * scale)``, 0 for an exact tolerance, with
-    Python's ``max``/``min`` NaN semantics so one pair and a column of pairs agree to the bit."""
-    import numpy as np
-    scale = np.asarray(scale, dtype=np.float64)
-    small = np.where(1.0 < scale, 1.0, scale)
+    ``max(atol * min(scale, 1), ATOL_PER_RTOL * rtol * scale)``, 0 for an exact tolerance, written
+    once: Python's ``max``/``min`` choice (NaN never wins against the first) for one pair, the same
+    choice element by element for a column (``_where``), so both agree to the bit."""
+    small = _where(1.0 < scale, 1.0, scale)
     a, r = atol * small, ATOL_PER_RTOL * rtol * scale
-    return np.where((np.asarray(rtol) == 0) & (np.asarray(atol) == 0), 0.0, np.where(r > a, r, a))
+    return _where((rtol == 0) & (atol == 0), 0.0, _where(r > a, r, a))
+
+
+def _where(condition, yes, no):
+    """``yes if condition else no``, element by element when ``condition`` is an array."""
+    if type(condition) is bool:  # one pair: compare's per-pair path calls this per tensor
+        return yes if condition else no
+    import numpy as np
+
+    return np.where(condition, yes, no)
 
 
 def default_tolerance(dtype: str) -> Tolerance:
