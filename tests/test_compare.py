@@ -1,8 +1,11 @@
 """xray-compare end to end on a real transformers model: fault injection, CLI outputs, ranks."""
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -174,10 +177,6 @@ def test_a_float64_reference_clears_reordering_noise_on_a_real_llama_but_not_a_b
     rounding-like warnings that the reference clears: each target error is within
     ``fp64_multiplier`` times the bench's own error against float64. A 0.1 % scaling bug in one mm
     is still named at its call."""
-    import copy
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     from accuracy.faults import ReducedPrecisionMatmul
 

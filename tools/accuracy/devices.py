@@ -93,8 +93,8 @@ def judge(bench: Path | str, target: Path | str, truth: dict, key: str | None = 
     o.seconds = time.perf_counter() - started
     s = r.summary
     o.rows, o.fail_rows, o.counts = s.rows, s.failed + s.nan_inf, r.status_counts()
-    fd = o.first_divergence = s.first_divergence or None
-    fd = fd or {}
+    o.first_divergence = s.first_divergence or None
+    fd = o.first_divergence or {}
     o.fd_target_seq, o.fd_module, o.fd_op = fd.get("target_seq"), fd.get("module"), fd.get("target_op") or fd.get("op")
     if o.fault:
         # a corrupted call with no bench counterpart is named as the consumer's culprit

@@ -338,10 +338,9 @@ class RowPath:
         another layout, or too large an expand (noted here) is not."""
         if budget <= 0 or (call.notes and row in call.notes) or t.layout != torch.strided:
             return 0
-        if type(t) not in _PLAIN or 0 in t.stride():  # a subclass, or an expand
-            why = not_saved(t)
-            if why is not None:
-                return self._note(call, row, why)
+        why = not_saved(t)
+        if why is not None:
+            return self._note(call, row, why)
         try:  # contiguous now, so the flush's to_numpy need not copy a strided view again
             copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
         except (RuntimeError, MemoryError) as e:  # an expand of 2**52 elements: statistics only
