@@ -1,7 +1,7 @@
 """The fused Triton statistics kernel (xray/dump/stats_triton.py) under Triton's CPU interpreter.
 
 ``TRITON_INTERPRET=1`` must be set before triton is first imported, so tests/conftest.py sets it
-(and this module again, for a lone run); it affects nothing else on CPU (only the cuda and xpu batch kernels import
+(pytest loads it before this module, even for a lone run); it affects nothing else on CPU (only the cuda and xpu batch kernels import
 triton). Skipped where triton is not installed.
 
 Tolerances, against the exact reference (float64 two-pass over the finite elements, ``_truth``):
@@ -30,7 +30,6 @@ import torch
 
 if torch.cuda.is_available():  # the real kernels: tools/device_check.py and tests/test_bench_device.py
     pytest.skip("a CUDA machine runs the compiled kernels, not the interpreter", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"
 
 pytest.importorskip("triton")
 stats_triton = importlib.import_module("xray.dump.stats_triton")
