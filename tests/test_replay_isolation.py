@@ -57,6 +57,7 @@ def _record(folder):
     return d.folder
 
 
+@pytest.mark.slow  # waits out a real subprocess timeout (17 s)
 def test_crash_and_timeout_are_isolated(tmp_path, monkeypatch):
     folder = _record(tmp_path / "dump")
     monkeypatch.setenv(ARMED, "1")  # inherited by the spawned workers

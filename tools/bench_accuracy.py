@@ -16,7 +16,9 @@ record in its module); per noise kind: false-fail rows %, scenarios with any FAI
 
 Beside the CPU sets, the real cross-device set (tools/accuracy/devices.py): dumps recorded on an
 NVIDIA H100 (fp32, TF32, bf16, fp16 autocast, injected faults) against a CPU fp32 bench, read
-from tests/fixtures/cuda-h100/. ``--device-set-only`` runs just that (about a minute);
+from tests/fixtures/cuda-h100/, scored twice: with the tensors they saved, and on their statistics
+alone (the tensor files left out), as a statistics-only device recording would be judged.
+``--device-set-only`` runs just that (about a minute);
 ``--no-device-set`` leaves it out.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -59,8 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", metavar="REGEX", help="run the scenarios whose name matches (e.g. 'backward|noise/')")
     ap.add_argument("--csv", type=Path, help="write one row per scenario (pandas-readable)")
     ap.add_argument("--json", type=Path, help="write the headline figures (tools/bench.py reads them)")
-    ap.add_argument("--holdout", type=int, choices=(1, 2), metavar="SET",
-                    help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt); see accuracy/scenarios.py")
+    ap.add_argument("--holdout", type=int, choices=(1, 2, 3), metavar="SET",
+                    help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt), "
+                         "3 (Mixtral MoE, MobileNetV2); see accuracy/scenarios.py")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--no-device-set", action="store_true", help="leave out the real CPU-vs-H100 set")
     ap.add_argument("--device-set-only", action="store_true", help="run only the real CPU-vs-H100 set")
@@ -121,19 +125,32 @@ def main(argv=None) -> int:
 
 
 def _device_set() -> dict:
-    """Score the real CPU-vs-H100 pairs, print their table, return their totals."""
+    """Score the real CPU-vs-H100 pairs, with their saved tensors and on statistics alone; print
+    the tables, return the totals (the statistics-only ones under "statistics_only")."""
     from accuracy import devices
 
+    with tempfile.TemporaryDirectory(prefix="xray-cuda-h100-") as tmp:
+        root = devices.unpack(Path(tmp) / "fixtures")
+        t = _score_device_set(devices, root, False)
+        t["statistics_only"] = _score_device_set(devices, root, True)
+    return t
+
+
+def _score_device_set(devices, root: Path, statistics: bool) -> dict:
     started = time.perf_counter()
-    outcomes = devices.run()
+    outcomes = devices.run(root, statistics=statistics)
     print()
-    print(tabulate(devices.table(outcomes), headers=devices.HEADERS))
+    headers = list(devices.HEADERS)
+    if statistics:
+        headers[0] = "real device set, statistics only"
+    print(tabulate(devices.table(outcomes), headers=headers))
     for o in outcomes:
         if o.crash or (o.fault and not o.exact) or (not o.fault and not o.clean):
             print(f"  {o.key}: {'crash ' + o.crash if o.crash else 'missed' if o.fault else 'not clean'} "
                   f"(first divergence: {o.fd_op or '-'} seq {o.fd_target_seq}, {o.fail_rows} FAIL rows)")
     t = devices.totals(outcomes)
-    print(f"real device set: exact hit {t['exact_pct']:.1f} % of {t['faults']} faults, {t['legit_clean']} of "
+    print(f"real device set{', statistics only' if statistics else ''}: exact hit {t['exact_pct']:.1f} % of "
+          f"{t['faults']} faults, {t['legit_clean']} of "
           f"{t['legitimate']} legitimate runs clean, {t['legit_fail_rows']} false FAIL rows; "
           f"{time.perf_counter() - started:.0f} s")
     return t

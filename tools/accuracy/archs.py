@@ -108,6 +108,33 @@ def _convnext() -> torch.nn.Module:
                                                          num_stages=2, num_labels=10, image_size=32, patch_size=4))
 
 
+def _mixtral() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import MixtralConfig, MixtralForCausalLM
+    return MixtralForCausalLM(MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                            num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                                            attn_implementation="sdpa"))
+
+
+def _mobilenet() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+    model = MobileNetV2ForImageClassification(MobileNetV2Config(num_channels=3, image_size=32, depth_multiplier=0.25,
+                                                                num_labels=10))
+    # With random weights and fresh batch-norm statistics (mean 0, variance 1) the activations
+    # shrink ~10x a layer, to 1e-16 at the head, where no fault shows. A trained net's batch norms
+    # hold its activations' statistics: take them from one batch of random images.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average: after one batch, that batch's statistics
+    model.train()
+    with torch.no_grad():
+        model(pixel_values=torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(7)))
+    return model
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -132,6 +159,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gemma", _seeded(_gemma), lambda: {"input_ids": _tokens(3)}),
     Arch("convnext", _seeded(_convnext), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                                generator=torch.Generator().manual_seed(2))}),
+    Arch("mixtral", _seeded(_mixtral), lambda: {"input_ids": _tokens(4)}),
+    Arch("mobilenet", _seeded(_mobilenet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                                 generator=torch.Generator().manual_seed(3))}),
 )}
 
 

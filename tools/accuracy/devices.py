@@ -13,6 +13,7 @@ and no first divergence. A compare that raises is a crash, and never right.
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 import tempfile
 import time
@@ -105,8 +106,20 @@ def judge(bench: Path | str, target: Path | str, truth: dict, key: str | None = 
     return o
 
 
-def run(root: Path | None = None) -> list[DeviceOutcome]:
+def statistics_only(root: Path, into: Path | None = None) -> Path:
+    """A copy of the unpacked fixtures without their tensor files: every pair is then judged by
+    its statistics, as a statistics-only recording of the same runs would be (the usual
+    recording on a device). Compare reads the missing data as unreadable and says so once."""
+    out = Path(into or tempfile.mkdtemp(prefix="xray-cuda-h100-stats-"))
+    shutil.copytree(root, out, ignore=shutil.ignore_patterns("tensors-*.h5"), dirs_exist_ok=True)
+    return out
+
+
+def run(root: Path | None = None, statistics: bool = False) -> list[DeviceOutcome]:
+    """Score every target of the fixtures; ``statistics``: on their statistics alone."""
     root = root or unpack()
+    if statistics:
+        root = statistics_only(root, root.with_name(root.name + "-statistics"))
     return [score(root, key, e) for key, e in manifest(root).items() if e["variant"] != "cpu_fp32"]
 
 

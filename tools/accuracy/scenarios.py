@@ -107,6 +107,15 @@ def scenarios() -> list[Scenario]:
             add(f"noise/{noise}", arch, noise=noise)
     add("noise/bf16", "llama-sdpa", noise="bf16", dump="module")
     add("noise/tf32", "gpt2", noise="tf32", dump="module", data=False)
+    # statistics only (the cheap recording a device run usually makes): nothing is recomputed,
+    # so noise must be told from a bug by the statistics alone (added at stop 36)
+    for noise, archs in (("tf32", ("llama-eager", "qwen2", "gpt2", "vit")), ("bf16", ("llama-sdpa", "bert", "t5")),
+                         ("fp16", ("llama-eager", "gpt2", "t5", "bert"))):
+        for arch in archs:
+            add(f"noise/{noise}/stats", arch, noise=noise, data=False)
+    for arch, fault in (("qwen2", _f(MM, 5, "rel", 2e-2)), ("gpt2", _f(ADDMM, 6, "rel", 2e-2)),
+                        ("t5", _f(MM, 12, "rel", 2e-2)), ("llama-eager", _f(MM, 10, "rel", 2e-2))):
+        add("noise+bug/tf32/stats", arch, fault=fault, noise="tf32", data=False)
     return out
 
 
@@ -132,6 +141,11 @@ HELD_OUT = {
     2: HeldOut("gemma", "convnext", "model.layers.0.mlp.up_proj.weight",
                "convnext.encoder.stages.1.layers.0.dwconv.weight", "model.layers.1.self_attn.o_proj",
                "convnext.encoder.stages.0.layers.0.pwconv1"),
+    # set 3: a mixture of experts (top-k routing, grouped matmuls, a 3-D expert weight) and a
+    # depthwise CNN with batch norm and ReLU6; added at stop 36, never used to change a rule
+    3: HeldOut("mixtral", "mobilenet", "model.layers.0.mlp.experts.down_proj",
+               "mobilenet_v2.layer.1.conv_3x3.convolution.weight", "model.layers.0.mlp.experts",
+               "mobilenet_v2.layer.0.expand_1x1.convolution"),
 }
 
 
@@ -168,6 +182,12 @@ def holdout(which: int = 1) -> list[Scenario]:
         for arch in archs:
             add(f"noise/{noise}", arch, noise=noise)
     add("noise/tf32", cnn, noise="tf32", dump="module", data=False)
+    if which >= 3:  # statistics-only runs joined the benchmark with set 3 (stop 36)
+        for noise, archs in (("tf32", (llm, cnn)), ("bf16", (llm, cnn)), ("fp16", (llm,))):
+            for arch in archs:
+                add(f"noise/{noise}/stats", arch, noise=noise, data=False)
+        add("noise+bug/tf32/stats", llm, fault=_f(MM, 6, "rel", 2e-2), noise="tf32", data=False)
+        add("noise+bug/tf32/stats", cnn, fault=_f(conv, 30, "rel", 2e-2), noise="tf32", data=False)
     return out
 
 

@@ -13,13 +13,14 @@ Otherwise it is *inherited* from the failing record that produced its disagreein
 kind off by a consistent reduced-precision step on every call is "precision loss" (a warning),
 and rows that only carry such loss forward, computing correctly on their inputs, are warnings
 too. v1 dumps have no sources: any disagreeing input then makes a row inherited (execution-order
-rule), as before.
+rule), as before. Rows recorded with statistics only, where nothing can be recomputed, get the
+rules of statistics_only.py after this pass.
 """
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -27,33 +28,16 @@ import torch
 from ..dump.model import Source
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.metrics import normwise_error
-from ..numerics.rules import PRECISION_STEPS, Tolerance, eps
+from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
 from .entry_records import Entry
-from .local import LocalError, local_error
+from .local import LocalError, local_error, measurable
 from .matching import op_base
 from .noise_floor import Floors, is_convolution, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
+from . import statistics_only
+from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, set_origin
 from .result import CompareRow, PairStatus
-
-_FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
-# Warnings are recomputed too: accumulated error within a run's precision can hide a local bug.
-_SUSPECT = _FAILING | {PairStatus.WARNING.value}
-PRECISION = "precision loss"
-
-
-@dataclass
-class _Pending:
-    """One matched, failing record pair and what phase 1 measured about it."""
-
-    bench: Entry
-    target: Entry
-    rows: list[CompareRow]
-    inputs: list[tuple[str, Any, str]]  # (name, target meta, status)
-    local: dict[int, LocalError] = field(default_factory=dict)  # output index -> local error
-    precision: dict[int, str] = field(default_factory=dict)  # output index -> consistent step
-    reduce: dict[int, int] = field(default_factory=dict)  # output index -> reduction length
-    outlier: dict[int, str] = field(default_factory=dict)  # output index -> why far above its kind
 
 
 def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
@@ -66,12 +50,12 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     pending = []
     devices: set[str] = set()
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
-        if not any(r.status in _SUSPECT for r in rows):
+        if not any(r.status in SUSPECT for r in rows):
             continue
-        p = _Pending(a, b, rows, comparer.judge_inputs(a, b))
+        p = Pending(a, b, rows, comparer.judge_inputs(a, b))
         devices.update(str(m.device or "cpu").split(":")[0] for _, m in b.outputs[:1])
         for k, r in enumerate(rows):
-            if r.status in _SUSPECT and r.mode == "data" and k < len(b.outputs):
+            if r.status in SUSPECT and k < len(b.outputs) and (r.mode == "data" or measurable(b.outputs[k][1])):
                 le = local_error(b.record, target_dump, b.outputs[k][1], k)
                 if le is not None:
                     p.local[k] = le
@@ -93,13 +77,13 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         born_seen = born_seen or p.target.pos > random_pos
-        agree = _agreement(p.inputs)
+        agree = agreement(p.inputs)
         inserted = _inserted_op_change(p, graph, matched_target, target_dump, rules)
         for k, r in enumerate(p.rows):
-            if inserted is not None and r.status in _SUSPECT:
+            if inserted is not None and r.status in SUSPECT:
                 op, why = inserted
                 r.status, r.inputs_agree = PairStatus.FAIL.value, agree
-                _set(r, "born", "target-only op", f"target-only op {op.name} {why}")
+                set_origin(r, "born", "target-only op", f"target-only op {op.name} {why}")
                 r.culprit_target_seq = op.record.seq
                 born_seen = True
                 continue
@@ -111,69 +95,42 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 r.status = PairStatus.FAIL.value
                 r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
             r.inputs_agree = agree
-            if r.status in _FAILING:
+            if r.status in FAILING:
                 _decide(r, p, k, graph, floors, born_seen)
                 born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
     _modules_follow_their_ops(pending, eb, graph)
-    _statistics_precision_loss(pending, rules)
+    statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
+    # a module whose ops were recorded is judged by them (_modules_follow_their_ops), not as a kind
+    statistics_only.kind_outliers([p for p in pending if p.target.kind != "module" or not _ops_inside(p.target, eb, True)],
+                                  rules, index.kind_errors)
 
 
-def _statistics_precision_loss(pending: list[_Pending], rules: Any) -> None:
-    """Statistics only, nothing recomputed: a kind born on several calls at one relative error
-    level (TF32-like math on every matmul) is precision loss; then any unmeasured failing row
-    within ``precision_factor`` x the largest of those calls cannot be told from it and is a
-    warning too. A lone born call, or one far above its kind's level, stays a bug."""
-    f = rules.precision_factor
-    unmeasured = [(p, r) for p in pending for r in p.rows
-                  if r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and r.stats_err]
-    kinds: dict[tuple, dict[int, float]] = {}  # kind -> call (target seq) -> its worst output's error
-    for p, r in unmeasured:
-        if r.origin == "born" and r.cause == "local error":
-            calls = kinds.setdefault((p.target.op, p.target.record.direction), {})
-            calls[p.target.record.seq] = max(calls.get(p.target.record.seq, 0.0), r.stats_err)
-    # no reduced-precision step moves values by more than its unit roundoff (bf16: 2**-8)
-    largest_step = 2.0 ** -(min(PRECISION_STEPS.values()) + 1)
-    level, shown_by = 0.0, ""
-    for (op, _), calls in kinds.items():
-        mid = statistics.median(calls.values())
-        consistent = [e for e in calls.values() if mid / f <= e <= f * mid]
-        top = max(consistent, default=0.0)  # the kind's band reaches its largest consistent call
-        if len(consistent) >= 2 and level < top and mid <= largest_step:
-            level, shown_by = top, f"{op} ({len(consistent)} calls)"
-    if not level:
-        return
-    for _, r in unmeasured:
-        if r.stats_err <= f * level and r.cause in ("local error", "inherited"):
-            _downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows on every call "
-                          f"({level:.3g}), consistent precision loss")
-
-
-def _modules_follow_their_ops(pending: list[_Pending], eb: Sequence[Entry], graph: _Graph) -> None:
+def _modules_follow_their_ops(pending: list[Pending], eb: Sequence[Entry], graph: _Graph) -> None:
     """A module record of a trace that also recorded the ATen ops inside it is judged by those
     ops: born only when a born failing op lies inside, precision loss when its failing content
     is all precision loss, else inherited from its first failing op."""
     for p in pending:
-        if p.target.kind != "module" or not any(r.status in _FAILING for r in p.rows):
+        if p.target.kind != "module" or not any(r.status in FAILING for r in p.rows):
             continue
         inner = [graph.rows_of.get(e.pos) for e in _ops_inside(p.target, eb)]
         inner = [r for rows in inner if rows for r in rows]
         if not inner:
             continue  # a module dump, or nothing recorded inside: the module is the finest record
-        born = [r for r in inner if r.origin == "born" and r.status in _FAILING]
-        failing = [r for r in inner if r.status in _FAILING]
+        born = [r for r in inner if r.origin == "born" and r.status in FAILING]
+        failing = [r for r in inner if r.status in FAILING]
         for k, r in enumerate(p.rows):
-            if r.status not in _FAILING or r.cause in ("parameter", "target-only op", "model input"):
+            if r.status not in FAILING or r.cause in ("parameter", "target-only op", "model input"):
                 continue
             made = _target_only_maker(p.target, k, graph) if not born else None
             if made is not None:  # the module's output came out of an op only the target ran
-                _set(r, "born", "target-only op", f"target-only op {made.name} made its output {r.tensor}")
+                set_origin(r, "born", "target-only op", f"target-only op {made.name} made its output {r.tensor}")
                 r.culprit_target_seq = made.record.seq
             elif born:
-                _set(r, "inherited", "inherited", f"error born inside it, at {_row_name(born[0])}")
+                set_origin(r, "inherited", "inherited", f"error born inside it, at {_row_name(born[0])}")
             elif not failing and any(x.cause == PRECISION for x in inner):
-                _downgrade(r, "its ops inside lose precision only")
+                downgrade(r, "its ops inside lose precision only")
             elif failing:
-                _set(r, "inherited", "inherited", f"its ops inside inherit the error ({_row_name(failing[0])})")
+                set_origin(r, "inherited", "inherited", f"its ops inside inherit the error ({_row_name(failing[0])})")
 
 
 def _target_only_maker(m: Entry, k: int, graph: _Graph) -> Entry | None:
@@ -188,9 +145,10 @@ def _target_only_maker(m: Entry, k: int, graph: _Graph) -> Entry | None:
     return detail if kind == "target-only" else None
 
 
-def _ops_inside(m: Entry, eb: Sequence[Entry]) -> list[Entry]:
-    """Op entries recorded during module call ``m``. Traces record a module when it exits (its ops
-    come just before it); module-level dumps when it is entered (its ops follow it)."""
+def _ops_inside(m: Entry, eb: Sequence[Entry], first: bool = False) -> list[Entry]:
+    """Op entries recorded during module call ``m`` (``first``: the first one found, enough to
+    know there are some). Traces record a module when it exits (its ops come just before it);
+    module-level dumps when it is entered (its ops follow it)."""
     def inside(e: Entry) -> bool:
         return m.path == "" or e.path == m.path or e.path.startswith(m.path + ".")
 
@@ -203,6 +161,8 @@ def _ops_inside(m: Entry, eb: Sequence[Entry]) -> list[Entry]:
                 break  # left the module, or reached another call of it
             if e.kind == "op" and e.direction == m.direction:
                 out.append(e)
+                if first:
+                    break
         if out:
             return out
     return []
@@ -216,13 +176,16 @@ class Matches:
     ``target_of``: bench seq -> the matched target Entry; ``random_pos``: the first target
     position whose rows were skipped as random (len(eb) if none); ``made``: fingerprint ->
     [(seq, output index)] of target op outputs (v1 traces, which name no producers). Mappings
-    only need ``get``, ``in``, ``[]`` (and ``made`` truthiness), so they may be lazy views."""
+    only need ``get``, ``in``, ``[]`` (and ``made`` truthiness), so they may be lazy views.
+    ``kind_errors``: [(target position, row)] -> for each, the (row index, statistics error) of
+    every matched statistics-only row of its kind (op, direction, output), or None."""
 
     by_seq: Any
     rows_of: Any
     target_of: Any
     random_pos: int
     made: Any
+    kind_errors: Any = None
 
 
 class _Graph:
@@ -257,7 +220,7 @@ class _Graph:
         if rows is None:
             return "target-only", e
         row = rows[src.index] if src.index < len(rows) else rows[0]
-        return ("failing" if row.status in _FAILING or _random(row) else "settled"), row
+        return ("failing" if row.status in FAILING or _random(row) else "settled"), row
 
     def _infer(self, meta: Any, consumer_seq: int) -> Source | None:
         fp = _fingerprint(meta)
@@ -385,20 +348,11 @@ def _random(r: CompareRow) -> bool:
     return r.status == PairStatus.SKIP.value and r.note.startswith("values not compared")
 
 
-def _agreement(inputs: list[tuple[str, Any, str]]) -> str:
-    statuses = {s for _, _, s in inputs}
-    if statuses <= {PairStatus.PASS.value}:
-        return "yes"
-    if statuses <= {PairStatus.PASS.value, PairStatus.SKIP.value}:
-        return "unknown"
-    return "no"
-
-
-def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool) -> None:
+def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool) -> None:
     causes: dict[str, tuple[str, Any]] = {}
     carried_precision = None  # a producer whose difference is measured precision loss
     computed_region = None  # target-only ops that computed right on their inputs (a substituted kernel)
-    for name, meta, status in p.inputs:
+    for name, meta, status, _ in p.inputs:
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
             continue
         if name.startswith("forward_params."):  # v1 module dumps kept parameters among the inputs
@@ -421,54 +375,56 @@ def _decide(r: CompareRow, p: _Pending, k: int, graph: _Graph, floors: Floors, b
     op = p.target.op
     if "param" in causes:
         name, qual = causes["param"]
-        _set(r, "born", "parameter", f"parameter {qual} differs")
+        set_origin(r, "born", "parameter", f"parameter {qual} differs")
     elif "target-only" in causes:
         name, e = causes["target-only"]
-        _set(r, "born", "target-only op", f"target-only op {e.name} feeds {name}")
+        set_origin(r, "born", "target-only op", f"target-only op {e.name} feeds {name}")
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
-        _set(r, "born", "model input", f"model input {causes['input'][0]} differs")
+        set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")
     elif _wrong_on_its_inputs(p, k, floors):
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
-        _set(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
+        set_origin(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
     elif "failing" in causes:
-        _set(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
+        set_origin(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
-        _set(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
+        set_origin(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
                                           "(not recorded: de-duplicated?)")
     elif k in p.precision:
-        _downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
+        downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
                       f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
     elif "none" in causes and le is not None and not born_seen:
         # v1 dump, but this op computed correctly on its inputs and no error was born before it
         # in execution order: what it carries is precision, not a bug
-        _downgrade(r, f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g}); "
+        downgrade(r, f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g}); "
                       "no error born before it")
     elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
-        _set(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
+        set_origin(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
     elif le is not None:
         why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g})"
         carried = _row_name(carried_precision) + "'s precision loss" if carried_precision else computed_region
-        _downgrade(r, why + (f"; carries {carried}" if carried else ""))
+        downgrade(r, why + (f"; carries {carried}" if carried else ""))
     elif carried_precision is not None:
-        _downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
+        downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
     elif computed_region is not None:
-        _downgrade(r, f"carries what {computed_region}")
+        downgrade(r, f"carries what {computed_region}")
     elif r.inputs_agree == "unknown":
         r.origin = ""
     elif is_value_preserving(op) and not r.layout:
-        _downgrade(r, f"{op} moves its input's values: never an origin on its own")
+        downgrade(r, f"{op} moves its input's values: never an origin on its own")
     elif (flips := _across_boundary(r, p, k, graph)) is not None:
-        _downgrade(r, flips)
-    elif (bound := _reduction_noise(p, k, floors)) is not None:
-        _downgrade(r, bound)
+        downgrade(r, flips)
+    elif (ties := statistics_only.selection_indices(r, p, k)) is not None:
+        downgrade(r, ties)
+    elif (bound := _reduction_noise(r, p, k, floors)) is not None:
+        downgrade(r, bound)
     else:
-        _set(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
+        set_origin(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
              "inputs within precision (local error not measured)")
 
 
-def _across_boundary(r: CompareRow, p: _Pending, k: int, graph: _Graph) -> str | None:
+def _across_boundary(r: CompareRow, p: Pending, k: int, graph: _Graph) -> str | None:
     """A discontinuous op or module (relu's mask, forward or backward) whose output disagrees
     only where its decision input lies on different sides of the boundary in the two runs:
     the input's own noise crossed the boundary, precision loss, not a bug. None otherwise."""
@@ -512,7 +468,7 @@ def _across_boundary(r: CompareRow, p: _Pending, k: int, graph: _Graph) -> str |
             f"either side of {boundary:g} in the two runs, within its own noise; the other elements agree")
 
 
-def _decision_inputs(p: _Pending, graph: _Graph) -> tuple[Any, Any] | None:
+def _decision_inputs(p: Pending, graph: _Graph) -> tuple[Any, Any] | None:
     """(bench, target) metas of the value a discontinuous op decides on: its ``self``/first input
     (a trace's threshold_backward gets it as ``self``); for a module's backward, its forward
     call's input."""
@@ -541,18 +497,20 @@ def _module_dump(eb: Any) -> bool:
         return False
 
 
-def _substituted(p: _Pending, name: str, graph: _Graph) -> bool:
+def _substituted(p: Pending, name: str, graph: _Graph) -> bool:
     """The bench made input ``name`` with ops the target did not run (another kernel of the
     same computation), not straight from a record both ran."""
     src = _op_source(dict(p.bench.inputs).get(name))
     return src is not None and graph.target_of.get(src.seq) is None
 
 
-def _reduction_noise(p: _Pending, k: int, floors: Floors) -> str | None:
+def _reduction_noise(r: CompareRow, p: Pending, k: int, floors: Floors) -> str | None:
     """Statistics only, inputs agree, the output a reduction of its input (a norm's mean and
     rstd, a sum): the statistics' difference within the accumulation-order bound at the
     *input's* magnitude is another summation order, however large relative to a cancelled
-    output (a mean of 4.6e-5 from values of 1). None when not such a row or beyond the bound."""
+    output (a mean of 4.6e-5 from values of 1). Inputs that agree only within the row's
+    tolerance (an fp16 or autocast run: rtol x |x| per element) move an average by as much at
+    their magnitude, so that is allowed on top. None when not such a row or beyond the bound."""
     if k >= len(p.target.outputs) or k >= len(p.bench.outputs) or is_matmul_like(p.target.op) \
             or is_convolution(p.target.op):
         return None
@@ -571,14 +529,14 @@ def _reduction_noise(p: _Pending, k: int, floors: Floors) -> str | None:
     scale = max(math.sqrt(m.stats.mean ** 2 + (m.stats.std or 0.0) ** 2) for m in ins)
     diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
                if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
-    bound = floors.rules.local_factor * floors.accumulation(dtype, n) * scale
+    bound = floors.rules.local_factor * floors.accumulation(dtype, n) * scale + (r.rtol or 0.0) * scale
     if not math.isfinite(diff) or diff > bound:
         return None
     return (f"statistics differ by {diff:.3g}, within the accumulation-order bound of a {n}-term reduction "
             f"of inputs of magnitude {scale:.3g} ({bound:.3g})")
 
 
-def _inserted_op_change(p: _Pending, graph: _Graph, matched_target: dict, dump: Any,
+def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: Any,
                         rules: Any) -> tuple[Entry, str] | None:
     """A target-only op inserted on a data edge that both runs share (the bench feeds this input
     straight from a record the target also ran, the target routes it through an extra op) must
@@ -586,7 +544,7 @@ def _inserted_op_change(p: _Pending, graph: _Graph, matched_target: dict, dump: 
     changes them beyond that is where the difference enters, even when the difference is small
     enough to pass as precision downstream. Returns (that op, what it did), or None."""
     bench_inputs = dict(p.bench.inputs)
-    for name, meta, status in p.inputs:
+    for name, meta, status, _ in p.inputs:
         if status == PairStatus.PASS.value or name not in bench_inputs or meta.data is None:
             continue
         kind, op = graph.producer(meta, p.target.record.seq)
@@ -627,7 +585,7 @@ def _op_source(meta: Any) -> Source | None:
     return src if src is not None and src.kind == "op" else None
 
 
-def _wrong_on_its_inputs(p: _Pending, k: int, floors: Floors) -> bool:
+def _wrong_on_its_inputs(p: Pending, k: int, floors: Floors) -> bool:
     """Output ``k``'s local error is far above its own kind's level on this run, or beyond its
     device floor and not a measured precision step."""
     le = p.local.get(k)
@@ -644,23 +602,14 @@ def _param_name(name: str, meta: Any) -> str:
     return src.name if src is not None and src.name else name[len("param:"):]
 
 
-def _set(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
-    r.origin, r.cause, r.culprit = origin, cause, culprit
-
-
-def _downgrade(r: CompareRow, why: str) -> None:
-    r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
-    r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)
-
-
 def _row_name(r: CompareRow) -> str:
     return r.target_name or r.bench_name
 
 
-def _mark_precision_loss(pending: list[_Pending], rules: Any) -> dict[str, list[float]]:
+def _mark_precision_loss(pending: list[Pending], rules: Any) -> dict[str, list[float]]:
     """An op kind whose failing calls all carry local error near one reduced-precision step's
     is precision loss, call by call; a call far above the kind's level stays a bug."""
-    kinds: dict[tuple, list[tuple[_Pending, int, LocalError]]] = {}
+    kinds: dict[tuple, list[tuple[Pending, int, LocalError]]] = {}
     for p in pending:
         for k, le in p.local.items():
             if rules.is_local_error(le.local, le.floor, le.dtype) and le.steps:
@@ -698,10 +647,10 @@ def _mark_precision_loss(pending: list[_Pending], rules: Any) -> dict[str, list[
     return established
 
 
-def _mark_outliers(pending: list[_Pending], floors: Floors) -> None:
+def _mark_outliers(pending: list[Pending], floors: Floors) -> None:
     """Calls far above their own kind's level on this run (noise_floor.outliers): one op kind
     (a kernel family counts as one), one direction, one output dtype."""
-    kinds: dict[tuple, list[tuple[tuple[_Pending, int], LocalError]]] = {}
+    kinds: dict[tuple, list[tuple[tuple[Pending, int], LocalError]]] = {}
     for p in pending:
         for k, le in p.local.items():
             kinds.setdefault((op_base(p.target.op), p.target.record.direction, le.dtype, k), []).append(((p, k), le))

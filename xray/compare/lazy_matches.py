@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
-from .causality import _SUSPECT, Matches
+from .causality import Matches
 from .entry_table import CHUNK, MODULE, EntryTable
 from .entry_records import Entries, Entry
+from .pending import SUSPECT
 from .result import CompareRow
 from .row_plan import RowPlan
 
@@ -48,13 +49,29 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
 
     bad = np.zeros(len(rows), dtype=bool)
     for lo in range(0, len(rows), CHUNK):
-        bad[lo:lo + CHUNK] = [r.status in _SUSPECT for r in rows[lo:lo + CHUNK]]
+        bad[lo:lo + CHUNK] = [r.status in SUSPECT for r in rows[lo:lo + CHUNK]]
     suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)])
     suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], pair_rows(p)) for p in suspect_pairs.tolist()]
     # every row judge_the_rest skipped as random is one causality's _random finds
     random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
+    def kind_errors(candidates: list[tuple[int, CompareRow]]) -> list[list[tuple[int, float, str]]]:
+        """For each (target position, row) the (row index, statistics error, status) of every
+        matched statistics-only row of its kind on this run, in row order: the same op, direction
+        and output (one pass over the rows). Candidates of one kind share one list."""
+        def kind(pos: int, r: CompareRow) -> tuple:
+            return r.target_op, int(tb.direction[pos]), r.tensor
+
+        wanted = {kind(pos, r): [] for pos, r in candidates}
+        ops = {k[0] for k in wanted}
+        for i, r in enumerate(rows):
+            if r.mode == "stats" and r.stats_err is not None and r.target_op in ops and plan.cat[i] == 2:
+                errors = wanted.get(kind(int(plan.b[i]), r))
+                if errors is not None:
+                    errors.append((r.index, r.stats_err, r.status))
+        return [wanted[kind(pos, r)] for pos, r in candidates]
+
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
-                   random_pos=random_pos, made=_LazyMade(tb, eb)), suspect
+                   random_pos=random_pos, made=_LazyMade(tb, eb), kind_errors=kind_errors), suspect
 
 
 class _ByPos:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..dump.model import Record, TensorMeta
+from ..dump.tensorio import dtype_from_name
 from ..ops.rebuild import build_call, check_call
 from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
@@ -91,17 +92,39 @@ def _runner(op: str, func, args: tuple, kwargs: dict, k: int):
     return run
 
 
+def constant_value(output: TensorMeta) -> float | None:
+    """The one value of an output whose statistics describe it whole (a finite constant: a
+    scalar, a filled mask), or None. Such an output needs no saved data to be judged."""
+    st = output.stats
+    if st is None or st.min is None or st.max is None or st.nan or st.posinf or st.neginf or output.numel < 1:
+        return None
+    return st.min if st.min == st.max else None
+
+
+def measurable(output: TensorMeta) -> bool:
+    """Whether ``local_error`` can judge this output: its data saved, or a constant (above)."""
+    return output.data is not None or constant_value(output) is not None
+
+
+def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
+    if output.data is not None:
+        return dump.load_tensor(output).reshape(output.shape)
+    return torch.full(tuple(output.shape), constant_value(output), dtype=dtype_from_name(output.dtype))
+
+
 def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalError | None:
     """Local error of output ``k`` (its meta ``output``) of ``record``, or None when the call
-    cannot be rebuilt safely from saved tensors."""
-    if output.data is None or output.numel > MAX_NUMEL or _blocked(record) or not _tensors_saved(record):
+    cannot be rebuilt safely from saved tensors. A constant output recorded with statistics only
+    (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
+    its every value."""
+    if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or not _tensors_saved(record):
         return None
     try:
         check_call(record, dump, factory="load")
         func, args, kwargs = build_call(record, dump, factory="load")
         if func._schema.is_mutable:
             return None
-        target = dump.load_tensor(output).reshape(output.shape)
+        target = _target_values(dump, output)
         run = _runner(record.op, func, args, kwargs, k)
 
         if not target.is_floating_point():

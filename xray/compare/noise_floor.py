@@ -114,24 +114,29 @@ class Floors:
         return le.local > self.floor(le, op, n)
 
 
+def far_above(logs: list[float], at_least: float = -math.inf) -> dict[int, float]:
+    """Index into ``logs`` (log errors of one op kind on one run; -inf: no error) -> how many
+    times its kind's median it is, for the entries far above that median: OUTLIER_Z robust
+    standard deviations (1.4826 MAD) and OUTLIER_MIN_FACTOR times above it, and above ``at_least``.
+    Empty below MIN_POPULATION finite entries."""
+    finite = [x for x in logs if math.isfinite(x)]
+    if len(finite) < MIN_POPULATION:
+        return {}
+    mid = statistics.median(finite)
+    spread = 1.4826 * statistics.median(abs(x - mid) for x in finite)
+    bar = max(mid + max(OUTLIER_Z * spread, math.log(OUTLIER_MIN_FACTOR)), at_least)
+    return {i: math.exp(x - mid) for i, x in enumerate(logs) if math.isfinite(x) and x > bar}
+
+
 def outliers(calls: list[tuple[Any, Any]], steps: list[str] = ()) -> dict[int, str]:
     """Index into ``calls`` ((key, LocalError) of one op kind, one dtype, one run) -> why it is
-    far above its kind's level. Judged on log(local / legitimate error), median and MAD; the
+    far above its kind's level. Judged on log(local / legitimate error) (``far_above``); the
     legitimate error is the CPU's, or a reduced-precision step's that the run allows (``steps``),
     so a call that is off exactly as TF32 makes it is never an outlier."""
     logs = []
     for _, le in calls:
         base = max([le.floor, eps(le.dtype) / 2] + [le.steps.get(s, 0.0) for s in steps])
         logs.append(math.log(le.local / base) if le.local > 0 and base > 0 else -math.inf)
-    finite = [x for x in logs if math.isfinite(x)]
-    if len(finite) < MIN_POPULATION:
-        return {}
-    mid = statistics.median(finite)
-    spread = 1.4826 * statistics.median(abs(x - mid) for x in finite)
-    bar = mid + max(OUTLIER_Z * spread, math.log(OUTLIER_MIN_FACTOR))
-    out = {}
-    for i, x in enumerate(logs):
-        if math.isfinite(x) and x > bar and x > math.log(OUTLIER_MIN_FACTOR):
-            out[i] = (f"{calls[i][1].local:.3g} is {math.exp(x - mid):.3g}x its kind's median level "
-                      f"on this run ({len(finite)} calls)")
-    return out
+    population = sum(1 for x in logs if math.isfinite(x))
+    return {i: f"{calls[i][1].local:.3g} is {factor:.3g}x its kind's median level on this run ({population} calls)"
+            for i, factor in far_above(logs, math.log(OUTLIER_MIN_FACTOR)).items()}

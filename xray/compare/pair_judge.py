@@ -210,15 +210,17 @@ class PairComparer:
         row.bench_inf, row.target_inf = bm.stats.inf, tm.stats.inf
 
     # -- inputs of a failing record -----------------------------------------------------------
-    def judge_inputs(self, a: Any, b: Any) -> list[tuple[str, TensorMeta, str]]:
-        """(name, target meta, status) for every input pair of two matched Entries, judged as outputs are (saved data
-        first, else statistics), plus module parameters as "param:<name>" (format v2)."""
+    def judge_inputs(self, a: Any, b: Any) -> list[tuple[str, TensorMeta, str, float | None]]:
+        """(name, target meta, status, statistics error) for every input pair of two matched Entries, judged as
+        outputs are (saved data first, else statistics), plus module parameters as "param:<name>" (format v2).
+        The error is the pair's ``stats_err`` when judged on statistics, else None."""
         tb, tt = dict(a.inputs), dict(b.inputs)
         names = [n for n in tt if n in tb]
         pairs = [(n, tb[n], tt[n]) for n in names] if names else \
             [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
         pairs += [(f"param:{n}", a.record.params[n], m) for n, m in b.record.params.items() if n in a.record.params]
-        return [(n, tm, self.compare(CompareRow(), bm, tm, layout=False).status) for n, bm, tm in pairs]
+        rows = [(n, tm, self.compare(CompareRow(), bm, tm, layout=False)) for n, bm, tm in pairs]
+        return [(n, tm, r.status, r.stats_err if r.mode == "stats" else None) for n, tm, r in rows]
 
 
 def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Tolerance | None:

@@ -1,0 +1,50 @@
+"""What attribution works on and writes: a matched pair with a suspect row, and the marks it
+leaves on rows (origin, cause, culprit; a downgrade to precision loss). Shared by causality.py
+and statistics_only.py, so each rule writes a row the same way."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .entry_records import Entry
+from .local import LocalError
+from .result import CompareRow, PairStatus
+
+FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
+# Warnings are recomputed too: accumulated error within a run's precision can hide a local bug.
+SUSPECT = FAILING | {PairStatus.WARNING.value}
+PRECISION = "precision loss"
+
+
+@dataclass
+class Pending:
+    """One matched record pair with a suspect row, and what phase 1 measured about it."""
+
+    bench: Entry
+    target: Entry
+    rows: list[CompareRow]
+    inputs: list[tuple[str, Any, str, float | None]]  # (name, target meta, status, statistics error)
+    local: dict[int, LocalError] = field(default_factory=dict)  # output index -> local error
+    precision: dict[int, str] = field(default_factory=dict)  # output index -> consistent step
+    reduce: dict[int, int] = field(default_factory=dict)  # output index -> reduction length
+    outlier: dict[int, str] = field(default_factory=dict)  # output index -> why far above its kind
+
+
+def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:
+    """"yes" when every input pair passes, "unknown" when some were skipped, else "no"."""
+    statuses = {s for _, _, s, _ in inputs}
+    if statuses <= {PairStatus.PASS.value}:
+        return "yes"
+    if statuses <= {PairStatus.PASS.value, PairStatus.SKIP.value}:
+        return "unknown"
+    return "no"
+
+
+def set_origin(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
+    r.origin, r.cause, r.culprit = origin, cause, culprit
+
+
+def downgrade(r: CompareRow, why: str) -> None:
+    """A failing row that is precision loss: a warning, with why."""
+    r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
+    r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)

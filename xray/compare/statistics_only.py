@@ -1,0 +1,229 @@
+"""Attribution on statistics only: the rules that tell reduced-precision noise from a bug when
+nothing can be recomputed (a statistics-only recording, the usual one on a device). Measured by
+tests/test_stats_only_verdicts.py and tools/bench_accuracy.py (the ``/stats`` classes, and the
+real CPU-vs-H100 pairs judged on their statistics alone); docs/compare.md, "Statistics-only dumps".
+
+causality.attribute calls ``precision_loss`` and ``kind_outliers`` after its own pass, and
+``selection_indices`` while deciding a failing row.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from ..dump.tensorio import dtype_from_name
+from ..numerics.rules import PRECISION_STEPS
+from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
+from .op_classes import is_discontinuous, is_value_preserving
+from .pending import FAILING, PRECISION, Pending, agreement, downgrade, set_origin
+from .result import CompareRow, PairStatus
+
+
+def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
+    """Statistics only: a call whose statistics error is far above the calls of its kind on this
+    run (noise_floor.far_above: median and MAD of the log errors, at least 4 calls) and not
+    carried in by its inputs (they agree, or its error jumps beyond ``precision_factor`` x
+    theirs) is wrong on its own, even where the run's tolerance (bf16, fp16) makes its row a
+    warning: bf16 moves each matmul's statistics by ~3e-3 on one run, never one of them by 5e-2.
+    Turned into a failure born there. Each kind's population is judged once (a million-record
+    compare has thousands of warnings over a few kinds)."""
+    if kind_errors is None:
+        return
+    f = rules.precision_factor
+    within = (PairStatus.PASS.value, PairStatus.WARNING.value, PairStatus.SKIP.value)
+    candidates = []
+    for p in pending:
+        if is_value_preserving(p.target.op) or not all(s in within for _, _, s, _ in p.inputs):
+            continue
+        carried = max((e for _, _, s, e in p.inputs if s == PairStatus.WARNING.value and e is not None), default=0.0)
+        candidates += [(p, r) for r in p.rows if r.status == PairStatus.WARNING.value and r.mode == "stats"
+                       and not r.cause and r.stats_err and r.stats_err > f * carried]
+    if not candidates:
+        return
+    populations = kind_errors([(p.target.pos, r) for p, r in candidates])
+    far: dict[int, dict[int, float]] = {}  # population (by identity) -> row index -> factor
+    for (p, r), calls in zip(candidates, populations):
+        if id(calls) not in far:
+            found = far_above([math.log(e) if e > 0 else -math.inf for _, e, _ in calls])
+            far[id(calls)] = {calls[i][0]: factor for i, factor in found.items()}
+        factor = far[id(calls)].get(r.index)
+        if factor is not None:
+            r.status, r.inputs_agree = PairStatus.FAIL.value, agreement(p.inputs)
+            set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} is {factor:.3g}x the "
+                                                 f"median of its kind's {len(calls)} calls on this run, and not carried "
+                                                 "in by its inputs")
+
+
+def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_first: bool,
+                   kind_errors: Any = None) -> None:
+    """Statistics only, nothing recomputed: a kind that adds error of its own on several calls at
+    one relative level is precision loss (TF32-like math on every matmul). A call adds its own
+    error where it is born (its inputs agree) or, for a matmul, convolution or module, where its error
+    jumps beyond ``precision_factor`` x its inputs' (a CNN or ViT has one born call, its first
+    convolution, and rounds again at every later one). A matmul-like call born within the factor
+    of TF32's rounding on a run whose recorded settings allowed TF32 for it sets the level too.
+    Any unmeasured failing row within the factor of that level is a warning.
+
+    Through a deep network the loss grows layer by layer beyond that level, and a statistic of a
+    small or cancelling output moves more than its inputs' statistics do. So, in the order the
+    calls finished (a row's inputs are settled before it; a module-dump module after the modules
+    inside it, whose outputs make its own): a row whose disagreeing inputs carry no more than the
+    factor times the loss accepted so far, and whose own error is within the factor of that loss,
+    or of what its inputs carry plus one more rounding at the factor times the level (a matmul
+    over 512 keys rounds again), carries the loss on. A jump beyond that is born there; a lone
+    born call, a call above its kind's level, and every row fed by a bug's error stay failures."""
+    f = rules.precision_factor
+
+    def unmeasured(r: CompareRow) -> bool:
+        return r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and bool(r.stats_err)
+
+    def input_error(p: Pending) -> float | None:
+        """The largest statistics error among the disagreeing inputs (None: they all agree)."""
+        return max((e for _, _, status, e in p.inputs
+                    if e is not None and status not in (PairStatus.PASS.value, PairStatus.SKIP.value)), default=None)
+
+    kinds: dict[tuple, dict[int, tuple[float, Pending, CompareRow]]] = {}  # kind -> call (seq) -> worst output
+    settings_level, settings_kind = 0.0, ""  # TF32 allowed by the run's recorded settings
+    tf32 = 2.0 ** -PRECISION_STEPS[TF32]  # twice TF32's unit roundoff: inputs and weights both rounded
+    for p in pending:
+        inputs = input_error(p)
+        # a module (module dumps) may hold matmuls: its own rounding can add error as theirs does
+        matmul_like = p.target.kind == "module" or is_matmul_like(p.target.op) or is_convolution(p.target.op)
+        for r in p.rows:
+            # a call adds error of its own where it is born, or where a matmul or convolution
+            # jumps beyond the factor of what its inputs carry (TF32-like math rounds at every one)
+            fresh = unmeasured(r) and (r.origin == "born" and r.cause == "local error" or r.cause == "inherited"
+                                       and inputs is not None and r.stats_err > f * inputs and matmul_like)
+            # a warning on agreeing inputs shows the same rounding, only smaller (q and k beside v)
+            shows = r.status == PairStatus.WARNING.value and not r.cause and r.mode == "stats" and bool(r.stats_err) \
+                and inputs is None and r.local_err is None and matmul_like
+            if fresh or shows:
+                calls = kinds.setdefault((p.target.op, p.target.record.direction), {})
+                seq = p.target.record.seq
+                if seq not in calls or calls[seq][0] < r.stats_err:
+                    calls[seq] = (r.stats_err, p, r)
+                if r.origin == "born" and unmeasured(r) and TF32 in floors.allowed_steps(p.target.op) \
+                        and r.stats_err <= f * tf32:
+                    settings_level, settings_kind = tf32, f"TF32 (allowed for {p.target.op} by the run's settings)"
+    # no reduced-precision step moves values by more than its unit roundoff (bf16: 2**-8)
+    largest_step = 2.0 ** -(min(PRECISION_STEPS.values()) + 1)
+    level, shown_by = settings_level, settings_kind
+    bands = {}
+    for kind, calls in kinds.items():
+        ordered = list(calls.values())
+        band = [ordered[i] for i in _first_band([e for e, _, _ in ordered], f)]
+        if len(band) >= 2 and statistics.median(e for e, _, _ in band) <= largest_step:
+            bands[kind] = band
+    # Reduced-precision math rounds from the first call: a kind that passed some earlier call
+    # far below its band (a CNN's first convolutions exact, a bug's error after) shows a bug
+    # carried on, not its own rounding.
+    firsts = [(band[0][1].target.pos, band[0][2]) for band in bands.values()]
+    earlier = kind_errors(firsts) if kind_errors is not None and firsts else [[] for _ in firsts]
+    for ((op, _), band), before in zip(bands.items(), earlier):
+        errors = [e for e, _, _ in band]
+        centre = statistics.median(errors)
+        if any(e < centre / f and status == PairStatus.PASS.value for i, e, status in before if i < band[0][2].index):
+            continue
+        if level < max(errors):  # the kind's band reaches its largest consistent call
+            level, shown_by = max(errors), f"{op} ({len(errors)} calls)"
+    if not level:
+        return
+    carried = level  # the largest error accepted as precision loss so far
+    for p, inside in _completion_order(pending, entered_first):
+        inputs = input_error(p)
+        if inside:  # a module of a module dump: its output is made by the modules inside it
+            if any(r.status in FAILING for q in inside for r in q.rows):
+                continue  # a bug inside: decided by the attribution above
+            made = [r.stats_err for q in inside for r in q.rows if r.cause == PRECISION and r.stats_err]
+            inputs = max([inputs or 0.0] + made) or inputs
+        for r in p.rows:
+            if not unmeasured(r) or r.cause not in ("local error", "inherited"):
+                continue
+            if r.stats_err <= f * level:
+                downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows "
+                              f"({level:.3g}), consistent precision loss")
+            elif inputs is not None and inputs <= f * carried and r.stats_err <= f * max(carried, inputs + f * level):
+                downgrade(r, f"statistics only: its inputs carry precision loss ({inputs:.3g}, within {f:g}x of "
+                              f"the {carried:.3g} accepted so far, which {shown_by} starts) and it adds no jump")
+            else:
+                if r.cause == "inherited" and inputs is not None and inputs <= f * carried:
+                    # what it received is precision loss; what it made of it is not
+                    set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} jumps beyond "
+                                                   f"{f:g}x what its inputs carry ({inputs:.3g}), on a run whose "
+                                                   f"precision loss is {level:.3g}")
+                continue
+            carried = max(carried, r.stats_err)
+
+
+def _first_band(errors: list[float], f: float, starts: int = 8, anchor: int = 5) -> list[int]:
+    """Indices of the first consistent level of a kind's calls, in execution order: from the
+    earliest call that has a partner within ``f`` x, the calls within ``f`` x of the band's
+    centre (the median of its first ``anchor`` members). Precision loss shows from the start; a
+    bug's error, once born, feeds every call after it, so the centre is set before them (a median
+    over all calls would follow them: four of a deep CNN's seven jumping convolutions came after
+    its bug). At most ``starts`` starting calls are tried (linear in the calls)."""
+    for i in range(min(starts, len(errors))):
+        band = [i]
+        centre = errors[i]
+        for j in range(i + 1, len(errors)):
+            if centre / f <= errors[j] <= f * centre:
+                band.append(j)
+                if len(band) <= anchor:
+                    centre = statistics.median(errors[k] for k in band)
+        if len(band) >= 2:
+            return band
+    return []
+
+
+def _completion_order(pending: list[Pending], entered_first: bool) -> list[tuple[Pending, list[Pending]]]:
+    """``pending`` in the order its calls finished, each with the calls inside it. A module dump
+    (``entered_first``) records a module when it is entered, before the modules inside it, whose
+    outputs its own output is made of; a trace records it when it exits."""
+    if not entered_first:
+        return [(p, []) for p in pending]
+
+    def depth(path: str) -> int:
+        return path.count(".") + 1 if path else 0
+
+    keyed = []
+    for i, p in enumerate(pending):
+        inside = []
+        if p.target.kind == "module":
+            prefix = p.target.path + "." if p.target.path else ""
+            direction = p.target.record.direction
+            for q in pending[i + 1:]:  # a module's calls follow it, in one run
+                if q.target.record.direction != direction or not q.target.path.startswith(prefix) \
+                        or q.target.path == p.target.path:
+                    break
+                inside.append(q)
+        end = inside[-1].target.pos if inside else p.target.pos
+        keyed.append((end, -depth(p.target.path), i, inside))
+    return [(pending[i], inside) for _, _, i, inside in sorted(keyed, key=lambda k: k[:3])]
+
+
+def selection_indices(r: CompareRow, p: Pending, k: int) -> str | None:
+    """Statistics only: the integer output of a selection (max pooling's indices, topk's, sort's)
+    whose selected values agree, on inputs that differ however little: where two candidates are
+    (nearly) equal, the input's noise picks the other one. The values are what the model uses,
+    so this is precision loss. None when not such a row, or when the inputs are identical (the
+    same values must select the same indices) or any value output fails."""
+    e = p.target
+    if r.mode != "stats" or not is_discontinuous(e.op, e.kind) or k >= len(e.outputs):
+        return None
+    try:
+        if dtype_from_name(e.outputs[k][1].dtype).is_floating_point:
+            return None
+        values = [row for j, row in enumerate(p.rows) if j != k and j < len(e.outputs)
+                  and dtype_from_name(e.outputs[j][1].dtype).is_floating_point]
+    except ValueError:
+        return None
+    if not values or any(row.status not in (PairStatus.PASS.value, PairStatus.WARNING.value) for row in values):
+        return None
+    bench_inputs = dict(p.bench.inputs)
+    differ = [n for n, m, _, _ in p.inputs if n in bench_inputs and getattr(m, "stats", None) is not None
+              and getattr(bench_inputs[n], "stats", None) is not None and m.stats != bench_inputs[n].stats]
+    if not differ:
+        return None
+    return (f"the values {e.op} selects agree ({', '.join(row.tensor for row in values)}); its indices differ where "
+            f"input {differ[0]}'s noise breaks a near-tie another way")
