@@ -54,6 +54,7 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
     suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], pair_rows(p)) for p in suspect_pairs.tolist()]
     # every row judge_the_rest skipped as random is one causality's _random finds
     random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
+
     def kind_errors(candidates: list[tuple[int, CompareRow]]) -> list[list[tuple[int, float, str]]]:
         """For each (target position, row) the (row index, statistics error, status) of every
         matched statistics-only row of its kind on this run, in row order: the same op, direction
