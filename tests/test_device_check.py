@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 TOOL = Path(__file__).parents[1] / "tools" / "device_check.py"
 
 
+@pytest.mark.slow  # the whole device script end to end on CPU (9 s)
 def test_device_check_runs_on_cpu_and_scores_a_fault_and_a_legit_run(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("device_check", TOOL)
     tool = importlib.util.module_from_spec(spec)

@@ -24,6 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 SCALE = 1.01  # the scaling bug: every element 1% too large, direction unchanged
 
 
+# One worker builds the real-size dumps once for the whole module (pyproject's --dist loadgroup):
+# split across two workers, each recorded them (23 s apiece).
+pytestmark = pytest.mark.xdist_group("report")
+
+
 def _record(model, folder: Path, fault: ScaleNthMM | None = None) -> Path:
     ids = token_batch(batch=1, seq=512, vocab=model.config.vocab_size)
     return record_forward(model, folder, ids, fault, X_DEDUP=False, X_DUMP_NUM=100, X_DEBUG=0x112)
@@ -31,11 +36,14 @@ def _record(model, folder: Path, fault: ScaleNthMM | None = None) -> Path:
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    """A real-size Llama layer (hidden 1024, 512 tokens, GQA): clean, again clean, and with a x1.01 bug."""
+    """A real-size Llama layer (hidden 1024, 512 tokens, GQA): clean, a copy of it (a CPU run
+    records the same values again, so a second recording would only cost 7 s), and with a x1.01 bug."""
     tmp = tmp_path_factory.mktemp("report")
     model = tiny_llama(layers=1, hidden=1024, heads=16, kv_heads=4, vocab=1000)
-    return tmp, _record(model, tmp / "bench"), _record(model, tmp / "same"), \
-        _record(model, tmp / "scaled", ScaleNthMM(3, SCALE))
+    bench = _record(model, tmp / "bench")
+    same = tmp / "same" / bench.relative_to(tmp / "bench")
+    shutil.copytree(tmp / "bench", tmp / "same")
+    return tmp, bench, same, _record(model, tmp / "scaled", ScaleNthMM(3, SCALE))
 
 
 @pytest.fixture(scope="module")

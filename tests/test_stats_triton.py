@@ -205,6 +205,7 @@ _COMPILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two ahead-of-time compiles for sm_90 (7 s)
 def test_the_kernels_compile_for_an_h100_without_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
