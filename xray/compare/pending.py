@@ -40,6 +40,13 @@ def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:
     return "no"
 
 
+def input_error(p: Pending) -> float | None:
+    """The largest statistics error among ``p``'s disagreeing inputs (None: they all agree, or
+    none was judged on statistics): what its inputs carry in."""
+    return max((e for _, _, s, e in p.inputs
+                if e is not None and s not in (PairStatus.PASS.value, PairStatus.SKIP.value)), default=None)
+
+
 def set_origin(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
     r.origin, r.cause, r.culprit = origin, cause, culprit
 

@@ -16,7 +16,7 @@ from ..dump.tensorio import dtype_from_name
 from ..numerics.rules import PRECISION_STEPS
 from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
 from .op_classes import is_discontinuous, is_value_preserving
-from .pending import FAILING, PRECISION, Pending, agreement, downgrade, set_origin
+from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, set_origin
 from .result import CompareRow, PairStatus
 
 
@@ -36,7 +36,7 @@ def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
     for p in pending:
         if is_value_preserving(p.target.op) or not all(s in within for _, _, s, _ in p.inputs):
             continue
-        carried = max((e for _, _, s, e in p.inputs if s == PairStatus.WARNING.value and e is not None), default=0.0)
+        carried = input_error(p) or 0.0
         candidates += [(p, r) for r in p.rows if r.status == PairStatus.WARNING.value and r.mode == "stats"
                        and not r.cause and r.stats_err and r.stats_err > f * carried]
     if not candidates:
@@ -75,14 +75,45 @@ def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_f
     born call, a call above its kind's level, and every row fed by a bug's error stay failures."""
     f = rules.precision_factor
 
-    def unmeasured(r: CompareRow) -> bool:
-        return r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and bool(r.stats_err)
+    level, shown_by = _run_level(pending, f, floors, kind_errors)
+    if not level:
+        return
+    carried = level  # the largest error accepted as precision loss so far
+    for p, inside in _completion_order(pending, entered_first):
+        inputs = input_error(p)
+        if inside:  # a module of a module dump: its output is made by the modules inside it
+            if any(r.status in FAILING for q in inside for r in q.rows):
+                continue  # a bug inside: decided by the attribution above
+            made = [r.stats_err for q in inside for r in q.rows if r.cause == PRECISION and r.stats_err]
+            inputs = max([inputs or 0.0] + made) or inputs
+        for r in p.rows:
+            if not unmeasured(r) or r.cause not in ("local error", "inherited"):
+                continue
+            if r.stats_err <= f * level:
+                downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows "
+                              f"({level:.3g}), consistent precision loss")
+            elif inputs is not None and inputs <= f * carried and r.stats_err <= f * max(carried, inputs + f * level):
+                downgrade(r, f"statistics only: its inputs carry precision loss ({inputs:.3g}, within {f:g}x of "
+                              f"the {carried:.3g} accepted so far, which {shown_by} starts) and it adds no jump")
+            else:
+                if r.cause == "inherited" and inputs is not None and inputs <= f * carried:
+                    # what it received is precision loss; what it made of it is not
+                    set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} jumps beyond "
+                                                   f"{f:g}x what its inputs carry ({inputs:.3g}), on a run whose "
+                                                   f"precision loss is {level:.3g}")
+                continue
+            carried = max(carried, r.stats_err)
 
-    def input_error(p: Pending) -> float | None:
-        """The largest statistics error among the disagreeing inputs (None: they all agree)."""
-        return max((e for _, _, status, e in p.inputs
-                    if e is not None and status not in (PairStatus.PASS.value, PairStatus.SKIP.value)), default=None)
 
+def unmeasured(r: CompareRow) -> bool:
+    """A failing row judged on statistics, with nothing recomputed."""
+    return r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and bool(r.stats_err)
+
+
+def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: Any) -> tuple[float, str]:
+    """The run's precision level for ``precision_loss`` and what shows it (0.0, "" when none):
+    the largest first band (``_first_band``) of a kind's calls that add error of their own, or
+    TF32's rounding where the run's settings allowed it."""
     kinds: dict[tuple, dict[int, tuple[float, Pending, CompareRow]]] = {}  # kind -> call (seq) -> worst output
     settings_level, settings_kind = 0.0, ""  # TF32 allowed by the run's recorded settings
     tf32 = 2.0 ** -PRECISION_STEPS[TF32]  # twice TF32's unit roundoff: inputs and weights both rounded
@@ -127,33 +158,7 @@ def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_f
             continue
         if level < max(errors):  # the kind's band reaches its largest consistent call
             level, shown_by = max(errors), f"{op} ({len(errors)} calls)"
-    if not level:
-        return
-    carried = level  # the largest error accepted as precision loss so far
-    for p, inside in _completion_order(pending, entered_first):
-        inputs = input_error(p)
-        if inside:  # a module of a module dump: its output is made by the modules inside it
-            if any(r.status in FAILING for q in inside for r in q.rows):
-                continue  # a bug inside: decided by the attribution above
-            made = [r.stats_err for q in inside for r in q.rows if r.cause == PRECISION and r.stats_err]
-            inputs = max([inputs or 0.0] + made) or inputs
-        for r in p.rows:
-            if not unmeasured(r) or r.cause not in ("local error", "inherited"):
-                continue
-            if r.stats_err <= f * level:
-                downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows "
-                              f"({level:.3g}), consistent precision loss")
-            elif inputs is not None and inputs <= f * carried and r.stats_err <= f * max(carried, inputs + f * level):
-                downgrade(r, f"statistics only: its inputs carry precision loss ({inputs:.3g}, within {f:g}x of "
-                              f"the {carried:.3g} accepted so far, which {shown_by} starts) and it adds no jump")
-            else:
-                if r.cause == "inherited" and inputs is not None and inputs <= f * carried:
-                    # what it received is precision loss; what it made of it is not
-                    set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} jumps beyond "
-                                                   f"{f:g}x what its inputs carry ({inputs:.3g}), on a run whose "
-                                                   f"precision loss is {level:.3g}")
-                continue
-            carried = max(carried, r.stats_err)
+    return level, shown_by
 
 
 def _first_band(errors: list[float], f: float, starts: int = 8, anchor: int = 5) -> list[int]:
