@@ -41,7 +41,7 @@ from tabulate import tabulate  # noqa: E402
 
 from accuracy import report  # noqa: E402
 from accuracy.runner import run_scenario  # noqa: E402
-from accuracy.scenarios import holdout, quick, scenarios  # noqa: E402
+from accuracy.scenarios import HELD_OUT, holdout, quick, scenarios  # noqa: E402
 
 
 def xray_version(root: Path) -> str:
@@ -62,9 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", metavar="REGEX", help="run the scenarios whose name matches (e.g. 'backward|noise/')")
     ap.add_argument("--csv", type=Path, help="write one row per scenario (pandas-readable)")
     ap.add_argument("--json", type=Path, help="write the headline figures (tools/bench.py reads them)")
-    ap.add_argument("--holdout", type=int, choices=(1, 2, 3), metavar="SET",
+    ap.add_argument("--holdout", type=int, choices=sorted(HELD_OUT), metavar="SET",
                     help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt), "
-                         "3 (Mixtral MoE, MobileNetV2); see accuracy/scenarios.py")
+                         "3 (Mixtral MoE, MobileNetV2), 4 (Phi, EfficientNet); see accuracy/scenarios.py")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--no-device-set", action="store_true", help="leave out the real CPU-vs-H100 set")
     ap.add_argument("--device-set-only", action="store_true", help="run only the real CPU-vs-H100 set")

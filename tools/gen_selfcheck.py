@@ -95,9 +95,21 @@ def _vit(seed: int):
     return tiny_vit(seed=seed), (torch.randn(2, 3, 32, 32, generator=g),), {}
 
 
+def _resnet(seed: int):
+    """Batch norms, max pooling and residual adds: a generated batch norm calls F.batch_norm,
+    so each device runs its own kernel (cudnn's on CUDA)."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(seed)
+    cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic",
+                       num_labels=10)
+    g = torch.Generator().manual_seed(seed)
+    return ResNetForImageClassification(cfg).eval(), (torch.randn(2, 3, 32, 32, generator=g),), {}
+
+
 ARCHS: dict[str, Callable[[int], tuple]] = {
     "llama-sdpa": _llama("sdpa"), "llama-eager": _llama("eager"), "gpt2": _gpt2, "bert": _bert, "t5": _t5,
-    "vit": _vit, "qwen2": _qwen2,
+    "vit": _vit, "qwen2": _qwen2, "resnet": _resnet,
 }
 
 

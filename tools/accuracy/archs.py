@@ -117,22 +117,48 @@ def _mixtral() -> torch.nn.Module:
                                             attn_implementation="sdpa"))
 
 
-def _mobilenet() -> torch.nn.Module:
-    with _quiet_import():
-        from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
-    model = MobileNetV2ForImageClassification(MobileNetV2Config(num_channels=3, image_size=32, depth_multiplier=0.25,
-                                                                num_labels=10))
-    # With random weights and fresh batch-norm statistics (mean 0, variance 1) the activations
-    # shrink ~10x a layer, to 1e-16 at the head, where no fault shows. A trained net's batch norms
-    # hold its activations' statistics: take them from one batch of random images.
+def _calibrated(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Batch-norm statistics taken from one batch of random images, as a trained net's hold its
+    activations' statistics. With fresh ones (mean 0, variance 1) and random weights a deep CNN's
+    activations shrink ~10x a layer, to 1e-16 at the head, where no fault shows."""
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             m.reset_running_stats()
             m.momentum = None  # cumulative average: after one batch, that batch's statistics
     model.train()
     with torch.no_grad():
-        model(pixel_values=torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(7)))
+        model(pixel_values=torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)))
     return model
+
+
+def _mobilenet() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+    return _calibrated(MobileNetV2ForImageClassification(MobileNetV2Config(num_channels=3, image_size=32,
+                                                                           depth_multiplier=0.25, num_labels=10)), 7)
+
+
+def _phi() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import PhiConfig, PhiForCausalLM
+    return PhiForCausalLM(PhiConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5,
+                                    max_position_embeddings=64, attn_implementation="sdpa"))
+
+
+def _efficientnet() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import EfficientNetConfig, EfficientNetForImageClassification
+    config = EfficientNetConfig(num_channels=3, image_size=32, width_coefficient=0.25, depth_coefficient=0.25,
+                                hidden_dim=320, num_labels=10)  # hidden_dim: the head's width at this coefficient
+    model = EfficientNetForImageClassification(config)
+    # HF draws every convolution's weights, and every batch norm's scale, with std 0.02: each
+    # block then shrinks its activations ~100x and they vanish. A trained net's do not: torch's own
+    # initialisation scales a convolution by its fan-in and starts a batch norm's scale at 1.
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d)):
+            m.reset_parameters()
+    return _calibrated(model, 8)
 
 
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -162,6 +188,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("mixtral", _seeded(_mixtral), lambda: {"input_ids": _tokens(4)}),
     Arch("mobilenet", _seeded(_mobilenet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                                  generator=torch.Generator().manual_seed(3))}),
+    Arch("phi", _seeded(_phi), lambda: {"input_ids": _tokens(5)}),
+    Arch("efficientnet", _seeded(_efficientnet), lambda: {"pixel_values": torch.randn(
+        1, 3, 32, 32, generator=torch.Generator().manual_seed(4))}),
 )}
 
 

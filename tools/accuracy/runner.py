@@ -80,6 +80,15 @@ class Wrapper(torch.nn.Module):
         return getattr(self, self.inner_name)(**kw)
 
 
+def _exported_batch_norms(model: torch.nn.Module) -> None:
+    """Every batch norm runs ``_native_batch_norm_legit_no_training``: the kernel an exported
+    program calls, a real op of another name, as ``cudnn_batch_norm`` is on CUDA."""
+    for bn in model.modules():
+        if isinstance(bn, torch.nn.BatchNorm2d):
+            bn.forward = lambda x, bn=bn: torch.ops.aten._native_batch_norm_legit_no_training(
+                x, bn.weight, bn.bias, bn.running_mean, bn.running_var, 0.0, bn.eps)[0]
+
+
 def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
     arch = ARCHS[s.arch]
     bench = arch.build()
@@ -98,6 +107,8 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
         _add_op(bench, s.missing_op, lambda y: y.clone())
     if s.noise == "fp16":
         target = target.half()
+    if s.noise == "bn-kernel":
+        _exported_batch_norms(target)
     if s.wrap:
         target = Wrapper(s.wrap, target)
     return bench, target

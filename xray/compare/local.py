@@ -81,7 +81,7 @@ def _runner(op: str, func, args: tuple, kwargs: dict, k: int):
 
         def run(fn) -> torch.Tensor | None:
             with torch.no_grad():
-                return reference(_convert(values, fn))
+                return _output(reference(_convert(values, fn)), k)
 
         return run
 

@@ -224,7 +224,7 @@ def public_form(op: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
     return _PublicOp(op, [a.name for a in op._schema.arguments], reference), args, kwargs
 
 
-_PUBLIC = frozenset(("aten.scaled_dot_product_attention", "aten.layer_norm", "aten.rms_norm", "aten.conv1d",
+_PUBLIC = frozenset(("aten.scaled_dot_product_attention", "aten.layer_norm", "aten.rms_norm", "aten.batch_norm", "aten.conv1d",
                      "aten.conv2d", "aten.conv3d", "aten.convolution"))
 
 

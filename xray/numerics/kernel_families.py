@@ -1,7 +1,9 @@
 """Kernel families: device- or backend-specific implementations of one computation.
 
 Why: CPU runs ``_scaled_dot_product_flash_attention_for_cpu`` where CUDA runs
-``_scaled_dot_product_efficient_attention`` (or cudnn's, or flash's); a linear layer is an
+``_scaled_dot_product_efficient_attention`` (or cudnn's, or flash's), and its backward likewise;
+a batch norm is ``native_batch_norm`` on CPU, ``cudnn_batch_norm`` on CUDA (``miopen_`` on ROCm,
+``_native_batch_norm_legit_no_training`` in an exported program); a linear layer is an
 ``addmm`` on one side and an ``mm`` on the other; a cast is ``_to_copy`` or ``copy_``. These are
 one computation, so alignment pairs them as one kind, compares only the outputs they share (the
 attention output, not a kernel's logsumexp or RNG seed), and recomputes their local error with one
@@ -44,6 +46,55 @@ def _sdpa_bmhk(v: dict[str, Any]) -> torch.Tensor:
     return _sdpa(t).transpose(1, 2)
 
 
+def _attention_backward(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of query, key and value, by autograd through the public op: every
+    backward kernel (CPU flash, CUDA efficient/flash/cudnn) takes the forward's own arguments
+    plus the output gradient, under names that differ a little."""
+    if float(v.get("dropout_p", 0.0) or 0.0) > 0.0:
+        raise ValueError("attention backward with dropout: the kernel's random mask has no reference")
+    if v.get("cum_seq_q") is not None:
+        raise ValueError("variable-length attention: no public-op reference")
+    grad = v.get("grad_out", v.get("grad_out_"))
+    with torch.enable_grad():
+        q, k, val = (v[n].detach().requires_grad_() for n in ("query", "key", "value"))
+        out = _sdpa({**v, "query": q, "key": k, "value": val})
+        return torch.autograd.grad(out, (q, k, val), grad.to(out.dtype))
+
+
+def _batch_norm(v: dict[str, Any]) -> torch.Tensor:
+    """F.batch_norm on the call's arguments: running statistics in eval, the batch's in training
+    (the running ones are the caller's copies, so their update is harmless)."""
+    import torch.nn.functional as F
+
+    training = bool(v.get("training", v.get("train", False)))
+    momentum = v.get("momentum", v.get("exponential_average_factor", 0.1))
+    return F.batch_norm(v["input"], v.get("running_mean"), v.get("running_var"), v.get("weight"), v.get("bias"),
+                        training=training, momentum=float(momentum or 0.0), eps=float(v.get("eps", v.get("epsilon"))))
+
+
+def _batch_norm_backward(v: dict[str, Any]) -> tuple[torch.Tensor | None, ...]:
+    """The gradients of input, weight and bias, by autograd through F.batch_norm. What a kernel
+    saved for backward differs (cudnn's and miopen's ``save_var`` is an inverse deviation), so
+    the batch's statistics are recomputed; a kernel given none ran in eval mode. Gradients the
+    call did not ask for (``output_mask``) are None, as the kernel's own are."""
+    saved = v.get("save_mean")
+    training = v.get("train", v.get("update", saved is not None and saved.numel() > 0))
+    grad = v.get("grad_out", v.get("grad_output"))
+    mask = list(v.get("output_mask") or (True, True, True))
+    with torch.enable_grad():
+        x = v["input"].detach().requires_grad_()
+        w, b = (t.detach().requires_grad_() if t is not None else None for t in (v.get("weight"), v.get("bias")))
+        if w is not None and b is None:
+            b = torch.zeros_like(w, requires_grad=True)
+        out = _batch_norm({"input": x, "weight": w, "bias": b, "running_mean": v.get("running_mean"),
+                           "running_var": v.get("running_var"), "training": bool(training),
+                           "eps": v.get("eps", v.get("epsilon"))})
+        wanted = [t for t in (x, w, b) if t is not None]
+        grads = iter(torch.autograd.grad(out, wanted, grad.to(out.dtype)))
+        full = [next(grads) if t is not None else None for t in (x, w, b)]
+    return tuple(g if keep else None for g, keep in zip(full, mask))
+
+
 def _conv(v: dict[str, Any]) -> torch.Tensor:
     import torch.nn.functional as F
 
@@ -79,6 +130,7 @@ class Family:
     members: frozenset[str]
     primary: int | None = None
     reference: Reference | None = None
+    implied: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # member -> arguments its name implies
 
 
 def _aten(*names: str) -> frozenset[str]:
@@ -94,6 +146,21 @@ FAMILIES: tuple[Family, ...] = (
         primary=1, reference=_sdpa),
     Family("attention_forward_bmhk", _aten("_efficient_attention_forward", "_flash_attention_forward"),
            primary=1, reference=_sdpa_bmhk),
+    Family("scaled_dot_product_attention_backward", _aten(
+        "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+        "_scaled_dot_product_fused_attention_overrideable_backward"),
+        primary=3, reference=_attention_backward),
+    Family("batch_norm", _aten(
+        "batch_norm", "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "_batch_norm_no_update"),
+        primary=1, reference=_batch_norm,
+        implied=(("aten._batch_norm_with_update", (("training", True),)),
+                 ("aten._native_batch_norm_legit_no_training", (("training", False),)),
+                 ("aten._batch_norm_no_update", (("training", False),)))),
+    Family("batch_norm_backward", _aten(
+        "native_batch_norm_backward", "cudnn_batch_norm_backward", "miopen_batch_norm_backward",
+        "batch_norm_backward"), primary=3, reference=_batch_norm_backward),
     Family("convolution", _aten(
         "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
         "miopen_convolution", "_nnpack_spatial_convolution", "thnn_conv2d", "_slow_conv2d_forward",
@@ -133,9 +200,17 @@ def primary_outputs(op: str) -> int | None:
 
 
 def reference_of(op: str) -> Reference | None:
-    """The device-neutral public op that recomputes a family member's primary outputs."""
+    """The device-neutral public op that recomputes a family member's primary outputs, given the
+    call's arguments by schema name (with what the member's name implies: a ``_no_training``
+    kernel has no ``training`` argument). It returns one tensor, or a tuple of the primaries."""
     f = family_of(op)
-    return f.reference if f else None
+    if f is None or f.reference is None:
+        return None
+    implied = dict(dict(f.implied).get(packet(op), ()))
+    if not implied:
+        return f.reference
+    reference = f.reference
+    return lambda values: reference({**values, **implied})
 
 
 _OUT_INDEX = re.compile(r"^out(\d+)")

@@ -1,0 +1,211 @@
+"""Kernel families: a device's kernel for one computation pairs with the CPU's and is judged
+against one device-neutral reference (xray/numerics/kernel_families.py).
+
+CUDA's kernels cannot run here, but their schemas are in every torch build: each reference is fed
+a real CPU call's values under the member's own argument names and must reproduce the CPU
+kernel's outputs in float64. End to end, a ResNet whose batch norms run another real kernel
+(``_native_batch_norm_legit_no_training``, what an exported program calls) must compare clean
+against eager and name a bug in that kernel where it is born.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xray
+from xray.compare import compare_dumps
+from xray.numerics.kernel_families import kernel_specific, kind_of, reference_of
+
+ATTENTION_BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward",
+                      "_scaled_dot_product_efficient_attention_backward",
+                      "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward")
+BATCH_NORM = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_native_batch_norm_legit",
+              "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "_batch_norm_no_update")
+BATCH_NORM_BACKWARD = ("native_batch_norm_backward", "cudnn_batch_norm_backward", "miopen_batch_norm_backward",
+                       "batch_norm_backward")
+
+
+def _op(name: str) -> str:
+    return f"aten.{name}.default"
+
+
+@pytest.mark.parametrize("group", (ATTENTION_BACKWARD, BATCH_NORM, BATCH_NORM_BACKWARD))
+def test_every_member_aligns_as_one_kind(group):
+    kinds = {kind_of(_op(name)) for name in group}
+    assert len(kinds) == 1 and None not in kinds
+    assert kind_of(_op(group[0])) != kind_of("aten.native_layer_norm.default")
+
+
+def test_a_cudnn_batch_norms_saved_statistics_are_not_compared_with_the_cpus():
+    cpu, cuda = _op("native_batch_norm"), _op("cudnn_batch_norm")
+    assert kernel_specific(cpu, cuda, "out0") is None
+    assert "kernel-specific" in kernel_specific(cpu, cuda, "out1")
+    assert kernel_specific(cpu, cpu, "out1") is None  # one kernel on both sides: all outputs compared
+
+
+def _attention_call(causal: bool, scale: float | None):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float64, generator=g) for _ in range(3))
+    grad = torch.randn(2, 4, 16, 8, dtype=torch.float64, generator=g)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        q, k, v, 0.0, causal, scale=scale)
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad, q, k, v, out, lse, 0.0, causal, scale=scale)
+    return dict(query=q, key=k, value=v, out=out, logsumexp=lse), grad, grads
+
+
+@pytest.mark.parametrize("name", ATTENTION_BACKWARD)
+@pytest.mark.parametrize("causal,scale", ((False, None), (True, 0.3)))
+def test_attention_backward_reference_reproduces_the_cpu_kernel_under_each_members_names(name, causal, scale):
+    values, grad, expected = _attention_call(causal, scale)
+    schema = {a.name for a in getattr(torch.ops.aten, name).default._schema.arguments}
+    grad_name = "grad_out_" if "grad_out_" in schema else "grad_out"
+    call = {**values, grad_name: grad, "is_causal": causal, "scale": scale, "dropout_p": 0.0}
+    call = {key: value for key, value in call.items() if key in schema}
+    got = reference_of(_op(name))(call)
+    assert len(got) == 3
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)  # both float64: one computation
+
+
+def test_attention_backward_with_dropout_has_no_reference():
+    values, grad, _ = _attention_call(False, None)
+    with pytest.raises(ValueError, match="dropout"):
+        reference_of(_op(ATTENTION_BACKWARD[0]))({**values, "grad_out": grad, "dropout_p": 0.1})
+
+
+def _bn_inputs():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64, generator=g) * 2 + 1
+    w, b = torch.rand(3, dtype=torch.float64, generator=g) + 0.5, torch.randn(3, dtype=torch.float64, generator=g)
+    mean, var = torch.randn(3, dtype=torch.float64, generator=g), torch.rand(3, dtype=torch.float64, generator=g) + 0.5
+    return x, w, b, mean, var
+
+
+FIXED_MODE = {"_native_batch_norm_legit_no_training": False, "_batch_norm_no_update": False,
+              "_batch_norm_with_update": True}  # the mode these kernels' names imply
+
+
+@pytest.mark.parametrize("name,training", [(n, t) for n in BATCH_NORM for t in (False, True)
+                                           if FIXED_MODE.get(n, t) == t])
+def test_batch_norm_reference_reproduces_native_batch_norm(name, training):
+    x, w, b, mean, var = _bn_inputs()
+    schema = [a.name for a in getattr(torch.ops.aten, name).default._schema.arguments]
+    expected = torch.ops.aten.native_batch_norm.default(x, w, b, mean.clone(), var.clone(), training, 0.1, 1e-5)[0]
+    values = dict(input=x, weight=w, bias=b, running_mean=mean.clone(), running_var=var.clone(), training=training,
+                  momentum=0.1, exponential_average_factor=0.1, eps=1e-5, epsilon=1e-5)
+    got = reference_of(_op(name))({key: v for key, v in values.items() if key in schema})
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("training", (False, True))
+@pytest.mark.parametrize("name", BATCH_NORM_BACKWARD)
+def test_batch_norm_backward_reference_reproduces_native_batch_norm_backward(name, training):
+    x, w, b, mean, var = _bn_inputs()
+    grad = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    _, save_mean, save_invstd = torch.ops.aten.native_batch_norm.default(x, w, b, mean.clone(), var.clone(),
+                                                                         training, 0.1, 1e-5)
+    expected = torch.ops.aten.native_batch_norm_backward.default(grad, x, w, mean, var, save_mean, save_invstd,
+                                                                 training, 1e-5, [True, True, True])
+    schema = [a.name for a in getattr(torch.ops.aten, name).default._schema.arguments]
+    # cudnn and miopen take no mode: they are given the batch's statistics in training, none in eval
+    saved = (save_mean, save_invstd) if training or "train" in schema or "update" in schema else (None, None)
+    values = dict(grad_out=grad, grad_output=grad, input=x, weight=w, running_mean=mean, running_var=var,
+                  save_mean=saved[0], save_invstd=saved[1], save_var=saved[1], train=training, update=training,
+                  eps=1e-5, epsilon=1e-5, output_mask=[True, True, True], reserveSpace=torch.empty(0),
+                  reserve=torch.empty(0))
+    got = reference_of(_op(name))({key: v for key, v in values.items() if key in schema})
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_batch_norm_backward_reference_leaves_out_what_the_call_did_not_ask_for():
+    x, w, b, mean, var = _bn_inputs()
+    grad = torch.ones_like(x)
+    got = reference_of(_op("native_batch_norm_backward"))(dict(
+        grad_out=grad, input=x, weight=w, running_mean=mean, running_var=var, save_mean=None, save_invstd=None,
+        train=False, eps=1e-5, output_mask=[True, False, True]))
+    assert got[0] is not None and got[1] is None and got[2] is not None
+
+
+# -- end to end: a ResNet at 224x224 whose batch norms run another real kernel ------------------------
+def _resnet():
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=32, hidden_sizes=[32, 64],
+                                                      depths=[1, 1], layer_type="basic", num_labels=10)).eval()
+    with torch.no_grad():  # batch statistics of one batch, as a trained net's hold its activations'
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None
+        model.train()
+        model(pixel_values=torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1)))
+    return model.eval()
+
+
+class _Corrupt(torch.utils._python_dispatch.TorchDispatchMode):
+    """Scale the ``call``-th output of ``op`` by (1 + 1e-3): a kernel bug, below the recorder."""
+
+    def __init__(self, op, call: int) -> None:
+        super().__init__()
+        self.op, self.call, self.seen = op, call, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is self.op:
+            self.seen += 1
+            if self.seen - 1 == self.call:
+                return (out[0] * (1 + 1e-3), *out[1:])
+        return out
+
+
+def _record(model, folder, pixels, below=None):
+    if below is not None:
+        below.__enter__()
+    try:
+        xray.begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=64, dump_dir=folder)
+        with torch.no_grad():
+            model(pixel_values=pixels)
+        return xray.end_dump()
+    finally:
+        if below is not None:
+            below.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def resnet_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bn_kernel")
+    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    bench_model, target_model = _resnet(), _resnet()
+    legit = torch.ops.aten._native_batch_norm_legit_no_training.default
+    for bn in target_model.modules():
+        if isinstance(bn, torch.nn.BatchNorm2d):
+            bn.forward = lambda x, bn=bn: legit(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, 0.0, bn.eps)[0]
+    bench = _record(bench_model, root / "bench", pixels)
+    target = _record(target_model, root / "target", pixels)
+    faulty = _record(target_model, root / "faulty", pixels, below=_Corrupt(legit, 3))
+    return root, bench, target, faulty
+
+
+def test_batch_norms_of_another_kernel_pair_with_eagers_and_compare_clean(resnet_pair):
+    _, bench, target, _ = resnet_pair
+    result = compare_dumps(bench, target)
+    norms = [r for r in result.rows if "batch_norm" in r.bench_op + r.target_op]
+    count = sum(isinstance(m, torch.nn.BatchNorm2d) for m in _resnet().modules())
+    assert len(norms) == 3 * count  # three outputs each
+    assert all(r.bench_op and r.target_op for r in norms), "a batch norm left unmatched"
+    assert {r.status for r in norms if r.tensor == "out0"} == {"pass"}
+    assert {r.status for r in norms if r.tensor != "out0"} == {"skip"}  # the kernels' own saved statistics
+    assert result.summary.failed == 0 and result.summary.first_divergence is None
+
+
+def test_a_bug_in_the_other_kernel_is_born_in_its_batch_norm(resnet_pair):
+    _, bench, _, faulty = resnet_pair
+    fd = compare_dumps(bench, faulty).summary.first_divergence
+    assert fd["target_op"] == "aten._native_batch_norm_legit_no_training.default"
+    assert fd["op"] == "aten.native_batch_norm.default"
+    assert fd["origin"] == "born" and fd["cause"] != "target-only op"
+    # judged by the family's reference (F.batch_norm in float64): the kernel's own error
+    assert float(fd["local_err"]) > 10 * float(fd["local_floor"])
