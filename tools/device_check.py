@@ -1,14 +1,16 @@
 """One prepared check for a machine with an accelerator (issue 30), in under 5 minutes.
 
 For each architecture (llama, gpt2, bert, vit; tiny transformers configs with random weights, as
-/work/shared/fixtures/README.md describes) it records one forward, every call, statistics and 4
-saved tensors per call (``X_DEBUG=0x102``, no de-dup, ``X_DUMP_NUM=4``), as:
+/work/shared/fixtures/README.md describes; and resnet, whose batch norms run cudnn's kernel on
+CUDA, and llama-train, a forward and backward whose attention gradients come from CUDA's own
+backward kernels) it records one forward (and backward), every call, statistics and 4 saved
+tensors per call (``X_DEBUG=0x102``, 0x10A with backward, no de-dup, ``X_DUMP_NUM=4``), as:
 
 - ``cpu_fp32``: the bench, on the CPU;
 - ``dev_fp32``, ``dev_tf32``, ``dev_bf16``, ``dev_fp16``: the device in fp32, with TF32 on, and
   under bf16 / fp16 autocast. Legitimate: the right verdict is no FAIL or NaN/Inf row and no first
   divergence;
-- ``fault_*``: one matmul-family call's output multiplied by 1+eps by a dispatch mode entered
+- ``fault_*``: one matmul-family (resnet: or convolution) call's output multiplied by 1+eps by a dispatch mode entered
   *below* the recorder, so the recorder sees the corrupted value as that call's own output. The
   right verdict names that call (its seq, read from the dump: the n-th matmul-family record).
 
@@ -48,9 +50,10 @@ from xray.gen.generator import generate  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import devices  # noqa: E402 -- the fixtures' scorer, so both count alike
 
-ARCHS = ("llama", "gpt2", "bert", "vit")
+ARCHS = ("llama", "gpt2", "bert", "vit", "resnet", "llama-train")
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
                      "aten.matmul.default", "aten.linear.default"})
+FAULT_OPS = {"resnet": MATMULS | {"aten.convolution.default"}}  # else MATMULS
 # variant -> (TF32 on, autocast dtype or None, fault eps or None)
 VARIANTS = {
     "dev_fp32": (False, None, None),
@@ -70,7 +73,17 @@ def build(arch: str):
 
     torch.manual_seed(0)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    if arch == "llama":
+    if arch == "resnet":
+        model = tf.ResNetForImageClassification(tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
+                                                                depths=[1, 1], layer_type="basic", num_labels=10))
+        for m in model.modules():  # batch-norm statistics of one batch, as a trained net's
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None
+        with torch.no_grad():
+            model.train()(pixel_values=torch.randn(8, 3, 32, 32))
+        return model.eval(), {"pixel_values": torch.randn(1, 3, 32, 32)}
+    if arch in ("llama", "llama-train"):
         model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=256, num_key_value_heads=2, **common))
     elif arch == "gpt2":
         model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=64))
@@ -85,16 +98,16 @@ def build(arch: str):
 
 
 class Fault(TorchDispatchMode):
-    """Multiplies the output of the (n+1)-th matmul-family call by 1+eps."""
+    """Multiplies the output of the (n+1)-th call of ``ops`` by 1+eps."""
 
-    def __init__(self, n: int, eps: float) -> None:
+    def __init__(self, n: int, eps: float, ops: frozenset[str] = MATMULS) -> None:
         super().__init__()
-        self.n, self.eps, self.seen, self.op = n, eps, 0, None
+        self.n, self.eps, self.ops, self.seen, self.op = n, eps, ops, 0, None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = f"aten.{func._schema.name.split('::')[-1]}.{func._overloadname}"
-        if name in MATMULS:
+        if name in self.ops:
             if self.seen == self.n:
                 out = out * (1 + self.eps)
                 self.op = name
@@ -118,17 +131,23 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
     model, inputs = build(arch)
     model = model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    fault = Fault(FAULT_N, eps) if eps else None
+    ops = FAULT_OPS.get(arch, MATMULS)
+    fault = Fault(FAULT_N, eps, ops) if eps else None
+    train = arch.endswith("-train")
     amp = torch.autocast(torch.device(device).type, dtype=autocast) if autocast else contextlib.nullcontext()
-    with torch.no_grad(), _tf32(tf32), amp:
+    with torch.enable_grad() if train else torch.no_grad(), _tf32(tf32):
         with fault if fault else contextlib.nullcontext():  # entered first: below the recorder
-            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=4) as d:
-                model(**inputs)
+            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x10A if train else 0x102, X_DEDUP=False,
+                           X_DUMP_NUM=4) as d:
+                with amp:
+                    output = model(**inputs)[0]
+                if train:  # the backward outside autocast, as a training step runs it
+                    output.float().square().mean().backward()
     entry = {"arch": arch, "variant": variant, "device": device, "path": str(d.folder), "tf32": tf32,
              "autocast": str(autocast)}
     if fault:
         dump = xray.load_dump(d.folder)
-        matmuls = [r for r in dump.records if r.kind == "op" and r.op in MATMULS]
+        matmuls = [r for r in dump.records if r.kind == "op" and r.op in ops]
         target = matmuls[FAULT_N]
         entry.update(fault_eps=eps, fault_n=FAULT_N, fault_target_seq=target.seq, fault_op=target.op,
                      fault_module=target.module, injected_op=fault.op)
