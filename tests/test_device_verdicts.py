@@ -61,7 +61,7 @@ def real_statistics(real_pairs, tmp_path_factory):
 
 @pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items()
                                        if "fault_target_seq" not in v or not v["variant"].startswith("fault_bf16")))
-def test_real_device_runs_judged_on_statistics_alone(real_statistics, key):
+def test_real_device_runs_judged_on_statistics_alone(real_pairs, real_statistics, key):
     """A statistics-only recording of the real device runs: every legitimate target clean, every
     fp32 (1e-3) and TF32 (1e-2) fault named at its call. The bf16 5e-2 faults sit within bf16's
     statistics tolerance; bench_accuracy reports how many of those the kind-outlier rule finds."""
@@ -72,6 +72,11 @@ def test_real_device_runs_judged_on_statistics_alone(real_statistics, key):
     else:
         assert o.clean, f"{key}: {o.fail_rows} FAIL rows, first divergence {o.fd_op} seq {o.fd_target_seq}"
     assert not any((real_statistics / _MANIFEST[key]["path"]).glob("tensors-*"))
+    # compare --statistics-only on the whole pairs (tensors saved, left unread) says the same
+    flag = devices.score(real_pairs, key, _MANIFEST[key], statistics_only=True)
+    assert (flag.exact, flag.clean, flag.fail_rows, flag.fd_target_seq) == (o.exact, o.clean, o.fail_rows,
+                                                                            o.fd_target_seq)
+    assert flag.counts == o.counts
 
 
 def test_cuda_attention_kernel_pairs_with_the_cpu_one(real_pairs):

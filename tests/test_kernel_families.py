@@ -9,6 +9,8 @@ against eager and name a bug in that kernel where it is born.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -209,3 +211,73 @@ def test_a_bug_in_the_other_kernel_is_born_in_its_batch_norm(resnet_pair):
     assert fd["origin"] == "born" and fd["cause"] != "target-only op"
     # judged by the family's reference (F.batch_norm in float64): the kernel's own error
     assert float(fd["local_err"]) > 10 * float(fd["local_floor"])
+
+
+# -- F.rms_norm: several ops on CPU, one _fused_rms_norm kernel on CUDA -------------------------------
+@pytest.mark.parametrize("shape,normalized,weighted", [((2, 5, 8), [8], True), ((3, 4, 6), [4, 6], True),
+                                                      ((2, 8), [8], False)])
+def test_fused_rms_norm_backward_reference_is_autograds_gradient(shape, normalized, weighted):
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(*normalized, dtype=torch.float64, generator=g, requires_grad=True) if weighted else None
+    y = F.rms_norm(x, normalized, w, 1e-5)
+    grad = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    expected = torch.autograd.grad(y, [x, w] if weighted else [x], grad)
+    dims = tuple(range(-len(normalized), 0))
+    rstd = torch.rsqrt(x.detach().pow(2).mean(dims, keepdim=True) + 1e-5)  # what the forward kernel saves
+    got = reference_of(_op("_fused_rms_norm_backward"))(dict(
+        grad_out=grad, input=x.detach(), normalized_shape=normalized, rstd=rstd,
+        weight=None if w is None else w.detach(), output_mask=[True, True]))
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=1e-12)
+    assert (got[1] is None) == (not weighted)
+    if weighted:
+        torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow  # a real-size Llama layer recorded three times with every tensor (~12 s)
+def test_a_fused_rms_norm_kernel_at_real_size_is_clean_and_its_bug_is_named_with_its_local_error(tmp_path):
+    """Hidden 1024, GQA (16 heads, 4 KV), 512 tokens: the target runs F.rms_norm as one fused
+    kernel (a CPU kernel registered for ``_fused_rms_norm``, as CUDA has), the bench as pow, mean,
+    rsqrt and muls. Clean: no FAIL row. With the kernel 1e-3 off in its second call: that call is
+    named, measured wrong on its own inputs through the family's reference."""
+    import sys
+    from pathlib import Path
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy.faults import CorruptCall, FusedRmsNormKernel, relative
+    from accuracy.runner import _functional_rms_norms
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=1024, intermediate_size=2816,
+                                         num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=4,
+                                         max_position_embeddings=1024, attn_implementation="sdpa")).eval()
+    _functional_rms_norms(model)
+    ids = torch.randint(0, 512, (1, 512), generator=torch.Generator().manual_seed(1))
+
+    def record(name, fault=None):
+        with FusedRmsNormKernel() if name != "bench" else nullcontext(), fault or nullcontext():
+            xray.begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=64, dump_dir=tmp_path / name)
+            try:
+                with torch.no_grad():
+                    model(input_ids=ids)
+            finally:
+                path = xray.end_dump()
+        return path
+
+    bench, clean = record("bench"), record("clean")
+    fault = CorruptCall("aten._fused_rms_norm.default", 1, relative(1e-3))
+    faulty = record("faulty", fault)
+    assert fault.hit
+    result = compare_dumps(bench, clean)
+    assert result.summary.failed == 0 and result.summary.first_divergence is None
+    fused = [r for r in result.rows if r.target_op == "aten._fused_rms_norm.default"]
+    assert len(fused) == 2 * 3 and {r.status for r in fused} == {"unmatched"}  # 3 norms, out and rstd each
+    fd = compare_dumps(bench, faulty).summary.first_divergence
+    assert fd["cause"] == "target-only op" and "aten._fused_rms_norm.default" in fd["culprit"]
+    assert "wrong on its own inputs" in fd["culprit"]
+    (seq,) = [r.seq for r in xray.load_dump(faulty).records if r.op == "aten._fused_rms_norm.default"][1:2]
+    assert fd["culprit_target_seq"] == seq

@@ -71,22 +71,24 @@ def _inside(path: str | None, parent: str) -> bool:
     return p == q or p.startswith(q + ".")
 
 
-def score(root: Path, key: str, entry: dict) -> DeviceOutcome:
+def score(root: Path, key: str, entry: dict, statistics_only: bool = False) -> DeviceOutcome:
     """Compare one target of the fixtures with its bench and score it against the manifest's ground truth."""
     bench = manifest(root).get(f"{entry['arch']}/cpu_fp32", {}).get("path", f"{entry['arch']}/cpu_fp32/proc_480")
-    return judge(root / bench, root / entry["path"], entry, key)
+    return judge(root / bench, root / entry["path"], entry, key, statistics_only)
 
 
-def judge(bench: Path | str, target: Path | str, truth: dict, key: str | None = None) -> DeviceOutcome:
+def judge(bench: Path | str, target: Path | str, truth: dict, key: str | None = None,
+          statistics_only: bool = False) -> DeviceOutcome:
     """Compare ``target`` with ``bench`` and score the verdict against ``truth`` (``arch``,
-    ``variant`` and, for a fault run, ``fault_target_seq`` and ``fault_module``)."""
+    ``variant`` and, for a fault run, ``fault_target_seq`` and ``fault_module``);
+    ``statistics_only``: on their statistics alone (compare's --statistics-only)."""
     from xray.compare import compare_dumps
 
     arch = truth["arch"]
     o = DeviceOutcome(key or f"{arch}/{truth['variant']}", arch, truth["variant"], fault="fault_target_seq" in truth)
     started = time.perf_counter()
     try:
-        r = compare_dumps(bench, target, progress=False)
+        r = compare_dumps(bench, target, progress=False, statistics_only=statistics_only)
     except Exception as e:  # noqa: BLE001 -- a crash is a result of the benchmark, listed
         o.crash = f"{type(e).__name__}: {e}"
         o.seconds = time.perf_counter() - started
@@ -109,7 +111,8 @@ def judge(bench: Path | str, target: Path | str, truth: dict, key: str | None = 
 def statistics_only(root: Path, into: Path | None = None) -> Path:
     """A copy of the unpacked fixtures without their tensor files: every pair is then judged by
     its statistics, as a statistics-only recording of the same runs would be (the usual
-    recording on a device). Compare reads the missing data as unreadable and says so once."""
+    recording on a device). Compare reads the missing data as unreadable and says so once;
+    ``--statistics-only`` (``score(..., statistics_only=True)``) gives the same view unread."""
     out = Path(into or tempfile.mkdtemp(prefix="xray-cuda-h100-stats-"))
     shutil.copytree(root, out, ignore=shutil.ignore_patterns("tensors-*.h5"), dirs_exist_ok=True)
     return out
@@ -118,9 +121,7 @@ def statistics_only(root: Path, into: Path | None = None) -> Path:
 def run(root: Path | None = None, statistics: bool = False) -> list[DeviceOutcome]:
     """Score every target of the fixtures; ``statistics``: on their statistics alone."""
     root = root or unpack()
-    if statistics:
-        root = statistics_only(root, root.with_name(root.name + "-statistics"))
-    return [score(root, key, e) for key, e in manifest(root).items() if e["variant"] != "cpu_fp32"]
+    return [score(root, key, e, statistics) for key, e in manifest(root).items() if e["variant"] != "cpu_fp32"]
 
 
 HEADERS = ["real device set", "runs", "exact hit %", "right module %", "clean (no FAIL, no divergence)",

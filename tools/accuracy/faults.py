@@ -149,3 +149,46 @@ class StorageReaders(TorchDispatchMode):
         if isinstance(a, (list, tuple)):
             return any(self._reads(x) for x in a)
         return isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.ptr
+
+
+class FusedRmsNormKernel:
+    """A fused RMS norm kernel registered for CPU, as CUDA has one: inside this context F.rms_norm
+    dispatches ``aten._fused_rms_norm`` (and its backward ``_fused_rms_norm_backward``) as one
+    call, where CPU otherwise runs pow, mean, add, rsqrt and muls. It computes as CUDA's does:
+    float32 statistics, the result cast back to the input's dtype. Registered only while entered
+    (torch.library), so nothing else in the process sees it."""
+
+    def __enter__(self) -> "FusedRmsNormKernel":
+        self.lib = torch.library.Library("aten", "IMPL")
+        self.lib.impl("_fused_rms_norm", _fused_rms_norm, "CPU")
+        self.lib.impl("_fused_rms_norm_backward", _fused_rms_norm_backward, "CPU")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lib._destroy()
+
+
+def _rstd(x: torch.Tensor, shape: list[int], eps: float | None) -> torch.Tensor:
+    dims = tuple(range(-len(shape), 0))
+    e = torch.finfo(x.dtype).eps if eps is None else eps
+    return torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + e)
+
+
+def _fused_rms_norm(x, shape, weight, eps):
+    rstd = _rstd(x, shape, eps)
+    out = (x.float() * rstd).to(x.dtype)
+    return (out * weight if weight is not None else out), rstd
+
+
+def _fused_rms_norm_backward(grad, x, shape, rstd, weight, mask):
+    """dx = rstd * (g w) - x * rstd^3 * mean(g w x), dw = sum(g x rstd) over the batch dims, at
+    float32 (autograd is off inside a kernel, as in CUDA's: this is the closed form it computes)."""
+    dims = tuple(range(-len(shape), 0))
+    xf, g, r = x.float(), grad.float(), rstd.float()
+    gw = g * weight.float() if weight is not None else g
+    dx = (r * gw - xf * r.pow(3) * (gw * xf).mean(dims, keepdim=True)).to(x.dtype)
+    dw = None
+    if weight is not None:
+        batch = tuple(range(x.dim() - len(dims)))
+        dw = ((g * xf * r).sum(batch) if batch else g * xf * r).to(weight.dtype)
+    return (dx if mask[0] else None), (dw if mask[1] else None)

@@ -23,7 +23,7 @@ import xray
 from xray.compare import compare_dumps
 
 from .archs import ARCHS, run_model
-from .faults import CorruptCall, ReducedPrecisionMatmul, StorageReaders
+from .faults import CorruptCall, FusedRmsNormKernel, ReducedPrecisionMatmul, StorageReaders
 from .scenario import Scenario
 
 TENSORS_PER_RECORD = 64  # X_DUMP_NUM: every input and output of any op in these models
@@ -89,6 +89,14 @@ def _exported_batch_norms(model: torch.nn.Module) -> None:
                 x, bn.weight, bn.bias, bn.running_mean, bn.running_var, 0.0, bn.eps)[0]
 
 
+def _functional_rms_norms(model: torch.nn.Module) -> None:
+    """Every RMS norm module calls F.rms_norm (as torch.nn.RMSNorm does): CPU runs it as several
+    ops; under FusedRmsNormKernel it is one ``_fused_rms_norm`` call, as on CUDA."""
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
+            m.forward = lambda x, m=m: torch.nn.functional.rms_norm(x, [x.shape[-1]], m.weight, m.variance_epsilon)
+
+
 def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
     arch = ARCHS[s.arch]
     bench = arch.build()
@@ -109,6 +117,9 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
         target = target.half()
     if s.noise == "bn-kernel":
         _exported_batch_norms(target)
+    if s.noise == "fused-rms-norm":
+        for m in (bench, target):
+            _functional_rms_norms(m)
     if s.wrap:
         target = Wrapper(s.wrap, target)
     return bench, target
@@ -131,6 +142,8 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
             stack.enter_context(m)
         if noisy and s.noise == "tf32":
             stack.enter_context(ReducedPrecisionMatmul())
+        if noisy and s.noise == "fused-rms-norm":
+            stack.enter_context(FusedRmsNormKernel())
         if noisy and s.noise == "threads":
             torch.set_num_threads(1 if threads > 1 else 2)
             stack.callback(torch.set_num_threads, threads)

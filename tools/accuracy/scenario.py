@@ -32,7 +32,7 @@ CORRUPTIONS = {
     "int": lambda _: faults.int_bump(),
 }
 
-NOISES = ("bf16", "fp16", "tf32", "threads", "math-sdpa", "eager-vs-sdpa", "bn-kernel")
+NOISES = ("bf16", "fp16", "tf32", "threads", "math-sdpa", "eager-vs-sdpa", "bn-kernel", "fused-rms-norm")
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,17 @@ def scenarios() -> list[Scenario]:
                             ("efficientnet", _f("convolution.default", 9), {}),
                             ("efficientnet", _f(BN, 4, "rel", 1e-2), {"data": False})):
         add("bn-kernel+bug" + ("/stats" if kw else ""), arch, fault=fault, noise="bn-kernel", **kw)
+    # F.rms_norm as one fused kernel on the target (CUDA's _fused_rms_norm; here a CPU kernel
+    # registered for that op) where the bench runs it as several ops (added at stop 37)
+    RMS, RMS_BACKWARD = "aten._fused_rms_norm.default", "aten._fused_rms_norm_backward.default"
+    for arch, kw in (("llama-sdpa", {}), ("qwen2", {}), ("llama-eager", {"data": False}),
+                     ("llama-sdpa", {"backward": True})):
+        add("noise/fused-rms-norm" + ("/stats" if kw.get("data") is False else ""), arch, noise="fused-rms-norm", **kw)
+    for arch, fault, kw in (("llama-sdpa", _f(RMS, 2), {}), ("qwen2", _f(RMS, 4), {}),
+                            ("llama-eager", _f(RMS, 1, "rel", 1e-2), {"data": False}),
+                            ("llama-sdpa", Fault(RMS_BACKWARD, 1, "rel", 1e-3, "backward"), {"backward": True})):
+        cls = "fused-rms-norm+bug" + ("/stats" if kw.get("data") is False else "")
+        add(cls, arch, fault=fault, noise="fused-rms-norm", **kw)
     return out
 
 

@@ -24,7 +24,7 @@ __all__ = ["compare_dumps", "CompareResult", "CompareInputError", "CompareRow", 
 
 def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules: Rules | None = None,
                   reference: str | os.PathLike | None = None, progress: bool | None = None,
-                  threads: int | None = 1) -> CompareResult:
+                  threads: int | None = 1, statistics_only: bool = False) -> CompareResult:
     """Compare ``target`` against the trusted ``bench``.
 
     Either side may be a trace folder, its dump.json, a module-level .h5, or a folder of
@@ -32,6 +32,8 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     used for torch._dynamo's rule. ``threads`` caps torch's intra-op threads while comparing
     (None keeps torch's setting): compare's ops are memory-bound chunks of a few MiB, where one
     thread is as fast as two on an idle machine and far faster on a busy one (OpenMP barriers).
+    ``statistics_only`` judges every pair on its statistics, as if no tensor had been saved:
+    what a statistics-only recording of the same runs would be told, without reading the data.
     Raises CompareInputError when the inputs are unusable.
     """
     import torch
@@ -40,12 +42,13 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, previous)))
     try:
-        return _compare(bench, target, rules, reference, progress)
+        return _compare(bench, target, rules, reference, progress, statistics_only)
     finally:
         torch.set_num_threads(previous)
 
 
-def _compare(bench, target, rules: Rules | None, reference, progress: bool | None) -> CompareResult:
+def _compare(bench, target, rules: Rules | None, reference, progress: bool | None,
+             statistics_only: bool = False) -> CompareResult:
     from ..numerics.rules import Rules
     from .divergence import first_divergence
     from .engine import compare_loaded
@@ -76,7 +79,8 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             summary.warnings.append(f"target{where}: X_DEDUP folded {folded} collective calls into earlier records; "
                                     "the rank order counts records, not calls: record with X_DEDUP=0")
         try:
-            rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress)
+            rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress,
+                                               statistics_only=statistics_only)
         finally:
             for d in (db, dt, dr):
                 close = getattr(d, "close", None)

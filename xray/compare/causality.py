@@ -201,6 +201,7 @@ class _Graph:
         self._entries = entries  # (bench, target) entries: module forward calls are looked up there
         self._forward: list[dict] | None = None
         self._within: dict[tuple[int, bool], bool | None] = {}  # (target pos, substituted) -> verdict
+        self.wrong: dict[int, str] = {}  # target pos -> how a substituted kernel is wrong on its inputs
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
@@ -305,7 +306,11 @@ class _Graph:
             if le is None:
                 continue
             measured = True
-            if self.floors.beyond(le, op.op, reduction_length(op.record, k)):
+            floor = self.floors.floor(le, op.op, reduction_length(op.record, k))
+            if le.local > floor:
+                if substituted:
+                    self.wrong[op.pos] = (f"wrong on its own inputs (local error {le.local:.3g} vs floor {floor:.3g}) "
+                                          "where the bench ran ops of its own")
                 return False
             if not substituted and _changed_beyond_rounding(op, meta, self.dump, self.floors.rules):
                 return False
@@ -378,7 +383,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         set_origin(r, "born", "parameter", f"parameter {qual} differs")
     elif "target-only" in causes:
         name, e = causes["target-only"]
-        set_origin(r, "born", "target-only op", f"target-only op {e.name} feeds {name}")
+        wrong = graph.wrong.get(e.pos)
+        set_origin(r, "born", "target-only op", f"target-only op {e.name} " + (f"is {wrong}; it " if wrong else "")
+                   + f"feeds {name}")
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp64-multiplier", type=float, default=Rules.fp64_multiplier,
                    help="with --reference: a pair passes when its error against the float64 run is at most this "
                         "multiple of the bench's own error against it (default %(default)s)")
+    p.add_argument("--statistics-only", action="store_true",
+                   help="judge every pair on its statistics, leaving saved tensors unread: what a statistics-only "
+                        "recording of the same runs would be told (the cheap recording on a device), and faster")
     p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
     p.add_argument("--threads", type=int, default=1, help="torch threads while comparing (default %(default)s; "
                    "0 keeps torch's setting)")
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         for text in args.tol:
             rules = rules.with_override(*parse_tolerance_arg(text))
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
-                               progress=False if args.no_progress else None, threads=args.threads or None)
+                               progress=False if args.no_progress else None, threads=args.threads or None,
+                               statistics_only=args.statistics_only)
         write_csv(result, args.out_csv)
         if args.summary_json:
             write_summary_json(result, args.summary_json)

@@ -39,13 +39,14 @@ from .stat_verdicts import covered_by_stats, tolerances
 
 
 def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
-                   progress: bool | None = None) -> tuple[list[CompareRow], dict]:
+                   progress: bool | None = None, statistics_only: bool = False) -> tuple[list[CompareRow], dict]:
     """Rows (target-only entries before each matched pair, then bench-only ones, then the pair's
     outputs) and per-dump totals for one pair of loaded dumps. ``reference``: a loaded float64
-    run of the bench, matched to the bench as the target is (torch._dynamo's rule on data pairs)."""
+    run of the bench, matched to the bench as the target is (torch._dynamo's rule on data pairs).
+    ``statistics_only``: saved tensors are left unread, every pair judged on its statistics."""
     started = time.perf_counter()
     codes = Codes()
-    ta, tb = EntryTable(DumpColumns(bench), codes), EntryTable(DumpColumns(target), codes)
+    ta, tb = (EntryTable(DumpColumns(d, statistics_only), codes) for d in (bench, target))
     pa, pb, anchors = align_tables(ta, tb, codes)
     refs = None if reference is None else _reference_outputs(ta, EntryTable(DumpColumns(reference), codes), codes)
     ea, eb = Entries(ta), Entries(tb)

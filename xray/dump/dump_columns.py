@@ -10,20 +10,35 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .column_builder import columns_of
 from .column_scan import native_columns
 from .model import Record, TensorMeta
 
 
 class DumpColumns:
-    """``columns`` of a dump; ``record(i)`` and ``tensor_meta(j)`` by record and tensor row."""
+    """``columns`` of a dump; ``record(i)`` and ``tensor_meta(j)`` by record and tensor row.
 
-    def __init__(self, dump: Any) -> None:
+    ``statistics_only``: every tensor reads as unsaved, so a tool judges the dump as a
+    statistics-only recording of the same run (the cheap recording a device run usually makes);
+    the dump's files are not touched. The dump is then this view's alone: its Records lose their
+    data references too."""
+
+    def __init__(self, dump: Any, statistics_only: bool = False) -> None:
         native = native_columns(dump)
         if native is not None:
             self.columns, self._records = native, None
+            if statistics_only:
+                data = self.columns.tensors.columns
+                data["data"] = np.full_like(data["data"], -1)  # the Records built from it say None
         else:
             self._records = list(dump.records)
+            if statistics_only:
+                for rec in self._records:
+                    for meta in (*(m for _, m in rec.input_tensors()), *(m for _, m in rec.output_tensors()),
+                                 *rec.params.values()):
+                        meta.data = None
             self.columns = columns_of(self._records)
 
     def record(self, i: int) -> Record:

@@ -3,7 +3,8 @@
 Why: CPU runs ``_scaled_dot_product_flash_attention_for_cpu`` where CUDA runs
 ``_scaled_dot_product_efficient_attention`` (or cudnn's, or flash's), and its backward likewise;
 a batch norm is ``native_batch_norm`` on CPU, ``cudnn_batch_norm`` on CUDA (``miopen_`` on ROCm,
-``_native_batch_norm_legit_no_training`` in an exported program); a linear layer is an
+``_native_batch_norm_legit_no_training`` in an exported program); F.rms_norm is one
+``_fused_rms_norm`` kernel on CUDA and several ops on CPU; a linear layer is an
 ``addmm`` on one side and an ``mm`` on the other; a cast is ``_to_copy`` or ``copy_``. These are
 one computation, so alignment pairs them as one kind, compares only the outputs they share (the
 attention output, not a kernel's logsumexp or RNG seed), and recomputes their local error with one
@@ -95,6 +96,22 @@ def _batch_norm_backward(v: dict[str, Any]) -> tuple[torch.Tensor | None, ...]:
     return tuple(g if keep else None for g, keep in zip(full, mask))
 
 
+def _rms_norm_backward(v: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of input and weight of y = x * rstd * w, given the kernel's saved ``rstd``
+    (an input of the call: no eps is passed), by the closed form
+    dx = rstd * (g w) - x * rstd^3 * mean(g w x) and dw = sum(g * x * rstd) over the batch dims."""
+    x, g, rstd, w = v["input"], v["grad_out"], v["rstd"], v.get("weight")
+    dims = tuple(range(-len(v["normalized_shape"]), 0))
+    gw = g * w if w is not None else g
+    dx = rstd * gw - x * rstd.pow(3) * (gw * x).mean(dims, keepdim=True)
+    dw = None
+    if w is not None:
+        batch = tuple(range(x.dim() - len(dims)))
+        dw = (g * x * rstd).sum(batch) if batch else g * x * rstd
+    mask = list(v.get("output_mask") or (True, True))
+    return dx if mask[0] else None, dw if mask[1] else None
+
+
 def _conv(v: dict[str, Any]) -> torch.Tensor:
     import torch.nn.functional as F
 
@@ -169,6 +186,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("layer_norm", _aten("native_layer_norm", "layer_norm", "_fused_layer_norm"), primary=1,
            reference=_layer_norm),
     Family("rms_norm", _aten("rms_norm", "_fused_rms_norm"), primary=1, reference=_rms_norm),
+    Family("rms_norm_backward", _aten("_fused_rms_norm_backward"), primary=2, reference=_rms_norm_backward),
     Family("linear", _aten("linear", "addmm", "mm", "matmul", "_addmm_activation")),
     Family("copy", _aten("_to_copy", "copy", "to", "_copy_from", "_copy_from_and_resize")),
 )
