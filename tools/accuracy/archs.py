@@ -161,6 +161,23 @@ def _efficientnet() -> torch.nn.Module:
     return _calibrated(model, 8)
 
 
+def _whisper() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import WhisperConfig, WhisperForConditionalGeneration
+    return WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+        max_target_positions=32, decoder_start_token_id=0, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        attn_implementation="sdpa"))
+
+
+def _swin() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import SwinConfig, SwinForImageClassification
+    return SwinForImageClassification(SwinConfig(image_size=32, patch_size=2, num_channels=3, embed_dim=16,
+                                                 depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=10))
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -189,6 +206,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("mobilenet", _seeded(_mobilenet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                                  generator=torch.Generator().manual_seed(3))}),
     Arch("phi", _seeded(_phi), lambda: {"input_ids": _tokens(5)}),
+    # an encoder-decoder on 1-D convolutions of audio features; shifted-window attention
+    Arch("whisper", _seeded(_whisper), lambda: {
+        "input_features": torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(6)),
+        "decoder_input_ids": _tokens(6, 6)}),
+    Arch("swin", _seeded(_swin), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                       generator=torch.Generator().manual_seed(7))}),
     Arch("efficientnet", _seeded(_efficientnet), lambda: {"pixel_values": torch.randn(
         1, 3, 32, 32, generator=torch.Generator().manual_seed(4))}),
 )}

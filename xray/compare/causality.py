@@ -26,14 +26,14 @@ from typing import Any, Sequence
 import torch
 
 from ..dump.model import Source
-from ..dump.tensorio import dtype_from_name, dtype_name
+from ..dump.tensorio import dtype_name
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
 from .entry_records import Entry
 from .local import LocalError, local_error, measurable
 from .matching import op_base
-from .noise_floor import Floors, is_convolution, is_matmul_like, outliers, reduction_length
+from .noise_floor import Floors, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
 from . import statistics_only
 from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, set_origin
@@ -513,31 +513,18 @@ def _substituted(p: Pending, name: str, graph: _Graph) -> bool:
 
 def _reduction_noise(r: CompareRow, p: Pending, k: int, floors: Floors) -> str | None:
     """Statistics only, inputs agree, the output a reduction of its input (a norm's mean and
-    rstd, a sum): the statistics' difference within the accumulation-order bound at the
-    *input's* magnitude is another summation order, however large relative to a cancelled
-    output (a mean of 4.6e-5 from values of 1). Inputs that agree only within the row's
-    tolerance (an fp16 or autocast run: rtol x |x| per element) move an average by as much at
-    their magnitude, so that is allowed on top. None when not such a row or beyond the bound."""
-    if k >= len(p.target.outputs) or k >= len(p.bench.outputs) or is_matmul_like(p.target.op) \
-            or is_convolution(p.target.op):
+    rstd, a sum; statistics_only.reduction_change): the statistics' difference within the
+    accumulation-order bound at the *input's* magnitude is another summation order, however large
+    relative to a cancelled output (a mean of 4.6e-5 from values of 1). Inputs that agree only
+    within the row's tolerance (an fp16 or autocast run: rtol x |x| per element) move an average
+    by as much at their magnitude, so that is allowed on top. None when not such a row or beyond
+    the bound."""
+    reduction = statistics_only.reduction_change(p, k)
+    if reduction is None:
         return None
-    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
-    ins = [m for _, m in p.target.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None]
-    if bm.stats is None or tm.stats is None or not ins or bm.stats.mean is None or tm.stats.mean is None:
-        return None
-    biggest = max(ins, key=lambda m: m.numel)
-    if tm.numel >= biggest.numel:
-        return None  # not a reduction
-    try:
-        dtype = dtype_from_name(tm.dtype)
-    except ValueError:
-        return None
-    n = max(1, biggest.numel // max(1, tm.numel))
-    scale = max(math.sqrt(m.stats.mean ** 2 + (m.stats.std or 0.0) ** 2) for m in ins)
-    diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
-               if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
+    diff, scale, n, dtype = reduction
     bound = floors.rules.local_factor * floors.accumulation(dtype, n) * scale + (r.rtol or 0.0) * scale
-    if not math.isfinite(diff) or diff > bound:
+    if diff > bound:
         return None
     return (f"statistics differ by {diff:.3g}, within the accumulation-order bound of a {n}-term reduction "
             f"of inputs of magnitude {scale:.3g} ({bound:.3g})")

@@ -86,23 +86,56 @@ def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_f
                 continue  # a bug inside: decided by the attribution above
             made = [r.stats_err for q in inside for r in q.rows if r.cause == PRECISION and r.stats_err]
             inputs = max([inputs or 0.0] + made) or inputs
-        for r in p.rows:
+        for k, r in enumerate(p.rows):
             if not unmeasured(r) or r.cause not in ("local error", "inherited"):
                 continue
-            if r.stats_err <= f * level:
+            err, at = r.stats_err, ""
+            reduction = reduction_change(p, k)
+            if reduction is not None and reduction[0] / reduction[1] < err:  # a cancelling reduction
+                err, at = reduction[0] / reduction[1], " at its input's magnitude"
+            if err <= f * level:
                 downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows "
-                              f"({level:.3g}), consistent precision loss")
-            elif inputs is not None and inputs <= f * carried and r.stats_err <= f * max(carried, inputs + f * level):
+                              f"({level:.3g}){at}, consistent precision loss")
+            elif inputs is not None and inputs <= f * carried and err <= f * max(carried, inputs + f * level):
                 downgrade(r, f"statistics only: its inputs carry precision loss ({inputs:.3g}, within {f:g}x of "
-                              f"the {carried:.3g} accepted so far, which {shown_by} starts) and it adds no jump")
+                              f"the {carried:.3g} accepted so far, which {shown_by} starts) and it adds no jump{at}")
             else:
                 if r.cause == "inherited" and inputs is not None and inputs <= f * carried:
                     # what it received is precision loss; what it made of it is not
-                    set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} jumps beyond "
+                    set_origin(r, "born", "local error", f"statistics only: its error {err:.3g}{at} jumps beyond "
                                                    f"{f:g}x what its inputs carry ({inputs:.3g}), on a run whose "
                                                    f"precision loss is {level:.3g}")
                 continue
-            carried = max(carried, r.stats_err)
+            carried = max(carried, err)
+
+
+def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None:
+    """Output ``k`` of a reduction (a norm's mean and rstd, a sum: fewer elements than its
+    largest input; not a matmul or convolution), judged at its *input's* magnitude: (the largest
+    difference of its min/max/mean/std between the runs, the inputs' RMS, the terms each element
+    sums, the output's dtype). A mean of values of 1 that cancels to 4.6e-5 moves by what its
+    inputs' rounding moves a sum of 1s, however large relative to 4.6e-5. None when not such a row."""
+    if k >= len(p.target.outputs) or k >= len(p.bench.outputs) or is_matmul_like(p.target.op) \
+            or is_convolution(p.target.op):
+        return None
+    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
+    ins = [m for _, m in p.target.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None]
+    if bm.stats is None or tm.stats is None or not ins or bm.stats.mean is None or tm.stats.mean is None:
+        return None
+    biggest = max(ins, key=lambda m: m.numel)
+    if tm.numel >= biggest.numel:
+        return None  # not a reduction
+    try:
+        dtype = dtype_from_name(tm.dtype)
+    except ValueError:
+        return None
+    n = max(1, biggest.numel // max(1, tm.numel))
+    scale = max(math.sqrt(m.stats.mean ** 2 + (m.stats.std or 0.0) ** 2) for m in ins)
+    diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
+               if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
+    if not (math.isfinite(diff) and scale > 0):
+        return None
+    return diff, scale, n, dtype
 
 
 def unmeasured(r: CompareRow) -> bool:
