@@ -281,3 +281,41 @@ def test_a_fused_rms_norm_kernel_at_real_size_is_clean_and_its_bug_is_named_with
     assert "wrong on its own inputs" in fd["culprit"]
     (seq,) = [r.seq for r in xray.load_dump(faulty).records if r.op == "aten._fused_rms_norm.default"][1:2]
     assert fd["culprit_target_seq"] == seq
+
+
+def test_a_generated_test_of_a_closed_form_family_runs_the_devices_own_kernel(tmp_path):
+    """A generated test of ``_fused_rms_norm_backward`` (recorded on CUDA) must test that kernel:
+    its reference is a closed form, not a public op, so the device runs the op itself and only
+    the CPU references run the closed form. Here the CPU plays a device with that kernel."""
+    import sys
+    from pathlib import Path
+
+    from xray.gen.runtime import OpCheck, OpCheckFailed, T, public_form
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy import faults
+
+    op = torch.ops.aten._fused_rms_norm_backward.default
+    device_op, reference_op = public_form(op)
+    assert device_op is op and reference_op is not op
+    bn = torch.ops.aten.native_batch_norm.default
+    device_bn, reference_bn = public_form(bn)
+    assert device_bn is reference_bn and device_bn is not bn  # F.batch_norm: each device its own kernel
+
+    def call(check):
+        return check.check(op, T((4, 16), torch.float32, lo=-1.0, hi=1.0, mean=0.0),
+                           T((4, 16), torch.float32, lo=-2.0, hi=2.0, mean=0.0), [16],
+                           T((4, 1), torch.float32, lo=0.5, hi=1.5, mean=1.0),
+                           T((16,), torch.float32, lo=0.5, hi=1.5, mean=1.0), [True, True])
+
+    with pytest.raises(pytest.skip.Exception, match="has no kernel on cpu"):
+        call(OpCheck("t_plain", tmp_path, device="cpu"))
+    with faults.FusedRmsNormKernel():
+        assert call(OpCheck("t_kernel", tmp_path, device="cpu")).is_pass
+    right = faults._fused_rms_norm_backward
+    faults._fused_rms_norm_backward = lambda *a: (right(*a)[0] * (1 + 1e-3), right(*a)[1])
+    try:
+        with faults.FusedRmsNormKernel(), pytest.raises(OpCheckFailed):
+            call(OpCheck("t_bad_kernel", tmp_path, device="cpu"))
+    finally:
+        faults._fused_rms_norm_backward = right

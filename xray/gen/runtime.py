@@ -24,7 +24,7 @@ from ..ops.rebuild import place, random_like_meta
 from ..record.encode import op_info
 from .columns import make_row
 from ..numerics import noise
-from ..numerics.kernel_families import packet, reference_of
+from ..numerics.kernel_families import packet, reference_of, runs_public_op
 from .reference import OutputVerdict, combine_verdicts, judge_output, to_cpu, widen
 
 _DATA_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.h5$")
@@ -126,7 +126,7 @@ class OpCheck:
         """
         op_name = str(op)
         self._skip_unless_device_runs()
-        op, args, kwargs = public_form(op, args, kwargs)
+        op, reference_op = public_form(op)
         gen = self._generator()
         dev_args = self._materialize(list(args), gen)
         dev_kwargs = {k: self._materialize(v, gen) for k, v in kwargs.items()}
@@ -145,9 +145,9 @@ class OpCheck:
             self._row(op_name, None, "", f"device run failed: {type(e).__name__}: {e}")
             raise
         with _disable_current_modes():
-            ref, ref_dtype = _run_reference(op, ref_args, ref_kwargs, cpu_args, cpu_kwargs)
+            ref, ref_dtype = _run_reference(reference_op, ref_args, ref_kwargs, cpu_args, cpu_kwargs)
             try:
-                cpu = op(*cpu_args, **cpu_kwargs)
+                cpu = reference_op(*cpu_args, **cpu_kwargs)
             except Exception:  # CPU has no kernel at this dtype: the noise level falls back to its floor
                 cpu = None
         if ref_dtype == "upcast" and not _widened([*cpu_args, *cpu_kwargs.values()], [*ref_args, *ref_kwargs.values()]):
@@ -216,12 +216,16 @@ class _PublicOp:
         return str(self.op)
 
 
-def public_form(op: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
-    """``op`` itself, or its family's public op where it is a device-specific kernel."""
+def public_form(op: Any) -> tuple[Any, Any]:
+    """(what the device runs, what the CPU references run): ``op`` itself for both, or its
+    family's public op for both where it is a device-specific kernel, or, where the family's
+    reference is a closed form (kernel_families.runs_public_op), ``op`` on the device and the
+    closed form on CPU."""
     reference = reference_of(str(op)) if isinstance(op, torch._ops.OpOverload) else None
     if reference is None or packet(str(op)) in _PUBLIC:
-        return op, args, kwargs
-    return _PublicOp(op, [a.name for a in op._schema.arguments], reference), args, kwargs
+        return op, op
+    public = _PublicOp(op, [a.name for a in op._schema.arguments], reference)
+    return (public, public) if runs_public_op(str(op)) else (op, public)
 
 
 _PUBLIC = frozenset(("aten.scaled_dot_product_attention", "aten.layer_norm", "aten.rms_norm", "aten.batch_norm", "aten.conv1d",

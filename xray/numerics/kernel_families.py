@@ -148,6 +148,7 @@ class Family:
     primary: int | None = None
     reference: Reference | None = None
     implied: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # member -> arguments its name implies
+    public: bool = True  # the reference calls the public op (on a device: that device's kernel), not a formula
 
 
 def _aten(*names: str) -> frozenset[str]:
@@ -186,7 +187,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("layer_norm", _aten("native_layer_norm", "layer_norm", "_fused_layer_norm"), primary=1,
            reference=_layer_norm),
     Family("rms_norm", _aten("rms_norm", "_fused_rms_norm"), primary=1, reference=_rms_norm),
-    Family("rms_norm_backward", _aten("_fused_rms_norm_backward"), primary=2, reference=_rms_norm_backward),
+    Family("rms_norm_backward", _aten("_fused_rms_norm_backward"), primary=2, reference=_rms_norm_backward,
+           public=False),
     Family("linear", _aten("linear", "addmm", "mm", "matmul", "_addmm_activation")),
     Family("copy", _aten("_to_copy", "copy", "to", "_copy_from", "_copy_from_and_resize")),
 )
@@ -229,6 +231,14 @@ def reference_of(op: str) -> Reference | None:
         return f.reference
     reference = f.reference
     return lambda values: reference({**values, **implied})
+
+
+def runs_public_op(op: str) -> bool:
+    """Whether ``op``'s reference calls its family's public op, so that on a device it runs that
+    device's own kernel (a generated test may then call it in place of ``op``); False for a
+    closed-form reference, which only the CPU reference runs."""
+    f = family_of(op)
+    return f is not None and f.reference is not None and f.public
 
 
 _OUT_INDEX = re.compile(r"^out(\d+)")
