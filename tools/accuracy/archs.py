@@ -178,6 +178,19 @@ def _swin() -> torch.nn.Module:
                                                  depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=10))
 
 
+def _bloom() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import BloomConfig, BloomForCausalLM
+    return BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=3, n_head=4))
+
+
+def _regnet() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import RegNetConfig, RegNetForImageClassification
+    return RegNetForImageClassification(RegNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32],
+                                                     depths=[1, 2], groups_width=8, layer_type="y", num_labels=10))
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -212,6 +225,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
         "decoder_input_ids": _tokens(6, 6)}),
     Arch("swin", _seeded(_swin), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                        generator=torch.Generator().manual_seed(7))}),
+    # ALiBi through baddbmm, a fused QKV projection; grouped convolutions with squeeze-excitation
+    Arch("bloom", _seeded(_bloom), lambda: {"input_ids": _tokens(8)}),
+    Arch("regnet", _seeded(_regnet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                           generator=torch.Generator().manual_seed(9))}),
     Arch("efficientnet", _seeded(_efficientnet), lambda: {"pixel_values": torch.randn(
         1, 3, 32, 32, generator=torch.Generator().manual_seed(4))}),
 )}

@@ -196,6 +196,12 @@ HELD_OUT = {
                "swin.encoder.layers.1.blocks.0.attention.q_proj.weight", "model.decoder.layers.0.fc2",
                "swin.encoder.layers.0.blocks.1.mlp.fc1", llm_mm=ADDMM, llm_norm="native_layer_norm.default",
                llm_small=(ADDMM, 12), cnn_op="addmm.default", cnn_backward=MM, cnn_late=20),
+    # set 6: ALiBi added through baddbmm, a fused QKV projection, tanh-GELU; grouped convolutions,
+    # squeeze-excitation and batch norm. Added at stop 37 after set 5's fix, never used to change a rule
+    6: HeldOut("bloom", "regnet", "transformer.h.1.self_attention.query_key_value.weight",
+               "regnet.encoder.stages.1.layers.0.layer.1.convolution.weight", "transformer.h.0.mlp.dense_4h_to_h",
+               "regnet.encoder.stages.0.layers.0.layer.0.convolution", llm_mm=ADDMM,
+               llm_norm="native_layer_norm.default", llm_small=(ADDMM, 1), cnn_late=15),
 }
 
 
