@@ -78,3 +78,26 @@ def test_module_dumps_with_tensors_are_judged_on_their_statistics(llama, tokens,
     flagged = compare_dumps(bench, target, statistics_only=True)
     assert _verdict(flagged) == _verdict(compare_dumps(bench0, target0))
     assert "stats" in {r.mode for r in flagged.rows} and "data" not in {r.mode for r in flagged.rows}
+
+
+@pytest.mark.slow  # a real-size Llama layer recorded four times (~15 s)
+def test_the_flag_at_real_size_gives_a_statistics_only_recordings_verdict(tmp_path):
+    """Hidden 1024, GQA (16 heads, 4 KV), eager attention, 512 tokens: the shape whose dumps were
+    once refused (issue 30); a 1e-3 scaling bug in one matmul."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=1024, intermediate_size=2816,
+                                         num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=4,
+                                         max_position_embeddings=1024, attn_implementation="eager")).eval()
+    ids = torch.randint(0, 512, (1, 512), generator=torch.Generator().manual_seed(1))
+    dumps = {}
+    for saved in (64, 0):
+        kw = dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=saved)
+        dumps[saved] = (record_forward(model, tmp_path / f"b{saved}", ids, **kw),
+                        record_forward(model, tmp_path / f"t{saved}", ids, fault=ScaleNthMM(4, 1.001), **kw))
+    flagged = compare_dumps(*dumps[64], statistics_only=True)
+    recorded = compare_dumps(*dumps[0])
+    assert _verdict(flagged) == _verdict(recorded)
+    assert flagged.summary.first_divergence["origin"] == "born"
+    assert flagged.summary.bytes_compared == 0 < compare_dumps(*dumps[64]).summary.bytes_compared
