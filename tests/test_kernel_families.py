@@ -319,3 +319,50 @@ def test_a_generated_test_of_a_closed_form_family_runs_the_devices_own_kernel(tm
             call(OpCheck("t_bad_kernel", tmp_path, device="cpu"))
     finally:
         faults._fused_rms_norm_backward = right
+
+
+# -- F.linear: addmm on a contiguous input, mm then add(bias) on a strided one -----------------------
+class _Head(torch.nn.Module):
+    """A Linear after a transpose; ``contiguous`` decides how F.linear runs it."""
+
+    def __init__(self, contiguous: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.contiguous = torch.nn.Linear(32, 16), contiguous
+
+    def forward(self, x):
+        x = x.transpose(1, 2)
+        return torch.relu(self.proj(x.contiguous() if self.contiguous else x) + 1.0)
+
+
+def _linear_ops(folder):
+    return [r.op for r in xray.load_dump(folder).records if r.kind == "op"]
+
+
+@pytest.mark.parametrize("saved", (64, 0), ids=("tensors", "statistics"))
+def test_a_linear_run_as_mm_and_add_against_addmm_compares_clean_and_keeps_a_bug(tmp_path, saved):
+    """The bench runs the layer as mm + add(bias), the target as addmm (a device's layout can make
+    either side either). An mm's output lacks the bias an addmm's holds: pairing them failed
+    every row after it ("parameter ...bias differs", held-out set 7's SegFormer under TF32)."""
+    from conftest import record_forward
+
+    x = torch.randn(2, 32, 24, generator=torch.Generator().manual_seed(1))
+    kw = dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=saved)
+
+    class Faulty(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out * (1 + 1e-2) if func is torch.ops.aten.addmm.default else out
+
+    bench = record_forward(_Head(False), tmp_path / "b", x, **kw)
+    target = record_forward(_Head(True), tmp_path / "t", x, **kw)
+    faulty = record_forward(_Head(True), tmp_path / "f", x, fault=Faulty(), **kw)
+    assert "aten.mm.default" in _linear_ops(bench) and "aten.addmm.default" not in _linear_ops(bench)
+    assert "aten.addmm.default" in _linear_ops(target)
+    clean = compare_dumps(bench, target)
+    assert clean.summary.failed == 0 and clean.summary.first_divergence is None
+    assert not [r for r in clean.rows if r.bench_op == "aten.mm.default" and r.target_op == "aten.addmm.default"]
+    fd = compare_dumps(bench, faulty).summary.first_divergence
+    assert fd is not None and fd["cause"] == "target-only op" and "proj/aten." in fd["culprit"]
+    if saved:  # measured: the addmm itself is named, wrong on its own inputs
+        assert "aten.addmm.default" in fd["culprit"] and "wrong on its own inputs" in fd["culprit"]

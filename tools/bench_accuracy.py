@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the headline figures (tools/bench.py reads them)")
     ap.add_argument("--holdout", type=int, choices=sorted(HELD_OUT), metavar="SET",
                     help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt), "
-                         "3 (Mixtral MoE, MobileNetV2), 4 (Phi, EfficientNet), 5 (Whisper, Swin), 6 (BLOOM, RegNet); see accuracy/scenarios.py")
+                         "3 (Mixtral MoE, MobileNetV2), 4 (Phi, EfficientNet), 5 (Whisper, Swin), 6 (BLOOM, RegNet), 7 (DeBERTa, SegFormer); see accuracy/scenarios.py")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--no-device-set", action="store_true", help="leave out the real CPU-vs-H100 set")
     ap.add_argument("--device-set-only", action="store_true", help="run only the real CPU-vs-H100 set")

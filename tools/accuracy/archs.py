@@ -191,6 +191,23 @@ def _regnet() -> torch.nn.Module:
                                                      depths=[1, 2], groups_width=8, layer_type="y", num_labels=10))
 
 
+def _deberta() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import DebertaV2Config, DebertaV2Model
+    return DebertaV2Model(DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                          intermediate_size=64, max_position_embeddings=64, relative_attention=True,
+                                          position_buckets=8, pos_att_type=["p2c", "c2p"], max_relative_positions=16))
+
+
+def _segformer() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import SegformerConfig, SegformerForImageClassification
+    return SegformerForImageClassification(SegformerConfig(
+        num_channels=3, num_encoder_blocks=2, depths=[1, 2], sr_ratios=[4, 2], hidden_sizes=[16, 32],
+        patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=10,
+        image_size=32))
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -229,6 +246,11 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("bloom", _seeded(_bloom), lambda: {"input_ids": _tokens(8)}),
     Arch("regnet", _seeded(_regnet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                            generator=torch.Generator().manual_seed(9))}),
+    # disentangled relative attention (gather over position buckets, a padding mask); overlapping
+    # patch convolutions, attention over a sequence reduced by a strided convolution, a depthwise MLP
+    Arch("deberta", _seeded(_deberta), lambda: {"input_ids": _tokens(10), "attention_mask": _padding_mask()}),
+    Arch("segformer", _seeded(_segformer), lambda: {"pixel_values": torch.randn(
+        1, 3, 32, 32, generator=torch.Generator().manual_seed(11))}),
     Arch("efficientnet", _seeded(_efficientnet), lambda: {"pixel_values": torch.randn(
         1, 3, 32, 32, generator=torch.Generator().manual_seed(4))}),
 )}

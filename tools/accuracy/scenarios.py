@@ -202,6 +202,13 @@ HELD_OUT = {
                "regnet.encoder.stages.1.layers.0.layer.1.convolution.weight", "transformer.h.0.mlp.dense_4h_to_h",
                "regnet.encoder.stages.0.layers.0.layer.0.convolution", llm_mm=ADDMM,
                llm_norm="native_layer_norm.default", llm_small=(ADDMM, 1), cnn_late=15),
+    # set 7: disentangled relative attention (gathers over position buckets, a padding mask);
+    # overlapping patch convolutions, attention over a sequence reduced by a strided convolution,
+    # depthwise convolutions in the MLP. Added at stop 37, never used to change a rule
+    7: HeldOut("deberta", "segformer", "encoder.layer.1.attention.self.key_proj.weight",
+               "segformer.stages.1.blocks.0.mlp.dwconv.dwconv.weight", "encoder.layer.0.intermediate.dense",
+               "segformer.stages.0.blocks.0.mlp.fc1", llm_mm=ADDMM, llm_norm="native_layer_norm.default",
+               llm_small=(ADDMM, 3), cnn_late=7),
 }
 
 

@@ -424,6 +424,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         downgrade(r, flips)
     elif (ties := statistics_only.selection_indices(r, p, k)) is not None:
         downgrade(r, ties)
+    elif (fill := statistics_only.dtype_extreme_fill(r, p, k)) is not None:
+        downgrade(r, fill)
     elif (bound := _reduction_noise(r, p, k, floors)) is not None:
         downgrade(r, bound)
     else:

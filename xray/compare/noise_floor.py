@@ -31,7 +31,7 @@ from ..numerics.kernel_families import family_of, packet
 
 # ops whose inputs a TF32 (or reduced-precision) matmul path rounds
 _MATMUL_LIKE = frozenset(("aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.einsum", "aten.tensordot"))
-_MATMUL_FAMILIES = frozenset(("linear", "scaled_dot_product_attention", "attention_forward_bmhk"))
+_MATMUL_FAMILIES = frozenset(("linear", "matmul", "scaled_dot_product_attention", "attention_forward_bmhk"))
 TF32 = "tf32/fp16"
 
 # Outliers within a kind: at least this many measured calls make a population; a call is an

@@ -12,6 +12,8 @@ import math
 import statistics
 from typing import Any
 
+import torch
+
 from ..dump.tensorio import dtype_from_name
 from ..numerics.rules import PRECISION_STEPS
 from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
@@ -238,6 +240,50 @@ def _completion_order(pending: list[Pending], entered_first: bool) -> list[tuple
         end = inside[-1].target.pos if inside else p.target.pos
         keyed.append((end, -depth(p.target.path), i, inside))
     return [(pending[i], inside) for _, _, i, inside in sorted(keyed, key=lambda k: k[:3])]
+
+
+def _extreme_of(value: Any, dtype_name: str) -> str | None:
+    """``value``'s name when it is ``dtype_name``'s extreme (finfo min or max, or an infinity)."""
+    try:
+        dtype = dtype_from_name(dtype_name)
+    except ValueError:
+        return None
+    if not dtype.is_floating_point or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    fi = torch.finfo(dtype)
+    names = {fi.min: "min", fi.max: "max", -math.inf: "-inf", math.inf: "inf"}
+    return next((f"finfo({dtype_name}).{n}" if n in ("min", "max") else n for v, n in names.items()
+                 if float(value) == v), None)
+
+
+def dtype_extreme_fill(r: CompareRow, p: Pending, k: int) -> str | None:
+    """Statistics only: an op that fills with its dtype's extreme (masked_fill(mask,
+    finfo(dtype).min), as attention masks are built) writes -3.4e38 in a float32 run and -65504 in
+    a float16 one. Its statistics then hold the fill, not the values: where its tensor inputs
+    are within precision, the scalar is each run's own dtype extreme, and the statistic on the
+    other side of the fill (the max, for a min fill) agrees within the row's tolerance, the
+    difference is the dtypes', not a bug. None otherwise."""
+    if r.mode != "stats" or k >= len(p.target.outputs) or k >= len(p.bench.outputs) \
+            or any(status not in (PairStatus.PASS.value, PairStatus.WARNING.value) for _, _, status, _ in p.inputs):
+        return None
+    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
+    if bm.stats is None or tm.stats is None:
+        return None
+    bench_args = p.bench.record.inputs
+    for name, value in p.target.record.inputs.items():
+        other = bench_args.get(name)
+        if value == other or not isinstance(value, (int, float)) or not isinstance(other, (int, float)):
+            continue
+        ours, theirs = _extreme_of(value, tm.dtype), _extreme_of(other, bm.dtype)
+        if ours is None or theirs is None:
+            continue
+        side = "max" if float(value) < 0 else "min"  # the statistic the fill does not set
+        b, t = getattr(bm.stats, side), getattr(tm.stats, side)
+        if b is None or t is None or abs(b - t) > (r.rtol or 0.0) * abs(b) + (r.atol or 0.0):
+            return None
+        return (f"fills with each run's dtype extreme ({name} = {theirs} vs {ours}): the statistics hold the fill; "
+                f"its {side}, which the fill does not set, agrees")
+    return None
 
 
 def selection_indices(r: CompareRow, p: Pending, k: int) -> str | None:

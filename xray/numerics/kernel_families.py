@@ -5,7 +5,7 @@ Why: CPU runs ``_scaled_dot_product_flash_attention_for_cpu`` where CUDA runs
 a batch norm is ``native_batch_norm`` on CPU, ``cudnn_batch_norm`` on CUDA (``miopen_`` on ROCm,
 ``_native_batch_norm_legit_no_training`` in an exported program); F.rms_norm is one
 ``_fused_rms_norm`` kernel on CUDA and several ops on CPU; a linear layer is an
-``addmm`` on one side and an ``mm`` on the other; a cast is ``_to_copy`` or ``copy_``. These are
+``addmm`` on one side and a ``linear`` on the other; a cast is ``_to_copy`` or ``copy_``. These are
 one computation, so alignment pairs them as one kind, compares only the outputs they share (the
 attention output, not a kernel's logsumexp or RNG seed), and recomputes their local error with one
 device-neutral reference: the public op, in float64, on CPU; a generated test of a member calls
@@ -189,7 +189,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("rms_norm", _aten("rms_norm", "_fused_rms_norm"), primary=1, reference=_rms_norm),
     Family("rms_norm_backward", _aten("_fused_rms_norm_backward"), primary=2, reference=_rms_norm_backward,
            public=False),
-    Family("linear", _aten("linear", "addmm", "mm", "matmul", "_addmm_activation")),
+    # a linear layer with a bias, and one without: F.linear on a non-contiguous input runs
+    # mm then add(bias) where a contiguous one runs addmm, and a device's layout (cudnn's) can
+    # make either side either; an mm's output lacks the bias an addmm's holds, so they are two
+    # kinds, and a region of one side's ops stands for the other's (the fused addmm+activation
+    # kernel, _addmm_activation, likewise: its output is the activation's)
+    Family("linear", _aten("linear", "addmm")),
+    Family("matmul", _aten("mm", "matmul")),
     Family("copy", _aten("_to_copy", "copy", "to", "_copy_from", "_copy_from_and_resize")),
 )
 
