@@ -9,14 +9,24 @@ against eager and name a bug in that kernel where it is born.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import record_forward
 
-import xray
-from xray.compare import compare_dumps
-from xray.numerics.kernel_families import kernel_specific, kind_of, reference_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import xray  # noqa: E402
+from accuracy import archs, faults  # noqa: E402
+from accuracy.faults import CorruptCall, FusedRmsNormKernel, relative  # noqa: E402
+from accuracy.runner import functional_rms_norms  # noqa: E402
+from xray.compare import compare_dumps  # noqa: E402
+from xray.numerics.kernel_families import kernel_specific, kind_of, reference_of  # noqa: E402
+
+RECORD_ALL = {"X_DEBUG": 0x102, "X_DEDUP": False, "X_DUMP_NUM": 64}  # every call, every tensor saved
 
 ATTENTION_BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward",
                       "_scaled_dot_product_efficient_attention_backward",
@@ -136,44 +146,8 @@ def _resnet():
 
     torch.manual_seed(0)
     model = ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=32, hidden_sizes=[32, 64],
-                                                      depths=[1, 1], layer_type="basic", num_labels=10)).eval()
-    with torch.no_grad():  # batch statistics of one batch, as a trained net's hold its activations'
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.reset_running_stats()
-                m.momentum = None
-        model.train()
-        model(pixel_values=torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1)))
-    return model.eval()
-
-
-class _Corrupt(torch.utils._python_dispatch.TorchDispatchMode):
-    """Scale the ``call``-th output of ``op`` by (1 + 1e-3): a kernel bug, below the recorder."""
-
-    def __init__(self, op, call: int) -> None:
-        super().__init__()
-        self.op, self.call, self.seen = op, call, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is self.op:
-            self.seen += 1
-            if self.seen - 1 == self.call:
-                return (out[0] * (1 + 1e-3), *out[1:])
-        return out
-
-
-def _record(model, folder, pixels, below=None):
-    if below is not None:
-        below.__enter__()
-    try:
-        xray.begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=64, dump_dir=folder)
-        with torch.no_grad():
-            model(pixel_values=pixels)
-        return xray.end_dump()
-    finally:
-        if below is not None:
-            below.__exit__(None, None, None)
+                                                      depths=[1, 1], layer_type="basic", num_labels=10))
+    return archs.calibrated(model, seed=1, size=224, batch=2)
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +159,11 @@ def resnet_pair(tmp_path_factory):
     for bn in target_model.modules():
         if isinstance(bn, torch.nn.BatchNorm2d):
             bn.forward = lambda x, bn=bn: legit(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, 0.0, bn.eps)[0]
-    bench = _record(bench_model, root / "bench", pixels)
-    target = _record(target_model, root / "target", pixels)
-    faulty = _record(target_model, root / "faulty", pixels, below=_Corrupt(legit, 3))
+    bench = record_forward(bench_model, root / "bench", pixels, **RECORD_ALL)
+    target = record_forward(target_model, root / "target", pixels, **RECORD_ALL)
+    corrupt = CorruptCall(str(legit), 3, relative(1e-3))  # below the recorder: the kernel's own output
+    faulty = record_forward(target_model, root / "faulty", pixels, fault=corrupt, **RECORD_ALL)
+    assert corrupt.hit
     return root, bench, target, faulty
 
 
@@ -242,31 +218,18 @@ def test_a_fused_rms_norm_kernel_at_real_size_is_clean_and_its_bug_is_named_with
     kernel (a CPU kernel registered for ``_fused_rms_norm``, as CUDA has), the bench as pow, mean,
     rsqrt and muls. Clean: no FAIL row. With the kernel 1e-3 off in its second call: that call is
     named, measured wrong on its own inputs through the family's reference."""
-    import sys
-    from pathlib import Path
-
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from accuracy.faults import CorruptCall, FusedRmsNormKernel, relative
-    from accuracy.runner import _functional_rms_norms
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=1024, intermediate_size=2816,
                                          num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=4,
                                          max_position_embeddings=1024, attn_implementation="sdpa")).eval()
-    _functional_rms_norms(model)
+    functional_rms_norms(model)
     ids = torch.randint(0, 512, (1, 512), generator=torch.Generator().manual_seed(1))
 
     def record(name, fault=None):
-        with FusedRmsNormKernel() if name != "bench" else nullcontext(), fault or nullcontext():
-            xray.begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=64, dump_dir=tmp_path / name)
-            try:
-                with torch.no_grad():
-                    model(input_ids=ids)
-            finally:
-                path = xray.end_dump()
-        return path
+        with FusedRmsNormKernel() if name != "bench" else nullcontext():
+            return record_forward(model, tmp_path / name, ids, fault=fault, **RECORD_ALL)
 
     bench, clean = record("bench"), record("clean")
     fault = CorruptCall("aten._fused_rms_norm.default", 1, relative(1e-3))
@@ -287,13 +250,7 @@ def test_a_generated_test_of_a_closed_form_family_runs_the_devices_own_kernel(tm
     """A generated test of ``_fused_rms_norm_backward`` (recorded on CUDA) must test that kernel:
     its reference is a closed form, not a public op, so the device runs the op itself and only
     the CPU references run the closed form. Here the CPU plays a device with that kernel."""
-    import sys
-    from pathlib import Path
-
     from xray.gen.runtime import OpCheck, OpCheckFailed, T, public_form
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from accuracy import faults
 
     op = torch.ops.aten._fused_rms_norm_backward.default
     device_op, reference_op = public_form(op)
@@ -310,12 +267,12 @@ def test_a_generated_test_of_a_closed_form_family_runs_the_devices_own_kernel(tm
 
     with pytest.raises(pytest.skip.Exception, match="has no kernel on cpu"):
         call(OpCheck("t_plain", tmp_path, device="cpu"))
-    with faults.FusedRmsNormKernel():
+    with FusedRmsNormKernel():
         assert call(OpCheck("t_kernel", tmp_path, device="cpu")).is_pass
     right = faults._fused_rms_norm_backward
     faults._fused_rms_norm_backward = lambda *a: (right(*a)[0] * (1 + 1e-3), right(*a)[1])
     try:
-        with faults.FusedRmsNormKernel(), pytest.raises(OpCheckFailed):
+        with FusedRmsNormKernel(), pytest.raises(OpCheckFailed):
             call(OpCheck("t_bad_kernel", tmp_path, device="cpu"))
     finally:
         faults._fused_rms_norm_backward = right
@@ -344,19 +301,12 @@ def test_a_linear_run_as_mm_and_add_against_addmm_compares_clean_and_keeps_a_bug
     """The bench runs the layer as mm + add(bias), the target as addmm (a device's layout can make
     either side either). An mm's output lacks the bias an addmm's holds: pairing them failed
     every row after it ("parameter ...bias differs", held-out set 7's SegFormer under TF32)."""
-    from conftest import record_forward
-
     x = torch.randn(2, 32, 24, generator=torch.Generator().manual_seed(1))
     kw = dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=saved)
 
-    class Faulty(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            return out * (1 + 1e-2) if func is torch.ops.aten.addmm.default else out
-
     bench = record_forward(_Head(False), tmp_path / "b", x, **kw)
     target = record_forward(_Head(True), tmp_path / "t", x, **kw)
-    faulty = record_forward(_Head(True), tmp_path / "f", x, fault=Faulty(), **kw)
+    faulty = record_forward(_Head(True), tmp_path / "f", x, fault=CorruptCall("aten.addmm.default", 0, relative(1e-2)), **kw)
     assert "aten.mm.default" in _linear_ops(bench) and "aten.addmm.default" not in _linear_ops(bench)
     assert "aten.addmm.default" in _linear_ops(target)
     clean = compare_dumps(bench, target)

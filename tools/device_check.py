@@ -48,7 +48,7 @@ import xray  # noqa: E402
 from xray.gen.generator import generate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy import devices  # noqa: E402 -- the fixtures' scorer, so both count alike
+from accuracy import archs, devices  # noqa: E402 -- the fixtures' scorer, so both count alike
 
 ARCHS = ("llama", "gpt2", "bert", "vit", "resnet", "llama-train")
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
@@ -76,13 +76,7 @@ def build(arch: str):
     if arch == "resnet":
         model = tf.ResNetForImageClassification(tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
                                                                 depths=[1, 1], layer_type="basic", num_labels=10))
-        for m in model.modules():  # batch-norm statistics of one batch, as a trained net's
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.reset_running_stats()
-                m.momentum = None
-        with torch.no_grad():
-            model.train()(pixel_values=torch.randn(8, 3, 32, 32))
-        return model.eval(), {"pixel_values": torch.randn(1, 3, 32, 32)}
+        return archs.calibrated(model, seed=1), {"pixel_values": torch.randn(1, 3, 32, 32)}
     if arch in ("llama", "llama-train"):
         model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=256, num_key_value_heads=2, **common))
     elif arch == "gpt2":

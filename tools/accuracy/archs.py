@@ -117,24 +117,25 @@ def _mixtral() -> torch.nn.Module:
                                             attn_implementation="sdpa"))
 
 
-def _calibrated(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Batch-norm statistics taken from one batch of random images, as a trained net's hold its
-    activations' statistics. With fresh ones (mean 0, variance 1) and random weights a deep CNN's
-    activations shrink ~10x a layer, to 1e-16 at the head, where no fault shows."""
+def calibrated(model: torch.nn.Module, seed: int, size: int = 32, batch: int = 8) -> torch.nn.Module:
+    """Batch-norm statistics taken from one batch of random ``size`` x ``size`` images, as a
+    trained net's hold its activations' statistics; returned in eval mode. With fresh ones (mean
+    0, variance 1) and random weights a deep CNN's activations shrink ~10x a layer, to 1e-16 at
+    the head, where no fault shows."""
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             m.reset_running_stats()
             m.momentum = None  # cumulative average: after one batch, that batch's statistics
     model.train()
     with torch.no_grad():
-        model(pixel_values=torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)))
-    return model
+        model(pixel_values=torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed)))
+    return model.eval()
 
 
 def _mobilenet() -> torch.nn.Module:
     with _quiet_import():
         from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
-    return _calibrated(MobileNetV2ForImageClassification(MobileNetV2Config(num_channels=3, image_size=32,
+    return calibrated(MobileNetV2ForImageClassification(MobileNetV2Config(num_channels=3, image_size=32,
                                                                            depth_multiplier=0.25, num_labels=10)), 7)
 
 
@@ -158,7 +159,7 @@ def _efficientnet() -> torch.nn.Module:
     for m in model.modules():
         if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d)):
             m.reset_parameters()
-    return _calibrated(model, 8)
+    return calibrated(model, 8)
 
 
 def _whisper() -> torch.nn.Module:

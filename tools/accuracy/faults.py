@@ -181,14 +181,11 @@ def _fused_rms_norm(x, shape, weight, eps):
 
 
 def _fused_rms_norm_backward(grad, x, shape, rstd, weight, mask):
-    """dx = rstd * (g w) - x * rstd^3 * mean(g w x), dw = sum(g x rstd) over the batch dims, at
-    float32 (autograd is off inside a kernel, as in CUDA's: this is the closed form it computes)."""
-    dims = tuple(range(-len(shape), 0))
-    xf, g, r = x.float(), grad.float(), rstd.float()
-    gw = g * weight.float() if weight is not None else g
-    dx = (r * gw - xf * r.pow(3) * (gw * xf).mean(dims, keepdim=True)).to(x.dtype)
-    dw = None
-    if weight is not None:
-        batch = tuple(range(x.dim() - len(dims)))
-        dw = ((g * xf * r).sum(batch) if batch else g * xf * r).to(weight.dtype)
-    return (dx if mask[0] else None), (dw if mask[1] else None)
+    """The closed form CUDA's kernel computes (xray's reference for this op, kernel_families), at
+    float32 and cast back: autograd is off inside a kernel."""
+    from xray.numerics.kernel_families import reference_of
+
+    dx, dw = reference_of("aten._fused_rms_norm_backward.default")(
+        {"grad_out": grad.float(), "input": x.float(), "normalized_shape": shape, "rstd": rstd.float(),
+         "weight": None if weight is None else weight.float(), "output_mask": mask})
+    return (None if dx is None else dx.to(x.dtype)), (None if dw is None else dw.to(weight.dtype))

@@ -89,7 +89,7 @@ def _exported_batch_norms(model: torch.nn.Module) -> None:
                 x, bn.weight, bn.bias, bn.running_mean, bn.running_var, 0.0, bn.eps)[0]
 
 
-def _functional_rms_norms(model: torch.nn.Module) -> None:
+def functional_rms_norms(model: torch.nn.Module) -> None:
     """Every RMS norm module calls F.rms_norm (as torch.nn.RMSNorm does): CPU runs it as several
     ops; under FusedRmsNormKernel it is one ``_fused_rms_norm`` call, as on CUDA."""
     for m in model.modules():
@@ -119,7 +119,7 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
         _exported_batch_norms(target)
     if s.noise == "fused-rms-norm":
         for m in (bench, target):
-            _functional_rms_norms(m)
+            functional_rms_norms(m)
     if s.wrap:
         target = Wrapper(s.wrap, target)
     return bench, target

@@ -225,6 +225,7 @@ def primary_outputs(op: str) -> int | None:
     return f.primary if f else None
 
 
+@lru_cache(maxsize=4096)  # one closure per op name, not one per recomputed call
 def reference_of(op: str) -> Reference | None:
     """The device-neutral public op that recomputes a family member's primary outputs, given the
     call's arguments by schema name (with what the member's name implies: a ``_no_training``
@@ -233,10 +234,8 @@ def reference_of(op: str) -> Reference | None:
     if f is None or f.reference is None:
         return None
     implied = dict(dict(f.implied).get(packet(op), ()))
-    if not implied:
-        return f.reference
     reference = f.reference
-    return lambda values: reference({**values, **implied})
+    return (lambda values: reference({**values, **implied})) if implied else reference
 
 
 def runs_public_op(op: str) -> bool:
