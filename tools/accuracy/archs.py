@@ -209,6 +209,20 @@ def _segformer() -> torch.nn.Module:
         image_size=32))
 
 
+def _opt() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import OPTConfig, OPTForCausalLM
+    return OPTForCausalLM(OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                                    num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=32))
+
+
+def _bit() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import BitConfig, BitForImageClassification
+    return BitForImageClassification(BitConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                               num_groups=4, num_labels=10, layer_type="preactivation"))
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -254,11 +268,26 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
         1, 3, 32, 32, generator=torch.Generator().manual_seed(11))}),
     Arch("efficientnet", _seeded(_efficientnet), lambda: {"pixel_values": torch.randn(
         1, 3, 32, 32, generator=torch.Generator().manual_seed(4))}),
+    # learned positions, ReLU, biased projections (a key bias); weight-standardized convolutions
+    # (each forward normalizes its weight) with group norm, pre-activation bottlenecks
+    Arch("opt", _seeded(_opt), lambda: {"input_ids": _tokens(12)}),
+    Arch("bit", _seeded(_bit), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
+                                                                     generator=torch.Generator().manual_seed(13))}),
 )}
 
 
-def run_model(model: torch.nn.Module, inputs: dict, backward: bool) -> None:
-    """One forward (and a backward of a scalar loss when asked), as a training step would."""
+OPTIMIZERS = {  # how torch.optim runs a step: per-tensor ops (CPU's default), multi-tensor kernels
+    "loop": {"foreach": False},  # (accelerators' default), one fused kernel
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+}
+
+
+def run_model(model: torch.nn.Module, inputs: dict, backward: bool, optimizer: str | None = None) -> None:
+    """One forward (and a backward of a scalar loss when asked), as a training step would; then
+    one AdamW step of ``optimizer``'s implementation (OPTIMIZERS) when given."""
     out = model(**inputs)
-    if backward:
+    if backward or optimizer:
         out[0].float().square().mean().backward()
+    if optimizer:
+        torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **OPTIMIZERS[optimizer]).step()

@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from xray.record.encode import bind_inputs, op_info, recorded_result
+
 Corruption = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -67,7 +69,8 @@ def int_bump() -> Corruption:
 
 
 class CorruptCall(TorchDispatchMode):
-    """Corrupt the output of the ``call``-th call (0-based) of ``op`` in ``direction``.
+    """Corrupt the output of the ``call``-th call (0-based) of ``op`` in ``direction`` (of an op
+    that returns nothing but writes, like ``_foreach_addcdiv_``, the first tensor it wrote).
 
     ``hit`` says whether it fired; ``shape`` is the corrupted output's shape (a check on the
     ground truth found in the dump)."""
@@ -84,6 +87,14 @@ class CorruptCall(TorchDispatchMode):
         if str(func) != self.op or (in_backward() != (self.direction == "backward")):
             return out
         index, self.calls = self.calls, self.calls + 1
+        if index == self.call and op_info(func).written_results:  # returns nothing: corrupt what it wrote
+            written = recorded_result(op_info(func), out, bind_inputs(op_info(func), args, kwargs or {}))
+            first = written[0] if isinstance(written, (tuple, list)) else written
+            first = first[0] if isinstance(first, (tuple, list)) else first  # (a list argument's first tensor)
+            if isinstance(first, torch.Tensor):
+                self.hit, self.shape = True, tuple(first.shape)
+                first.copy_(self.corrupt(first))
+            return out
         first = out[0] if isinstance(out, (tuple, list)) else out
         if index != self.call or not isinstance(first, torch.Tensor):
             return out

@@ -159,7 +159,7 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
                             dump_dir=folder)
             try:
                 with autocast, kernel:
-                    run_model(model, inputs, s.backward)
+                    run_model(model, inputs, s.backward, s.optimizer)
             finally:
                 path = xray.end_dump()
             return path
@@ -168,7 +168,7 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
         dbg.start()
         try:
             with autocast, kernel:
-                run_model(model, inputs, s.backward)
+                run_model(model, inputs, s.backward, s.optimizer)
         finally:
             dbg.stop()
             dbg.close()

@@ -54,6 +54,7 @@ class Scenario:
     dump: str = "trace"  # "trace" (begin_dump), "module" (PrecisionDebugger), "module+aten"
     data: bool = True  # save tensors (else statistics only)
     backward: bool = False  # run loss.backward() and record backward ops
+    optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -66,7 +67,7 @@ class Scenario:
             parts.append(f"param {self.param}[0,1] changed")
         if self.target_only:
             parts.append(f"target-only mul in {self.target_only}")
-        for label, value in (("noise", self.noise), ("wrap", self.wrap), ("extra op", self.extra_op),
+        for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
                              ("missing op", self.missing_op)):
             if value:
                 parts.append(f"{label} {value}")

@@ -52,6 +52,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
     from ..numerics.rules import Rules
     from .divergence import first_divergence
     from .engine import compare_loaded
+    from .implementations import optimizer_note
     from .sync_points import SyncPoint, divergence_order, sync_point
     from .pairing import CompareInputError, check_same_format, open_dump, pair_units
 
@@ -94,6 +95,9 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
                                     "(dump with X_DEBUG META|STATS, the default 0x102)")
         _nonfinite_warnings(rank_rows, label, summary.warnings)
         _data_warnings(rank_rows, totals, label, pb, pt, summary.warnings)
+        step = optimizer_note(rank_rows, label)
+        if step:
+            summary.warnings.append(step)
         fd = first_divergence(rank_rows)
         sync = sync_point(collectives, _seq(fd), first_seq) if fd else None
         summary.ranks[label] = dict(totals, first_divergence=_divergence(fd), sync=sync and sync.to_json())

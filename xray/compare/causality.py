@@ -36,7 +36,7 @@ from .matching import op_base
 from .noise_floor import Floors, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
 from . import statistics_only
-from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, set_origin
+from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, row_inputs, set_origin
 from .result import CompareRow, PairStatus
 
 
@@ -77,7 +77,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         born_seen = born_seen or p.target.pos > random_pos
-        agree = agreement(p.inputs)
+        agree = agreement(p.inputs)  # (per row below: row_inputs)
         inserted = _inserted_op_change(p, graph, matched_target, target_dump, rules)
         for k, r in enumerate(p.rows):
             if inserted is not None and r.status in SUSPECT:
@@ -94,12 +94,13 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 # inputs (a 5 % kernel bug under bf16 noise): that is a bug, born here.
                 r.status = PairStatus.FAIL.value
                 r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
-            r.inputs_agree = agree
+            r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
                 _decide(r, p, k, graph, floors, born_seen)
                 born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
     _modules_follow_their_ops(pending, eb, graph)
     statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
+    _inherited_precision_loss(pending, graph, rules)
     # a module whose ops were recorded is judged by them (_modules_follow_their_ops), not as a kind
     statistics_only.kind_outliers([p for p in pending if p.target.kind != "module" or not _ops_inside(p.target, eb, True)],
                                   rules, index.kind_errors)
@@ -204,7 +205,18 @@ class _Graph:
         self.wrong: dict[int, str] = {}  # target pos -> how a substituted kernel is wrong on its inputs
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
-        """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail)."""
+        """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail). A
+        target-only op that moved its input's values unchanged (an autocast's widening cast,
+        seen by its statistics: _same_values_by_statistics) is looked through to that input's
+        producer."""
+        kind, detail = self._producer(meta, consumer_seq)
+        for _ in range(MAX_REGION):
+            if kind != "target-only" or not _same_values_by_statistics(detail):
+                break
+            kind, detail = self._producer(detail.inputs[0][1], detail.record.seq)
+        return kind, detail
+
+    def _producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         src = _source(meta)
         if src is None and consumer_seq is not None and self.made:
             src = self._infer(meta, consumer_seq)
@@ -317,6 +329,20 @@ class _Graph:
         return True if measured or is_value_preserving(op.op) and substituted else None
 
 
+def _same_values_by_statistics(op: Entry) -> bool:
+    """Statistics only: a value-preserving op (a view, a widening cast) whose output statistics
+    equal its first input's moved its values unchanged (a float16 -> float32 cast always does)."""
+    if not op.outputs or not op.inputs or not is_value_preserving(op.op):
+        return False
+    out, first = op.outputs[0][1], op.inputs[0][1]
+    so, si = getattr(out, "stats", None), getattr(first, "stats", None)
+    if so is None or si is None or getattr(out, "numel", None) != getattr(first, "numel", None):
+        return False
+    keys = ("min", "max", "mean", "std", "nan", "posinf", "neginf")
+    return all(getattr(so, key) is not None and getattr(so, key) == getattr(si, key) for key in keys[:4]) \
+        and all(getattr(so, key) == getattr(si, key) for key in keys[4:])
+
+
 MAX_REGION = 64  # target-only ops judged one by one behind one input; a longer region stays the origin
 
 
@@ -357,7 +383,7 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
     causes: dict[str, tuple[str, Any]] = {}
     carried_precision = None  # a producer whose difference is measured precision loss
     computed_region = None  # target-only ops that computed right on their inputs (a substituted kernel)
-    for name, meta, status, _ in p.inputs:
+    for name, meta, status, _ in row_inputs(p, k):
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
             continue
         if name.startswith("forward_params."):  # v1 module dumps kept parameters among the inputs
@@ -426,6 +452,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         downgrade(r, ties)
     elif (fill := statistics_only.dtype_extreme_fill(r, p, k)) is not None:
         downgrade(r, fill)
+    elif (tiny := statistics_only.below_normal_range(r, p, k)) is not None:
+        downgrade(r, tiny)
     elif (bound := _reduction_noise(r, p, k, floors)) is not None:
         downgrade(r, bound)
     else:
@@ -596,6 +624,56 @@ def _param_name(name: str, meta: Any) -> str:
     """The qualified name of a module record's parameter, from its source when recorded."""
     src = _source(meta)
     return src.name if src is not None and src.name else name[len("param:"):]
+
+
+def _inherited_precision_loss(pending: list[Pending], graph: "_Graph", rules: Any) -> None:
+    """Rows left failing as inherited, with nothing recomputed, whose failing inputs all came
+    from rows settled after they were decided (statistics-only rules run last):
+
+    - computed from a tensor that is 0 in exact arithmetic (statistics_only.holds_rounding) and
+      otherwise from inputs within precision: rounding too, whatever its error (the views of a
+      key bias's gradient, the optimizer's moments and update of that bias);
+    - else within the precision factor of what its inputs carry, when one of them is precision
+      loss: it carries that loss.
+
+    An input from a failing row, a parameter or a model input keeps the row failing."""
+    f = rules.precision_factor
+    rounding: set[int] = set()  # rows holding only rounding, by id: made so, or computed from such alone
+    for p in pending:  # target execution order: a producer's rows are settled before its consumers'
+        if p.target.kind != "op":
+            continue
+        for k, r in enumerate(p.rows):
+            zero = statistics_only.holds_rounding(p, k, f)
+            if zero:
+                rounding.add(id(r))
+            if r.status == PairStatus.FAIL.value and (r.cause != "inherited" or r.local_err is not None):
+                continue  # born, or measured: decided
+            carried, losses, zeros, settled = 0.0, [], [], True
+            for name, meta, status, err in row_inputs(p, k):
+                if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
+                    continue
+                kind, row = ("param", None) if name.startswith("param:") else graph.producer(meta, p.target.record.seq)
+                if kind != "settled" or err is None:
+                    settled = False
+                    break
+                carried = max(carried, err)
+                if id(row) in rounding:
+                    zeros.append(row)
+                elif row.cause == PRECISION:
+                    losses.append(row)
+            if settled and zero:
+                if r.status == PairStatus.FAIL.value and r.stats_err:
+                    downgrade(r, "0 in exact arithmetic: its values are the rounding of a sum that cancels, no larger "
+                                 "than that rounding on the bench (nothing recomputed)")
+            elif settled and zeros:
+                rounding.add(id(r))
+                if r.status == PairStatus.FAIL.value and r.stats_err:
+                    downgrade(r, f"computed from {_row_name(zeros[0])}, which is 0 in exact arithmetic and holds "
+                                 "only rounding, and from inputs within precision (nothing recomputed)")
+            elif r.status == PairStatus.FAIL.value and settled and losses and r.stats_err \
+                    and r.stats_err <= f * carried:
+                downgrade(r, f"carries {_row_name(losses[0])}'s precision loss: its error {r.stats_err:.3g} is "
+                             f"within {f:g}x what its inputs carry ({carried:.3g}; nothing recomputed)")
 
 
 def _row_name(r: CompareRow) -> str:

@@ -37,11 +37,12 @@ class LocalError:
 
 def _blocked(record: Record) -> str | None:
     """Why an op must not be re-run here, or None: nothing random or uninitialised (the check
-    replay and gen share, xray.ops.nondeterminism), nothing that writes its inputs (checked on the
-    schema too, once resolved). Views are re-run: they move numbers, so their local error is 0
-    unless the target moved them wrongly."""
-    if record.kind != "op" or record.mutates:
-        return "not a pure op call"
+    replay and gen share, xray.ops.nondeterminism). An op that writes its arguments (``addcmul_``,
+    ``_foreach_addcdiv_``, ``_fused_adamw_``) is re-run on copies of the inputs recorded before
+    its call. Views are re-run: they move numbers, so their local error is 0 unless the target
+    moved them wrongly."""
+    if record.kind != "op":
+        return "not an op call"
     return nondeterministic(record)
 
 
@@ -50,23 +51,40 @@ def _tensors_saved(record: Record) -> bool:
     return all(m.data is not None and m.numel <= MAX_NUMEL for _, m in metas)
 
 
-def _convert(v: Any, fn) -> Any:
+def _convert(v: Any, fn, copy: bool = False) -> Any:
+    """``fn`` applied to every floating tensor of ``v``; ``copy``: every tensor a fresh one."""
     if isinstance(v, torch.Tensor):
-        return fn(v) if v.is_floating_point() else v
+        t = fn(v) if v.is_floating_point() else v
+        return t.clone() if copy else t
     if isinstance(v, (list, tuple)):
-        return type(v)(_convert(x, fn) for x in v)
+        return type(v)(_convert(x, fn, copy) for x in v)
     if isinstance(v, dict):
-        return {key: _convert(x, fn) for key, x in v.items()}
+        return {key: _convert(x, fn, copy) for key, x in v.items()}
     return v
 
 
+def _tensors(v: Any) -> list[torch.Tensor]:
+    """The tensors of a result in the order the dump lists its outputs (nested lists flattened)."""
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors(x)]
+    return []
+
+
 def _output(out: Any, k: int) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out if k == 0 else None
-    if isinstance(out, (list, tuple)):
-        flat = [x for x in out if isinstance(x, torch.Tensor)]
-        return flat[k] if k < len(flat) else None
-    return None
+    flat = _tensors(out)
+    return flat[k] if k < len(flat) else None
+
+
+def _call(func, args: tuple, kwargs: dict) -> Any:
+    """The call's result as the recorder took it: an op that returns nothing but writes its
+    arguments has the written arguments as its outputs (record/encode.py's recorded_result)."""
+    out = func(*args, **kwargs)
+    if func._schema.returns:
+        return out
+    values = {**dict(zip((a.name for a in func._schema.arguments), args)), **kwargs}
+    return [values.get(a.name) for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
 
 def _runner(op: str, func, args: tuple, kwargs: dict, k: int):
@@ -82,6 +100,13 @@ def _runner(op: str, func, args: tuple, kwargs: dict, k: int):
         def run(fn) -> torch.Tensor | None:
             with torch.no_grad():
                 return _output(reference(_convert(values, fn)), k)
+
+        return run
+
+    if func._schema.is_mutable:  # each run writes fresh copies: the loaded inputs stay as recorded
+        def run(fn) -> torch.Tensor | None:
+            with torch.no_grad():
+                return _output(_call(func, _convert(args, fn, copy=True), _convert(kwargs, fn, copy=True)), k)
 
         return run
 
@@ -122,8 +147,6 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
     try:
         check_call(record, dump, factory="load")
         func, args, kwargs = build_call(record, dump, factory="load")
-        if func._schema.is_mutable:
-            return None
         target = _target_values(dump, output)
         run = _runner(record.op, func, args, kwargs, k)
 

@@ -40,10 +40,28 @@ def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:
     return "no"
 
 
-def input_error(p: Pending) -> float | None:
-    """The largest statistics error among ``p``'s disagreeing inputs (None: they all agree, or
-    none was judged on statistics): what its inputs carry in."""
-    return max((e for _, _, s, e in p.inputs
+def _per_item(op: str) -> bool:
+    """A multi-tensor kernel: item j of each list result is made from item j of each list
+    argument alone (torch.optim's ``_foreach_*`` steps, ``_fused_adamw_``)."""
+    name = op.split(".")[1] if op.count(".") >= 2 else ""
+    return name.startswith(("_foreach_", "_fused_"))
+
+
+def row_inputs(p: Pending, k: int | None) -> list[tuple[str, Any, str, float | None]]:
+    """The inputs output ``k`` is made of: of a multi-tensor kernel's item j (``out0.j``), item j
+    of each list argument and every argument that is not a list; else all of ``p.inputs``."""
+    if k is None or k >= len(p.target.outputs) or not _per_item(p.target.op):
+        return p.inputs
+    _, dot, item = p.target.outputs[k][0].partition(".")
+    if not dot:
+        return p.inputs
+    return [i for i in p.inputs if "." not in i[0] or i[0].rsplit(".", 1)[1] == item]
+
+
+def input_error(p: Pending, k: int | None = None) -> float | None:
+    """The largest statistics error among the disagreeing inputs of ``p`` (of its output ``k``:
+    row_inputs) (None: they all agree, or none was judged on statistics): what they carry in."""
+    return max((e for _, _, s, e in row_inputs(p, k)
                 if e is not None and s not in (PairStatus.PASS.value, PairStatus.SKIP.value)), default=None)
 
 
@@ -52,6 +70,12 @@ def set_origin(r: CompareRow, origin: str, cause: str, culprit: str) -> None:
 
 
 def downgrade(r: CompareRow, why: str) -> None:
-    """A failing row that is precision loss: a warning, with why."""
+    """A failing row that is precision loss: a warning, with why. A row whose NaN/Inf counts
+    differ keeps its status (a value the target's dtype could not hold is still a NaN or an Inf
+    the run goes on with), and gets the why as its cause."""
+    if r.status == PairStatus.NAN_INF.value:
+        r.cause, r.culprit = PRECISION, why
+        r.note = "; ".join(x for x in (r.note, f"precision: {why}") if x)
+        return
     r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
     r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)

@@ -17,8 +17,9 @@ import torch
 from ..dump.tensorio import dtype_from_name
 from ..numerics.rules import PRECISION_STEPS
 from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
+from ..numerics.kernel_families import packet
 from .op_classes import is_discontinuous, is_value_preserving
-from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, set_origin
+from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, row_inputs, set_origin
 from .result import CompareRow, PairStatus
 
 
@@ -36,11 +37,12 @@ def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
     within = (PairStatus.PASS.value, PairStatus.WARNING.value, PairStatus.SKIP.value)
     candidates = []
     for p in pending:
-        if is_value_preserving(p.target.op) or not all(s in within for _, _, s, _ in p.inputs):
+        if is_value_preserving(p.target.op):
             continue
-        carried = input_error(p) or 0.0
-        candidates += [(p, r) for r in p.rows if r.status == PairStatus.WARNING.value and r.mode == "stats"
-                       and not r.cause and r.stats_err and r.stats_err > f * carried]
+        candidates += [(p, r) for k, r in enumerate(p.rows) if r.status == PairStatus.WARNING.value
+                       and r.mode == "stats" and not r.cause and r.stats_err
+                       and all(s in within for _, _, s, _ in row_inputs(p, k))
+                       and r.stats_err > f * (input_error(p, k) or 0.0)]
     if not candidates:
         return
     populations = kind_errors([(p.target.pos, r) for p, r in candidates])
@@ -51,7 +53,7 @@ def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
             far[id(calls)] = {calls[i][0]: factor for i, factor in found.items()}
         factor = far[id(calls)].get(r.index)
         if factor is not None:
-            r.status, r.inputs_agree = PairStatus.FAIL.value, agreement(p.inputs)
+            r.status, r.inputs_agree = PairStatus.FAIL.value, agreement(row_inputs(p, p.rows.index(r)))
             set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} is {factor:.3g}x the "
                                                  f"median of its kind's {len(calls)} calls on this run, and not carried "
                                                  "in by its inputs")
@@ -82,19 +84,24 @@ def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_f
         return
     carried = level  # the largest error accepted as precision loss so far
     for p, inside in _completion_order(pending, entered_first):
-        inputs = input_error(p)
+        made = None
         if inside:  # a module of a module dump: its output is made by the modules inside it
             if any(r.status in FAILING for q in inside for r in q.rows):
                 continue  # a bug inside: decided by the attribution above
             made = [r.stats_err for q in inside for r in q.rows if r.cause == PRECISION and r.stats_err]
-            inputs = max([inputs or 0.0] + made) or inputs
         for k, r in enumerate(p.rows):
+            if r.status == PairStatus.WARNING.value and r.mode == "stats" and r.stats_err and not r.cause:
+                carried = max(carried, r.stats_err)  # within the dtype's spread by the judge itself
             if not unmeasured(r) or r.cause not in ("local error", "inherited"):
                 continue
+            inputs = input_error(p, k)
+            if made is not None:
+                inputs = max([inputs or 0.0] + made) or inputs
             err, at = r.stats_err, ""
             reduction = reduction_change(p, k)
-            if reduction is not None and reduction[0] / reduction[1] < err:  # a cancelling reduction
-                err, at = reduction[0] / reduction[1], " at its input's magnitude"
+            # a cancelling reduction: its n terms' independent roundings add up to sqrt(n) of one
+            if reduction is not None and reduction[0] / (reduction[1] * math.sqrt(reduction[2])) < err:
+                err, at = reduction[0] / (reduction[1] * math.sqrt(reduction[2])), " at its inputs' magnitude"
             if err <= f * level:
                 downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows "
                               f"({level:.3g}){at}, consistent precision loss")
@@ -111,27 +118,43 @@ def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_f
             carried = max(carried, err)
 
 
+# Backward ops whose output subtracts a reduction of the incoming gradient (a normalization's,
+# a softmax's): by the name of that gradient argument.
+_CANCELLING = {"aten.native_layer_norm_backward": "grad_out", "aten.native_batch_norm_backward": "grad_out",
+               "aten.native_group_norm_backward": "grad_out", "aten._fused_rms_norm_backward": "grad_out",
+               "aten._softmax_backward_data": "grad_output", "aten._log_softmax_backward_data": "grad_output"}
+
+
+# A sum of two tensors is a reduction of two terms: where they cancel (a norm's backward built
+# of ops, x * rstd**2 * mean(...) against g * rstd), its output's relative error is theirs times
+# how much smaller it is, so it is judged at their magnitude.
+_TWO_TERM_SUMS = frozenset(("aten.add", "aten.sub", "aten.rsub"))
+
+
 def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None:
     """Output ``k`` of a reduction (a norm's mean and rstd, a sum: fewer elements than its
-    largest input; not a matmul or convolution), judged at its *input's* magnitude: (the largest
+    largest input; a sum of two tensors; not a matmul or convolution), judged at its *input's* magnitude: (the largest
     difference of its min/max/mean/std between the runs, the inputs' RMS, the terms each element
     sums, the output's dtype). A mean of values of 1 that cancels to 4.6e-5 moves by what its
     inputs' rounding moves a sum of 1s, however large relative to 4.6e-5. None when not such a row."""
     if k >= len(p.target.outputs) or k >= len(p.bench.outputs) or is_matmul_like(p.target.op) \
-            or is_convolution(p.target.op):
-        return None
+            or is_convolution(p.target.op) or "." in p.target.outputs[k][0]:
+        return None  # (an item of a list result: a multi-tensor op's, one per input item, or a split's)
     bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
-    ins = [m for _, m in p.target.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None]
+    grad = _CANCELLING.get(packet(p.target.op))  # a norm's backward sums its incoming gradient
+    ins = [m for name, m in p.target.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None
+           and (grad is None or name == grad)]
     if bm.stats is None or tm.stats is None or not ins or bm.stats.mean is None or tm.stats.mean is None:
         return None
     biggest = max(ins, key=lambda m: m.numel)
-    if tm.numel >= biggest.numel:
+    two_terms = packet(p.target.op) in _TWO_TERM_SUMS and len(ins) == 2
+    if tm.numel >= biggest.numel and not two_terms:
         return None  # not a reduction
     try:
         dtype = dtype_from_name(tm.dtype)
     except ValueError:
         return None
-    n = max(1, biggest.numel // max(1, tm.numel))
+    n = 2 if two_terms else max(1, biggest.numel // max(1, tm.numel))
     scale = max(math.sqrt(m.stats.mean ** 2 + (m.stats.std or 0.0) ** 2) for m in ins)
     diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
                if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
@@ -140,9 +163,45 @@ def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None
     return diff, scale, n, dtype
 
 
+def holds_rounding(p: Pending, k: int, factor: float) -> bool:
+    """Whether output ``k`` is 0 in exact arithmetic, judged on statistics: a reduction's
+    (reduction_change), or a normalization's or softmax's backward, whose bench values are no
+    larger than the rounding of the sum that makes them, ``factor * sqrt(n) * eps`` times the
+    magnitude summed (the inputs'; a backward's incoming gradient). A key bias's gradient is
+    one (softmax ignores a shift of every key), so is every gradient of a loss that a
+    normalization makes constant. Its statistics differ by 100% between runs; so do those of
+    what is computed from it alone, and none of that is a bug."""
+    if k >= len(p.bench.outputs) or k >= len(p.target.outputs):
+        return False
+    out = p.bench.outputs[k][1]
+    grad = _CANCELLING.get(packet(p.target.op))
+    if grad is not None:
+        ins = [m for name, m in p.bench.inputs if name == grad]
+        n = out.shape[-1] if out.shape else 1
+    else:
+        change = reduction_change(p, k)
+        if change is None:
+            return False
+        ins = [m for _, m in p.bench.inputs]
+        n = change[2]
+    ins = [m for m in ins if getattr(m, "stats", None) is not None and m.stats.mean is not None]
+    st = out.stats
+    if not ins or st is None or st.mean is None:
+        return False
+    try:
+        unit = torch.finfo(dtype_from_name(out.dtype)).eps
+    except (ValueError, TypeError):
+        return False
+    scale = max(math.hypot(m.stats.mean, m.stats.std or 0.0) for m in ins)
+    return math.hypot(st.mean, st.std or 0.0) <= factor * math.sqrt(max(n, 1)) * unit * scale
+
+
 def unmeasured(r: CompareRow) -> bool:
     """A failing row judged on statistics, with nothing recomputed."""
     return r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and bool(r.stats_err)
+
+
+_NARROW = {"bfloat16": "bf16", "float16": TF32}  # a target dtype -> the precision step it rounds to
 
 
 def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: Any) -> tuple[float, str]:
@@ -153,10 +212,10 @@ def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: An
     settings_level, settings_kind = 0.0, ""  # TF32 allowed by the run's recorded settings
     tf32 = 2.0 ** -PRECISION_STEPS[TF32]  # twice TF32's unit roundoff: inputs and weights both rounded
     for p in pending:
-        inputs = input_error(p)
         # a module (module dumps) may hold matmuls: its own rounding can add error as theirs does
         matmul_like = p.target.kind == "module" or is_matmul_like(p.target.op) or is_convolution(p.target.op)
-        for r in p.rows:
+        for k, r in enumerate(p.rows):
+            inputs = input_error(p, k)
             # a call adds error of its own where it is born, or where a matmul or convolution
             # jumps beyond the factor of what its inputs carry (TF32-like math rounds at every one)
             fresh = unmeasured(r) and (r.origin == "born" and r.cause == "local error" or r.cause == "inherited"
@@ -172,6 +231,11 @@ def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: An
                 if r.origin == "born" and unmeasured(r) and TF32 in floors.allowed_steps(p.target.op) \
                         and r.stats_err <= f * tf32:
                     settings_level, settings_kind = tf32, f"TF32 (allowed for {p.target.op} by the run's settings)"
+        # a target that computes in a narrower float dtype rounds every such output to it
+        for r in p.rows:
+            step = _NARROW.get(r.target_dtype) if r.bench_dtype in ("float32", "float64") else None
+            if step is not None and 2.0 ** -PRECISION_STEPS[step] > settings_level:
+                settings_level, settings_kind = 2.0 ** -PRECISION_STEPS[step], f"{r.target_dtype} outputs of the target"
     # no reduced-precision step moves values by more than its unit roundoff (bf16: 2**-8)
     largest_step = 2.0 ** -(min(PRECISION_STEPS.values()) + 1)
     level, shown_by = settings_level, settings_kind
@@ -256,6 +320,35 @@ def _extreme_of(value: Any, dtype_name: str) -> str | None:
                  if float(value) == v), None)
 
 
+def below_normal_range(r: CompareRow, p: Pending, k: int) -> str | None:
+    """A target dtype with a narrower exponent range (float16: normal numbers from 6.1e-05) cannot
+    hold values the bench's dtype holds: where every value of both runs lies below the target
+    dtype's smallest normal number, the target's are subnormal (a few bits) or flushed to 0, so the two
+    differ by up to the values themselves. That is the dtype's range, not a bug (an fp16 Adam's
+    squared gradients, ~1e-11). None otherwise."""
+    if k >= len(p.target.outputs) or k >= len(p.bench.outputs):
+        return None
+    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
+    try:
+        bench_dtype, target_dtype = dtype_from_name(bm.dtype), dtype_from_name(tm.dtype)
+    except ValueError:
+        return None
+    if not (bench_dtype.is_floating_point and target_dtype.is_floating_point) \
+            or torch.finfo(target_dtype).tiny <= torch.finfo(bench_dtype).tiny:
+        return None
+    tiny = torch.finfo(target_dtype).tiny
+    tops = []
+    for st in (bm.stats, tm.stats):  # both runs' values: the target's subnormal or 0, never an Inf
+        if st is None or st.min is None or st.max is None or st.nan or st.posinf or st.neginf:
+            return None
+        tops.append(max(abs(st.min), abs(st.max)))
+    top = tops[0]
+    if max(tops) >= tiny:
+        return None
+    return (f"every bench value ({top:.3g} at most) lies below {tm.dtype}'s smallest normal number ({tiny:.3g}): "
+            f"the target's dtype holds them as subnormals or 0")
+
+
 def dtype_extreme_fill(r: CompareRow, p: Pending, k: int) -> str | None:
     """Statistics only: an op that fills with its dtype's extreme (masked_fill(mask,
     finfo(dtype).min), as attention masks are built) writes -3.4e38 in a float32 run and -65504 in
@@ -264,7 +357,8 @@ def dtype_extreme_fill(r: CompareRow, p: Pending, k: int) -> str | None:
     other side of the fill (the max, for a min fill) agrees within the row's tolerance, the
     difference is the dtypes', not a bug. None otherwise."""
     if r.mode != "stats" or k >= len(p.target.outputs) or k >= len(p.bench.outputs) \
-            or any(status not in (PairStatus.PASS.value, PairStatus.WARNING.value) for _, _, status, _ in p.inputs):
+            or any(status not in (PairStatus.PASS.value, PairStatus.WARNING.value)
+                   for _, _, status, _ in row_inputs(p, k)):
         return None
     bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
     if bm.stats is None or tm.stats is None:

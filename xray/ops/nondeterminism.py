@@ -24,9 +24,10 @@ from .rebuild import UnknownOpError, resolve_op
 _TRAIN_FLAGS = ("train", "training")
 # Recorded 0: nothing is dropped or drawn (dropout's p, bernoulli's p, SDPA's dropout_p, RNN dropout).
 _PROBABILITIES = ("p", "dropout_p", "dropout")
-# Ops returning uninitialized memory (aten op names; every overload).
+# Ops returning uninitialized memory (aten op names; every overload); resize_ grows a tensor
+# with it (and compare re-runs in-place ops, so it must know).
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
-                            "new_empty_strided"})
+                            "new_empty_strided", "resize_", "resize_as_"})
 
 
 def nondeterministic(record: Record) -> str | None:

@@ -69,6 +69,12 @@ class DumpConfig:
         if int(given.get("flush_bytes", 1)) <= 0:
             raise ValueError(f"flush_bytes (X_FLUSH_BYTES) must be > 0, got {given['flush_bytes']}")
         if X_DEBUG is not None:
+            if isinstance(X_DEBUG, (str, os.PathLike)):  # begin_dump("folder") is a common slip
+                try:
+                    X_DEBUG = int(os.fspath(X_DEBUG).strip(), 0)
+                except ValueError:
+                    raise ValueError(f"X_DEBUG must be an integer of debug flags (e.g. 0x102), got "
+                                     f"{os.fspath(X_DEBUG)!r}; a dump's folder is dump_dir=") from None
             given["debug"] = DebugFlags(int(X_DEBUG))
         if X_DEDUP is not None:
             given["dedup"] = bool(X_DEDUP)

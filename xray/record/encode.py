@@ -24,12 +24,16 @@ class OpInfo:
     arg_names: tuple[str, ...]
     mutates: tuple[str, ...]
     stats_preserving: bool  # output holds exactly the input's elements (view/copy ops)
-    returns: int  # number of schema returns (a single Tensor[] return is one output)
+    # Outputs recorded: the schema's returns (a single Tensor[] return is one output), or, for a
+    # call that returns nothing but writes arguments (``_foreach_add_``, ``_fused_adamw_``), one
+    # per written argument: ``written_results`` names them, read after the kernel ran.
+    returns: int
     defaults: tuple[tuple[str, Any], ...]  # (name, default) of arguments that have one
     # The first output aliases the first input (view, slice, t...): it shares that input's
     # version counter, which autograd attaches only after the kernel has returned.
     view: bool = False
     collective: bool = False  # c10d.*: returns before its tensors are final
+    written_results: tuple[str, ...] = ()
 
     @property
     def writes(self) -> bool:
@@ -68,8 +72,19 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     packet = func._schema.name.split("::")[-1]
     defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
     view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
-    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates, len(schema.returns),
-                  defaults, view, str(func).startswith("c10d."))
+    written = mutates if not schema.returns else ()
+    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates,
+                  len(schema.returns) or len(written), defaults, view, str(func).startswith("c10d."), written)
+
+
+def recorded_result(info: OpInfo, out: Any, bound: dict[str, Any]) -> Any:
+    """What a call's outputs are recorded from: its result, or for a call that returns nothing
+    but writes (``info.written_results``), the written arguments, so a wrong in-place update of a
+    list of tensors (an optimizer's ``_foreach_*_`` or fused step) is seen where it happens."""
+    if not info.written_results:
+        return out
+    written = tuple(bound.get(n) for n in info.written_results)
+    return written if len(written) > 1 else written[0]
 
 
 def bind_inputs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, Any]:

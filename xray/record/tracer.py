@@ -26,7 +26,8 @@ from ..dump.dispatch_modes import no_dispatch_modes
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
-from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, signature_key, tensor_meta, unsupported
+from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
+                     signature_key, tensor_meta, unsupported)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
@@ -288,6 +289,8 @@ class Recorder:
     def _after(self, pending, args: tuple, out: Any) -> None:
         if type(pending) is RowCall:
             call = pending
+            if call.info.written_results:
+                out = recorded_result(call.info, out, bind_inputs(call.info, call.args, call.kwargs))
             self.producers.produced(call.seq, out)
             self.rows.after(call, out)
             self.records_written += 1
@@ -295,6 +298,7 @@ class Recorder:
                 self._seen[call.signature] = Fold(call.seq, call.info.writes)
             return
         rec, info, key, budget, bound = pending
+        out = recorded_result(info, out, bound)
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
