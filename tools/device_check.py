@@ -2,8 +2,9 @@
 
 For each architecture (llama, gpt2, bert, vit; tiny transformers configs with random weights, as
 /work/shared/fixtures/README.md describes; and resnet, whose batch norms run cudnn's kernel on
-CUDA, and llama-train, a forward and backward whose attention gradients come from CUDA's own
-backward kernels) it records one forward (and backward), every call, statistics and 4 saved
+CUDA, and llama-train, a forward, backward and AdamW step whose attention gradients come from
+CUDA's own backward kernels and whose update from its multi-tensor ``_foreach_*`` kernels) it
+records one forward (and backward), every call, statistics and 4 saved
 tensors per call (``X_DEBUG=0x102``, 0x10A with backward, no de-dup, ``X_DUMP_NUM=4``), as:
 
 - ``cpu_fp32``: the bench, on the CPU;
@@ -135,8 +136,9 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
                            X_DUMP_NUM=4) as d:
                 with amp:
                     output = model(**inputs)[0]
-                if train:  # the backward outside autocast, as a training step runs it
-                    output.float().square().mean().backward()
+                if train:  # the backward outside autocast, as a training step runs it, then one AdamW
+                    output.float().square().mean().backward()  # step as _foreach_* kernels (CUDA's default)
+                    torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, foreach=True).step()
     entry = {"arch": arch, "variant": variant, "device": device, "path": str(d.folder), "tf32": tf32,
              "autocast": str(autocast)}
     if fault:
