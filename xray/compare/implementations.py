@@ -15,6 +15,9 @@ _CHOICE = {"foreach": "multi-tensor _foreach_* kernels (foreach=True)",
            "fused": "one fused kernel (fused=True)", "loop": "per-tensor ops (foreach=False)"}
 
 
+_FUSED_STEPS = {"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"}  # (not _fused_rms_norm)
+
+
 def _base(op: str) -> str:
     name = op.split(".")[1] if op.count(".") >= 2 else op
     return name.removeprefix("_foreach_").rstrip("_")
@@ -22,7 +25,7 @@ def _base(op: str) -> str:
 
 def _implementation(ops: set[str]) -> str | None:
     """How the step ran, by its unmatched records: None when they show no optimizer step."""
-    if any(op.startswith("aten._fused_") for op in ops):
+    if any(op.split(".")[1].rstrip("_") in _FUSED_STEPS for op in ops if op.count(".") >= 2):
         return "fused"
     if any(op.startswith("aten._foreach_") for op in ops):
         return "foreach"
