@@ -87,8 +87,9 @@ class CorruptCall(TorchDispatchMode):
         if str(func) != self.op or (in_backward() != (self.direction == "backward")):
             return out
         index, self.calls = self.calls, self.calls + 1
-        if index == self.call and op_info(func).written_results:  # returns nothing: corrupt what it wrote
-            written = recorded_result(op_info(func), out, bind_inputs(op_info(func), args, kwargs or {}))
+        info = op_info(func)
+        if index == self.call and info.written_results:  # returns nothing: corrupt what it wrote
+            written = recorded_result(info, out, bind_inputs(info, args, kwargs or {}))
             first = written[0] if isinstance(written, (tuple, list)) else written
             first = first[0] if isinstance(first, (tuple, list)) else first  # (a list argument's first tensor)
             if isinstance(first, torch.Tensor):

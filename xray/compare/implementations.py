@@ -9,28 +9,24 @@ Both implementations run on CPU, so the remedy is to choose one for both runs; t
 """
 from __future__ import annotations
 
+from ..numerics.kernel_families import packet
+from .op_classes import FUSED_OPTIMIZER_STEPS, is_multi_tensor
 from .result import CompareRow, PairStatus
 
 _CHOICE = {"foreach": "multi-tensor _foreach_* kernels (foreach=True)",
            "fused": "one fused kernel (fused=True)", "loop": "per-tensor ops (foreach=False)"}
-
-
-_FUSED_STEPS = {"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"}  # (not _fused_rms_norm)
-
-
-def _base(op: str) -> str:
-    name = op.split(".")[1] if op.count(".") >= 2 else op
-    return name.removeprefix("_foreach_").rstrip("_")
+# the per-tensor ops that only an optimizer's for-loop step runs (Adam(W), RMSprop, Adagrad)
+_LOOP_STEP_OPS = frozenset(("aten.addcdiv", "aten.addcmul", "aten.lerp"))
 
 
 def _implementation(ops: set[str]) -> str | None:
     """How the step ran, by its unmatched records: None when they show no optimizer step."""
-    if any(op.split(".")[1].rstrip("_") in _FUSED_STEPS for op in ops if op.count(".") >= 2):
+    kernels = {packet(op) for op in ops}
+    if kernels & FUSED_OPTIMIZER_STEPS:
         return "fused"
-    if any(op.startswith("aten._foreach_") for op in ops):
+    if any(is_multi_tensor(op) for op in kernels):
         return "foreach"
-    # the per-tensor ops that only an optimizer's for-loop step runs (Adam(W), RMSprop, Adagrad)
-    return "loop" if {_base(op) for op in ops} & {"addcdiv", "addcmul", "lerp"} else None
+    return "loop" if kernels & _LOOP_STEP_OPS else None
 
 
 def optimizer_note(rows: list[CompareRow], label: str = "") -> str | None:

@@ -21,6 +21,7 @@ from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 from ..numerics.kernel_families import primary_outputs, reference_of
+from ..record.encode import bind_inputs, op_info, recorded_result
 
 MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
 
@@ -78,13 +79,11 @@ def _output(out: Any, k: int) -> torch.Tensor | None:
 
 
 def _call(func, args: tuple, kwargs: dict) -> Any:
-    """The call's result as the recorder took it: an op that returns nothing but writes its
-    arguments has the written arguments as its outputs (record/encode.py's recorded_result)."""
+    """The call's result as the recorder took it (an op that returns nothing but writes its
+    arguments: the written arguments)."""
     out = func(*args, **kwargs)
-    if func._schema.returns:
-        return out
-    values = {**dict(zip((a.name for a in func._schema.arguments), args)), **kwargs}
-    return [values.get(a.name) for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    info = op_info(func)
+    return recorded_result(info, out, bind_inputs(info, args, kwargs)) if info.written_results else out
 
 
 def _runner(op: str, func, args: tuple, kwargs: dict, k: int):

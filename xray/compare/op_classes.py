@@ -38,6 +38,16 @@ DISCONTINUOUS_MODULES = frozenset(("relu", "relu6", "hardtanh", "threshold", "le
 THRESHOLD_ARG = "threshold"
 
 
+# torch.optim's fused steps (fused=True): one kernel over every parameter's tensors
+FUSED_OPTIMIZER_STEPS = frozenset(f"aten._fused_{n}" for n in ("adam", "adamw", "sgd", "adagrad"))
+
+
+def is_multi_tensor(op: str) -> bool:
+    """A multi-tensor kernel: item j of each list result is made from item j of each list
+    argument alone (torch.optim's ``_foreach_*`` steps and its fused steps)."""
+    return bool(op) and (packet(op).startswith("aten._foreach_") or packet(op) in FUSED_OPTIMIZER_STEPS)
+
+
 def is_value_preserving(op: str) -> bool:
     """Moves its input's numbers (a same-dtype copy at most): never an origin on its own."""
     return bool(op) and packet(op) in VALUE_PRESERVING

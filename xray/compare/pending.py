@@ -8,6 +8,7 @@ from typing import Any
 
 from .entry_records import Entry
 from .local import LocalError
+from .op_classes import is_multi_tensor
 from .result import CompareRow, PairStatus
 
 FAILING = frozenset((PairStatus.FAIL.value, PairStatus.NAN_INF.value))
@@ -40,17 +41,10 @@ def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:
     return "no"
 
 
-def _per_item(op: str) -> bool:
-    """A multi-tensor kernel: item j of each list result is made from item j of each list
-    argument alone (torch.optim's ``_foreach_*`` steps, ``_fused_adamw_``)."""
-    name = op.split(".")[1] if op.count(".") >= 2 else ""
-    return name.startswith(("_foreach_", "_fused_"))
-
-
 def row_inputs(p: Pending, k: int | None) -> list[tuple[str, Any, str, float | None]]:
     """The inputs output ``k`` is made of: of a multi-tensor kernel's item j (``out0.j``), item j
     of each list argument and every argument that is not a list; else all of ``p.inputs``."""
-    if k is None or k >= len(p.target.outputs) or not _per_item(p.target.op):
+    if k is None or k >= len(p.target.outputs) or not is_multi_tensor(p.target.op):
         return p.inputs
     _, dot, item = p.target.outputs[k][0].partition(".")
     if not dot:

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from ..dump.tensorio import dtype_from_name
-from ..numerics.rules import PRECISION_STEPS
-from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
 from ..numerics.kernel_families import packet
+from ..numerics.rules import PRECISION_STEPS
+from .entry_records import Entry
+from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
 from .op_classes import is_discontinuous, is_value_preserving
 from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, row_inputs, set_origin
 from .result import CompareRow, PairStatus
@@ -39,21 +40,21 @@ def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
     for p in pending:
         if is_value_preserving(p.target.op):
             continue
-        candidates += [(p, r) for k, r in enumerate(p.rows) if r.status == PairStatus.WARNING.value
+        candidates += [(p, k, r) for k, r in enumerate(p.rows) if r.status == PairStatus.WARNING.value
                        and r.mode == "stats" and not r.cause and r.stats_err
                        and all(s in within for _, _, s, _ in row_inputs(p, k))
                        and r.stats_err > f * (input_error(p, k) or 0.0)]
     if not candidates:
         return
-    populations = kind_errors([(p.target.pos, r) for p, r in candidates])
+    populations = kind_errors([(p.target.pos, r) for p, _, r in candidates])
     far: dict[int, dict[int, float]] = {}  # population (by identity) -> row index -> factor
-    for (p, r), calls in zip(candidates, populations):
+    for (p, k, r), calls in zip(candidates, populations):
         if id(calls) not in far:
             found = far_above([math.log(e) if e > 0 else -math.inf for _, e, _ in calls])
             far[id(calls)] = {calls[i][0]: factor for i, factor in found.items()}
         factor = far[id(calls)].get(r.index)
         if factor is not None:
-            r.status, r.inputs_agree = PairStatus.FAIL.value, agreement(row_inputs(p, p.rows.index(r)))
+            r.status, r.inputs_agree = PairStatus.FAIL.value, agreement(row_inputs(p, k))
             set_origin(r, "born", "local error", f"statistics only: its error {r.stats_err:.3g} is {factor:.3g}x the "
                                                  f"median of its kind's {len(calls)} calls on this run, and not carried "
                                                  "in by its inputs")
@@ -99,9 +100,10 @@ def precision_loss(pending: list[Pending], rules: Any, floors: Floors, entered_f
                 inputs = max([inputs or 0.0] + made) or inputs
             err, at = r.stats_err, ""
             reduction = reduction_change(p, k)
-            # a cancelling reduction: its n terms' independent roundings add up to sqrt(n) of one
-            if reduction is not None and reduction[0] / (reduction[1] * math.sqrt(reduction[2])) < err:
-                err, at = reduction[0] / (reduction[1] * math.sqrt(reduction[2])), " at its inputs' magnitude"
+            if reduction is not None:  # a cancelling sum: its n terms' independent roundings add up to sqrt(n) of one
+                diff, scale, n, _ = reduction
+                if diff / (scale * math.sqrt(n)) < err:
+                    err, at = diff / (scale * math.sqrt(n)), " at its inputs' magnitude"
             if err <= f * level:
                 downgrade(r, f"statistics only: within {f:g}x of the error {shown_by} shows "
                               f"({level:.3g}){at}, consistent precision loss")
@@ -131,31 +133,51 @@ _CANCELLING = {"aten.native_layer_norm_backward": "grad_out", "aten.native_batch
 _TWO_TERM_SUMS = frozenset(("aten.add", "aten.sub", "aten.rsub"))
 
 
-def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None:
-    """Output ``k`` of a reduction (a norm's mean and rstd, a sum: fewer elements than its
-    largest input; a sum of two tensors; not a matmul or convolution), judged at its *input's* magnitude: (the largest
-    difference of its min/max/mean/std between the runs, the inputs' RMS, the terms each element
-    sums, the output's dtype). A mean of values of 1 that cancels to 4.6e-5 moves by what its
-    inputs' rounding moves a sum of 1s, however large relative to 4.6e-5. None when not such a row."""
-    if k >= len(p.target.outputs) or k >= len(p.bench.outputs) or is_matmul_like(p.target.op) \
-            or is_convolution(p.target.op) or "." in p.target.outputs[k][0]:
-        return None  # (an item of a list result: a multi-tensor op's, one per input item, or a split's)
-    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
-    grad = _CANCELLING.get(packet(p.target.op))  # a norm's backward sums its incoming gradient
-    ins = [m for name, m in p.target.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None
-           and (grad is None or name == grad)]
-    if bm.stats is None or tm.stats is None or not ins or bm.stats.mean is None or tm.stats.mean is None:
+def _rms(stats: Any) -> float:
+    """The RMS of a tensor from its statistics (hypot: finite where mean ** 2 would overflow)."""
+    return math.hypot(stats.mean, stats.std or 0.0)
+
+
+def _summed(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[Any], int] | None:
+    """What output ``k`` of ``e`` sums, and over how many terms, or None when it is no sum: a
+    reduction (fewer elements than its largest input), a sum of two tensors, and with
+    ``gradient_rows`` any output of a norm's or softmax's backward (the rows of its incoming
+    gradient, over its last dimension). A norm's backward sums that gradient alone. Not a
+    matmul or convolution, nor an item of a list result (a multi-tensor op's or a split's)."""
+    if k >= len(e.outputs) or is_matmul_like(e.op) or is_convolution(e.op) or "." in e.outputs[k][0]:
         return None
-    biggest = max(ins, key=lambda m: m.numel)
-    two_terms = packet(p.target.op) in _TWO_TERM_SUMS and len(ins) == 2
-    if tm.numel >= biggest.numel and not two_terms:
-        return None  # not a reduction
+    out = e.outputs[k][1]
+    grad = _CANCELLING.get(packet(e.op))
+    ins = [m for name, m in e.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None
+           and (grad is None or name == grad)]
+    if not ins:
+        return None
+    if gradient_rows and grad is not None:
+        return ins, out.shape[-1] if out.shape else 1
+    if packet(e.op) in _TWO_TERM_SUMS and len(ins) == 2:
+        return ins, 2
+    biggest = max(m.numel for m in ins)
+    return (ins, max(1, biggest // max(1, out.numel))) if out.numel < biggest else None
+
+
+def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None:
+    """Output ``k`` of a sum (``_summed``: a norm's mean and rstd, a sum of two tensors), judged
+    at its *inputs'* magnitude: (the largest difference of its min/max/mean/std between the runs,
+    the inputs' RMS, the terms each element sums, the output's dtype). A mean of values of 1 that
+    cancels to 4.6e-5 moves by what its inputs' rounding moves a sum of 1s, however large
+    relative to 4.6e-5. None when not such a row."""
+    summed = _summed(p.target, k)
+    if summed is None or k >= len(p.bench.outputs):
+        return None
+    bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
+    if bm.stats is None or tm.stats is None or bm.stats.mean is None or tm.stats.mean is None:
+        return None
     try:
         dtype = dtype_from_name(tm.dtype)
     except ValueError:
         return None
-    n = 2 if two_terms else max(1, biggest.numel // max(1, tm.numel))
-    scale = max(math.sqrt(m.stats.mean ** 2 + (m.stats.std or 0.0) ** 2) for m in ins)
+    ins, n = summed
+    scale = max(_rms(m.stats) for m in ins)
     diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
                if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
     if not (math.isfinite(diff) and scale > 0):
@@ -164,36 +186,25 @@ def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None
 
 
 def holds_rounding(p: Pending, k: int, factor: float) -> bool:
-    """Whether output ``k`` is 0 in exact arithmetic, judged on statistics: a reduction's
-    (reduction_change), or a normalization's or softmax's backward, whose bench values are no
-    larger than the rounding of the sum that makes them, ``factor * sqrt(n) * eps`` times the
-    magnitude summed (the inputs'; a backward's incoming gradient). A key bias's gradient is
-    one (softmax ignores a shift of every key), so is every gradient of a loss that a
-    normalization makes constant. Its statistics differ by 100% between runs; so do those of
+    """Whether output ``k`` is 0 in exact arithmetic, judged on statistics: a sum's (``_summed``;
+    any output of a norm's or softmax's backward) whose bench values are no larger than the
+    rounding of that sum, ``factor * sqrt(n) * eps`` times the magnitude summed. A key bias's
+    gradient is one (softmax ignores a shift of every key), so is every gradient of a loss that
+    a normalization makes constant. Its statistics differ by 100% between runs; so do those of
     what is computed from it alone, and none of that is a bug."""
-    if k >= len(p.bench.outputs) or k >= len(p.target.outputs):
+    summed = _summed(p.bench, k, gradient_rows=True) if reduction_change(p, k) is not None \
+        or packet(p.target.op) in _CANCELLING else None
+    if summed is None:
         return False
-    out = p.bench.outputs[k][1]
-    grad = _CANCELLING.get(packet(p.target.op))
-    if grad is not None:
-        ins = [m for name, m in p.bench.inputs if name == grad]
-        n = out.shape[-1] if out.shape else 1
-    else:
-        change = reduction_change(p, k)
-        if change is None:
-            return False
-        ins = [m for _, m in p.bench.inputs]
-        n = change[2]
-    ins = [m for m in ins if getattr(m, "stats", None) is not None and m.stats.mean is not None]
-    st = out.stats
-    if not ins or st is None or st.mean is None:
+    st = p.bench.outputs[k][1].stats
+    if st is None or st.mean is None:
         return False
     try:
-        unit = torch.finfo(dtype_from_name(out.dtype)).eps
+        unit = torch.finfo(dtype_from_name(p.bench.outputs[k][1].dtype)).eps
     except (ValueError, TypeError):
         return False
-    scale = max(math.hypot(m.stats.mean, m.stats.std or 0.0) for m in ins)
-    return math.hypot(st.mean, st.std or 0.0) <= factor * math.sqrt(max(n, 1)) * unit * scale
+    ins, n = summed
+    return _rms(st) <= factor * math.sqrt(max(n, 1)) * unit * max(_rms(m.stats) for m in ins)
 
 
 def unmeasured(r: CompareRow) -> bool:
@@ -229,10 +240,9 @@ def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: An
                 if seq not in calls or calls[seq][0] < r.stats_err:
                     calls[seq] = (r.stats_err, p, r)
                 if r.origin == "born" and unmeasured(r) and TF32 in floors.allowed_steps(p.target.op) \
-                        and r.stats_err <= f * tf32:
+                        and r.stats_err <= f * tf32 and tf32 > settings_level:
                     settings_level, settings_kind = tf32, f"TF32 (allowed for {p.target.op} by the run's settings)"
-        # a target that computes in a narrower float dtype rounds every such output to it
-        for r in p.rows:
+            # a target that computes in a narrower float dtype rounds every such output to it
             step = _NARROW.get(r.target_dtype) if r.bench_dtype in ("float32", "float64") else None
             if step is not None and 2.0 ** -PRECISION_STEPS[step] > settings_level:
                 settings_level, settings_kind = 2.0 ** -PRECISION_STEPS[step], f"{r.target_dtype} outputs of the target"

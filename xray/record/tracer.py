@@ -298,7 +298,8 @@ class Recorder:
                 self._seen[call.signature] = Fold(call.seq, call.info.writes)
             return
         rec, info, key, budget, bound = pending
-        out = recorded_result(info, out, bound)
+        if info.written_results:
+            out = recorded_result(info, out, bound)
         self.producers.produced(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
