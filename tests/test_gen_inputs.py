@@ -76,3 +76,35 @@ def test_missing_templates_give_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(generator.xray, "__file__", str(tmp_path / "pkg" / "xray" / "__init__.py"))
     with pytest.raises(generator.GenerationError, match="templates not found"):
         generator.templates_dir()
+
+
+def test_random_class_targets_hold_ignore_index_or_valid_classes(tmp_path):
+    """A class-index target with ignored samples is recorded over [-100, C-1]: drawn uniformly
+    there, most negative values are invalid classes and nll_loss refuses them. Regenerated, the
+    target holds ignore_index at about its recorded share and valid classes elsewhere, so the
+    regenerated call runs, in replay and in a generated test alike."""
+    from tests.test_gen import run_pytest
+    from xray.gen.cli import main as gen_main
+
+    classes, n = 2048, 2048  # real size: a vocabulary-wide loss over 4x512 tokens
+    logits = torch.randn(n, classes, requires_grad=True)
+    target = torch.randint(0, classes, (n,))
+    target[torch.rand(n) < 0.25] = -100  # padding, as a causal LM's shifted labels hold
+    with xray.dump(dump_dir=tmp_path / "d", X_DEBUG=0x10A, X_DUMP_NUM=0) as d:  # with backward
+        torch.nn.functional.cross_entropy(logits, target).backward()
+    dump = xray.load_dump(d.folder)
+    ops = {r.op: r for r in dump.records if r.kind == "op"}
+    for name in ("aten.nll_loss_forward.default", "aten.nll_loss_backward.default"):
+        func, args, kwargs = build_call(ops[name], dump, factory="random", seed=3)
+        names = [a.name for a in func._schema.arguments]
+        drawn = args[names.index("target")]
+        assert int(drawn.min()) == -100 and int(drawn.max()) <= classes - 1
+        assert not ((drawn < 0) & (drawn != -100)).any()
+        share = float((drawn == -100).double().mean())
+        assert abs(share - float((target == -100).double().mean())) < 0.05, share
+        func(*args, **kwargs)  # runs: every class is valid
+    folder = tmp_path / "suite"
+    assert gen_main([str(d.folder), "-o", str(folder), "-q", "--factory", "random"]) == 0
+    assert "ignore=-100" in "".join(f.read_text() for f in folder.glob("test_*nll_loss*.py"))
+    res = run_pytest(folder)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]

@@ -28,7 +28,7 @@ from ..dump.columns import KINDS as RECORD_KINDS, Columns
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import write_dataset
-from ..ops.rebuild import FACTORIES, MissingTensorError, UnknownOpError, resolve_op, split_args
+from ..ops.rebuild import FACTORIES, MissingTensorError, UnknownOpError, ignored_index, resolve_op, split_args
 from ..record.encode import op_info
 from .blacklist import Blacklist
 from .render import NotRebuildable, RenderError, audit, identifier, py_op, py_tensor, py_text, py_value
@@ -331,7 +331,8 @@ class Renderer:
                 if _skip:  # an out= buffer's recorded contents are garbage (often torch.empty): zeros
                     meta = dataclasses.replace(meta, stats=None)
                 return py_tensor(meta, self._data_ref(meta, sink, f"{prefix}/{_arg}" +
-                                                      "".join(f".{i}" for i in path), where, _skip))
+                                                      "".join(f".{i}" for i in path), where, _skip),
+                                 ignored_index(rec.inputs, _arg))
             try:
                 if isinstance(value, list) and any(isinstance(x, TensorMeta) for x in value):
                     lists.append((var, [py_value(x, lambda m, p, i=i: tensor_source(m, (i,) + p))

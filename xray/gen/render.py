@@ -88,8 +88,8 @@ def identifier(name: Any) -> str:
     return name + "_" if keyword.iskeyword(name) or name in ("torch", "pytest", "T", "xray_op") else name
 
 
-def py_tensor(meta: TensorMeta, data_ref: str | None) -> str:
-    """``T(shape, dtype, stride=..., data=..., lo=..., hi=..., mean=...)`` for one tensor."""
+def py_tensor(meta: TensorMeta, data_ref: str | None, ignore: int | None = None) -> str:
+    """``T(shape, dtype, stride=..., data=..., lo=..., hi=..., mean=..., ignore=...)`` for one tensor."""
     parts = [py_ints(list(meta.shape)), py_dtype(meta.dtype)]
     if meta.stride is not None:
         parts.append("stride=" + py_ints(list(meta.stride)))
@@ -103,6 +103,8 @@ def py_tensor(meta: TensorMeta, data_ref: str | None) -> str:
         parts.append("hi=" + py_float(st.max))
         if st.mean is not None:
             parts.append("mean=" + py_float(st.mean))
+    if ignore is not None and data_ref is None:
+        parts.append("ignore=" + py_int(ignore))
     return "T(" + ", ".join(parts) + ")"
 
 

@@ -33,7 +33,8 @@ _DATA_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.h5$")
 @dataclass(frozen=True)
 class T:
     """A tensor input: saved data (``data="data/<file>.h5:<dataset>"``, relative to the test file)
-    or, without data, uniform values in the recorded [lo, hi] (bool: P(True) = mean)."""
+    or, without data, uniform values in the recorded [lo, hi] (bool: P(True) = mean; ``ignore``:
+    a class-index target's ignore_index, see xray.ops.rebuild.ignored_index)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -42,6 +43,7 @@ class T:
     lo: float | None = None
     hi: float | None = None
     mean: float | None = None
+    ignore: int | None = None
 
     def meta(self) -> TensorMeta:
         stats = None if self.lo is None or self.hi is None else Stats(self.lo, self.hi, self.mean, None)
@@ -98,7 +100,7 @@ class OpCheck:
             data = self._load(spec.data)
         else:
             dev = "cpu" if self.cpu_init else self.device
-            data = random_like_meta(meta, spec.dtype, gen, device=dev)
+            data = random_like_meta(meta, spec.dtype, gen, device=dev, ignored=spec.ignore)
         return place(data, spec.stride, self.device)
 
     def _materialize(self, v: Any, gen: torch.Generator) -> Any:

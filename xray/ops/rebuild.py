@@ -83,14 +83,16 @@ def _named_attr(name: Any, kind: type, what: str) -> Any:
 
 
 def materialize_value(value: Any, dump: Dump, *, factory: str = "load", generator: torch.Generator | None = None,
-                      device: str | torch.device = "cpu") -> Any:
-    """Turn one recorded value (TensorMeta, Scalar, list, plain) into a live argument.
+                      device: str | torch.device = "cpu", ignored: int | None = None) -> Any:
+    """Turn one recorded value (TensorMeta, Scalar, list, plain) into a live argument
+    (``ignored``: see ``ignored_index``).
 
     Recorded ``device`` arguments are mapped to the target ``device``: a test rebuilt for
     another machine must allocate there, not on the recording machine's device.
     """
     _check_factory(factory)
-    return _walk(value, lambda meta: _tensor(meta, dump, factory, generator, torch.device(device)), device)
+    return _walk(value, lambda meta: _tensor(meta, dump, factory, generator, torch.device(device), ignored),
+                 device)
 
 
 def _check_factory(factory: str) -> None:
@@ -160,13 +162,13 @@ def _check_meta(meta: TensorMeta) -> torch.dtype:
 
 
 def _tensor(meta: TensorMeta, dump: Dump, factory: str, generator: torch.Generator | None,
-            device: torch.device) -> torch.Tensor:
+            device: torch.device, ignored: int | None = None) -> torch.Tensor:
     dtype, saved = _source(meta, dump, factory)
     if saved:
         data = dump.load_tensor(meta)
         _check_saved(meta, dtype, data.shape, data.dtype)
     else:
-        data = random_like_meta(meta, dtype, generator)
+        data = random_like_meta(meta, dtype, generator, ignored=ignored)
     return place(data, meta.stride, device)
 
 
@@ -196,10 +198,28 @@ def _check_saved(meta: TensorMeta, dtype: torch.dtype, shape: tuple[int, ...], s
                          f"but the record says {tuple(meta.shape)} {meta.dtype}")
 
 
+def ignored_index(inputs: dict, arg: str) -> int | None:
+    """The negative sentinel that argument ``arg`` of a call with ``inputs`` may hold besides its
+    valid class indices, or None.
+
+    A class-index ``target`` (nll_loss and its 2-D and n-D forms, cross_entropy) holds classes in
+    [0, C) and, where a sample is ignored, ``ignore_index`` (-100 by default). Its recorded range
+    spans both, so drawing uniformly in it yields negative classes that no kernel accepts.
+    """
+    value = inputs.get("ignore_index")
+    if arg != "target" or type(value) is not int or value >= 0:
+        return None
+    return value
+
+
 def random_like_meta(meta: TensorMeta, dtype: torch.dtype, generator: torch.Generator | None,
-                     device: str | torch.device = "cpu") -> torch.Tensor:
+                     device: str | torch.device = "cpu", ignored: int | None = None) -> torch.Tensor:
     """Random data of ``meta``'s shape that follows its recorded statistics, made on ``device``
-    (``generator`` must live on that device)."""
+    (``generator`` must live on that device).
+
+    ``ignored`` (see ``ignored_index``): an integer tensor whose recorded minimum is this sentinel
+    holds it, at the share that keeps the recorded mean, and valid indices in [0, max] elsewhere.
+    """
     shape = tuple(meta.shape)
     dev = torch.device(device)
     st = meta.stats
@@ -215,12 +235,25 @@ def random_like_meta(meta: TensorMeta, dtype: torch.dtype, generator: torch.Gene
         if dtype.is_complex:  # stats cover real and imaginary parts together
             return torch.complex(uniform(), uniform()).to(dtype)
         return uniform().to(dtype)
+    if ignored is not None and lo == ignored and hi >= 0:
+        return _with_ignored(shape, dtype, generator, dev, ignored, int(hi), st.mean)
     info = torch.iinfo(dtype)
     low = max(int(math.floor(lo)), info.min)
     high = min(int(math.ceil(hi)), info.max - 1)  # randint's bound is exclusive
     if high < low:
         high = low
     return torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64, device=dev).to(dtype)
+
+
+def _with_ignored(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator | None,
+                  dev: torch.device, ignored: int, hi: int, mean: float | None) -> torch.Tensor:
+    """``ignored`` at share p, uniform in [0, hi] elsewhere: p * ignored + (1 - p) * hi / 2 is the
+    recorded mean (p = 1/2 when no mean was recorded)."""
+    p = 0.5 if mean is None else (hi / 2 - float(mean)) / (hi / 2 - ignored)
+    p = min(max(p, 0.0), 1.0)
+    values = torch.randint(0, hi + 1, shape, generator=generator, dtype=torch.int64, device=dev)
+    mask = torch.rand(shape, generator=generator, dtype=torch.float64, device=dev) < p
+    return values.masked_fill(mask, ignored).to(dtype)
 
 
 def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -284,7 +317,8 @@ def build_call(record: Record, dump: Dump, *, factory: str = "auto", seed: int =
                device: str | torch.device = "cpu") -> tuple[torch._ops.OpOverload, tuple, dict]:
     """(op, args, kwargs) to re-run ``record``; the same seed gives the same inputs on any device."""
     gen = torch.Generator().manual_seed(int(seed))
-    return _call(record, lambda v: materialize_value(v, dump, factory=factory, generator=gen, device=device))
+    return _call(record, lambda v, ignored: materialize_value(v, dump, factory=factory, generator=gen,
+                                                               device=device, ignored=ignored))
 
 
 def check_call(record: Record, dump: Dump, *, factory: str = "auto") -> None:
@@ -294,23 +328,24 @@ def check_call(record: Record, dump: Dump, *, factory: str = "auto") -> None:
     faults in the data itself (an unreadable dataset, statistics that random generation rejects)
     are left for ``build_call`` to raise.
     """
-    def check(value: Any) -> None:
+    def check(value: Any, ignored: int | None) -> None:
         _check_factory(factory)
         _walk(value, lambda meta: _check_tensor(meta, dump, factory), "cpu")
 
     _call(record, check)
 
 
-def _call(record: Record, convert: Callable[[Any], Any]) -> tuple[torch._ops.OpOverload, tuple, dict]:
-    """Resolve ``record``'s op and convert its inputs in schema order (random materialization
-    consumes the generator in that order); errors name the record and argument."""
+def _call(record: Record, convert: Callable[[Any, int | None], Any]) -> tuple[torch._ops.OpOverload, tuple, dict]:
+    """Resolve ``record``'s op and convert its inputs (each with its ``ignored_index``) in schema
+    order (random materialization consumes the generator in that order); errors name the record
+    and argument."""
     func = resolve_op(record.op)
     where = f"record seq={record.seq} ({record.op})"
     values = {}
     for a in func._schema.arguments:
         if a.name in record.inputs:
             try:
-                values[a.name] = convert(record.inputs[a.name])
+                values[a.name] = convert(record.inputs[a.name], ignored_index(record.inputs, a.name))
             except MissingTensorError as e:
                 raise MissingTensorError(f"{where}, argument {a.name!r}: {e}") from None
             except ValueError as e:
