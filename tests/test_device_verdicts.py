@@ -264,6 +264,32 @@ def test_dump_header_records_the_math_settings(tmp_path):
         assert key in m
 
 
+def test_recording_under_the_new_fp32_precision_api(tmp_path):
+    """torch >= 2.9 refuses to read the legacy TF32 flags once a program set the new API
+    (torch.backends.cuda.matmul.fp32_precision): begin_dump used to raise there. The header
+    now records both, and compare reads the new API's TF32."""
+    from xray.numerics.math_settings import run_math
+
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no fp32_precision API")
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        xray.begin_dump(dump_dir=tmp_path, X_DUMP_NUM=0)
+        try:
+            torch.ones(2) + 1
+        finally:
+            path = xray.end_dump()
+    finally:
+        matmul.fp32_precision = before
+    m = xray.load_dump(path).header["math"]
+    assert m["fp32_precision"]["cuda_matmul"] == "tf32" and m["allow_tf32_matmul"] is True
+    assert run_math({"math": m}, {"cuda"}).tf32_matmul and not run_math({"math": m}, {"cpu"}).tf32_matmul
+    new_only = {"math": {"fp32_precision": {"cuda_matmul": "ieee", "cudnn_conv": "tf32"}}}
+    assert run_math(new_only, {"cuda"}).tf32_conv and not run_math(new_only, {"cuda"}).tf32_matmul
+
+
 def test_run_math_reads_settings_and_never_assumes_tf32_without_them():
     from xray.numerics.math_settings import run_math
 

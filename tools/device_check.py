@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import xray  # noqa: E402
 from xray.gen.generator import generate  # noqa: E402
+from xray.numerics import math_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import archs, devices  # noqa: E402 -- the fixtures' scorer, so both count alike
@@ -110,16 +111,6 @@ class Fault(TorchDispatchMode):
         return out
 
 
-@contextlib.contextmanager
-def _tf32(on: bool):
-    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
 def record(arch: str, device: str, variant: str, out: Path) -> dict:
     """Record one run; returns its manifest entry (path, and for a fault the corrupted seq)."""
     tf32, autocast, eps = VARIANTS.get(variant, (False, None, None))
@@ -130,7 +121,7 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
     fault = Fault(FAULT_N, eps, ops) if eps else None
     train = arch.endswith("-train")
     amp = torch.autocast(torch.device(device).type, dtype=autocast) if autocast else contextlib.nullcontext()
-    with torch.enable_grad() if train else torch.no_grad(), _tf32(tf32):
+    with torch.enable_grad() if train else torch.no_grad(), math_settings.tf32(tf32):
         with fault if fault else contextlib.nullcontext():  # entered first: below the recorder
             with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x10A if train else 0x102, X_DEDUP=False,
                            X_DUMP_NUM=4) as d:

@@ -9,6 +9,7 @@ fault ran in is that record's ``module``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import tempfile
 import time
@@ -132,6 +133,10 @@ def _inputs(s: Scenario, side: str) -> dict:
     return x
 
 
+def _debug(s: Scenario) -> int:
+    return 0x102 | (0x008 if s.backward else 0)
+
+
 def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes: list) -> Path:
     """One recorded run; ``modes`` are entered before the recorder (they sit below it)."""
     inputs = _inputs(s, side)
@@ -154,8 +159,7 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
         else:
             kernel = nullcontext()
         if s.dump == "trace":
-            debug = 0x102 | (0x008 if s.backward else 0)
-            xray.begin_dump(X_DEBUG=debug, X_DEDUP=False, X_DUMP_NUM=TENSORS_PER_RECORD if s.data else 0,
+            xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=s.dedup, X_DUMP_NUM=TENSORS_PER_RECORD if s.data else 0,
                             dump_dir=folder)
             try:
                 with autocast, kernel:
@@ -217,17 +221,35 @@ def _module_truth(bench: list, target: list, path: str, strip_target: str = "") 
     return truth
 
 
-def _locate(s: Scenario, model: torch.nn.Module, folder: Path) -> str:
-    """The module path of the faulty call, from a quick trace of the bench model (metadata only)."""
-    xray.begin_dump(X_DEBUG=0x100, X_DEDUP=False, X_DUMP_NUM=0, dump_dir=folder)
+def _located(s: Scenario, model: torch.nn.Module, folder: Path):
+    """The faulty call's record in a trace of every call of the bench model, recorded with the
+    scenario's flags (seqs count what those flags record)."""
+    inputs = _inputs(s, "bench")  # made before the recording, as _record makes them
+    xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=False, X_DUMP_NUM=0, dump_dir=folder)
     try:
-        run_model(model, _inputs(s, "bench"), False)
+        run_model(model, inputs, s.backward, s.optimizer)
     finally:
         path = xray.end_dump()
     rec, _ = _kth(_records(path), s.fault.op, s.fault.direction, s.fault.call)
-    if rec is None or rec.module is None:
+    if rec is None:
+        raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op}")
+    return rec
+
+
+def _locate(s: Scenario, model: torch.nn.Module, folder: Path) -> str:
+    """The module path of the faulty call."""
+    rec = _located(dataclasses.replace(s, backward=False, optimizer=None), model, folder)  # forward only
+    if rec.module is None:
         raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op} in a module")
     return rec.module
+
+
+def _dedup_truth(s: Scenario, folder: Path) -> Truth:
+    """De-duplicated runs: the faulty call by its seq in a trace of every call (the recorder
+    numbers folded calls too). A folded call has no record, but compare may name its seq as the
+    producer it did not record; the call's own record, where it is one, is named the same way."""
+    rec = _located(s, _models(s)[0], folder)  # a fresh model, as the recorded runs had
+    return Truth(bench={rec.seq}, target={rec.seq}, bench_module=rec.module, target_module=rec.module)
 
 
 def _target_only_truth(target: list, path: str) -> Truth:
@@ -253,6 +275,9 @@ def named_seqs(fd: dict) -> set[tuple[str, int]]:
             elif isinstance(v, str) and "origin" in f"{key}_{k}":
                 sides = [side for side in ("bench", "target") if side in f"{key}_{k}"] or ["bench", "target"]
                 out.update((side, int(n)) for n in re.findall(r"#(\d+)", v) for side in sides)
+            elif isinstance(v, str) and k == "culprit":  # a producer the dump does not hold (de-dup)
+                out.update((side, int(n)) for n in re.findall(r"from op seq (\d+) \(not recorded", v)
+                           for side in ("bench", "target"))
     return out
 
 
@@ -346,6 +371,8 @@ def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, 
         return _module_truth(bench, target, path, prefix)
     if s.target_only:
         return _target_only_truth(target, prefix + s.target_only)
+    if s.fault and s.dedup:
+        return _dedup_truth(s, tmp / "locate")
     if s.fault:
         truth = _calls_truth(bench, target, [(s.fault.op, s.fault.direction, s.fault.call)])
         shapes = {tuple(m.shape) for r in target if r.seq in truth.target for _, m in r.output_tensors()}

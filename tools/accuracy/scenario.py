@@ -55,6 +55,7 @@ class Scenario:
     data: bool = True  # save tensors (else statistics only)
     backward: bool = False  # run loss.backward() and record backward ops
     optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
+    dedup: bool = False  # both runs recorded with the recorder's default X_DEDUP=True
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -68,7 +69,7 @@ class Scenario:
         if self.target_only:
             parts.append(f"target-only mul in {self.target_only}")
         for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
-                             ("missing op", self.missing_op)):
+                             ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None)):
             if value:
                 parts.append(f"{label} {value}")
         return "; ".join(parts) or "-"

@@ -186,6 +186,22 @@ def scenarios() -> list[Scenario]:
     for arch, fault in (("llama-sdpa", Fault(MM, 5, "rel", 5e-2, "backward")),
                         ("qwen2", Fault(MM, 10, "rel", 5e-2, "backward"))):
         add("noise+bug/bf16/backward/stats", arch, fault=fault, noise="bf16", backward=True, data=False)
+    # the recorder's default, X_DEDUP=True: a signature's later calls are folded into its first
+    # record, so the data edges have gaps (added at stop 39: every TF32 pair failed before)
+    for noise, archs in (("tf32", ("llama-sdpa", "bert", "vit", "resnet", "gpt2", "t5")),
+                         ("threads", ("qwen2", "vit")), ("bf16", ("llama-sdpa", "t5"))):
+        for arch in archs:
+            add(f"noise/{noise}/dedup", arch, noise=noise, dedup=True)
+    for arch in ("llama-sdpa", "vit"):
+        add("noise/tf32/dedup/stats", arch, noise="tf32", dedup=True, data=False)
+    # a bug in a folded call (no record of it: found where a recorded call carries it on) and in a
+    # recorded one
+    for arch, fault in (("llama-sdpa", _f(MM, 3)), ("gpt2", _f(ADDMM, 6)), ("bert", _f(ADDMM, 8)),
+                        ("resnet", _f("convolution.default", 4)), ("llama-sdpa", _f(MM, 0)), ("t5", _f(MM, 1))):
+        add("bug/dedup", arch, fault=fault, dedup=True)
+    for arch, fault in (("llama-sdpa", _f(MM, 3, "rel", 2e-2)), ("vit", _f(ADDMM, 4, "rel", 2e-2)),
+                        ("resnet", _f("convolution.default", 4, "rel", 2e-2)), ("bert", _f(ADDMM, 0, "rel", 2e-2))):
+        add("noise+bug/tf32/dedup", arch, fault=fault, noise="tf32", dedup=True)
     return out
 
 

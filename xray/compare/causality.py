@@ -74,6 +74,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
     born_seen = False
+    seen = _SeenPrecision()
     matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         born_seen = born_seen or p.target.pos > random_pos
@@ -89,6 +90,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 continue
             if r.status == PairStatus.WARNING.value:
                 if not _wrong_on_its_inputs(p, k, floors):
+                    seen.add(r)
                     continue  # within the compare's precision, and computed right on what it got
                 # Accumulated error within the run's precision, but this op is wrong on its own
                 # inputs (a 5 % kernel bug under bf16 noise): that is a bug, born here.
@@ -96,8 +98,9 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
             r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
-                _decide(r, p, k, graph, floors, born_seen)
+                _decide(r, p, k, graph, floors, born_seen, seen)
                 born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
+                seen.add(r)
     _modules_follow_their_ops(pending, eb, graph)
     statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
     _inherited_precision_loss(pending, graph, rules)
@@ -376,9 +379,51 @@ def _random(r: CompareRow) -> bool:
     return r.status == PairStatus.SKIP.value and r.note.startswith("values not compared")
 
 
-def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool) -> None:
+class _SeenPrecision:
+    """The largest error (max |target - bench| / max |bench|) that recorded calls so far, in
+    execution order, showed as precision: compared rows within the compare's precision, and
+    rows downgraded on recorded evidence. Never a row whose precision rests on a call the dump
+    does not hold (``_carried_from_unrecorded``, and what carries it on: ``assumed``), so an
+    error cannot creep up by factors through a chain of calls xray did not see."""
+
+    def __init__(self) -> None:
+        self.level = 0.0
+        self.assumed: set[int] = set()  # id() of such rows
+
+    def add(self, r: CompareRow) -> None:
+        if r.status == PairStatus.WARNING.value and r.mode == "data" and r.accumulated_err is not None \
+                and math.isfinite(r.accumulated_err) and id(r) not in self.assumed:
+            self.level = max(self.level, r.accumulated_err)
+
+
+def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, seq: Any, seen: _SeenPrecision,
+                             floors: Floors) -> str | None:
+    """Why a row whose disagreeing input comes from a call the dump does not hold (folded by
+    de-dup) is precision carried in, or None (then it stays an inherited failure).
+
+    De-dup records a signature's first call only, so a layer's later calls leave gaps in the data
+    edges. Where this op computed right on its own inputs (or only moves values) and no recorded
+    call before it was an origin, what it carries comes from calls like the recorded ones; it is
+    called precision when its error is within ``precision_factor`` x the largest error recorded
+    calls before it showed as precision. A run with no such error (the same kernels on both
+    sides), or an error beyond that, keeps the failure: something xray did not see went wrong.
+    """
+    f = floors.rules.precision_factor
+    err = r.accumulated_err
+    if err is None or not math.isfinite(err) or seen.level <= 0 or err > f * seen.level:
+        return None
+    if p.local.get(k) is None and not (is_value_preserving(p.target.op) and not r.layout):
+        return None
+    return (f"carries a difference from op seq {seq}, not recorded (de-duplicated): its error {err:.3g} is within {f:g}x the "
+            f"precision loss recorded calls before it show ({seen.level:.3g}), and it computed right on its "
+            "inputs; record with X_DEDUP=0 to judge that call")
+
+
+def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool,
+            seen: _SeenPrecision | None = None) -> None:
     causes: dict[str, tuple[str, Any]] = {}
     carried_precision = None  # a producer whose difference is measured precision loss
+    on_unseen = False  # a settled producer whose precision rests on a call the dump does not hold
     computed_region = None  # target-only ops that computed right on their inputs (a substituted kernel)
     for name, meta, status, _ in row_inputs(p, k):
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
@@ -389,6 +434,7 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             else graph.producer(meta, p.target.record.seq)
         if kind == "settled" and detail.cause == PRECISION:
             carried_precision = carried_precision or detail
+        on_unseen = on_unseen or (kind == "settled" and seen is not None and id(detail) in seen.assumed)
         if kind == "failing":  # whatever the input's own status: its producer already fails
             causes.setdefault(kind, (name, detail))
         if status == PairStatus.WARNING.value or kind == "settled":
@@ -419,8 +465,13 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
     elif "failing" in causes:
         set_origin(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
-        set_origin(r, "inherited", "inherited", f"input {causes['unrecorded'][0]} from op seq {causes['unrecorded'][1]} "
-                                          "(not recorded: de-duplicated?)")
+        name, seq = causes["unrecorded"]
+        carried = None if born_seen or seen is None else _carried_from_unrecorded(r, p, k, seq, seen, floors)
+        if carried is not None:
+            downgrade(r, carried)
+            on_unseen = True
+        else:
+            set_origin(r, "inherited", "inherited", f"input {name} from op seq {seq} (not recorded: de-duplicated?)")
     elif k in p.precision:
         downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
                       f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
@@ -456,6 +507,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
     else:
         set_origin(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
              "inputs within precision (local error not measured)")
+    if on_unseen and seen is not None and r.status == PairStatus.WARNING.value:
+        seen.assumed.add(id(r))
 
 
 def _across_boundary(r: CompareRow, p: Pending, k: int, graph: _Graph) -> str | None:

@@ -27,13 +27,20 @@ def keep_in_fp32(model, names, device_type="cpu"):
         def run_in_fp32(*args, **kwargs):
             given = floats((args, kwargs))
             outer_autocast = torch.is_autocast_enabled(device_type)
-            tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+            # torch >= 2.9: the fp32_precision API (it refuses legacy reads once a program mixed them)
+            new_api = hasattr(torch.backends, "fp32_precision")
+            flags = [(torch.backends.cuda.matmul, "fp32_precision" if new_api else "allow_tf32"),
+                     (torch.backends.cudnn.conv if new_api else torch.backends.cudnn,
+                      "fp32_precision" if new_api else "allow_tf32")]
+            saved = [getattr(obj, name) for obj, name in flags]
+            for obj, name in flags:
+                setattr(obj, name, "ieee" if new_api else False)
             try:
                 with torch.autocast(device_type, enabled=False):
                     out = forward(*tree_map(to(torch.float32), args), **tree_map(to(torch.float32), kwargs))
             finally:
-                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+                for (obj, name), value in zip(flags, saved):
+                    setattr(obj, name, value)
             if given and not outer_autocast and given[0].dtype != torch.float32:
                 out = tree_map(to(given[0].dtype), out)
             return out

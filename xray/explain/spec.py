@@ -16,6 +16,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._pytree import tree_map
 
+from ..numerics import math_settings
+
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("fp32", "bf16", "fp16", "tf32", "bf16-cast", "fp16-cast")
 
@@ -63,20 +65,10 @@ class Spec:
             if self.autocast_dtype is not None:
                 stack.enter_context(torch.autocast(self.device_type, dtype=self.autocast_dtype))
             if self.mode == "tf32":
-                stack.enter_context(_tf32())
+                stack.enter_context(math_settings.tf32())
             elif self.device_type == "cuda":  # fp32 means fp32: no TF32 rounding left on by the user
-                stack.enter_context(_tf32(False))
+                stack.enter_context(math_settings.tf32(False))
             yield
-
-
-@contextlib.contextmanager
-def _tf32(on: bool = True) -> Iterator[None]:
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def move(tree: Any, device: str | torch.device, float_dtype: torch.dtype | None = None) -> Any:

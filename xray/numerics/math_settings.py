@@ -7,24 +7,90 @@ back; a dump without them (older recorders) has them inferred from its tensors' 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
+
+
+# torch >= 2.9's per-backend fp32 math (torch.backends.<backend>.<op>.fp32_precision): "ieee",
+# "tf32" or "bf16" ("none" defers to the backend's setting, then the generic one)
+FP32_PRECISIONS = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"),
+                   ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
+
+
+def _fp32_precision(backend: str, op: str) -> str | None:
+    """The fp32 math ``op`` of ``backend`` runs with (None: this torch has no such setting)."""
+    import torch
+
+    found = False
+    for path in ((backend, op), (backend,), ()):
+        obj: Any = torch.backends
+        try:
+            for name in path:
+                obj = getattr(obj, name)
+            value = obj.fp32_precision
+        except (AttributeError, RuntimeError):
+            continue
+        found = True
+        if isinstance(value, str) and value != "none":
+            return value
+    return "ieee" if found else None
+
+
+def _read(getter: Any, fallback: Any) -> Any:
+    """A legacy setting's value. torch >= 2.9 raises when the program set the same thing through
+    the new fp32_precision API (a mix it refuses to reconcile): then what that API says."""
+    try:
+        return getter()
+    except RuntimeError:
+        return fallback
+
+
+@contextlib.contextmanager
+def tf32(on: bool = True) -> Iterator[None]:
+    """cuBLAS matmuls and cudnn convolutions with TF32 ``on`` (or off) inside, what was set
+    before restored after. Through torch >= 2.9's fp32_precision API where it exists: torch
+    refuses to read the legacy flags once a program mixed the two."""
+    import torch
+
+    if hasattr(torch.backends, "fp32_precision"):
+        settings = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        saved = [s.fp32_precision for s in settings]
+        for s in settings:
+            s.fp32_precision = "tf32" if on else "ieee"
+        try:
+            yield
+        finally:
+            for s, value in zip(settings, saved):
+                s.fp32_precision = value
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def current() -> dict[str, Any]:
-    """The calling process's math settings, as JSON values (the dump header's ``"math"``)."""
+    """The calling process's math settings, as JSON values (the dump header's ``"math"``).
+    Never raises: a setting this torch cannot report is left out or null."""
     import torch
 
+    precision = {f"{b}_{o}": v for b, o in FP32_PRECISIONS if (v := _fp32_precision(b, o)) is not None}
+    cublas_tf32 = precision.get("cuda_matmul") == "tf32"
+    m = torch.backends.cuda.matmul
     out: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": None,
-        "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-        "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        "reduced_precision_reduction_fp16": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
-        "reduced_precision_reduction_bf16": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "allow_tf32_matmul": bool(_read(lambda: m.allow_tf32, cublas_tf32)),
+        "allow_tf32_cudnn": bool(_read(lambda: torch.backends.cudnn.allow_tf32, precision.get("cudnn_conv") == "tf32")),
+        "reduced_precision_reduction_fp16": bool(_read(lambda: m.allow_fp16_reduced_precision_reduction, False)),
+        "reduced_precision_reduction_bf16": bool(_read(lambda: m.allow_bf16_reduced_precision_reduction, False)),
+        "float32_matmul_precision": _read(torch.get_float32_matmul_precision, "high" if cublas_tf32 else None),
+        "fp32_precision": precision or None,
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "autocast": None,
     }
@@ -61,7 +127,11 @@ def run_math(header: dict | None, devices: set[str]) -> RunMath:
     Without recorded settings TF32 is not assumed (a CUDA run in fp32 may have had it off, and
     its floor would then hide a 1e-3 bug): compare then admits a reduced-precision
     step only where the run itself shows it on every call of a kind (causality's measured
-    precision classes)."""
+    precision classes). On CPU no step is assumed: cuBLAS' and cudnn's settings do not apply,
+    and oneDNN's (``torch.backends.mkldnn``, which ``set_float32_matmul_precision`` sets too)
+    is a request that CPUs without the instructions ignore, and that this 2-core machine's
+    AVX512-BF16 answers with bf16x3 (a 256-square matmul: 6.9e-7 against 3.7e-7 in IEEE fp32):
+    the header records it, and a CPU run that does round shows its step on every call of a kind."""
     device = next((d for d in sorted(devices) if d != "cpu"), "cpu")
     m = (header or {}).get("math")
     if isinstance(m, str):  # a module dump's HDF5 attribute holds it as JSON
@@ -71,9 +141,11 @@ def run_math(header: dict | None, devices: set[str]) -> RunMath:
             m = None
     if not isinstance(m, dict):
         return RunMath(device=device)
+    new = m.get("fp32_precision") if isinstance(m.get("fp32_precision"), dict) else {}
     accel = device != "cpu"
-    tf32_matmul = accel and (bool(m.get("allow_tf32_matmul")) or m.get("float32_matmul_precision") in ("high", "medium"))
+    matmul = bool(m.get("allow_tf32_matmul")) or m.get("float32_matmul_precision") in ("high", "medium") \
+        or new.get("cuda_matmul") == "tf32"
+    conv = bool(m.get("allow_tf32_cudnn")) or new.get("cudnn_conv") == "tf32"
     reduced = accel and (bool(m.get("reduced_precision_reduction_fp16")) or bool(m.get("reduced_precision_reduction_bf16")))
-    return RunMath(device=device, tf32_matmul=tf32_matmul, tf32_conv=accel and bool(m.get("allow_tf32_cudnn")),
-                   reduced_reduction=reduced,
+    return RunMath(device=device, tf32_matmul=accel and matmul, tf32_conv=accel and conv, reduced_reduction=reduced,
                    autocast=m.get("autocast") if isinstance(m.get("autocast"), str) else None, recorded=True)

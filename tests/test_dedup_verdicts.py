@@ -1,0 +1,46 @@
+"""Verdicts on de-duplicated dumps (X_DEDUP=True, the recorder's default).
+
+De-dup records a signature's first call only, so the data edges have gaps: a recorded call's
+input may come from a folded call. Before stop 39 such a row was an inherited FAIL whatever its
+size, so every TF32 pair failed (Llama 16 rows, T5 51, ResNet 11). Now a row that computed right
+on its inputs carries precision when its error is within ``precision_factor`` x what recorded
+calls before it showed as precision; a run that shows none (the same kernels on both sides), or
+an error beyond that, keeps the failure and names the folded call's seq.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from accuracy.runner import run_scenario  # noqa: E402
+from accuracy.scenario import Fault, Scenario  # noqa: E402
+
+
+@pytest.mark.parametrize("arch", ["llama-sdpa", "t5", "resnet"])
+def test_tf32_pair_recorded_with_dedup_has_no_fail(arch, tmp_path):
+    o = run_scenario(Scenario(f"t/{arch}", "noise", arch, noise="tf32", dedup=True), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0 and o.summary["first_divergence"] is None, o.summary["first_divergence"]
+    assert o.summary["dedup"], "the report still says the dumps are de-duplicated"
+
+
+def test_a_bug_in_a_folded_call_still_fails_and_names_its_seq(tmp_path):
+    """mm #3 (layer 1's q projection) is folded into layer 0's record: it has no record of its
+    own, and fp32 on both sides shows no precision to carry, so what it feeds fails."""
+    s = Scenario("t/folded", "bug", "llama-sdpa", fault=Fault("aten.mm.default", 3), dedup=True)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.summary["failed"] > 0 and fd is not None
+    assert "not recorded" in fd["culprit"]
+
+
+def test_a_large_bug_in_a_folded_call_fails_under_tf32(tmp_path):
+    """2e-2 carried in is far beyond 3x the TF32 rounding recorded calls show (about 5e-4)."""
+    s = Scenario("t/folded-tf32", "bug", "llama-sdpa", fault=Fault("aten.mm.default", 3, amount=2e-2),
+                 noise="tf32", dedup=True)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] > 0 and o.summary["first_divergence"] is not None
