@@ -34,7 +34,7 @@ from .entry_records import Entry
 from .local import LocalError, local_error, measurable
 from .matching import op_base
 from .noise_floor import Floors, outliers, reduction_length
-from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving
+from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
 from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, row_inputs, set_origin
 from .result import CompareRow, PairStatus
@@ -52,7 +52,8 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
         if not any(r.status in SUSPECT for r in rows):
             continue
-        p = Pending(a, b, rows, comparer.judge_inputs(a, b))
+        errors: dict[str, float] = {}
+        p = Pending(a, b, rows, comparer.judge_inputs(a, b, errors), input_errors=errors)
         devices.update(str(m.device or "cpu").split(":")[0] for _, m in b.outputs[:1])
         for k, r in enumerate(rows):
             if r.status in SUSPECT and k < len(b.outputs) and (r.mode == "data" or measurable(b.outputs[k][1])):
@@ -86,7 +87,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 r.status, r.inputs_agree = PairStatus.FAIL.value, agree
                 set_origin(r, "born", "target-only op", f"target-only op {op.name} {why}")
                 r.culprit_target_seq = op.record.seq
-                born_seen = True
+                born_seen = seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value:
                 if not _wrong_on_its_inputs(p, k, floors):
@@ -99,7 +100,8 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
             r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
                 _decide(r, p, k, graph, floors, born_seen, seen)
-                born_seen = born_seen or (r.origin == "born" and p.target.kind == "op")
+                if r.origin == "born" and p.target.kind == "op":
+                    born_seen = seen.origin = True
                 seen.add(r)
     _modules_follow_their_ops(pending, eb, graph)
     statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
@@ -380,23 +382,23 @@ def _random(r: CompareRow) -> bool:
 
 
 class _SeenPrecision:
-    """The largest error (max |target - bench| / max |bench|) that recorded calls so far, in
-    execution order, showed as precision: compared rows within the compare's precision, and
-    rows downgraded on recorded evidence. Never a row whose precision rests on a call the dump
-    does not hold (``_carried_from_unrecorded``, and what carries it on: ``assumed``), so an
-    error cannot creep up by factors through a chain of calls xray did not see."""
+    """The largest error (max |target - bench| / max |bench|) that calls so far, in execution
+    order, showed as precision: rows within the compare's rules, and rows downgraded to
+    precision loss. Rounding grows with depth, a call at a time; a bug jumps. ``origin``: an
+    error was born in a recorded call before (random values that differ are not one: the data
+    edges follow where they go)."""
 
     def __init__(self) -> None:
         self.level = 0.0
-        self.assumed: set[int] = set()  # id() of such rows
+        self.origin = False
 
     def add(self, r: CompareRow) -> None:
         if r.status == PairStatus.WARNING.value and r.mode == "data" and r.accumulated_err is not None \
-                and math.isfinite(r.accumulated_err) and id(r) not in self.assumed:
+                and math.isfinite(r.accumulated_err):
             self.level = max(self.level, r.accumulated_err)
 
 
-def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, seq: Any, seen: _SeenPrecision,
+def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: Any, seen: _SeenPrecision,
                              floors: Floors) -> str | None:
     """Why a row whose disagreeing input comes from a call the dump does not hold (folded by
     de-dup) is precision carried in, or None (then it stays an inherited failure).
@@ -404,29 +406,33 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, seq: Any, seen: 
     De-dup records a signature's first call only, so a layer's later calls leave gaps in the data
     edges. Where this op computed right on its own inputs (or only moves values) and no recorded
     call before it was an origin, what it carries comes from calls like the recorded ones; it is
-    called precision when its error is within ``precision_factor`` x the largest error recorded
-    calls before it showed as precision. A run with no such error (the same kernels on both
-    sides), or an error beyond that, keeps the failure: something xray did not see went wrong.
+    called precision when the error it carries in (input ``name``'s; the row's own when that
+    input was not judged on data) is within ``precision_factor`` x the largest error calls
+    before it showed as precision: rounding grows through the calls xray did not see, a bug
+    among them jumps. What this op made of it is its own: it computed right, and a max pool's
+    backward, say, moves a gradient whole where its forward chose another element. A run with
+    no such error (the same kernels on both sides), or a jump beyond that, keeps the failure:
+    something xray did not see went wrong.
     """
     f = floors.rules.precision_factor
-    err = r.accumulated_err
+    err = p.input_errors.get(name, r.accumulated_err)
     if err is None or not math.isfinite(err) or seen.level <= 0 or err > f * seen.level:
         return None
     if p.local.get(k) is None and not (is_value_preserving(p.target.op) and not r.layout):
         return None
-    return (f"carries a difference from op seq {seq}, not recorded (de-duplicated): its error {err:.3g} is within {f:g}x the "
-            f"precision loss recorded calls before it show ({seen.level:.3g}), and it computed right on its "
-            "inputs; record with X_DEDUP=0 to judge that call")
+    return (f"carries a difference from op seq {seq}, not recorded (de-duplicated): {name}'s error {err:.3g} "
+            f"is within {f:g}x the precision loss calls before it show ({seen.level:.3g}), and it computed right "
+            "on its inputs; record with X_DEDUP=0 to judge that call")
 
 
 def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool,
             seen: _SeenPrecision | None = None) -> None:
     causes: dict[str, tuple[str, Any]] = {}
     carried_precision = None  # a producer whose difference is measured precision loss
-    on_unseen = False  # a settled producer whose precision rests on a call the dump does not hold
     computed_region = None  # target-only ops that computed right on their inputs (a substituted kernel)
+    overwritten = overwritten_inputs(p.target.op)
     for name, meta, status, _ in row_inputs(p, k):
-        if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
+        if status in (PairStatus.PASS.value, PairStatus.SKIP.value) or name in overwritten:
             continue
         if name.startswith("forward_params."):  # v1 module dumps kept parameters among the inputs
             name = f"param:{p.target.path + '.' if p.target.path else ''}{name[len('forward_params.'):]}"
@@ -434,7 +440,6 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             else graph.producer(meta, p.target.record.seq)
         if kind == "settled" and detail.cause == PRECISION:
             carried_precision = carried_precision or detail
-        on_unseen = on_unseen or (kind == "settled" and seen is not None and id(detail) in seen.assumed)
         if kind == "failing":  # whatever the input's own status: its producer already fails
             causes.setdefault(kind, (name, detail))
         if status == PairStatus.WARNING.value or kind == "settled":
@@ -466,10 +471,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         set_origin(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
         name, seq = causes["unrecorded"]
-        carried = None if born_seen or seen is None else _carried_from_unrecorded(r, p, k, seq, seen, floors)
+        carried = None if seen is None or seen.origin else _carried_from_unrecorded(r, p, k, name, seq, seen, floors)
         if carried is not None:
             downgrade(r, carried)
-            on_unseen = True
         else:
             set_origin(r, "inherited", "inherited", f"input {name} from op seq {seq} (not recorded: de-duplicated?)")
     elif k in p.precision:
@@ -507,8 +511,6 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
     else:
         set_origin(r, "born", "local error", "inputs agree" if r.inputs_agree == "yes" else
              "inputs within precision (local error not measured)")
-    if on_unseen and seen is not None and r.status == PairStatus.WARNING.value:
-        seen.assumed.add(id(r))
 
 
 def _across_boundary(r: CompareRow, p: Pending, k: int, graph: _Graph) -> str | None:

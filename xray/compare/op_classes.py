@@ -48,6 +48,23 @@ def is_multi_tensor(op: str) -> bool:
     return bool(op) and (packet(op).startswith("aten._foreach_") or packet(op) in FUSED_OPTIMIZER_STEPS)
 
 
+# In-place ops that write every element of ``self`` from their other arguments alone
+_OVERWRITE_SELF = frozenset(f"aten.{n}_" for n in ("copy", "fill", "zero", "_copy_from"))
+
+
+def overwritten_inputs(op: str) -> frozenset[str]:
+    """Arguments whose values the op never reads, only writes whole: ``copy_``'s ``self`` (an
+    ``empty`` buffer, often), an out= variant's ``out``. Their differences cause nothing."""
+    if not op:
+        return frozenset()
+    parts = op.split(".")
+    name = ".".join(parts[:2])
+    written = {"self"} if name in _OVERWRITE_SELF else set()
+    if len(parts) > 2 and parts[2].startswith("out"):
+        written.add("out")
+    return frozenset(written)
+
+
 def is_value_preserving(op: str) -> bool:
     """Moves its input's numbers (a same-dtype copy at most): never an origin on its own."""
     return bool(op) and packet(op) in VALUE_PRESERVING

@@ -210,16 +210,21 @@ class PairComparer:
         row.bench_inf, row.target_inf = bm.stats.inf, tm.stats.inf
 
     # -- inputs of a failing record -----------------------------------------------------------
-    def judge_inputs(self, a: Any, b: Any) -> list[tuple[str, TensorMeta, str, float | None]]:
+    def judge_inputs(self, a: Any, b: Any, errors: dict[str, float] | None = None
+                     ) -> list[tuple[str, TensorMeta, str, float | None]]:
         """(name, target meta, status, statistics error) for every input pair of two matched Entries, judged as
         outputs are (saved data first, else statistics), plus module parameters as "param:<name>" (format v2).
-        The error is the pair's ``stats_err`` when judged on statistics, else None."""
+        The error is the pair's ``stats_err`` when judged on statistics, else None; ``errors`` gets
+        the ``accumulated_err`` of those judged on data, by name."""
         tb, tt = dict(a.inputs), dict(b.inputs)
         names = [n for n in tt if n in tb]
         pairs = [(n, tb[n], tt[n]) for n in names] if names else \
             [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
         pairs += [(f"param:{n}", a.record.params[n], m) for n, m in b.record.params.items() if n in a.record.params]
         rows = [(n, tm, self.compare(CompareRow(), bm, tm, layout=False)) for n, bm, tm in pairs]
+        if errors is not None:
+            errors.update((n, r.accumulated_err) for n, _, r in rows
+                          if r.mode == "data" and r.accumulated_err is not None)
         return [(n, tm, r.status, r.stats_err if r.mode == "stats" else None) for n, tm, r in rows]
 
 

@@ -29,6 +29,7 @@ class Pending:
     precision: dict[int, str] = field(default_factory=dict)  # output index -> consistent step
     reduce: dict[int, int] = field(default_factory=dict)  # output index -> reduction length
     outlier: dict[int, str] = field(default_factory=dict)  # output index -> why far above its kind
+    input_errors: dict[str, float] = field(default_factory=dict)  # input name -> accumulated_err (data)
 
 
 def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:
