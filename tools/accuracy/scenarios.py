@@ -192,6 +192,11 @@ def scenarios() -> list[Scenario]:
                          ("threads", ("qwen2", "vit")), ("bf16", ("llama-sdpa", "t5"))):
         for arch in archs:
             add(f"noise/{noise}/dedup", arch, noise=noise, dedup=True)
+    for noise, archs in (("tf32", ("llama-sdpa", "resnet")), ("bf16", ("gpt2", "t5"))):
+        for arch in archs:
+            add(f"noise/{noise}/backward/dedup", arch, noise=noise, dedup=True, backward=True)
+    # statistics only: a signature's one recorded call makes no band of calls, so a lone first
+    # matmul under CPU-emulated TF32 (no header: a real device's allow_tf32 sets the level) is born
     for arch in ("llama-sdpa", "vit"):
         add("noise/tf32/dedup/stats", arch, noise="tf32", dedup=True, data=False)
     # a bug in a folded call (no record of it: found where a recorded call carries it on) and in a
