@@ -159,7 +159,8 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
         else:
             kernel = nullcontext()
         if s.dump == "trace":
-            xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=s.dedup, X_DUMP_NUM=TENSORS_PER_RECORD if s.data else 0,
+            saved = TENSORS_PER_RECORD if s.dump_num is None else s.dump_num
+            xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=s.dedup, X_DUMP_NUM=saved if s.data else 0,
                             dump_dir=folder)
             try:
                 with autocast, kernel:

@@ -56,6 +56,7 @@ class Scenario:
     backward: bool = False  # run loss.backward() and record backward ops
     optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
     dedup: bool = False  # both runs recorded with the recorder's default X_DEDUP=True
+    dump_num: int | None = None  # X_DUMP_NUM where data is saved (None: every tensor of a call)
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -69,7 +70,8 @@ class Scenario:
         if self.target_only:
             parts.append(f"target-only mul in {self.target_only}")
         for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
-                             ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None)):
+                             ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None),
+                             ("X_DUMP_NUM", self.dump_num)):
             if value:
                 parts.append(f"{label} {value}")
         return "; ".join(parts) or "-"

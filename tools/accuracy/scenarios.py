@@ -195,6 +195,16 @@ def scenarios() -> list[Scenario]:
     for noise, archs in (("tf32", ("llama-sdpa", "resnet")), ("bf16", ("gpt2", "t5"))):
         for arch in archs:
             add(f"noise/{noise}/backward/dedup", arch, noise=noise, dedup=True, backward=True)
+    # the recorder's defaults as a user meets them: de-dup and X_DUMP_NUM=5 (a call with many
+    # inputs keeps its outputs' statistics only)
+    for noise, archs in (("tf32", ("t5", "vit")), ("bf16", ("llama-sdpa", "resnet"))):
+        for arch in archs:
+            add(f"noise/{noise}/defaults", arch, noise=noise, dedup=True, dump_num=5)
+            add(f"noise/{noise}/backward/defaults", arch, noise=noise, dedup=True, dump_num=5, backward=True)
+    # BERT's loss on LayerNorm outputs: gradients 0 in exact arithmetic, carried through folded calls
+    add("noise/bf16/backward/defaults", "bert", noise="bf16", dedup=True, dump_num=5, backward=True)
+    for arch, fault in (("gpt2", _f(ADDMM, 0)), ("resnet", _f("convolution.default", 4)), ("llama-sdpa", _f(MM, 3))):
+        add("bug/defaults", arch, fault=fault, dedup=True, dump_num=5)
     # statistics only: a signature's one recorded call makes no band of calls, so a lone first
     # matmul under CPU-emulated TF32 (no header: a real device's allow_tf32 sets the level) is born
     for arch in ("llama-sdpa", "vit"):

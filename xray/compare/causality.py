@@ -410,19 +410,27 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     input was not judged on data) is within ``precision_factor`` x the largest error calls
     before it showed as precision: rounding grows through the calls xray did not see, a bug
     among them jumps. What this op made of it is its own: it computed right, and a max pool's
-    backward, say, moves a gradient whole where its forward chose another element. A run with
-    no such error (the same kernels on both sides), or a jump beyond that, keeps the failure:
-    something xray did not see went wrong.
+    backward, say, moves a gradient whole where its forward chose another element. Where its
+    outputs were not saved (X_DUMP_NUM spent on its inputs) and no local error was measured, its
+    statistics' error must stay within the factor of the most any of its inputs carries in. A run with no such
+    error (the same kernels on both sides), or a jump beyond that, keeps the failure: something
+    xray did not see went wrong.
     """
     f = floors.rules.precision_factor
     err = p.input_errors.get(name, r.accumulated_err)
     if err is None or not math.isfinite(err) or seen.level <= 0 or err > f * seen.level:
         return None
-    if p.local.get(k) is None and not (is_value_preserving(p.target.op) and not r.layout):
+    if p.local.get(k) is not None or (is_value_preserving(p.target.op) and not r.layout):
+        how = "it computed right on its inputs"
+    elif r.mode == "stats" and r.stats_err is not None and r.stats_err <= f * (carried := max(
+            [err] + [e for n, _, status, stat in row_inputs(p, k) if status not in (PairStatus.PASS.value,
+                     PairStatus.SKIP.value) and (e := p.input_errors.get(n, stat)) is not None])):
+        how = f"its statistics' error {r.stats_err:.3g} is within {f:g}x of what its inputs carry ({carried:.3g})"
+    else:
         return None
     return (f"carries a difference from op seq {seq}, not recorded (de-duplicated): {name}'s error {err:.3g} "
-            f"is within {f:g}x the precision loss calls before it show ({seen.level:.3g}), and it computed right "
-            "on its inputs; record with X_DEDUP=0 to judge that call")
+            f"is within {f:g}x the precision loss calls before it show ({seen.level:.3g}), and {how}; "
+            "record with X_DEDUP=0 to judge that call")
 
 
 def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool,
@@ -467,6 +475,11 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
         set_origin(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
+    elif r.mode == "stats" and le is None \
+            and statistics_only.holds_rounding(p, k, floors.rules.precision_factor, both=True):
+        # whatever its inputs carry: a sum that cancels to its rounding on both sides shows none of it
+        downgrade(r, "0 in exact arithmetic: its values are the rounding of a sum that cancels, no larger than that "
+                     "rounding on either side (nothing recomputed)")
     elif "failing" in causes:
         set_origin(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:

@@ -185,22 +185,28 @@ def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None
     return diff, scale, n, dtype
 
 
-def holds_rounding(p: Pending, k: int, factor: float) -> bool:
+def holds_rounding(p: Pending, k: int, factor: float, both: bool = False) -> bool:
     """Whether output ``k`` is 0 in exact arithmetic, judged on statistics: a sum's (``_summed``;
     any output of a norm's or softmax's backward) whose bench values are no larger than the
-    rounding of that sum, ``factor * sqrt(n) * eps`` times the magnitude summed. A key bias's
-    gradient is one (softmax ignores a shift of every key), so is every gradient of a loss that
-    a normalization makes constant. Its statistics differ by 100% between runs; so do those of
-    what is computed from it alone, and none of that is a bug."""
-    summed = _summed(p.bench, k, gradient_rows=True) if reduction_change(p, k) is not None \
-        or packet(p.target.op) in _CANCELLING else None
-    if summed is None:
+    rounding of that sum, ``factor * sqrt(n) * eps`` times the magnitude summed (``both``: the
+    target's too, on its own inputs). A key bias's gradient is one (softmax ignores a shift of
+    every key), so is every gradient of a loss that a normalization makes constant. Its
+    statistics differ by 100% between runs; so do those of what is computed from it alone, and
+    none of that is a bug."""
+    if reduction_change(p, k) is None and packet(p.target.op) not in _CANCELLING:
         return False
-    st = p.bench.outputs[k][1].stats
+    return all(_within_rounding(e, k, factor) for e in ((p.bench, p.target) if both else (p.bench,)))
+
+
+def _within_rounding(e: Entry, k: int, factor: float) -> bool:
+    summed = _summed(e, k, gradient_rows=True)
+    if summed is None or k >= len(e.outputs):
+        return False
+    st = e.outputs[k][1].stats
     if st is None or st.mean is None:
         return False
     try:
-        unit = torch.finfo(dtype_from_name(p.bench.outputs[k][1].dtype)).eps
+        unit = torch.finfo(dtype_from_name(e.outputs[k][1].dtype)).eps
     except (ValueError, TypeError):
         return False
     ins, n = summed
