@@ -11,6 +11,8 @@ tensors per call (``X_DEBUG=0x102``, 0x10A with backward, no de-dup, ``X_DUMP_NU
 - ``dev_fp32``, ``dev_tf32``, ``dev_bf16``, ``dev_fp16``: the device in fp32, with TF32 on, and
   under bf16 / fp16 autocast. Legitimate: the right verdict is no FAIL or NaN/Inf row and no first
   divergence;
+- ``defaults_tf32``, ``defaults_bf16``: the TF32 and bf16 runs again, both sides recorded with the
+  recorder's defaults (de-dup, ``X_DUMP_NUM=5``), as most users record: legitimate too;
 - ``fault_*``: one matmul-family (resnet: or convolution) call's output multiplied by 1+eps by a dispatch mode entered
   *below* the recorder, so the recorder sees the corrupted value as that call's own output. The
   right verdict names that call (its seq, read from the dump: the n-th matmul-family record).
@@ -66,6 +68,9 @@ VARIANTS = {
     "fault_tf32_1e-2": (True, None, 1e-2),
     "fault_bf16_5e-2": (False, torch.bfloat16, 5e-2),
 }
+# the same runs recorded with the recorder's defaults (X_DEDUP=True, X_DUMP_NUM=5), as most users
+# record, against a CPU bench recorded the same way: variant -> the run it repeats
+DEFAULTS = {"defaults_tf32": "dev_tf32", "defaults_bf16": "dev_bf16"}
 FAULT_N = 2  # the (n+1)-th matmul-family call is corrupted
 
 
@@ -113,7 +118,8 @@ class Fault(TorchDispatchMode):
 
 def record(arch: str, device: str, variant: str, out: Path) -> dict:
     """Record one run; returns its manifest entry (path, and for a fault the corrupted seq)."""
-    tf32, autocast, eps = VARIANTS.get(variant, (False, None, None))
+    defaults = variant in DEFAULTS or variant == "cpu_fp32_defaults"
+    tf32, autocast, eps = VARIANTS.get(DEFAULTS.get(variant, variant), (False, None, None))
     model, inputs = build(arch)
     model = model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -123,8 +129,8 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
     amp = torch.autocast(torch.device(device).type, dtype=autocast) if autocast else contextlib.nullcontext()
     with torch.enable_grad() if train else torch.no_grad(), math_settings.tf32(tf32):
         with fault if fault else contextlib.nullcontext():  # entered first: below the recorder
-            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x10A if train else 0x102, X_DEDUP=False,
-                           X_DUMP_NUM=4) as d:
+            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x10A if train else 0x102, X_DEDUP=defaults,
+                           X_DUMP_NUM=5 if defaults else 4) as d:
                 with amp:
                     output = model(**inputs)[0]
                 if train:  # the backward outside autocast, as a training step runs it, then one AdamW
@@ -222,7 +228,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", required=True, help="cuda, xpu, mps, cpu...")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--archs", default=",".join(ARCHS))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join([*VARIANTS, *DEFAULTS]))
     ap.add_argument("--bench-repeats", type=int, default=3, help="0: skip tools/bench_record.py")
     ap.add_argument("--suite-timeout", type=float, default=60.0)
     ap.add_argument("--bench-timeout", type=float, default=150.0)
@@ -241,11 +247,16 @@ def main(argv=None) -> int:
     for arch in args.archs.split(","):
         bench = record(arch, "cpu", "cpu_fp32", out)
         check["runs"].append(bench)
+        benches = {False: bench}
         for variant in args.variants.split(","):
             try:
+                defaults = variant in DEFAULTS
+                if defaults not in benches:
+                    benches[defaults] = record(arch, "cpu", "cpu_fp32_defaults", out)
+                    check["runs"].append(benches[defaults])
                 target = record(arch, args.device, variant, out)
                 check["runs"].append(target)
-                check["scores"].append(score(bench, target))
+                check["scores"].append(score(benches[defaults], target))
             except Exception as e:  # noqa: BLE001 - one failing run must not lose the others
                 check["scores"].append({"run": f"{arch}/{variant}", "error": f"{type(e).__name__}: {e}"[:500]})
             save()
