@@ -41,7 +41,7 @@ from tabulate import tabulate  # noqa: E402
 
 from accuracy import report  # noqa: E402
 from accuracy.runner import run_scenario  # noqa: E402
-from accuracy.scenarios import HELD_OUT, holdout, quick, scenarios  # noqa: E402
+from accuracy.scenarios import HELD_OUT, holdout, quick, scenarios, with_defaults  # noqa: E402
 
 
 def xray_version(root: Path) -> str:
@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout", type=int, choices=sorted(HELD_OUT), metavar="SET",
                     help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt), "
                          "3 (Mixtral MoE, MobileNetV2), 4 (Phi, EfficientNet), 5 (Whisper, Swin), 6 (BLOOM, RegNet), 7 (DeBERTa, SegFormer); see accuracy/scenarios.py")
+    ap.add_argument("--defaults", action="store_true",
+                    help="record the chosen trace scenarios (noise and injected faults) with the recorder's defaults, "
+                         "X_DEDUP=1 and X_DUMP_NUM=5, as users record; their classes get '/defaults'")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--no-device-set", action="store_true", help="leave out the real CPU-vs-H100 set")
     ap.add_argument("--device-set-only", action="store_true", help="run only the real CPU-vs-H100 set")
@@ -72,6 +75,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     chosen = holdout(args.holdout) if args.holdout else scenarios()
     chosen = quick(chosen) if args.quick else chosen
+    if args.defaults:
+        chosen = [with_defaults(s) for s in chosen]
     if args.only:
         chosen = [s for s in chosen if re.search(args.only, s.name)]
     if args.list:

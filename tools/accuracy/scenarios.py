@@ -7,6 +7,7 @@ with bf16/TF32 noise the bug is 2-5e-2, above that noise level.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .scenario import Fault, Scenario
@@ -343,6 +344,15 @@ def holdout(which: int = 1) -> list[Scenario]:
         add("noise+bug/tf32/backward/stats", cnn, fault=Fault(h.cnn_backward, 2, "rel", 2e-2, "backward"),
             noise="tf32", backward=True, data=False)
     return out
+
+
+def with_defaults(s: Scenario) -> Scenario:
+    """``s`` recorded with the recorder's defaults (X_DEDUP=1, X_DUMP_NUM=5), as users record,
+    where it is a trace of legitimate noise or of an injected fault (a changed parameter's or a
+    target-only op's ground truth is a call that de-dup may fold); else ``s``."""
+    if s.dump != "trace" or not (s.noise_only or s.fault is not None) or s.dedup:
+        return s
+    return dataclasses.replace(s, name=s.name + "/defaults", cls=s.cls + "/defaults", dedup=True, dump_num=5)
 
 
 def quick(all_: list[Scenario]) -> list[Scenario]:
