@@ -412,9 +412,9 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     among them jumps. What this op made of it is its own: it computed right, and a max pool's
     backward, say, moves a gradient whole where its forward chose another element. Where its
     outputs were not saved (X_DUMP_NUM spent on its inputs) and no local error was measured, its
-    statistics' error must stay within the factor of the most any of its inputs carries in. A run with no such
-    error (the same kernels on both sides), or a jump beyond that, keeps the failure: something
-    xray did not see went wrong.
+    statistics' error must stay within the factor of the most any of its inputs carries in. A
+    run with no such error (the same kernels on both sides), or a jump beyond that, keeps the
+    failure: something xray did not see went wrong.
     """
     f = floors.rules.precision_factor
     err = p.input_errors.get(name, r.accumulated_err)
@@ -422,15 +422,21 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
         return None
     if p.local.get(k) is not None or (is_value_preserving(p.target.op) and not r.layout):
         how = "it computed right on its inputs"
-    elif r.mode == "stats" and r.stats_err is not None and r.stats_err <= f * (carried := max(
-            [err] + [e for n, _, status, stat in row_inputs(p, k) if status not in (PairStatus.PASS.value,
-                     PairStatus.SKIP.value) and (e := p.input_errors.get(n, stat)) is not None])):
+    elif r.mode == "stats" and r.stats_err is not None and r.stats_err <= f * (carried := _carried_in(p, k, err)):
         how = f"its statistics' error {r.stats_err:.3g} is within {f:g}x of what its inputs carry ({carried:.3g})"
     else:
         return None
     return (f"carries a difference from op seq {seq}, not recorded (de-duplicated): {name}'s error {err:.3g} "
             f"is within {f:g}x the precision loss calls before it show ({seen.level:.3g}), and {how}; "
             "record with X_DEDUP=0 to judge that call")
+
+
+def _carried_in(p: Pending, k: int, at_least: float) -> float:
+    """The largest error any disagreeing input of output ``k`` carries in: on data where it was
+    judged so (``Pending.input_errors``), else on statistics."""
+    errors = [p.input_errors.get(name, stat) for name, _, status, stat in row_inputs(p, k)
+              if status not in (PairStatus.PASS.value, PairStatus.SKIP.value)]
+    return max([at_least] + [e for e in errors if e is not None])
 
 
 def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool,
