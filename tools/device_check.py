@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import xray  # noqa: E402
 from xray.gen.generator import generate  # noqa: E402
 from xray.numerics import math_settings  # noqa: E402
+from xray.record.config import DumpConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import archs, devices  # noqa: E402 -- the fixtures' scorer, so both count alike
@@ -129,8 +130,9 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
     amp = torch.autocast(torch.device(device).type, dtype=autocast) if autocast else contextlib.nullcontext()
     with torch.enable_grad() if train else torch.no_grad(), math_settings.tf32(tf32):
         with fault if fault else contextlib.nullcontext():  # entered first: below the recorder
-            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x10A if train else 0x102, X_DEDUP=defaults,
-                           X_DUMP_NUM=5 if defaults else 4) as d:
+            with xray.dump(dump_dir=out / arch / variant, X_DEBUG=0x10A if train else 0x102,
+                           X_DEDUP=DumpConfig.dedup if defaults else False,
+                           X_DUMP_NUM=DumpConfig.dump_num if defaults else 4) as d:
                 with amp:
                     output = model(**inputs)[0]
                 if train:  # the backward outside autocast, as a training step runs it, then one AdamW

@@ -10,9 +10,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from xray.record.config import DumpConfig
+
 from .scenario import Fault, Scenario
 
 MM, ADDMM, BMM = "aten.mm.default", "aten.addmm.default", "aten.bmm.default"
+
+
+# what the recorder does unless told otherwise: de-dup, and X_DUMP_NUM tensors saved per call
+RECORDER_DEFAULTS = {"dedup": DumpConfig.dedup, "dump_num": DumpConfig.dump_num}
 
 
 def _f(op: str, call: int, kind: str = "rel", amount: float = 1e-3, direction: str = "forward") -> Fault:
@@ -200,12 +206,12 @@ def scenarios() -> list[Scenario]:
     # inputs keeps its outputs' statistics only)
     for noise, archs in (("tf32", ("t5", "vit")), ("bf16", ("llama-sdpa", "resnet"))):
         for arch in archs:
-            add(f"noise/{noise}/defaults", arch, noise=noise, dedup=True, dump_num=5)
-            add(f"noise/{noise}/backward/defaults", arch, noise=noise, dedup=True, dump_num=5, backward=True)
+            add(f"noise/{noise}/defaults", arch, noise=noise, **RECORDER_DEFAULTS)
+            add(f"noise/{noise}/backward/defaults", arch, noise=noise, **RECORDER_DEFAULTS, backward=True)
     # BERT's loss on LayerNorm outputs: gradients 0 in exact arithmetic, carried through folded calls
-    add("noise/bf16/backward/defaults", "bert", noise="bf16", dedup=True, dump_num=5, backward=True)
+    add("noise/bf16/backward/defaults", "bert", noise="bf16", **RECORDER_DEFAULTS, backward=True)
     for arch, fault in (("gpt2", _f(ADDMM, 0)), ("resnet", _f("convolution.default", 4)), ("llama-sdpa", _f(MM, 3))):
-        add("bug/defaults", arch, fault=fault, dedup=True, dump_num=5)
+        add("bug/defaults", arch, fault=fault, **RECORDER_DEFAULTS)
     # statistics only: a signature's one recorded call makes no band of calls, so a lone first
     # matmul under CPU-emulated TF32 (no header: a real device's allow_tf32 sets the level) is born
     for arch in ("llama-sdpa", "vit"):
@@ -347,12 +353,12 @@ def holdout(which: int = 1) -> list[Scenario]:
 
 
 def with_defaults(s: Scenario) -> Scenario:
-    """``s`` recorded with the recorder's defaults (X_DEDUP=1, X_DUMP_NUM=5), as users record,
+    """``s`` recorded with the recorder's defaults (RECORDER_DEFAULTS), as users record,
     where it is a trace of legitimate noise or of an injected fault (a changed parameter's or a
     target-only op's ground truth is a call that de-dup may fold); else ``s``."""
     if s.dump != "trace" or not (s.noise_only or s.fault is not None) or s.dedup:
         return s
-    return dataclasses.replace(s, name=s.name + "/defaults", cls=s.cls + "/defaults", dedup=True, dump_num=5)
+    return dataclasses.replace(s, name=s.name + "/defaults", cls=s.cls + "/defaults", **RECORDER_DEFAULTS)
 
 
 def quick(all_: list[Scenario]) -> list[Scenario]:

@@ -74,11 +74,9 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
-    born_seen = False
     seen = _SeenPrecision()
     matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
-        born_seen = born_seen or p.target.pos > random_pos
         agree = agreement(p.inputs)  # (per row below: row_inputs)
         inserted = _inserted_op_change(p, graph, matched_target, target_dump, rules)
         for k, r in enumerate(p.rows):
@@ -87,7 +85,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 r.status, r.inputs_agree = PairStatus.FAIL.value, agree
                 set_origin(r, "born", "target-only op", f"target-only op {op.name} {why}")
                 r.culprit_target_seq = op.record.seq
-                born_seen = seen.origin = True
+                seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value:
                 if not _wrong_on_its_inputs(p, k, floors):
@@ -99,9 +97,9 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
             r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
-                _decide(r, p, k, graph, floors, born_seen, seen)
+                _decide(r, p, k, graph, floors, seen.origin or p.target.pos > random_pos, seen)
                 if r.origin == "born" and p.target.kind == "op":
-                    born_seen = seen.origin = True
+                    seen.origin = True
                 seen.add(r)
     _modules_follow_their_ops(pending, eb, graph)
     statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
