@@ -6,6 +6,9 @@ size, so every TF32 pair failed (Llama 16 rows, T5 51, ResNet 11). Now a row tha
 on its inputs carries precision when its error is within ``precision_factor`` x what recorded
 calls before it showed as precision; a run that shows none (the same kernels on both sides), or
 an error beyond that, keeps the failure and names the folded call's seq.
+
+The TF32 runs here are emulated on CPU and compared as a run whose header allows no TF32
+(``tf32_declared=False``): the level then comes from what recorded calls show, the rule under test.
 """
 import sys
 from pathlib import Path
@@ -20,7 +23,8 @@ from accuracy.scenario import Fault, Scenario  # noqa: E402
 
 @pytest.mark.parametrize("arch", ["llama-sdpa", "t5", "resnet"])
 def test_tf32_pair_recorded_with_dedup_has_no_fail(arch, tmp_path):
-    o = run_scenario(Scenario(f"t/{arch}", "noise", arch, noise="tf32", dedup=True), tmp_path)
+    o = run_scenario(Scenario(f"t/{arch}", "noise", arch, noise="tf32", dedup=True, tf32_declared=False),
+                     tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     assert o.summary["failed"] == 0 and o.summary["first_divergence"] is None, o.summary["first_divergence"]
     assert o.summary["dedup"], "the report still says the dumps are de-duplicated"
@@ -40,7 +44,7 @@ def test_a_bug_in_a_folded_call_still_fails_and_names_its_seq(tmp_path):
 def test_a_large_bug_in_a_folded_call_fails_under_tf32(tmp_path):
     """2e-2 carried in is far beyond 3x the TF32 rounding recorded calls show (about 5e-4)."""
     s = Scenario("t/folded-tf32", "bug", "llama-sdpa", fault=Fault("aten.mm.default", 3, amount=2e-2),
-                 noise="tf32", dedup=True)
+                 noise="tf32", dedup=True, tf32_declared=False)
     o = run_scenario(s, tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     assert o.summary["failed"] > 0 and o.summary["first_divergence"] is not None
@@ -52,7 +56,23 @@ def test_training_step_recorded_with_the_recorders_defaults_has_no_fail(arch, tm
     inputs spend the budget, so its outputs keep statistics only and no local error is measured.
     Such a row carries precision when its statistics' error stays within the factor of what its
     inputs carry in (Llama: 10 FAIL rows before, ViT 9)."""
-    s = Scenario(f"t/{arch}", "noise", arch, noise="tf32", dedup=True, dump_num=5, backward=True)
+    s = Scenario(f"t/{arch}", "noise", arch, noise="tf32", dedup=True, dump_num=5, backward=True,
+                 tf32_declared=False)
     o = run_scenario(s, tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     assert o.summary["failed"] == 0 and o.summary["first_divergence"] is None, o.summary["first_divergence"]
+
+
+def test_statistics_only_tf32_with_dedup_is_clean_where_tf32_is_declared_and_a_bug_still_fails(tmp_path):
+    """Statistics only with de-dup: each signature has one recorded call, so no band of calls
+    shows TF32's step, and only the run's settings can (a device's header; here declared, as
+    compare's --tf32 on does for a switch the header cannot hold). ViT failed 23 rows without
+    them. A 2e-2 bug in a recorded matmul is still far beyond 3x TF32's rounding."""
+    clean = run_scenario(Scenario("t/vit", "noise", "vit", noise="tf32", dedup=True, data=False), tmp_path)
+    assert clean.crash is None and clean.harness_error is None, (clean.crash, clean.harness_error)
+    assert clean.summary["failed"] == 0 and clean.summary["first_divergence"] is None, \
+        clean.summary["first_divergence"]
+    bug = run_scenario(Scenario("t/vit-bug", "bug", "vit", fault=Fault("aten.addmm.default", 0, amount=2e-2),
+                                noise="tf32", dedup=True, data=False), tmp_path)
+    assert bug.crash is None and bug.harness_error is None, (bug.crash, bug.harness_error)
+    assert bug.summary["failed"] > 0 and bug.exact, bug.summary["first_divergence"]

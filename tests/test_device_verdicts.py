@@ -301,6 +301,62 @@ def test_run_math_reads_settings_and_never_assumes_tf32_without_them():
     assert run_math({"math": '{"allow_tf32_matmul": true}'}, {"cuda"}).tf32_matmul  # a module dump's JSON attribute
 
 
+def test_each_device_reads_its_own_tf32_switches():
+    """cuBLAS' and cudnn's flags say nothing of an NPU or an Intel GPU: an Ascend run reads
+    torch_npu's HF32 switches (conv on by default), an XPU run oneDNN's fp32_precision, and
+    NVIDIA_TF32_OVERRIDE=0 turns TF32 off in CUDA whatever torch's flags say."""
+    from xray.numerics.math_settings import run_math
+
+    legacy = {"allow_tf32_matmul": True, "allow_tf32_cudnn": True}
+    npu = {"math": {**legacy, "vendor": {"npu_matmul_allow_hf32": False, "npu_conv_allow_hf32": True}}}
+    assert run_math(npu, {"npu"}).tf32_conv and not run_math(npu, {"npu"}).tf32_matmul
+    assert not run_math({"math": legacy}, {"npu"}).tf32_conv  # no torch_npu switches recorded: none assumed
+    xpu = {"math": {**legacy, "fp32_precision": {"mkldnn_matmul": "tf32", "mkldnn_conv": "ieee"}}}
+    assert run_math(xpu, {"xpu"}).tf32_matmul and not run_math(xpu, {"xpu"}).tf32_conv
+    assert not run_math({"math": legacy}, {"mps"}).tf32_matmul
+    override = {"math": {**legacy, "env": {"NVIDIA_TF32_OVERRIDE": "0"}}}
+    assert not run_math(override, {"cuda"}).tf32_matmul and not run_math(override, {"cuda"}).tf32_conv
+
+
+def test_declared_tf32_wins_over_the_header():
+    """compare's --tf32 on|off: a switch the header cannot hold (a vendor library's, an
+    emulator's) or one set outside the program; it applies on any device, a header or not."""
+    from xray.numerics.math_settings import run_math
+
+    off = {"math": {"allow_tf32_matmul": False, "allow_tf32_cudnn": False}}
+    assert run_math(off, {"cpu"}, tf32=True).tf32_matmul and run_math(None, {"npu"}, tf32=True).tf32_conv
+    on = {"math": {"allow_tf32_matmul": True, "allow_tf32_cudnn": True}}
+    assert not run_math(on, {"cuda"}, tf32=False).tf32_matmul
+    assert run_math(on, {"cuda"}, tf32=None).tf32_matmul
+
+
+def test_header_records_vendor_switches_and_the_math_environment(tmp_path, monkeypatch):
+    """torch_npu registers ``torch.npu``; this CPU build has none, so a namespace with the two
+    attributes torch_npu documents stands in for it (only the reader is under test here)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch, "npu", SimpleNamespace(matmul=SimpleNamespace(allow_hf32=False),
+                                                      conv=SimpleNamespace(allow_hf32=True)), raising=False)
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    xray.begin_dump(dump_dir=tmp_path, X_DUMP_NUM=0)
+    try:
+        torch.ones(2) + 1
+    finally:
+        path = xray.end_dump()
+    m = xray.load_dump(path).header["math"]
+    assert m["vendor"] == {"npu_matmul_allow_hf32": False, "npu_conv_allow_hf32": True}
+    assert m["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
+
+
+def test_xray_compare_takes_a_declared_tf32(tmp_path):
+    from xray.compare.cli import build_parser, rules_from_args
+
+    def rules(*extra):
+        return rules_from_args(build_parser().parse_args(["a", "b", "c.csv", *extra]))
+
+    assert rules().tf32 is None and rules("--tf32", "on").tf32 is True and rules("--tf32", "off").tf32 is False
+
+
 def test_tf32_widens_the_floor_of_matmuls_only_where_enabled():
     from xray.compare.local import LocalError
     from xray.compare.noise_floor import Floors

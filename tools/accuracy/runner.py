@@ -22,6 +22,7 @@ import torch
 
 import xray
 from xray.compare import compare_dumps
+from xray.numerics.rules import Rules
 
 from .archs import ARCHS, run_model
 from .faults import CorruptCall, FusedRmsNormKernel, ReducedPrecisionMatmul, StorageReaders
@@ -346,7 +347,7 @@ def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
             bench, target = _records(bench_dump), _records(target_dump)
             o.truth = _truth(s, bench, target, fault, readers, bench_model, tmp)
             stage = "compare"
-            o.summary = compare_dumps(bench_dump, target_dump).summary.to_json()
+            o.summary = compare_dumps(bench_dump, target_dump, rules=_rules(s)).summary.to_json()
             _score(o, bench, target)
         except HarnessError as e:
             o.harness_error = str(e)
@@ -359,6 +360,12 @@ def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
                 o.harness_error = f"{stage}: {text}"
     o.seconds = time.perf_counter() - started
     return o
+
+
+def _rules(s: Scenario) -> Rules:
+    """A TF32-emulated target is read as a TF32 device's dump is: its header allows TF32, which
+    a CPU run's cannot (Scenario.tf32_declared)."""
+    return Rules(tf32=True) if s.noise == "tf32" and s.tf32_declared else Rules()
 
 
 def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, tmp: Path) -> Truth:

@@ -57,6 +57,10 @@ class Scenario:
     optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
     dedup: bool = False  # both runs recorded with the recorder's default X_DEDUP=True
     dump_num: int | None = None  # X_DUMP_NUM where data is saved (None: every tensor of a call)
+    # a TF32-emulated target is compared as a TF32 device's dump is, whose header allows TF32
+    # (compare's --tf32 on); False: as a run whose TF32 switch xray cannot read, told only by what
+    # the run itself shows
+    tf32_declared: bool = True
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -71,7 +75,8 @@ class Scenario:
             parts.append(f"target-only mul in {self.target_only}")
         for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
                              ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None),
-                             ("X_DUMP_NUM", self.dump_num)):
+                             ("X_DUMP_NUM", self.dump_num),
+                             ("TF32", "undeclared" if self.noise == "tf32" and not self.tf32_declared else None)):
             if value:
                 parts.append(f"{label} {value}")
         return "; ".join(parts) or "-"

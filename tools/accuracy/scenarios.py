@@ -212,10 +212,16 @@ def scenarios() -> list[Scenario]:
     add("noise/bf16/backward/defaults", "bert", noise="bf16", **RECORDER_DEFAULTS, backward=True)
     for arch, fault in (("gpt2", _f(ADDMM, 0)), ("resnet", _f("convolution.default", 4)), ("llama-sdpa", _f(MM, 3))):
         add("bug/defaults", arch, fault=fault, **RECORDER_DEFAULTS)
-    # statistics only: a signature's one recorded call makes no band of calls, so a lone first
-    # matmul under CPU-emulated TF32 (no header: a real device's allow_tf32 sets the level) is born
+    # statistics only: a signature's one recorded call makes no band of calls, so the TF32 level
+    # comes from the header (declared here, as a device's header says)
     for arch in ("llama-sdpa", "vit"):
         add("noise/tf32/dedup/stats", arch, noise="tf32", dedup=True, data=False)
+    # TF32 that the header does not record (a vendor switch, NVIDIA_TF32_OVERRIDE set outside):
+    # told only by what the run shows, a band of calls on data, or nothing in a lone statistic
+    for arch, kw in (("llama-eager", {}), ("vit", {}), ("qwen2", {"data": False}), ("gpt2", {"data": False}),
+                     ("vit", {"dedup": True, "data": False})):
+        add("noise/tf32/undeclared" + ("/stats" if kw.get("data") is False else ""), arch, noise="tf32",
+            tf32_declared=False, **kw)
     # a bug in a folded call (no record of it: found where a recorded call carries it on) and in a
     # recorded one
     for arch, fault in (("llama-sdpa", _f(MM, 3)), ("gpt2", _f(ADDMM, 6)), ("bert", _f(ADDMM, 8)),

@@ -63,7 +63,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                     p.reduce[k] = reduction_length(b.record, k)
                     r.local_err, r.local_floor = le.local, le.floor
         pending.append(p)
-    floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices))
+    floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices, rules.tf32))
     floors.established = _mark_precision_loss(pending, rules)
     _mark_outliers(pending, floors)
     for p in pending:  # the device floor is what the row shows

@@ -35,11 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--statistics-only", action="store_true",
                    help="judge every pair on its statistics, leaving saved tensors unread: what a statistics-only "
                         "recording of the same runs would be told (the cheap recording on a device), and faster")
+    p.add_argument("--tf32", choices=("auto", "on", "off"), default="auto",
+                   help="may the target's fp32 matmuls and convolutions round their inputs to TF32 (or an NPU's "
+                        "HF32)? auto: what its dump's header recorded; on/off: declared, for a switch xray cannot "
+                        "read (a vendor library's, NVIDIA_TF32_OVERRIDE set outside the program, an emulator)")
     p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
     p.add_argument("--threads", type=int, default=1, help="torch threads while comparing (default %(default)s; "
                    "0 keeps torch's setting)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     return p
+
+
+def rules_from_args(args: argparse.Namespace) -> Rules:
+    """The Rules the compare options ask for (ValueError on a bad --tol): one reading for
+    xray-compare and python -m xray.compare."""
+    rules = Rules(warn_cosine=args.warn_cosine, stats_warn_factor=args.stats_warn_factor,
+                  fp64_multiplier=args.fp64_multiplier, tf32={"auto": None, "on": True, "off": False}[args.tf32])
+    for text in args.tol:
+        rules = rules.with_override(*parse_tolerance_arg(text))
+    return rules
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,10 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from .report import terminal_report, write_csv, write_html, write_summary_json
 
     try:
-        rules = Rules(warn_cosine=args.warn_cosine,
-                      stats_warn_factor=args.stats_warn_factor, fp64_multiplier=args.fp64_multiplier)
-        for text in args.tol:
-            rules = rules.with_override(*parse_tolerance_arg(text))
+        rules = rules_from_args(args)
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
                                progress=False if args.no_progress else None, threads=args.threads or None,
                                statistics_only=args.statistics_only)

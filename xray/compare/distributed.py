@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from ..quiet import one_line, quiet_third_party
-    from .cli import build_parser as compare_parser
+    from .cli import build_parser as compare_parser, rules_from_args
 
     args, rest = build_parser().parse_known_args(argv)
     # One parser for the compare options of both entries: xray-compare's.
@@ -240,13 +240,8 @@ def main(argv: list[str] | None = None) -> int:
               "are xray-compare's", file=sys.stderr)
         return 2
     quiet_third_party()
-    from ..numerics.rules import Rules, parse_tolerance_arg
-
     try:
-        rules = Rules(warn_cosine=opts.warn_cosine, stats_warn_factor=opts.stats_warn_factor,
-                      fp64_multiplier=opts.fp64_multiplier)
-        for text in opts.tol:
-            rules = rules.with_override(*parse_tolerance_arg(text))
+        rules = rules_from_args(opts)
     except ValueError as e:
         print(f"python -m xray.compare: error: {one_line(e)}", file=sys.stderr)
         return 2

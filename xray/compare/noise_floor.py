@@ -94,10 +94,12 @@ class Floors:
             acc = torch.float32
         return 2.0 * eps(acc) * math.sqrt(max(1, n))
 
-    def allowed_steps(self, op: str) -> list[str]:
-        """Reduced-precision steps this op may legitimately show on this run."""
+    def allowed_steps(self, op: str, module: bool = False) -> list[str]:
+        """Reduced-precision steps this op (``module``: a module call, which may hold matmuls and
+        convolutions) may legitimately show on this run."""
         steps = list(self.established)
-        if (self.math.tf32_matmul and is_matmul_like(op)) or (self.math.tf32_conv and is_convolution(op)):
+        if (self.math.tf32_matmul and (module or is_matmul_like(op))) \
+                or (self.math.tf32_conv and (module or is_convolution(op))):
             steps.append(TF32)
         return steps
 

@@ -245,7 +245,7 @@ def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: An
                 seq = p.target.record.seq
                 if seq not in calls or calls[seq][0] < r.stats_err:
                     calls[seq] = (r.stats_err, p, r)
-                if r.origin == "born" and unmeasured(r) and TF32 in floors.allowed_steps(p.target.op) \
+                if r.origin == "born" and unmeasured(r) and TF32 in floors.allowed_steps(p.target.op, p.target.kind == "module") \
                         and r.stats_err <= f * tf32 and tf32 > settings_level:
                     settings_level, settings_kind = tf32, f"TF32 (allowed for {p.target.op} by the run's settings)"
             # a target that computes in a narrower float dtype rounds every such output to it

@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+
+# environment variables a vendor library reads behind torch's back: NVIDIA_TF32_OVERRIDE=0 turns
+# TF32 off in cuBLAS and cuDNN whatever torch's flags say
+MATH_ENV = ("NVIDIA_TF32_OVERRIDE",)
+
+# out-of-tree devices' reduced-precision fp32 switches (module under torch, attribute path):
+# torch_npu's HF32 for matmuls (default off) and convolutions (default on); HF32 keeps about as
+# many mantissa bits as TF32, so compare treats both as TF32's step
+VENDOR_SWITCHES = {"npu_matmul_allow_hf32": ("npu", "matmul", "allow_hf32"),
+                   "npu_conv_allow_hf32": ("npu", "conv", "allow_hf32")}
 
 # torch >= 2.9's per-backend fp32 math (torch.backends.<backend>.<op>.fp32_precision): "ieee",
 # "tf32" or "bf16" ("none" defers to the backend's setting, then the generic one)
@@ -93,6 +104,8 @@ def current() -> dict[str, Any]:
         "fp32_precision": precision or None,
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "autocast": None,
+        "vendor": _vendor_switches(torch) or None,
+        "env": {k: os.environ[k] for k in MATH_ENV if k in os.environ} or None,
     }
     try:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -109,21 +122,40 @@ def current() -> dict[str, Any]:
     return out
 
 
+def _vendor_switches(torch: Any) -> dict[str, bool]:
+    """VENDOR_SWITCHES that this process has (an out-of-tree device's module was imported)."""
+    out = {}
+    for key, path in VENDOR_SWITCHES.items():
+        obj: Any = torch
+        try:
+            for name in path:
+                obj = getattr(obj, name)
+        except (AttributeError, RuntimeError, ImportError):
+            continue
+        if isinstance(obj, bool):
+            out[key] = obj
+    return out
+
+
 @dataclass(frozen=True)
 class RunMath:
     """What compare needs of a run's math settings. ``recorded``: read from the dump, not inferred."""
 
     device: str = "cpu"  # "cpu", "cuda", ... (the tensors' device type)
-    tf32_matmul: bool = False  # matmuls may round their inputs to TF32 (an accelerator's setting)
-    tf32_conv: bool = False  # convolutions may (cudnn's allow_tf32, on by default in torch)
+    tf32_matmul: bool = False  # matmuls may round their inputs to TF32 or HF32 (an accelerator's setting)
+    tf32_conv: bool = False  # convolutions may (cudnn's allow_tf32 and torch_npu's conv HF32: on by default)
     reduced_reduction: bool = False  # half-precision split-K reductions allowed
     autocast: str | None = None
     recorded: bool = False
 
 
-def run_math(header: dict | None, devices: set[str]) -> RunMath:
+def run_math(header: dict | None, devices: set[str], tf32: bool | None = None) -> RunMath:
     """RunMath from a dump header's ``"math"`` (when recorded) and its tensors' device types.
+    ``tf32``: declared by the user (compare's ``--tf32 on|off``), it wins over the header: a
+    switch xray cannot read (a vendor library's, an emulator's) or one set outside the program.
 
+    Each device type reads its own switches: cuda cuBLAS' and cudnn's (off under
+    NVIDIA_TF32_OVERRIDE=0), xpu oneDNN's (``torch.backends.mkldnn``), npu torch_npu's HF32.
     Without recorded settings TF32 is not assumed (a CUDA run in fp32 may have had it off, and
     its floor would then hide a 1e-3 bug): compare then admits a reduced-precision
     step only where the run itself shows it on every call of a kind (causality's measured
@@ -133,6 +165,7 @@ def run_math(header: dict | None, devices: set[str]) -> RunMath:
     AVX512-BF16 answers with bf16x3 (a 256-square matmul: 6.9e-7 against 3.7e-7 in IEEE fp32):
     the header records it, and a CPU run that does round shows its step on every call of a kind."""
     device = next((d for d in sorted(devices) if d != "cpu"), "cpu")
+    declared = {} if tf32 is None else {"tf32_matmul": tf32, "tf32_conv": tf32}
     m = (header or {}).get("math")
     if isinstance(m, str):  # a module dump's HDF5 attribute holds it as JSON
         try:
@@ -140,12 +173,27 @@ def run_math(header: dict | None, devices: set[str]) -> RunMath:
         except ValueError:
             m = None
     if not isinstance(m, dict):
-        return RunMath(device=device)
+        return RunMath(device=device, recorded=bool(declared), **declared)
+    matmul, conv = _tf32_switches(m, device)
+    reduced = device != "cpu" and (bool(m.get("reduced_precision_reduction_fp16"))
+                                   or bool(m.get("reduced_precision_reduction_bf16")))
+    found = {"tf32_matmul": matmul, "tf32_conv": conv, **declared}
+    return RunMath(device=device, reduced_reduction=reduced, recorded=True,
+                   autocast=m.get("autocast") if isinstance(m.get("autocast"), str) else None, **found)
+
+
+def _tf32_switches(m: dict, device: str) -> tuple[bool, bool]:
+    """(matmul, convolution) may round fp32 inputs to a 10-bit mantissa on ``device``, by the
+    switches its own libraries read."""
     new = m.get("fp32_precision") if isinstance(m.get("fp32_precision"), dict) else {}
-    accel = device != "cpu"
+    vendor = m.get("vendor") if isinstance(m.get("vendor"), dict) else {}
+    env = m.get("env") if isinstance(m.get("env"), dict) else {}
+    if device == "npu":
+        return bool(vendor.get("npu_matmul_allow_hf32")), bool(vendor.get("npu_conv_allow_hf32"))
+    if device == "xpu":
+        return new.get("mkldnn_matmul") == "tf32", new.get("mkldnn_conv") == "tf32"
+    if device != "cuda" or str(env.get("NVIDIA_TF32_OVERRIDE", "")).strip() == "0":
+        return False, False
     matmul = bool(m.get("allow_tf32_matmul")) or m.get("float32_matmul_precision") in ("high", "medium") \
         or new.get("cuda_matmul") == "tf32"
-    conv = bool(m.get("allow_tf32_cudnn")) or new.get("cudnn_conv") == "tf32"
-    reduced = accel and (bool(m.get("reduced_precision_reduction_fp16")) or bool(m.get("reduced_precision_reduction_bf16")))
-    return RunMath(device=device, tf32_matmul=accel and matmul, tf32_conv=accel and conv, reduced_reduction=reduced,
-                   autocast=m.get("autocast") if isinstance(m.get("autocast"), str) else None, recorded=True)
+    return matmul, bool(m.get("allow_tf32_cudnn")) or new.get("cudnn_conv") == "tf32"

@@ -156,6 +156,8 @@ class Rules:
     Local error (an op recomputed on the target's own inputs): born only when it exceeds
     ``local_factor`` x the CPU's error at the target's dtype; precision loss when within
     ``precision_factor`` x the error of inputs rounded to a known reduced precision.
+    ``tf32``: whether the target's fp32 matmuls and convolutions may round to TF32, declared by
+    the user; None reads the dump header's math settings (numerics.math_settings.run_math).
     """
 
     overrides: dict[str, Tolerance] = field(default_factory=dict)
@@ -166,6 +168,7 @@ class Rules:
     fp64_multiplier: float = 2.0
     local_factor: float = 8.0
     precision_factor: float = 3.0
+    tf32: bool | None = None
 
     def tolerance(self, bench_dtype: str, target_dtype: str | None = None) -> Tolerance:
         """The looser of the two dtypes' tolerances: bf16 vs fp32 is judged at bf16 precision."""
