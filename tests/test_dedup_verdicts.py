@@ -10,6 +10,7 @@ an error beyond that, keeps the failure and names the folded call's seq.
 The TF32 runs here are emulated on CPU and compared as a run whose header allows no TF32
 (``tf32_declared=False``): the level then comes from what recorded calls show, the rule under test.
 """
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +40,11 @@ def test_a_bug_in_a_folded_call_still_fails_and_names_its_seq(tmp_path):
     fd = o.summary["first_divergence"]
     assert o.summary["failed"] > 0 and fd is not None
     assert "not recorded" in fd["culprit"]
+    # where it ran, from the calls recorded around it: both inside the same decoder layer
+    m = re.search(r"op seq (\d+) .*ran inside (\S+), between seq (\d+) and seq (\d+)", fd["culprit"])
+    assert m is not None, fd["culprit"]
+    folded, module, before, after = int(m[1]), m[2], int(m[3]), int(m[4])
+    assert before < folded < after and re.fullmatch(r"model\.layers\.\d+", module), fd["culprit"]
 
 
 def test_a_large_bug_in_a_folded_call_fails_under_tf32(tmp_path):

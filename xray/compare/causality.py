@@ -182,7 +182,9 @@ class Matches:
     [(seq, output index)] of target op outputs (v1 traces, which name no producers). Mappings
     only need ``get``, ``in``, ``[]`` (and ``made`` truthiness), so they may be lazy views.
     ``kind_errors``: [(target position, row)] -> for each, the (row index, statistics error) of
-    every matched statistics-only row of its kind (op, direction, output), or None."""
+    every matched statistics-only row of its kind (op, direction, output), or None.
+    ``around``: seq -> the target entries recorded nearest before and after it (a folded call's
+    neighbours), or None."""
 
     by_seq: Any
     rows_of: Any
@@ -190,6 +192,7 @@ class Matches:
     random_pos: int
     made: Any
     kind_errors: Any = None
+    around: Any = None
 
 
 class _Graph:
@@ -198,6 +201,7 @@ class _Graph:
     def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None, bench_dump: Any = None,
                  entries: tuple[Any, Any] = ((), ())) -> None:
         self.by_seq = index.by_seq
+        self.around = index.around
         self.rows_of = index.rows_of
         self.made = index.made
         self.target_of = index.target_of
@@ -429,6 +433,38 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
             "record with X_DEDUP=0 to judge that call")
 
 
+def _folded_where(graph: _Graph, seq: int) -> str:
+    """Where a folded call ran, told by the calls recorded around it (its own record is an
+    earlier call's): "; ran inside <module>, between seq A and seq B" when both ran in one
+    module, else the two neighbours' modules. Empty when neither is known."""
+    if graph.around is None:
+        return ""
+    before, after = graph.around(seq)
+    if before is None and after is None:
+        return ""
+
+    def where(e: Any) -> str:
+        return f"{e.op} in {e.record.module}" if e.record.module else f"{e.op}, outside any module"
+
+    if before is not None and after is not None:
+        common = _common_module(before.record.module or "", after.record.module or "")
+        span = f"between seq {before.record.seq} and seq {after.record.seq}"
+        return f"; ran inside {common}, {span}" if common else \
+            f"; ran {span}: after {where(before)}, before {where(after)}"
+    e, side = (before, "after") if before is not None else (after, "before")
+    return f"; ran {side} seq {e.record.seq} ({where(e)})"
+
+
+def _common_module(a: str, b: str) -> str:
+    """The innermost module path both dotted paths lie in ("" when none)."""
+    common = []
+    for x, y in zip(a.split("."), b.split(".")):
+        if x != y:
+            break
+        common.append(x)
+    return ".".join(common)
+
+
 def _carried_in(p: Pending, k: int, at_least: float) -> float:
     """The largest error any disagreeing input of output ``k`` carries in: on data where it was
     judged so (``Pending.input_errors``), else on statistics."""
@@ -492,7 +528,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         if carried is not None:
             downgrade(r, carried)
         else:
-            set_origin(r, "inherited", "inherited", f"input {name} from op seq {seq} (not recorded: de-duplicated?)")
+            set_origin(r, "inherited", "inherited",
+                       f"input {name} from op seq {seq} (not recorded: de-duplicated?{_folded_where(graph, seq)})")
     elif k in p.precision:
         downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
                       f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")

@@ -188,6 +188,15 @@ class SeqIndex:
         i = int(np.searchsorted(self._seqs, seq))
         return i if i < len(self._seqs) and self._seqs[i] == seq else None
 
+    def around(self, seq: int) -> tuple[int | None, int | None]:
+        """Positions of the nearest entries before and after ``seq`` (None at an end, or both
+        when the seqs are not in order)."""
+        if self._dict is not None:
+            return None, None
+        lo = int(np.searchsorted(self._seqs, seq))
+        hi = int(np.searchsorted(self._seqs, seq, side="right"))
+        return (lo - 1 if lo > 0 else None), (hi if hi < len(self._seqs) else None)
+
 
 def objects(n: int, value: Any) -> np.ndarray:
     """An object array of ``n`` references to ``value`` (np.full would copy a str per element)."""

@@ -42,6 +42,10 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
         pos = seq_b.pos(seq)
         return None if pos is None else eb[pos]
 
+    def around(seq: int) -> tuple[Entry | None, Entry | None]:
+        before, after = seq_b.around(seq)
+        return (None if before is None else eb[before]), (None if after is None else eb[after])
+
     def target_of(seq: int) -> Entry | None:
         pos = seq_a.pos(seq)
         p = -1 if pos is None else int(pair_of_a[pos])
@@ -72,7 +76,7 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
         return [wanted[kind(pos, r)] for pos, r in candidates]
 
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
-                   random_pos=random_pos, made=_LazyMade(tb, eb), kind_errors=kind_errors), suspect
+                   random_pos=random_pos, made=_LazyMade(tb, eb), kind_errors=kind_errors, around=around), suspect
 
 
 class _ByPos:
