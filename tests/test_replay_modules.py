@@ -55,3 +55,40 @@ def test_bad_model_spec(tmp_path, capsys):
         factory_spec("not a spec")
     rc = replay_main([str(tmp_path), "-b", "onnxrt-cpu", "--model", "os.path"])
     assert rc == 2 and "pkg.module:factory" in capsys.readouterr().err
+
+
+class _Classifier(torch.nn.Module):
+    """A head and its loss, as a training script holds them: the loss is a module of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(16, 10)
+        self.loss = torch.nn.CrossEntropyLoss(ignore_index=-100)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.head(x), target)
+
+
+def classifier() -> torch.nn.Module:
+    return _Classifier()
+
+
+def test_module_replay_from_statistics_keeps_ignored_targets_valid(tmp_path):
+    """A statistics-only dump of a loss module whose target ignores some samples (-100): the
+    target's recorded range is [-100, 9]. Drawn uniformly in it, it held classes like -37 that
+    cross_entropy refuses ("Target -37 is out of bounds"), so the replay errored. The module's
+    ignore_index now stands at the share that keeps the recorded mean, valid classes elsewhere."""
+    model = classifier()
+    target = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(0))
+    target[::3] = -100
+    dbg = xray.PrecisionDebugger(tmp_path / "dump", model=model, task="statistics", backward=False)
+    with torch.no_grad():
+        dbg.start()
+        model(torch.randn(64, 16), target)
+        dbg.stop()
+    cfg = ReplayConfig(backends=["onnxrt-cpu"], out=tmp_path / "out", model=factory_spec(classifier),
+                       modules=["loss"], factory="random", repeats=1, progress=False)
+    result = replay_dump(dbg.file, cfg)
+    got = [(r.module, r.backend, ReplayStatus(r.status), r.error) for r in result.rows]
+    assert got and all(s == ReplayStatus.OK for _, _, s, _ in got), got

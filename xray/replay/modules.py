@@ -130,7 +130,8 @@ def module_call(record: Record, dump: Dump, model_spec: str | None, models: dict
                              f"the dump recorded a {record.op}")
     gen = torch.Generator().manual_seed(int(seed))
     keys, n_positional, keywords = input_order(record)
-    tensors = tuple(materialize_value(record.inputs[k], dump, factory=factory, generator=gen) for k in keys)
+    tensors = tuple(materialize_value(record.inputs[k], dump, factory=factory, generator=gen,
+                                      ignored=ignored_input(inner, record, k)) for k in keys)
     _load_recorded_params(inner, record, dump, factory, seed)
     return ModuleCall(inner, n_positional, keywords), tensors
 
@@ -149,7 +150,8 @@ def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple
         inner = inner.to(dtype_of(floats[0]))
     gen = torch.Generator().manual_seed(int(seed))
     keys, n_positional, keywords = input_order(record)
-    tensors = tuple(materialize_value(record.inputs[k], None, factory=factory, generator=gen) for k in keys)
+    tensors = tuple(materialize_value(record.inputs[k], None, factory=factory, generator=gen,
+                                      ignored=ignored_input(inner, record, k)) for k in keys)
     own = dict(inner.named_parameters())
     own.update(inner.named_buffers())
     gen = torch.Generator().manual_seed(int(seed) + 1)
@@ -158,6 +160,25 @@ def _nn_call(record: Record, factory: str, seed: int) -> tuple[ModuleCall, tuple
             if name in own and tuple(own[name].shape) == tuple(meta.shape):
                 own[name].copy_(materialize_value(meta, None, factory=factory, generator=gen).to(own[name].dtype))
     return ModuleCall(inner, n_positional, keywords), tensors
+
+
+# transformers' documented convention for ``labels``: "indices set to -100 are ignored"
+LABELS_IGNORED = -100
+
+
+def ignored_input(module: torch.nn.Module, record: Record, key: str) -> int | None:
+    """The negative sentinel that a module's class-index input ``key`` may hold besides valid
+    classes (``ops.rebuild.ignored_index`` for module calls): a torch.nn loss's ``target`` (its
+    second positional input) holds the module's ``ignore_index``, a transformers model's
+    ``labels`` -100. Drawn uniformly in its recorded range, such an input holds negative classes
+    that no loss accepts."""
+    head, tail = _split_key(key)
+    name = record.keywords.get(key) or (None if head in _POSITIONAL else head)
+    if name == "target" or (name is None and tail == "1"):
+        value = getattr(module, "ignore_index", None)
+    else:
+        value = LABELS_IGNORED if name == "labels" else None
+    return value if type(value) is int and value < 0 else None
 
 
 def _module_records(dump: Dump, step: int | None) -> Iterable[Record]:
