@@ -82,3 +82,19 @@ def test_statistics_only_tf32_with_dedup_is_clean_where_tf32_is_declared_and_a_b
                                 noise="tf32", dedup=True, data=False), tmp_path)
     assert bug.crash is None and bug.harness_error is None, (bug.crash, bug.harness_error)
     assert bug.summary["failed"] > 0 and bug.exact, bug.summary["first_divergence"]
+
+
+def test_a_folded_producer_is_named_by_the_record_it_was_folded_into(tmp_path):
+    """GPT-2's addmm #6 (layer 1's MLP input projection) is folded; what first carries its error
+    into a recorded call is layer 1's LayerNorm, folded too. Its record is the one whose calls
+    span its seq and whose output has the consumer's input's shape: layer 0's ln_1."""
+    import xray
+
+    s = Scenario("t/gpt2", "bug", "gpt2", fault=Fault("aten.addmm.default", 6), dedup=True)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    m = re.search(r"op seq (\d+) .*a call of (\S+), folded into its record seq (\d+) \((\S+)\)", fd["culprit"])
+    assert m is not None, fd["culprit"]
+    assert m[2] == "aten.native_layer_norm.default" and m[4] == "transformer.h.0.ln_1", fd["culprit"]
+    assert int(m[3]) < int(m[1]) and "ran inside transformer" in fd["culprit"], fd["culprit"]

@@ -23,6 +23,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..dump.model import Source
@@ -383,6 +384,10 @@ def _random(r: CompareRow) -> bool:
     return r.status == PairStatus.SKIP.value and r.note.startswith("values not compared")
 
 
+# records looked at for the one a folded call belongs to (their calls span its seq)
+MAX_FOLD_CANDIDATES = 256
+
+
 class _SeenPrecision:
     """The largest error (max |target - bench| / max |bench|) that calls so far, in execution
     order, showed as precision: rows within the compare's rules, and rows downgraded to
@@ -455,6 +460,31 @@ def _folded_where(graph: _Graph, seq: int) -> str:
     return f"; ran {side} seq {e.record.seq} ({where(e)})"
 
 
+def _folded_into(graph: _Graph, seq: int, meta: Any) -> str:
+    """The record a folded call was folded into, where one fits: a record of the target dump
+    whose calls span ``seq`` (first_seq < seq <= last_seq) and one of whose outputs has the
+    consumer's input's shape and dtype. De-dup folds a call into the record of its signature,
+    so that record's op is the folded call's. Empty when none or several fit (v3 dumps only:
+    their columns answer the span in one pass)."""
+    from ..dump.column_scan import native_columns
+
+    columns = native_columns(graph.dump) if graph.dump is not None else None
+    shape, dtype = getattr(meta, "shape", None), getattr(meta, "dtype", None)
+    if columns is None or shape is None:
+        return ""
+    r = columns.records
+    rows = np.flatnonzero((r["first_seq"] < seq) & (r["last_seq"] >= seq) & (r["count"] > 1))
+    fits = []
+    for i in rows[:MAX_FOLD_CANDIDATES].tolist():
+        rec = columns.record(i)
+        if rec.kind == "op" and any(list(m.shape) == list(shape) and m.dtype == dtype for _, m in rec.output_tensors()):
+            fits.append(rec)
+    if len(fits) != 1:
+        return ""
+    rec = fits[0]
+    return f"; a call of {rec.op}, folded into its record seq {rec.seq} ({rec.module or 'outside any module'})"
+
+
 def _common_module(a: str, b: str) -> str:
     """The innermost module path both dotted paths lie in ("" when none)."""
     common = []
@@ -524,12 +554,14 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         set_origin(r, "inherited", "inherited", f"input {causes['failing'][0]} from {_row_name(causes['failing'][1])}")
     elif "unrecorded" in causes:
         name, seq = causes["unrecorded"]
+        meta = next((m for n, m, _, _ in row_inputs(p, k) if n == name), None)
         carried = None if seen is None or seen.origin else _carried_from_unrecorded(r, p, k, name, seq, seen, floors)
         if carried is not None:
             downgrade(r, carried)
         else:
             set_origin(r, "inherited", "inherited",
-                       f"input {name} from op seq {seq} (not recorded: de-duplicated?{_folded_where(graph, seq)})")
+                       f"input {name} from op seq {seq} (not recorded: de-duplicated?{_folded_into(graph, seq, meta)}"
+                       f"{_folded_where(graph, seq)})")
     elif k in p.precision:
         downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
                       f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
