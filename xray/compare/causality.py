@@ -203,6 +203,8 @@ class _Graph:
                  entries: tuple[Any, Any] = ((), ())) -> None:
         self.by_seq = index.by_seq
         self.around = index.around
+        self._folds: Any = False  # (columns, rows, first_seq, last_seq) of records with folded calls
+        self.folded_into: dict[tuple, str] = {}  # (seq, shape, dtype) -> _folded_into's text
         self.rows_of = index.rows_of
         self.made = index.made
         self.target_of = index.target_of
@@ -211,6 +213,21 @@ class _Graph:
         self._forward: list[dict] | None = None
         self._within: dict[tuple[int, bool], bool | None] = {}  # (target pos, substituted) -> verdict
         self.wrong: dict[int, str] = {}  # target pos -> how a substituted kernel is wrong on its inputs
+
+    def folds(self) -> tuple | None:
+        """The target's records that stand for more than one call (their rows in its columns, and
+        their first and last seqs), found once; None when the dump has no columns."""
+        if self._folds is False:
+            from ..dump.column_scan import native_columns
+
+            columns = native_columns(self.dump) if self.dump is not None else None
+            if columns is None:
+                self._folds = None
+            else:
+                r = columns.records
+                rows = np.flatnonzero(r["count"] > 1)
+                self._folds = (columns, rows, r["first_seq"][rows], r["last_seq"][rows])
+        return self._folds
 
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail). A
@@ -465,24 +482,23 @@ def _folded_into(graph: _Graph, seq: int, meta: Any) -> str:
     whose calls span ``seq`` (first_seq < seq <= last_seq) and one of whose outputs has the
     consumer's input's shape and dtype. De-dup folds a call into the record of its signature,
     so that record's op is the folded call's. Empty when none or several fit (v3 dumps only:
-    their columns answer the span in one pass)."""
-    from ..dump.column_scan import native_columns
-
-    columns = native_columns(graph.dump) if graph.dump is not None else None
+    their columns hold the spans)."""
     shape, dtype = getattr(meta, "shape", None), getattr(meta, "dtype", None)
-    if columns is None or shape is None:
+    folds = graph.folds()
+    if folds is None or shape is None:
         return ""
-    r = columns.records
-    rows = np.flatnonzero((r["first_seq"] < seq) & (r["last_seq"] >= seq) & (r["count"] > 1))
-    fits = []
-    for i in rows[:MAX_FOLD_CANDIDATES].tolist():
-        rec = columns.record(i)
-        if rec.kind == "op" and any(list(m.shape) == list(shape) and m.dtype == dtype for _, m in rec.output_tensors()):
-            fits.append(rec)
-    if len(fits) != 1:
-        return ""
-    rec = fits[0]
-    return f"; a call of {rec.op}, folded into its record seq {rec.seq} ({rec.module or 'outside any module'})"
+    key = (seq, tuple(shape), dtype)
+    if key not in graph.folded_into:
+        columns, rows, first, last = folds
+        fits = []
+        for i in rows[(first < seq) & (last >= seq)][:MAX_FOLD_CANDIDATES].tolist():
+            rec = columns.record(i)
+            if rec.kind == "op" and any(list(m.shape) == list(shape) and m.dtype == dtype
+                                        for _, m in rec.output_tensors()):
+                fits.append(rec)
+        graph.folded_into[key] = "" if len(fits) != 1 else \
+            f"; a call of {fits[0].op}, folded into its record seq {fits[0].seq} ({fits[0].module or 'outside any module'})"
+    return graph.folded_into[key]
 
 
 def _common_module(a: str, b: str) -> str:
