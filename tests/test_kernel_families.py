@@ -316,3 +316,120 @@ def test_a_linear_run_as_mm_and_add_against_addmm_compares_clean_and_keeps_a_bug
     assert fd is not None and fd["cause"] == "target-only op" and "proj/aten." in fd["culprit"]
     if saved:  # measured: the addmm itself is named, wrong on its own inputs
         assert "aten.addmm.default" in fd["culprit"] and "wrong on its own inputs" in fd["culprit"]
+
+
+# -- recurrent layers: one _cudnn_rnn on CUDA, mkldnn_rnn_layer per layer on CPU -----------------------
+def _rnn_args(lstm: torch.nn.Module, x, h0, c0, **extra) -> dict:
+    """``_cudnn_rnn``'s arguments by schema name for ``lstm`` (an nn.LSTM or nn.GRU) on ``x``."""
+    mode = 2 if isinstance(lstm, torch.nn.LSTM) else 3
+    return {"input": x, "weight": lstm._flat_weights, "weight_stride0": 4 if lstm.bias else 2, "weight_buf": None,
+            "hx": h0, "cx": c0, "mode": mode, "hidden_size": lstm.hidden_size, "proj_size": 0,
+            "num_layers": lstm.num_layers, "batch_first": lstm.batch_first, "dropout": 0.0, "train": False,
+            "bidirectional": lstm.bidirectional, "batch_sizes": [], "dropout_state": None, **extra}
+
+
+@pytest.mark.parametrize("cell,bidirectional,bias", [("LSTM", False, True), ("GRU", True, True), ("LSTM", True, False)])
+def test_rnn_reference_reproduces_torchs_rnn_under_the_cudnn_kernels_arguments(cell, bidirectional, bias):
+    torch.manual_seed(0)
+    rnn = getattr(torch.nn, cell)(8, 16, num_layers=2, batch_first=True, bidirectional=bidirectional,
+                                  bias=bias).double()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, generator=g)
+    h0 = torch.randn(2 * (2 if bidirectional else 1), 3, 16, dtype=torch.float64, generator=g)
+    c0 = torch.randn_like(h0) if cell == "LSTM" else None
+    out, state = rnn(x, (h0, c0) if cell == "LSTM" else h0)
+    got = reference_of("aten._cudnn_rnn.default")(_rnn_args(rnn, x, h0, c0))
+    torch.testing.assert_close(got[0], out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], state[0] if cell == "LSTM" else state, rtol=1e-12, atol=1e-12)
+    assert got[2].numel() == 0 if cell == "GRU" else torch.equal(got[2], state[1])
+    grad = torch.randn_like(out)
+    dx, dh, dc, dw = reference_of("aten._cudnn_rnn_backward.default")(
+        _rnn_args(rnn, x, h0, c0, grad_output=grad, grad_hy=None, grad_cy=None, train=True,
+                  output_mask=[True, True, cell == "LSTM", True]))
+    xs = x.clone().requires_grad_()
+    rnn(xs, (h0, c0) if cell == "LSTM" else h0)[0].backward(grad)
+    torch.testing.assert_close(dx, xs.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw[0], rnn._flat_weights[0].grad, rtol=1e-10, atol=1e-12)
+    assert (dc is None) == (cell == "GRU") and len(dw) == len(rnn._flat_weights)
+
+
+def _record_lm(arch: str, folder, kernel: bool, fault=None, backward: bool = False, lm=None) -> Path:
+    model = lm() if lm else archs.ARCHS[arch].build()
+    inputs = archs.ARCHS[arch].inputs() if lm is None else {"input_ids": torch.randint(
+        0, archs.VOCAB, (1, 512), generator=torch.Generator().manual_seed(1))}
+    with faults.CudnnRnnKernel() if kernel else nullcontext(), fault if fault else nullcontext():
+        with torch.enable_grad() if backward else torch.no_grad(), \
+                xray.dump(dump_dir=folder, **{**RECORD_ALL, "X_DEBUG": 0x10A if backward else 0x102}) as d:
+            out = model(**inputs)[0]
+            if backward:
+                out.square().mean().backward()
+    return d.folder
+
+
+@pytest.mark.parametrize("arch,backward", [("lstm-lm", False), ("gru-lm", False), ("lstm-lm", True)])
+def test_a_cudnn_rnn_kernel_compares_clean_against_onednns_layers_and_its_bug_is_named(arch, backward, tmp_path):
+    """The target runs each multi-layer RNN as one ``_cudnn_rnn`` (a CPU kernel registered for it,
+    each step's GEMMs on TF32-rounded operands as cuDNN's default allows), the bench as oneDNN's
+    ``mkldnn_rnn_layer`` per layer. The kernel had no reference, so it was "target-only op" born:
+    3 FAIL rows forward, 24 with the backward. Judged through the RNN family's reference it computed
+    right; 2e-2 off in its output (or its backward's), it is named, wrong on its own inputs."""
+    from xray.numerics.rules import Rules
+
+    rules = Rules(tf32=True)  # a CUDA run's header: cudnn's allow_tf32, on by default
+    bench = _record_lm(arch, tmp_path / "bench", kernel=False, backward=backward)
+    clean = _record_lm(arch, tmp_path / "clean", kernel=True, backward=backward)
+    summary = compare_dumps(bench, clean, rules=rules).summary
+    assert summary.failed == 0 and summary.first_divergence is None, summary.first_divergence
+    op = "aten._cudnn_rnn_backward.default" if backward else "aten._cudnn_rnn.default"
+    fault = CorruptCall(op, 0, relative(2e-2), "backward" if backward else "forward")
+    faulty = _record_lm(arch, tmp_path / "faulty", kernel=True, fault=fault, backward=backward)
+    assert fault.hit
+    fd = compare_dumps(bench, faulty, rules=rules).summary.first_divergence
+    (seq,) = [r.seq for r in xray.load_dump(faulty).records if r.op == op][:1]
+    assert fd["cause"] == "target-only op" and "wrong on its own inputs" in fd["culprit"], fd
+    assert fd["culprit_target_seq"] == seq, fd
+
+
+class _LargeLSTM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = torch.nn.Embedding(archs.VOCAB, 1024)
+        self.rnn = torch.nn.LSTM(1024, 1024, num_layers=1, batch_first=True)
+        self.decoder = torch.nn.Linear(1024, archs.VOCAB)
+
+    def forward(self, input_ids):
+        return (self.decoder(self.rnn(self.encoder(input_ids))[0]),)
+
+
+@pytest.mark.slow
+@pytest.mark.real_size
+def test_a_cudnn_lstm_at_real_size_is_clean_and_its_bug_is_named(tmp_path):
+    """Hidden 1024, 512 tokens: the same, at a size where TF32's rounding compounds over 512 steps."""
+    from xray.numerics.rules import Rules
+
+    rules = Rules(tf32=True)
+    bench = _record_lm("lstm-lm", tmp_path / "bench", kernel=False, lm=_LargeLSTM)
+    clean = _record_lm("lstm-lm", tmp_path / "clean", kernel=True, lm=_LargeLSTM)
+    summary = compare_dumps(bench, clean, rules=rules).summary
+    assert summary.failed == 0 and summary.first_divergence is None, summary.first_divergence
+    fault = CorruptCall("aten._cudnn_rnn.default", 0, relative(2e-2))
+    faulty = _record_lm("lstm-lm", tmp_path / "faulty", kernel=True, fault=fault, lm=_LargeLSTM)
+    fd = compare_dumps(bench, faulty, rules=rules).summary.first_divergence
+    assert fault.hit and fd["cause"] == "target-only op" and "_cudnn_rnn" in fd["culprit"], fd
+
+
+def test_a_generated_test_of_onednns_rnn_layer_leaves_its_workspace_out(tmp_path):
+    """``mkldnn_rnn_layer`` returns output, h_n, c_n and oneDNN's workspace: bytes of the kernel's
+    own, which its float64 reference run does not reproduce. The generated test of a recorded
+    LSTM failed on the CPU that recorded it ("output 3: 9983 integer/bool element(s) differ");
+    it compares the family's primary outputs only."""
+    from xray.gen.runtime import OpCheck
+
+    lstm = torch.nn.LSTM(32, 48, batch_first=True)
+    g = torch.Generator().manual_seed(0)
+    x, h, c = torch.randn(16, 1, 32, generator=g), torch.zeros(1, 48), torch.zeros(1, 48)
+    w = [p.detach() for p in lstm._flat_weights]
+    op = torch.ops.aten.mkldnn_rnn_layer.default
+    check = OpCheck("t_rnn_layer", tmp_path, device="cpu")
+    assert check.check(op, x, *w, h, c, False, [], 2, 48, 1, True, False, True, True).is_pass

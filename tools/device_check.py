@@ -55,10 +55,11 @@ from xray.record.config import DumpConfig  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import archs, devices  # noqa: E402 -- the fixtures' scorer, so both count alike
 
-ARCHS = ("llama", "gpt2", "bert", "vit", "resnet", "llama-train")
+ARCHS = ("llama", "gpt2", "bert", "vit", "resnet", "lstm", "llama-train")
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
                      "aten.matmul.default", "aten.linear.default"})
-FAULT_OPS = {"resnet": MATMULS | {"aten.convolution.default"}}  # else MATMULS
+RNN_KERNELS = frozenset({"aten._cudnn_rnn.default", "aten.miopen_rnn.default", "aten.mkldnn_rnn_layer.default"})
+FAULT_OPS = {"resnet": MATMULS | {"aten.convolution.default"}, "lstm": MATMULS | RNN_KERNELS}  # else MATMULS
 # variant -> (TF32 on, autocast dtype or None, fault eps or None)
 VARIANTS = {
     "dev_fp32": (False, None, None),
@@ -72,7 +73,7 @@ VARIANTS = {
 # the same runs recorded with the recorder's defaults (X_DEDUP=True, X_DUMP_NUM=5), as most users
 # record, against a CPU bench recorded the same way: variant -> the run it repeats
 DEFAULTS = {"defaults_tf32": "dev_tf32", "defaults_bf16": "dev_bf16"}
-FAULT_N = 2  # the (n+1)-th matmul-family call is corrupted
+FAULT_N = {"lstm": 0}  # the (n+1)-th matmul-family call is corrupted: the RNN kernel; else the third
 
 
 def build(arch: str):
@@ -81,6 +82,8 @@ def build(arch: str):
 
     torch.manual_seed(0)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if arch == "lstm":  # a 2-layer LSTM language model: CUDA runs it as one _cudnn_rnn (TF32 by cudnn's default)
+        return archs.ARCHS["lstm-lm"].build(), archs.ARCHS["lstm-lm"].inputs()
     if arch == "resnet":
         model = tf.ResNetForImageClassification(tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
                                                                 depths=[1, 1], layer_type="basic", num_labels=10))
@@ -110,8 +113,8 @@ class Fault(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = f"aten.{func._schema.name.split('::')[-1]}.{func._overloadname}"
         if name in self.ops:
-            if self.seen == self.n:
-                out = out * (1 + self.eps)
+            if self.seen == self.n:  # an RNN kernel returns (output, h_n, c_n, ...): its output is corrupted
+                out = (out[0] * (1 + self.eps), *out[1:]) if isinstance(out, (tuple, list)) else out * (1 + self.eps)
                 self.op = name
             self.seen += 1
         return out
@@ -125,7 +128,8 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
     model = model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     ops = FAULT_OPS.get(arch, MATMULS)
-    fault = Fault(FAULT_N, eps, ops) if eps else None
+    n = FAULT_N.get(arch, 2)
+    fault = Fault(n, eps, ops) if eps else None
     train = arch.endswith("-train")
     amp = torch.autocast(torch.device(device).type, dtype=autocast) if autocast else contextlib.nullcontext()
     with torch.enable_grad() if train else torch.no_grad(), math_settings.tf32(tf32):
@@ -143,8 +147,8 @@ def record(arch: str, device: str, variant: str, out: Path) -> dict:
     if fault:
         dump = xray.load_dump(d.folder)
         matmuls = [r for r in dump.records if r.kind == "op" and r.op in ops]
-        target = matmuls[FAULT_N]
-        entry.update(fault_eps=eps, fault_n=FAULT_N, fault_target_seq=target.seq, fault_op=target.op,
+        target = matmuls[n]
+        entry.update(fault_eps=eps, fault_n=n, fault_target_seq=target.seq, fault_op=target.op,
                      fault_module=target.module, injected_op=fault.op)
         dump.close()
     return entry
@@ -251,6 +255,8 @@ def main(argv=None) -> int:
         check["runs"].append(bench)
         benches = {False: bench}
         for variant in args.variants.split(","):
+            if arch == "lstm" and args.device == "cpu" and VARIANTS.get(variant, (0, None))[1] == torch.float16:
+                continue  # oneDNN has no float16 LSTM for CPU (torch raises); CUDA's cuDNN has
             try:
                 defaults = variant in DEFAULTS
                 if defaults not in benches:

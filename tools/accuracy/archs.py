@@ -223,6 +223,20 @@ def _bit() -> torch.nn.Module:
                                                num_groups=4, num_labels=10, layer_type="preactivation"))
 
 
+class _RecurrentLM(torch.nn.Module):
+    """PyTorch's word-language-model example: an embedding, a 2-layer LSTM or GRU, a decoder.
+    transformers has no recurrent language model; this is the one RNN bring-ups run."""
+
+    def __init__(self, cell: str) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Embedding(VOCAB, 32)
+        self.rnn = getattr(torch.nn, cell)(32, 48, num_layers=2, batch_first=True)
+        self.decoder = torch.nn.Linear(48, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.decoder(self.rnn(self.encoder(input_ids))[0]),)
+
+
 def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -240,6 +254,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
                                       "decoder_input_ids": _tokens(1, 4)}),
     Arch("vit", _seeded(_vit), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                      generator=torch.Generator().manual_seed(0))}),
+    # recurrent: CUDA runs each RNN as one cuDNN kernel, CPU as oneDNN layers (kernel family "rnn")
+    Arch("lstm-lm", _seeded(lambda: _RecurrentLM("LSTM")), lambda: {"input_ids": _tokens(14, 16)}),
+    Arch("gru-lm", _seeded(lambda: _RecurrentLM("GRU")), lambda: {"input_ids": _tokens(15, 16)}),
     # held out: never used while the rules were written (scenarios.holdout)
     Arch("mistral", _seeded(_mistral), lambda: {"input_ids": _tokens(2)}),
     Arch("resnet", _seeded(_resnet), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,

@@ -201,3 +201,132 @@ def _fused_rms_norm_backward(grad, x, shape, rstd, weight, mask):
         {"grad_out": grad.float(), "input": x.float(), "normalized_shape": shape, "rstd": rstd.float(),
          "weight": None if weight is None else weight.float(), "output_mask": mask})
     return (None if dx is None else dx.to(x.dtype)), (None if dw is None else dw.to(weight.dtype))
+
+
+class CudnnRnnKernel:
+    """A cuDNN-like RNN kernel registered for CPU, as CUDA has one: inside this context nn.LSTM
+    and nn.GRU (unidirectional, unpacked, no projection) dispatch one ``aten._cudnn_rnn`` for all
+    their layers, and their backward one ``_cudnn_rnn_backward``, as CUDA's ``_cudnn_impl`` does,
+    where CPU runs ``mkldnn_rnn_layer`` per layer. It computes as cuDNN does under its default
+    ``torch.backends.cudnn.allow_tf32``: each step's GEMMs on operands rounded to TF32, the gates
+    in float32. Registered only while entered (torch.library), and the RNN modules' ``_VF`` is
+    restored after."""
+
+    def __init__(self, bits: int | None = 10) -> None:
+        self.bits = bits
+
+    def __enter__(self) -> "CudnnRnnKernel":
+        import torch.nn.modules.rnn as rnn
+
+        self.lib = torch.library.Library("aten", "IMPL")
+        self.lib.impl("_cudnn_rnn", self._forward, "CPU")
+        self.lib.impl("_cudnn_rnn_backward", self._backward, "CPU")
+        self.module, self.saved = rnn, rnn._VF
+        rnn._VF = _CudnnVF(self.saved)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module._VF = self.saved
+        self.lib._destroy()
+
+    def _round(self, t: torch.Tensor) -> torch.Tensor:
+        """TF32's operand rounding (round_mantissa's nearest-even), written without bit views so
+        torch.func can differentiate through it: the gradient passes straight through."""
+        if self.bits is None or t.dtype != torch.float32:
+            return t
+        scale = 2.0 ** (self.bits + 1)  # frexp's mantissa is in [0.5, 1): bits + 1 significant bits
+        m, e = torch.frexp(t)
+        return t + (torch.ldexp(torch.round(m * scale) / scale, e) - t).detach()
+
+    def _run(self, v: dict):
+        """(output, h_n, c_n) of the layers, step by step."""
+        x = v["input"].transpose(0, 1) if v["batch_first"] else v["input"]  # (T, B, F)
+        weights, per, lstm = list(v["weight"]), int(v["weight_stride0"]), int(v["mode"]) == 2
+        hs, cs = [], []
+        for layer in range(int(v["num_layers"])):
+            w_ih, w_hh, *bias = weights[layer * per:(layer + 1) * per]
+            b_ih, b_hh = bias if bias else (None, None)
+            h = v["hx"][layer]
+            c = v["cx"][layer] if lstm else None
+            gi = self._round(x) @ self._round(w_ih).t() + (b_ih if b_ih is not None else 0)  # every step at once
+            outs = []
+            for t in range(x.shape[0]):
+                gh = self._round(h) @ self._round(w_hh).t() + (b_hh if b_hh is not None else 0)
+                if lstm:
+                    i, f, g, o = (gi[t] + gh).chunk(4, -1)
+                    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                    h = torch.sigmoid(o) * torch.tanh(c)
+                else:  # GRU: r, z, n
+                    ir, iz, in_ = gi[t].chunk(3, -1)
+                    hr, hz, hn = gh.chunk(3, -1)
+                    r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+                    h = (1 - z) * torch.tanh(in_ + r * hn) + z * h
+                outs.append(h)
+            x = torch.stack(outs)
+            hs.append(h)
+            cs.append(c)
+        out = x.transpose(0, 1) if v["batch_first"] else x
+        return out, torch.stack(hs), (torch.stack(cs) if lstm else v["hx"].new_empty(0))
+
+    def _forward(self, input, weight, weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size, num_layers,
+                 batch_first, dropout, train, bidirectional, batch_sizes, dropout_state):
+        v = dict(input=input, weight=weight, weight_stride0=weight_stride0, hx=hx, cx=cx, mode=mode,
+                 num_layers=num_layers, batch_first=batch_first)
+        with torch.no_grad():
+            out, hy, cy = self._run(v)
+        return out, hy, cy, input.new_empty(0), input.new_empty(0)
+
+    def _backward(self, input, weight, weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy, grad_cy,
+                  mode, hidden_size, proj_size, num_layers, batch_first, dropout, train, bidirectional, batch_sizes,
+                  dropout_state, reserve, output_mask):
+        """Autograd through the same steps: the gradients cuDNN's backward computes. A kernel
+        runs below autograd (its keys excluded), so they are let back in for the recomputation."""
+        exclude = torch._C._dispatch_tls_local_exclude_set()
+        for key in (torch._C.DispatchKey.AutogradCPU, torch._C.DispatchKey.ADInplaceOrView):
+            exclude = exclude.remove(key)
+        with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+            x, h0 = input.detach().requires_grad_(), hx.detach().requires_grad_()
+            c0 = cx.detach().requires_grad_() if cx is not None else None
+            ws = [w.detach().requires_grad_() for w in weight]
+            outs = self._run(dict(input=x, weight=ws, weight_stride0=weight_stride0, hx=h0, cx=c0, mode=mode,
+                                  num_layers=num_layers, batch_first=batch_first))
+            pairs = [(t, g) for t, g in zip(outs, (grad_output, grad_hy, grad_cy)) if g is not None and t.numel()]
+            wrt = [x, h0] + ([c0] if c0 is not None else []) + ws
+            grads = torch.autograd.grad([t for t, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+        gw = [g if g is not None else torch.zeros_like(w) for g, w in zip(grads[len(wrt) - len(ws):], ws)]
+        mask = list(output_mask)
+        gcx = grads[2] if c0 is not None else None
+        return (grads[0] if mask[0] else None), (grads[1] if mask[1] else None), (gcx if mask[2] else None), \
+            (gw if mask[3] else [])
+
+
+class _CudnnVF:
+    """torch._VF with lstm and gru sent through ``aten._cudnn_rnn`` where CUDA's cuDNN path
+    would take them (unidirectional, unpacked, no projection); anything else runs as before."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def _cudnn(self, mode: int, input, hx, cx, weights, has_biases, num_layers, dropout, train, bidirectional,
+               batch_first):
+        out, hy, cy, _, _ = torch.ops.aten._cudnn_rnn(input, list(weights), 4 if has_biases else 2, None, hx, cx, mode,
+                                                      hx.shape[-1], 0, num_layers, batch_first, dropout, train,
+                                                      bidirectional, [], None)
+        return out, hy, cy
+
+    def lstm(self, *args):
+        if len(args) != 9 or not isinstance(args[1], (tuple, list)) or args[7] or args[1][0].shape != args[1][1].shape:
+            return self.real.lstm(*args)
+        input, (hx, cx), weights, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
+        return self._cudnn(2, input, hx, cx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+
+    def gru(self, *args):
+        if len(args) != 9 or not isinstance(args[1], torch.Tensor) or args[7]:
+            return self.real.gru(*args)
+        input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
+        out, hy, _ = self._cudnn(3, input, hx, None, weights, has_biases, num_layers, dropout, train, bidirectional,
+                                 batch_first)
+        return out, hy

@@ -25,8 +25,8 @@ from xray.compare import compare_dumps
 from xray.numerics.rules import Rules
 
 from .archs import ARCHS, run_model
-from .faults import CorruptCall, FusedRmsNormKernel, ReducedPrecisionMatmul, StorageReaders
-from .scenario import Scenario
+from .faults import CorruptCall, CudnnRnnKernel, FusedRmsNormKernel, ReducedPrecisionMatmul, StorageReaders
+from .scenario import TF32_NOISES, Scenario
 
 TENSORS_PER_RECORD = 64  # X_DUMP_NUM: every input and output of any op in these models
 PARAM_DELTA = 0.05  # added to one weight element (weights have std ~0.02)
@@ -150,6 +150,8 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
             stack.enter_context(ReducedPrecisionMatmul())
         if noisy and s.noise == "fused-rms-norm":
             stack.enter_context(FusedRmsNormKernel())
+        if noisy and s.noise == "cudnn-rnn":
+            stack.enter_context(CudnnRnnKernel())
         if noisy and s.noise == "threads":
             torch.set_num_threads(1 if threads > 1 else 2)
             stack.callback(torch.set_num_threads, threads)
@@ -365,7 +367,7 @@ def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
 def _rules(s: Scenario) -> Rules:
     """A TF32-emulated target is read as a TF32 device's dump is: its header allows TF32, which
     a CPU run's cannot (Scenario.tf32_declared)."""
-    return Rules(tf32=True) if s.noise == "tf32" and s.tf32_declared else Rules()
+    return Rules(tf32=True) if s.noise in TF32_NOISES and s.tf32_declared else Rules()
 
 
 def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, tmp: Path) -> Truth:

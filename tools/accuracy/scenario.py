@@ -32,7 +32,8 @@ CORRUPTIONS = {
     "int": lambda _: faults.int_bump(),
 }
 
-NOISES = ("bf16", "fp16", "tf32", "threads", "math-sdpa", "eager-vs-sdpa", "bn-kernel", "fused-rms-norm")
+TF32_NOISES = ("tf32", "cudnn-rnn")  # targets that round matmul operands to TF32, as a CUDA run may
+NOISES = ("bf16", "fp16", "tf32", "threads", "math-sdpa", "eager-vs-sdpa", "bn-kernel", "fused-rms-norm", "cudnn-rnn")
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,9 @@ class Scenario:
     optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
     dedup: bool = False  # both runs recorded with the recorder's default X_DEDUP=True
     dump_num: int | None = None  # X_DUMP_NUM where data is saved (None: every tensor of a call)
-    # a TF32-emulated target is compared as a TF32 device's dump is, whose header allows TF32
-    # (compare's --tf32 on); False: as a run whose TF32 switch xray cannot read, told only by what
-    # the run itself shows
+    # a TF32-emulated target ("tf32", and "cudnn-rnn": cuDNN's RNN kernel under its default
+    # allow_tf32) is compared as a CUDA dump is, whose header allows TF32 (compare's --tf32 on);
+    # False: as a run whose TF32 switch xray cannot read, told only by what the run itself shows
     tf32_declared: bool = True
     tags: tuple[str, ...] = field(default_factory=tuple)
 
@@ -76,7 +77,7 @@ class Scenario:
         for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
                              ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None),
                              ("X_DUMP_NUM", self.dump_num),
-                             ("TF32", "undeclared" if self.noise == "tf32" and not self.tf32_declared else None)):
+                             ("TF32", "undeclared" if self.noise in TF32_NOISES and not self.tf32_declared else None)):
             if value:
                 parts.append(f"{label} {value}")
         return "; ".join(parts) or "-"

@@ -153,6 +153,18 @@ def scenarios() -> list[Scenario]:
                             ("llama-sdpa", Fault(RMS_BACKWARD, 1, "rel", 1e-3, "backward"), {"backward": True})):
         cls = "fused-rms-norm+bug" + ("/stats" if kw.get("data") is False else "")
         add(cls, arch, fault=fault, noise="fused-rms-norm", **kw)
+    # a multi-layer LSTM or GRU as one cuDNN-like kernel on the target (CUDA's _cudnn_rnn, each
+    # step's GEMMs in TF32 as cudnn's default allows; here a CPU kernel registered for that op)
+    # where the bench runs oneDNN's layers or matmuls per step (added at stop 40)
+    RNN, RNN_BACKWARD = "aten._cudnn_rnn.default", "aten._cudnn_rnn_backward.default"
+    for arch, kw in (("lstm-lm", {}), ("gru-lm", {}), ("lstm-lm", {"data": False}), ("lstm-lm", {"backward": True}),
+                     ("gru-lm", {"backward": True})):
+        add("noise/cudnn-rnn" + ("/stats" if kw.get("data") is False else "") + ("/backward" if kw.get("backward") else ""),
+            arch, noise="cudnn-rnn", **kw)
+    for arch, fault, kw in (("lstm-lm", _f(RNN, 0, "rel", 2e-2), {}), ("gru-lm", _f(ADDMM, 0, "rel", 2e-2), {}),
+                            ("gru-lm", _f(RNN, 0, "rel", 5e-2), {"data": False}),
+                            ("lstm-lm", Fault(RNN_BACKWARD, 0, "rel", 2e-2, "backward"), {"backward": True})):
+        add("cudnn-rnn+bug" + ("/stats" if kw.get("data") is False else ""), arch, fault=fault, noise="cudnn-rnn", **kw)
     # a whole training step: forward, backward and one AdamW step, as per-tensor ops, multi-tensor
     # _foreach_* kernels (accelerators' default) or one fused kernel, the same on both sides; a
     # multi-tensor kernel returns nothing, its written tensors are its outputs (added at stop 38)

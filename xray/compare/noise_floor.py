@@ -52,6 +52,13 @@ def is_convolution(op: str) -> bool:
     return f is not None and f.name == "convolution"
 
 
+def is_rnn(op: str) -> bool:
+    """A multi-layer RNN kernel, forward or backward: cuDNN's runs its GEMMs in TF32 where its
+    settings allow (torch.backends.cudnn, the same switch as convolutions')."""
+    f = family_of(op)
+    return f is not None and f.name in ("rnn", "rnn_backward")
+
+
 def reduction_length(record: Any, k: int) -> int:
     """How many terms each element of output ``k`` sums (an estimate from the shapes): K of a
     matmul, the key length times head size of attention, a convolution's fan-in, else the
@@ -99,7 +106,7 @@ class Floors:
         convolutions) may legitimately show on this run."""
         steps = list(self.established)
         if (self.math.tf32_matmul and (module or is_matmul_like(op))) \
-                or (self.math.tf32_conv and (module or is_convolution(op))):
+                or (self.math.tf32_conv and (module or is_convolution(op))) or (self.math.tf32_rnn and is_rnn(op)):
             steps.append(TF32)
         return steps
 

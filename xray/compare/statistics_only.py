@@ -18,7 +18,7 @@ from ..dump.tensorio import dtype_from_name
 from ..numerics.kernel_families import packet
 from ..numerics.rules import PRECISION_STEPS
 from .entry_records import Entry
-from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like
+from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like, is_rnn
 from .op_classes import is_discontinuous, is_value_preserving
 from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, row_inputs, set_origin
 from .result import CompareRow, PairStatus
@@ -144,7 +144,7 @@ def _summed(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[Any], i
     ``gradient_rows`` any output of a norm's or softmax's backward (the rows of its incoming
     gradient, over its last dimension). A norm's backward sums that gradient alone. Not a
     matmul or convolution, nor an item of a list result (a multi-tensor op's or a split's)."""
-    if k >= len(e.outputs) or is_matmul_like(e.op) or is_convolution(e.op) or "." in e.outputs[k][0]:
+    if k >= len(e.outputs) or is_matmul_like(e.op) or is_convolution(e.op) or is_rnn(e.op) or "." in e.outputs[k][0]:
         return None
     out = e.outputs[k][1]
     grad = _CANCELLING.get(packet(e.op))
@@ -230,7 +230,8 @@ def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: An
     tf32 = 2.0 ** -PRECISION_STEPS[TF32]  # twice TF32's unit roundoff: inputs and weights both rounded
     for p in pending:
         # a module (module dumps) may hold matmuls: its own rounding can add error as theirs does
-        matmul_like = p.target.kind == "module" or is_matmul_like(p.target.op) or is_convolution(p.target.op)
+        matmul_like = p.target.kind == "module" or is_matmul_like(p.target.op) or is_convolution(p.target.op) \
+            or is_rnn(p.target.op)
         for k, r in enumerate(p.rows):
             inputs = input_error(p, k)
             # a call adds error of its own where it is born, or where a matmul or convolution

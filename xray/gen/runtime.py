@@ -24,7 +24,7 @@ from ..ops.rebuild import place, random_like_meta
 from ..record.encode import op_info
 from .columns import make_row
 from ..numerics import noise
-from ..numerics.kernel_families import packet, reference_of, runs_public_op
+from ..numerics.kernel_families import packet, primary_outputs, reference_of, runs_public_op
 from .reference import OutputVerdict, combine_verdicts, judge_output, to_cpu, widen
 
 _DATA_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.h5$")
@@ -158,8 +158,9 @@ class OpCheck:
             dev_outs = _written(op, dev_args, dev_kwargs)
             ref_outs = _written(op, ref_args, ref_kwargs)
             cpu_outs = _written(op, cpu_args, cpu_kwargs) if cpu is not None else []
-        else:
-            dev_outs, ref_outs, cpu_outs = _flat(out), _flat(ref), _flat(cpu)
+        else:  # a kernel's own outputs after its family's primary ones (a workspace, an RNG seed) are not values
+            shared = primary_outputs(op_name)
+            dev_outs, ref_outs, cpu_outs = _flat(out)[:shared], _flat(ref)[:shared], _flat(cpu)[:shared]
         ref_dtype = ",".join(dict.fromkeys(_dtype_name(r) for r in ref_outs)) + f" ({ref_dtype})"
         if len(dev_outs) != len(ref_outs):
             self._row(op_name, None, ref_dtype, f"{len(dev_outs)} outputs vs {len(ref_outs)} in the reference")

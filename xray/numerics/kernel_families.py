@@ -4,7 +4,8 @@ Why: CPU runs ``_scaled_dot_product_flash_attention_for_cpu`` where CUDA runs
 ``_scaled_dot_product_efficient_attention`` (or cudnn's, or flash's), and its backward likewise;
 a batch norm is ``native_batch_norm`` on CPU, ``cudnn_batch_norm`` on CUDA (``miopen_`` on ROCm,
 ``_native_batch_norm_legit_no_training`` in an exported program); F.rms_norm is one
-``_fused_rms_norm`` kernel on CUDA and several ops on CPU; a linear layer is an
+``_fused_rms_norm`` kernel on CUDA and several ops on CPU; a multi-layer LSTM or GRU is one
+``_cudnn_rnn`` on CUDA, ``mkldnn_rnn_layer`` per layer on CPU; a linear layer is an
 ``addmm`` on one side and a ``linear`` on the other; a cast is ``_to_copy`` or ``copy_``. These are
 one computation, so alignment pairs them as one kind, compares only the outputs they share (the
 attention output, not a kernel's logsumexp or RNG seed), and recomputes their local error with one
@@ -112,6 +113,56 @@ def _rms_norm_backward(v: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Te
     return dx if mask[0] else None, dw if mask[1] else None
 
 
+# cuDNN's and MIOpen's RNN modes (cudnnRNNMode_t), as torch's public RNN ops
+_RNN_MODES = {0: "rnn_relu", 1: "rnn_tanh", 2: "lstm", 3: "gru"}
+
+
+def _rnn(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A multi-layer RNN kernel (CUDA's ``_cudnn_rnn``, ROCm's ``miopen_rnn``) as torch's public
+    op (``torch._VF.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``: CPU runs it as oneDNN's
+    ``mkldnn_rnn_layer`` per layer, or as matmuls per step) on the kernel's own arguments:
+    output, h_n, and c_n (an empty tensor but for an LSTM, as the kernels return)."""
+    mode = _RNN_MODES.get(int(v["mode"]))
+    if mode is None:
+        raise ValueError(f"RNN mode {v['mode']!r}: no public-op reference")
+    if v.get("train") and float(v.get("dropout") or 0.0) > 0.0 and int(v["num_layers"]) > 1:
+        raise ValueError("RNN with dropout between layers: the kernel's random mask has no reference")
+    per = int(v["weight_stride0"])  # weights per layer and direction: w_ih, w_hh[, b_ih, b_hh][, w_hr]
+    weights, hx, cx = list(v["weight"]), v["hx"], v.get("cx")
+    state = (hx, cx) if mode == "lstm" else hx
+    common = (weights, per in (4, 5), int(v["num_layers"]), float(v.get("dropout") or 0.0), bool(v.get("train")),
+              bool(v["bidirectional"]))
+    sizes = list(v.get("batch_sizes") or [])
+    fn = getattr(torch._VF, mode)
+    if sizes:  # a packed sequence: the input is its data
+        out = fn(v["input"], torch.tensor(sizes, dtype=torch.int64), state, *common)
+    else:
+        out = fn(v["input"], state, *common, bool(v["batch_first"]))
+    if mode == "lstm":
+        return out[0], out[1], out[2]
+    return out[0], out[1], hx.new_empty(0)
+
+
+def _rnn_backward(v: dict[str, Any]) -> tuple[Any, ...]:
+    """``_cudnn_rnn_backward``/``miopen_rnn_backward``: the gradients of input, h_0, c_0 and every
+    weight, by autograd through ``_rnn``; None where ``output_mask`` asks for none (the kernel
+    then returns no tensor there)."""
+    mask = list(v.get("output_mask") or (True, True, True, True))
+    with torch.enable_grad():
+        x, hx = v["input"].detach().requires_grad_(), v["hx"].detach().requires_grad_()
+        cx = v["cx"].detach().requires_grad_() if v.get("cx") is not None else None
+        weights = [w.detach().requires_grad_() for w in v["weight"]]
+        out, hy, cy = _rnn({**v, "input": x, "hx": hx, "cx": cx, "weight": weights})
+        pairs = [(t, g) for t, g in ((out, v.get("grad_output")), (hy, v.get("grad_hy")), (cy, v.get("grad_cy")))
+                 if g is not None and t.numel()]
+        wrt = [x, hx] + ([cx] if cx is not None else []) + weights
+        grads = torch.autograd.grad([t for t, _ in pairs], wrt, [g.to(t.dtype) for t, g in pairs], allow_unused=True)
+    gx, ghx = grads[0], grads[1]
+    gcx = grads[2] if cx is not None else None
+    gw = [g if g is not None else torch.zeros_like(w) for g, w in zip(grads[len(wrt) - len(weights):], weights)]
+    return (gx if mask[0] else None, ghx if mask[1] else None, gcx if mask[2] else None, gw if mask[3] else [])
+
+
 def _conv(v: dict[str, Any]) -> torch.Tensor:
     import torch.nn.functional as F
 
@@ -184,6 +235,12 @@ FAMILIES: tuple[Family, ...] = (
         "miopen_convolution", "_nnpack_spatial_convolution", "thnn_conv2d", "_slow_conv2d_forward",
         "_conv_depthwise2d", "conv_depthwise3d", "slow_conv3d_forward", "_mps_convolution"),
         primary=1, reference=_conv),
+    # CUDA runs a whole multi-layer RNN as one _cudnn_rnn (output, h_n, c_n, then its workspace
+    # and weight buffer), where CPU runs mkldnn_rnn_layer per layer or matmuls per step
+    Family("rnn", _aten("_cudnn_rnn", "miopen_rnn"), primary=3, reference=_rnn),
+    Family("rnn_backward", _aten("_cudnn_rnn_backward", "miopen_rnn_backward"), reference=_rnn_backward),
+    # oneDNN's one-layer kernel: output, h_n, c_n, then its workspace (the kernel's own bytes)
+    Family("rnn_layer", _aten("mkldnn_rnn_layer"), primary=3),
     Family("layer_norm", _aten("native_layer_norm", "layer_norm", "_fused_layer_norm"), primary=1,
            reference=_layer_norm),
     Family("rms_norm", _aten("rms_norm", "_fused_rms_norm"), primary=1, reference=_rms_norm),

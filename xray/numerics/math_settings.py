@@ -144,6 +144,7 @@ class RunMath:
     device: str = "cpu"  # "cpu", "cuda", ... (the tensors' device type)
     tf32_matmul: bool = False  # matmuls may round their inputs to TF32 or HF32 (an accelerator's setting)
     tf32_conv: bool = False  # convolutions may (cudnn's allow_tf32 and torch_npu's conv HF32: on by default)
+    tf32_rnn: bool = False  # RNN kernels may (cudnn's allow_tf32 again, or its rnn fp32_precision)
     reduced_reduction: bool = False  # half-precision split-K reductions allowed
     autocast: str | None = None
     recorded: bool = False
@@ -165,7 +166,7 @@ def run_math(header: dict | None, devices: set[str], tf32: bool | None = None) -
     AVX512-BF16 answers with bf16x3 (a 256-square matmul: 6.9e-7 against 3.7e-7 in IEEE fp32):
     the header records it, and a CPU run that does round shows its step on every call of a kind."""
     device = next((d for d in sorted(devices) if d != "cpu"), "cpu")
-    declared = {} if tf32 is None else {"tf32_matmul": tf32, "tf32_conv": tf32}
+    declared = {} if tf32 is None else {"tf32_matmul": tf32, "tf32_conv": tf32, "tf32_rnn": tf32}
     m = (header or {}).get("math")
     if isinstance(m, str):  # a module dump's HDF5 attribute holds it as JSON
         try:
@@ -174,26 +175,27 @@ def run_math(header: dict | None, devices: set[str], tf32: bool | None = None) -
             m = None
     if not isinstance(m, dict):
         return RunMath(device=device, recorded=bool(declared), **declared)
-    matmul, conv = _tf32_switches(m, device)
+    matmul, conv, rnn = _tf32_switches(m, device)
     reduced = device != "cpu" and (bool(m.get("reduced_precision_reduction_fp16"))
                                    or bool(m.get("reduced_precision_reduction_bf16")))
-    found = {"tf32_matmul": matmul, "tf32_conv": conv, **declared}
+    found = {"tf32_matmul": matmul, "tf32_conv": conv, "tf32_rnn": rnn, **declared}
     return RunMath(device=device, reduced_reduction=reduced, recorded=True,
                    autocast=m.get("autocast") if isinstance(m.get("autocast"), str) else None, **found)
 
 
-def _tf32_switches(m: dict, device: str) -> tuple[bool, bool]:
-    """(matmul, convolution) may round fp32 inputs to a 10-bit mantissa on ``device``, by the
-    switches its own libraries read."""
+def _tf32_switches(m: dict, device: str) -> tuple[bool, bool, bool]:
+    """(matmul, convolution, RNN) may round fp32 inputs to a 10-bit mantissa on ``device``, by
+    the switches its own libraries read."""
     new = m.get("fp32_precision") if isinstance(m.get("fp32_precision"), dict) else {}
     vendor = m.get("vendor") if isinstance(m.get("vendor"), dict) else {}
     env = m.get("env") if isinstance(m.get("env"), dict) else {}
     if device == "npu":
-        return bool(vendor.get("npu_matmul_allow_hf32")), bool(vendor.get("npu_conv_allow_hf32"))
+        return bool(vendor.get("npu_matmul_allow_hf32")), bool(vendor.get("npu_conv_allow_hf32")), False
     if device == "xpu":
-        return new.get("mkldnn_matmul") == "tf32", new.get("mkldnn_conv") == "tf32"
+        return new.get("mkldnn_matmul") == "tf32", new.get("mkldnn_conv") == "tf32", new.get("mkldnn_rnn") == "tf32"
     if device != "cuda" or str(env.get("NVIDIA_TF32_OVERRIDE", "")).strip() == "0":
-        return False, False
+        return False, False, False
     matmul = bool(m.get("allow_tf32_matmul")) or m.get("float32_matmul_precision") in ("high", "medium") \
         or new.get("cuda_matmul") == "tf32"
-    return matmul, bool(m.get("allow_tf32_cudnn")) or new.get("cudnn_conv") == "tf32"
+    cudnn = bool(m.get("allow_tf32_cudnn"))
+    return matmul, cudnn or new.get("cudnn_conv") == "tf32", cudnn or new.get("cudnn_rnn") == "tf32"
