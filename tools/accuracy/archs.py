@@ -223,6 +223,21 @@ def _bit() -> torch.nn.Module:
                                                num_groups=4, num_labels=10, layer_type="preactivation"))
 
 
+def _mamba() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import MambaConfig, MambaForCausalLM
+    return MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=3, expand=2,
+                                        conv_kernel=4, time_step_rank=4))
+
+
+def _mobilevit() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import MobileViTConfig, MobileViTForImageClassification
+    return calibrated(MobileViTForImageClassification(MobileViTConfig(
+        image_size=32, patch_size=2, hidden_sizes=[32, 40, 48], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+        num_labels=10, num_attention_heads=2, expand_ratio=2.0)), 18)
+
+
 class _RecurrentLM(torch.nn.Module):
     """PyTorch's word-language-model example: an embedding, a 2-layer LSTM or GRU, a decoder.
     transformers has no recurrent language model; this is the one RNN bring-ups run."""
@@ -290,6 +305,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("opt", _seeded(_opt), lambda: {"input_ids": _tokens(12)}),
     Arch("bit", _seeded(_bit), lambda: {"pixel_values": torch.randn(1, 3, 32, 32,
                                                                      generator=torch.Generator().manual_seed(13))}),
+    # a selective state-space model (no attention: a causal depthwise conv1d, a scan of per-step
+    # matmuls, softplus time steps); convolutions with batch norm and SiLU around transformer blocks
+    # over unfolded patches
+    Arch("mamba", _seeded(_mamba), lambda: {"input_ids": _tokens(16)}),
+    Arch("mobilevit", _seeded(_mobilevit), lambda: {"pixel_values": torch.randn(
+        1, 3, 32, 32, generator=torch.Generator().manual_seed(17))}),
 )}
 
 

@@ -312,6 +312,12 @@ HELD_OUT = {
                "bit.encoder.stages.1.layers.0.conv2.weight", "model.decoder.layers.0.fc2",
                "bit.encoder.stages.0.layers.0.conv1", llm_mm=ADDMM, llm_norm="native_layer_norm.default",
                llm_small=(ADDMM, 3), cnn_late=7),
+    # set 9: a state-space model (selective scan as per-step matmuls, a causal depthwise conv1d, no
+    # attention) and a conv net with transformer blocks over unfolded patches. Added at stop 40,
+    # after the RNN family, its first run the measurement
+    9: HeldOut("mamba", "mobilevit", "backbone.layers.1.mixer.in_proj.weight",
+               "mobilevit.encoder.layer.1.layer.0.conv_3x3.convolution.weight", "backbone.layers.0.mixer.out_proj",
+               "mobilevit.encoder.layer.0.layer.0.expand_1x1.convolution"),
 }
 
 

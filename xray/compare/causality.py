@@ -557,6 +557,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")
+    elif (tiny := statistics_only.below_normal_range(r, p, k)) is not None:
+        downgrade(r, tiny)  # whatever its inputs carry, or a kernel that flushes subnormals makes of them
     elif _wrong_on_its_inputs(p, k, floors):
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
@@ -606,8 +608,6 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         downgrade(r, ties)
     elif (fill := statistics_only.dtype_extreme_fill(r, p, k)) is not None:
         downgrade(r, fill)
-    elif (tiny := statistics_only.below_normal_range(r, p, k)) is not None:
-        downgrade(r, tiny)
     elif (bound := _reduction_noise(r, p, k, floors)) is not None:
         downgrade(r, bound)
     else:

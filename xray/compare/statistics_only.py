@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..dump.tensorio import dtype_from_name
+from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.kernel_families import packet
 from ..numerics.rules import PRECISION_STEPS
 from .entry_records import Entry
@@ -338,11 +338,13 @@ def _extreme_of(value: Any, dtype_name: str) -> str | None:
 
 
 def below_normal_range(r: CompareRow, p: Pending, k: int) -> str | None:
-    """A target dtype with a narrower exponent range (float16: normal numbers from 6.1e-05) cannot
-    hold values the bench's dtype holds: where every value of both runs lies below the target
-    dtype's smallest normal number, the target's are subnormal (a few bits) or flushed to 0, so the two
-    differ by up to the values themselves. That is the dtype's range, not a bug (an fp16 Adam's
-    squared gradients, ~1e-11). None otherwise."""
+    """Where every value of both runs lies below the smallest normal number of the dtypes they
+    compute in (float16: 6.1e-05; float32: 1.2e-38), the values are subnormals of a few
+    significant bits, or 0 where a kernel flushes them (a narrower target dtype; GPU tensor cores,
+    TF32 math and cuDNN flush subnormals, as ``torch.set_flush_denormal`` does on CPU), so the
+    two differ by up to the values themselves. That is the dtype's range, not a bug (an fp16
+    Adam's squared gradients, ~1e-11; a float32 conv on activations a chain of near-zero products
+    left at 1e-42). None otherwise."""
     if k >= len(p.target.outputs) or k >= len(p.bench.outputs):
         return None
     bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
@@ -350,20 +352,20 @@ def below_normal_range(r: CompareRow, p: Pending, k: int) -> str | None:
         bench_dtype, target_dtype = dtype_from_name(bm.dtype), dtype_from_name(tm.dtype)
     except ValueError:
         return None
-    if not (bench_dtype.is_floating_point and target_dtype.is_floating_point) \
-            or torch.finfo(target_dtype).tiny <= torch.finfo(bench_dtype).tiny:
+    if not (bench_dtype.is_floating_point and target_dtype.is_floating_point):
         return None
-    tiny = torch.finfo(target_dtype).tiny
+    narrow = target_dtype if torch.finfo(target_dtype).tiny >= torch.finfo(bench_dtype).tiny else bench_dtype
+    tiny = torch.finfo(narrow).tiny
     tops = []
-    for st in (bm.stats, tm.stats):  # both runs' values: the target's subnormal or 0, never an Inf
+    for st in (bm.stats, tm.stats):  # both runs' values: subnormal or 0, never an Inf
         if st is None or st.min is None or st.max is None or st.nan or st.posinf or st.neginf:
             return None
         tops.append(max(abs(st.min), abs(st.max)))
     top = tops[0]
     if max(tops) >= tiny:
         return None
-    return (f"every bench value ({top:.3g} at most) lies below {tm.dtype}'s smallest normal number ({tiny:.3g}): "
-            f"the target's dtype holds them as subnormals or 0")
+    return (f"every bench value ({top:.3g} at most) lies below {dtype_name(narrow)}'s smallest normal number "
+            f"({tiny:.3g}): subnormals, or 0 where a kernel flushes them")
 
 
 def dtype_extreme_fill(r: CompareRow, p: Pending, k: int) -> str | None:
