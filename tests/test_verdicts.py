@@ -225,3 +225,34 @@ def test_target_only_op_is_named_the_origin(bench, tmp_path):
              and r.op == "aten.mul.Tensor"]
     fd = compare_dumps(bench, d.folder).summary.first_divergence
     assert (fd["origin"], fd["cause"], fd["culprit_target_seq"]) == ("born", "target-only op", extra[0].seq)
+
+
+@pytest.mark.parametrize("saved", (64, 0), ids=("tensors", "statistics"))
+def test_a_call_run_with_another_argument_is_born_there(tmp_path, saved):
+    """A deployment that gets a layer norm's eps wrong (1e-2 for BERT's 1e-12): the target's
+    native_layer_norm computes right on its own inputs and its own eps, so the local error saw
+    nothing, and with saved tensors every row was a warning, "computed correctly on its inputs"
+    (a 1% difference at that norm). The same op with another non-tensor argument is born there."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy import archs
+
+    bert = archs.ARCHS["bert"]
+
+    def run(folder, eps=None):
+        model = bert.build()
+        if eps is not None:
+            model.encoder.layer[1].output.LayerNorm.eps = eps
+        with torch.no_grad(), xray.dump(dump_dir=folder, X_DEDUP=False, X_DUMP_NUM=saved) as d:
+            model(**bert.inputs())
+        return d.folder
+
+    bench, target = run(tmp_path / "b"), run(tmp_path / "t", eps=1e-2)
+    fd = compare_dumps(bench, target).summary.first_divergence
+    norms = [r for r in xray.load_dump(target).records if r.op == "aten.native_layer_norm.default"]
+    changed = [r for r in norms if r.inputs["eps"] == 1e-2]
+    assert fd is not None and fd["cause"] == "argument" and fd["target_seq"] == changed[0].seq, fd
+    assert "argument eps differs: bench 1e-12, target 0.01" in fd["culprit"], fd
+    assert compare_dumps(bench, run(tmp_path / "same")).summary.failed == 0  # the same eps: nothing

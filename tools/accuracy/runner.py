@@ -109,6 +109,9 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
     if s.param:
         with torch.no_grad():
             target.get_parameter(s.param).view(-1)[1] += PARAM_DELTA
+    if s.attribute:
+        path, name, value = s.attribute
+        setattr(target.get_submodule(path), name, value)
     if s.target_only:
         _add_op(target, s.target_only, lambda y: y * (1 + TARGET_ONLY_EPS))
     if s.extra_op:
@@ -256,6 +259,22 @@ def _dedup_truth(s: Scenario, folder: Path) -> Truth:
     return Truth(bench={rec.seq}, target={rec.seq}, bench_module=rec.module, target_module=rec.module)
 
 
+def _attribute_truth(bench: list, target: list, path: str, value: float) -> Truth:
+    """A module attribute changed on the target (an eps): the first call in that module that
+    takes it as an argument, and the bench's call of the same op there."""
+    def takes(r) -> bool:
+        return any(type(v) in (int, float) and not isinstance(v, bool) and v == value for v in r.inputs.values())
+
+    calls = [r for r in target if r.kind == "op" and r.direction == "forward" and r.module == path and takes(r)]
+    if not calls:
+        raise HarnessError(f"no call in {path} takes {value:g} in the target dump")
+    first = calls[0]
+    index = [r.seq for r in target if r.kind == "op" and r.module == path and r.op == first.op].index(first.seq)
+    theirs = [r for r in bench if r.kind == "op" and r.module == path.removeprefix("") and r.op == first.op]
+    return Truth(target={first.seq}, bench={theirs[index].seq} if index < len(theirs) else set(),
+                 bench_module=path, target_module=path)
+
+
 def _target_only_truth(target: list, path: str) -> Truth:
     muls = [r for r in target if r.kind == "op" and r.direction == "forward" and r.module == path
             and r.op.startswith("aten.mul")]
@@ -381,6 +400,8 @@ def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, 
         return _module_truth(bench, target, path, prefix)
     if s.target_only:
         return _target_only_truth(target, prefix + s.target_only)
+    if s.attribute:
+        return _attribute_truth(bench, target, prefix + s.attribute[0], s.attribute[2])
     if s.fault and s.dedup:
         return _dedup_truth(s, tmp / "locate")
     if s.fault:

@@ -48,6 +48,8 @@ class Scenario:
     fault: Fault | None = None
     param: str | None = None  # qualified name of a parameter with one element changed in the target
     target_only: str | None = None  # module path where the target runs one extra, corrupting op
+    # (module path, attribute, value) set on the target's module: a deployment's wrong eps
+    attribute: tuple[str, str, float] | None = None
     extra_op: str | None = None  # module path where the target runs one extra harmless op
     missing_op: str | None = None  # module path where only the bench runs one extra harmless op
     noise: str | None = None  # one of NOISES, applied to the target run
@@ -66,7 +68,7 @@ class Scenario:
 
     @property
     def noise_only(self) -> bool:
-        return self.fault is None and self.param is None and self.target_only is None
+        return self.fault is None and self.param is None and self.target_only is None and self.attribute is None
 
     def describe(self) -> str:
         parts = [str(self.fault)] if self.fault else []
@@ -74,6 +76,8 @@ class Scenario:
             parts.append(f"param {self.param}[0,1] changed")
         if self.target_only:
             parts.append(f"target-only mul in {self.target_only}")
+        if self.attribute:
+            parts.append("{}.{} = {:g} in the target".format(*self.attribute))
         for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
                              ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None),
                              ("X_DUMP_NUM", self.dump_num),

@@ -74,6 +74,16 @@ def scenarios() -> list[Scenario]:
                               ("bert", "encoder.layer.0.intermediate.dense.weight", True),
                               ("vit", "vit.layers.1.attention.k_proj.weight", False)):
         add("parameter/module", arch, param=param, dump="module", data=data)
+    # 5b. a norm's eps set wrong on the target (a deployment's config mismatch): the call computes
+    # right on its own arguments, so only its argument tells (added at stop 40)
+    for arch, attribute, kw in (("llama-sdpa", ("model.layers.1.post_attention_layernorm", "variance_epsilon", 1e-2), {}),
+                                ("vit", ("vit.layers.1.layernorm_before", "eps", 1e-2), {}),
+                                ("t5", ("encoder.block.1.layer.0.layer_norm", "variance_epsilon", 1e-2), {}),
+                                ("gpt2", ("transformer.h.1.ln_2", "eps", 1e-1), {"data": False}),
+                                ("qwen2", ("model.layers.0.input_layernorm", "variance_epsilon", 1e-1),
+                                 {"noise": "bf16"})):
+        add("argument" + ("/stats" if kw.get("data") is False else "") + ("/bf16" if kw.get("noise") else ""), arch,
+            attribute=attribute, **kw)
     # 6. module-level dumps (PrecisionDebugger) with an op fault; with dump_torch_api the op
     for arch, fault, data in (("llama-sdpa", _f(MM, 5), True), ("gpt2", _f(ADDMM, 6), False),
                               ("bert", _f("gelu.default", 1), True), ("qwen2", _f(ADDMM, 4), False),

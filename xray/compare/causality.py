@@ -7,7 +7,9 @@ came from, a parameter/buffer, or a model input. A failing record is *born* when
   tensors were saved) is above its noise floor: cause "local error";
 - or a disagreeing input is a parameter/buffer: cause "parameter";
 - or a disagreeing input was produced by an op only the target ran: cause "target-only op";
-- or a disagreeing input is a model input: cause "model input".
+- or a disagreeing input is a model input: cause "model input";
+- or the same op ran with another non-tensor argument (an eps, a scale, an approximation, a
+  flag): cause "argument", whatever its inputs carry.
 
 Otherwise it is *inherited* from the failing record that produced its disagreeing input. An op
 kind off by a consistent reduced-precision step on every call is "precision loss" (a warning),
@@ -89,13 +91,15 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value:
-                if not _wrong_on_its_inputs(p, k, floors):
+                if not _wrong_on_its_inputs(p, k, floors) and _differing_argument(p, r, floors) is None:
                     seen.add(r)
                     continue  # within the compare's precision, and computed right on what it got
                 # Accumulated error within the run's precision, but this op is wrong on its own
-                # inputs (a 5 % kernel bug under bf16 noise): that is a bug, born here.
+                # inputs (a 5 % kernel bug under bf16 noise) or ran with another argument: that is
+                # a bug, born here.
                 r.status = PairStatus.FAIL.value
-                r.note = "; ".join(x for x in (r.note, "within the run's precision, but wrong on its own inputs") if x)
+                r.note = "; ".join(x for x in (r.note, "within the run's precision, but " + (
+                    "wrong on its own inputs" if _wrong_on_its_inputs(p, k, floors) else "another argument")) if x)
             r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
                 _decide(r, p, k, graph, floors, seen.origin or p.target.pos > random_pos, seen)
@@ -511,6 +515,71 @@ def _common_module(a: str, b: str) -> str:
     return ".".join(common)
 
 
+# Arguments that say where and how a value is stored or which kernel runs it, never what it is:
+# they differ legitimately across devices, precisions and layouts (autocast's casts, CUDA's
+# half_to_float softmax), and names a run gives its process groups
+_HOW_STORED = frozenset(("device", "dtype", "layout", "memory_format", "pin_memory", "non_blocking", "copy",
+                         "generator", "half_to_float", "cudnn_enabled", "group_name", "tag"))
+
+
+def _differing_argument(p: Pending, r: CompareRow, floors: Floors) -> str | None:
+    """Why the target's call of the same op ran with another non-tensor argument than the
+    bench's (an eps, a scale, gelu's approximation, a training flag), or None. The target then
+    computes right on its own inputs and arguments, so no local error shows it, yet it is a
+    different computation: "argument eps differs: bench 1e-05, target 1". A float within the
+    row's tolerance (a scale read back from a device tensor) is the same argument."""
+    bench, target = p.bench.record, p.target.record
+    if bench.kind != "op" or target.kind != "op" or bench.op != target.op:
+        return None
+    try:
+        rtol = floors.rules.tolerance(r.bench_dtype or "float32", r.target_dtype).rtol
+    except (ValueError, TypeError):
+        rtol = floors.rules.tolerance("float32").rtol
+    for name, b in bench.inputs.items():
+        if name in _HOW_STORED or name not in target.inputs or _holds_tensor(b):
+            continue
+        t = target.inputs[name]
+        if _holds_tensor(t) or _same_argument(b, t, rtol):
+            continue
+        return f"argument {name} differs: bench {_shown(b)}, target {_shown(t)}"
+    return None
+
+
+def _holds_tensor(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tensor(x) for x in v)
+    return hasattr(v, "shape") and hasattr(v, "dtype")  # a TensorMeta
+
+
+def _same_argument(a: Any, b: Any, rtol: float) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_argument(x, y, rtol) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, float) or isinstance(b, float):
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return a == b or (math.isfinite(a) and math.isfinite(b) and abs(a - b) <= rtol * max(abs(a), abs(b))) \
+                or _extreme_kind(a) is not None and _extreme_kind(a) == _extreme_kind(b)
+    return a == b
+
+
+def _extreme_kind(v: float) -> str | None:
+    """"min" or "max" when ``v`` is a float dtype's extreme: a mask filled with finfo(dtype).min
+    is -65504 in a float16 run and -3.4e38 in a float32 one, the same argument."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        fi = torch.finfo(dtype)
+        if v == fi.min:
+            return "min"
+        if v == fi.max:
+            return "max"
+    return None
+
+
+def _shown(v: Any) -> str:
+    text = f"{v.value}" if hasattr(v, "tag") and hasattr(v, "value") else f"{v:g}" if isinstance(v, float) else f"{v}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _carried_in(p: Pending, k: int, at_least: float) -> float:
     """The largest error any disagreeing input of output ``k`` carries in: on data where it was
     judged so (``Pending.input_errors``), else on statistics."""
@@ -557,6 +626,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")
+    elif (argument := _differing_argument(p, r, floors)) is not None:
+        set_origin(r, "born", "argument", argument)
     elif (tiny := statistics_only.below_normal_range(r, p, k)) is not None:
         downgrade(r, tiny)  # whatever its inputs carry, or a kernel that flushes subnormals makes of them
     elif _wrong_on_its_inputs(p, k, floors):
