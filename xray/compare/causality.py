@@ -518,6 +518,7 @@ def _common_module(a: str, b: str) -> str:
 # Arguments that say where and how a value is stored or which kernel runs it, never what it is:
 # they differ legitimately across devices, precisions and layouts (autocast's casts, CUDA's
 # half_to_float softmax), and names a run gives its process groups
+_STORAGE_TAGS = frozenset(("dtype", "device", "layout", "memory_format"))  # a value of these kinds, whatever its name
 _HOW_STORED = frozenset(("device", "dtype", "layout", "memory_format", "pin_memory", "non_blocking", "copy",
                          "generator", "half_to_float", "cudnn_enabled", "group_name", "tag"))
 
@@ -537,7 +538,7 @@ def _differing_argument(p: Pending, r: CompareRow, floors: Floors) -> str | None
     except (ValueError, TypeError):
         rtol = floors.rules.tolerance("float32").rtol
     for name, b in bench.inputs.items():
-        if name in _HOW_STORED or name not in target.inputs or _holds_tensor(b):
+        if name in _HOW_STORED or name not in target.inputs or _holds_tensor(b) or getattr(b, "tag", None) in _STORAGE_TAGS:
             continue
         t = target.inputs[name]
         if _holds_tensor(t) or _same_argument(b, t, rtol):

@@ -259,7 +259,7 @@ def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: 
         tdump = ops.record(lambda above: hooks.run(runs.model, runs.args, runs.kwargs, runs.spec,
                                                    below=runs.below, above=above), folder / "target")
         calls, summary = ops.matched_calls(bdump, tdump)
-        born = [c for c in calls if c.origin == "born" and c.cause.startswith("local error")]
+        born = [c for c in calls if c.origin == "born" and (c.cause.startswith("local error") or c.cause == "argument")]
         result.compare = {"matched": summary.matched, "pass": summary.passed, "warning": summary.warned,
                           "fail": summary.failed, "nan_inf": summary.nan_inf,
                           "born": [c.name for c in born]}
