@@ -251,13 +251,18 @@ def test_fused_vs_math_attention_at_real_size_is_clean_and_a_bug_inside_is_named
 
 
 # -- math settings and device floors ------------------------------------------------------------------
-def test_dump_header_records_the_math_settings(tmp_path):
-    xray.begin_dump(dump_dir=tmp_path, X_DUMP_NUM=0)
+def _recorded_math(folder):
+    """The header's math settings of a one-op dump recorded now."""
+    xray.begin_dump(dump_dir=folder, X_DUMP_NUM=0)
     try:
         torch.ones(2) + 1
     finally:
         path = xray.end_dump()
-    m = xray.load_dump(path).header["math"]
+    return xray.load_dump(path).header["math"]
+
+
+def test_dump_header_records_the_math_settings(tmp_path):
+    m = _recorded_math(tmp_path)
     assert m["torch"] == torch.__version__ and m["allow_tf32_matmul"] == torch.backends.cuda.matmul.allow_tf32
     for key in ("cuda", "device", "allow_tf32_cudnn", "reduced_precision_reduction_fp16",
                 "reduced_precision_reduction_bf16", "deterministic_algorithms", "autocast"):
@@ -338,12 +343,7 @@ def test_header_records_vendor_switches_and_the_math_environment(tmp_path, monke
     monkeypatch.setattr(torch, "npu", SimpleNamespace(matmul=SimpleNamespace(allow_hf32=False),
                                                       conv=SimpleNamespace(allow_hf32=True)), raising=False)
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
-    xray.begin_dump(dump_dir=tmp_path, X_DUMP_NUM=0)
-    try:
-        torch.ones(2) + 1
-    finally:
-        path = xray.end_dump()
-    m = xray.load_dump(path).header["math"]
+    m = _recorded_math(tmp_path)
     assert m["vendor"] == {"npu_matmul_allow_hf32": False, "npu_conv_allow_hf32": True}
     assert m["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
 

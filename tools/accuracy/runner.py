@@ -270,7 +270,7 @@ def _attribute_truth(bench: list, target: list, path: str, value: float) -> Trut
         raise HarnessError(f"no call in {path} takes {value:g} in the target dump")
     first = calls[0]
     index = [r.seq for r in target if r.kind == "op" and r.module == path and r.op == first.op].index(first.seq)
-    theirs = [r for r in bench if r.kind == "op" and r.module == path.removeprefix("") and r.op == first.op]
+    theirs = [r for r in bench if r.kind == "op" and r.module == path and r.op == first.op]
     return Truth(target={first.seq}, bench={theirs[index].seq} if index < len(theirs) else set(),
                  bench_module=path, target_module=path)
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..dump.model import Source
+from ..dump.model import Scalar, Source, TensorMeta
 from ..dump.tensorio import dtype_name
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import Tolerance, eps
@@ -538,7 +538,8 @@ def _differing_argument(p: Pending, r: CompareRow, floors: Floors) -> str | None
     except (ValueError, TypeError):
         rtol = floors.rules.tolerance("float32").rtol
     for name, b in bench.inputs.items():
-        if name in _HOW_STORED or name not in target.inputs or _holds_tensor(b) or getattr(b, "tag", None) in _STORAGE_TAGS:
+        if name in _HOW_STORED or name not in target.inputs or _holds_tensor(b) \
+                or isinstance(b, Scalar) and b.tag in _STORAGE_TAGS:
             continue
         t = target.inputs[name]
         if _holds_tensor(t) or _same_argument(b, t, rtol):
@@ -550,7 +551,7 @@ def _differing_argument(p: Pending, r: CompareRow, floors: Floors) -> str | None
 def _holds_tensor(v: Any) -> bool:
     if isinstance(v, (list, tuple)):
         return any(_holds_tensor(x) for x in v)
-    return hasattr(v, "shape") and hasattr(v, "dtype")  # a TensorMeta
+    return isinstance(v, TensorMeta)
 
 
 def _same_argument(a: Any, b: Any, rtol: float) -> bool:
@@ -578,7 +579,7 @@ def _extreme_kind(v: float) -> str | None:
 
 
 def _shown(v: Any) -> str:
-    text = f"{v.value}" if hasattr(v, "tag") and hasattr(v, "value") else f"{v:g}" if isinstance(v, float) else f"{v}"
+    text = f"{v.value}" if isinstance(v, Scalar) else f"{v:g}" if isinstance(v, float) else f"{v}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
