@@ -86,8 +86,8 @@ def test_statistics_only_tf32_with_dedup_is_clean_where_tf32_is_declared_and_a_b
 
 def test_a_folded_producer_is_named_by_the_record_it_was_folded_into(tmp_path):
     """GPT-2's addmm #6 (layer 1's MLP input projection) is folded; what first carries its error
-    into a recorded call is layer 1's LayerNorm, folded too. Its record is the one whose calls
-    span its seq and whose output has the consumer's input's shape: layer 0's ln_1."""
+    into a recorded call is layer 1's LayerNorm, folded too. The dump's folds table names the
+    record it was folded into: layer 0's ln_1."""
     import xray
 
     s = Scenario("t/gpt2", "bug", "gpt2", fault=Fault("aten.addmm.default", 6), dedup=True)
@@ -98,3 +98,81 @@ def test_a_folded_producer_is_named_by_the_record_it_was_folded_into(tmp_path):
     assert m is not None, fd["culprit"]
     assert m[2] == "aten.native_layer_norm.default" and m[4] == "transformer.h.0.ln_1", fd["culprit"]
     assert int(m[3]) < int(m[1]) and "ran inside transformer" in fd["culprit"], fd["culprit"]
+
+
+def test_a_gradient_read_through_folded_views_is_judged_by_the_call_that_made_it(tmp_path):
+    """BERT's loss on LayerNorm outputs makes the gradient into the last LayerNorm 0 in exact
+    arithmetic: the bf16 and fp32 runs hold different rounding of 0. The output layer's backward
+    matmuls read it through a view that de-dup folds. The folds table names that view's argument,
+    the LayerNorm backward's output, whose row holds only rounding, so they carry rounding, not a
+    bug. Without the table they were 5 FAIL rows, inherited from an unrecorded call."""
+    s = Scenario("t/bert", "noise", "bert", noise="bf16", dedup=True, dump_num=5, backward=True)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0 and o.summary["first_divergence"] is None, o.summary["first_divergence"]
+
+
+def test_a_call_the_bench_folded_under_another_layout_is_no_target_only_op(tmp_path):
+    """De-dup keys a call by its arguments' strides: under CPU-emulated TF32 a MobileViT
+    convolution returns a channels-last output, so the SiLU after it is a new signature on the
+    target and a folded call on the bench. That record has no bench partner, but the bench ran
+    SiLU as many times: it is a call the bench folded, judged as precision carried through an
+    unrecorded call, not a target-only op born wrong (62 FAIL rows before)."""
+    s = Scenario("t/mobilevit", "noise", "mobilevit", noise="tf32", dedup=True, dump_num=5)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0 and o.summary["first_divergence"] is None, o.summary["first_divergence"]
+
+
+def test_an_op_only_the_target_runs_is_still_named_under_dedup(tmp_path):
+    """The same rule leaves a real extra op alone: the target runs one more mul than the bench
+    (after ViT's first MLP projection, a signature no other mul has, so de-dup records it)."""
+    s = Scenario("t/extra", "target-only-op", "vit", target_only="vit.layers.0.mlp.fc1", dedup=True, dump_num=5)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert fd is not None and o.exact, fd
+    assert "target-only op" in fd["culprit"], fd["culprit"]
+
+
+def _sum_record():
+    """A record of ``x.sum(0)`` over 39 positions of 32 channels (a linear bias's gradient), as
+    a folded call's record: it lends the folded call its shapes."""
+    from types import SimpleNamespace
+
+    from xray.dump.model import Stats, TensorMeta
+
+    arg = TensorMeta((39, 32), "float32", stats=Stats(-2e-10, 2e-10, 0.0, 6e-11, numel=39 * 32))
+    out = TensorMeta((32,), "float32", stats=Stats(-1e-9, 1e-9, 0.0, 4e-10, numel=32))
+    return SimpleNamespace(op="aten.sum.dim_IntList", inputs=[("self", arg)], outputs=[("out0", out)])
+
+
+def test_a_folded_sum_is_judged_at_its_terms_magnitude():
+    """A key bias's gradient sums 39 key gradients of RMS 6e-11 that carry TF32's 1.6e-3 and
+    cancel to 1e-13 on both sides, 100 % apart: at its terms' magnitude the difference is
+    3e-14 / (6e-11 x sqrt(39)) = 8e-5, within 3x what they carry. A 2 % bug in a sum that does
+    not cancel (values of 1e-9) moves its extremes by 2e-11, 5e-2 at that magnitude: beyond."""
+    from xray.compare.statistics_only import folded_sum
+    from xray.dump.model import Stats
+
+    arg = Stats(-2e-10, 2e-10, 0.0, 6e-11)
+    bench, target = Stats(-1e-13, 1.2e-13, 1e-14, 6e-14), Stats(-1.1e-13, 0.9e-13, -2e-14, 5e-14)
+    why = folded_sum(_sum_record(), 1.6e-3, arg, bench, target, 3.0)
+    assert why is not None and "a sum of 39 terms" in why, why
+    bench, target = Stats(-1e-9, 1e-9, 1e-11, 4e-10), Stats(-1.02e-9, 1.02e-9, 1.02e-11, 4.08e-10)
+    assert folded_sum(_sum_record(), 1.6e-3, arg, bench, target, 3.0) is None
+
+
+def test_key_bias_gradients_through_a_folded_sum_carry_precision_into_adamw(tmp_path):
+    """Wav2Vec2's training step under CPU-emulated TF32, recorded with the defaults: each key
+    projection's bias gradient is a folded sum. The last layer's sum reads a key gradient that a
+    recorded attention backward made: it is judged at that gradient's magnitude and AdamW's
+    moments carry precision. The first layer's attention backward is folded too, so its sum's
+    argument is nowhere recorded and its rows still fail, naming the sum (10 rows before, 5)."""
+    s = Scenario("t/wav2vec2", "noise", "wav2vec2", noise="tf32", dedup=True, dump_num=5, backward=True,
+                 optimizer="foreach")
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert 0 < o.summary["failed"] <= 5 and fd is not None, o.summary["failed"]
+    assert "a call of aten.sum.dim_IntList, folded into its record" in fd["culprit"], fd["culprit"]

@@ -349,3 +349,64 @@ def test_buffers_updated_in_place_keep_their_names(tmp_path):
     assert bn[0].params["running_var"].source == "buffer:1.running_var"
     lin = [r for r in dump.records if r.kind == "module" and r.op == "Linear"]
     assert lin[0].params["bias"].source == "param:0.bias" and lin[0].inputs["input.0"].source == "input"
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_folded_call_keeps_its_record_and_its_first_arguments_producer(native, tmp_path, monkeypatch):
+    """De-dup writes no record of a folded call; the folds table keeps the record it was folded
+    into and where its first argument came from, so compare follows a data edge through a folded
+    view to the call that made its values (the C path and the Python path alike)."""
+    monkeypatch.setenv("XRAY_NATIVE_ROWS", native)
+    x = torch.randn(4, 6)
+
+    def fn():
+        a = x.exp()
+        a.t()
+        b = a.exp()  # folded into exp #0's record; its argument is exp #0's output
+        return b.t()  # folded into t #0's record; its argument is the folded exp's output
+
+    _, dump = record(fn, tmp_path, X_DEDUP=True, X_DUMP_NUM=0)
+    ops = op_records(dump)
+    exp0, t0 = sorted(ops)
+    assert (ops[exp0].op, ops[t0].op) == ("aten.exp.default", "aten.t.default")
+    (s_exp, *exp_fold), (s_t, *t_fold) = dump.columns.folds.tolist()
+    assert exp_fold == [exp0, exp0, 0]
+    assert t_fold == [t0, s_exp, 0]
+    assert dump.columns.fold_of(s_t) == (t0, s_exp, 0) and dump.columns.fold_of(t0) is None
+
+
+def test_hostile_fold_rows_are_left_out_and_the_dump_opens(tmp_path):
+    """A fold row that cannot be true (a record that is not there, a producer that ran after the
+    call, a negative seq) is left out and counted; the records open, and `xray info` says so.
+    A folds table of another type is left out whole: it is optional, the records still open."""
+    import h5py
+    import numpy as np
+
+    from xray.cli import info_text
+
+    x = torch.randn(3)
+    _, dump = record(lambda: [x.exp().exp() for _ in range(3)], tmp_path / "d", X_DEDUP=True, X_DUMP_NUM=0)
+    good = dump.columns.folds.copy()
+    assert len(good) == 5
+    folder = dump.folder
+    index = folder / json.loads((folder / "dump.json").read_text())["index"]
+
+    def rewrite(folds):
+        with h5py.File(index, "r+") as f:
+            del f["folds"]
+            f.create_dataset("folds", data=folds)
+
+    bad = good.copy()
+    bad["record"][0] = 10 ** 12  # no such record
+    bad["src_seq"][1] = bad["seq"][1] + 5  # produced after it ran
+    bad["seq"][2] = -3
+    rewrite(bad)
+    reopened = xray.load_dump(folder)
+    assert len(reopened.records) == len(dump.records)
+    assert reopened.columns.folds.tolist() == good[3:].tolist() and reopened.columns.folds_refused == 3
+    assert "3 fold rows refused at load" in info_text(reopened)
+
+    rewrite(np.zeros(4, np.float32))
+    reopened = xray.load_dump(folder)
+    assert len(reopened.records) == len(dump.records) and len(reopened.columns.folds) == 0
+    assert "folds table left out at load: column 'folds' is float32" in info_text(reopened)

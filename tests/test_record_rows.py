@@ -61,7 +61,8 @@ def all_paths(fn, tmp_path, monkeypatch, reset=lambda: None, **kw):
         assert session.recorder.failed is None
         check_path(session.recorder, path, **kw)
         dump = xray.load_dump(tmp_path / f"path{i}")
-        dumps.append([_same_file(r.to_json()) for r in dump.records])
+        # the folded calls' data edges too (de-dup): every path names the same producers
+        dumps.append([_same_file(r.to_json()) for r in dump.records] + [{"folds": dump.columns.folds.tolist()}])
         for r in dump.records:  # every saved tensor reads back as the values described
             for _, meta in [*r.input_tensors(), *r.output_tensors()]:
                 if meta.data is not None:
@@ -301,3 +302,26 @@ def other_values():
 @pytest.mark.parametrize("config", ["meta+stats, no dedup", "stats only", "saved tensors"])
 def test_other_values_give_the_same_records(config, tmp_path, monkeypatch):
     assert_same(all_paths(other_values, tmp_path, monkeypatch, **CONFIGS[config]), 6)
+
+
+def test_folds_survive_flushes_and_a_crash(tmp_path):
+    """Folded calls are kept in memory until a flush; a long run of them (no new record to flush
+    them) flushes at ``folds_flush``, so a kill loses at most that many, and the chunks read back."""
+    import shutil
+
+    from xray.dump import TruncatedDumpWarning
+
+    with xray.dump(dump_dir=tmp_path / "d", X_DEDUP=True, X_DUMP_NUM=0) as session:
+        session.writer.folds_flush = 8  # two folded calls
+        x = torch.ones(3)
+        for _ in range(5):
+            x * 2
+        shutil.copytree(session.writer.folder, tmp_path / "killed")  # what a kill here leaves
+        for _ in range(3):
+            x * 2
+
+    final = xray.load_dump(session.writer.folder).columns.folds
+    assert len(final) == 7 and final["seq"].tolist() == sorted(final["seq"].tolist())
+    with pytest.warns(TruncatedDumpWarning):
+        killed = xray.load_dump(tmp_path / "killed").columns.folds
+    assert killed.tolist() == final[:4].tolist()

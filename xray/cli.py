@@ -49,6 +49,11 @@ def info_text(dump, top: int = 15) -> str:
     if first is not None:
         lines.append(f"first NaN/Inf output: #{first.seq} {first.op} in {first.module or '<no module>'}")
     lines.append(tabulate(calls.most_common(top), headers=["op", "calls"], tablefmt="github"))
+    if columns is not None and (len(columns.folds) or columns.folds_refused or columns.folds_problem):
+        lines.append(f"de-dup folds: {len(columns.folds)} calls with no record of their own keep their record and "
+                     "first argument's producer" + (f"; {columns.folds_refused} fold rows refused at load"
+                                                     if columns.folds_refused else "")
+                     + (f"; folds table left out at load: {columns.folds_problem}" if columns.folds_problem else ""))
     refused = getattr(dump, "refused", [])
     if refused:  # the validator left these out; everything above is the rest of the dump
         lines.append(f"refused records: {len(refused)} (left out at load; the rest opened)")
@@ -72,22 +77,16 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     """``_op_calls`` of a columnar index: counts summed per op name with numpy, one Record built."""
     import numpy as np
 
-    from .dump.column_scan import canonical, check_records
+    from .dump.column_scan import check_records, op_call_counts
     from .dump.columns import OUTPUT
 
     check_records(columns)
-    r, t = columns.records, columns.tensors
-    op_rows = columns.select(kind="op")
-    ops = canonical(r["op"], columns.strings.__getitem__)[op_rows]
-    unique, first, inverse = np.unique(ops, return_index=True, return_inverse=True)
-    sums = np.bincount(inverse.reshape(-1), weights=r["count"][op_rows], minlength=len(unique))
-    calls = Counter()
-    for k in np.argsort(first, kind="stable").tolist():  # Counter order: first appearance (ties in most_common)
-        calls[columns.strings[int(unique[k])]] = int(sums[k])
+    t = columns.tensors
+    calls = op_call_counts(columns)
     # outputs by the role column, as summary reads them (load_dump has checked it against the skeletons)
     bad = (t["role"] == OUTPUT) & (t["has_stats"] != 0) & ((t["nan"] > 0) | (t["posinf"] > 0) | (t["neginf"] > 0))
     hit = np.flatnonzero(bad)
-    return len(op_rows), calls, columns.record(int(t["record"][hit[0]])) if len(hit) else None
+    return len(columns.select(kind="op")), calls, columns.record(int(t["record"][hit[0]])) if len(hit) else None
 
 
 def _record(args) -> int:

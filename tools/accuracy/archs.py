@@ -238,6 +238,25 @@ def _mobilevit() -> torch.nn.Module:
         num_labels=10, num_attention_heads=2, expand_ratio=2.0)), 18)
 
 
+def _falcon() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import FalconConfig, FalconForCausalLM
+    return FalconForCausalLM(FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                          num_kv_heads=1, multi_query=True, new_decoder_architecture=False,
+                                          parallel_attn=True, bias=False, max_position_embeddings=64,
+                                          attn_implementation="sdpa"))
+
+
+def _wav2vec2() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+    return Wav2Vec2ForSequenceClassification(Wav2Vec2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, feat_extract_norm="group", num_labels=4, classifier_proj_size=16,
+        layerdrop=0.0, mask_time_prob=0.0))
+
+
 class _RecurrentLM(torch.nn.Module):
     """PyTorch's word-language-model example: an embedding, a 2-layer LSTM or GRU, a decoder.
     transformers has no recurrent language model; this is the one RNN bring-ups run."""
@@ -311,6 +330,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("mamba", _seeded(_mamba), lambda: {"input_ids": _tokens(16)}),
     Arch("mobilevit", _seeded(_mobilevit), lambda: {"pixel_values": torch.randn(
         1, 3, 32, 32, generator=torch.Generator().manual_seed(17))}),
+    # multi-query attention with attention and MLP in parallel off one layer norm, bias-free
+    # projections; raw audio through strided 1-D convolutions with group norm, a weight-normed
+    # positional convolution, a transformer encoder and mean pooling
+    Arch("falcon", _seeded(_falcon), lambda: {"input_ids": _tokens(18)}),
+    Arch("wav2vec2", _seeded(_wav2vec2), lambda: {"input_values": torch.randn(
+        1, 800, generator=torch.Generator().manual_seed(19))}),
 )}
 
 

@@ -328,6 +328,14 @@ HELD_OUT = {
     9: HeldOut("mamba", "mobilevit", "backbone.layers.1.mixer.in_proj.weight",
                "mobilevit.encoder.layer.1.layer.0.conv_3x3.convolution.weight", "backbone.layers.0.mixer.out_proj",
                "mobilevit.encoder.layer.0.layer.0.expand_1x1.convolution"),
+    # set 10: multi-query attention, attention and MLP in parallel, bias-free projections; raw
+    # audio through strided 1-D convolutions with group norm and a weight-normed positional
+    # convolution (its 4th and last), then a transformer encoder. Added at stop 41, its first run
+    # the measurement
+    10: HeldOut("falcon", "wav2vec2", "transformer.h.1.self_attention.query_key_value.weight",
+                "wav2vec2.feature_extractor.conv_layers.1.conv.weight", "transformer.h.0.mlp.dense_4h_to_h",
+                "wav2vec2.feature_extractor.conv_layers.1.conv", llm_norm="native_layer_norm.default",
+                llm_small=(MM, 1), cnn_late=3),  # the attention's dense output, ~5e-3
 }
 
 

@@ -208,6 +208,7 @@ class _Graph:
         self.by_seq = index.by_seq
         self.around = index.around
         self._folds: Any = False  # (columns, rows, first_seq, last_seq) of records with folded calls
+        self._calls: Any = False  # (bench, target) calls per op when either side is de-duplicated
         self.folded_into: dict[tuple, str] = {}  # (seq, shape, dtype) -> _folded_into's text
         self.rows_of = index.rows_of
         self.made = index.made
@@ -233,6 +234,29 @@ class _Graph:
                 self._folds = (columns, rows, r["first_seq"][rows], r["last_seq"][rows])
         return self._folds
 
+    def folded_on_the_bench(self, e: Entry) -> bool:
+        """Whether a target op record with no bench partner is a call the bench folded into a
+        record of another signature, not an op only the target runs: either side is
+        de-duplicated, and the bench ran that op exactly as many times as the target. De-dup
+        keys a call by its arguments' strides and dtypes too, so a device that lays a tensor out
+        its own way (channels-last where the CPU is contiguous) records a call the bench folded."""
+        if self._calls is False:
+            from ..dump.column_scan import native_columns, op_call_counts
+
+            sides = [native_columns(d) if d is not None else None for d in (self.bench_dump, self.dump)]
+            folded = any(c is not None and len(c.records) and bool((c.records["count"] > 1).any()) for c in sides)
+            self._calls = None if None in sides or not folded else tuple(op_call_counts(c) for c in sides)
+        if self._calls is None or e.kind != "op":
+            return False
+        bench, target = self._calls
+        return bench.get(e.op, 0) == target.get(e.op, -1)
+
+    def fold_of(self, seq: int) -> tuple[int, int, int] | None:
+        """(record seq, src_seq, src_k) of a call de-dup folded (the dump's folds table, written
+        since stop 41: the record it was folded into, its first argument's producer), or None."""
+        folds = self.folds()
+        return folds[0].fold_of(seq) if folds is not None and len(folds[0].folds) else None
+
     def producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
         """("param"|"input"|"failing"|"settled"|"target-only"|"unrecorded"|"none", detail). A
         target-only op that moved its input's values unchanged (an autocast's widening cast,
@@ -251,11 +275,23 @@ class _Graph:
             src = self._infer(meta, consumer_seq)
         if src is None:
             return "none", None
+        return self.source_kind(src)
+
+    def source_kind(self, src: Source) -> tuple[str, Any]:
+        """``producer``'s answer for a data edge: through folded calls that only move values
+        (the folds table) to the call that made them."""
         if src.kind in ("param", "buffer"):
             return "param", src.name
         if src.kind == "input":
             return "input", None
         e = self.by_seq.get(src.seq)
+        for _ in range(MAX_REGION):  # a folded view, transpose or detach: its argument's producer
+            fold = self.fold_of(src.seq) if e is None else None
+            record = self.by_seq.get(fold[0]) if fold is not None else None
+            if record is None or fold[1] < 0 or not is_value_preserving(record.op):
+                break
+            src = Source("op", seq=fold[1], index=fold[2])
+            e = self.by_seq.get(src.seq)
         if e is None:
             return "unrecorded", src.seq
         rows = self.rows_of.get(e.pos)
@@ -427,7 +463,7 @@ class _SeenPrecision:
 
 
 def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: Any, seen: _SeenPrecision,
-                             floors: Floors) -> str | None:
+                             floors: Floors, graph: _Graph) -> str | None:
     """Why a row whose disagreeing input comes from a call the dump does not hold (folded by
     de-dup) is precision carried in, or None (then it stays an inherited failure).
 
@@ -435,7 +471,8 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     edges. Where this op computed right on its own inputs (or only moves values) and no recorded
     call before it was an origin, what it carries comes from calls like the recorded ones; it is
     called precision when the error it carries in (input ``name``'s; the row's own when that
-    input was not judged on data) is within ``precision_factor`` x the largest error calls
+    input was not judged on data; that input's statistics' error when neither was) is within
+    ``precision_factor`` x the largest error calls
     before it showed as precision: rounding grows through the calls xray did not see, a bug
     among them jumps. What this op made of it is its own: it computed right, and a max pool's
     backward, say, moves a gradient whole where its forward chose another element. Where its
@@ -446,17 +483,53 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     """
     f = floors.rules.precision_factor
     err = p.input_errors.get(name, r.accumulated_err)
-    if err is None or not math.isfinite(err) or seen.level <= 0 or err > f * seen.level:
+    if err is None:  # a row judged on statistics (X_DUMP_NUM spent): that input's statistics' error
+        err = next((e for n, _, _, e in row_inputs(p, k) if n == name), None)
+    if err is None or not math.isfinite(err) or seen.level <= 0:
+        return None
+    # beyond the level: still rounding where the folded call is a sum that cancels what it carries
+    through = _folded_sum(graph, p, name, seq, f) if err > f * seen.level else ""
+    if through is None:
         return None
     if p.local.get(k) is not None or (is_value_preserving(p.target.op) and not r.layout):
         how = "it computed right on its inputs"
     elif r.mode == "stats" and r.stats_err is not None and r.stats_err <= f * (carried := _carried_in(p, k, err)):
         how = f"its statistics' error {r.stats_err:.3g} is within {f:g}x of what its inputs carry ({carried:.3g})"
+    elif through and r.mode == "stats" and p.local.get(k) is None:
+        # as a recorded producer's precision loss is carried (local error not measured): a
+        # square of a value that is rounding (an optimizer's second moment) is rounding too
+        how = "its own local error is not measured"
     else:
         return None
-    return (f"carries a difference from op seq {seq}, not recorded (de-duplicated): {name}'s error {err:.3g} "
+    unseen = "recorded on the target only" if seq in graph.by_seq else "not recorded"
+    if through:
+        return (f"carries a difference from op seq {seq}, {unseen} (de-duplicated): {through}, and {how}; "
+                "record with X_DEDUP=0 to judge that call")
+    return (f"carries a difference from op seq {seq}, {unseen} (de-duplicated): {name}'s error {err:.3g} "
             f"is within {f:g}x the precision loss calls before it show ({seen.level:.3g}), and {how}; "
             "record with X_DEDUP=0 to judge that call")
+
+
+def _folded_sum(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str | None:
+    """Input ``name`` comes from folded call ``seq``, a sum whose argument a recorded call made
+    (through folded views) and carries precision loss: ``statistics_only.folded_sum``'s reason
+    when the sum's difference between the runs, at that argument's magnitude, is within the
+    factor of that loss; else None. Needs the dump's folds table."""
+    fold = graph.fold_of(seq) if isinstance(seq, int) else None
+    rep = graph.by_seq.get(fold[0]) if fold is not None else None
+    if rep is None or fold[1] < 0:
+        return None
+    kind, row = graph.source_kind(Source("op", seq=fold[1], index=fold[2]))
+    if kind != "settled" or row.status not in (PairStatus.PASS.value, PairStatus.WARNING.value):
+        return None
+    carried = row.accumulated_err if row.accumulated_err is not None else row.stats_err
+    made = graph.by_seq.get(row.target_seq)
+    metas = [m for n, m in made.outputs if n == row.tensor] if made is not None else []
+    stats = metas[0].stats if metas and getattr(metas[0], "stats", None) is not None else None
+    b, t = (dict(e.inputs).get(name) for e in (p.bench, p.target))
+    if carried is None or stats is None or stats.mean is None or b is None or t is None:
+        return None
+    return statistics_only.folded_sum(rep, carried, stats, b.stats, t.stats, f)
 
 
 def _folded_where(graph: _Graph, seq: int) -> str:
@@ -487,6 +560,11 @@ def _folded_into(graph: _Graph, seq: int, meta: Any) -> str:
     consumer's input's shape and dtype. De-dup folds a call into the record of its signature,
     so that record's op is the folded call's. Empty when none or several fit (v3 dumps only:
     their columns hold the spans)."""
+    fold = graph.fold_of(seq)
+    record = graph.by_seq.get(fold[0]) if fold is not None else None
+    if record is not None:  # recorded with the dump (format v3.2): exact
+        return f"; a call of {record.op}, folded into its record seq {record.record.seq} " \
+               f"({record.record.module or 'outside any module'})"
     shape, dtype = getattr(meta, "shape", None), getattr(meta, "dtype", None)
     folds = graph.folds()
     if folds is None or shape is None:
@@ -611,10 +689,13 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         if status == PairStatus.WARNING.value or kind == "settled":
             continue
         if kind == "target-only":
-            kind, detail = graph.judge_target_only(detail, _substituted(p, name, graph))
+            e = detail
+            kind, detail = graph.judge_target_only(e, _substituted(p, name, graph))
             if kind == "computed":
                 computed_region = computed_region or detail
                 continue
+            if kind == "target-only" and graph.folded_on_the_bench(e):  # not judged right on its own
+                kind, detail = "unrecorded", e.record.seq
         causes.setdefault(kind, (name, detail))
     le = p.local.get(k)
     op = p.target.op
@@ -647,12 +728,18 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
     elif "unrecorded" in causes:
         name, seq = causes["unrecorded"]
         meta = next((m for n, m, _, _ in row_inputs(p, k) if n == name), None)
-        carried = None if seen is None or seen.origin else _carried_from_unrecorded(r, p, k, name, seq, seen, floors)
+        carried = None if seen is None or seen.origin \
+            else _carried_from_unrecorded(r, p, k, name, seq, seen, floors, graph)
         if carried is not None:
             downgrade(r, carried)
+        elif seq in graph.by_seq:  # recorded on the target alone (_Graph.folded_on_the_bench)
+            set_origin(r, "inherited", "inherited",
+                       f"input {name} from op seq {seq} (recorded on the target only: the bench de-duplicated "
+                       "that call into a record of another signature)")
         else:
             set_origin(r, "inherited", "inherited",
-                       f"input {name} from op seq {seq} (not recorded: de-duplicated?{_folded_into(graph, seq, meta)}"
+                       f"input {name} from op seq {seq} (not recorded: de-duplicated"
+                       f"{'' if graph.fold_of(seq) else '?'}{_folded_into(graph, seq, meta)}"
                        f"{_folded_where(graph, seq)})")
     elif k in p.precision:
         downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"

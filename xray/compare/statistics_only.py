@@ -178,11 +178,39 @@ def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None
         return None
     ins, n = summed
     scale = max(_rms(m.stats) for m in ins)
-    diff = max(abs(getattr(bm.stats, a) - getattr(tm.stats, a)) for a in ("min", "max", "mean", "std")
-               if getattr(bm.stats, a) is not None and getattr(tm.stats, a) is not None)
+    diff = stats_difference(bm.stats, tm.stats)
     if not (math.isfinite(diff) and scale > 0):
         return None
     return diff, scale, n, dtype
+
+
+def stats_difference(b: Any, t: Any) -> float:
+    """The largest difference of min/max/mean/std between two runs' statistics of one tensor."""
+    return max((abs(getattr(b, a) - getattr(t, a)) for a in ("min", "max", "mean", "std")
+                if getattr(b, a) is not None and getattr(t, a) is not None), default=math.nan)
+
+
+def folded_sum(rep: Entry, carried: float, arg: Any, out_b: Any, out_t: Any, factor: float) -> str | None:
+    """A call de-dup folded into ``rep``'s record, judged as ``reduction_change`` judges a
+    recorded sum: its output's difference between the runs (statistics ``out_b``, ``out_t``, seen
+    where a recorded call reads it), at its terms' magnitude (the RMS of ``arg``, the statistics
+    of the argument a recorded call made) and over the terms each element sums (from ``rep``: a folded call has
+    its record's shapes), within ``factor`` x the relative error its argument ``carried``. A
+    key bias's gradient, the sum over positions of a key gradient that carries TF32's loss, is
+    0 in exact arithmetic and differs 100 % between runs; at its terms' magnitude it moves by
+    what they carry. The reason, or None."""
+    summed = _summed(rep, 0)
+    scale = _rms(arg) if arg is not None and arg.mean is not None else 0.0
+    if summed is None or out_b is None or out_t is None or out_b.mean is None or out_t.mean is None \
+            or not (scale > 0 and math.isfinite(carried)):
+        return None
+    n = summed[1]
+    diff = stats_difference(out_b, out_t)
+    at = diff / (scale * math.sqrt(max(n, 1)))
+    if not math.isfinite(at) or at > factor * carried:
+        return None
+    return (f"a sum of {n} terms whose difference at their magnitude ({at:.3g}) is within {factor:g}x what "
+            f"its argument carries ({carried:.3g})")
 
 
 def holds_rounding(p: Pending, k: int, factor: float, both: bool = False) -> bool:

@@ -13,6 +13,7 @@ they render. Two rules keep that fast path from ever diverging from the record p
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -193,3 +194,17 @@ def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray,
 
 __all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns",
            "skeleton_keys"]
+
+
+def op_call_counts(columns: Columns) -> Counter:
+    """Calls per op name, de-duplicated records counted with every call folded into them, in
+    the order ops first appear: the counts ``xray info`` prints and compare's de-dup rules read."""
+    r = columns.records
+    op_rows = columns.select(kind="op")
+    ops = canonical(r["op"], columns.strings.__getitem__)[op_rows]
+    unique, first, inverse = np.unique(ops, return_index=True, return_inverse=True)
+    sums = np.bincount(inverse.reshape(-1), weights=r["count"][op_rows], minlength=len(unique))
+    calls = Counter()
+    for k in np.argsort(first, kind="stable").tolist():  # Counter order: first appearance (ties in most_common)
+        calls[columns.strings[int(unique[k])]] = int(sums[k])
+    return calls

@@ -58,6 +58,9 @@ TENSOR_DTYPE = np.dtype([
     ("note", "<i4"),
 ])
 UPDATE_DTYPE = np.dtype([("seq", "<i8"), ("count", "<i8"), ("last_seq", "<i8")])
+# A call de-dup folded into an earlier record: its seq, that record's seq, and the producer of its
+# first argument (``op:<src_seq>:<src_k>``; -1, -1 when that is not a tensor an op produced).
+FOLD_DTYPE = np.dtype([("seq", "<i8"), ("record", "<i8"), ("src_seq", "<i8"), ("src_k", "<i8")])
 
 @dataclass(frozen=True)
 class Refusal:
@@ -135,8 +138,10 @@ class Table:
 
 def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
     """Chunks built against one shared string table, in order, as one index."""
+    folds = [p.folds for p in parts if len(p.folds)]
     return Columns(Table.concat(RECORD_DTYPE, [p.records for p in parts]),
-                   Table.concat(TENSOR_DTYPE, [p.tensors for p in parts]), strings)
+                   Table.concat(TENSOR_DTYPE, [p.tensors for p in parts]), strings,
+                   np.concatenate(folds) if folds else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,10 +151,13 @@ def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
 class Columns:
     """A dump's index as columns; ``record(i)`` materialises one ``Record``."""
 
-    def __init__(self, records: Table, tensors: Table, strings: StringTable) -> None:
+    def __init__(self, records: Table, tensors: Table, strings: StringTable, folds: np.ndarray | None = None) -> None:
         self.records, self.tensors, self.strings = records, tensors, strings
+        self.folds = np.zeros(0, FOLD_DTYPE) if folds is None else folds  # FOLD_DTYPE rows, by seq
         self.where = ""  # the index file, for error messages
         self.refused: list[Refusal] = []  # records validate() left out, and why
+        self.folds_refused = 0  # fold rows validate() left out
+        self.folds_problem = ""  # why the file's folds table was left out whole (IndexFile.columns)
         self._skeletons: dict[int, tuple[dict, int]] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
@@ -172,7 +180,41 @@ class Columns:
             raise self._located(e if isinstance(e, ColumnsError) else ColumnsError(str(e))) from None
         if refusals:
             self._drop(refusals)
+        self._check_folds()
         return self
+
+    def _check_folds(self) -> None:
+        """Keep the fold rows that can be true: a fold of a kept op record, after it, whose
+        argument's producer ran before it. The rest are counted and left out; a table of another
+        type is left out whole (``folds_problem``): it is optional, the records open without it."""
+        f = self.folds
+        if f.dtype != FOLD_DTYPE or f.ndim != 1:
+            self.folds, self.folds_problem = np.zeros(0, FOLD_DTYPE), f"folds table is {f.dtype}, not {FOLD_DTYPE}"
+            return
+        if not len(f):
+            return
+        r = self.records
+        ops = r["seq"][r["kind"] == KINDS.index("op")] if len(r) else np.zeros(0, np.int64)
+        ops = np.sort(ops)
+        at = np.searchsorted(ops, f["record"])
+        known = (at < len(ops)) & (ops[np.minimum(at, max(len(ops) - 1, 0))] == f["record"]) if len(ops) \
+            else np.zeros(len(f), bool)
+        op_src = f["src_seq"] >= 0
+        ok = known & (f["seq"] > f["record"]) & ((op_src & (f["src_seq"] < f["seq"]) & (f["src_k"] >= 0)
+                                                 & (f["src_k"] < 2 ** 31))
+                                                | (~op_src & (f["src_seq"] == -1) & (f["src_k"] == -1)))
+        self.folds_refused = int(len(f) - np.count_nonzero(ok))
+        kept = f[ok]
+        self.folds = kept[np.argsort(kept["seq"], kind="stable")]
+
+    def fold_of(self, seq: int) -> tuple[int, int, int] | None:
+        """(record seq, src_seq, src_k) of the call ``seq`` de-dup folded (src_seq -1: its first
+        argument was not an op's output), or None when ``seq`` is no folded call."""
+        f = self.folds
+        i = int(np.searchsorted(f["seq"], seq))
+        if i < len(f) and int(f["seq"][i]) == seq:
+            return int(f["record"][i]), int(f["src_seq"][i]), int(f["src_k"][i])
+        return None
 
     def _located(self, e: ColumnsError) -> ColumnsError:
         return ColumnsError(f"{self.where}: corrupt dump index ({e})") if self.where else e
@@ -521,5 +563,5 @@ class RecordSequence(Sequence):
 
 
 __all__ = ["Columns", "ColumnsError", "Refusal", "RecordSequence", "StringTable", "Table", "concat", "MARK", "NONE",
-           "RECORD_DTYPE", "TENSOR_DTYPE", "UPDATE_DTYPE", "KINDS", "DIRECTIONS", "ROLES", "SRC_KINDS",
+           "RECORD_DTYPE", "TENSOR_DTYPE", "UPDATE_DTYPE", "FOLD_DTYPE", "KINDS", "DIRECTIONS", "ROLES", "SRC_KINDS",
            "INPUT", "OUTPUT", "PARAM"]

@@ -8,7 +8,8 @@ one per column: a file costs ~1 ms to write whatever its size, which matters at 
 ``load_dump`` opens the file once, reads the tables whole (``IndexFile.columns``) and checks them
 (``Columns.validate``). A journal chunk has the same datasets for the records of one flush, only
 the strings new since the chunk before, and an ``updates`` table (de-duplicated records whose
-count grew).
+count grew). Both may hold a ``folds`` table: the calls de-dup folded, one row each
+(``columns.FOLD_DTYPE``).
 
 Files are built in memory and written with plain file I/O under a temporary name, then renamed:
 a file on disk is always whole, and a full disk raises OSError instead of crashing HDF5.
@@ -22,7 +23,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .columns import RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table
+from .columns import FOLD_DTYPE, RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table
 from .errors import DumpFormatError
 from .tensorio import file_inside, open_dataset
 
@@ -31,7 +32,7 @@ LAYOUT_VERSION = 1
 
 
 def write_file(path: Path, records: Table, tensors: Table, blob: np.ndarray, ends: np.ndarray,
-               attrs: dict, updates: np.ndarray | None = None) -> None:
+               attrs: dict, updates: np.ndarray | None = None, folds: np.ndarray | None = None) -> None:
     """Write one index or chunk file atomically (tmp + rename); OSError on failure, no file left."""
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as f:
@@ -46,6 +47,8 @@ def write_file(path: Path, records: Table, tensors: Table, blob: np.ndarray, end
         f.create_dataset("string_ends", data=ends)
         if updates is not None:
             f.create_dataset("updates", data=updates)
+        if folds is not None and len(folds):
+            f.create_dataset("folds", data=folds)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as out:
@@ -87,7 +90,8 @@ def unpack(blob: np.ndarray, dtype: np.dtype, rows: int) -> Table:
 
 def write_index(path: Path, columns: Columns) -> None:
     blob, ends = columns.strings.to_arrays()
-    write_file(path, columns.records, columns.tensors, blob, ends, {"records": len(columns.records)})
+    write_file(path, columns.records, columns.tensors, blob, ends, {"records": len(columns.records)},
+               folds=columns.folds)
 
 
 class IndexFile:
@@ -139,7 +143,13 @@ class IndexFile:
 
     def columns(self) -> Columns:
         """The records and tensors tables and the string table, read whole (not yet validated)."""
-        return Columns(self.table("records", RECORD_DTYPE), self.table("tensors", TENSOR_DTYPE), self.strings())
+        columns = Columns(self.table("records", RECORD_DTYPE), self.table("tensors", TENSOR_DTYPE), self.strings())
+        if "folds" in self.file:  # optional: a table that cannot be read is left out, the records open
+            try:
+                columns.folds = self.array("folds", FOLD_DTYPE)
+            except ColumnsError as e:
+                columns.folds_problem = str(e)
+        return columns
 
     def strings(self) -> StringTable:
         return StringTable.from_arrays(self.array("strings", np.dtype(np.uint8)),

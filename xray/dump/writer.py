@@ -24,7 +24,7 @@ import torch
 
 from .dispatch_modes import no_dispatch_modes
 from .column_builder import ColumnBuilder
-from .columns import NONE, UPDATE_DTYPE, Columns, StringTable, concat
+from .columns import FOLD_DTYPE, NONE, UPDATE_DTYPE, Columns, StringTable, concat
 from .critical import critical_section
 from .index_file import write_file, write_index
 from .model import FORMAT_NAME, FORMAT_VERSION, Record
@@ -48,6 +48,9 @@ def _set_counts(records, counts: dict[int, tuple[int, int]]) -> None:
     seqs = records["seq"]
     for row in np.flatnonzero(np.isin(seqs, np.fromiter(counts, dtype=np.int64, count=len(counts)))):
         records["count"][row], records["last_seq"][row] = counts[int(seqs[row])]
+
+
+FOLDS_FLUSH = 4 * 65536  # ints in DumpWriter.folds (64k folded calls, ~9 MB as Python ints) that flush
 
 
 class Fold:
@@ -83,6 +86,10 @@ class DumpWriter:
         # the start (seq -> Fold).
         self._dirty: list[Fold] = []
         self._touched: dict[int, Fold] = {}
+        # The folded calls since the last flush, four ints each (FOLD_DTYPE's fields): appended
+        # by the recorder (folded), and by its C path straight into this same list.
+        self.folds: list[int] = []
+        self.folds_flush = FOLDS_FLUSH
         # Every record, as column chunks sharing one string table: records become rows as they
         # arrive (the pending chunk's builder), and close() concatenates the chunks into the index.
         self._strings = StringTable()
@@ -136,6 +143,27 @@ class DumpWriter:
         """``fold``'s count grew since the last flush. The caller sets ``fold.dirty`` and calls
         this once until the next flush, which reads the count then: a folded call only counts."""
         self._dirty.append(fold)
+
+    def folded(self, seq: int, record: int, src_seq: int, src_k: int) -> None:
+        """Call ``seq`` was folded into ``record``; its first argument is ``op:<src_seq>:<src_k>``
+        (-1, -1: not an op's output). Kept so that data edges through unrecorded calls can be
+        followed. The C path appends the same four ints to ``folds`` itself, and calls
+        ``folds_full`` at the same length: change both together."""
+        self.folds += (seq, record, src_seq, src_k)
+        if len(self.folds) >= self.folds_flush:
+            self.folds_full()
+
+    def folds_full(self) -> None:
+        """A long run of folded calls (no new record to flush them): out of memory, into a chunk."""
+        self.flush()
+
+    def _take_folds(self) -> np.ndarray:
+        folds = np.array(self.folds, dtype=np.int64).reshape(-1, 4)
+        self.folds.clear()  # the same list: the C path holds it
+        out = np.empty(len(folds), FOLD_DTYPE)
+        for i, name in enumerate(FOLD_DTYPE.names):
+            out[name] = folds[:, i]
+        return out
 
     def save_tensor(self, record: Record | int, arg: str, t: torch.Tensor) -> str:
         """Queue a copy of ``t`` for the current segment; return its data reference.
@@ -243,13 +271,19 @@ class DumpWriter:
             self._touched[fold.seq] = fold
             fold.dirty = False
         self._dirty.clear()
+        folds = self._take_folds()
         if len(self._builder):
             chunk = self._builder.build()
             _set_counts(chunk.records, updates)
+            chunk.folds = folds
             self._chunks.append(chunk)
             self._rows += len(chunk.records)
             self._tensor_rows += len(chunk.tensors)
             self._builder = ColumnBuilder(self._strings, self._rows, self._tensor_rows)
+        elif len(folds):  # only folded calls since the last flush
+            chunk = concat([], self._strings)
+            chunk.folds = folds
+            self._chunks.append(chunk)
         else:
             chunk = None
         self._unjournaled = None if to_disk else chunk
@@ -269,9 +303,10 @@ class DumpWriter:
                  "first_tensor": self._tensor_rows - len(chunk.tensors), "first_string": first_string}
         if self._tensors:
             attrs["segment"] = self._segment_name()  # written after this chunk: its tensors may lag
-        self._last_chunk = (self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates)
+        self._last_chunk = (self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates, chunk.folds)
         try:
-            write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates=updates)
+            write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates=updates,
+                       folds=chunk.folds)
         except OSError as e:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
         self._chunk += 1
@@ -282,10 +317,10 @@ class DumpWriter:
         without their references to it (``_forget_segment`` dropped them), where the disk lets it."""
         if self._last_chunk is None or "segment" not in self._last_chunk[5]:
             return
-        path, records, tensors, blob, ends, attrs, updates = self._last_chunk
+        path, records, tensors, blob, ends, attrs, updates, folds = self._last_chunk
         attrs = {k: v for k, v in attrs.items() if k != "segment"}
         try:
-            write_file(path, records, tensors, blob, ends, attrs, updates=updates)
+            write_file(path, records, tensors, blob, ends, attrs, updates=updates, folds=folds)
         except OSError:
             pass  # the chunk keeps naming the missing segment: a reader finds the tensors missing
         self._last_chunk = None

@@ -54,7 +54,7 @@ static PyObject *s_shape, *s_dtype, *s_stride, *s_device, *s_data_ptr, *s_versio
     *s_dirty, *s_writes, *s_seq, *s_op_calls, *s_records_written, *s_failed, *s_by_id, *s_sweep_at, *s_op,
     *s_skeleton, *s_roles, *s_names, *s_f,
     *s_name_attr, *s_is_neg, *s_builder, *s_row_lists, *s_flush, *s_flush_records, *s_flush_seconds,
-    *s_last_flush;
+    *s_last_flush, *s_writer, *s_folds, *s_folds_flush, *s_folds_full;
 
 static PyObject *FALLBACK; /* FastPath.on_op's answer: Python takes this call, nothing was done */
 
@@ -1303,8 +1303,82 @@ static int bump_slot(PyObject *obj, PyObject *name, PyObject *one) {
     return r;
 }
 
-/* A folded call: the count of the record it folds into (Recorder._before). */
-static int fold(FastPath *self, PyObject *seen, PyObject *seq) {
+/* Producers.op_source: (seq, k) of the op call that produced t, as new references in *src and
+ * *k; both -1 when t is no plain tensor or came from a parameter, a buffer or outside. */
+static int op_source(FastPath *self, PyObject *t, PyObject **src, PyObject **k) {
+    *src = *k = NULL;
+    PyObject *by_id = NULL, *id = NULL, *entry = NULL, *ptr = NULL;
+    int r = -1;
+    if (t != NULL && PyObject_TypeCheck(t, (PyTypeObject *)self->tensor_type)) {
+        if ((by_id = PyObject_GetAttr(self->producers, s_by_id)) == NULL || (id = PyLong_FromVoidPtr(t)) == NULL)
+            goto done;
+        if (!PyDict_Check(by_id)) {
+            PyErr_SetString(PyExc_RuntimeError, "xray fast path: Producers._by_id is not a dict");
+            goto done;
+        }
+        if ((entry = PyDict_GetItemWithError(by_id, id)) == NULL && PyErr_Occurred())
+            goto done;
+        Py_XINCREF(entry); /* held: t.data_ptr() is Python code */
+        if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 4
+            && weak_target(PyTuple_GET_ITEM(entry, 0)) == t && PyLong_CheckExact(PyTuple_GET_ITEM(entry, 1))) {
+            if ((ptr = data_ptr(t)) == NULL)
+                goto done;
+            int same = PyObject_RichCompareBool(ptr, PyTuple_GET_ITEM(entry, 3), Py_EQ);
+            if (same < 0)
+                goto done;
+            if (same) {
+                *src = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+                *k = Py_NewRef(PyTuple_GET_ITEM(entry, 2));
+            }
+        }
+    }
+    if (*src == NULL) {
+        *src = PyLong_FromLong(-1);
+        *k = PyLong_FromLong(-1);
+    }
+    r = (*src == NULL || *k == NULL) ? -1 : 0;
+done:
+    Py_XDECREF(by_id), Py_XDECREF(id), Py_XDECREF(entry), Py_XDECREF(ptr);
+    if (r < 0) {
+        Py_CLEAR(*src);
+        Py_CLEAR(*k);
+    }
+    return r;
+}
+
+/* DumpWriter.folded: the call's seq, its record's, and its first argument's producer, appended
+ * to the recorder's writer's ``folds`` list; ``folds_full`` at ``folds_flush`` ints. */
+static int fold_edge(FastPath *self, PyObject *seen, PyObject *seq, PyObject *args) {
+    PyObject *writer = PyDict_GetItemWithError(self->rdict, s_writer), *folds = NULL, *record = NULL, *src, *k;
+    if (writer == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(writer);
+    int r = -1;
+    if ((folds = PyObject_GetAttr(writer, s_folds)) == NULL || (record = PyObject_GetAttr(seen, s_seq)) == NULL)
+        goto done;
+    if (!PyList_CheckExact(folds)) {
+        PyErr_SetString(PyExc_RuntimeError, "xray fast path: DumpWriter.folds is not a list");
+        goto done;
+    }
+    if (op_source(self, PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL, &src, &k) < 0)
+        goto done;
+    r = PyList_Append(folds, seq) < 0 || PyList_Append(folds, record) < 0 || PyList_Append(folds, src) < 0
+        || PyList_Append(folds, k) < 0 ? -1 : 0;
+    Py_DECREF(src), Py_DECREF(k);
+    if (r == 0) {
+        Py_ssize_t limit = int_attr(writer, s_folds_flush);
+        if (limit < 0 && PyErr_Occurred())
+            r = -1;
+        else if (PyList_GET_SIZE(folds) >= limit)
+            r = done_with(PyObject_CallMethodNoArgs(writer, s_folds_full));
+    }
+done:
+    Py_DECREF(writer), Py_XDECREF(folds), Py_XDECREF(record);
+    return r;
+}
+
+/* A folded call: the count of the record it folds into, and its data edge (Recorder._before). */
+static int fold(FastPath *self, PyObject *seen, PyObject *seq, PyObject *args) {
     if (bump_slot(seen, s_count, self->one) < 0 || PyObject_SetAttr(seen, s_last, seq) < 0)
         return -1;
     int dirty = attr_true(seen, s_dirty);
@@ -1315,7 +1389,9 @@ static int fold(FastPath *self, PyObject *seen, PyObject *seq) {
     int writes = attr_true(seen, s_writes);
     if (writes < 0)
         return -1;
-    return writes ? done_with(PyObject_CallNoArgs(self->py_wrote)) : 0; /* not described, but it wrote */
+    if (writes && done_with(PyObject_CallNoArgs(self->py_wrote)) < 0) /* not described, but it wrote */
+        return -1;
+    return fold_edge(self, seen, seq, args);
 }
 
 /* -- the call ---------------------------------------------------------------------------------------- */
@@ -1410,7 +1486,7 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
         }
         if (seen != NULL) { /* folded into an earlier record: only counted, and its outputs produced */
             Py_INCREF(seen);
-            int r = fold(self, seen, seq);
+            int r = fold(self, seen, seq, args);
             Py_DECREF(seen);
             if (r < 0)
                 goto failed_before;
@@ -1482,6 +1558,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         {&s_names, "names"}, {&s_f, "f"}, {&s_name_attr, "__name__"},
         {&s_is_neg, "is_neg"}, {&s_builder, "_builder"}, {&s_row_lists, "row_lists"}, {&s_flush, "flush"},
         {&s_flush_records, "flush_records"}, {&s_flush_seconds, "flush_seconds"}, {&s_last_flush, "_last_flush"},
+        {&s_writer, "writer"}, {&s_folds, "folds"}, {&s_folds_flush, "folds_flush"}, {&s_folds_full, "folds_full"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)

@@ -68,6 +68,14 @@ class Producers:
                 return None
         return entry
 
+    def op_source(self, t: Any) -> tuple[int, int]:
+        """(seq, k) of the op call that produced ``t``; (-1, -1) when ``t`` is no tensor, or came
+        from a parameter, a buffer or outside the recorded calls (a de-dup fold's first argument)."""
+        entry = self.entry_of(t) if isinstance(t, torch.Tensor) else None
+        if entry is None or type(entry[1]) is str:
+            return -1, -1
+        return entry[1], entry[2]
+
     def produced(self, seq: int, out: Any) -> None:
         """The output tensors of call ``seq`` (its raw result) now hold its values. Hot: runs
         for every call, de-duplicated ones included, so exact types are tried first."""

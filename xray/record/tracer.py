@@ -232,6 +232,7 @@ class Recorder:
                     self.writer.count_changed(seen)
                 if seen.writes:  # not described, but it wrote (see _unseen_write)
                     self._stats.wrote()
+                self.writer.folded(seq, seen.seq, *self.producers.op_source(args[0] if args else None))
                 return seq
         frames = self.modules.current(backward)
         if self.rows is not None:
