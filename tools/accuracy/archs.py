@@ -123,7 +123,7 @@ def calibrated(model: torch.nn.Module, seed: int, size: int = 32, batch: int = 8
     0, variance 1) and random weights a deep CNN's activations shrink ~10x a layer, to 1e-16 at
     the head, where no fault shows."""
     for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
+        if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):  # LeViT normalizes linear layers
             m.reset_running_stats()
             m.momentum = None  # cumulative average: after one batch, that batch's statistics
     model.train()
@@ -257,6 +257,28 @@ def _wav2vec2() -> torch.nn.Module:
         layerdrop=0.0, mask_time_prob=0.0))
 
 
+def _gemma2() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+    return Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=80, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, sliding_window=4,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, attn_implementation="eager"))
+
+
+def _levit() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import LevitConfig, LevitForImageClassification
+    model = LevitForImageClassification(LevitConfig(
+        image_size=64, num_channels=3, kernel_size=3, stride=2, padding=1, patch_size=16, hidden_sizes=[32, 48, 64],
+        num_attention_heads=[2, 3, 4], depths=[1, 1, 1], key_dim=[8, 8, 8], drop_path_rate=0, mlp_ratio=[2, 2, 2],
+        attention_ratio=[2, 2, 2], num_labels=10))
+    for m in model.modules():  # as EfficientNet's: HF's std-0.02 weights make activations vanish
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d, torch.nn.Linear)):
+            m.reset_parameters()
+    return calibrated(model, 22, size=64)
+
+
 class _RecurrentLM(torch.nn.Module):
     """PyTorch's word-language-model example: an embedding, a 2-layer LSTM or GRU, a decoder.
     transformers has no recurrent language model; this is the one RNN bring-ups run."""
@@ -336,6 +358,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("falcon", _seeded(_falcon), lambda: {"input_ids": _tokens(18)}),
     Arch("wav2vec2", _seeded(_wav2vec2), lambda: {"input_values": torch.randn(
         1, 800, generator=torch.Generator().manual_seed(19))}),
+    # logit soft-capping (tanh) in attention and on the logits, sliding-window layers between
+    # global ones, pre- and post-norms around each block; a convolution stem, then linear layers
+    # each followed by batch norm, Hardswish, attention with a learned bias read by index
+    Arch("gemma2", _seeded(_gemma2), lambda: {"input_ids": _tokens(20)}),
+    Arch("levit", _seeded(_levit), lambda: {"pixel_values": torch.randn(
+        1, 3, 64, 64, generator=torch.Generator().manual_seed(21))}),
 )}
 
 

@@ -336,6 +336,12 @@ HELD_OUT = {
                 "wav2vec2.feature_extractor.conv_layers.1.conv.weight", "transformer.h.0.mlp.dense_4h_to_h",
                 "wav2vec2.feature_extractor.conv_layers.1.conv", llm_norm="native_layer_norm.default",
                 llm_small=(MM, 1), cnn_late=3),  # the attention's dense output, ~5e-3
+    # set 11: logit soft-capping, alternating sliding-window and global attention, four norms per
+    # layer; a 4-convolution stem, then linear layers with batch norm, Hardswish and attention
+    # biases read by index. Added at stop 41, its first run the measurement
+    11: HeldOut("gemma2", "levit", "model.layers.1.self_attn.k_proj.weight",
+                "levit.patch_embeddings.embedding_layer_3.convolution.weight", "model.layers.0.mlp.down_proj",
+                "levit.patch_embeddings.embedding_layer_2.convolution", llm_small=("mean.dim", 9), cnn_late=3),
 }
 
 
