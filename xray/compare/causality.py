@@ -524,12 +524,11 @@ def _folded_sum(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str
         return None
     carried = row.accumulated_err if row.accumulated_err is not None else row.stats_err
     made = graph.by_seq.get(row.target_seq)
-    metas = [m for n, m in made.outputs if n == row.tensor] if made is not None else []
-    stats = metas[0].stats if metas and getattr(metas[0], "stats", None) is not None else None
+    arg = next((m for n, m in made.outputs if n == row.tensor), None) if made is not None else None
     b, t = (dict(e.inputs).get(name) for e in (p.bench, p.target))
-    if carried is None or stats is None or stats.mean is None or b is None or t is None:
+    if carried is None or arg is None or b is None or t is None:
         return None
-    return statistics_only.folded_sum(rep, carried, stats, b.stats, t.stats, f)
+    return statistics_only.folded_sum(rep, carried, arg.stats, b.stats, t.stats, f)
 
 
 def _folded_where(graph: _Graph, seq: int) -> str:
@@ -562,7 +561,7 @@ def _folded_into(graph: _Graph, seq: int, meta: Any) -> str:
     their columns hold the spans)."""
     fold = graph.fold_of(seq)
     record = graph.by_seq.get(fold[0]) if fold is not None else None
-    if record is not None:  # recorded with the dump (format v3.2): exact
+    if record is not None:  # the dump's folds table says: exact
         return f"; a call of {record.op}, folded into its record seq {record.record.seq} " \
                f"({record.record.module or 'outside any module'})"
     shape, dtype = getattr(meta, "shape", None), getattr(meta, "dtype", None)

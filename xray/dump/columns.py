@@ -194,11 +194,7 @@ class Columns:
         if not len(f):
             return
         r = self.records
-        ops = r["seq"][r["kind"] == KINDS.index("op")] if len(r) else np.zeros(0, np.int64)
-        ops = np.sort(ops)
-        at = np.searchsorted(ops, f["record"])
-        known = (at < len(ops)) & (ops[np.minimum(at, max(len(ops) - 1, 0))] == f["record"]) if len(ops) \
-            else np.zeros(len(f), bool)
+        known = np.isin(f["record"], r["seq"][r["kind"] == KINDS.index("op")])
         op_src = f["src_seq"] >= 0
         ok = known & (f["seq"] > f["record"]) & ((op_src & (f["src_seq"] < f["seq"]) & (f["src_k"] >= 0)
                                                  & (f["src_k"] < 2 ** 31))

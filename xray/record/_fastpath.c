@@ -844,33 +844,46 @@ done:
     return result;
 }
 
-/* RowPath._source: the input's data-edge cells (new reference). */
-static PyObject *source_cells(FastPath *self, PyObject *t, PyObject *id, PyObject *ptr) {
-    PyObject *by_id = PyObject_GetAttr(self->producers, s_by_id), *entry = NULL, *out = NULL;
+/* Producers.entry_of: t's producer entry (a new reference in *entry; NULL when t is a model
+ * input: no entry, another object under its id, or another storage). 0, or -1 on error. */
+static int producer_entry(FastPath *self, PyObject *t, PyObject *id, PyObject *ptr, PyObject **entry) {
+    *entry = NULL;
+    PyObject *by_id = PyObject_GetAttr(self->producers, s_by_id), *hit;
+    int r = -1;
     if (by_id == NULL)
-        return NULL;
+        return -1;
     if (!PyDict_Check(by_id)) {
         PyErr_SetString(PyExc_RuntimeError, "xray fast path: Producers._by_id is not a dict");
         goto done;
     }
-    if ((entry = PyDict_GetItemWithError(by_id, id)) == NULL) {
-        if (!PyErr_Occurred())
-            out = Py_NewRef(self->input_source);
+    if ((hit = PyDict_GetItemWithError(by_id, id)) == NULL) {
+        r = PyErr_Occurred() ? -1 : 0;
         goto done;
     }
-    Py_INCREF(entry); /* held: Python code may run below */
-    /* Producers.entry_of: this very object, and the same storage; else a model input */
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 || weak_target(PyTuple_GET_ITEM(entry, 0)) != t) {
-        out = Py_NewRef(self->input_source);
+    Py_INCREF(hit); /* held: Python code may run below */
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 4 || weak_target(PyTuple_GET_ITEM(hit, 0)) != t) {
+        Py_DECREF(hit);
+        r = 0;
         goto done;
     }
-    int same = PyObject_RichCompareBool(ptr, PyTuple_GET_ITEM(entry, 3), Py_EQ);
-    if (same < 0)
-        goto done;
-    if (!same) {
-        out = Py_NewRef(self->input_source);
-        goto done;
-    }
+    int same = PyObject_RichCompareBool(ptr, PyTuple_GET_ITEM(hit, 3), Py_EQ);
+    if (same > 0)
+        *entry = hit;
+    else
+        Py_DECREF(hit);
+    r = same < 0 ? -1 : 0;
+done:
+    Py_DECREF(by_id);
+    return r;
+}
+
+/* RowPath._source: the input's data-edge cells (new reference). */
+static PyObject *source_cells(FastPath *self, PyObject *t, PyObject *id, PyObject *ptr) {
+    PyObject *entry, *out = NULL;
+    if (producer_entry(self, t, id, ptr, &entry) < 0)
+        return NULL;
+    if (entry == NULL)
+        return Py_NewRef(self->input_source);
     PyObject *src = PyTuple_GET_ITEM(entry, 1);
     if (PyLong_CheckExact(src))
         out = untracked(PyTuple_Pack(4, self->src_op, src, PyTuple_GET_ITEM(entry, 2), self->none_id));
@@ -878,8 +891,7 @@ static PyObject *source_cells(FastPath *self, PyObject *t, PyObject *id, PyObjec
         Py_INCREF(out);
     else if (!PyErr_Occurred())
         out = call1(self->py_state_cells, src);
-done:
-    Py_DECREF(by_id), Py_XDECREF(entry);
+    Py_DECREF(entry);
     return out;
 }
 
@@ -1306,44 +1318,22 @@ static int bump_slot(PyObject *obj, PyObject *name, PyObject *one) {
 /* Producers.op_source: (seq, k) of the op call that produced t, as new references in *src and
  * *k; both -1 when t is no plain tensor or came from a parameter, a buffer or outside. */
 static int op_source(FastPath *self, PyObject *t, PyObject **src, PyObject **k) {
-    *src = *k = NULL;
-    PyObject *by_id = NULL, *id = NULL, *entry = NULL, *ptr = NULL;
-    int r = -1;
+    PyObject *entry = NULL, *id = NULL, *ptr = NULL;
+    int r = 0;
     if (t != NULL && PyObject_TypeCheck(t, (PyTypeObject *)self->tensor_type)) {
-        if ((by_id = PyObject_GetAttr(self->producers, s_by_id)) == NULL || (id = PyLong_FromVoidPtr(t)) == NULL)
-            goto done;
-        if (!PyDict_Check(by_id)) {
-            PyErr_SetString(PyExc_RuntimeError, "xray fast path: Producers._by_id is not a dict");
-            goto done;
-        }
-        if ((entry = PyDict_GetItemWithError(by_id, id)) == NULL && PyErr_Occurred())
-            goto done;
-        Py_XINCREF(entry); /* held: t.data_ptr() is Python code */
-        if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 4
-            && weak_target(PyTuple_GET_ITEM(entry, 0)) == t && PyLong_CheckExact(PyTuple_GET_ITEM(entry, 1))) {
-            if ((ptr = data_ptr(t)) == NULL)
-                goto done;
-            int same = PyObject_RichCompareBool(ptr, PyTuple_GET_ITEM(entry, 3), Py_EQ);
-            if (same < 0)
-                goto done;
-            if (same) {
-                *src = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
-                *k = Py_NewRef(PyTuple_GET_ITEM(entry, 2));
-            }
-        }
+        r = (ptr = data_ptr(t)) == NULL || (id = PyLong_FromVoidPtr(t)) == NULL
+            || producer_entry(self, t, id, ptr, &entry) < 0 ? -1 : 0;
     }
-    if (*src == NULL) {
-        *src = PyLong_FromLong(-1);
-        *k = PyLong_FromLong(-1);
-    }
-    r = (*src == NULL || *k == NULL) ? -1 : 0;
-done:
-    Py_XDECREF(by_id), Py_XDECREF(id), Py_XDECREF(entry), Py_XDECREF(ptr);
-    if (r < 0) {
+    int op = entry != NULL && PyLong_CheckExact(PyTuple_GET_ITEM(entry, 1));
+    *src = op ? Py_NewRef(PyTuple_GET_ITEM(entry, 1)) : PyLong_FromLong(-1);
+    *k = op ? Py_NewRef(PyTuple_GET_ITEM(entry, 2)) : PyLong_FromLong(-1);
+    Py_XDECREF(entry), Py_XDECREF(id), Py_XDECREF(ptr);
+    if (r < 0 || *src == NULL || *k == NULL) {
         Py_CLEAR(*src);
         Py_CLEAR(*k);
+        return -1;
     }
-    return r;
+    return 0;
 }
 
 /* DumpWriter.folded: the call's seq, its record's, and its first argument's producer, appended
