@@ -252,11 +252,21 @@ def _locate(s: Scenario, model: torch.nn.Module, folder: Path) -> str:
 
 
 def _dedup_truth(s: Scenario, folder: Path) -> Truth:
-    """De-duplicated runs: the faulty call by its seq in a trace of every call (the recorder
-    numbers folded calls too). A folded call has no record, but compare may name its seq as the
-    producer it did not record; the call's own record, where it is one, is named the same way."""
-    rec = _located(s, _models(s)[0], folder)  # a fresh model, as the recorded runs had
-    return Truth(bench={rec.seq}, target={rec.seq}, bench_module=rec.module, target_module=rec.module)
+    """De-duplicated runs: the faulty call by its seq in a trace of every call of each side, run as
+    that side runs (the target's kernels, autocast casts and wrapper number their calls their own
+    way; the recorder numbers folded calls too). A folded call has no record, but compare may
+    name its seq as the call the error entered at; the call's own record, where it is one, is
+    named the same way. The bench's k-th call of the op, where the bench runs that op."""
+    every = dataclasses.replace(s, dedup=False, data=False)
+    found = {}
+    for side, model in zip(("bench", "target"), _models(s)):  # fresh models, as the recorded runs had
+        found[side], _ = _kth(_records(_record(every, side, model, folder / side, [])), s.fault.op,
+                              s.fault.direction, s.fault.call)
+    b, t = found["bench"], found["target"]
+    if t is None:
+        raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op}")
+    return Truth(bench={b.seq} if b is not None else set(), target={t.seq},
+                 bench_module=b.module if b is not None else None, target_module=t.module)
 
 
 def _attribute_truth(bench: list, target: list, path: str, value: float) -> Truth:

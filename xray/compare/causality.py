@@ -20,6 +20,8 @@ rules of statistics_only.py after this pass.
 """
 from __future__ import annotations
 
+import copy
+
 import math
 import statistics
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from .entry_records import Entry
 from .local import LocalError, local_error, measurable
 from .matching import op_base
 from .noise_floor import Floors, outliers, reduction_length
-from .op_classes import THRESHOLD_ARG, cast_class, is_discontinuous, is_value_preserving, overwritten_inputs
+from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
 from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, row_inputs, set_origin
 from .result import CompareRow, PairStatus
@@ -78,6 +80,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
     seen = _SeenPrecision()
+    inherited: list[tuple] = []  # rows inherited from a failing row, with what _decide saw: _decide_again
     matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         agree = agreement(p.inputs)  # (per row below: row_inputs)
@@ -102,13 +105,20 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                     "wrong on its own inputs" if _wrong_on_its_inputs(p, k, floors) else "another argument")) if x)
             r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
-                _decide(r, p, k, graph, floors, seen.origin or p.target.pos > random_pos, seen)
-                if r.origin == "born" and p.target.kind == "op":
+                born_seen = seen.origin or p.target.pos > random_pos
+                _decide(r, p, k, graph, floors, born_seen, seen)
+                if r.cause == "inherited" and r.culprit_target_seq is None:
+                    inherited.append((r, p, k, born_seen, copy.copy(seen)))
+                # a statistics row born with nothing recomputed is provisional: the statistics
+                # rules (run last) may find it precision loss
+                if r.origin == "born" and p.target.kind == "op" and not (
+                        r.cause == "local error" and statistics_only.unmeasured(r)):
                     seen.origin = True
                 seen.add(r)
     _modules_follow_their_ops(pending, eb, graph)
     statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
     _inherited_precision_loss(pending, graph, rules)
+    _decide_again(inherited, graph, floors)
     # a module whose ops were recorded is judged by them (_modules_follow_their_ops), not as a kind
     statistics_only.kind_outliers([p for p in pending if p.target.kind != "module" or not _ops_inside(p.target, eb, True)],
                                   rules, index.kind_errors)
@@ -251,6 +261,13 @@ class _Graph:
         bench, target = self._calls
         return bench.get(e.op, 0) == target.get(e.op, -1)
 
+    @property
+    def folds_per_module(self) -> bool:
+        """The target dump's de-dup folded a call into a record of its own module (config
+        ``dedup_scope``, written since stop 42; before, into any module's)."""
+        header = getattr(self.dump, "header", None) or {}
+        return (header.get("config") or {}).get("dedup_scope") == "module"
+
     def fold_of(self, seq: int) -> tuple[int, int, int] | None:
         """(record seq, src_seq, src_k) of a call de-dup folded (the dump's folds table, written
         since stop 41: the record it was folded into, its first argument's producer), or None."""
@@ -361,7 +378,9 @@ class _Graph:
                 self._within[key] = self._computed_right(op, substituted)
             if self._within[key] is False:
                 return "target-only", op
-            unmeasured = unmeasured or self._within[key] is None
+            if self._within[key] is None and not unmeasured:
+                unmeasured = True
+                self.wrong.setdefault(e.pos, _unmeasured_why(op))
             cast = _cast_of(op)
             if cast:
                 casts.append(cast)
@@ -391,7 +410,19 @@ class _Graph:
                 return False
             if not substituted and _changed_beyond_rounding(op, meta, self.dump, self.floors.rules):
                 return False
+        if not measured and not substituted and is_cast(op.op) and op.inputs and op.outputs:  # statistics only
+            return statistics_only.cast_rounds_only(op.inputs[0][1], op.outputs[0][1], self.floors.rules.local_factor)
         return True if measured or is_value_preserving(op.op) and substituted else None
+
+
+def _unmeasured_why(op: Entry) -> str:
+    """Why a target-only op is not judged, and what recording would judge it."""
+    tensors = [m for _, m in (*op.inputs, *op.outputs) if isinstance(m, TensorMeta)]
+    saved = sum(m.data is not None for m in tensors)
+    if saved == len(tensors):
+        return f"not judged: {op.name} cannot be recomputed here"
+    return (f"not judged: {op.name} has {saved} of the {len(tensors)} tensors it reads and writes saved "
+            f"(X_DUMP_NUM); record with X_DUMP_NUM={len(tensors)} to judge it")
 
 
 def _same_values_by_statistics(op: Entry) -> bool:
@@ -537,6 +568,10 @@ def _folded_where(graph: _Graph, seq: int) -> str:
     module, else the two neighbours' modules. Empty when neither is known."""
     if graph.around is None:
         return ""
+    fold = graph.fold_of(seq)
+    record = graph.by_seq.get(fold[0]) if fold is not None and graph.folds_per_module else None
+    if record is not None:  # it ran in its record's module (encode.dedup_key)
+        return f"; ran inside {record.record.module}" if record.record.module else "; ran outside any module"
     before, after = graph.around(seq)
     if before is None and after is None:
         return ""
@@ -729,6 +764,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         meta = next((m for n, m, _, _ in row_inputs(p, k) if n == name), None)
         carried = None if seen is None or seen.origin \
             else _carried_from_unrecorded(r, p, k, name, seq, seen, floors, graph)
+        if carried is None:  # the error enters at a call without a matched record: named as the origin
+            r.culprit_target_seq = seq
         if carried is not None:
             downgrade(r, carried)
         elif seq in graph.by_seq:  # recorded on the target alone (_Graph.folded_on_the_bench)
@@ -961,7 +998,7 @@ def _inherited_precision_loss(pending: list[Pending], graph: "_Graph", rules: An
             if zero:
                 rounding.add(id(r))
             if r.status == PairStatus.FAIL.value and (r.cause != "inherited" or r.local_err is not None):
-                continue  # born, or measured: decided
+                continue  # born, or measured: decided (or decided again: _decide_again)
             carried, losses, zeros, settled = 0.0, [], [], True
             for name, meta, status, err in row_inputs(p, k):
                 if status in (PairStatus.PASS.value, PairStatus.SKIP.value):
@@ -988,6 +1025,28 @@ def _inherited_precision_loss(pending: list[Pending], graph: "_Graph", rules: An
                     and r.stats_err <= f * carried:
                 downgrade(r, f"carries {_row_name(losses[0])}'s precision loss: its error {r.stats_err:.3g} is "
                              f"within {f:g}x what its inputs carry ({carried:.3g}; nothing recomputed)")
+
+
+def _decide_again(inherited: list[tuple], graph: "_Graph", floors: Floors) -> None:
+    """Rows decided inherited from a row that the statistics rules (run last) settled since, as
+    precision loss, are decided again, in execution order, with what was seen before them: a
+    record that de-dup keeps statistics of (its signature's tensors were copied in another module)
+    settles late, and the rows fed by it must not stay failures it no longer is."""
+    for r, p, k, born_seen, seen in inherited:
+        if r.status != PairStatus.FAIL.value or r.cause != "inherited" or not _producers_settled(r, p, k, graph):
+            continue
+        r.origin = r.cause = r.culprit = ""
+        _decide(r, p, k, graph, floors, born_seen, seen)
+
+
+def _producers_settled(r: CompareRow, p: Pending, k: int, graph: "_Graph") -> bool:
+    """No disagreeing input of output ``k`` comes from a failing row any more."""
+    for name, meta, status, _ in row_inputs(p, k):
+        if status in (PairStatus.PASS.value, PairStatus.SKIP.value) or name.startswith(("param:", "forward_params.")):
+            continue
+        if graph.producer(meta, p.target.record.seq)[0] == "failing":
+            return False
+    return True
 
 
 def _row_name(r: CompareRow) -> str:

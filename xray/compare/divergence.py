@@ -5,14 +5,15 @@ from .result import CompareRow, PairStatus
 
 
 def first_divergence(rows: list[CompareRow]) -> CompareRow | None:
-    """The earliest born failing row; else the earliest failing row.
+    """The earliest born failing row, or row inherited from a call with no matched record (de-dup
+    folded it: ``culprit_target_seq``, the error entered there); else the earliest failing row.
 
     Module-level dumps record a module when it is entered, before its children: when the picked
     row is a module and a born failing row inside it follows (a child module, or an ATen op
     recorded inside it with dump_torch_api), the error is born in that child: the innermost wins.
     """
     failing = [r for r in rows if r.status in (PairStatus.FAIL.value, PairStatus.NAN_INF.value)]
-    born = [r for r in failing if r.origin == "born"]
+    born = [r for r in failing if r.origin == "born" or r.culprit_target_seq is not None]
     if not born:
         return failing[0] if failing else None
     pick = born[0]

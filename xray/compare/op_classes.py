@@ -80,6 +80,12 @@ def is_discontinuous(op: str, kind: str = "op") -> bool:
 _ORDER = ("float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "float64")
 
 
+def is_cast(op: str) -> bool:
+    """A dtype conversion (``_to_copy``, ``to``, ``copy``): its values move unchanged but for
+    the rounding of the coarser dtype."""
+    return packet(op) in _CASTS
+
+
 def cast_class(op: str, from_dtype: str, to_dtype: str) -> str | None:
     """``"cast to bfloat16"`` when ``op`` casts to a float dtype of lower precision, else None."""
     if packet(op) not in _CASTS or from_dtype not in _ORDER or to_dtype not in _ORDER:

@@ -73,4 +73,5 @@ def downgrade(r: CompareRow, why: str) -> None:
         r.note = "; ".join(x for x in (r.note, f"precision: {why}") if x)
         return
     r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
+    r.culprit_target_seq = None
     r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)

@@ -35,7 +35,9 @@ class CompareRow:
     inputs_agree: str = ""  # "yes", "no", "unknown"
     cause: str = ""  # why: parameter / target-only op / model input / local error / precision loss / inherited
     culprit: str = ""  # what the cause names: the parameter, the target-only op, the producing record
-    culprit_target_seq: int | None = None  # target seq of a target-only op (cause "target-only op")
+    # target seq of the call the error enters at, where no matched record is: a target-only op
+    # (cause "target-only op"), or a call de-dup folded (inherited from it: the dump holds no record of it)
+    culprit_target_seq: int | None = None
     local_err: float | None = None  # max|target - fp64 recomputation on the target's inputs| / max|recomputation|
     local_floor: float | None = None  # the same error of CPU at the target's dtype (the op's own noise)
     accumulated_err: float | None = None  # max|target - bench| / max|bench|

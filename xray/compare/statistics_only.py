@@ -241,6 +241,30 @@ def _within_rounding(e: Entry, k: int, factor: float) -> bool:
     return _rms(st) <= factor * math.sqrt(max(n, 1)) * unit * max(_rms(m.stats) for m in ins)
 
 
+def cast_rounds_only(first: Any, out: Any, factor: float) -> bool | None:
+    """A dtype cast, by its input's and output's statistics alone: True when they moved by no
+    more than ``factor`` x the coarser dtype's rounding at the input's largest magnitude (rounding
+    moves each element by at most that, so its min, max, mean and std too), False beyond it, None
+    when they cannot tell (no statistics, another shape, a non-float dtype)."""
+    a, b = getattr(first, "stats", None), getattr(out, "stats", None)
+    if a is None or b is None or tuple(first.shape) != tuple(out.shape):
+        return None
+    try:
+        dtypes = [dtype_from_name(m.dtype) for m in (first, out)]
+    except (ValueError, TypeError):
+        return None
+    if not all(d.is_floating_point for d in dtypes):
+        return None
+    values = [(a.min, b.min), (a.max, b.max), (a.mean, b.mean), (a.std, b.std)]
+    if any(x is None or y is None for x, y in values):
+        return None
+    if (a.nan, a.posinf, a.neginf) != (b.nan, b.posinf, b.neginf):
+        return False
+    step = max(torch.finfo(d).eps for d in dtypes)
+    scale = max(abs(a.min), abs(a.max))
+    return all(abs(y - x) <= factor * step * scale for x, y in values)
+
+
 def unmeasured(r: CompareRow) -> bool:
     """A failing row judged on statistics, with nothing recomputed."""
     return r.status == PairStatus.FAIL.value and r.mode == "stats" and r.local_err is None and bool(r.stats_err)

@@ -510,6 +510,24 @@ fail:
     return NULL;
 }
 
+/* encode.dedup_key: (signature, the innermost module's path or None); the forward stack, as
+ * this path takes forward calls only. NULL without error where the call has no signature. */
+static PyObject *dedup_key(FastPath *self, OpFacts *op, PyObject *args, PyObject *kwargs) {
+    PyObject *signature = signature_key(self, op, args, kwargs);
+    if (signature == NULL)
+        return NULL;
+    Py_ssize_t depth = PyList_GET_SIZE(self->stack);
+    PyObject *frame = depth ? PyList_GET_ITEM(self->stack, depth - 1) : NULL;
+    if (frame != NULL && (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) < 1)) {
+        Py_DECREF(signature);
+        PyErr_SetString(PyExc_RuntimeError, "xray fast path: a module frame is not a (path, class) pair");
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(2, signature, frame ? PyTuple_GET_ITEM(frame, 0) : Py_None);
+    Py_DECREF(signature);
+    return key;
+}
+
 /* -- tensors ---------------------------------------------------------------------------------- */
 /* StatsCache.stamp: the version a cache entry is valid for, or None (new reference). */
 static PyObject *stamp(FastPath *self, PyObject *t) {
@@ -1464,7 +1482,7 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
     if (bump(self, s_op_calls, NULL) < 0 || bump(self, s_seq, &seq) < 0)
         goto failed_before;
     if (self->dedup) {
-        signature = signature_key(self, op, args, kwargs);
+        signature = dedup_key(self, op, args, kwargs);
         if (signature == NULL && PyErr_Occurred())
             goto failed_before;
         PyObject *seen = signature ? PyDict_GetItemWithError(self->seen, signature) : NULL;

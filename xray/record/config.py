@@ -87,5 +87,8 @@ class DumpConfig:
         return cls(**given)
 
     def to_json(self) -> dict:
-        return {"X_DEBUG": int(self.debug), "X_DEDUP": self.dedup, "X_DUMP_NUM": self.dump_num,
-                "flags": [f.name for f in DebugFlags if self.debug & f]}
+        out = {"X_DEBUG": int(self.debug), "X_DEDUP": self.dedup, "X_DUMP_NUM": self.dump_num,
+               "flags": [f.name for f in DebugFlags if self.debug & f]}
+        if self.dedup:  # a call folds into a record of its signature in its own module (encode.dedup_key)
+            out["dedup_scope"] = "module"
+        return out

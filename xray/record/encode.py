@@ -118,6 +118,14 @@ def signature_key(op: OpInfo, args: tuple, kwargs: dict) -> tuple:
     return tuple(parts)
 
 
+def dedup_key(signature: tuple, frames: list) -> tuple:
+    """De-dup's identity of a call: its signature in the innermost module running it (None
+    outside any). Each module keeps a record of each signature it calls, so a fault in layer 17
+    of 32 has a record of its own; that module's later calls (the next step, the next token)
+    fold into it. The C path (_fastpath.c: fp_on_op) pairs the same way."""
+    return (signature, frames[-1][0] if frames else None)
+
+
 def _key(a: Any) -> Any:
     if type(a) in PLAIN_TENSORS or isinstance(a, torch.Tensor):
         return (a.shape, a.dtype, a.stride(), a.device)

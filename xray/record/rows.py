@@ -111,9 +111,10 @@ class RowPath:
 
     # -- before the call: inputs, described before an in-place op changes them ----------------
     def before(self, func, info, args: tuple, kwargs: dict, seq: int, backward: bool, frames: list,
-               stack: list[str] | None = None) -> RowCall:
-        """The pending call: its inputs described (and copied, up to ``dump_num``) before it runs,
-        since an in-place op changes them; ``stack`` the user's Python frames (STACK)."""
+               stack: list[str] | None = None, signature: tuple | None = None) -> RowCall:
+        """The pending call: its inputs described (and copied, up to the recorder's
+        ``tensor_budget``) before it runs, since an in-place op changes them; ``stack`` the user's
+        Python frames (STACK); ``signature`` its de-dup key."""
         call = RowCall()
         call.layouts, call.stats, call.sources, call.notes, call.data = [], [], [], None, None
         parts = [info]  # the op, hashed by identity
@@ -129,12 +130,12 @@ class RowPath:
                     parts.append(self._input(a, call))
             if kwargs:
                 parts += [(name, self._input(a, call)) for name, a in kwargs.items()]
-        call.info, call.seq, call.frames, call.signature = info, seq, tuple(frames), None  # the stack as it is now
+        call.info, call.seq, call.frames, call.signature = info, seq, tuple(frames), signature  # the stack as it is now
         call.direction = _BACKWARD if backward else _FORWARD
         call.key = tuple(parts)
         call.args, call.kwargs, call.stack = args, kwargs, stack
-        if self.dump_num:
-            self._save(call, "in", bind_inputs(info, args, kwargs), 0, self.dump_num)
+        if self.dump_num and (budget := self.recorder.tensor_budget(signature)):
+            self._save(call, "in", bind_inputs(info, args, kwargs), 0, budget)
         return call
 
     def _input(self, a: Any, call: RowCall) -> Any:
@@ -301,10 +302,10 @@ class RowPath:
             notes = call.notes or {}
             cache_view_outputs(cache, call.args, [(o, call.stats[i]) for i, o in enumerate(outs, start=first_out)
                                                   if i not in notes])
-        if self.dump_num and self.described:
+        if self.dump_num and self.described and (budget := self.recorder.tensor_budget(call.signature)):
             saved = len(call.data or ())
             self._save(call, "out", dict(enumerate(list(out) if info.returns > 1 else [out])), first_out,
-                       self.dump_num - saved)
+                       budget - saved)
         frames = call.frames
         ids = self._frames.get(frames)
         if ids is None:

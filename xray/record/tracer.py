@@ -27,7 +27,7 @@ from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
-                     signature_key, tensor_meta, unsupported)
+                     dedup_key, signature_key, tensor_meta, unsupported)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
@@ -112,8 +112,11 @@ class Recorder:
         self.records_written = 0
         self.tensors_saved = 0
         self.failed: str | None = None
-        # signature -> the count of the record its calls fold into
+        # (signature, module) -> the count of the record its calls fold into (dedup_key)
         self._seen: dict[tuple, Fold] = {}
+        # signatures whose first record copied its tensors (X_DUMP_NUM): later records of them,
+        # in other modules, keep statistics only
+        self._saved: set[tuple] = set()
         self.deferred = DeferredStats()
         # The row path takes every op call of a writer that takes rows; the Record path remains
         # for a sink that consumes Records (the module debugger's) and as the tests' reference.
@@ -217,10 +220,11 @@ class Recorder:
         seq = self.seq
         self.seq += 1
         info = op_info(func)
+        frames = self.modules.current(backward)
         key = None
         if self.dedup:
             try:
-                key = signature_key(info, args, kwargs)
+                key = dedup_key(signature_key(info, args, kwargs), frames)
                 seen = self._seen.get(key)
             except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
                 key = seen = None
@@ -234,18 +238,15 @@ class Recorder:
                     self._stats.wrote()
                 self.writer.folded(seq, seen.seq, *self.producers.op_source(args[0] if args else None))
                 return seq
-        frames = self.modules.current(backward)
         if self.rows is not None:
             stack = _user_stack(self.config.stack_depth) if self.stack_on else None
-            call = self.rows.before(func, info, args, kwargs, seq, backward, frames, stack)
-            call.signature = key
-            return call
+            return self.rows.before(func, info, args, kwargs, seq, backward, frames, stack, key)
         rec = Record(seq=seq, kind="op", op=info.name, direction="backward" if backward else "forward",
                      module=frames[-1][0] if frames else None, module_stack=list(frames),
                      mutates=list(info.mutates))
         if self.stack_on:
             rec.stack = _user_stack(self.config.stack_depth)
-        budget = [self.config.dump_num]
+        budget = [self.tensor_budget(key)]
         # Inputs are described (and copied) before the call: in-place ops mutate them.
         bound = bind_inputs(info, args, kwargs)
         if self.meta_on or self.stats_on:
@@ -253,6 +254,18 @@ class Recorder:
         if budget[0]:
             self._save(rec, "in", bound, rec.inputs, budget)
         return rec, info, key, budget, bound
+
+    def tensor_budget(self, key: tuple | None) -> int:
+        """X_DUMP_NUM for a new record; 0 where de-dup already copied the tensors of its
+        signature's first record (one module's), so that another module's call of it keeps its
+        statistics only: tensors cost what every layer's would, statistics little."""
+        return self.config.dump_num if key is None or key[0] not in self._saved else 0
+
+    def _folds_into(self, key: tuple | None, seq: int, writes: bool) -> None:
+        """A new record of de-dup key ``key``: later calls of it fold into it."""
+        if key is not None:
+            self._seen[key] = Fold(seq, writes)
+            self._saved.add(key[0])
 
     def _unseen_write(self, func) -> None:
         """A call that is not described may still write a tensor: inference tensors, cached
@@ -295,8 +308,7 @@ class Recorder:
             self.producers.produced(call.seq, out)
             self.rows.after(call, out)
             self.records_written += 1
-            if call.signature is not None:
-                self._seen[call.signature] = Fold(call.seq, call.info.writes)
+            self._folds_into(call.signature, call.seq, call.info.writes)
             return
         rec, info, key, budget, bound = pending
         if info.written_results:
@@ -315,8 +327,7 @@ class Recorder:
                 cache_view_outputs(self._stats, args, _described(outs, rec.outputs))
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
-        if key is not None:
-            self._seen[key] = Fold(rec.seq, info.writes)
+        self._folds_into(key, rec.seq, info.writes)
         self._emit(rec)
 
     def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
