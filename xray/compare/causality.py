@@ -923,7 +923,7 @@ def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: A
         if status == PairStatus.PASS.value or name not in bench_inputs or meta.data is None:
             continue
         kind, op = graph.producer(meta, p.target.record.seq)
-        if kind != "target-only":
+        if kind != "target-only" or graph.folded_on_the_bench(op):  # a call the bench folded is no insertion
             continue
         src_b = _op_source(bench_inputs[name])
         if src_b is None or matched_target.get(src_b.seq) is None:
