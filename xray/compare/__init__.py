@@ -160,7 +160,8 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
 
 def dedup_note(dump, side: str) -> str | None:
     """What a de-duplicated dump hides, or None. De-duplication (X_DEDUP, the recorder's default)
-    keeps one record per call signature: later calls with the same signature are not there."""
+    keeps one record per call signature per module (by signature alone before stop 42): later
+    calls of it there are not."""
     n_records, folded = _folded(dump)
     config = (getattr(dump, "header", None) or {}).get("config") or {}
     if not folded and not config.get("X_DEDUP"):
@@ -168,9 +169,11 @@ def dedup_note(dump, side: str) -> str | None:
     if not folded:
         return (f"{side} dump was recorded with X_DEDUP=1; no call was folded here, but a longer run would "
                 "lose repeated calls: record with X_DEDUP=0 to compare every call")
+    where = "in its module " if config.get("dedup_scope") == "module" else ""
     return (f"{side} dump is DE-DUPLICATED (X_DEDUP=1): {n_records} records stand for {n_records + folded} calls; "
-            f"{folded} later calls with an already-seen signature were not recorded, so an error born in one of them "
-            "is invisible and the first divergence may be late or missing. Record with X_DEDUP=0")
+            f"{folded} later calls of a signature already seen {where}were not recorded, so an error born in one of "
+            "them is found only where a recorded call carries it, and the first divergence may be late or missing. "
+            "Record with X_DEDUP=0")
 
 
 def _columns(dump):

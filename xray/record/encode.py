@@ -122,7 +122,7 @@ def dedup_key(signature: tuple, frames: list) -> tuple:
     """De-dup's identity of a call: its signature in the innermost module running it (None
     outside any). Each module keeps a record of each signature it calls, so a fault in layer 17
     of 32 has a record of its own; that module's later calls (the next step, the next token)
-    fold into it. The C path (_fastpath.c: fp_on_op) pairs the same way."""
+    fold into it. The C path (_fastpath.c: dedup_key) builds the same key."""
     return (signature, frames[-1][0] if frames else None)
 
 

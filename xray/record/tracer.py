@@ -258,7 +258,8 @@ class Recorder:
     def tensor_budget(self, key: tuple | None) -> int:
         """X_DUMP_NUM for a new record; 0 where de-dup already copied the tensors of its
         signature's first record (one module's), so that another module's call of it keeps its
-        statistics only: tensors cost what every layer's would, statistics little."""
+        statistics only: tensors cost what every layer's would, statistics little. (The C path
+        takes no call while X_DUMP_NUM is set, so only this path copies tensors.)"""
         return self.config.dump_num if key is None or key[0] not in self._saved else 0
 
     def _folds_into(self, key: tuple | None, seq: int, writes: bool) -> None:
