@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                     help="a held-out set instead: 1 (Mistral, ResNet), 2 (Gemma, ConvNeXt), "
                          "3 (Mixtral MoE, MobileNetV2), 4 (Phi, EfficientNet), 5 (Whisper, Swin), 6 (BLOOM, RegNet), "
                          "7 (DeBERTa, SegFormer), 8 (OPT, BiT: training steps), 9 (Mamba, MobileViT), "
-                         "10 (Falcon, Wav2Vec2), 11 (Gemma 2, LeViT); see accuracy/scenarios.py")
+                         "10 (Falcon, Wav2Vec2), 11 (Gemma 2, LeViT), 12 (OLMo 2, ConvNeXt V2); see accuracy/scenarios.py")
     ap.add_argument("--defaults", action="store_true",
                     help="record the chosen trace scenarios (noise and injected faults) with the recorder's defaults, "
                          "X_DEDUP=1 and X_DUMP_NUM=5, as users record; their classes get '/defaults'")

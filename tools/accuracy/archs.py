@@ -279,6 +279,22 @@ def _levit() -> torch.nn.Module:
     return calibrated(model, 22, size=64)
 
 
+def _olmo2() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import Olmo2Config, Olmo2ForCausalLM
+    return Olmo2ForCausalLM(Olmo2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa"))
+
+
+def _convnextv2() -> torch.nn.Module:
+    with _quiet_import():
+        from transformers import ConvNextV2Config, ConvNextV2ForImageClassification
+    return ConvNextV2ForImageClassification(ConvNextV2Config(
+        num_channels=3, hidden_sizes=[16, 32, 48], depths=[1, 2, 1], num_stages=3, num_labels=10, image_size=64,
+        patch_size=4))
+
+
 class _RecurrentLM(torch.nn.Module):
     """PyTorch's word-language-model example: an embedding, a 2-layer LSTM or GRU, a decoder.
     transformers has no recurrent language model; this is the one RNN bring-ups run."""
@@ -364,6 +380,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gemma2", _seeded(_gemma2), lambda: {"input_ids": _tokens(20)}),
     Arch("levit", _seeded(_levit), lambda: {"pixel_values": torch.randn(
         1, 3, 64, 64, generator=torch.Generator().manual_seed(21))}),
+    # RMS norms on the query and key projections (QK-norm) and after attention and MLP instead of
+    # before; depthwise 7x7 convolutions, LayerNorm over channels, GELU and global response
+    # normalization (a spatial L2 norm divided by its channel mean)
+    Arch("olmo2", _seeded(_olmo2), lambda: {"input_ids": _tokens(23)}),
+    Arch("convnextv2", _seeded(_convnextv2), lambda: {"pixel_values": torch.randn(
+        1, 3, 64, 64, generator=torch.Generator().manual_seed(24))}),
 )}
 
 

@@ -342,6 +342,13 @@ HELD_OUT = {
     11: HeldOut("gemma2", "levit", "model.layers.1.self_attn.k_proj.weight",
                 "levit.patch_embeddings.embedding_layer_3.convolution.weight", "model.layers.0.mlp.down_proj",
                 "levit.patch_embeddings.embedding_layer_2.convolution", llm_small=("mean.dim", 9), cnn_late=3),
+    # set 12: RMS norms on the query and key projections (QK-norm), norms after attention and MLP
+    # (a changed QK-norm weight, an op inserted after it); ConvNeXt V2's global response
+    # normalization (its zero-initialised weight changed, an op inserted after it). Added at stop
+    # 42 after module-scoped de-dup, its first run the measurement
+    12: HeldOut("olmo2", "convnextv2", "model.layers.1.self_attn.k_norm.weight",
+                "convnextv2.encoder.stages.1.layers.0.grn.weight", "model.layers.0.self_attn.q_norm",
+                "convnextv2.encoder.stages.1.layers.0.grn", llm_small=(MM, 3), cnn_late=5),  # layer 0's o_proj, ~2e-4
 }
 
 
