@@ -228,41 +228,30 @@ def _module_truth(bench: list, target: list, path: str, strip_target: str = "") 
     return truth
 
 
-def _located(s: Scenario, model: torch.nn.Module, folder: Path):
-    """The faulty call's record in a trace of every call of the bench model, recorded with the
-    scenario's flags (seqs count what those flags record)."""
-    inputs = _inputs(s, "bench")  # made before the recording, as _record makes them
-    xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=False, X_DUMP_NUM=0, dump_dir=folder)
-    try:
-        run_model(model, inputs, s.backward, s.optimizer)
-    finally:
-        path = xray.end_dump()
-    rec, _ = _kth(_records(path), s.fault.op, s.fault.direction, s.fault.call)
-    if rec is None:
-        raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op}")
+def _located(s: Scenario, side: str, model: torch.nn.Module, folder: Path):
+    """The faulty call's record (or None) in a trace of every call of ``side``'s model, run as that
+    side runs (the target's kernels, autocast casts and wrapper number their calls their own way)
+    with the scenario's flags (seqs count what those flags record; folded calls too)."""
+    every = dataclasses.replace(s, dump="trace", dedup=False, data=False)
+    rec, _ = _kth(_records(_record(every, side, model, folder, [])), s.fault.op, s.fault.direction, s.fault.call)
     return rec
 
 
 def _locate(s: Scenario, model: torch.nn.Module, folder: Path) -> str:
-    """The module path of the faulty call."""
-    rec = _located(dataclasses.replace(s, backward=False, optimizer=None), model, folder)  # forward only
-    if rec.module is None:
+    """The module path of the faulty call, in the bench's forward."""
+    rec = _located(dataclasses.replace(s, backward=False, optimizer=None), "bench", model, folder)
+    if rec is None or rec.module is None:
         raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op} in a module")
     return rec.module
 
 
 def _dedup_truth(s: Scenario, folder: Path) -> Truth:
-    """De-duplicated runs: the faulty call by its seq in a trace of every call of each side, run as
-    that side runs (the target's kernels, autocast casts and wrapper number their calls their own
-    way; the recorder numbers folded calls too). A folded call has no record, but compare may
-    name its seq as the call the error entered at; the call's own record, where it is one, is
-    named the same way. The bench's k-th call of the op, where the bench runs that op."""
-    every = dataclasses.replace(s, dedup=False, data=False)
-    found = {}
-    for side, model in zip(("bench", "target"), _models(s)):  # fresh models, as the recorded runs had
-        found[side], _ = _kth(_records(_record(every, side, model, folder / side, [])), s.fault.op,
-                              s.fault.direction, s.fault.call)
-    b, t = found["bench"], found["target"]
+    """De-duplicated runs: the faulty call by its seq in each side's own trace of every call. A
+    folded call has no record, but compare may name its seq as the call the error entered at;
+    the call's own record, where it is one, is named the same way. The bench's k-th call of the
+    op, where the bench runs that op."""
+    bench_model, target_model = _models(s)  # fresh models, as the recorded runs had
+    b, t = _located(s, "bench", bench_model, folder / "bench"), _located(s, "target", target_model, folder / "target")
     if t is None:
         raise HarnessError(f"cannot locate call {s.fault.call} of {s.fault.op}")
     return Truth(bench={b.seq} if b is not None else set(), target={t.seq},

@@ -21,7 +21,6 @@ rules of statistics_only.py after this pass.
 from __future__ import annotations
 
 import copy
-
 import math
 import statistics
 from dataclasses import dataclass
@@ -227,7 +226,9 @@ class _Graph:
         self._entries = entries  # (bench, target) entries: module forward calls are looked up there
         self._forward: list[dict] | None = None
         self._within: dict[tuple[int, bool], bool | None] = {}  # (target pos, substituted) -> verdict
-        self.wrong: dict[int, str] = {}  # target pos -> how a substituted kernel is wrong on its inputs
+        # target pos -> why a target-only op fails its judgement: a substituted kernel wrong on its
+        # inputs, or an op that could not be judged (_unmeasured_why)
+        self.wrong: dict[int, str] = {}
 
     def folds(self) -> tuple | None:
         """The target's records that stand for more than one call (their rows in its columns, and
@@ -764,19 +765,15 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         meta = next((m for n, m, _, _ in row_inputs(p, k) if n == name), None)
         carried = None if seen is None or seen.origin \
             else _carried_from_unrecorded(r, p, k, name, seq, seen, floors, graph)
-        if carried is None:  # the error enters at a call without a matched record: named as the origin
-            r.culprit_target_seq = seq
         if carried is not None:
             downgrade(r, carried)
-        elif seq in graph.by_seq:  # recorded on the target alone (_Graph.folded_on_the_bench)
-            set_origin(r, "inherited", "inherited",
-                       f"input {name} from op seq {seq} (recorded on the target only: the bench de-duplicated "
-                       "that call into a record of another signature)")
-        else:
-            set_origin(r, "inherited", "inherited",
-                       f"input {name} from op seq {seq} (not recorded: de-duplicated"
-                       f"{'' if graph.fold_of(seq) else '?'}{_folded_into(graph, seq, meta)}"
-                       f"{_folded_where(graph, seq)})")
+        else:  # the error enters at a call with no matched record: it is named as the origin
+            why = ("recorded on the target only: the bench de-duplicated that call into a record of another "
+                   "signature" if seq in graph.by_seq  # (_Graph.folded_on_the_bench)
+                   else f"not recorded: de-duplicated{'' if graph.fold_of(seq) else '?'}"
+                        f"{_folded_into(graph, seq, meta)}{_folded_where(graph, seq)}")
+            set_origin(r, "inherited", "inherited", f"input {name} from op seq {seq} ({why})")
+            r.culprit_target_seq = seq
     elif k in p.precision:
         downgrade(r, f"consistent with {p.precision[k]} on every call of {p.target.op}"
                       f" (local error {le.local:.3g}, that precision's {le.steps[p.precision[k]]:.3g})")
@@ -1033,13 +1030,13 @@ def _decide_again(inherited: list[tuple], graph: "_Graph", floors: Floors) -> No
     record that de-dup keeps statistics of (its signature's tensors were copied in another module)
     settles late, and the rows fed by it must not stay failures it no longer is."""
     for r, p, k, born_seen, seen in inherited:
-        if r.status != PairStatus.FAIL.value or r.cause != "inherited" or not _producers_settled(r, p, k, graph):
+        if r.status != PairStatus.FAIL.value or r.cause != "inherited" or not _producers_settled(p, k, graph):
             continue
         r.origin = r.cause = r.culprit = ""
         _decide(r, p, k, graph, floors, born_seen, seen)
 
 
-def _producers_settled(r: CompareRow, p: Pending, k: int, graph: "_Graph") -> bool:
+def _producers_settled(p: Pending, k: int, graph: "_Graph") -> bool:
     """No disagreeing input of output ``k`` comes from a failing row any more."""
     for name, meta, status, _ in row_inputs(p, k):
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value) or name.startswith(("param:", "forward_params.")):

@@ -192,10 +192,6 @@ def _input_tensor_keys(columns: Columns, rows: np.ndarray, n_inputs: np.ndarray,
     return keys
 
 
-__all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns",
-           "skeleton_keys"]
-
-
 def op_call_counts(columns: Columns) -> Counter:
     """Calls per op name, de-duplicated records counted with every call folded into them, in
     the order ops first appear: the counts ``xray info`` prints and compare's de-dup rules read."""
@@ -208,3 +204,8 @@ def op_call_counts(columns: Columns) -> Counter:
     for k in np.argsort(first, kind="stable").tolist():  # Counter order: first appearance (ties in most_common)
         calls[columns.strings[int(unique[k])]] = int(sums[k])
     return calls
+
+
+__all__ = ["MARK", "SkeletonKeys", "canonical", "check_records", "combine", "group_rows", "native_columns",
+           "op_call_counts", "skeleton_keys"]
+

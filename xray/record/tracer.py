@@ -266,7 +266,8 @@ class Recorder:
         """A new record of de-dup key ``key``: later calls of it fold into it."""
         if key is not None:
             self._seen[key] = Fold(seq, writes)
-            self._saved.add(key[0])
+            if self.config.dump_num:  # (tensor_budget's question; none without X_DUMP_NUM)
+                self._saved.add(key[0])
 
     def _unseen_write(self, func) -> None:
         """A call that is not described may still write a tensor: inference tensors, cached
