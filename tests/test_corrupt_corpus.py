@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import traceback
 import warnings
@@ -29,6 +30,9 @@ from xray.dump.csv_cells import risky
 from xray.dump.json_index import rewrite_as_json
 
 DEEP = "[" * 5000 + "]" * 5000
+# a module name that sets the terminal's title, clears the screen and turns the text right to left
+ESCAPES = "evil\x1b]0;PWNED\x07\x1b[2J\u202eabc\u2066"
+RAW_ESCAPES = re.compile("[\x1b\x07\u202a-\u202e\u2066-\u2069]")
 
 
 def _record_mlp(root: Path) -> Path:
@@ -261,6 +265,13 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "journal only a header": _journal_only(lambda ls: ls[:1]),
     "journal lines not objects": _journal_only(lambda ls: ls[:2] + ["7", "[1]"] + ls[2:]),
     "journal empty": _journal_only(lambda ls: []),
+    # issue 44: hostile numbers and names
+    "format version 5001 digits": lambda f: _write_index(f, re.sub(r'"format_version": ?2', '"format_version":' + "9" * 5001,
+                                                                 (f / "dump.json").read_text())),
+    "tensor shape 10**400": lambda f: _big_number(f, lambda d: _rec()(d)["outputs"][0].update(shape="@BIG@")),
+    "tensor stats max 10**400": lambda f: _big_number(f, lambda d: _rec()(d)["outputs"][0]["stats"].update(max="@BIG@")),
+    "record module with terminal escapes": _index_edit(lambda d: [(r.update(module=ESCAPES), r["module_stack"][-1].__setitem__(0, ESCAPES))
+                                                              for r in d["records"] if r.get("module_stack")] and None),
 }
 
 
@@ -297,6 +308,19 @@ def _string_of(table: str, column: str, text: str, row: int = 0):
         strings.append(text)
         (records if table == "records" else tensors)[column][row] = len(strings) - 1
     return _tables_edit(edit)
+
+
+def _big_number(folder: Path, mark: Callable[[dict], object]) -> None:
+    """``mark`` puts "@BIG@" where a 401-digit integer goes (json.dumps cannot write one)."""
+    data = _index(folder)
+    mark(data)
+    _write_index(folder, json.dumps(data).replace('"@BIG@"', "1" + "0" * 400))
+
+
+def _escape_names(records, tensors, strings) -> None:
+    for i in range(len(records)):
+        strings.append(f"{ESCAPES}.{i}")
+        records["module"][i] = len(strings) - 1
 
 
 def _first_output(records, tensors) -> int:
@@ -473,6 +497,10 @@ CORRUPTIONS_V3: dict[str, Callable[[Path], None]] = {
     "v3 records table gzip-compressed": lambda f: _recompress(f, "records"),
     "v3 statistics near 1e200": _tables_edit(_huge_statistics),
     "v3 module names that are formulas": _tables_edit(_formula_names),
+    # issue 44
+    "v3 format version 5001 digits": lambda f: _write_index(
+        f, re.sub(r'"format_version": ?3', '"format_version":' + "9" * 5001, (f / "dump.json").read_text())),
+    "v3 module names with terminal escapes": _tables_edit(_escape_names),
 }
 
 
@@ -556,6 +584,11 @@ def _check_every_tool(good: Path, tmp_path: Path, case: str, corrupt_it: Callabl
         rc, out, err = _call(main, argv)
         problems += [f"{tool}: {csv_path}: a cell a spreadsheet would evaluate: {c[:80]!r}"
                      for csv_path in tmp_path.rglob("*.csv") for c in _csv_cells(csv_path) if risky(c)][:1]
+        problems += [f"{tool}: {csv_path}: a raw terminal escape or bidi control: {c[:80]!r}"
+                     for csv_path in tmp_path.rglob("*.csv") for c in _csv_cells(csv_path) if RAW_ESCAPES.search(c)][:1]
+        if RAW_ESCAPES.search(out + err):
+            problems.append(f"{tool}: a raw terminal escape or bidi control in its output: "
+                            f"{RAW_ESCAPES.search(out + err).group()!r}")
         # progress bars and warnings (a recovered journal) may precede the one error line
         lines = [ln for ln in err.strip().splitlines() if ln.strip() and "warning" not in ln.lower()
                  and "\r" not in ln and "test/s]" not in ln]
@@ -587,7 +620,8 @@ def _right_answer(tool: str, case: str, text: str) -> bool:
     case = case.removeprefix("v3 ")
     if "refused" in text and "the rest opened" in text:
         return True  # one record's damage refuses that record alone (issue 30): named, and the rest read
-    if case.startswith(("statistics near 1e200", "module names that are formulas")):
+    if case.startswith(("statistics near 1e200", "module names that are formulas", "module names with terminal",
+                        "record module with terminal")):
         return True  # legal values: the answer is the tool's usual one (its CSVs are checked for formulas)
     if case.startswith("journal segments missing"):
         return True  # a killed run whose tensors had not reached the disk: its records read, the data is absent
@@ -610,6 +644,120 @@ def _right_answer(tool: str, case: str, text: str) -> bool:
         return any(w in text.lower() for w in ("refused", "missing", "unreadable", "not saved", "could not",
                                                    "statistics", "skipped", "cannot", "failed"))
     return False
+
+
+# -- msprobe dumps: the same rules (issue 44, items 9-12 and 14) ----------------------------------
+
+
+def make_msprobe_dump(root: Path, scale: float = 1.0) -> Path:
+    """A tensor-mode msprobe L1 dump as mindstudio-probe writes one (dump.json, construct.json,
+    dump_tensor_data/*.pt from torch.save), of a linear and a gelu; made here, in a millisecond,
+    as tests/test_msprobe.py checks the layout against the real package."""
+    torch.manual_seed(0)
+    folder = root / "step0" / "proc1"
+    (folder / "dump_tensor_data").mkdir(parents=True)
+    x, w = torch.randn(2, 8), torch.randn(8, 8)
+    y = torch.nn.functional.linear(x, w) * scale
+    calls = {"Functional.linear.0.forward": ([x, w], [y]),
+             "Functional.gelu.0.forward": ([y], [torch.nn.functional.gelu(y)])}
+    data = {}
+    for key, (ins, outs) in calls.items():
+        entry: dict = {"input_args": [], "input_kwargs": {}, "output": []}
+        for role, field, tensors in (("input", "input_args", ins), ("output", "output", outs)):
+            for i, t in enumerate(tensors):
+                name = f"{key}.{role}.{i}.pt"
+                torch.save(t.clone(), folder / "dump_tensor_data" / name)
+                entry[field].append({"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
+                                     "Max": float(t.max()), "Min": float(t.min()), "Mean": float(t.mean()),
+                                     "Norm": float(t.norm()), "requires_grad": False, "data_name": name})
+        data[key] = entry
+    (folder / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
+                                                  "dump_data_dir": None, "data": data}, indent=1))
+    (folder / "construct.json").write_text(json.dumps({k: "Module.layers.0.Block.forward.0" for k in calls}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def good_msprobe(tmp_path_factory) -> Path:
+    return make_msprobe_dump(tmp_path_factory.mktemp("msprobe"))
+
+
+def _pt_files(folder: Path) -> list[Path]:
+    return sorted((folder / "dump_tensor_data").glob("*.pt"))
+
+
+def _msprobe_json(edit: Callable[[dict], object], big: bool = False) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        data = json.loads((folder / "dump.json").read_text())
+        edit(data)
+        text = json.dumps(data)
+        (folder / "dump.json").write_text(text.replace('"@BIG@"', "1" + "0" * 400) if big else text)
+    return apply
+
+
+def _first_msprobe_output(d: dict) -> dict:
+    return d["data"]["Functional.linear.0.forward"]["output"][0]
+
+
+def _pt_outside(folder: Path) -> None:
+    """Every tensor file moved out of the dump (holding 1337.0), a symlink left in its place."""
+    outside = folder.parent / "outside"
+    outside.mkdir()
+    for pt in _pt_files(folder):
+        t = torch.load(pt, weights_only=True)
+        torch.save(torch.full_like(t, 1337.0), outside / pt.name)
+        pt.unlink()
+        pt.symlink_to(outside / pt.name)
+
+
+def _data_dir_outside(folder: Path) -> None:
+    """dump_tensor_data itself a symlink to a folder outside the dump, of the same names."""
+    outside = folder.parent / "outside_data"
+    shutil.move(folder / "dump_tensor_data", outside)
+    for pt in outside.glob("*.pt"):
+        torch.save(torch.full_like(torch.load(pt, weights_only=True), 1337.0), pt)
+    (folder / "dump_tensor_data").symlink_to(outside)
+
+
+def zip_bomb(path: Path, numel: int) -> None:
+    """``path`` rewritten as a .pt archive whose storage of ``numel`` zero floats is DEFLATE'd
+    (torch.save stores it uncompressed): a few KB on disk, ``4 * numel`` bytes once read."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    storage = next(n for n in members if n.rsplit("/", 2)[-2:-1] == ["data"])
+    members[storage] = bytes(4 * numel)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, raw in members.items():
+            z.writestr(name, raw)
+
+
+def _wrong_tensor(folder: Path) -> None:
+    for pt in _pt_files(folder):
+        torch.save(torch.randn(5, 3, dtype=torch.float64), pt)
+
+
+CORRUPTIONS_MSPROBE: dict[str, Callable[[Path], None]] = {
+    "msprobe index not json": lambda f: (f / "dump.json").write_text('{"task": "tensor", "level": "L1", "data": {'),
+    "msprobe stats Max 10**400": _msprobe_json(lambda d: _first_msprobe_output(d).update(Max="@BIG@"), big=True),
+    "msprobe tensor shape 10**400": _msprobe_json(lambda d: _first_msprobe_output(d).update(shape="@BIG@"), big=True),
+    "msprobe tensor shape 2**62 x 2**62": _msprobe_json(lambda d: _first_msprobe_output(d).update(shape=[2**62, 2**62])),
+    "msprobe tensor data a symlink out of the dump": _pt_outside,
+    "msprobe tensor data folder a symlink out of the dump": _data_dir_outside,
+    "msprobe tensor data a zip bomb": lambda f: [zip_bomb(pt, 1 << 22) for pt in _pt_files(f)],
+    "msprobe tensor data of another shape and dtype": _wrong_tensor,
+    "msprobe module names with terminal escapes": lambda f: (f / "construct.json").write_text(json.dumps(
+        {k: f"Module.{ESCAPES}.Block.forward.0" for k in json.loads((f / "dump.json").read_text())["data"]})),
+}
+
+
+@pytest.mark.parametrize("case", _first_of_each_family({k.removeprefix("msprobe "): v
+                                                         for k, v in CORRUPTIONS_MSPROBE.items()}))
+def test_every_tool_answers_right_or_fails_in_one_line_msprobe(good_msprobe, tmp_path, case):
+    """The msprobe reader under the native reader's rules: paths, sizes against the declared shape
+    and dtype, bounded numbers, escaped names."""
+    _check_every_tool(good_msprobe, tmp_path, case, CORRUPTIONS_MSPROBE[f"msprobe {case}"])
 
 
 @pytest.mark.parametrize("content", ["directory", "empty", "binary", "no columns we know"])

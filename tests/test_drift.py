@@ -210,3 +210,68 @@ def test_tuple_returning_ops_map_through_their_getitems(tmp_path):
     assert ort.mapped == ort.eager_records and ort.first is None, (ort.notes, ort.first)
     norms = [r for r in xray.load_dump(ort.dump).records if r.op == "aten.native_layer_norm.default"]
     assert norms and all(r.outputs[0].data and r.outputs[1].note for r in norms)
+
+
+NOISY_RUN = r"""
+import json, logging, os, sys, traceback
+import torch, xray
+from xray.drift.report import terminal_report
+
+LONG = "an error occurred while lowering the graph: " + " ".join(f"detail{i}" for i in range(40))
+
+def noisy_failure(_module):  # fails as XNNPACK's lowering does: a traceback and C++ lines on stderr
+    os.write(2, b"E0000 00:00 c++ log line from the backend\n")
+    try:
+        raise ValueError("fake tensor propagation failed")
+    except ValueError:
+        traceback.print_exc()
+        logging.getLogger("torch._subclasses.fake_tensor").error("meta kernel failed", exc_info=True)
+        raise RuntimeError(LONG + "\nsecond line of the message")
+
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+result = xray.drift(model, (torch.randn(2, 4),), ["torch-compile"], sys.argv[1], edits={"torch-compile": noisy_failure})
+print(terminal_report(result))
+json.dump({"long": LONG, "detail": result.backends[0].error_detail, "status": result.backends[0].status},
+          open(os.path.join(sys.argv[1], "test.json"), "w"))
+"""
+
+
+@SLOW  # a fresh interpreter, an export and an eager recording
+def test_a_failed_backend_shows_its_whole_error_and_its_noise_goes_to_the_log(tmp_path):
+    (tmp_path / "run.py").write_text(NOISY_RUN)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(out)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = json.loads((out / "test.json").read_text())
+    assert facts["status"] == "RUN_FAIL"
+    for noise in ("fake tensor", "c++ log line", "meta kernel", "Traceback"):
+        assert noise not in proc.stderr, proc.stderr
+    log = (out / "drift.log").read_text()
+    for expected in ("c++ log line", "meta kernel failed", "Traceback", "detail39"):
+        assert expected in log, log
+    assert facts["long"] in facts["detail"] and "second line of the message" in facts["detail"]
+    assert json.loads((out / "drift.json").read_text())["backends"][0]["error_detail"] == facts["detail"]
+    report = proc.stdout
+    assert " ".join(report.split()).count(facts["long"]) == 1 and "drift.log" in report  # whole, wrapped
+    assert max(len(line) for line in report.splitlines() if "detail" in line) <= 100
+
+
+def test_an_unknown_backend_option_is_refused_with_the_options_it_takes(tmp_path):
+    import torch
+
+    from xray.backends.registry import UnknownBackendError
+
+    with pytest.raises(UnknownBackendError, match=r"takes no option 'quant'.*opset.*threads"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["onnxrt-cpu:quant=int8"], tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+@SLOW
+def test_the_cli_refuses_an_unknown_backend_option_with_exit_2(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", "xray.drift.examples:tiny_llama_1layer",
+                           "--backend", "onnxrt-cpu:quant=int8", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert "quant" in proc.stderr and "opset" in proc.stderr and not any(tmp_path.iterdir())

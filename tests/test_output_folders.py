@@ -135,3 +135,42 @@ def test_replaying_again_into_one_out_replaces_the_last_run(recorded, tmp_path):
     second = replay_dump(recorded, cfg).dumps["torch-cpu"]
     assert first == second and [p.name for p in (tmp_path / "r" / "dumps").iterdir()] == ["torch-cpu"]
     assert xray.load_dump(second).complete
+
+
+def _drift_cli(out: Path, *backends: str) -> subprocess.CompletedProcess:
+    specs = [a for b in backends for a in ("-b", b)]
+    return subprocess.run([sys.executable, "-m", "xray.cli", "drift", "xray.drift.examples:tiny_llama_1layer",
+                           *specs, "--out", str(out)], capture_output=True, text=True, env=ENV, timeout=600)
+
+
+@pytest.mark.parametrize("sub", ["eager", "_recording", "dumps/torch-compile"])
+def test_drift_refuses_a_users_folder_in_out_and_deletes_nothing(tmp_path, sub):
+    from xray.dump.folder_owner import OutputFolderError
+
+    (tmp_path / sub).mkdir(parents=True)
+    (tmp_path / sub / "important.txt").write_text("mine")
+    with pytest.raises(OutputFolderError, match="did not write.*nothing was deleted"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["torch-compile"], tmp_path)
+    assert (tmp_path / sub / "important.txt").read_text() == "mine"
+    assert not (tmp_path / "drift.json").exists()  # refused before any work
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and the drift stack
+def test_drift_cli_refuses_a_users_folder_with_exit_2_and_one_line(tmp_path):
+    (tmp_path / "eager").mkdir()
+    (tmp_path / "eager" / "important.txt").write_text("mine")
+    proc = _drift_cli(tmp_path, "onnxrt-cpu")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "nothing was deleted" in proc.stderr, proc.stderr
+    assert (tmp_path / "eager" / "important.txt").read_text() == "mine"
+
+
+@pytest.mark.slow  # two whole-model runs on ONNX Runtime
+def test_drift_replaces_its_own_output_on_a_rerun(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    for _ in range(2):
+        result = xray.drift(model, (torch.randn(2, 4),), ["onnxrt-cpu"], tmp_path)
+        assert result.backends[0].status == "OK", result.backends[0].error
+    assert (tmp_path / "eager" / ".xray-output").is_file() and (tmp_path / "dumps" / "onnxrt-cpu" / ".xray-output").is_file()
+    assert not (tmp_path / "_recording").exists() or not any(p.name.startswith("proc_") for p in (tmp_path / "_recording").iterdir())
+    assert xray.load_dump(tmp_path / "eager").records

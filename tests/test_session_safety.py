@@ -212,6 +212,90 @@ def test_sigkill_while_a_segment_is_written_keeps_the_records(tmp_path):
     assert records >= due * per_forward, (records, due, len(ended))
 
 
+DEDUP_LOOP = textwrap.dedent("""
+    import sys, time, torch, xray
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    with torch.no_grad(), xray.dump(dump_dir=sys.argv[1]):  # the defaults: de-dup on
+        for i in range(10**6):
+            torch.tanh(layer(x))
+            time.sleep(0.005)
+            print("F", i, time.monotonic(), flush=True)
+""")
+
+
+@pytest.mark.slow  # the loop runs for over 3 s before the kill
+def test_sigkill_in_a_dedup_loop_keeps_the_records_and_counts_of_the_last_second(tmp_path):
+    """A training-style loop under de-dup makes its records in the first step and only folds
+    calls afterwards. Folds must check the 1 s flush timer too: before, nothing reached the
+    journal until 64k folds, and a SIGKILL after seconds of training left no addmm nor tanh."""
+    proc = subprocess.Popen([sys.executable, "-c", DEDUP_LOOP, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env=ENV)
+    ended: list[float] = []
+    try:
+        for line in proc.stdout:  # until the loop has run for over 3 s
+            ended.append(float(line.split()[2]))
+            if ended[-1] - ended[0] > 3.0:
+                break
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert ended and ended[-1] - ended[0] > 3.0, "the loop did not run"
+    (folder,) = tmp_path.iterdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dump = xray.load_dump(folder)
+    counts = {r.op: r.count for r in dump.records}
+    due = sum(1 for t in ended if killed - t > 1.5)  # 1 s, plus slack for a busy machine
+    assert due > 0
+    for op in ("aten.addmm.default", "aten.tanh.default"):
+        assert counts.get(op, 0) >= due, (op, counts, due, len(ended))
+
+
+RECORDED_LOOP = textwrap.dedent("""
+    import time, torch
+    layer = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for i in range(10**6):
+            torch.tanh(layer(x))
+            time.sleep(0.005)
+            print("F", i, flush=True)
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_xray_record_stopped_by_a_signal_writes_the_whole_dump(tmp_path, signum):
+    """SIGTERM/SIGHUP (a job scheduler's stop, a closed terminal) at their defaults killed
+    ``xray record`` with no dump.json; the dump is now written whole and xray then ends by the
+    same signal."""
+    script = tmp_path / "train.py"
+    script.write_text(RECORDED_LOOP)
+    proc = subprocess.Popen([sys.executable, "-m", "xray.cli", "record", "-o", str(tmp_path / "d"), "--", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+    steps = 0
+    try:
+        for _ in proc.stdout:
+            steps += 1
+            if steps == 20:
+                proc.send_signal(signum)
+                break
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == -signum, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    dump = xray.load_dump(tmp_path / "d")
+    assert dump.complete
+    counts = {r.op: r.count for r in dump.records}
+    for op in ("aten.addmm.default", "aten.tanh.default"):
+        assert counts.get(op, 0) >= steps, (op, counts, steps)
+    assert dump.summary["program"]["failure"] == f"was stopped by {signal.Signals(signum).name}"
+
+
 class _Interrupts:
     """A record argument whose hashing raises KeyboardInterrupt: Ctrl-C striking while the column
     builder has appended some of a record's cells and not the rest."""

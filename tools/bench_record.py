@@ -330,6 +330,7 @@ def device_table(device: torch.device, small: bool, repeats: int, root: Path) ->
         with torch.no_grad():
             _timed_forwards(model, ids, device, 3)
             eager_launches = _launches(model, ids, device)
+            eager_syncs = _host_syncs(model, ids, device)  # the model's own (transformers' mask checks)
             configs = [(label, kw, None) for label, kw in DEVICE_CONFIGS]
             at = next(i for i, (label, _, _) in enumerate(configs) if label == "every call")
             kernels = _batch_kernels(device)
@@ -360,13 +361,13 @@ def device_table(device: torch.device, small: bool, repeats: int, root: Path) ->
                     ratios.append(recorded / eager)
                     # per forward; transfers happen at the writer's flushes and end_dump
                     row.update(launches=launches, added_launches=launches - eager_launches, host_syncs=syncs,
-                               syncs_between_flushes=None if syncs is None else syncs - flush_syncs,
+                               syncs_between_flushes=None if syncs is None else syncs - flush_syncs - eager_syncs,
                                added_per_call=(launches - eager_launches) / max(calls, 1),
                                batches=deferred.batches / forwards, transfers=deferred.transfers / forwards,
                                queued=deferred.launched / forwards, op_calls=calls)
                 row.update(ratio=statistics.median(ratios), eager_ms=statistics.median(eager_ms))
                 if kw is None:
-                    row.update(launches=eager_launches)
+                    row.update(launches=eager_launches, host_syncs=eager_syncs)
                 results.append(row)
             costs.extend(dict(dtype=str(dtype).removeprefix("torch."), **c)
                          for c in stats_cost(model, ids, device, repeats))

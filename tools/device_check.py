@@ -273,8 +273,13 @@ def main(argv=None) -> int:
     if args.bench_repeats > 0:
         check["bench_record"] = run_bench(args.device, out, args.bench_repeats, args.bench_timeout)
     check["right"] = f"{sum(bool(s.get('right')) for s in check['scores'])}/{len(check['scores'])}"  # failed runs count
+    # which batch kernel took the recorded statistics: the fused Triton one, or the per-tensor
+    # fallback after a failed compile (a RuntimeWarning says why)
+    from xray.dump import stats as stats_mod
+    kernel = stats_mod.BATCH_KERNELS.get(torch.device(args.device).type, stats_mod._rows_one_by_one)
+    check["stats_kernel"] = getattr(getattr(kernel, "func", kernel), "__qualname__", repr(kernel))
     save()
-    print(f"device check on {args.device}: verdicts right {check['right']}, "
+    print(f"device check on {args.device}: verdicts right {check['right']}, statistics by {check['stats_kernel']}, "
           f"suites {[(s['arch'], s.get('passed', 0), s.get('failed', 0)) for s in check['suites']]}, "
           f"{check['seconds']} s; {out / 'check.json'}")
     for line in bench_summary(check.get("bench_record") or {}):

@@ -4,9 +4,15 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
+import threading
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from .console import closed_pipe_is_quiet
 
 EXAMPLES = """examples:
   xray demo --out xray-demo                 # the whole workflow on a small real Llama
@@ -36,6 +42,7 @@ def info_text(dump, top: int = 15) -> str:
     from tabulate import tabulate
 
     from .dump.column_scan import native_columns
+    from .dump.model import printable
 
     columns = native_columns(dump)
     n_ops, calls, first = _op_calls(dump) if columns is None else _op_calls_columns(columns)
@@ -59,7 +66,7 @@ def info_text(dump, top: int = 15) -> str:
         lines.append(f"refused records: {len(refused)} (left out at load; the rest opened)")
         lines.append(tabulate([(x.row, x.seq, x.op or "?", x.reason) for x in refused],
                               headers=["row", "seq", "op", "why"], tablefmt="github"))
-    return "\n".join(lines)
+    return printable("\n".join(lines), keep="\n")  # module and op names come from the dump
 
 
 def _op_calls(dump) -> tuple[int, Counter, object]:
@@ -89,10 +96,43 @@ def _op_calls_columns(columns) -> tuple[int, Counter, object]:
     return len(columns.select(kind="op")), calls, columns.record(int(t["record"][hit[0]])) if len(hit) else None
 
 
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived while ``xray record`` ran the script."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP, left at their defaults, kill the process with no finally block run
+    and no dump.json written: while the script runs they raise ``_Stopped`` instead (once;
+    a repeat while the dump is written is ignored). A script's own handlers stay its own."""
+    def stop(signum, frame):
+        for sig in saved:
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Stopped(signum)
+
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+                saved[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if signal.getsignal(sig) is stop:
+                signal.signal(sig, handler)
+
+
 def _record(args) -> int:
     """Run the script as ``python script.py`` (or ``python -m``) would, recorded. A script that
     raises or exits non-zero is reported, the dump's summary says how the program ended, and
-    xray exits with the script's status: a partial dump is never announced as a finished run."""
+    xray exits with the script's status: a partial dump is never announced as a finished run.
+    SIGTERM or SIGHUP ends the script, writes the dump, then ends xray by the same signal."""
     from .record import begin_dump, end_dump, mark_program
 
     script, *script_args = args.script
@@ -103,12 +143,16 @@ def _record(args) -> int:
     # python puts the script's folder first on sys.path (the current folder for -m)
     sys.path.insert(0, os.getcwd() if args.module else str(Path(script).resolve().parent))
     folder = begin_dump(args.debug, None if args.dedup is None else args.dedup == "1", args.dump_num, args.output)
-    status, failure = 0, None
+    status, failure, stopped = 0, None, None
     try:
-        if args.module:
-            runpy.run_module(script, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(script, run_name="__main__")
+        with _stop_signals_raise():
+            if args.module:
+                runpy.run_module(script, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
+    except _Stopped as e:
+        stopped = e.signum
+        status, failure = 128 + e.signum, f"was stopped by {signal.Signals(e.signum).name}"
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if status:
@@ -131,17 +175,22 @@ def _record(args) -> int:
 
         print(f"xray record: the script {one_line(failure, 300)}; the dump in {folder} holds only what ran "
               "before that (its summary says so)", file=sys.stderr)
+    if stopped is not None:  # end as the signal would have ended the script
+        sys.stderr.flush()
+        signal.signal(stopped, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped)
     return status
 
 
 def _export_json(args) -> int:
     from .dump import DumpFormatError, load_dump
-    from .dump.json_index import write_json_index
+    from .dump.json_index import ExportTargetError, export_target, write_json_index
 
     try:
+        export_target(args.output)  # refused before the dump is read
         with load_dump(args.dump) as dump:
             out = write_json_index(dump, args.output)
-    except DumpFormatError as e:
+    except (DumpFormatError, ExportTargetError) as e:
         print(f"xray export-json: {e}", file=sys.stderr)
         return 2
     except OSError as e:
@@ -158,7 +207,8 @@ def _drift(args) -> int:
     from .drift.load import ModelSpecError, load_model
     from .drift.reference import ReferenceError
     from .drift.report import terminal_report
-    from .drift.run import drift
+    from .drift.run import check_outputs, drift
+    from .dump.folder_owner import OutputFolderError
     from .quiet import one_line
 
     try:
@@ -166,16 +216,18 @@ def _drift(args) -> int:
 
         for name in args.backend or []:  # refused before the model is even built
             parse_spec(name)
+        check_outputs(Path(args.out), args.backend or ["onnxrt-cpu"])
         model, margs, mkwargs = load_model(args.model)
         result = drift(model, margs, args.backend or ["onnxrt-cpu"], Path(args.out), kwargs=mkwargs,
                        progress=lambda s: print(f"xray drift: {s}", file=sys.stderr, flush=True))
-    except (ModelSpecError, ReferenceError, UnknownBackendError) as e:
+    except (ModelSpecError, ReferenceError, UnknownBackendError, OutputFolderError) as e:
         print(f"xray drift: {one_line(e)}", file=sys.stderr)
         return 2
     print(terminal_report(result, layers=not args.no_layers))
     return 0
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="xray", description="Operator-level precision debugging for PyTorch.",
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)

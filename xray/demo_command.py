@@ -126,11 +126,10 @@ def run_demo(out: Path, *, small: bool = False, replay: bool = True) -> int:
     write_csv(result, csv)
     write_summary_json(result, out / "compare-summary.json")
     write_html(result, out / "compare.html")
-    print(terminal_report(result, worst=5))
+    print(terminal_report(result, worst=5))  # its last line is compare's verdict
     s = result.summary
     first = s.first_divergence or {}
     verdict = _verdict(result)
-    print(f"\nverdict: {verdict}")
     import xray
 
     calls = [r.seq for r in xray.load_dump(bench).records if r.op == DEMO_FAULT.op]
@@ -214,18 +213,9 @@ def _drift_section(out: Path, layers: int, hidden: int, seq: int) -> None:
 
 
 def _verdict(result) -> str:
-    """Precision loss or a bug? A bug is born somewhere: a failing record whose inputs agree.
-    bf16 rounding shows up as warnings spread over many records, none of them failing."""
-    first = result.summary.first_divergence
-    warned = result.summary.warned
-    if not first:
-        return f"no divergence beyond tolerance ({warned} records differ within bf16 precision)"
-    module = str(first.get("bench", "")).split("/")[0]
-    where = f"{first.get('op', '?')} in {module} (bench record #{first.get('bench_seq')})"
-    if first.get("origin") != "born":
-        return f"divergence at {where}, inherited from inputs that already differ ({warned} warnings)"
-    return (f"a BUG, born at {where}: its inputs agree but its output fails; {warned} other records "
-            f"differ only within bf16 precision (warnings)")
+    """Compare's own one-line verdict (xray/compare/verdict.py): one sentence for the demo, the
+    terminal, the summary JSON and the HTML."""
+    return f"{result.summary.verdict_kind}: {result.summary.verdict}"
 
 
 # The first divergence's fields as people read them, in this order; fields not named here

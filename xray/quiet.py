@@ -53,7 +53,9 @@ def quiet_third_party() -> None:
 def one_line(error: object, limit: int = 500) -> str:
     """An error message on one line of at most ``limit`` characters: a library's message (h5py's,
     HDF5's) may span several, and a hostile dump's values must not flood the terminal."""
-    text = " ".join(str(error).split())
+    from .dump.model import printable
+
+    text = printable(" ".join(str(error).split()))  # a dump's names in a message: no terminal escapes
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cuda-h100"
+# tools/device_check.py's runs on an NVIDIA H200 (torch 2.11+cu130): llama and resnet, fp32,
+# bf16 autocast (cuBLAS' reduced-precision split-K allowed, torch's default) and a bf16 fault
+H200_FIXTURES = FIXTURES.with_name("cuda-h200")
 
 
 @dataclass

@@ -111,6 +111,9 @@ class Backend:
     """
 
     kind: ClassVar[str] = "base"
+    # The options this backend reads (name -> meaning), declared once: the registry refuses any other
+    # (``onnxrt-cpu:quant=int8`` would otherwise run the float model and say nothing).
+    OPTIONS: ClassVar[dict[str, str]] = {}
     cacheable: ClassVar[bool] = True
     # Exported programs take dense inputs at their boundary (CoreML rejects other dim orders);
     # eager and compile keep the recorded strides.

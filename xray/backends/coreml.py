@@ -34,6 +34,9 @@ class CoreML(Backend):
     ``target`` (minimum deployment target, "iOS16": the first that takes fp16 inputs)."""
 
     kind = "coreml"
+    OPTIONS = {"fp16": "true: compute in fp16 (mlprogram FLOAT16)",
+               "target": "minimum deployment target, a coremltools.target name (default iOS16)",
+               "compute_units": "a coremltools.ComputeUnit name (default CPU_ONLY)"}
 
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "coremltools": _import_coremltools().__version__}

@@ -15,6 +15,7 @@ class ExecuTorch(Backend):
     """Options: ``partitioner`` ("xnnpack" or None for the portable kernels)."""
 
     kind = "executorch"
+    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels"}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import version

@@ -20,6 +20,10 @@ class OnnxRuntime(Backend):
     """Options: ``opset`` (exporter default when None), ``provider`` ("CPUExecutionProvider")."""
 
     kind = "onnxrt"
+    OPTIONS = {"opset": "ONNX opset of the export (none: the exporter's default)",
+               "provider": "ONNX Runtime execution provider (default CPUExecutionProvider)",
+               "threads": "intra-op threads (default 1)",
+               "optimize": "true: let the exporter optimise the graph (whole-model runs)"}
 
     def versions(self) -> dict[str, str]:
         import onnxscript

@@ -70,16 +70,31 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         if not eq or not key.strip():
             raise UnknownBackendError(f"bad override {item!r} in backend {spec!r}; write key=value")
         overrides[key.strip()] = _parse_value(value.strip())
+    check_options(name, overrides)
     return name, overrides
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of a preset (its file is imported; the heavy libraries are imported on use)."""
+    return importlib.import_module(f"{__package__}.{PRESETS[name].module}").BACKEND
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse an option the preset's backend does not take, naming the ones it does."""
+    takes = backend_class(name).OPTIONS
+    unknown = [k for k in options if k not in takes]
+    if unknown:
+        listed = "; ".join(f"{k}: {v}" for k, v in takes.items()) or "none"
+        raise UnknownBackendError(f"backend {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                                  f"its options are {listed}")
 
 
 def create(spec: str, **overrides: Any) -> Backend:
     """The backend for a preset name (with optional ``:key=value`` overrides in the spec)."""
     name, parsed = parse_spec(spec)
-    preset = PRESETS[name]
-    module = importlib.import_module(f"{__package__}.{preset.module}")
-    options = {**preset.options, **parsed, **overrides}
-    return module.BACKEND(spec if (parsed or overrides) else name, **options)
+    check_options(name, overrides)
+    options = {**PRESETS[name].options, **parsed, **overrides}
+    return backend_class(name)(spec if (parsed or overrides) else name, **options)
 
 
 def describe() -> list[tuple[str, str]]:

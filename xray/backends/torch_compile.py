@@ -20,6 +20,8 @@ class TorchCompile(Backend):
     """Options: ``backend`` ("inductor"), ``mode`` (None), ``dynamic`` (False), ``device`` ("cpu")."""
 
     kind = "torch-compile"
+    OPTIONS = {"backend": "torch.compile backend (default inductor)", "device": "cpu or cuda (default cpu)",
+               "mode": "torch.compile mode (default none)", "dynamic": "true: dynamic shapes (default false)"}
     cacheable = False
     contiguous_inputs = False  # inductor keeps its own on-disk cache; a compiled module is not portable
 

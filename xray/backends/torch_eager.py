@@ -10,6 +10,7 @@ class TorchEager(Backend):
     """Runs the module as is; option ``device`` (default "cpu")."""
 
     kind = "torch"
+    OPTIONS = {"device": "cpu or cuda"}
     cacheable = False
     contiguous_inputs = False
 

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
+from .verdict import settle_verdict
 
 if TYPE_CHECKING:
     from ..numerics.rules import Rules
@@ -110,6 +111,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
                                                  if r["sync"]})
     if summary.divergence_order:
         summary.first_divergence = summary.ranks[summary.divergence_order[0]]["first_divergence"]
+    settle_verdict(summary)
     summary.seconds = round(time.perf_counter() - started, 3)
     return CompareResult(rows, summary)
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from .result import CompareResult, CompareRow, Summary
 from .sync_points import SyncPoint, divergence_order
+from .verdict import settle_verdict
 
 MERGED_CSV = "compare.csv"
 SUMMARY_JSON = "summary.json"
@@ -126,6 +127,7 @@ def merge_summaries(bench: str, target: str, payloads: Sequence[Mapping[str, Any
     s.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in s.ranks.items()
                                            if r.get("sync")})
     s.first_divergence = s.ranks[s.divergence_order[0]]["first_divergence"] if s.divergence_order else None
+    settle_verdict(s)
     return s
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..dump.model import Record, TensorMeta
 from ..dump.tensorio import dtype_from_name
-from ..ops.rebuild import build_call, check_call
+from ..ops.rebuild import build_call, check_call, check_outputs
 from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
@@ -145,6 +145,7 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
         return None
     try:
         check_call(record, dump, factory="load")
+        check_outputs(record)  # an edited size or repeat count would compute (in float64) what was never recorded
         func, args, kwargs = build_call(record, dump, factory="load")
         target = _target_values(dump, output)
         run = _runner(record.op, func, args, kwargs, k)

@@ -38,6 +38,10 @@ TF32 = "tf32/fp16"
 # outlier when its log ratio is OUTLIER_Z robust standard deviations (1.4826 MAD) above the
 # kind's median, and at least OUTLIER_MIN_FACTOR times the median ratio and the CPU floor.
 MIN_POPULATION = 4
+# Terms of a reduction per split-K partial, at least: cuBLAS splits K into slices of whole
+# K-tiles (64 or more elements on current GPUs); 128 is measured by tools/probe_split_k.py
+SPLIT_K_MIN_TERMS = 128
+
 OUTLIER_Z = 5.0
 OUTLIER_MIN_FACTOR = 5.0
 
@@ -96,10 +100,18 @@ class Floors:
     established: dict[str, list[float]] = field(default_factory=dict)
 
     def accumulation(self, dtype: torch.dtype, n: int) -> float:
-        acc = dtype
-        if dtype in (torch.float16, torch.bfloat16) and not self.math.reduced_reduction:
-            acc = torch.float32
-        return 2.0 * eps(acc) * math.sqrt(max(1, n))
+        """The accumulation-order bound of an ``n``-term sum whose output has ``dtype``. Half
+        precision accumulates in float32; a run that allowed reduced-precision reductions
+        (cuBLAS' split-K: ``allow_bf16/fp16_reduced_precision_reduction``, on by default for
+        bf16) may also add its split partials in the output's dtype, at most one partial per
+        ``SPLIT_K_MIN_TERMS`` terms: a 32-term sum is never split."""
+        if dtype not in (torch.float16, torch.bfloat16):
+            return 2.0 * eps(dtype) * math.sqrt(max(1, n))
+        bound = 2.0 * eps(torch.float32) * math.sqrt(max(1, n))
+        splits = math.ceil(max(1, n) / SPLIT_K_MIN_TERMS)
+        if self.math.reduced_reduction and splits > 1:
+            bound += 2.0 * eps(dtype) * math.sqrt(splits)
+        return bound
 
     def allowed_steps(self, op: str, module: bool = False) -> list[str]:
         """Reduced-precision steps this op (``module``: a module call, which may hold matmuls and

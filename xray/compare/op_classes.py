@@ -99,7 +99,7 @@ def skip_kernel_specific(rows: list) -> None:
     from .result import PairStatus
 
     for r in rows:
-        if r.bench_op and r.target_op and r.bench_op != r.target_op:
-            why = kernel_specific(r.bench_op, r.target_op, r.tensor)
+        if r.bench_op and r.target_op:
+            why = kernel_specific(r.bench_op, r.target_op, r.tensor, (r.bench_shape, r.target_shape))
             if why:
                 r.status, r.note = PairStatus.SKIP.value, why

@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import textwrap
 from collections import Counter
 from html import escape
 from operator import attrgetter
@@ -14,6 +15,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..dump import csv_cells
+from ..dump.model import printable
 from ..dump.atomic import atomic_write, write_text
 from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
 
@@ -75,7 +77,8 @@ def _short(name: str, width: int = 60) -> str:
 
 
 def _table_rows(rows: list[CompareRow]) -> list[list[str]]:
-    return [[r.index, r.status, r.origin, _short(r.bench_name or "-"), _short(r.target_name or "-"), r.tensor,
+    return [[r.index, r.status, r.origin, _short(printable(r.bench_name or "-")), _short(printable(r.target_name or "-")),
+             r.tensor,
              r.mode, _fmt(r.cosine), _fmt(r.max_abs_err), _fmt(r.isclose_pct), _fmt(r.stats_err), r.layout]
             for r in rows]
 
@@ -87,7 +90,8 @@ TERMINAL_WIDTH = 120  # the worst-rows table fits a common terminal; every colum
 
 #: The worst-rows table: (header, CompareRow -> cell). The record column shows the bench's name.
 _WORST_COLUMNS = [("rank", lambda r: r.rank), ("#", lambda r: r.index), ("status", lambda r: r.status),
-                  ("origin", lambda r: r.origin), ("record (bench)", lambda r: r.bench_name or r.target_name or "-"),
+                  ("origin", lambda r: r.origin),
+                  ("record (bench)", lambda r: printable(r.bench_name or r.target_name or "-")),
                   ("out", lambda r: r.tensor),
                   ("cosine", lambda r: _fmt(r.cosine)), ("max abs", lambda r: _fmt(r.max_abs_err)),
                   ("close %", lambda r: _fmt(r.isclose_pct)), ("stats err", lambda r: _fmt(r.stats_err)),
@@ -135,7 +139,10 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
         out.append("\nWorst rows (all columns, target names included, are in the CSV):\n" + worst_table(bad))
     for w in s.warnings:
         out.append(f"warning: {w}")
-    return "\n".join(out)
+    if s.verdict:  # wrapped: the console report fits 120 columns
+        out.append("\n" + textwrap.fill(f"verdict: {s.verdict_kind}: {s.verdict}", width=100, subsequent_indent="  ",
+                                         break_long_words=False, break_on_hyphens=False))
+    return printable("\n".join(out), keep="\n")  # a dump's names in any line: control and bidi characters escaped
 
 
 def rank_order_table(s: Summary) -> str:
@@ -215,6 +222,7 @@ td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:
 .pass{color:#070}.skip,.unmatched{color:#777}ul.tree{list-style:none;padding-left:1.2em;font-size:13px}
 .tree summary{cursor:pointer}.first{background:#fdd;font-weight:bold}</style></head><body>
 <h1>xray-compare</h1><p>bench: <code>{{ s.bench }}</code><br>target: <code>{{ s.target }}</code></p>
+{% if s.verdict %}<p class="verdict {{ 'fail' if s.verdict_kind == 'bug' else ('warning' if s.verdict_kind == 'cannot tell' else 'pass') }}"><b>verdict: {{ s.verdict_kind }}</b>: {{ s.verdict }}</p>{% endif %}
 <table>{% for k, v in totals %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
 <h2>First divergence</h2>
 {% if fd %}<p>row {{ fd.index }} ({{ fd.origin }}): bench <code>{{ fd.bench }}</code> vs target
@@ -266,7 +274,7 @@ def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, 
                                   _fmt(r.local_floor), _fmt(r.accumulated_err), r.culprit] for r in failing],
                                 headers=["#", "status", "origin", "cause", "target", "local err", "local floor",
                                          "accumulated err", "culprit"], tablefmt="html")) if failing else "")
-    write_text(path, html)
+    write_text(path, printable(html, keep="\n"))  # html.escape leaves control and bidi characters
 
 
 def _test_link(r: CompareRow, tests: str | os.PathLike | None, html: str | os.PathLike) -> str:

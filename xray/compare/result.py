@@ -103,6 +103,9 @@ class Summary:
     unmatched_bench: int = 0
     unmatched_target: int = 0
     first_divergence: dict | None = None
+    # compare's one-line verdict (verdict.py): "bug", "precision" or "cannot tell", and why
+    verdict_kind: str = ""
+    verdict: str = ""
     dedup: list[str] = field(default_factory=list)  # de-duplicated sides and what that hides
     bytes_compared: int = 0
     seconds: float = 0.0

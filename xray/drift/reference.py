@@ -20,7 +20,10 @@ from typing import Any
 import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 
+from ..dump.folder_owner import check_output, mark_output, replace_output
 from ..record.flatten import flatten_tensors
+
+DRIFT = "xray drift"  # the command its output folders are marked with (dump.folder_owner)
 
 
 class ReferenceError(RuntimeError):
@@ -199,7 +202,7 @@ def _record(program: torch.export.ExportedProgram, flat: list, by_name: dict[str
 
     if active_session() is not None:
         raise ReferenceError("record", "an xray dump is already active; end it before xray drift")
-    staging = out / "_recording"
+    staging = replace_output(out / "_recording", DRIFT)
     folder = begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=_dump_num(program.graph), dump_dir=staging)
     session = active_session()
     if folder is None or session is None:
@@ -217,9 +220,11 @@ def _record(program: torch.export.ExportedProgram, flat: list, by_name: dict[str
         raise ReferenceError("eager", f"running the exported program failed: {type(e).__name__}: {str(e)[:500]}") from e
     folder = end_dump()
     dest = out / "eager"
+    check_output(dest, DRIFT)  # checked before the run too (drift.run): a user's folder is never deleted
     if dest.exists():
         shutil.rmtree(dest)
     shutil.move(str(folder), dest)
+    mark_output(dest, DRIFT)
     shutil.rmtree(staging, ignore_errors=True)
     # the output node lists mutated buffers first, then the user outputs
     n_user = len(program.graph_signature.user_outputs)

@@ -3,6 +3,8 @@
 Columns are declared once here (``BACKEND_COLUMNS``, ``LAYER_COLUMNS``)."""
 from __future__ import annotations
 
+import textwrap
+
 from tabulate import tabulate
 
 from .run import OK, BackendDrift, DriftResult
@@ -18,7 +20,7 @@ def _g(v: float | None) -> str:
 
 def _first(b: BackendDrift) -> list[str]:
     if b.status != OK:
-        return [b.error[:70], "", "", "", ""]
+        return ["(failed: the error is below the table)", "", "", "", ""]
     fd = b.first
     if fd is None:
         if not b.compare:
@@ -54,6 +56,16 @@ def layer_table(b: BackendDrift, limit: int = 40) -> str:
     return text
 
 
+def failure_text(b: BackendDrift, out: object, width: int = 100) -> str:
+    """A failed backend's error, whole, wrapped to the terminal; where its traceback is."""
+    from .logfile import LOG_NAME
+
+    body = "\n".join(textwrap.fill(part, width, initial_indent="   ", subsequent_indent="     ",
+                                   break_long_words=True, break_on_hyphens=False)
+                     for part in (b.error or "(no message)").split(" | "))
+    return body + f"\n   whole message: drift.json; traceback and third-party output: {out}/{LOG_NAME}"
+
+
 def terminal_report(result: DriftResult, layers: bool = True) -> str:
     eq = "bitwise equal" if result.eager_equal else f"NOT bitwise equal (max abs diff {result.eager_max_diff:.3g})"
     lines = [f"reference: exported program, {result.program_nodes} op nodes -> {result.eager_records} eager records "
@@ -61,6 +73,7 @@ def terminal_report(result: DriftResult, layers: bool = True) -> str:
              *(f"note: {n}" for n in result.notes), "", backend_table(result)]
     for b in result.backends:
         if b.status != OK:
+            lines += ["", f"== {b.backend}: {b.status}", failure_text(b, result.out)]
             continue
         if b.compare:
             c = b.compare

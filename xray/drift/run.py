@@ -7,7 +7,6 @@ first divergence and its local-error recomputation, never a rule of its own.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -17,10 +16,12 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..dump.atomic import write_text
+from ..dump.folder_owner import check_output, replace_output
 from ..backends.base import Backend, BackendError, ModelCapture, ReplayStatus, short_error
 from .capture_dump import CaptureResolver, write_capture
 from .layers import LayerRow, layer_rows
-from .reference import Reference, record_reference
+from .logfile import LOG_NAME, full_message, into_log, log_exception
+from .reference import DRIFT, Reference, record_reference
 
 OK = ReplayStatus.OK.name  # the statuses are replay's (one enum), by name
 
@@ -31,7 +32,8 @@ class BackendDrift:
 
     backend: str
     status: str = OK  # OK, or the ReplayStatus name of the failing stage (EXPORT_FAIL, LOWER_FAIL, RUN_FAIL...)
-    error: str = ""
+    error: str = ""  # one line
+    error_detail: str = ""  # the whole message and its causes; the traceback is in OUT/drift.log
     dump: str | None = None
     granularity: str = ""
     notes: list[str] = field(default_factory=list)
@@ -88,6 +90,7 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     for name in backends:  # replay's check: an unknown preset is refused before any export
         parse_spec(name)
     out = Path(out)
+    check_outputs(out, backends)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
     args = example_args if isinstance(example_args, tuple) else (example_args,)
@@ -117,6 +120,13 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     return result
 
 
+def check_outputs(out: Path, backends: list[str] | tuple[str, ...]) -> None:
+    """Refuse (``OutputFolderError``) before any work an output folder drift would replace but
+    did not write: a user's ``OUT/eager`` is never deleted."""
+    for folder in (out / "eager", out / "_recording", *(out / "dumps" / _safe(n) for n in backends)):
+        check_output(folder, DRIFT)
+
+
 @contextmanager
 def _no_kv_cache(model: Any, kwargs: dict) -> Iterator[list[str]]:
     """A transformers model built with ``use_cache=True`` (their default) returns a KV-cache
@@ -144,14 +154,14 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
     except Exception as e:  # noqa: BLE001 - an unknown preset is this backend's failure only
         b.status, b.error = ReplayStatus.EXPORT_FAIL.name, short_error(e)
         return b
-    capture = _run_backend(b, backend, ref, edit)
+    log = out / LOG_NAME
+    with into_log(log, f"backend {name}"):
+        capture = _run_backend(b, backend, ref, edit, log)
     if capture is None:
         return b
     b.output_err = _output_error(capture.outputs, ref.outputs)
     t0 = time.perf_counter()
-    folder = out / "dumps" / _safe(name)
-    if folder.exists():
-        shutil.rmtree(folder)
+    folder = replace_output(out / "dumps" / _safe(name), DRIFT)
     for placeholder, t in ref.user_placeholders.items():  # the backend was fed exactly these
         capture.values.setdefault(placeholder, [t])
     seq_node = ref.seq_node
@@ -170,7 +180,8 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
     if b.first is not None:
         b.first_layer = layer_of.get(b.first.get("bench_seq"), b.first.get("module") or "")
     if type(backend).run_isolated is not Backend.run_isolated:
-        _isolated(b, backend, ref, edit, layer_of)
+        with into_log(log, f"backend {name}, isolated run"):
+            _isolated(b, backend, ref, edit, layer_of)
     return b
 
 
@@ -199,19 +210,22 @@ def _isolated(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | No
         row.isolated_err = worst.get(row.layer)
 
 
-def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None) -> ModelCapture | None:
-    """The backend's capture, or None with the failing stage and error filled in."""
+def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None,
+                 log: Path) -> ModelCapture | None:
+    """The backend's capture, or None with the failing stage and error filled in (the whole
+    message in ``error_detail``, the traceback in the log)."""
     t0 = time.perf_counter()
     try:
         capture = backend.run_model(ref.program, ref.user_inputs, edit=edit)
-    except BackendError as e:
-        b.status, b.error = e.status.name, str(e)
-        return None
-    except NotImplementedError as e:
-        b.status, b.error = ReplayStatus.EXPORT_FAIL.name, f"{backend.kind}: whole-model runs not implemented ({e})"
-        return None
     except Exception as e:  # noqa: BLE001 - a backend's bug is that backend's failure, not the run's
-        b.status, b.error = ReplayStatus.RUN_FAIL.name, short_error(e)
+        if isinstance(e, BackendError):
+            b.status, b.error = e.status.name, str(e)
+        elif isinstance(e, NotImplementedError):
+            b.status, b.error = ReplayStatus.EXPORT_FAIL.name, f"{backend.kind}: whole-model runs not implemented ({e})"
+        else:
+            b.status, b.error = ReplayStatus.RUN_FAIL.name, short_error(e)
+        b.error_detail = full_message(e)
+        log_exception(log, e)
         return None
     finally:
         b.seconds["backend"] = time.perf_counter() - t0

@@ -5,11 +5,15 @@ live formula in the out.csv a user opens in a spreadsheet. Following OWASP's adv
 injection, a text cell that starts with ``= + - @``, a tab or a carriage return is written with
 a leading ``'`` (shown as text, never evaluated). Numbers stay numbers: ``-0.5`` or ``-inf``
 (as a float or as its text) is left as it is, so pandas still reads the column as numeric.
+Control and bidi characters (an ANSI escape, a right-to-left override) are written as their
+backslash escapes (``model.printable``): a CSV shown by ``cat`` or a viewer is a terminal too.
 """
 from __future__ import annotations
 
 import csv
 from typing import IO, Any, Iterable, Mapping
+
+from .model import printable
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -26,9 +30,12 @@ def risky(text: str) -> bool:
 
 
 def cell(value: Any) -> Any:
-    """``value`` as a safe CSV cell: risky texts get a leading ``'``; everything else is unchanged."""
-    if isinstance(value, str) and value and risky(value):
-        return "'" + value
+    """``value`` as a safe CSV cell: risky texts get a leading ``'``, control and bidi characters
+    their escapes; everything else is unchanged."""
+    if isinstance(value, str) and value:
+        value = printable(value)
+        if risky(value):
+            return "'" + value
     return value
 
 

@@ -135,3 +135,51 @@ def release_folder(folder: Path, token: str) -> None:
             os.replace(tmp, owner)
     except OSError:
         pass  # the folder stays claimed: a later writer of this process goes beside it
+
+
+# An output folder a command builds (drift's eager dump, its per-backend dumps, its staging) is
+# replaced by the next run of that command only when it carries this marker: a folder without it
+# is the user's, and is refused, never deleted.
+OUTPUT_MARKER = ".xray-output"
+
+
+class OutputFolderError(ValueError):
+    """An output folder that exists and was not written by the command that would replace it."""
+
+
+def check_output(folder: Path, command: str) -> None:
+    """Raise ``OutputFolderError`` unless ``command`` may replace ``folder``: it is absent, empty,
+    or carries the marker ``command`` wrote there (``mark_output``)."""
+    folder = Path(folder)
+    if not os.path.lexists(folder):
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise OutputFolderError(f"{folder} exists and is not a folder; {command} needs it for its output "
+                                "(pass another --out; nothing was deleted)")
+    marker = folder / OUTPUT_MARKER
+    try:
+        mine = marker.is_file() and not marker.is_symlink() and marker.read_text().split("\n")[0] == command
+    except OSError:
+        mine = False
+    if not mine and any(folder.iterdir()):
+        raise OutputFolderError(f"{folder} holds files {command} did not write; move them or pass another --out "
+                                "(nothing was deleted)")
+
+
+def replace_output(folder: Path, command: str) -> Path:
+    """``folder`` emptied and marked as ``command``'s (``check_output`` first: never the user's)."""
+    import shutil
+
+    folder = Path(folder)
+    check_output(folder, command)
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    mark_output(folder, command)
+    return folder
+
+
+def mark_output(folder: Path, command: str) -> None:
+    """Mark ``folder`` as written by ``command``, which may replace it on a later run."""
+    (Path(folder) / OUTPUT_MARKER).write_text(f"{command}\nwritten by `{command}`; its next run into the same "
+                                              "--out replaces this folder\n")

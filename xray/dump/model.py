@@ -6,6 +6,7 @@ spelled out, so the format cannot drift between tools.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -27,6 +28,7 @@ MAX_DIMS = 64          # tensor rank
 ECHO = 120             # characters of a bad value that an error message repeats
 MAX_NUMEL = (1 << 63) - 1  # elements of one tensor: torch counts them in int64 (an expand reaches it)
 MAX_INT = 1 << 63        # sizes, strides and offsets are int64 in torch
+MAX_DIGITS = 20          # digits of an integer literal in a file: int64 and uint64 need at most 20
 
 # torch dtype names a tensor may carry (torch 2.6-2.13); anything else is not a dump's.
 DTYPE_NAMES = frozenset(
@@ -40,6 +42,49 @@ def echo(value: Any) -> str:
     """``repr(value)`` cut to ECHO characters: error messages never repeat a hostile payload."""
     text = repr(value)
     return text if len(text) <= ECHO else f"{text[:ECHO]}... ({len(text)} chars)"
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` as a terminal, a CSV or a web page may show it: every character Python does not
+    call printable (C0/C1 controls such as ESC, which starts ANSI and OSC sequences; the bidi
+    overrides and isolates U+202A-U+202E, U+2066-U+2069; other format characters; line
+    separators) becomes its backslash escape as ``repr`` spells it; ``keep`` names characters
+    left as they are (a report's own newlines). Idempotent: an escape is printable text."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def fit_name(text: str) -> str:
+    """``text`` as a writer records a name (a module path, a class name) so that the reader
+    accepts it: at most MAX_NAME characters, the one limit both sides share. A longer name keeps
+    its head and a digest of the whole, so two long paths with one head stay apart and every
+    run cuts a path the same way (a compare still pairs them)."""
+    if len(text) <= MAX_NAME:
+        return text
+    import hashlib
+
+    digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{text[:MAX_NAME - 17]}~{digest}"
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_DIGITS + 1:  # a sign and 20 digits
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (limit {MAX_DIGITS}): {text[:20]}...")
+    return int(text)
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` for every JSON a file gives xray: an integer literal longer than any int64 or
+    uint64 (a 5001-digit format_version, a shape of [10**400]) is a JSONDecodeError, as any
+    other damage is, instead of a ValueError or OverflowError far from the file. Floats need no
+    bound: a float literal of any length parses to a float (inf at worst)."""
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # the hook's (json gives no position for it)
+        raise json.JSONDecodeError(str(e), text if isinstance(text, str) else "", 0) from None
 
 
 def _int(v: Any, what: str, lo: int = 0) -> int:

@@ -11,7 +11,6 @@ what is wrong; past that point the readers below can trust what they read.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -23,7 +22,7 @@ import h5py
 import numpy as np
 import torch
 
-from .model import MAX_DIMS, MAX_ITEMS, MAX_NAME, MAX_TEXT, Record, Source, Stats, TensorMeta, echo
+from .model import MAX_DIMS, MAX_ITEMS, MAX_NAME, MAX_TEXT, Record, Source, Stats, TensorMeta, echo, parse_json
 from .errors import DumpFormatError, TruncatedDumpWarning
 from .tensorio import (DTYPE_ATTR, UnsafeDatasetError, dtype_from_name, dtype_name, open_dataset, read_dataset,
                        stored_dtype_name)
@@ -198,7 +197,7 @@ def index_rows(step: int, rows: Iterable[tuple]) -> Iterator[TensorRow]:
         source = _s(row[22]) if len(row) > 22 else ""
         if not source and role in STATE_ROLES:
             source = f"{STATE_ROLES[role]}:{module}.{key}" if module else f"{STATE_ROLES[role]}:{key}"
-        meta = TensorMeta(shape=tuple(json.loads(_s(shape))), dtype=_s(dtype), device=_s(device),
+        meta = TensorMeta(shape=tuple(parse_json(_s(shape))), dtype=_s(dtype), device=_s(device),
                           requires_grad=bool(requires_grad), stats=stats, data=data or None, source=source or None)
         yield TensorRow(step, int(seq), _s(name), module, _s(cls), int(call_index), _s(direction), role,
                         key, meta, _s(row[21]) if len(row) > 21 else "")
@@ -322,7 +321,7 @@ def _header(f: h5py.File) -> dict[str, Any]:
 
 def _steps_attr(v: Any) -> list[int]:
     try:
-        steps = json.loads(v) if isinstance(v, str) else None
+        steps = parse_json(v) if isinstance(v, str) else None
     except (ValueError, RecursionError):
         steps = None
     if (not isinstance(steps, list) or len(steps) > MAX_STEPS
@@ -403,7 +402,7 @@ def _check_row(f: h5py.File, step: int, row: tuple, checked: set[str], headers: 
         raise _Bad(f"unknown dtype {echo(dtype)}") from None
     shape_text = _text(shape, "shape")
     try:
-        dims = json.loads(shape_text)
+        dims = parse_json(shape_text)
     except (ValueError, RecursionError):
         dims = None
     if (not isinstance(dims, list) or len(dims) > MAX_DIMS
@@ -522,7 +521,7 @@ def _aten(f: h5py.File, step: int) -> list[Record]:
     out = []
     for i, line in enumerate(ds[()].tolist()):
         try:
-            rec = Record.from_json(json.loads(_text(line, "the line", MAX_TEXT * 16)))
+            rec = Record.from_json(parse_json(_text(line, "the line", MAX_TEXT * 16)))
         except _Bad as e:
             raise _Bad(f"{where} record #{i}: {e}") from None
         except (KeyError, TypeError, ValueError, RecursionError) as e:

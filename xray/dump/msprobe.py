@@ -12,28 +12,38 @@ own dumps have, so an msprobe L0 run compares with an xray module-level run; an 
 ``op`` record named by msprobe's API name (``Functional.linear``), its module taken from
 construct.json. msprobe keeps no std and no NaN/Inf counts: std is derived from Norm and Mean
 (population std), and a non-finite Max/Min/Mean marks the tensor non-finite with a count of 1
-("at least one"). A dump is untrusted: sizes are capped as for xray's own dumps, tensor files
-must be plain names inside ``dump_tensor_data``, and ``.pt`` files are read with
-``torch.load(weights_only=True)`` (torch's restricted unpickler: tensors only).
+("at least one"). A dump is untrusted and held to the native reader's rules: sizes and numbers
+are capped as for xray's own dumps (``parse_json``; ``MAX_INDEX_BYTES`` of JSON), a tensor file
+is a plain name that resolves to a regular file directly in the dump's own ``dump_tensor_data``
+(no symlink out of the dump), a ``.pt`` archive is checked before it is read (stored
+uncompressed, its storage no larger than the declared shape and dtype need: no zip bomb), read
+with ``torch.load(weights_only=True)`` (torch's restricted unpickler: tensors only), and the
+tensor read must hold the declared element count and dtype.
 """
 from __future__ import annotations
 
-import json
 import math
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from .errors import DumpFormatError
-from .model import DTYPE_NAMES, MAX_ITEMS, MAX_NAME, Record, Scalar, Stats, TensorMeta, echo
+from .model import (DTYPE_NAMES, MAX_DIMS, MAX_INT, MAX_ITEMS, MAX_NAME, MAX_NUMEL, Record, Scalar, Stats, TensorMeta,
+                    echo, parse_json)
+from .tensorio import dtype_from_name, file_inside
 
 FORMAT_NAME = "msprobe"
 #: the module-level xray format whose records an msprobe L0 dump shares (compare pairs them)
 COMPARABLE_WITH = ("xray-module",)
 _DATA_DIR = "dump_tensor_data"
 _SNIFF_BYTES = 4096
-_MAX_INDEX_BYTES = 4 << 30
+#: dump.json and construct.json are parsed whole, and Python's JSON tree takes about 14 times the
+#: file's bytes: 512 MiB (about 7 GiB of memory) is far above a real step's index (a 7B model's
+#: mix-level step writes tens of MB) and keeps a crafted one from taking the machine.
+MAX_INDEX_BYTES = 512 << 20
+_MAX_PICKLE_BYTES = 1 << 20  # a .pt archive's data.pkl: one tensor's pickle is a few hundred bytes
 
 
 def is_msprobe_dump(folder: Path) -> bool:
@@ -49,11 +59,9 @@ def is_msprobe_dump(folder: Path) -> bool:
 
 def read_msprobe_dump(folder: Path) -> "MsprobeDump":
     index = folder / "dump.json"
-    if index.stat().st_size > _MAX_INDEX_BYTES:
-        raise DumpFormatError(f"{index}: {index.stat().st_size} bytes, larger than any msprobe index xray reads")
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        data = parse_json(_read_capped(index))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
         raise DumpFormatError(f"{index}: corrupt msprobe dump.json ({str(e)[:200]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise DumpFormatError(f"{index}: not an msprobe dump (no 'data' object)")
@@ -72,10 +80,27 @@ def read_msprobe_dump(folder: Path) -> "MsprobeDump":
     return MsprobeDump(folder, header, records)
 
 
+def _read_capped(path: Path) -> bytes:
+    """The text of an index file of at most MAX_INDEX_BYTES (checked on the open file, so a
+    file that grows after the check is still read only that far)."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_INDEX_BYTES + 1)
+    if len(raw) > MAX_INDEX_BYTES:
+        raise DumpFormatError(f"{path}: larger than {MAX_INDEX_BYTES >> 20} MiB, the most xray reads of an msprobe "
+                              "index (it is parsed whole: about 14 times its size in memory)")
+    return raw
+
+
 def _read_optional(path: Path) -> Any:
+    """construct.json, or None where it is missing or unreadable (calls then carry no module);
+    one larger than the cap is refused as dump.json is."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        raw = _read_capped(path)
+    except OSError:
+        return None
+    try:
+        return parse_json(raw)
+    except (ValueError, RecursionError):
         return None
 
 
@@ -174,9 +199,12 @@ def _tensor(v: dict, key: str) -> TensorMeta:
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"{key}: unknown tensor dtype {echo(v.get('dtype'))}")
     shape = v.get("shape")
-    if not isinstance(shape, list) or len(shape) > 64 or not all(type(n) is int and n >= 0 for n in shape):
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(type(n) is int and 0 <= n < MAX_INT
+                                                                       for n in shape):
         raise ValueError(f"{key}: bad tensor shape {echo(shape)}")
     numel = math.prod(shape)
+    if numel > MAX_NUMEL:
+        raise ValueError(f"{key}: tensor shape {echo(shape)} has more than 2**63-1 elements")
     data = v.get("data_name")
     if data is not None:
         if not isinstance(data, str) or "/" in data or "\\" in data or data in ("", ".", "..") or len(data) > MAX_NAME:
@@ -207,7 +235,8 @@ def _stats(v: dict, numel: int) -> Stats | None:
     finite = not (nan or posinf or neginf)
     std = None
     if finite and numel and norm is not None and mean is not None:
-        std = math.sqrt(max(norm * norm / numel - mean * mean, 0.0))
+        std = math.sqrt(max(norm * norm / numel - mean * mean, 0.0))  # inf - inf near 1e308: nan
+        std = std if math.isfinite(std) else None
     return Stats(min=mn if finite else None, max=mx if finite else None, mean=mean if finite else None, std=std,
                  nan=nan, posinf=posinf, neginf=neginf, numel=numel)
 
@@ -239,25 +268,52 @@ class MsprobeDump:
         return (f"MsprobeDump({str(self.folder)!r}, task {self.header.get('task')}, level {self.header.get('level')},"
                 f" {len(self._records)} calls)")
 
-    def _path(self, meta: TensorMeta | str) -> Path:
+    def _path(self, meta: TensorMeta | str) -> Path | None:
+        """The tensor file, resolved: a regular file directly in the dump's own
+        ``dump_tensor_data`` (not a symlink to another folder), or None where it is missing; a
+        file or folder that leads out of the dump is refused, as the native reader refuses it."""
         ref = meta if isinstance(meta, str) else meta.data
         if not ref:
             raise KeyError("this tensor's data was not saved (an msprobe statistics dump: use task 'tensor')")
-        return self.folder / ref
+        folder, _, name = ref.rpartition("/")
+        if folder != _DATA_DIR:
+            raise DumpFormatError(f"{self.folder}: refusing tensor file reference {echo(ref)} outside {_DATA_DIR}")
+        data_dir = self.folder / _DATA_DIR
+        if not data_dir.exists() and not data_dir.is_symlink():
+            return None
+        try:
+            real_dir, home = data_dir.resolve(strict=True), self.folder.resolve(strict=True)
+        except (OSError, RuntimeError) as e:
+            raise DumpFormatError(f"{data_dir}: cannot open ({getattr(e, 'strerror', None) or e})") from None
+        if data_dir.is_symlink() or real_dir != home / _DATA_DIR or not real_dir.is_dir():
+            raise DumpFormatError(f"{data_dir}: refused: it leads to {real_dir}, not a folder of the dump itself")
+        if not (data_dir / name).exists() and not (data_dir / name).is_symlink():
+            return None
+        return file_inside(real_dir, name)
 
     def has_data(self, meta: TensorMeta) -> bool:
-        return meta.data is not None and self._path(meta).is_file()
+        return meta.data is not None and self._path(meta) is not None
 
     def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
         path = self._path(meta)
-        if not path.is_file():
-            raise KeyError(f"{path}: no saved tensor (deleted, or the dump was cut short)")
+        if path is None:
+            raise KeyError(f"{self.folder / (meta if isinstance(meta, str) else meta.data)}: no saved tensor "
+                           "(deleted, or the dump was cut short)")
+        declared = None if isinstance(meta, str) else meta
+        _check_archive(path, declared)
         try:
             t = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is one clear error
             raise DumpFormatError(f"{path}: not a tensor file torch.load(weights_only=True) reads ({e})") from None
         if not isinstance(t, torch.Tensor):
             raise DumpFormatError(f"{path}: holds a {type(t).__name__}, not a tensor")
+        if declared is not None:
+            numel, dtype = math.prod(declared.shape), declared.dtype.removeprefix("torch.")
+            if t.numel() != numel:
+                raise DumpFormatError(f"{path}: holds {t.numel()} elements {list(t.shape)}, dump.json declares "
+                                      f"{numel} {list(declared.shape)}")
+            if str(t.dtype).removeprefix("torch.") != dtype:
+                raise DumpFormatError(f"{path}: holds {t.dtype}, dump.json declares {dtype}")
         return t
 
     def close(self) -> None:
@@ -268,3 +324,37 @@ class MsprobeDump:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_archive(path: Path, meta: TensorMeta | None) -> None:
+    """Refuse a ``.pt`` archive whose read could take more than its declared tensor: torch.save
+    stores every record uncompressed, so a compressed one (a DEFLATE'd storage of 2**28 floats in a
+    1 MB file) is refused, and the storages together may hold no more bytes than the declared
+    shape and dtype need (``meta``; without one, no more than the file holds)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise DumpFormatError(f"{path}: not a tensor file torch.save writes (not a zip archive: {e})") from None
+    size = path.stat().st_size
+    storage = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise DumpFormatError(f"{path}: refused: {echo(info.filename)} is compressed; torch.save stores "
+                                  "its records uncompressed")
+        if info.file_size > size:
+            raise DumpFormatError(f"{path}: refused: {echo(info.filename)} declares {info.file_size} bytes "
+                                  f"in a file of {size}")
+        parts = info.filename.split("/")
+        if parts[-1] == "data.pkl" and info.file_size > _MAX_PICKLE_BYTES:
+            raise DumpFormatError(f"{path}: refused: a {info.file_size}-byte pickle (one tensor's is a few hundred)")
+        if len(parts) >= 3 and parts[-2] == "data" and parts[-1].isdigit():
+            storage += info.file_size
+    if meta is not None:
+        try:
+            need = math.prod(meta.shape) * torch.empty((), dtype=dtype_from_name(meta.dtype)).element_size()
+        except (ValueError, TypeError, RuntimeError):
+            need = size
+        if storage > need:
+            raise DumpFormatError(f"{path}: refused: {storage} bytes of storage for a declared "
+                                  f"{meta.dtype} {list(meta.shape)} ({need} bytes)")

@@ -17,7 +17,7 @@ from .column_builder import columns_of
 from .columns import Columns, ColumnsError, RecordSequence, Refusal, StringTable, concat
 from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
 from .index_file import IndexFile
-from .model import ECHO, FORMAT_NAME, FORMAT_VERSION, MAX_NAME, Record, TensorMeta
+from .model import ECHO, FORMAT_NAME, FORMAT_VERSION, MAX_NAME, Record, TensorMeta, parse_json
 from .tensorio import check_dataset, file_inside, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
@@ -191,7 +191,7 @@ def _read_trace(folder: Path) -> TraceDump:
         raise DumpFormatError(f"{index}: not a file")
     if index.exists():
         try:
-            data = json.loads(index.read_text(encoding="utf-8"))
+            data = parse_json(index.read_text(encoding="utf-8"))
         except RecursionError:
             raise DumpFormatError(f"{index}: corrupt dump index (values nested too deep to be a dump)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -259,7 +259,7 @@ def _read_journal(folder: Path) -> TraceDump:
     with open(journal, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                obj = json.loads(line)
+                obj = parse_json(line)
             except (json.JSONDecodeError, RecursionError):
                 bad += 1  # the last line may be cut mid-write by a kill
                 continue

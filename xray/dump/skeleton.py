@@ -12,7 +12,7 @@ import math
 from typing import Any, Iterator
 
 from .errors import ColumnsError
-from .model import (MAX_DEPTH, MAX_ITEMS, MAX_NAME, MAX_NUMEL, TensorMeta, _frame, _ints, _str, echo,
+from .model import (MAX_DEPTH, MAX_ITEMS, MAX_NAME, MAX_NUMEL, TensorMeta, _frame, _ints, _str, echo, parse_json,
                     value_from_json)
 
 
@@ -22,7 +22,7 @@ def checked_name(text: str, what: str) -> str:
 
 def _loads(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return parse_json(text)
     except RecursionError:
         raise ColumnsError(f"{what}: values nested too deep") from None
     except json.JSONDecodeError as e:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -118,6 +119,7 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     The recorder's C path (xray/record/_fastpath.c, native_stats) repeats the all-finite branch
     operation for operation: a change to it is a change there too."""
     n = t.numel()
+    reals = n  # the values reduced: 2n for a complex tensor (its real and imaginary parts)
     x = None  # the tensor the torch reductions below read; None after the native pass
     sums = _native_moments(t, n) if native else None
     if sums is not None:
@@ -128,7 +130,11 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
         if 0 in t.stride() and any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride())):
             return _expanded(t, n, native)
         # float32/float64 (nearly every activation) skip the dtype ladder
-        x = t.detach() if t.dtype in _FAST_DTYPES else _as_real(t.detach())
+        if t.dtype in _FAST_DTYPES:
+            x = t.detach()
+        else:
+            x = _as_real(t.detach())
+            reals = x.numel()
         if x.dtype == torch.uint8:
             x = x.to(torch.float32)
         mn, mx = torch.aminmax(x)
@@ -146,8 +152,8 @@ def _reduce(t: torch.Tensor, native: bool) -> tuple:
     if lo - lo == 0.0 and hi - hi == 0.0 and total - total == 0.0:
         if lo == hi:  # constant (or one element): exact without any arithmetic
             return (lo, hi, lo, 0.0, 0, 0, 0, n)
-        mean = total / n
-        var = sq / n - mean * mean
+        mean = total / reals
+        var = sq / reals - mean * mean
         # E[x^2] - mean^2 loses digits when |mean| >> std (or overflows): then take the exact
         # two-pass formula (torch.std_mean's Welford kernel is much slower on CPU).
         if var - var == 0.0 and var > 1e-3 * mean * mean:
@@ -427,7 +433,12 @@ def _fused_rows(items: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
             pass
     try:
         kernel(items)
-    except Exception:  # noqa: BLE001 - the first compile failed (a device triton does not target)
+    except Exception as e:  # noqa: BLE001 - the first compile failed (a device triton does not target)
+        # said once, so a benchmark or a device check never reports the fallback's cost as the kernel's
+        warnings.warn(f"xray: the fused Triton statistics kernel failed ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200] if str(e) else ''}); statistics are taken per tensor, "
+                      "about fifteen kernel launches each (XRAY_TRITON_STATS=0 silences this)", RuntimeWarning,
+                      stacklevel=2)
         kernel = _rows_one_by_one
         kernel(items)
     for device_type in TRITON_DEVICE_TYPES:

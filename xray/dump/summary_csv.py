@@ -33,9 +33,10 @@ _NUMBERS_FORMAT = ",".join([_STAT_FORMAT] * 4 + ["%d"] * 4)  # min, max, mean, s
 
 
 def _needs_quoting(text: str) -> bool:
-    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``, or xray.dump.csv_cells change it:
-    then the row goes through the csv writer."""
-    return '"' in text or "," in text or "\n" in text or "\r" in text or risky(text)
+    """Whether csv (QUOTE_MINIMAL) would quote a cell of ``text``, or xray.dump.csv_cells change it
+    (a formula, a control or bidi character: "\n" and "\r" are controls): then the row goes
+    through the csv writer."""
+    return '"' in text or "," in text or not text.isprintable() or risky(text)
 
 
 def csv_head_cells(dtype: str, shape: str) -> str:

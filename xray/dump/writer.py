@@ -148,13 +148,14 @@ class DumpWriter:
         """Call ``seq`` was folded into ``record``; its first argument is ``op:<src_seq>:<src_k>``
         (-1, -1: not an op's output). Kept so that data edges through unrecorded calls can be
         followed. The C path appends the same four ints to ``folds`` itself, and calls
-        ``folds_full`` at the same length: change both together."""
+        ``folds_full`` on the same rule: change both together."""
         self.folds += (seq, record, src_seq, src_k)
-        if len(self.folds) >= self.folds_flush:
+        if len(self.folds) >= self.folds_flush or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.folds_full()
 
     def folds_full(self) -> None:
-        """A long run of folded calls (no new record to flush them): out of memory, into a chunk."""
+        """Folded calls are due (``folds_flush`` ints of them, or the flush timer's second): a
+        de-dup'd loop makes no new record to flush them, nor the records and counts before them."""
         self.flush()
 
     def _take_folds(self) -> np.ndarray:

@@ -1,6 +1,8 @@
 """``xray explain FACTORY --target SPEC`` and ``xray fix FACTORY --target SPEC --max-error E``."""
 from __future__ import annotations
 
+import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -52,10 +54,21 @@ def parse_inject(text: str | None):
     return lambda: InjectFault(spec)
 
 
+def _check_out(out: str | None) -> None:
+    """Refuse an --out that cannot be a folder now, before minutes of analysis."""
+    if out is not None and os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} exists and is not a folder; pass a folder")
+
+
 def _load(args):
+    import torch
+
     from ..drift.load import load_model
 
     model, margs, mkwargs = load_model(args.factory)
+    if not isinstance(model, torch.nn.Module):  # e.g. (function, args): grafts need modules
+        raise ValueError(f"{args.factory} returned a {type(model).__name__} as the model; explain and fix "
+                         "need (torch.nn.Module, example_args[, example_kwargs])")
     options = dict(target=args.target, bench=args.bench, target_context=parse_inject(args.inject),
                    threads=args.threads or None)
     return model, margs, mkwargs, options
@@ -66,6 +79,7 @@ def run_explain(args) -> int:
     from .analysis import explain
 
     try:
+        _check_out(args.out)
         model, margs, mkwargs, options = _load(args)
         x = explain(model, margs, mkwargs, op_modules=args.op_modules, **options)
     except ValueError as e:
@@ -84,6 +98,10 @@ def run_fix(args) -> int:
     from .search import fix
 
     try:
+        if not (math.isfinite(args.max_error) and args.max_error > 0):
+            raise ValueError(f"--max-error {args.max_error}: give a positive finite bound on the relative error, "
+                             "e.g. 1e-2")
+        _check_out(args.out)
         model, margs, mkwargs, options = _load(args)
         f = fix(model, margs, mkwargs, max_error=args.max_error, **options)
     except ValueError as e:

@@ -5,6 +5,8 @@ import argparse
 import sys
 import warnings
 
+from ..console import closed_pipe_is_quiet
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -57,6 +59,7 @@ def _require_op_records(dump, path: str) -> None:
                            "(META|STATS) and pass that dump")
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from ..quiet import one_line, quiet_third_party

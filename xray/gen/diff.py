@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..console import closed_pipe_is_quiet
 from ..dump import csv_cells
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def per_op(d: pd.DataFrame) -> pd.DataFrame:
     return s.reset_index()
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="xray-diff", description="Compare two devices' xray result CSVs by test name.",
                                 epilog="example:\n  pytest pytests --device cpu --detail_compare_path=cpu.csv   # machine A\n"

@@ -11,11 +11,13 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -28,7 +30,8 @@ from ..dump.columns import KINDS as RECORD_KINDS, Columns
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import write_dataset
-from ..ops.rebuild import FACTORIES, MissingTensorError, UnknownOpError, ignored_index, resolve_op, split_args
+from ..ops.rebuild import (FACTORIES, MissingTensorError, UnknownOpError, ignored_index, output_mismatch, resolve_op,
+                           split_args)
 from ..record.encode import op_info
 from .blacklist import Blacklist
 from .render import NotRebuildable, RenderError, audit, identifier, py_op, py_tensor, py_text, py_value
@@ -310,6 +313,9 @@ class Renderer:
         for k, meta in [*rec.input_tensors(), *rec.output_tensors()]:
             if not all(isinstance(s, int) and s >= 0 for s in meta.shape) or meta.numel > MAX_NUMEL:
                 raise GenerationError(f"{where}: tensor {k} has an invalid or huge shape {list(meta.shape)[:8]}")
+        mismatch = output_mismatch(rec)  # sizes, repeat counts and expand sizes bounded by the recorded outputs
+        if mismatch is not None:
+            raise GenerationError(f"{where}: {mismatch}")
         schema_args = {a.name: a for a in func._schema.arguments}
         unknown = [k for k in rec.inputs if k not in schema_args]
         if unknown:
@@ -428,20 +434,40 @@ def _check_conftest(path: Path) -> None:
                               "(the suite's conftest.py loads xray's pytest plugin)")
 
 
+STAGING_PREFIX = ".xray-gen-staging-"  # one folder per run (tempfile.mkdtemp): another run's is never touched
+LOCK = ".xray-gen.lock"
+
+
+@contextmanager
+def _publishing(out_dir: Path) -> Iterator[None]:
+    """One run at a time replaces the suite in ``out_dir`` (an advisory lock where the platform
+    has one): two runs' clean-and-write phases never interleave into a mix of both."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the staging folders are still separate
+        yield
+        return
+    with open(out_dir / LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def generate(dump: Dump, out_dir: str | Path, *, factory: str = "auto", cpu_init: bool = True, seed: int = 0,
              blacklist: Blacklist | None = None, progress: Callable[[int], None] | None = None) -> GenReport:
     """Write one test file per op (one test per distinct signature) into ``out_dir``.
 
-    Everything is rendered (and tensors copied) into a staging folder first, so a dump that is
-    rejected half-way leaves ``out_dir`` untouched.
+    Everything is rendered (and tensors copied) into a staging folder of this run's own first,
+    so a dump that is rejected half-way leaves ``out_dir`` untouched, and two runs into one
+    ``out_dir`` never delete each other's work: the last to publish leaves its whole suite.
     """
     start = time.perf_counter()
     out = Path(out_dir)
     _check_conftest(out / CONFTEST)
     out.mkdir(parents=True, exist_ok=True)
-    staging = out / ".xray-gen-staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     try:
         renderer = Renderer(dump, staging, factory, cpu_init, seed)
         blacklist = blacklist if blacklist is not None else Blacklist.load()
@@ -456,14 +482,15 @@ def generate(dump: Dump, out_dir: str | Path, *, factory: str = "auto", cpu_init
             if progress is not None:
                 progress(len(op_cases))
         data_files = sorted(h5.name for h5 in (staging / "data").iterdir()) if (staging / "data").is_dir() else []
-        _refuse_foreign(out, [name for name, _ in files], data_files)
-        _clean(out)
-        for name, text in [*files, (CONFTEST, renderer.conftest)]:
-            (out / name).write_text(text, encoding="utf-8")
-        if (staging / "data").is_dir():
-            (out / "data").mkdir(exist_ok=True)
-            for h5 in (staging / "data").iterdir():
-                os.replace(h5, out / "data" / h5.name)
+        with _publishing(out):
+            _refuse_foreign(out, [name for name, _ in files], data_files)
+            _clean(out)
+            for name, text in [*files, (CONFTEST, renderer.conftest)]:
+                (out / name).write_text(text, encoding="utf-8")
+            if (staging / "data").is_dir():
+                (out / "data").mkdir(exist_ok=True)
+                for h5 in (staging / "data").iterdir():
+                    os.replace(h5, out / "data" / h5.name)
         report.files = len(files)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -17,33 +17,32 @@ from transformers import TrainerCallback
 
 from ..debugger import PrecisionDebugger
 from ..debugger.steps import Selection
+from .runs import DebuggerRuns
 
 
 class XrayTrainerCallback(TrainerCallback):
     """Start PrecisionDebugger at each selected step's beginning, stop it after the optimizer
     step, write the file at the end of training. Keyword arguments go to PrecisionDebugger
-    (``task``, ``hook_name``, ``dump_torch_api``, ``backward``...)."""
+    (``task``, ``hook_name``, ``dump_torch_api``, ``backward``...). Each ``train()`` gets its
+    own debugger (a later one's file goes into ``<dump_path>/run-<n>/``), and no debugger
+    error reaches training (``xray.integrations.runs``)."""
 
     def __init__(self, dump_path: str | os.PathLike = "xray_module_dump", *, step: Selection = None,
                  rank: Selection = None, **debugger_kwargs: Any) -> None:
-        self.dump_path, self.step, self.rank, self.kwargs = dump_path, step, rank, debugger_kwargs
-        self.debugger: PrecisionDebugger | None = None
+        self.runs = DebuggerRuns(type(self).__name__, dump_path, step, rank, debugger_kwargs)
+
+    @property
+    def debugger(self) -> PrecisionDebugger | None:
+        return self.runs.debugger
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.debugger is None:
-            self.debugger = PrecisionDebugger(self.dump_path, model=model, step=self.step, rank=self.rank,
-                                              process_rank=(args.process_index, args.local_process_index,
-                                                            args.world_size), **self.kwargs)
+        self.runs.begin(model, (args.process_index, args.local_process_index, args.world_size))
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.debugger is not None:
-            self.debugger.set_step(state.global_step)
-            self.debugger.start()
+        self.runs.step_begin(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.debugger is not None:
-            self.debugger.stop()
+        self.runs.step_end()
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.debugger is not None:
-            self.debugger.close()
+        self.runs.end()

@@ -19,37 +19,35 @@ except ImportError:  # the standalone package
 
 from ..debugger import PrecisionDebugger
 from ..debugger.steps import Selection
+from .runs import DebuggerRuns
 
 
 class XrayLightningCallback(Callback):
     """Start PrecisionDebugger before each selected training batch, stop it after its optimizer
-    step, write the file when training ends. Keyword arguments go to PrecisionDebugger."""
+    step, write the file when training ends. Keyword arguments go to PrecisionDebugger. Each
+    ``fit()`` gets its own debugger (a later one's file goes into ``<dump_path>/run-<n>/``), and
+    no debugger error reaches training (``xray.integrations.runs``)."""
 
     def __init__(self, dump_path: str | os.PathLike = "xray_module_dump", *, step: Selection = None,
                  rank: Selection = None, **debugger_kwargs: Any) -> None:
-        self.dump_path, self.step, self.rank, self.kwargs = dump_path, step, rank, debugger_kwargs
-        self.debugger: PrecisionDebugger | None = None
+        self.runs = DebuggerRuns(type(self).__name__, dump_path, step, rank, debugger_kwargs)
+
+    @property
+    def debugger(self) -> PrecisionDebugger | None:
+        return self.runs.debugger
 
     def on_train_start(self, trainer, pl_module):
-        if self.debugger is None:
-            self.debugger = PrecisionDebugger(self.dump_path, model=pl_module, step=self.step, rank=self.rank,
-                                              process_rank=(trainer.global_rank, trainer.local_rank,
-                                                            trainer.world_size), **self.kwargs)
+        self.runs.begin(pl_module, (trainer.global_rank, trainer.local_rank, trainer.world_size))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.debugger is not None:
-            self.debugger.stop()  # a batch Lightning skipped the end hook of (a StopIteration, a skip)
-            self.debugger.set_step(trainer.global_step)
-            self.debugger.start()
+        # (stopped first: a batch Lightning skipped the end hook of, a StopIteration or a skip)
+        self.runs.step_begin(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.debugger is not None:
-            self.debugger.stop()
+        self.runs.step_end()
 
     def on_train_end(self, trainer, pl_module):
-        if self.debugger is not None:
-            self.debugger.close()
+        self.runs.end()
 
     def on_exception(self, trainer, pl_module, exception):
-        if self.debugger is not None:
-            self.debugger.close()  # the steps captured so far reach the file
+        self.runs.end()  # the steps captured so far reach the file

@@ -306,18 +306,27 @@ def runs_public_op(op: str) -> bool:
 _OUT_INDEX = re.compile(r"^out(\d+)")
 
 
-def kernel_specific(bench_op: str, target_op: str, tensor: str) -> str | None:
+def kernel_specific(bench_op: str, target_op: str, tensor: str, shapes: tuple | None = None) -> str | None:
     """Why output ``tensor`` of a pair of family members is not compared, or None. Two members
-    (or one member on both sides) share only the family's primary outputs: a CUDA kernel's
-    logsumexp, philox seed and offset have no CPU counterpart of the same meaning."""
+    share only the family's primary outputs: a CUDA kernel's logsumexp, philox seed and offset
+    have no CPU counterpart of the same meaning. One member on both sides compares them all,
+    unless ``shapes`` (bench's, target's) differ: the same op returns a placeholder where a
+    device has nothing to save (CPU's eval-mode ``native_batch_norm`` gives an empty
+    ``save_mean``, CUDA's one of C uninitialised elements)."""
     if not bench_op or not target_op:
         return None
     fb, ft = family_of(bench_op), family_of(target_op)
-    if fb is None or fb is not ft or fb.primary is None or packet(bench_op) == packet(target_op):
+    if fb is None or fb is not ft or fb.primary is None:
+        return None
+    same_op = packet(bench_op) == packet(target_op)
+    if same_op and (shapes is None or shapes[0] == shapes[1]):
         return None
     m = _OUT_INDEX.match(tensor or "")
     if m is None or int(m.group(1)) < fb.primary:
         return None
+    if same_op:
+        return (f"kernel-specific output of {fb.name} (shaped {shapes[0]} on the bench, "
+                f"{shapes[1]} on the target: a placeholder where one device saves nothing): not compared")
     return f"kernel-specific output of {fb.name} ({packet(bench_op)} vs {packet(target_op)}): not compared"
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..dump.model import Record, Scalar, TensorMeta
 from ..dump.protocol import Dump
-from ..dump.tensorio import dtype_from_name, stored_dtype_name
+from ..dump.tensorio import dtype_from_name, dtype_name, stored_dtype_name
 from .safety import refusal
 
 FACTORIES = ("load", "random", "auto")
@@ -355,3 +355,65 @@ def _call(record: Record, convert: Callable[[Any, int | None], Any]) -> tuple[to
             raise ValueError(f"{where}: argument {k!r} is not in the schema of {func}")
     args, kwargs = split_args(func, values, where)
     return func, args, kwargs
+
+
+# -- outputs against the record ---------------------------------------------------------------------
+
+def _meta_tensor(meta: TensorMeta) -> torch.Tensor:
+    dtype = _check_meta(meta)
+    stride = meta.stride
+    if stride is not None and len(stride) == len(meta.shape) and all(type(s) is int and s >= 0 for s in stride):
+        return torch.empty_strided(meta.shape, stride, dtype=dtype, device="meta")
+    return torch.empty(meta.shape, dtype=dtype, device="meta")
+
+
+def predicted_outputs(record: Record) -> list[tuple[tuple[int, ...], str]] | None:
+    """(shape, dtype) of each tensor ``record``'s call returns, from torch's meta kernels: its
+    arguments as they are written (sizes, repeat counts, expand sizes), without allocating or
+    computing anything. None where that cannot be told (no meta kernel, a data-dependent shape)."""
+    try:
+        func, args, kwargs = _call(record, lambda v, ignored: _walk(v, _meta_tensor, "meta"))
+        with torch.no_grad():
+            out = func(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - no prediction; the call's own checks still apply
+        return None
+    from torch.utils._pytree import tree_leaves
+
+    return [(tuple(t.shape), dtype_name(t.dtype)) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def output_mismatch(record: Record, outputs: list[tuple[tuple[int, ...], str]] | None = None) -> str | None:
+    """Why ``record``'s outputs (``outputs``: (shape, dtype) of each tensor a run returned; by
+    default those its meta kernels predict) are not the recorded ones, or None when they agree
+    or cannot be told. A dump whose arguments were edited (``torch.ones(4, 4)`` made
+    ``size=[14000, 14000]``, a larger repeat count) is caught before it allocates, by the
+    record's own output shapes: the bound is what the recording computed."""
+    recorded = [(tuple(m.shape), m.dtype.removeprefix("torch.")) for _, m in record.output_tensors()]
+    if outputs is None:
+        outputs = predicted_outputs(record)
+    if outputs is None or not recorded:
+        return None
+    if len(outputs) != len(recorded):
+        return None  # a record may leave outputs out (or hold them in lists): judged pairwise only
+    from ..numerics.kernel_families import primary_outputs
+
+    # a kernel's non-primary outputs (saved statistics, workspaces) may be placeholders whose
+    # shape the meta kernel does not predict: CPU's eval-mode batch norm saves an empty mean
+    primary = primary_outputs(record.op or "")
+    for i, ((shape, dtype), (want, want_dtype)) in enumerate(zip(outputs[:primary], recorded[:primary])):
+        if shape != want or dtype != want_dtype:
+            return (f"its arguments give output {i} as {list(shape)[:8]} {dtype}, the record says "
+                    f"{list(want)[:8]} {want_dtype} (an edited size or count?)")
+    return None
+
+
+class OutputMismatchError(ValueError):
+    """A record's arguments give outputs of another shape or dtype than it records."""
+
+
+def check_outputs(record: Record) -> None:
+    """Raise OutputMismatchError where ``output_mismatch`` finds one (compare's recomputation and
+    xray-gen refuse such a record before running it)."""
+    why = output_mismatch(record)
+    if why is not None:
+        raise OutputMismatchError(f"record seq={record.seq} ({record.op}): {why}")

@@ -1204,6 +1204,18 @@ static PyObject *general_outputs(FastPath *self, OpFacts *op, RowCall *call, PyO
 }
 
 /* -- the record ---------------------------------------------------------------------------------- */
+/* The writer's flush timer (DumpWriter._maybe_flush, DumpWriter.folded): 1 when flush_seconds
+ * have passed since its last flush, 0 if not, -1 on error. */
+static int timer_due(FastPath *self, PyObject *writer) {
+    PyObject *now = PyObject_CallNoArgs(self->monotonic);
+    double t = now ? PyFloat_AsDouble(now) : -1.0;
+    Py_XDECREF(now);
+    double last = float_attr(writer, s_last_flush), every = float_attr(writer, s_flush_seconds);
+    if (PyErr_Occurred())
+        return -1;
+    return t - last >= every;
+}
+
 /* DumpWriter.add_rows: the record and its tensors' cells appended to the pending chunk
  * (ColumnBuilder.add_rows), then the writer's flush rule (DumpWriter._maybe_flush). */
 static int add_rows(FastPath *self, PyObject *record, RowCall *call, PyObject *roles, PyObject *names) {
@@ -1246,15 +1258,8 @@ static int add_rows(FastPath *self, PyObject *record, RowCall *call, PyObject *r
     if (most == -1 && PyErr_Occurred())
         return -1;
     int due = PyList_GET_SIZE(records) >= most;
-    if (!due) {
-        PyObject *now = PyObject_CallNoArgs(self->monotonic);
-        double t = now ? PyFloat_AsDouble(now) : -1.0;
-        Py_XDECREF(now);
-        double last = float_attr(self->writer, s_last_flush), every = float_attr(self->writer, s_flush_seconds);
-        if (PyErr_Occurred())
-            return -1;
-        due = t - last >= every;
-    }
+    if (!due && (due = timer_due(self, self->writer)) < 0)
+        return -1;
     return due ? done_with(call0(self->writer, s_flush)) : 0;
 }
 
@@ -1355,7 +1360,8 @@ static int op_source(FastPath *self, PyObject *t, PyObject **src, PyObject **k) 
 }
 
 /* DumpWriter.folded: the call's seq, its record's, and its first argument's producer, appended
- * to the recorder's writer's ``folds`` list; ``folds_full`` at ``folds_flush`` ints. */
+ * to the recorder's writer's ``folds`` list; ``folds_full`` at ``folds_flush`` ints or when the
+ * flush timer is due (a de-dup'd loop makes no new record that would check it). */
 static int fold_edge(FastPath *self, PyObject *seen, PyObject *seq, PyObject *args) {
     PyObject *writer = PyDict_GetItemWithError(self->rdict, s_writer), *folds = NULL, *record = NULL, *src, *k;
     if (writer == NULL)
@@ -1377,8 +1383,13 @@ static int fold_edge(FastPath *self, PyObject *seen, PyObject *seq, PyObject *ar
         Py_ssize_t limit = int_attr(writer, s_folds_flush);
         if (limit < 0 && PyErr_Occurred())
             r = -1;
-        else if (PyList_GET_SIZE(folds) >= limit)
-            r = done_with(PyObject_CallMethodNoArgs(writer, s_folds_full));
+        else {
+            int due = PyList_GET_SIZE(folds) >= limit;
+            if (!due && (due = timer_due(self, writer)) < 0)
+                r = -1;
+            else if (due)
+                r = done_with(PyObject_CallMethodNoArgs(writer, s_folds_full));
+        }
     }
 done:
     Py_DECREF(writer), Py_XDECREF(folds), Py_XDECREF(record);

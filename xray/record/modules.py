@@ -28,6 +28,7 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..dump.model import fit_name
 from .flatten import flatten_tensors
 from .producers import Producers
 
@@ -110,7 +111,8 @@ class ModuleStack:
     def _name_tree(self, root: torch.nn.Module, prefix: str) -> None:
         for name, sub in root.named_modules(remove_duplicate=False):
             if sub not in self._paths:
-                path = self._paths[sub] = f"{prefix}.{name}" if prefix and name else (name or prefix)
+                # a path longer than the reader's MAX_NAME is cut here, once, for every record and source
+                path = self._paths[sub] = fit_name(f"{prefix}.{name}" if prefix and name else (name or prefix))
                 self._name_state(sub, path)
 
     def _name_state(self, module: torch.nn.Module, path: str) -> None:
@@ -139,7 +141,7 @@ class ModuleStack:
         if len(self._known) >= self._sweep_known_at:  # modules made on the fly, then dropped
             self._known = {k: v for k, v in self._known.items() if v[0]() is not None}
             self._sweep_known_at = max(1024, 2 * len(self._known))
-        known = self._known[id(module)] = (weakref.ref(module), (path, type(module).__name__),
+        known = self._known[id(module)] = (weakref.ref(module), (path, fit_name(type(module).__name__)),
                                            self._state_sources(module, path), module._parameters,
                                            module._buffers, len(module._parameters) + len(module._buffers))
         return known

@@ -83,6 +83,22 @@ _PAUSED: DumpSession | None = None
 _LOCK = threading.RLock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, a multiprocessing Process) inherits the parent's
+    session: its recorder goes quiet there (tracer._after_fork_in_child) and its files stay the
+    parent's. The child holds no session of its own, so it may begin a dump of its own
+    (``proc_<child pid>``); an end_dump of the parent's session, if the child runs that code,
+    leaves the parent's dump alone. The lock is new too: another thread may have held it."""
+    global _ACTIVE, _PAUSED, _INHERITED, _LOCK
+    _INHERITED = _ACTIVE or _PAUSED or _INHERITED
+    _ACTIVE = _PAUSED = None
+    _LOCK = threading.RLock()
+
+
+_INHERITED: DumpSession | None = None  # in a forked child: the parent's session, never ended here
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _rank() -> int | None:
     return dist_ranks()[0]
 
@@ -158,8 +174,11 @@ def end_dump(clear_context: bool = True) -> Path | None:
     With ``clear_context=False`` the session is kept: dump.json is written, and the next
     ``begin_dump()`` without arguments continues the same dump (same de-dup table).
     """
-    global _ACTIVE, _PAUSED
+    global _ACTIVE, _PAUSED, _INHERITED
     with _LOCK, critical_section():
+        if _ACTIVE is None and _INHERITED is not None:  # a forked child ends the parent's session
+            _INHERITED = None
+            return None
         if _ACTIVE is None:
             raise DumpUsageError("end_dump() called without an active begin_dump()")
         session, _ACTIVE = _ACTIVE, None

@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.backend:
         print("xray-replay: error: give at least one --backend (see --list-backends)", file=sys.stderr)
         return 2
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        print(f"xray-replay: error: -o {one_line(args.out)} exists and is not a folder; pass a folder",
+              file=sys.stderr)
+        return 2
     from ..dump import DumpFormatError
     from .matrix import summary_table
     from .modules import ModelSpecError, factory_spec

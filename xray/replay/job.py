@@ -163,8 +163,19 @@ def build_module(job: Job, ctx: JobContext
 
 
 def execute(job: Job, ctx: JobContext) -> JobResult:
-    """Run one job; every failure becomes a status with its error text, never an exception."""
+    """Run one job; every failure becomes a status with its error text, never an exception. An op
+    record whose arguments give other output shapes or dtypes than it records (an edited size or
+    repeat count) is a MISMATCH, found by its meta kernels before anything is allocated; so is a
+    run whose outputs differ from the record's."""
+    record = None
     try:
+        if job.record.get("kind") == "op":
+            from ..ops.rebuild import output_mismatch
+
+            record = Record.from_json(job.record)
+            why = output_mismatch(record)
+            if why is not None:
+                return JobResult(int(ReplayStatus.MISMATCH), f"not run: {why}")
         backend = ctx.backend(job.backend)
         module, inputs, every = build_module(job, ctx)
     except Exception as e:  # noqa: BLE001 - reported as the job's result
@@ -203,6 +214,13 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
         return JobResult(int(e.status), str(e), inputs=input_metas, facts=facts, cached=cached)
     except Exception as e:  # noqa: BLE001
         return JobResult(int(ReplayStatus.RUN_FAIL), short_error(e), inputs=input_metas, facts=facts, cached=cached)
+    if record is not None:
+        from ..ops.rebuild import output_mismatch
+
+        why = output_mismatch(record, [(tuple(t.shape), dtype_name(t.dtype)) for t in outputs])
+        if why is not None:
+            return JobResult(int(ReplayStatus.MISMATCH), f"outputs are not the recorded ones: {why}",
+                             inputs=input_metas, facts=facts, cached=cached)
     return JobResult(int(ReplayStatus.OK), None, outputs=[(dtype_name(t.dtype), to_numpy(t)) for t in outputs],
                      inputs=input_metas, facts=facts, latency_ms=statistics.median(times) if times else None,
                      cached=cached)

@@ -18,6 +18,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ..dump import csv_cells
+from ..dump.model import printable
 from ..dump.atomic import write_text
 from ..backends.base import ReplayStatus
 from ..dump.model import Record
@@ -180,6 +181,9 @@ def _grid(result: ReplayResult) -> tuple[list[str], list[list[MatrixRow | None]]
 
 
 def _cut(text: str, limit: int) -> str:
+    """A dump's op and module names as a table, a plot or a page shows them: control and bidi
+    characters escaped, at most ``limit`` characters."""
+    text = printable(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -210,7 +214,7 @@ def write_heatmap(result: ReplayResult, out: Path) -> tuple[Path, Path]:
     fig.savefig(png, dpi=120)
     plt.close(fig)
     page = Path(out) / "heatmap.html"
-    write_text(page, _html(result, labels, grid))
+    write_text(page, printable(_html(result, labels, grid), keep="\n"))  # error texts quote the dump too
     return png, page
 
 

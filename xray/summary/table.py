@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from ..dump.column_scan import check_records, native_columns
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD, DIRECTIONS, KINDS, PARAM, Columns
-from ..dump.model import TensorMeta, record_name
+from ..dump.model import TensorMeta, printable, record_name
 from ..dump.reader import no_cyclic_gc
 from ..dump import csv_cells
 from ..dump.summary_csv import CSV_COLUMNS, _needs_quoting, csv_number_cells, stat_cell
@@ -36,7 +36,7 @@ class SummaryRow:
     def cells(self, index: int, csv_extra: bool) -> list[Any]:
         s = self.meta.stats
         stat = [None] * 4 if s is None else [s.min, s.max, s.mean, s.std]
-        name = self.name
+        name = printable(self.name)  # a dump's module names reach a terminal and a CSV
         if not csv_extra and s is not None and not s.finite:  # the table has no count columns
             name += f" [nan={s.nan} +inf={s.posinf} -inf={s.neginf}]"
         row = [index, _opt(self.step), _opt(self.rank), name, self.meta.dtype, shape_cell(self.meta.shape), *stat]
@@ -67,7 +67,7 @@ class ColumnRow:
 
     def cells(self, index: int, csv_extra: bool) -> list[Any]:
         dtype, shape, numel, stat, counts, data = self._tensor
-        name = self.name
+        name = printable(self.name)
         if not csv_extra and counts is not None and any(counts):  # as SummaryRow: not Stats.finite
             name += f" [nan={counts[0]} +inf={counts[1]} -inf={counts[2]}]"
         row = [index, _opt(self.step), _opt(self.rank), name, dtype, shape, *stat]

@@ -1,0 +1,66 @@
+"""tools/sweep_architectures.py: every transformers architecture built tiny, swept, tabulated, resumed."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+sys.path.insert(0, str(TOOLS))
+
+import sweep_architectures as sweep  # noqa: E402
+
+FIELDS = {"kind", "model", "family", "recording", "scenario", "verdict"}
+
+
+def _line(model: str, recording: str, scenario: str, verdict: str, **kw) -> dict:
+    return {"kind": "scenario", "model": model, "family": model, "recording": recording, "scenario": scenario,
+            "verdict": verdict, **kw}
+
+
+def test_figures_and_table_from_lines(tmp_path):
+    lines = [_line("a", "defaults", "identical", "clean"), _line("a", "defaults", "bf16", "FAIL", fail_rows=2,
+                                                                   first_fail={"op": "aten.add.Tensor", "cause": "x"}),
+             _line("a", "defaults", "fault", "exact"), _line("a", "defaults", "fault", "missed"),
+             _line("a", "defaults", "fault", "left out"), _line("a", "every call", "identical", "FAIL", fail_rows=1),
+             {"kind": "model", "model": "a", "family": "a", "status": "ok"},
+             {"kind": "model", "model": "b", "family": "b", "status": "not buildable", "reason": "no"}]
+    f = sweep.figures(lines)
+    assert f["defaults"]["identical_fail"] == 0 and f["defaults"]["noise_fail"] == 1
+    assert (f["defaults"]["faults"], f["defaults"]["exact"], f["defaults"]["missed"], f["defaults"]["left_out"]) == \
+        (2, 1, 1, 1)
+    assert f["every call"]["identical_fail"] == 1
+    text = sweep.table(lines)
+    assert "family" in text and "totals, defaults:" in text and "totals, every call:" in text
+    assert "1 not buildable" in text
+    assert any("aten.add.Tensor" in x for x in sweep.failures(lines))
+    out = tmp_path / "s.jsonl"
+    out.write_text("\n".join(json.dumps(x) for x in lines) + "\n{cut")  # a line cut by a kill is skipped
+    assert sweep.done_models([out]) == {"a", "b"}
+
+
+@pytest.mark.slow
+def test_sweep_one_model_end_to_end(tmp_path):
+    out = tmp_path / "sweep.jsonl"
+    cmd = [sys.executable, str(TOOLS / "sweep_architectures.py"), "--out", str(out), "--models", "gpt2",
+           "--scenarios", "identical,fault", "--faults", "1", "--timeout", "600"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    models = {r["model"]: r for r in lines if r["kind"] == "model"}
+    assert set(models) == {"gpt2"} and all(m["status"] == "ok" for m in models.values())
+    scenarios = [r for r in lines if r["kind"] == "scenario"]
+    assert all(FIELDS <= set(r) for r in scenarios)
+    assert {r["recording"] for r in scenarios} == set(sweep.RECORDINGS)
+    identical = [r for r in scenarios if r["scenario"] == "identical"]
+    assert len(identical) == 2 and all(r["fail_rows"] == 0 and r["verdict"] == "clean" for r in identical)
+    faults = [r for r in scenarios if r["scenario"] == "fault"]
+    assert faults and all(r["verdict"] in ("exact", "module", "wrong", "missed", "left out", "harness error")
+                          for r in faults)
+    assert "totals, defaults:" in proc.stdout and "totals, every call:" in proc.stdout
+    # a rerun resumes: nothing left to do, nothing appended
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert "1 already in" in again.stdout and len(out.read_text().splitlines()) == len(lines)

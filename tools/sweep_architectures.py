@@ -1,0 +1,519 @@
+"""Every architecture of the installed transformers, on every change (issue 43).
+
+Lists every model class of the installed transformers that builds from a tiny config
+(tools/accuracy/zoo.py: one class per model_type, from MODEL_MAPPING_NAMES) and runs each with
+the recorder's defaults and with every call recorded (X_DEDUP=False, X_DUMP_NUM as the accuracy
+harness sets it), through the accuracy harness's runner (tools/accuracy/runner.py):
+
+- ``identical``, ``identical-train``: two identical runs, forward and forward + backward: 0 FAIL rows;
+- ``bf16``, ``bf16-train``: fp32 against bf16 autocast, forward and forward + backward;
+- ``tf32``: fp32 against emulated TF32 (matmul operands rounded to 10 bits, below the recorder);
+- ``fault``: K random single-call faults per precision and direction (a random op kind, a random
+  call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward), graded exact / module /
+  wrong / missed by each side's own trace. A fault that moves the final output (the gradients,
+  for a backward fault) by less than the run's own precision (bf16: what bf16 itself moves it;
+  fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times).
+
+Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
+model runs in a worker process under a time budget (``--timeout``). torchvision's models are
+listed where torchvision is installed.
+
+    python tools/sweep_architectures.py --out sweep.jsonl [--shard 1/2] [--models llama,gpt2]
+        [--scenarios identical,bf16] [--faults 2] [--limit 20] [--timeout 60]
+    python tools/sweep_architectures.py --report sweep-1.jsonl sweep-2.jsonl   # the table only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+import time
+import warnings
+import zlib
+from collections import Counter
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tabulate import tabulate  # noqa: E402
+
+SCENARIOS = ("identical", "identical-train", "bf16", "bf16-train", "tf32", "fault")
+RECORDINGS = ("defaults", "every call")
+FAULT_AMOUNT = {"fp32": 1e-2, "bf16": 5e-2}
+FP32_FLOOR = 1e-6  # relative change of the final output a fp32 run cannot tell from its own rounding
+DRAWS = 3  # draws per fault slot before giving up on finding one that moves the final output
+FAILING = ("fail", "nan/inf")
+
+
+# -- listing ---------------------------------------------------------------------------------------
+def listed() -> list:
+    from accuracy import zoo
+
+    return zoo.listed() + _torchvision()
+
+
+def _torchvision() -> list:
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return []
+    from accuracy.zoo import Entry
+    from torchvision import models
+
+    return [Entry(f"torchvision.{n}", n, "torchvision") for n in models.list_models(module=models)]
+
+
+def torchvision_note() -> str:
+    try:
+        import torchvision
+    except ImportError:
+        return "torchvision is not installed: its models are not listed"
+    return f"torchvision {torchvision.__version__}: its classification models are listed"
+
+
+# -- one model ---------------------------------------------------------------------------------------
+class _Calls:
+    """Counts every call per (op, direction) as CorruptCall counts them, and which of those
+    calls a fault can corrupt: a new floating-point tensor computed from tensor inputs."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from accuracy.faults import in_backward
+        import torch
+
+        calls = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                key = (str(func), "backward" if in_backward() else "forward")
+                index = calls.count.get(key, 0)
+                calls.count[key] = index + 1
+                first = out[0] if isinstance(out, (tuple, list)) and out else out
+                if (not func.is_view and not func._schema.is_mutable and isinstance(first, torch.Tensor)
+                        and first.is_floating_point() and first.numel() > 0
+                        and any(isinstance(a, torch.Tensor) for a in (*args, *(kwargs or {}).values()))):
+                    calls.eligible.setdefault(key, []).append(index)
+                return out
+
+        self.count: dict[tuple[str, str], int] = {}
+        self.eligible: dict[tuple[str, str], list[int]] = {}
+        self.mode = Mode()
+
+
+def _final(arch: str, precision: str, backward: bool, modes: list = ()):
+    """The run's final output, flattened in fp32: the model's first output, or every gradient."""
+    import torch
+
+    from accuracy.archs import ARCHS
+
+    a = ARCHS[arch]
+    model, x = a.build(), a.inputs()
+    with ExitStack() as stack:
+        for m in modes:
+            stack.enter_context(m)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext():
+            y = model(**x)[0]
+            if backward:
+                y.float().square().mean().backward()
+    if not backward:
+        return y.detach().float().flatten()
+    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def _relative(a, b) -> float:
+    import torch
+
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
+
+
+def pick_faults(arch: str, k: int, seed: int, trainable: bool) -> list[dict]:
+    """K faults per precision and direction: a random op kind, then a random call of it; each
+    with the change it makes to the final output and that run's own precision."""
+    from accuracy.faults import CorruptCall, relative
+
+    rng = random.Random(seed)
+    out = []
+    for precision in ("fp32", "bf16"):
+        clean = {}
+        for backward in (False, True) if trainable else (False,):
+            clean[backward] = _final(arch, precision, backward)
+        floor = {b: FP32_FLOOR for b in clean}
+        if precision == "bf16":
+            floor = {b: _relative(clean[b], _final(arch, "fp32", b)) for b in clean}
+        calls = _Calls()
+        with calls.mode:  # forward calls from a forward alone: a loss's own ops are no model's
+            _final(arch, precision, False)
+        if trainable:
+            backward_calls = _Calls()
+            with backward_calls.mode:
+                _final(arch, precision, True)
+            calls.eligible.update({key: v for key, v in backward_calls.eligible.items() if key[1] == "backward"})
+        for backward in clean:
+            direction = "backward" if backward else "forward"
+            kinds = sorted(op for op, d in calls.eligible if d == direction)
+            for slot in range(k):
+                for draw in range(DRAWS):
+                    if not kinds:
+                        break
+                    op = rng.choice(kinds)
+                    call = rng.choice(calls.eligible[(op, direction)])
+                    fault = CorruptCall(op, call, relative(FAULT_AMOUNT[precision]), direction)
+                    try:
+                        effect = _relative(_final(arch, precision, backward, [fault]), clean[backward])
+                    except Exception as e:  # noqa: BLE001 - a corrupted value the model cannot run on
+                        effect = float("nan")
+                        fault_error = f"{type(e).__name__}: {e}"[:200]
+                    else:
+                        fault_error = None
+                    f = {"precision": precision, "direction": direction, "op": op, "call": call, "slot": slot,
+                         "draw": draw, "amount": FAULT_AMOUNT[precision], "effect": effect,
+                         "floor": floor[backward], "fired": fault.hit, "error": fault_error}
+                    f["left_out"] = (None if fault.hit and not effect <= floor[backward] and not fault_error
+                                     else "did not fire" if not fault.hit else fault_error or "below the run's precision")
+                    out.append(f)
+                    if f["left_out"] is None:
+                        break
+    return out
+
+
+def _trainable(arch: str) -> str | None:
+    """None when a backward of the first output runs, else why not."""
+    try:
+        g = _final(arch, "fp32", True)
+        return None if g.numel() else "no parameter gets a gradient"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"[:200]
+
+
+def _row_info(row) -> dict | None:
+    if row is None:
+        return None
+    return {"op": row.target_op or row.bench_op, "module": row.module, "status": row.status, "origin": row.origin,
+            "cause": row.cause, "culprit": row.culprit[:160], "mode": row.mode, "max_rel_err": row.max_rel_err,
+            "note": row.note[:200], "bench_seq": row.bench_seq, "target_seq": row.target_seq}
+
+
+def _capture_first_fail() -> dict:
+    """The first FAIL/NaN row of the runner's last compare (its Outcome keeps the summary only)."""
+    from accuracy import runner
+
+    last: dict = {}
+    compare = runner.compare_dumps
+
+    def capturing(bench, target, **kw):
+        result = compare(bench, target, **kw)
+        last["row"] = next((r for r in result.rows if r.status in FAILING), None)
+        return result
+
+    runner.compare_dumps = capturing
+    return last
+
+
+def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit) -> None:
+    """Every chosen scenario of one model, each recording; one JSON line per scenario, then the model's."""
+    import torch
+
+    from accuracy import report, zoo
+    from accuracy.runner import run_scenario
+    from accuracy.scenario import Fault, Scenario
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    started = time.perf_counter()
+    base = {"model": entry.model_type, "family": entry.model_type, "class": entry.cls, "source": entry.source}
+    try:
+        arch = zoo.register(entry)
+    except Exception as e:  # noqa: BLE001
+        emit({"kind": "model", **base, "status": "not buildable", "reason": str(e)[:300],
+              "seconds": round(time.perf_counter() - started, 1)})
+        return
+    model = torch.nn.Module()
+    try:
+        from accuracy.archs import ARCHS
+        model = ARCHS[arch].build()
+    except Exception:  # noqa: BLE001
+        pass
+    params = sum(p.numel() for p in model.parameters())
+    no_backward = _trainable(arch)
+    faults = pick_faults(arch, k, seed ^ zlib.crc32(entry.model_type.encode()), no_backward is None) \
+        if "fault" in chosen else []
+    last = _capture_first_fail()
+    recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
+    noise = {"identical": {}, "identical-train": {"backward": True}, "bf16": {"noise": "bf16"},
+             "bf16-train": {"noise": "bf16", "backward": True}, "tf32": {"noise": "tf32"}}
+    runs = 0
+    for recording, flags in recordings.items():
+        plan = [(name, kw, None) for name, kw in noise.items() if name in chosen
+                and not (name.endswith("-train") and no_backward)]
+        plan += [("fault", {"noise": "bf16" if f["precision"] == "bf16" else None,
+                            "backward": f["direction"] == "backward"}, f) for f in faults]
+        for name, kw, f in plan:
+            line = {"kind": "scenario", **base, "recording": recording, "scenario": name, **kw}
+            if f is not None:
+                line["fault"] = f
+                if f["left_out"]:
+                    emit({**line, "verdict": "left out"})
+                    continue
+                kw = {**kw, "fault": Fault(f["op"], f["call"], "rel", f["amount"], f["direction"])}
+            s = Scenario(name=f"{arch}/{recording}/{name}", cls=name, arch=arch, **kw, **flags)
+            last.clear()
+            o = run_scenario(s)
+            runs += 1
+            fd = (o.summary or {}).get("first_divergence")
+            line.update(rows=(o.summary or {}).get("rows"), fail_rows=report.fail_rows(o),
+                        first_fail=_row_info(last.get("row")), crash=o.crash, harness_error=o.harness_error,
+                        seconds=round(o.seconds, 2),
+                        first_divergence={k_: fd.get(k_) for k_ in ("op", "target_op", "module", "cause", "origin",
+                                                                     "bench_seq", "target_seq") if k_ in fd}
+                        if fd else None)
+            line["verdict"] = _verdict(line, o)
+            emit(line)
+    emit({"kind": "model", **base, "status": "ok", "params": params, "backward": no_backward or "yes",
+          "scenarios": runs, "seconds": round(time.perf_counter() - started, 1)})
+
+
+def _verdict(line: dict, o) -> str:
+    if o.harness_error:
+        return "harness error"
+    if line["scenario"] != "fault":
+        return "crash" if o.crash else "FAIL" if line["fail_rows"] else "clean"
+    if o.crash:
+        return "missed"  # a crash names nothing
+    return "exact" if o.exact else "module" if o.right_module else "wrong" if line["first_divergence"] else "missed"
+
+
+# -- the worker and its supervisor --------------------------------------------------------------------
+def worker(args) -> int:
+    """Run the named models in order, appending JSON lines to --out; BEGIN/END lines on stdout
+    let the supervisor time each model."""
+    warnings.simplefilter("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    entries = {e.model_type: e for e in listed()}
+    chosen = tuple(args.scenarios.split(","))
+    with open(args.out, "a") as out:
+        def emit(line: dict) -> None:
+            out.write(json.dumps(line, default=str) + "\n")
+            out.flush()
+
+        for name in args.models.split(","):
+            print(f"BEGIN {name}", flush=True)
+            try:
+                sweep_model(entries[name], chosen, args.faults, args.seed, emit)
+            except Exception as e:  # noqa: BLE001 - one model's failure must not lose the others
+                emit({"kind": "model", "model": name, "family": name, "status": "error",
+                      "reason": f"{type(e).__name__}: {e}"[:300]})
+            print(f"END {name}", flush=True)
+    return 0
+
+
+def done_models(paths: list[Path]) -> set[str]:
+    return {r["model"] for r in read_lines(paths) if r.get("kind") == "model"}
+
+
+def read_lines(paths: list[Path]) -> list[dict]:
+    out = []
+    for p in paths:
+        if p.exists():
+            for line in p.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut by a kill
+                    pass
+    return out
+
+
+def _lines(proc, late):
+    """The worker's stdout lines as they come (os.read, not readline: a line held in a buffer
+    hides from select); None when ``late()`` turns true before the next line."""
+    pending = b""
+    while True:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return
+            *done, pending = (pending + chunk).split(b"\n")
+            yield from (d.decode() for d in done)
+        elif late():
+            yield None
+            return
+
+
+def supervise(todo: list[str], args) -> None:
+    """Workers run the models in turn; one that spends more than --timeout on a model is killed,
+    the model is recorded as timed out, and a fresh worker goes on with the rest."""
+    log = open(Path(str(args.out) + ".log"), "a")
+    while todo:
+        cmd = [sys.executable, __file__, "--worker", "--out", str(args.out), "--models", ",".join(todo),
+               "--scenarios", args.scenarios, "--faults", str(args.faults), "--seed", str(args.seed)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        current, began, first, budget = None, time.monotonic(), None, args.timeout
+        for line in _lines(proc, lambda: current is not None and time.monotonic() - began > budget):
+            if line is None:  # over budget
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                with open(args.out, "a") as out:
+                    out.write(json.dumps({"kind": "model", "model": current, "family": current, "status": "timeout",
+                                          "reason": f"over {args.timeout:.0f} s"}) + "\n")
+                print(f"{current}: timed out after {args.timeout:.0f} s", flush=True)
+                todo.remove(current)
+                current = None
+                break
+            word, _, name = line.strip().partition(" ")
+            if word == "BEGIN":
+                current, began, first = name, time.monotonic(), first or name
+                budget = args.timeout + (120 if current == first else 0)  # a fresh worker imports torch first
+            elif word == "END":
+                todo.remove(name)
+                current = None
+                print(f"{name}: {time.monotonic() - began:.0f} s", flush=True)
+        proc.wait()
+        if proc.returncode not in (0, -9) and todo and current in todo:  # died inside a model
+            with open(args.out, "a") as out:
+                out.write(json.dumps({"kind": "model", "model": current, "family": current, "status": "error",
+                                      "reason": f"worker exited {proc.returncode}"}) + "\n")
+            todo.remove(current)
+
+
+# -- the table ---------------------------------------------------------------------------------------------
+def _pct(n: int, d: int) -> str:
+    return f"{100.0 * n / d:.1f}" if d else "-"
+
+
+def figures(lines: list[dict]) -> dict:
+    """Per recording: identical runs with FAIL rows, noise runs with FAIL rows, fault grades."""
+    out = {}
+    for recording in RECORDINGS:
+        mine = [r for r in lines if r.get("kind") == "scenario" and r["recording"] == recording]
+        ident = [r for r in mine if r["scenario"].startswith("identical") and r["verdict"] != "harness error"]
+        noise = [r for r in mine if r["scenario"] in ("bf16", "bf16-train", "tf32") and r["verdict"] != "harness error"]
+        faults = [r for r in mine if r["scenario"] == "fault"]
+        graded = Counter(r["verdict"] for r in faults)
+        n = sum(graded[v] for v in ("exact", "module", "wrong", "missed"))
+        out[recording] = {
+            "identical": len(ident), "identical_fail": sum(r["verdict"] != "clean" for r in ident),
+            "noise": len(noise), "noise_fail": sum(r["verdict"] != "clean" for r in noise),
+            "faults": n, **{v: graded[v] for v in ("exact", "module", "wrong", "missed")},
+            "left_out": graded["left out"], "harness_errors": sum(r["verdict"] == "harness error" for r in mine),
+            "crashes": sum(bool(r.get("crash")) for r in mine)}
+    return out
+
+
+def _bad(f: dict) -> bool:
+    return any(v["identical_fail"] or v["noise_fail"] or v["wrong"] or v["missed"] or v["module"] for v in f.values())
+
+
+def table(lines: list[dict], every_family: bool = False) -> str:
+    models = {r["model"]: r for r in lines if r.get("kind") == "model"}
+    rows = []
+    families = sorted({r["family"] for r in lines if r.get("kind") == "scenario"})
+    for family in families:
+        mine = [r for r in lines if r.get("family") == family]
+        f = figures(mine)
+        if not (_bad(f) or every_family):
+            continue
+        for recording, v in f.items():
+            rows.append([family, recording, f"{v['identical_fail']}/{v['identical']}",
+                         f"{v['noise_fail']}/{v['noise']}", v["faults"], _pct(v["exact"], v["faults"]),
+                         _pct(v["module"], v["faults"]), _pct(v["wrong"], v["faults"]),
+                         _pct(v["missed"], v["faults"]), v["left_out"], v["crashes"]])
+    headers = ["family", "recording", "identical FAIL", "noise FAIL", "faults", "exact %", "module %", "wrong %",
+               "missed %", "left out", "crashes"]
+    status = Counter(m["status"] for m in models.values())
+    ran = sorted({r["family"] for r in lines if r.get("kind") == "scenario"})
+    text = [tabulate(rows, headers=headers) if rows else "(no family with a FAIL row or an inexact fault)",
+            "", f"{len(models)} architectures listed and tried: " + ", ".join(f"{n} {s}" for s, n in status.most_common())
+            + f"; {len(ran)} run, {sum(not _bad(figures([r for r in lines if r.get('family') == fam])) for fam in ran)} "
+            "of them with no FAIL row and every fault exact"]
+    for recording, v in figures(lines).items():
+        text.append(f"totals, {recording}: identical runs with FAIL rows {v['identical_fail']} of {v['identical']}; "
+                    f"noise runs with FAIL rows {v['noise_fail']} of {v['noise']} ({_pct(v['noise_fail'], v['noise'])} %); "
+                    f"faults {v['faults']}: exact {_pct(v['exact'], v['faults'])} %, module "
+                    f"{_pct(v['module'], v['faults'])} %, wrong {_pct(v['wrong'], v['faults'])} %, missed "
+                    f"{_pct(v['missed'], v['faults'])} %; {v['left_out']} left out (below the run's precision), "
+                    f"{v['harness_errors']} harness errors, {v['crashes']} crashes")
+    return "\n".join(text)
+
+
+def failures(lines: list[dict]) -> list[str]:
+    """One line per identical or noise run with FAIL rows: the first failing row's op and why."""
+    out = []
+    for r in lines:
+        if r.get("kind") == "scenario" and r["scenario"] != "fault" and r["verdict"] not in ("clean", "harness error"):
+            ff = r.get("first_fail") or {}
+            why = ", ".join(f"{k}={ff[k]}" for k in ("status", "origin", "cause", "module", "note") if ff.get(k))
+            out.append(f"{r['model']} [{r['recording']}] {r['scenario']}: {r.get('fail_rows')} FAIL rows; first "
+                       f"{ff.get('op', '-')} ({why})" + (f"; crash {r['crash'][:150]}" if r.get("crash") else ""))
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("sweep.jsonl"), help="JSON lines, appended; a rerun resumes")
+    ap.add_argument("--shard", default="1/1", help="i/n: every n-th listed model from the i-th (1-based)")
+    ap.add_argument("--models", help="comma-separated model_types (default: every listed one)")
+    ap.add_argument("--limit", type=int, help="at most this many models (after sharding)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="a subset of " + ",".join(SCENARIOS))
+    ap.add_argument("--faults", type=int, default=2, help="K: faults per precision and direction")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per model")
+    ap.add_argument("--report", type=Path, nargs="*", help="print the table of these JSON-lines files and exit")
+    ap.add_argument("--every-family", action="store_true", help="a table row for every family, clean ones too")
+    ap.add_argument("--list", action="store_true", help="list the architectures and exit")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if args.worker:
+        return worker(args)
+    if args.report is not None:
+        lines = read_lines(args.report)
+        print(table(lines, args.every_family))
+        for f in failures(lines):
+            print(f)
+        return 0
+    warnings.simplefilter("ignore")
+    entries = listed()
+    if args.list:
+        for e in entries:
+            print(f"{e.model_type:32s} {e.cls}")
+        print(f"{len(entries)} architectures; {torchvision_note()}")
+        return 0
+    names = [e.model_type for e in entries]
+    if args.models:
+        wanted = args.models.split(",")
+        missing = [m for m in wanted if m not in names]
+        if missing:
+            ap.error(f"not a listed model_type: {', '.join(missing)} (see --list)")
+        names = wanted
+    i, n = (int(x) for x in args.shard.split("/"))
+    names = names[i - 1::n]
+    if args.limit is not None:
+        names = names[:args.limit]
+    done = done_models([args.out])
+    todo = [m for m in names if m not in done]
+    print(f"{len(entries)} architectures listed ({torchvision_note()}); shard {args.shard}: {len(names)}, "
+          f"{len(names) - len(todo)} already in {args.out}", flush=True)
+    started = time.perf_counter()
+    supervise(todo, args)
+    lines = [r for r in read_lines([args.out]) if r.get("model") in set(names)]
+    print(table(lines, args.every_family))
+    for f in failures(lines):
+        print(f)
+    print(f"wall time {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
