@@ -64,21 +64,11 @@ def _corpus() -> list[tuple[str, torch.Tensor]]:
         add("only-inf", torch.tensor([float("inf"), -float("inf")]))
         add("offset-mean", 100 + torch.randn(5000, generator=g) * 1e-2)
         add("transposed", torch.randn(70, 50, generator=g).t())  # dense, not contiguous: fused
-        add("sliced", torch.randn(40, 60, generator=g)[:, ::3])  # gaps: index arithmetic
-        add("half-of-last-dim", torch.randn(3, 5, 16, 8, generator=g)[..., :4])  # rotate_half's slice
-        add("strided-3d", torch.randn(9, 10, 11, generator=g).permute(2, 0, 1)[1:, ::2, 3:])
+        add("sliced", torch.randn(40, 60, generator=g)[:, ::3])  # gaps: the fallback
     out.append(("float32-large", torch.randn(2_000_000, generator=g) * 2 - 1))
     out.append(("float32-near-limit", torch.tensor([3e38, 2.9e38, -1e38] * 400)))  # fp32 sums overflow
     out.append(("float32-channels-last", torch.randn(2, 3, 17, 9, generator=g).to(memory_format=torch.channels_last)))
-    out.append(("float64", torch.randn(333, generator=g, dtype=torch.float64)))  # fp64 in the kernel
-    out.append(("float64-sliced", torch.randn(30, 20, generator=g, dtype=torch.float64)[::2, 1::3]))
-    out.append(("int64-positions", torch.arange(4096).view(4, 1024)[:, 17:]))
-    out.append(("int64-large", torch.tensor([2 ** 40, -(2 ** 40), 7, 3])))
-    out.append(("int32", torch.randint(-1000, 1000, (777,), generator=g, dtype=torch.int32)))
-    out.append(("int8", torch.randint(-128, 127, (300,), generator=g, dtype=torch.int8)))
-    out.append(("uint8", torch.randint(0, 255, (300,), generator=g, dtype=torch.uint8)))
-    out.append(("bool-mask", torch.rand(19, 23, generator=g) > 0.3))
-    out.append(("float32-five-gapped-dims", torch.randn(3, 4, 5, 6, 7, generator=g)[::2, ::2, ::2, ::2, ::2]))
+    out.append(("float64", torch.randn(333, generator=g, dtype=torch.float64)))  # the fallback
     return out
 
 
@@ -158,22 +148,9 @@ def test_what_the_kernel_takes():
     x = torch.randn(6, 8)
     row = torch.empty(7, dtype=torch.float64)
     assert stats_triton.takes(x, row) and stats_triton.takes(x.t(), row) and stats_triton.takes(x.bfloat16(), row)
-    assert stats_triton.takes(x[:, ::2], row)  # gaps: index arithmetic over two dims
-    assert stats_triton.takes(x.double(), row) and stats_triton.takes(x.int(), row) and stats_triton.takes(x > 0, row)
+    assert not stats_triton.takes(x[:, ::2], row)  # gaps
+    assert not stats_triton.takes(x.double(), row) and not stats_triton.takes(x.int(), row)
     assert not stats_triton.takes(torch._neg_view(x), row)  # the memory holds -x
-    assert not stats_triton.takes(torch.randn(3, 4, 5, 6, 7)[::2, ::2, ::2, ::2, ::2], row)  # five gapped dims
-    assert not stats_triton.takes(torch.randn(4, 4, dtype=torch.complex64), row)
-
-
-def test_layout_coalesces_what_continues_and_keeps_the_gaps():
-    x = torch.randn(4, 6, 8)
-    assert stats_triton.layout(x) == ((192,), (1,))
-    assert stats_triton.layout(x.permute(2, 0, 1)) == ((192,), (1,))  # order does not matter
-    assert stats_triton.layout(x[:, :, :4]) == ((24, 4), (8, 1))  # one gap per row of 8
-    assert stats_triton.layout(x[::2]) == ((2, 48), (96, 1))
-    assert stats_triton.layout(torch.randn(1, 5)[:, 1:2]) == ((1,), (1,))
-    assert stats_triton.layout(torch.randn(3).expand(4, 3)) is None  # stride 0: the caller unexpands it
-    assert stats_triton.layout(torch.randn(10).as_strided((3, 4), (2, 1))) is None  # overlapping elements
 
 
 @pytest.mark.slow  # a real model, twice, under the interpreter
