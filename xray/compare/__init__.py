@@ -71,6 +71,9 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             hidden = dedup_note(d, side + (f" ({label})" if label else ""))
             if hidden:
                 summary.dedup.append(hidden)
+            unseen = unrecorded_backward(d)
+            if unseen:
+                summary.unrecorded_backward.append(f"{side}{f' ({label})' if label else ''}: {unseen} calls")
         dr = None
         if reference:
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)
@@ -158,6 +161,16 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
             "max_abs_err": r.max_abs_err, "layout": r.layout or None, "module": r.module,
             "cause": r.cause or None, "culprit": r.culprit or None, "culprit_target_seq": r.culprit_target_seq,
             "local_err": r.local_err, "local_floor": r.local_floor, "accumulated_err": r.accumulated_err}
+
+
+def unrecorded_backward(dump) -> int:
+    """How many backward calls ran under the recorder without a record (X_DEBUG without
+    BACKWARD; dump.json ``summary.unrecorded``, docs/format.md): 0 when none or not said."""
+    summary = getattr(dump, "summary", None)
+    try:
+        return int(((summary or {}).get("unrecorded") or {}).get("backward_calls") or 0)
+    except (TypeError, ValueError, AttributeError):
+        return 0
 
 
 def dedup_note(dump, side: str) -> str | None:

@@ -34,8 +34,10 @@ from ..dump.tensorio import dtype_name
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
+from ..numerics.kernel_families import family_of
 from .entry_records import Entry
-from .local import LocalError, local_error, measurable
+from .local import LocalError, local_error, local_error_with, measurable
+from .sample_local import sample_local_error
 from .matching import op_base
 from .noise_floor import Floors, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
@@ -52,6 +54,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     ``matched``: the pairs with a suspect row; ``index`` answers the look-ups over every matched
     pair (Matches, read from the arrays: lazy_matches.py), so a million passing pairs cost nothing here."""
     pending = []
+    on_samples: list[tuple[Pending, int, LocalError]] = []
     devices: set[str] = set()
     for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
         if not any(r.status in SUSPECT for r in rows):
@@ -60,8 +63,12 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
         p = Pending(a, b, rows, comparer.judge_inputs(a, b, errors), input_errors=errors)
         devices.update(str(m.device or "cpu").split(":")[0] for _, m in b.outputs[:1])
         for k, r in enumerate(rows):
-            if r.status in SUSPECT and k < len(b.outputs) and (r.mode == "data" or measurable(b.outputs[k][1])):
-                le = local_error(b.record, target_dump, b.outputs[k][1], k)
+            if r.status in SUSPECT and k < len(b.outputs):
+                le = local_error(b.record, target_dump, b.outputs[k][1], k) \
+                    if r.mode == "data" or measurable(b.outputs[k][1]) else None
+                if le is None and r.mode == "stats":
+                    if (on_sample := sample_local_error(b.record, b.outputs[k][1], k)) is not None:
+                        on_samples.append((p, k, on_sample))
                 if le is not None:
                     p.local[k] = le
                     p.reduce[k] = reduction_length(b.record, k)
@@ -70,6 +77,14 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices, rules.tf32))
     floors.established = _mark_precision_loss(pending, rules)
     _mark_outliers(pending, floors)
+    # A local error measured on a sample only makes a row born: one within its floor leaves the
+    # row to the statistics-only rules, which weigh the run's precision loss (it does not join
+    # the precision steps or the outliers above: 32 elements are not the call).
+    for p, k, le in on_samples:
+        if floors.beyond(le, p.target.op, 1):
+            r = p.rows[k]
+            p.local[k], r.local_err, r.local_floor = le, le.local, le.floor
+            r.note = "; ".join(x for x in (r.note, "local error measured on the sample") if x)
     for p in pending:  # the device floor is what the row shows
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
@@ -93,7 +108,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value:
-                if not _wrong_on_its_inputs(p, k, floors) and _differing_argument(p, r, floors) is None:
+                if not _wrong_on_its_inputs(p, k, floors) and _differing_argument(p, r, k, graph) is None:
                     seen.add(r)
                     continue  # within the compare's precision, and computed right on what it got
                 # Accumulated error within the run's precision, but this op is wrong on its own
@@ -422,8 +437,9 @@ def _unmeasured_why(op: Entry) -> str:
     saved = sum(m.data is not None for m in tensors)
     if saved == len(tensors):
         return f"not judged: {op.name} cannot be recomputed here"
+    need = max(sum(isinstance(m, TensorMeta) for _, m in side) for side in (op.inputs, op.outputs))
     return (f"not judged: {op.name} has {saved} of the {len(tensors)} tensors it reads and writes saved "
-            f"(X_DUMP_NUM); record with X_DUMP_NUM={len(tensors)} to judge it")
+            f"(X_DUMP_NUM); record with X_DUMP_NUM={need} (so many inputs and outputs) to judge it")
 
 
 def _same_values_by_statistics(op: Entry) -> bool:
@@ -507,9 +523,10 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     ``precision_factor`` x the largest error calls
     before it showed as precision: rounding grows through the calls xray did not see, a bug
     among them jumps. What this op made of it is its own: it computed right, and a max pool's
-    backward, say, moves a gradient whole where its forward chose another element. Where its
-    outputs were not saved (X_DUMP_NUM spent on its inputs) and no local error was measured, its
-    statistics' error must stay within the factor of the most any of its inputs carries in. A
+    backward, say, moves a gradient whole where its forward chose another element. Where no
+    local error was measured (not every input saved: X_DUMP_NUM counts each side), its error
+    (its statistics' where its outputs were not saved) must stay within the factor of the most
+    any of its inputs carries in. A
     run with no such error (the same kernels on both sides), or a jump beyond that, keeps the
     failure: something xray did not see went wrong.
     """
@@ -527,6 +544,10 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
         how = "it computed right on its inputs"
     elif r.mode == "stats" and r.stats_err is not None and r.stats_err <= f * (carried := _carried_in(p, k, err)):
         how = f"its statistics' error {r.stats_err:.3g} is within {f:g}x of what its inputs carry ({carried:.3g})"
+    elif r.mode == "data" and r.accumulated_err is not None and p.local.get(k) is None \
+            and r.accumulated_err <= f * (carried := _carried_in(p, k, err)):
+        # its outputs saved, not all its inputs (X_DUMP_NUM per side): nothing recomputed, as above
+        how = f"its error {r.accumulated_err:.3g} is within {f:g}x of what its inputs carry ({carried:.3g})"
     elif through and r.mode == "stats" and p.local.get(k) is None:
         # as a recorded producer's precision loss is carried (local error not measured): a
         # square of a value that is rounding (an optimizer's second moment) is rounding too
@@ -633,32 +654,169 @@ def _common_module(a: str, b: str) -> str:
 # half_to_float softmax), and names a run gives its process groups
 _STORAGE_TAGS = frozenset(("dtype", "device", "layout", "memory_format"))  # a value of these kinds, whatever its name
 _HOW_STORED = frozenset(("device", "dtype", "layout", "memory_format", "pin_memory", "non_blocking", "copy",
-                         "generator", "half_to_float", "cudnn_enabled", "group_name", "tag"))
+                         "generator", "half_to_float", "cudnn_enabled", "group_name", "tag",
+                         "benchmark", "deterministic", "allow_tf32"))  # (cudnn's convolution knobs)
 
 
-def _differing_argument(p: Pending, r: CompareRow, floors: Floors) -> str | None:
-    """Why the target's call of the same op ran with another non-tensor argument than the
-    bench's (an eps, a scale, gelu's approximation, a training flag), or None. The target then
-    computes right on its own inputs and arguments, so no local error shows it, yet it is a
-    different computation: "argument eps differs: bench 1e-05, target 1". A float within the
-    row's tolerance (a scale read back from a device tensor) is the same argument, and ops that
-    only move values are left to their data (their shapes)."""
+def _differing_argument(p: Pending, r: CompareRow, k: int, graph: "_Graph") -> str | None:
+    """Why the target's call ran with other arguments than the bench's, or None: a non-tensor
+    argument of another value (an eps, a scale, gelu's approximation, a training flag), or a
+    tensor argument one side passes and the other does not (an attention mask the target dropped)
+    or passes in another shape. The target then computes right on its own inputs and arguments,
+    so no local error shows it, yet it is a different computation: "argument eps differs: bench
+    1e-05, target 1". Tensor values are judged along their data edges, as inputs.
+
+    Where the target's inputs were saved, the call is re-run with the bench's arguments (and the
+    tensors only the bench passed, where saved): a target output that agrees with that is the
+    same computation spelled otherwise (``is_causal`` for a causal mask), no argument cause.
+    Decided once per output (``Pending.argument``)."""
+    if k not in p.argument:
+        p.argument[k] = _argument_verdict(p, r, k, graph)
+    return p.argument[k]
+
+
+def _argument_verdict(p: Pending, r: CompareRow, k: int, graph: "_Graph") -> str | None:
+    differing = _differing_arguments(p, r, graph.floors)
+    if not differing:
+        return None
+    why = "; ".join(differing.values())
+    le = p.local.get(k)
     bench, target = p.bench.record, p.target.record
-    if bench.kind != "op" or target.kind != "op" or bench.op != target.op or is_value_preserving(target.op):
-        return None  # a view's sizes say only where values go, and may be spelled -1 on one side
+    if le is None or bench.op != target.op or k >= len(p.target.outputs):
+        return why  # nothing recomputed: the arguments' own difference decides
+    taken = {n: v for n, v in bench.inputs.items() if _recomputed_with(n, v, target.inputs)}
+    with_bench = local_error_with(target, graph.dump, p.target.outputs[k][1], k, taken, graph.bench_dump)
+    if with_bench is None:
+        return why
+    floor = graph.floors.floor(with_bench, p.target.op, p.reduce.get(k, 1))
+    if with_bench.local <= floor:
+        return None  # what the bench's arguments ask for: the same computation, spelled otherwise
+    if not graph.floors.beyond(le, p.target.op, p.reduce.get(k, 1)):
+        return (f"{why}; on the target's inputs it computes right with its own arguments (local error "
+                f"{le.local:.3g}) and is off by {with_bench.local:.3g} from the bench's (floor {floor:.3g})")
+    return (f"{why}; on the target's inputs it is off by {le.local:.3g} with its own arguments and by "
+            f"{with_bench.local:.3g} with the bench's (floor {floor:.3g})")
+
+
+def _recomputed_with(name: str, bench_value: Any, target_inputs: dict) -> bool:
+    """Whether the bench's argument ``name`` replaces the target's in a re-run: its non-tensor
+    arguments (not how values are stored: the target's dtype stays), and a tensor argument one
+    side alone passes; where both pass a tensor, it is the target's input."""
+    if name in _HOW_STORED or isinstance(bench_value, Scalar) and bench_value.tag in _STORAGE_TAGS:
+        return False
+    return not (_holds_tensor(bench_value) and _holds_tensor(target_inputs.get(name)))
+
+
+# Names one computation's kernels give one argument (a CUDA attention kernel's attn_bias is the
+# CPU kernel's attn_mask; cudnn's epsilon is native_batch_norm's eps)
+_ARGUMENT_ALIASES = {"attn_bias": "attn_mask", "bias": "attn_mask", "epsilon": "eps",
+                     "exponential_average_factor": "momentum"}
+_ATTENTION_FAMILIES = ("scaled_dot_product_attention", "scaled_dot_product_attention_backward",
+                       "attention_forward_bmhk")
+
+
+def _differing_arguments(p: Pending, r: CompareRow, floors: Floors) -> dict[str, str]:
+    """Argument name -> how it differs between the two calls (``_differing_argument``)."""
+    bench, target = p.bench.record, p.target.record
+    if bench.kind != "op" or target.kind != "op" or is_value_preserving(target.op):
+        return {}  # a view's sizes say only where values go, and may be spelled -1 on one side
+    same_op = bench.op == target.op
+    if same_op:
+        b_args, t_args = bench.inputs, target.inputs
+    else:  # two kernels of one family: the arguments both name (kernel flags left out)
+        family = family_of(bench.op)
+        if family is None or family is not family_of(target.op):
+            return {}
+        b_args, t_args = (_aliased(x.inputs, family.name) for x in (bench, target))
+        # their tensors are the inputs (a kernel's own ones differ: CUDA pads its logsumexp), but a mask
+        shared = {n for n in b_args.keys() & t_args.keys()
+                  if n == "attn_mask" or not (_holds_tensor(b_args[n]) or _holds_tensor(t_args[n]))}
+        b_args, t_args = ({n: v for n, v in x.items() if n in shared} for x in (b_args, t_args))
     try:
         rtol = floors.rules.tolerance(r.bench_dtype or "float32", r.target_dtype).rtol
     except (ValueError, TypeError):
         rtol = floors.rules.tolerance("float32").rtol
-    for name, b in bench.inputs.items():
-        if name in _HOW_STORED or name not in target.inputs or _holds_tensor(b) \
-                or isinstance(b, Scalar) and b.tag in _STORAGE_TAGS:
+    out: dict[str, str] = {}
+    for name in [*b_args, *(n for n in t_args if n not in b_args)]:
+        b, t = b_args.get(name, _ABSENT), t_args.get(name, _ABSENT)
+        if name in _HOW_STORED or any(isinstance(v, Scalar) and v.tag in _STORAGE_TAGS for v in (b, t)):
             continue
-        t = target.inputs[name]
-        if _holds_tensor(t) or _same_argument(b, t, rtol):
+        if _holds_tensor(b) or _holds_tensor(t):
+            # a side that recorded any argument records every tensor: absent there is not a tensor
+            if (b is _ABSENT and not b_args) or (t is _ABSENT and not t_args):
+                continue
+            why = _tensor_argument_differs(b, t)
+            if why:
+                out[name] = f"argument {name} differs: {why}"
             continue
-        return f"argument {name} differs: bench {_shown(b)}, target {_shown(t)}"
+        if b is _ABSENT or t is _ABSENT:
+            continue  # not recorded on one side (no META there)
+        b, t = _meant(name, b, bench), _meant(name, t, target)
+        if not _same_argument(b, t, rtol):
+            out[name] = f"argument {name} differs: bench {_shown(b)}, target {_shown(t)}"
+    return out
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+_ABSENT = _Absent()
+
+
+def _aliased(inputs: dict, family: str) -> dict:
+    """``inputs`` under the names their family's first kernel gives them ("bias" is a mask in
+    attention kernels only)."""
+    return {n if n == "bias" and family not in _ATTENTION_FAMILIES else _ARGUMENT_ALIASES.get(n, n): v
+            for n, v in inputs.items()}
+
+
+def _tensor_argument_differs(b: Any, t: Any) -> str | None:
+    """How a tensor argument differs in kind or shape (its values are judged as an input), or None."""
+    if not (_holds_tensor(b) and _holds_tensor(t)):
+        return f"bench {_described(b)}, target {_described(t)}"
+    if isinstance(b, (list, tuple)) != isinstance(t, (list, tuple)):
+        return f"bench {_described(b)}, target {_described(t)}"
+    if isinstance(b, (list, tuple)):
+        if len(b) != len(t):
+            return f"bench {len(b)} tensors, target {len(t)}"
+        return next((w for w in (_tensor_argument_differs(x, y) for x, y in zip(b, t)) if w), None)
+    if not (isinstance(b, TensorMeta) and isinstance(t, TensorMeta)):
+        return f"bench {_described(b)}, target {_described(t)}"
+    if _dtype_kind(b.dtype) != _dtype_kind(t.dtype) or not _broadcast_alike(b.shape, t.shape):
+        return f"bench {_described(b)}, target {_described(t)}"
     return None
+
+
+def _described(v: Any) -> str:
+    if isinstance(v, TensorMeta):
+        return f"a {v.dtype} tensor of shape {tuple(v.shape)}"
+    if isinstance(v, (list, tuple)) and _holds_tensor(v):
+        return f"{len(v)} tensors"
+    return "none" if v is _ABSENT or v is None else _shown(v)
+
+
+def _dtype_kind(dtype: str) -> str:
+    """bool, integer or floating: a mask's kind; its width (an autocast's bf16) is how it is stored."""
+    d = str(dtype)
+    return "bool" if d == "bool" else "float" if ("float" in d or "complex" in d) else "int"
+
+
+def _broadcast_alike(a: Any, b: Any) -> bool:
+    """Shapes that differ only where one is 1 (or missing): a (1, 1, L, S) mask and one a CUDA
+    kernel expanded to (B, H, L, S) are the same argument; (L, S) and (L, S') are not."""
+    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(tuple(a or ())), reversed(tuple(b or ()))))
+
+
+def _meant(name: str, v: Any, record: Any) -> Any:
+    """What an argument left None stands for, where a call spells it either way: attention's
+    scale=None is 1/sqrt(head size)."""
+    if v is None and name == "scale":
+        q = record.inputs.get("query")
+        if isinstance(q, TensorMeta) and q.shape:
+            return 1.0 / math.sqrt(q.shape[-1])
+    return v
 
 
 def _holds_tensor(v: Any) -> bool:
@@ -745,7 +903,7 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         r.culprit_target_seq = e.record.seq
     elif "input" in causes:
         set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")
-    elif (argument := _differing_argument(p, r, floors)) is not None:
+    elif (argument := _differing_argument(p, r, k, graph)) is not None:
         set_origin(r, "born", "argument", argument)
     elif (tiny := statistics_only.below_normal_range(r, p, k)) is not None:
         downgrade(r, tiny)  # whatever its inputs carry, or a kernel that flushes subnormals makes of them
@@ -753,8 +911,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
         set_origin(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
-    elif r.mode == "stats" and le is None \
-            and statistics_only.holds_rounding(p, k, floors.rules.precision_factor, both=True):
+    elif le is None and statistics_only.holds_rounding(p, k, floors.rules.precision_factor, both=True):
+        # (a data row too: X_DUMP_NUM saves outputs, but an input past the budget leaves nothing recomputed)
         # whatever its inputs carry: a sum that cancels to its rounding on both sides shows none of it
         downgrade(r, "0 in exact arithmetic: its values are the rounding of a sum that cancels, no larger than that "
                      "rounding on either side (nothing recomputed)")

@@ -57,7 +57,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     comparer = PairComparer(bench, target, rules, reference, floor)
     random_of = _random_of(ta, ea)
     for t in (ta, tb):
-        t.trim("group", "op", "path", "call_index")
+        t.trim("group", "path", "call_index")  # op: until rows are judged (sample_verdicts reads it)
     comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
     fast = covered_by_stats(ta, tb, plan, random_of, vocab)
     _return_freed_memory()
@@ -66,7 +66,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     refs = None  # the reference run's table
     comparer.bar.close()
     for t in (ta, tb):
-        t.trim("out_name", "out_dtype", "out_shape", "seq_value")
+        t.trim("out_name", "out_dtype", "out_shape", "seq_value", "op")
     ta.trim("out", "out_start", "n_out")  # the bench's outputs are read through its Records from here on
     plan.trim()
     _return_freed_memory()

@@ -9,12 +9,13 @@ change would make, so a consistent precision loss can be told from a bug.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..dump.model import Record, TensorMeta
+from ..dump.model import Record, TensorMeta, iter_tensors
 from ..dump.tensorio import dtype_from_name
 from ..ops.rebuild import build_call, check_call, check_outputs
 from ..ops.nondeterminism import nondeterministic
@@ -136,7 +137,7 @@ def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
     return torch.full(tuple(output.shape), constant_value(output), dtype=dtype_from_name(output.dtype))
 
 
-def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalError | None:
+def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps: bool = True) -> LocalError | None:
     """Local error of output ``k`` (its meta ``output``) of ``record``, or None when the call
     cannot be rebuilt safely from saved tensors. A constant output recorded with statistics only
     (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
@@ -163,7 +164,7 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
         if exact is None or native is None or exact.numel() != target.numel():
             return None
         result = LocalError(normwise_error(target, exact), normwise_error(native, exact), target.dtype)
-        if target.dtype in (torch.float32, torch.float64) and result.local > result.floor:  # else not needed
+        if steps and target.dtype in (torch.float32, torch.float64) and result.local > result.floor:  # else not needed
             for name, bits in PRECISION_STEPS.items():
                 rounded = run(lambda t, b=bits: round_mantissa(t, b))
                 if rounded is not None:
@@ -172,3 +173,38 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int) -> LocalE
     except Exception:  # noqa: BLE001 -- any op may refuse float64 or these inputs: no local error then
         return None
 
+
+
+class _Sides:
+    """The target dump, reading the tensors of the arguments taken from the bench in the bench's."""
+
+    def __init__(self, target: Any, bench: Any, bench_metas: set[int]) -> None:
+        self.target, self.bench, self.bench_metas = target, bench, bench_metas
+
+    def _of(self, meta: Any) -> Any:
+        return self.bench if id(meta) in self.bench_metas else self.target
+
+    def load_tensor(self, meta: Any) -> torch.Tensor:
+        return self._of(meta).load_tensor(meta)
+
+    def has_data(self, meta: Any) -> bool:
+        return self._of(meta).has_data(meta)
+
+    def dataset(self, meta: Any) -> Any:
+        return self._of(meta).dataset(meta)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+def local_error_with(record: Record, dump: Any, output: TensorMeta, k: int, arguments: dict[str, Any],
+                     arguments_dump: Any) -> LocalError | None:
+    """``local_error`` of output ``k`` against the call re-run on the target's inputs with
+    ``arguments`` in place of its own: the bench's (a scale, an eps, an attention mask the target
+    dropped), their tensors read from ``arguments_dump``. A target output that agrees with its own
+    arguments but not with these computed what another call asks for."""
+    taken = {id(m) for name, v in arguments.items() for _, m in iter_tensors(v, name)}
+    if taken and arguments_dump is None:
+        return None
+    call = dataclasses.replace(record, inputs={**record.inputs, **arguments})
+    return local_error(call, _Sides(dump, arguments_dump, taken), output, k, steps=False)

@@ -5,6 +5,12 @@ occurs exactly once on each side are matched first, keeping the longest chain th
 both sides. The gaps between anchors are aligned by dynamic programming on a similarity score
 (op, shapes, dtypes, module-path similarity from rapidfuzz), row-vectorised with numpy and done in
 overlapping windows when a gap is large, so the whole stays near-linear. Never a positional zip.
+
+Two calls pair only if they play one role: where both read values of recorded calls that are
+matched, they must share one such producer (``Roles``). De-dup makes this needed: a signature
+includes dtypes, so one side may fold two calls of a module into one record (fp32: both residual
+adds of a parallel-residual block) where the other keeps both (bf16 autocast); op, shape and path
+cannot say which of the two the record stands for, its data edges can.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from rapidfuzz import fuzz
 from rapidfuzz.process import cdist
 
 from ..numerics.kernel_families import kind_of, primary_shapes
+from ..dump.columns import INPUT, SRC_OP
 from .entry_table import MODULE, Codes, EntryTable
 
 WINDOW = 1000  # entries per side per DP window: 1M cells, ~10 ms of numpy per window
@@ -50,8 +57,80 @@ class Features:
         return f
 
 
-def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice) -> np.ndarray:
-    """Similarity of every pair in two windows; <= 0 means the pair may not match."""
+PRODUCERS = 4  # producers kept per entry (its first tensor inputs'): enough to tell roles apart
+ROLE_BONUS = 2.0  # a pair that shares a producer; as much as an equal module path
+ROLE_ROUNDS = 3  # alignments redone with roles at most
+
+
+class Roles:
+    """The recorded producers of each entry's inputs, as entry positions of the other side.
+
+    ``bench``: per bench entry, the target partners (from a first alignment) of the recorded calls
+    its inputs came from; ``target``: per target entry, the recorded, matched calls its inputs
+    came from (-1: none, an input no op made, made by a folded call, or by an unmatched one, such
+    as a cast only one side inserts). A pair whose two sides both know a producer but share none
+    reads other values: other roles, never paired."""
+
+    def __init__(self, bench: np.ndarray, target: np.ndarray) -> None:
+        self.bench, self.target = bench, target
+
+    def relation(self, ia, ib, pairwise: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(shared, refused): a matrix over bench rows ``ia`` x target rows ``ib``, or with
+        ``pairwise`` one value per pair (``ia[k]``, ``ib[k]``)."""
+        a, b = self.bench[ia], self.target[ib]
+        if not pairwise:
+            a, b = a[:, None, :], b[None, :, :]
+        shared = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=bool)
+        for k in range(a.shape[-1]):
+            for m in range(b.shape[-1]):
+                shared |= (a[..., k] >= 0) & (a[..., k] == b[..., m])
+        refused = (a >= 0).any(-1) & (b >= 0).any(-1) & ~shared
+        return shared, refused
+
+
+def producers(t: EntryTable) -> np.ndarray:
+    """(entries x PRODUCERS) positions of the recorded op entries whose outputs each op entry
+    reads, -1 where fewer. A call de-dup folded has no entry (its seq has no record): unknown."""
+    out = np.full((len(t), PRODUCERS), -1, dtype=np.int64)
+    tensors = t.columns.tensors
+    rows = np.flatnonzero((tensors["role"] == INPUT) & (tensors["src_kind"] == SRC_OP))
+    if not len(rows) or not len(t):
+        return out
+    entry_of_row = np.full(len(t.columns.records), -1, dtype=np.int64)
+    entry_of_row[t.row] = np.arange(len(t))
+    consumer = entry_of_row[tensors["record"][rows]]
+    order = np.argsort(t.seq, kind="stable")
+    sorted_seq = t.seq[order]
+    at = np.minimum(np.searchsorted(sorted_seq, tensors["src_seq"][rows]), len(t) - 1)
+    found = sorted_seq[at] == tensors["src_seq"][rows]
+    producer = np.where(found, order[at], -1)
+    keep = (consumer >= 0) & (producer >= 0)
+    consumer, producer = consumer[keep], producer[keep]
+    keep = (t.kind[consumer] != MODULE) & (t.kind[producer] != MODULE)
+    consumer, producer = consumer[keep], producer[keep]
+    if not len(consumer):
+        return out
+    by = np.argsort(consumer, kind="stable")
+    consumer, producer = consumer[by], producer[by]
+    first = np.searchsorted(consumer, consumer)  # each consumer's first row
+    rank = np.arange(len(consumer)) - first
+    keep = rank < PRODUCERS
+    out[consumer[keep], rank[keep]] = producer[keep]
+    return out
+
+
+def roles(prod_a: np.ndarray, prod_b: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> Roles:
+    """Roles after a first alignment (``pa[k]`` paired with ``pb[k]``)."""
+    partner = np.full(len(prod_a) + 1, -1, dtype=np.int64)  # index -1 (no producer) reads -1
+    partner[pa] = pb
+    matched_b = np.zeros(len(prod_b) + 1, dtype=bool)
+    matched_b[pb] = True
+    return Roles(partner[prod_a], np.where(matched_b[prod_b], prod_b, -1))
+
+
+def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice, role: Roles | None = None) -> np.ndarray:
+    """Similarity of every pair in two windows; <= 0 means the pair may not match. With
+    ``role``, a pair reading other recorded values may not match, and one sharing them scores more."""
     def eq(x, y):
         return x[ia][:, None] == y[ib][None, :]
 
@@ -70,6 +149,10 @@ def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice) -> np.ndarray
     ok = group & op_ok & (perm_eq | (mod & path_eq))
     score = (8.0 * op_eq + 4.0 * (op_ok & ~op_eq) + 4.0 * eq(fa.shape, fb.shape) + 2.0 * perm_eq
              + 1.0 * numel_eq + 1.0 * eq(fa.dtype, fb.dtype) + 2.0 * path_eq + 2.0 * path_sim)
+    if role is not None:
+        shared, refused = role.relation(ia, ib)
+        ok &= ~refused
+        score = score + ROLE_BONUS * shared
     return np.where(ok, score, -1.0)
 
 
@@ -124,14 +207,19 @@ class Alignment:
     anchors: int
 
 
-def align_features(fa: Features, fb: Features, keys_a: list, keys_b: list) -> Alignment:
+def align_features(fa: Features, fb: Features, keys_a: list, keys_b: list, role: Roles | None = None) -> Alignment:
     """Anchors from the keys (hashable, equal across sides when the anchor keys are), then the
-    gaps by score; the entries are seen only through their features."""
+    gaps by score; the entries are seen only through their features (and ``role``'s producers:
+    an anchor it refuses is no anchor)."""
     anchors = _anchors(keys_a, keys_b)
+    if role is not None and anchors:
+        ia, ib = (np.array(x, dtype=np.int64) for x in zip(*anchors))
+        refused = role.relation(ia, ib, pairwise=True)[1]
+        anchors = [a for a, no in zip(anchors, refused.tolist()) if not no]
     pairs: list[tuple[int, int]] = []
     prev = (-1, -1)
     for a in anchors + [(len(keys_a), len(keys_b))]:
-        pairs += _fill(fa, prev[0] + 1, a[0], fb, prev[1] + 1, a[1])
+        pairs += _fill(fa, prev[0] + 1, a[0], fb, prev[1] + 1, a[1], role)
         if a[0] < len(keys_a):
             pairs.append(a)
         prev = a
@@ -151,17 +239,18 @@ def _anchors(keys_a: list[tuple], keys_b: list[tuple]) -> list[tuple[int, int]]:
     return _longest_increasing(sorted((i, ub[k]) for k, i in ua.items() if k in ub))
 
 
-def _fill(fa: Features, i0: int, i1: int, fb: Features, j0: int, j1: int) -> list[tuple[int, int]]:
+def _fill(fa: Features, i0: int, i1: int, fb: Features, j0: int, j1: int,
+          role: Roles | None = None) -> list[tuple[int, int]]:
     """Align bench[i0:i1] with target[j0:j1] (a gap between anchors)."""
     if i1 <= i0 or j1 <= j0:
         return []
     if (i1 - i0) * (j1 - j0) <= MAX_CELLS:
-        return [(i0 + a, j0 + b) for a, b in lcs_weighted(score_matrix(fa, slice(i0, i1), fb, slice(j0, j1)))]
+        return [(i0 + a, j0 + b) for a, b in lcs_weighted(score_matrix(fa, slice(i0, i1), fb, slice(j0, j1), role))]
     out: list[tuple[int, int]] = []
     i, j = i0, j0
     while i < i1 and j < j1:
         ie, je = min(i + WINDOW, i1), min(j + WINDOW, j1)
-        local = lcs_weighted(score_matrix(fa, slice(i, ie), fb, slice(j, je)))
+        local = lcs_weighted(score_matrix(fa, slice(i, ie), fb, slice(j, je), role))
         if ie == i1 and je == j1:
             out += [(i + a, j + b) for a, b in local]
             break
@@ -211,4 +300,14 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
             module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
     alignment = align_features(feats[0], feats[1], keys[0], keys[1])
     pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
+    # Roles: a pair whose calls read other recorded values (a record that stands for another call
+    # of its module) sends the alignment round again, with the roles its pairs give, until every
+    # pair agrees with the pairs of its producers (a round or two; a few at most).
+    prod_a, prod_b = producers(ta), producers(tb)
+    for _ in range(ROLE_ROUNDS):
+        role = roles(prod_a, prod_b, pairs[:, 0], pairs[:, 1])
+        if not len(pairs) or not role.relation(pairs[:, 0], pairs[:, 1], pairwise=True)[1].any():
+            break
+        alignment = align_features(feats[0], feats[1], keys[0], keys[1], role)
+        pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
     return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors

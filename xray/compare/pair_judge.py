@@ -10,17 +10,19 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 
 from ..dump.model import TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import dtype_from_name
-from ..numerics import stats_judge
+from ..numerics import sample_judge, stats_judge
 from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
                                 stats_rms)
 from ..numerics.rules import Rules, Tolerance
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
 from .result import CompareRow, PairStatus
+from .sample_verdicts import may_decide, sample_note, sample_peak, sample_scale
 from .stream import iter_chunks
 
 PROGRESS_BYTES = 256 << 20  # show a progress bar when more tensor data than this is compared
@@ -141,7 +143,7 @@ class PairComparer:
             except (KeyError, OSError, ValueError) as e:
                 notes.append(f"tensor data unreadable ({e}); compared statistics")
         if bm.stats is not None and tm.stats is not None:
-            self._compare_stats(row, bm, tm, tol)
+            self._compare_stats(row, bm, tm, tol, notes)
         else:
             row.status = PairStatus.SKIP.value
             notes.append("no saved data or statistics on both sides (dump with X_DEBUG STATS or X_DUMP_NUM)")
@@ -203,11 +205,30 @@ class PairComparer:
                 row.layout = found
                 notes.append(f"layout mismatch: target agrees with bench.{found}")
 
-    def _compare_stats(self, row: CompareRow, bm, tm, tol: Tolerance) -> None:
+    def _compare_stats(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str]) -> None:
         row.status, row.stats_err = stats_judge.judge_one(bm.stats, tm.stats, tol, self.rules)
         row.mode, row.numel = "stats", bm.numel
         row.bench_nan, row.target_nan = bm.stats.nan, tm.stats.nan
         row.bench_inf, row.target_inf = bm.stats.inf, tm.stats.inf
+        self._judge_sample(row, bm, tm, tol, notes)
+
+    def _judge_sample(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str]) -> None:
+        """The pair's samples (equal shapes: the same elements), judged as saved data is; a
+        sample that fails where the statistics do not decides the row (sample_verdicts.worse_of,
+        the columnar path's twin). On an output row, only for an elementwise op or a view, as
+        there (``may_decide``); an input pair (no op on the row) is judged on its sample."""
+        code, err, beyond = sample_judge.judge_one(getattr(bm, "sample", None), getattr(tm, "sample", None),
+                                                   tol.rtol, tol.atol, sample_scale(bm.stats, tm.stats),
+                                                   sample_peak(bm.stats), self.rules)
+        if code == sample_judge.NOT_JUDGED:
+            return
+        row.sample_err = err
+        if row.target_op and not may_decide(row.target_op):  # as sample_verdicts.sample_decides
+            return
+        if code >= sample_judge.FAIL and row.status == PairStatus.PASS.value:  # as sample_verdicts.worse_of
+            row.status = stats_judge.VERDICT_TEXT[code]
+            row.stats_err = float(np.fmax(row.stats_err, err))  # as the columnar path
+            notes.append(sample_note(code, beyond, len(tm.sample)))
 
     # -- inputs of a failing record -----------------------------------------------------------
     def judge_inputs(self, a: Any, b: Any, errors: dict[str, float] | None = None

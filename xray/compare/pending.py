@@ -30,6 +30,7 @@ class Pending:
     reduce: dict[int, int] = field(default_factory=dict)  # output index -> reduction length
     outlier: dict[int, str] = field(default_factory=dict)  # output index -> why far above its kind
     input_errors: dict[str, float] = field(default_factory=dict)  # input name -> accumulated_err (data)
+    argument: dict[int, str | None] = field(default_factory=dict)  # output index -> a differing argument
 
 
 def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:

@@ -64,6 +64,8 @@ class CompareRow:
     gt_num: int | None = None
     numel: int | None = None
     stats_err: float | None = None
+    # statistics rows with a sample on both sides: max |t - b| over the sampled elements / max |bench|
+    sample_err: float | None = None
     ref_err_bench: float | None = None
     ref_err_target: float | None = None
     bench_nan: int | None = None
@@ -107,6 +109,8 @@ class Summary:
     verdict_kind: str = ""
     verdict: str = ""
     dedup: list[str] = field(default_factory=list)  # de-duplicated sides and what that hides
+    # sides whose backward ran but was not recorded (dump.json summary.unrecorded): "target: 42 calls"
+    unrecorded_backward: list[str] = field(default_factory=list)
     bytes_compared: int = 0
     seconds: float = 0.0
     ranks: dict[str, dict] = field(default_factory=dict)

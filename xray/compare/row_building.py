@@ -11,12 +11,14 @@ from typing import Any
 import numpy as np
 
 from ..dump.columns import KINDS
+from ..dump.model import UNWRITTEN, unwritten
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from .entry_table import CHUNK, EntryTable, Vocab, gather, objects, take
 from .pair_judge import dtype_note, same_layout
 from .result import CompareRow, PairStatus
 from .row_plan import RowPlan
+from .sample_verdicts import judge_samples, sample_decides, sample_note, worse_of
 from .stat_verdicts import judge_stats
 
 _FIELDS = CompareRow.__dataclass_fields__
@@ -32,7 +34,7 @@ def make_rows(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np
             sl = slice(lo, min(lo + CHUNK, len(plan)))
             cols = _row_columns(rank, ta, tb, plan, sl, vocab)
             at = np.flatnonzero(fast[sl])
-            _stats_columns(ta, tb, plan.ao[sl][at], plan.bo[sl][at], at, tols, rules, vocab, cols)
+            _stats_columns(ta, tb, plan.ao[sl][at], plan.bo[sl][at], plan.b[sl][at], at, tols, rules, vocab, cols)
             rows[sl] = _build_rows(cols, sl.stop - sl.start)
     return rows
 
@@ -69,9 +71,10 @@ def _row_columns(rank: str, ta: EntryTable, tb: EntryTable, plan: RowPlan, sl: s
     }
 
 
-def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray, at: np.ndarray, tols: dict,
-                   rules: Rules, vocab: Vocab, cols: dict[str, Any]) -> None:
-    """Judge the output pairs (``ao``, ``bo``) from their statistics into rows ``at`` of ``cols``."""
+def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray, eb: np.ndarray, at: np.ndarray,
+                   tols: dict, rules: Rules, vocab: Vocab, cols: dict[str, Any]) -> None:
+    """Judge the output pairs (``ao``, ``bo``; ``eb``: the target entries) from their statistics
+    and samples into rows ``at`` of ``cols``."""
     width = len(vocab.dtype)
     kinds, inv = np.unique(ta.out_dtype[ao].astype(np.int64) * width + tb.out_dtype[bo], return_inverse=True)
     pairs = [divmod(k, width) for k in kinds.tolist()]
@@ -83,7 +86,10 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     keys = ("absent", "min", "max", "mean", "std", "nan", "inf")
     b = {k: ta.stat(k, ao) for k in keys}
     t = {k: tb.stat(k, bo) for k in keys}
-    judged = judge_stats(b, t, rtol_of[inv].astype(np.float64), atol_of[inv].astype(np.float64), rules)
+    rtol, atol = rtol_of[inv].astype(np.float64), atol_of[inv].astype(np.float64)
+    judged = judge_stats(b, t, rtol, atol, rules)
+    sample = judge_samples(ta, tb, ao, bo, b, t, rtol, atol, rules)
+    status, stats_err, decided = worse_of(judged, sample, sample_decides(tb, eb))
 
     def put(name: str, values: np.ndarray) -> None:
         col = cols.get(name)
@@ -91,9 +97,11 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
             col = cols[name] = objects(len(cols["status"]), _FIELDS[name].default)
         col[at] = values
 
-    put("status", judged["status"])
+    if sample is not None:
+        put("sample_err", np.where(sample["judged"], sample["sample_err"].astype(object), None))
+    put("status", status)
     put("mode", "stats")
-    put("stats_err", judged["stats_err"])
+    put("stats_err", stats_err)
     put("numel", vocab.numel[ta.out_shape[ao]])
     put("bench_nan", b["nan"])
     put("target_nan", t["nan"])
@@ -105,13 +113,22 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
         note_of = np.array([dtype_note(vocab.dtype[db], vocab.dtype[dt]) if db != dt else "" for db, dt in pairs],
                            dtype=object)
         put("note", note_of[inv])
+    if decided.any():  # a few rows: their notes are built one by one
+        notes = cols["note"] if isinstance(cols.get("note"), np.ndarray) else objects(len(cols["status"]), "")
+        k = sample["not_close"]
+        for i in np.flatnonzero(decided).tolist():
+            n = int(ta.columns.sample_n[ta.out[ao[i]]])
+            text = sample_note(int(sample["verdict"][i]), int(k[i]), n)
+            notes[at[i]] = f"{notes[at[i]]}; {text}" if notes[at[i]] else text
+        cols["note"] = notes
 
 
 def judge_the_rest(ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarray, rows: list[CompareRow],
                    comparer: Any, random_of: dict[int, str], refs: Callable[[int, int], Any] | None) -> list[int]:
     """The output pairs the statistics judge left: judged one by one from their TensorMetas
     (``refs``: the reference run's output for a bench entry and output index). Returns the rows
-    skipped as random."""
+    skipped as random. An output recorded as uninitialised memory (on either side) is skipped:
+    its values are not data (xray/record/unwritten.py)."""
     meta_a, meta_b = ta.source.tensor_meta, tb.source.tensor_meta
     random_rows = []
     for n in np.flatnonzero(~fast & (plan.ao >= 0) & (plan.bo >= 0)).tolist():
@@ -120,6 +137,9 @@ def judge_the_rest(ta: EntryTable, tb: EntryTable, plan: RowPlan, fast: np.ndarr
         if a in random_of and same_layout(bm, tm):  # random values differ by nature: never a divergence
             row.status, row.note = PairStatus.SKIP.value, f"values not compared: {random_of[a]}"
             random_rows.append(n)
+        elif unwritten(bm) or unwritten(tm):
+            sides = " and ".join(s for s, m in (("bench", bm), ("target", tm)) if unwritten(m))
+            row.status, row.note = PairStatus.SKIP.value, f"{UNWRITTEN} ({sides}): values not compared"
         else:
             ref = None if refs is None else refs(a, int(plan.ao[n] - ta.out_start[a]))
             comparer.compare(row, bm, tm, ref)

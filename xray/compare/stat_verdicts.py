@@ -64,4 +64,4 @@ def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rul
     def present(side: dict) -> dict:
         return {**side, **{"has_" + k: (side["absent"] & bit) == 0 for k, bit in _ABSENT_BITS.items()}}
     judged = stats_judge.judge(present(b), present(t), rtol, atol, rules)
-    return {"status": _STATUS_OBJECTS[judged["verdict"]], "stats_err": judged["stats_err"]}
+    return {"status": _STATUS_OBJECTS[judged["verdict"]], "stats_err": judged["stats_err"], "code": judged["verdict"]}

@@ -7,7 +7,8 @@ the rows support:
 - ``bug``: the first divergence is born at a call that was judged there (its inputs agree, or
   its local error on its own inputs is beyond what the run's precision allows, or an argument
   differs), so the call named is where to look;
-- ``precision``: no row fails and no divergence was found among what was compared;
+- ``precision``: no row fails and no divergence was found among what was compared (a run whose
+  backward ran unrecorded, or a de-duplicated one, says what that leaves out);
 - ``cannot tell``: a row fails, but where it was born could not be judged (inherited from a
   call the dumps cannot place, or a target-only op that could not be recomputed), or nothing
   could be compared. Each says what recording would settle it.
@@ -37,6 +38,10 @@ def verdict_of(summary) -> Verdict:
     fd = summary.first_divergence
     failing = summary.failed + summary.nan_inf
     hidden = "; a dump is de-duplicated, so calls it folded away were not compared" if summary.dedup else ""
+    unseen = getattr(summary, "unrecorded_backward", None)
+    if unseen:  # a backward bug leaves no row: what was compared is the forward
+        hidden += (f"; backward ran but was not recorded ({', '.join(unseen)}), so this covers the forward "
+                   "only: record with X_DEBUG=0x10A (BACKWARD) to compare it")
     if not fd:
         if failing:
             return Verdict(CANNOT_TELL, f"{failing} rows fail but none could be placed as the first divergence"

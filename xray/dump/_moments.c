@@ -323,6 +323,57 @@ static PyObject *moments_strided(PyObject *self, PyObject *const *args, Py_ssize
     return Py_BuildValue("(dddd)", r.min, r.max, r.sum, r.sumsq);
 }
 
+/* A tensor's sample (xray/dump/samples.py): the elements at n storage offsets (in elements, from
+ * the address), as doubles. The offsets are the caller's (samples.storage_offsets, cached per shape
+ * and stride in Python): this only reads, so it cannot disagree with the positions. */
+static double element(const char *p, int kind, int64_t off) {
+    const size_t es = elem_size[kind];
+    const char *at = p + (size_t)off * es;
+    switch (kind) {
+    case KIND_FLOAT32: { float v; memcpy(&v, at, 4); return (double)v; }
+    case KIND_FLOAT64: { double v; memcpy(&v, at, 8); return v; }
+    case KIND_BFLOAT16: { uint16_t v; memcpy(&v, at, 2); return (double)bf16_to_float(v); }
+    case KIND_INT64: { int64_t v; memcpy(&v, at, 8); return (double)v; }
+    case KIND_INT32: { int32_t v; memcpy(&v, at, 4); return (double)v; }
+    case KIND_INT16: { int16_t v; memcpy(&v, at, 2); return (double)v; }
+    case KIND_INT8: { int8_t v; memcpy(&v, at, 1); return (double)v; }
+    default: { uint8_t v; memcpy(&v, at, 1); return (double)v; }
+    }
+}
+
+static void gather_into(const char *p, int kind, const int64_t *offsets, Py_ssize_t n, double *out) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = element(p, kind, offsets[i]);
+}
+
+static PyObject *gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "gather(address, kind, offsets) takes an int, an int and bytes");
+        return NULL;
+    }
+    const char *p = (const char *)PyLong_AsVoidPtr(args[0]);
+    long kind = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t nbytes = PyBytes_GET_SIZE(args[2]), n = nbytes / 8;
+    if (p == NULL || kind < 0 || kind >= NKINDS || nbytes % 8) {
+        PyErr_SetString(PyExc_ValueError, "gather: need a non-null address, a known kind, int64 offsets");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out == NULL)
+        return NULL;
+    int64_t offsets[256];
+    const char *raw = PyBytes_AS_STRING(args[2]);
+    for (Py_ssize_t i = 0; i < n; i += 256) {
+        Py_ssize_t m = n - i < 256 ? n - i : 256;
+        memcpy(offsets, raw + i * 8, (size_t)m * 8);
+        gather_into(p, (int)kind, offsets, m, (double *)PyBytes_AS_STRING(out) + i);
+    }
+    return out;
+}
+
 /* The capsule xray.dump._moments._C_API: the passes for C callers (xray/dump/moments_api.h). */
 #include "moments_api.h"
 
@@ -340,7 +391,14 @@ static int api_strided(const void *p, int kind, Py_ssize_t ndim, const Py_ssize_
     return done;
 }
 
-static xray_moments_api c_api = {XRAY_MOMENTS_API_VERSION, api_strided};
+static int api_gather(const void *p, int kind, const int64_t *offsets, Py_ssize_t n, double *out) {
+    if (p == NULL || kind < 0 || kind >= NKINDS)
+        return 1;
+    gather_into((const char *)p, kind, offsets, n, out);
+    return 0;
+}
+
+static xray_moments_api c_api = {XRAY_MOMENTS_API_VERSION, api_strided, api_gather};
 
 static PyMethodDef methods[] = {
     {"moments", (PyCFunction)(void (*)(void))moments, METH_FASTCALL,
@@ -351,6 +409,9 @@ static PyMethodDef methods[] = {
     {"moments_strided", (PyCFunction)(void (*)(void))moments_strided, METH_FASTCALL,
      "moments_strided(address, kind, sizes, strides) -> (min, max, sum, sumsq) of a strided tensor\n"
      "(sizes and strides in elements, tuples), or None when it has no contiguous innermost run."},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
+     "gather(address, kind, offsets) -> bytes: the float64 values of the elements at the int64\n"
+     "storage offsets (in elements from the address; bytes, native order): a tensor's sample."},
     {NULL, NULL, 0, NULL},
 };
 

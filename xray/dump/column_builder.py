@@ -15,7 +15,7 @@ import numpy as np
 
 from .columns import (DIRECTIONS, INPUT, KINDS, NONE, OUTPUT, PARAM, RECORD_DTYPE, SRC_BUFFER, SRC_INPUT, SRC_NONE,
                       SRC_OP, SRC_PARAM, TENSOR_DTYPE, Columns, Table)
-from .model import Record, Scalar, Source, TensorMeta, value_to_json
+from .model import SAMPLE_SIZE, Record, Scalar, Source, TensorMeta, value_to_json
 from .stats import NO_STATS, row_of_stats
 from .strings import StringTable
 
@@ -180,6 +180,7 @@ class ColumnBuilder:
                    "role": np.array(self._roles, dtype=TENSOR_DTYPE["role"]),
                    "name": np.array(self._names, dtype=TENSOR_DTYPE["name"])}
         stats = [s if type(s) is tuple else row_of_stats(s) for s in self._stats]
+        stats, sample_n, sample = sample_columns(stats)
         for dtype, rows in ((_LAYOUT, self._layouts), (_STATS, stats), (_SOURCE, self._sources)):
             tensors.update(_columns(rows, dtype))
         data = np.full(len(self._layouts), NONE, dtype=TENSOR_DTYPE["data"])
@@ -188,7 +189,20 @@ class ColumnBuilder:
             data[i], note[i] = d, n
         tensors["data"], tensors["note"] = data, note
         return Columns(Table(RECORD_DTYPE, records), Table(TENSOR_DTYPE, {n: tensors[n] for n in TENSOR_DTYPE.names}),
-                       self.strings)
+                       self.strings, sample_n=sample_n, sample=sample)
+
+
+def sample_columns(stats: list[tuple]) -> tuple[list[tuple], np.ndarray | None, np.ndarray | None]:
+    """Statistics cells without their sample cell (the eleventh: float64 bytes, or None), and the
+    samples as the index's ``sample_n`` and ``sample`` columns; both None when no row has one."""
+    raws = [s[10] if len(s) > 10 else None for s in stats]
+    if not any(raws):
+        return [s[:10] for s in stats] if any(len(s) > 10 for s in stats) else stats, None, None
+    width = SAMPLE_SIZE * 8
+    blob = bytearray(b"".join([(r or b"").ljust(width, b"\0") for r in raws]))
+    sample = np.frombuffer(blob, dtype=np.float64).reshape(len(stats), SAMPLE_SIZE)
+    sample_n = np.fromiter([len(r) >> 3 if r else 0 for r in raws], dtype=np.uint8, count=len(raws))
+    return [s[:10] if len(s) > 10 else s for s in stats], sample_n, sample
 
 
 def _columns(rows: list[tuple], dtype: np.dtype) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .errors import ColumnsError
-from .model import DTYPE_NAMES, Record, Stats, TensorMeta, echo
+from .model import DTYPE_NAMES, SAMPLE_SIZE, Record, Stats, TensorMeta, echo
 from .skeleton import (MARK, check_shape, checked_name, fill, marks, parse_dims, parse_frames, parse_skeleton,
                        parse_text_list)
 from .strings import NONE, StringTable
@@ -139,9 +139,15 @@ class Table:
 def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
     """Chunks built against one shared string table, in order, as one index."""
     folds = [p.folds for p in parts if len(p.folds)]
+    sample_n = sample = None
+    if any(p.sample_n is not None for p in parts):  # chunks without samples: rows of none
+        sample_n = np.concatenate([np.zeros(len(p.tensors), np.uint8) if p.sample_n is None else p.sample_n
+                                   for p in parts])
+        sample = np.concatenate([np.zeros((len(p.tensors), SAMPLE_SIZE)) if p.sample is None else p.sample
+                                 for p in parts])
     return Columns(Table.concat(RECORD_DTYPE, [p.records for p in parts]),
                    Table.concat(TENSOR_DTYPE, [p.tensors for p in parts]), strings,
-                   np.concatenate(folds) if folds else None)
+                   np.concatenate(folds) if folds else None, sample_n=sample_n, sample=sample)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,9 +157,14 @@ def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
 class Columns:
     """A dump's index as columns; ``record(i)`` materialises one ``Record``."""
 
-    def __init__(self, records: Table, tensors: Table, strings: StringTable, folds: np.ndarray | None = None) -> None:
+    def __init__(self, records: Table, tensors: Table, strings: StringTable, folds: np.ndarray | None = None, *,
+                 sample_n: np.ndarray | None = None, sample: np.ndarray | None = None) -> None:
         self.records, self.tensors, self.strings = records, tensors, strings
         self.folds = np.zeros(0, FOLD_DTYPE) if folds is None else folds  # FOLD_DTYPE rows, by seq
+        # Each tensor row's sample (docs/format.md, "Samples"), both None when the dump has none:
+        # ``sample_n`` (uint8) how many values, ``sample`` (float64, rows x SAMPLE_SIZE) the values,
+        # row j's at sample[j, :sample_n[j]] (the rest 0), at samples.positions(shape)'s elements.
+        self.sample_n, self.sample = sample_n, sample
         self.where = ""  # the index file, for error messages
         self.refused: list[Refusal] = []  # records validate() left out, and why
         self.folds_refused = 0  # fold rows validate() left out
@@ -165,6 +176,10 @@ class Columns:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def samples(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(sample_n, sample) where the index has samples, for writing it."""
+        return None if self.sample_n is None else (self.sample_n, self.sample)
 
     # -- validation ------------------------------------------------------------------------
     def validate(self) -> "Columns":
@@ -222,6 +237,14 @@ class Columns:
                 col = table.columns.get(name)
                 if col is None or col.dtype != dtype[name] or col.ndim != 1 or len(col) != len(table):
                     raise ColumnsError(f"column {name!r} is missing or is not {dtype[name]} of {len(table)} rows")
+        if (self.sample_n is None) != (self.sample is None):
+            raise ColumnsError("sample columns: 'sample_n' and 'sample' come together")
+        if self.sample_n is not None:
+            n, s = self.sample_n, self.sample
+            if n.dtype != np.uint8 or n.ndim != 1 or len(n) != len(t):
+                raise ColumnsError(f"column 'sample_n' is not uint8 of {len(t)} rows")
+            if s.dtype != np.float64 or s.shape != (len(t), SAMPLE_SIZE):
+                raise ColumnsError(f"column 'sample' is not float64 of {len(t)} rows x {SAMPLE_SIZE}")
         begin, end = r["t_begin"], r["t_end"]
         if len(r):
             if begin[0] != 0 or end[-1] != len(t) or np.any(end < begin) or np.any(begin[1:] != end[:-1]):
@@ -284,6 +307,13 @@ class Columns:
                 at_least(t[name], 0, f"tensor {name}", on_tensors=True)
             refuse_tensors(np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER)) & (t["src_name"] < 0),
                            "a param/buffer source without a name")
+            if self.sample_n is not None:
+                n = self.sample_n.astype(np.int64)
+                refuse_tensors(n > np.minimum(np.maximum(t["numel"], 0), SAMPLE_SIZE),
+                               f"a tensor's sample holds more values than min(numel, {SAMPLE_SIZE})")
+                refuse_tensors((n > 0) & (t["has_stats"] == 0), "a sample without statistics")
+                past = np.arange(SAMPLE_SIZE)[None, :] >= n[:, None]
+                refuse_tensors(np.any(past & (self.sample != 0), axis=1), "a sample's unused cells are not 0")
 
             def dtype(i: int) -> None:
                 if strings[i].removeprefix("torch.") not in DTYPE_NAMES:
@@ -324,6 +354,8 @@ class Columns:
             self.refused.append(Refusal(row=row, seq=int(r["seq"][row]), op=name, reason=refusals[row]))
         kept_t = keep[t["record"]]
         records, tensors = r.take(keep), t.take(kept_t)
+        if self.sample_n is not None:
+            self.sample_n, self.sample = self.sample_n[kept_t], self.sample[kept_t]
         sizes = (records["t_end"] - records["t_begin"]).astype(np.int64)
         records.columns["t_end"] = np.cumsum(sizes)
         records.columns["t_begin"] = records["t_end"] - sizes
@@ -382,9 +414,9 @@ class Columns:
     # -- materialising ---------------------------------------------------------------------
     def tensor_meta(self, j: int) -> TensorMeta:
         """The TensorMeta of tensor row ``j`` (fresh each call: callers may mutate it)."""
-        return self._meta(self.tensors.row(j))
+        return self._meta(self.tensors.row(j), j)
 
-    def _meta(self, t: tuple) -> TensorMeta:
+    def _meta(self, t: tuple, j: int) -> TensorMeta:
         (_, _, _, dtype, shape, stride, offset, device, requires_grad, has_stats, absent, mn, mx, mean, std,
          nan, posinf, neginf, numel, data, src_kind, src_seq, src_index, src_name, note) = t
         stats = None
@@ -392,6 +424,8 @@ class Columns:
             stats = Stats(None if absent & ABSENT_MIN else mn, None if absent & ABSENT_MAX else mx,
                           None if absent & ABSENT_MEAN else mean, None if absent & ABSENT_STD else std,
                           nan, posinf, neginf, numel)
+            if self.sample_n is not None and self.sample_n[j]:
+                stats.sample = tuple(self.sample[j, :self.sample_n[j]].tolist())
         strings = self.strings
         if src_kind == SRC_NONE:
             source = None
@@ -444,7 +478,7 @@ class Columns:
         template, n_tensors = self.skeleton(skeleton)
         if n_tensors != end - begin:
             raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
-        metas = iter([self._meta(t) for t in tensor_rows])
+        metas = iter([self._meta(t, begin + k) for k, t in enumerate(tensor_rows)])
         strings = self.strings
         return Record(
             seq=seq, kind=KINDS[kind], op=checked_name(strings[op], "op"), direction=DIRECTIONS[direction],

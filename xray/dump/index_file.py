@@ -9,7 +9,8 @@ one per column: a file costs ~1 ms to write whatever its size, which matters at 
 (``Columns.validate``). A journal chunk has the same datasets for the records of one flush, only
 the strings new since the chunk before, and an ``updates`` table (de-duplicated records whose
 count grew). Both may hold a ``folds`` table: the calls de-dup folded, one row each
-(``columns.FOLD_DTYPE``).
+(``columns.FOLD_DTYPE``), and the tensor rows' samples (``sample_n``, ``sample``, attribute
+``sample_size``): optional, a dump without them reads as before.
 
 Files are built in memory and written with plain file I/O under a temporary name, then renamed:
 a file on disk is always whole, and a full disk raises OSError instead of crashing HDF5.
@@ -24,6 +25,7 @@ import h5py
 import numpy as np
 
 from .columns import FOLD_DTYPE, RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table
+from .model import SAMPLE_SIZE
 from .errors import DumpFormatError
 from .tensorio import file_inside, open_dataset
 
@@ -32,8 +34,10 @@ LAYOUT_VERSION = 1
 
 
 def write_file(path: Path, records: Table, tensors: Table, blob: np.ndarray, ends: np.ndarray,
-               attrs: dict, updates: np.ndarray | None = None, folds: np.ndarray | None = None) -> None:
-    """Write one index or chunk file atomically (tmp + rename); OSError on failure, no file left."""
+               attrs: dict, updates: np.ndarray | None = None, folds: np.ndarray | None = None,
+               samples: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Write one index or chunk file atomically (tmp + rename); OSError on failure, no file left.
+    ``samples``: the tensor rows' (sample_n, sample) columns, where the records have them."""
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as f:
         f.attrs["layout"] = LAYOUT
@@ -49,6 +53,10 @@ def write_file(path: Path, records: Table, tensors: Table, blob: np.ndarray, end
             f.create_dataset("updates", data=updates)
         if folds is not None and len(folds):
             f.create_dataset("folds", data=folds)
+        if samples is not None:
+            f.attrs["sample_size"] = SAMPLE_SIZE
+            f.create_dataset("sample_n", data=np.ascontiguousarray(samples[0], dtype=np.uint8))
+            f.create_dataset("sample", data=np.ascontiguousarray(samples[1], dtype="<f8").reshape(-1))
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as out:
@@ -91,7 +99,7 @@ def unpack(blob: np.ndarray, dtype: np.dtype, rows: int) -> Table:
 def write_index(path: Path, columns: Columns) -> None:
     blob, ends = columns.strings.to_arrays()
     write_file(path, columns.records, columns.tensors, blob, ends, {"records": len(columns.records)},
-               folds=columns.folds)
+               folds=columns.folds, samples=columns.samples())
 
 
 class IndexFile:
@@ -149,6 +157,14 @@ class IndexFile:
                 columns.folds = self.array("folds", FOLD_DTYPE)
             except ColumnsError as e:
                 columns.folds_problem = str(e)
+        if "sample_n" in self.file or "sample" in self.file or "sample_size" in self.file.attrs:
+            # optional, but never half there or of another shape: the whole index is refused
+            size = self.file.attrs.get("sample_size")
+            if not isinstance(size, (int, np.integer)) or size != SAMPLE_SIZE:
+                raise ColumnsError(f"sample_size is {size!r}, this xray reads {SAMPLE_SIZE}")
+            rows = len(columns.tensors)
+            columns.sample_n = self.array("sample_n", np.dtype(np.uint8), expect=rows)
+            columns.sample = self.array("sample", np.dtype("<f8"), expect=rows * SAMPLE_SIZE).reshape(rows, SAMPLE_SIZE)
         return columns
 
     def strings(self) -> StringTable:

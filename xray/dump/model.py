@@ -165,6 +165,11 @@ class Stats:
     posinf: int = 0
     neginf: int = 0
     numel: int = 0
+    # The tensor's sample (xray/dump/samples.py): its values at positions drawn from the shape
+    # alone, float64, NaN/Inf included; None when not recorded. Taken with the statistics and
+    # cached with them; in JSON it is the tensor's "sample" key (TensorMeta.sample). Left out of
+    # ==, as the statistics of two runs are compared by tools, not by equality.
+    sample: tuple[float, ...] | None = field(default=None, compare=False)
 
     @property
     def inf(self) -> int:
@@ -201,6 +206,23 @@ class Stats:
         )
 
 
+SAMPLE_SIZE = 32  # values per tensor sample at most (xray/dump/samples.py; the index's sample_size)
+
+
+def _sample(v: Any, limit: int) -> tuple[float, ...]:
+    """A tensor's JSON "sample": a list of at most ``limit`` numbers (non-finite ones as the
+    format's strings)."""
+    items = _list(v, "tensor sample")
+    if len(items) > limit:
+        raise ValueError(f"tensor sample has {len(items)} values (at most {limit}: min(numel, {SAMPLE_SIZE}))")
+    out = []
+    for x in items:
+        if type(x) is bool or not isinstance(x, (int, float, str)):
+            raise ValueError(f"a sample value must be a number, got {echo(x)}")
+        out.append(decode_float(x))
+    return tuple(out)
+
+
 def _opt_float(x: Any) -> float | None:
     # Hot in the reader: plain JSON numbers skip decode_float's checks.
     if type(x) is float or type(x) is int:
@@ -208,6 +230,17 @@ def _opt_float(x: Any) -> float | None:
     if x is not None and not isinstance(x, str):
         raise ValueError(f"a statistic must be a number, got {echo(x)}")
     return decode_float(x)
+
+
+# The note of a tensor recorded while (part of) its memory was never written since it was
+# allocated (``empty``, ``new_empty``, an ``out=`` buffer before the call): its values are not
+# data, so it has no statistics and compare skips it (xray/record/unwritten.py; docs/format.md).
+UNWRITTEN = "uninitialised memory: not yet written"
+
+
+def unwritten(meta: "TensorMeta | None") -> bool:
+    """Whether ``meta`` was recorded as uninitialised memory (the ``UNWRITTEN`` note)."""
+    return meta is not None and (meta.note or "").startswith(UNWRITTEN)
 
 
 @dataclass
@@ -235,6 +268,21 @@ class TensorMeta:
             n *= s
         return n
 
+    @property
+    def sample(self) -> tuple[float, ...] | None:
+        """The recorded sample of this tensor (docs/format.md, "Samples"): its values at the
+        positions ``xray.dump.samples.positions(shape)``, in that order; None when absent. It
+        travels with the statistics (no statistics, no sample)."""
+        return None if self.stats is None else self.stats.sample
+
+    @sample.setter
+    def sample(self, values: tuple[float, ...] | None) -> None:
+        if self.stats is None:
+            if values:
+                raise ValueError("a tensor without statistics has no sample")
+            return
+        self.stats.sample = None if not values else tuple(float(v) for v in values)
+
     def to_json(self) -> dict:
         d: dict[str, Any] = {"t": "tensor", "shape": list(self.shape), "dtype": self.dtype}
         if self.stride is not None:
@@ -246,6 +294,8 @@ class TensorMeta:
             d["requires_grad"] = True
         if self.stats is not None:
             d["stats"] = self.stats.to_json()
+            if self.stats.sample:
+                d["sample"] = [encode_float(v) for v in self.stats.sample]
         if self.data is not None:
             d["data"] = self.data
         if self.source is not None:
@@ -266,6 +316,11 @@ class TensorMeta:
         dtype = _str(d.get("dtype"), "tensor dtype")
         if dtype.removeprefix("torch.") not in DTYPE_NAMES:
             raise ValueError(f"unknown tensor dtype {echo(dtype)}")
+        stats = Stats.from_json(d["stats"]) if d.get("stats") is not None else None
+        if d.get("sample") is not None:
+            if stats is None:
+                raise ValueError("tensor sample without statistics")
+            stats.sample = _sample(d["sample"], min(math.prod(shape), SAMPLE_SIZE)) or None
         return cls(
             shape=shape,
             dtype=dtype,
@@ -273,7 +328,7 @@ class TensorMeta:
             storage_offset=_int(d.get("offset", 0), "tensor offset"),
             device=_str(d.get("device", "cpu"), "tensor device"),
             requires_grad=bool(d.get("requires_grad", False)),
-            stats=Stats.from_json(d["stats"]) if d.get("stats") is not None else None,
+            stats=stats,
             data=_opt_str(d.get("data"), "tensor data reference"),
             source=_opt_str(d.get("src"), "tensor source", MAX_TEXT),
             note=_opt_str(d.get("note"), "tensor note"),

@@ -10,15 +10,19 @@
 #define XRAY_MOMENTS_API_H
 
 #include <Python.h>
+#include <stdint.h>
 
 #define XRAY_MOMENTS_CAPSULE "xray.dump._moments._C_API"
-#define XRAY_MOMENTS_API_VERSION 1
+#define XRAY_MOMENTS_API_VERSION 2 /* 2: gather */
 
 typedef struct {
     int version; /* XRAY_MOMENTS_API_VERSION */
     /* a tensor's ndim sizes and strides, in elements (at most 16 dimensions) */
     int (*strided)(const void *p, int kind, Py_ssize_t ndim, const Py_ssize_t *sizes, const Py_ssize_t *strides,
                    double out[4]);
+    /* the n elements at int64 storage offsets (in elements from p) as doubles: a sample (samples.py);
+     * 0 when done, 1 for a null address or an unknown kind */
+    int (*gather)(const void *p, int kind, const int64_t *offsets, Py_ssize_t n, double *out);
 } xray_moments_api;
 
 #endif

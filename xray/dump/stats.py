@@ -25,8 +25,10 @@ from typing import Any, Callable
 
 import torch
 
+from .dispatch_modes import no_dispatch_modes
 from .columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from .model import Stats
+from .samples import SAMPLE_SIZE, as_bytes, as_floats, offsets_bytes, positions, take
 
 try:
     from . import _moments as _ext
@@ -39,6 +41,8 @@ NATIVE = (_ext is not None and _ext.ISA != "scalar"
 _moments = _ext.moments if NATIVE else None
 # An extension built before moments_strided existed still serves contiguous tensors.
 _moments_strided = getattr(_ext, "moments_strided", lambda *a: None) if NATIVE else None
+# An extension built before gather existed: samples by torch.take
+_gather = getattr(_ext, "gather", None) if NATIVE else None
 # dtype -> the extension's kind; empty when not NATIVE, so the hot path needs no extra flag test
 _NATIVE_KINDS = {torch.float32: _ext.FLOAT32, torch.float64: _ext.FLOAT64, torch.bfloat16: _ext.BFLOAT16,
                  torch.int64: _ext.INT64, torch.int32: _ext.INT32, torch.int16: _ext.INT16,
@@ -75,43 +79,80 @@ def tensor_stats(t: torch.Tensor, *, native: bool = True) -> Stats:
     """Statistics of ``t``. Fast path (every element finite, the common case): min/max, sum and
     sum of squares in one native pass (CPU) or three torch reductions and one host transfer,
     mean and std from those. ``native=False`` forces the torch path (tests, benchmarks)."""
-    return Stats(*_reduce(t, native))
+    return Stats(*_reduce(t, native), sample=as_floats(sample_bytes(t, native)))
 
 
 def stats_row(t: torch.Tensor) -> tuple:
     """``t``'s statistics as the index's tensor-row cells (``row_of_stats``), for the recorder's
     row path: no ``Stats`` object is made, and the tuple of numbers costs the garbage collector
-    nothing once it has been seen."""
+    nothing once it has been seen. The eleventh cell is the sample (``sample_bytes``)."""
     lo, hi, mean, std, nan, posinf, neginf, n = _reduce(t, True)
+    sample = sample_bytes(t)
     if lo is not None and mean is not None and std is not None and hi is not None:
-        return (1, 0, lo, hi, mean, std, nan, posinf, neginf, n)
-    return row_of_stats(Stats(lo, hi, mean, std, nan, posinf, neginf, n))
+        return (1, 0, lo, hi, mean, std, nan, posinf, neginf, n, sample)
+    return row_of_stats(Stats(lo, hi, mean, std, nan, posinf, neginf, n, as_floats(sample)))
 
 
 def row_of_stats(st: Stats | None) -> tuple:
-    """(has_stats, absent, min, max, mean, std, nan, posinf, neginf, numel): the tensor-row cells."""
+    """(has_stats, absent, min, max, mean, std, nan, posinf, neginf, numel[, sample]): the
+    tensor-row cells; the sample (float64 bytes) only where ``st`` has one."""
     if st is None:
         return NO_STATS
     mn, mx, mean, std = st.min, st.max, st.mean, st.std
     absent = ((mn is None) * ABSENT_MIN | (mx is None) * ABSENT_MAX
               | (mean is None) * ABSENT_MEAN | (std is None) * ABSENT_STD)
-    return (1, absent, 0.0 if mn is None else mn, 0.0 if mx is None else mx,
-            0.0 if mean is None else mean, 0.0 if std is None else std, st.nan, st.posinf, st.neginf, st.numel)
+    cells = (1, absent, 0.0 if mn is None else mn, 0.0 if mx is None else mx,
+             0.0 if mean is None else mean, 0.0 if std is None else std, st.nan, st.posinf, st.neginf, st.numel)
+    return cells if not st.sample else cells + (as_bytes(st.sample),)
 
 
 def stats_of_row(row: tuple | Stats | None) -> Stats | None:
     """The ``Stats`` behind a cached value of either form (rows and deferred ``Stats`` share a cache)."""
     if row is None or type(row) is not tuple:
         return row
-    has, absent, mn, mx, mean, std, nan, posinf, neginf, n = row
+    has, absent, mn, mx, mean, std, nan, posinf, neginf, n = row[:10]
     if not has:
         return None
     return Stats(None if absent & ABSENT_MIN else mn, None if absent & ABSENT_MAX else mx,
                  None if absent & ABSENT_MEAN else mean, None if absent & ABSENT_STD else std,
-                 nan, posinf, neginf, n)
+                 nan, posinf, neginf, n, as_floats(row[10]) if len(row) > 10 else None)
 
 
-NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)
+NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)  # no statistics, so no sample either
+
+
+def sample_bytes(t: torch.Tensor, native: bool = True) -> bytes | None:
+    """``t``'s sample (xray/dump/samples.py) as float64 bytes, None where it has none (empty, or a
+    tensor no gather reads). CPU tensors of the native kinds: the C gather at the storage offsets
+    cached per shape and stride (a few hundred ns); the rest: one ``torch.take`` on ``t``'s device."""
+    kind = _NATIVE_KINDS.get(t.dtype) if native and _gather is not None else None
+    if (kind is not None and type(t) in _PLAIN_TYPES and t.is_cpu and t.layout is _STRIDED
+            and not t.is_neg()):
+        try:  # the extension only reads the memory; t keeps it alive during the call
+            return _gather(t.data_ptr(), kind, offsets_bytes(t.shape, t.stride())) or None
+        except (RuntimeError, ValueError):  # no storage behind it: torch says
+            pass
+    if t.layout is not _STRIDED or t.is_meta or t.numel() == 0:
+        return None
+    try:
+        return take(t).tobytes() or None
+    except Exception:  # noqa: BLE001 - a subclass or layout take does not read: no sample
+        return None
+
+
+def resampled(value: Any, t: torch.Tensor) -> Any:
+    """A cached value (cells or ``Stats``) described for another tensor with the same elements
+    (an op that keeps its input's values, ``info.stats_preserving``), given ``t``'s own sample:
+    a reshape or transpose holds the same values at other logical positions, and a tensor's
+    sample is drawn at its own shape's positions."""
+    if type(value) is tuple:
+        if len(value) <= 10:
+            return value
+        return value[:10] + (sample_bytes(t),)
+    if type(value) is Stats and value.sample is not None:
+        return Stats(value.min, value.max, value.mean, value.std, value.nan, value.posinf, value.neginf,
+                     value.numel, as_floats(sample_bytes(t)))
+    return value
 
 
 def _reduce(t: torch.Tensor, native: bool) -> tuple:
@@ -248,6 +289,9 @@ class StatsCache:
     def __init__(self, compute: Callable[[torch.Tensor], Any] | None = None, *, keep_parameters: bool = True,
                  writes_seen: bool = False) -> None:
         self.compute = tensor_stats if compute is None else compute
+        # A value handed on to a tensor with the same elements (an op that keeps its input's
+        # values), with that tensor's own sample: ``resampled``, or ``DeferredStats.resample``.
+        self.resample: Callable[[Any, torch.Tensor], Any] = resampled
         self._keep_parameters = keep_parameters
         # The owner sees every in-place write and calls forget() for it (the tracer does): then
         # an inference tensor, which has no version counter, is cached until the next write.
@@ -370,7 +414,14 @@ class StatsCache:
 
 
 # -- deferred statistics: launched on the device, read back once per flush ------------------------
-_ROW = 7  # min, max, sum, centred sum of squares, finite count, +inf count, -inf count
+_ROW = 7  # min, max, sum, centred sum of squares, finite count, +inf count, -inf count; then the sample
+
+
+@functools.lru_cache(maxsize=4096)
+def sample_index(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A shape's sample positions as an index tensor on ``device`` (made once per shape)."""
+    with torch.inference_mode(False):
+        return torch.tensor(positions(shape), dtype=torch.int64, device=device)
 
 
 def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:
@@ -461,6 +512,8 @@ class DeferredStats:
     """Statistics computed where the tensor lives, in batches, into a preallocated buffer per
     device, and copied to the host once per ``resolve()`` (the writer's flush) instead of once
     per tensor. Works for any device type: only torch ops run on the tensor's own device.
+    Each tensor's sample is gathered there too, into the same row of the buffer (after the
+    statistics), so it costs no transfer of its own.
 
     ``launch(t)`` queues ``t`` and returns a ``Stats`` holding only ``numel``. The queue of a
     device is reduced in one batch (``BATCH_KERNELS``) when it reaches ``batch_count`` tensors
@@ -479,11 +532,16 @@ class DeferredStats:
         self.batch_count = batch_count or count
         self.batch_bytes = batch_bytes or size
         self._buffers: dict[torch.device, torch.Tensor] = {}
-        # per device: the Stats handed out since the last resolve, and how often each one's
-        # reduced elements repeat in its tensor (an expand is reduced over its stored values)
-        self._pending: dict[torch.device, list[tuple[Stats, int]]] = {}
+        # per device: the Stats handed out since the last resolve, how often each one's reduced
+        # elements repeat in its tensor (an expand is reduced over its stored values), its
+        # sample's length, and whether it only takes a sample (its numbers are another's: resample)
+        self._pending: dict[torch.device, list[tuple[Stats, int, int, bool]]] = {}
         # per device: (tensor, row) not reduced yet, and their bytes
         self._queue: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # per device: (tensor, its sample's positions, the row's sample cells) not gathered yet
+        self._gathers: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        # (Stats, the Stats whose numbers it shares): filled at resolve, in order
+        self._links: list[tuple[Stats, Stats]] = []
         self._queued_bytes: dict[torch.device, int] = {}
         self.queued = 0  # tensors waiting in every queue
         self.launched = 0  # tensors queued in all
@@ -494,10 +552,8 @@ class DeferredStats:
         self.transfers = 0
         self.batches = 0
 
-    def launch(self, t: torch.Tensor) -> Stats:
-        n = t.numel()
-        if n == 0 or t.layout != torch.strided or t.is_meta or t.is_complex():
-            return tensor_stats(t)  # nothing to reduce, or a layout the kernels below do not take
+    def _row(self, t: torch.Tensor, stats: Stats, repeat: int, sample_only: bool) -> torch.Tensor:
+        """A buffer row for ``stats`` on t's device, with t's sample queued for gathering into it."""
         device = t.device
         pending = self._pending.setdefault(device, [])
         if len(pending) == self.capacity:
@@ -507,13 +563,25 @@ class DeferredStats:
         if buffer is None:
             # never an inference tensor, or rows written outside inference_mode would raise
             with torch.inference_mode(False):
-                buffer = self._buffers[device] = torch.empty((self.capacity, _ROW), dtype=torch.float64,
-                                                             device=device)
+                buffer = self._buffers[device] = torch.empty((self.capacity, _ROW + SAMPLE_SIZE),
+                                                             dtype=torch.float64, device=device)
+        row = buffer[len(pending)]
+        index = sample_index(tuple(t.shape), device)
+        k = len(index)
+        self._gathers.setdefault(device, []).append((t.detach(), index, row[_ROW:_ROW + k]))
+        pending.append((stats, repeat, k, sample_only))
+        return row
+
+    def launch(self, t: torch.Tensor) -> Stats:
+        n = t.numel()
+        if n == 0 or t.layout != torch.strided or t.is_meta or t.is_complex():
+            return tensor_stats(t)  # nothing to reduce, or a layout the kernels below do not take
+        device = t.device
         x, repeat = unexpanded(t.detach()) if 0 in t.stride() else (t.detach(), 1)
         stats = Stats(None, None, None, None, numel=n)
+        row = self._row(t, stats, repeat, False)
         queue = self._queue.setdefault(device, [])
-        queue.append((x, buffer[len(pending)]))
-        pending.append((stats, repeat))
+        queue.append((x, row[:_ROW]))
         self.queued += 1
         self.launched += 1
         self.used = True
@@ -522,13 +590,36 @@ class DeferredStats:
             self._reduce_queue(device)
         return stats
 
+    def resample(self, value: Any, t: torch.Tensor) -> Any:
+        """``resampled`` for the recorder's cache, where ``value`` may still be waiting here: a
+        new Stats sharing its numbers (copied at resolve) with t's own sample gathered on t's
+        device, so handing statistics on to a view costs no transfer either."""
+        if (type(value) is not Stats or value.numel == 0 or type(t) not in _PLAIN_TYPES
+                or t.layout != torch.strided or t.is_meta or t.is_complex() or t.numel() != value.numel):
+            return resampled(value, t)
+        stats = Stats(value.min, value.max, value.mean, value.std, value.nan, value.posinf, value.neginf,
+                      value.numel)
+        self._row(t, stats, 1, True)
+        self._links.append((stats, value))
+        self.used = True
+        if self.at_once:
+            self._reduce_queue(t.device)
+        return stats
+
     def before_write(self) -> None:
         """A call is about to write some tensor: reduce every queued one first, on its device
         (no host transfer), so none is read after it changed."""
-        for device in list(self._queue):
+        for device in {*self._queue, *self._gathers}:
             self._reduce_queue(device)
 
     def _reduce_queue(self, device: torch.device) -> None:
+        gathers = self._gathers.pop(device, None)
+        if gathers:
+            # one gather per tensor, on its device, into its row; never recorded (a flush may
+            # come from inside the recorder's own mode)
+            with torch.no_grad(), no_dispatch_modes():
+                for src, index, cells in gathers:
+                    cells.copy_(torch.take(src, index))
         queue = self._queue.pop(device, None)
         self._queued_bytes.pop(device, None)
         if not queue:
@@ -541,8 +632,13 @@ class DeferredStats:
     def resolve(self) -> None:
         """Reduce what is queued, copy every device's pending rows to the host (one transfer per
         device) and fill in the Stats handed out since the last call."""
-        for device in list(self._pending):
-            self._resolve(device)
+        with no_dispatch_modes():  # a flush may come from inside the recorder's own mode: never record this
+            for device in list(self._pending):
+                self._resolve(device)
+        links, self._links = self._links, []
+        for s, base in links:  # every device resolved: the numbers a resample shares are in
+            s.min, s.max, s.mean, s.std = base.min, base.max, base.mean, base.std
+            s.nan, s.posinf, s.neginf = base.nan, base.posinf, base.neginf
 
     def _resolve(self, device: torch.device) -> None:
         self._reduce_queue(device)
@@ -551,7 +647,11 @@ class DeferredStats:
             return
         rows = self._buffers[device][:len(pending)].tolist()  # the one device-to-host copy
         self.transfers += 1
-        for (s, repeat), (lo, hi, total, m2, count, posinf, neginf) in zip(pending, rows):
+        for (s, repeat, n, sample_only), row in zip(pending, rows):
+            s.sample = tuple(row[_ROW:_ROW + n]) if n else None
+            if sample_only:
+                continue
+            lo, hi, total, m2, count, posinf, neginf = row[:_ROW]
             k = int(count)
             s.posinf, s.neginf = int(posinf) * repeat, int(neginf) * repeat
             s.nan = s.numel - k * repeat - s.posinf - s.neginf

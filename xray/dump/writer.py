@@ -301,10 +301,11 @@ class DumpWriter:
                  "first_tensor": self._tensor_rows - len(chunk.tensors), "first_string": first_string}
         if self._tensors:
             attrs["segment"] = self._segment_name()  # written after this chunk: its tensors may lag
-        self._last_chunk = (self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates, chunk.folds)
+        self._last_chunk = (self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates, chunk.folds,
+                            chunk.samples())
         try:
             write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates=updates,
-                       folds=chunk.folds)
+                       folds=chunk.folds, samples=chunk.samples())
         except OSError as e:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
         self._chunk += 1
@@ -315,10 +316,10 @@ class DumpWriter:
         without their references to it (``_forget_segment`` dropped them), where the disk lets it."""
         if self._last_chunk is None or "segment" not in self._last_chunk[5]:
             return
-        path, records, tensors, blob, ends, attrs, updates, folds = self._last_chunk
+        path, records, tensors, blob, ends, attrs, updates, folds, samples = self._last_chunk
         attrs = {k: v for k, v in attrs.items() if k != "segment"}
         try:
-            write_file(path, records, tensors, blob, ends, attrs, updates=updates, folds=folds)
+            write_file(path, records, tensors, blob, ends, attrs, updates=updates, folds=folds, samples=samples)
         except OSError:
             pass  # the chunk keeps naming the missing segment: a reader finds the tensors missing
         self._last_chunk = None

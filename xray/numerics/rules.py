@@ -191,9 +191,14 @@ class Rules:
             return "pass"
         if tol.exact:
             return "fail"
-        spread = (rel_rmse is not None and rel_rmse <= self.warn_rel_rmse * tol.rtol
-                  and max_ratio <= self.warn_max_ratio and (cosine is None or cosine >= self.warn_cosine))
+        spread = rel_rmse is not None and bool(self.spread_like_rounding(rel_rmse, max_ratio,
+                                                                         1.0 if cosine is None else cosine, tol.rtol))
         return "warning" if spread else "fail"
+
+    def spread_like_rounding(self, rel_rmse, max_ratio, cosine, rtol):
+        """Whether an error is spread like rounding (the warning band of ``judge_data``): numbers,
+        or numpy arrays element by element (the sample judge, numerics/sample_judge.py)."""
+        return (rel_rmse <= self.warn_rel_rmse * rtol) & (max_ratio <= self.warn_max_ratio) & (cosine >= self.warn_cosine)
 
     def is_local_error(self, local: float, floor: float, dtype: torch.dtype) -> bool:
         """Whether an op's error against float64 is beyond what CPU makes at its dtype."""

@@ -54,7 +54,7 @@ static PyObject *s_shape, *s_dtype, *s_stride, *s_device, *s_data_ptr, *s_versio
     *s_dirty, *s_writes, *s_seq, *s_op_calls, *s_records_written, *s_failed, *s_by_id, *s_sweep_at, *s_op,
     *s_skeleton, *s_roles, *s_names, *s_f,
     *s_name_attr, *s_is_neg, *s_builder, *s_row_lists, *s_flush, *s_flush_records, *s_flush_seconds,
-    *s_last_flush, *s_writer, *s_folds, *s_folds_flush, *s_folds_full;
+    *s_last_flush, *s_writer, *s_folds, *s_folds_flush, *s_folds_full, *s_unwritten_buffers, *s_wrote_through;
 
 static PyObject *FALLBACK; /* FastPath.on_op's answer: Python takes this call, nothing was done */
 
@@ -114,6 +114,9 @@ typedef struct {
     PyObject *py_tensor, *py_layout, *py_plan, *py_state_cells, *py_frame_ids, *py_after, *py_fail, *py_add_rows,
         *py_count_changed, *py_sweep, *py_wrote, *py_produced, *py_producers_sweep;
     PyObject *native_kinds, *strided; /* stats._NATIVE_KINDS (empty: no native statistics), torch.strided */
+    /* the cache's resample (a value handed on to a tensor of the same elements gets that tensor's
+     * own sample) and samples.offsets_bytes (the sample's storage offsets per shape and stride) */
+    PyObject *resample, *sample_offsets;
     /* Direct appends to the writer's pending chunk (ColumnBuilder.row_lists), where the writer
      * is a DumpWriter's own; writer None: every record through py_add_rows. */
     PyObject *writer, *monotonic, *builder, *lists;
@@ -130,7 +133,8 @@ typedef struct {
     X(forward) X(zero) X(one) X(tensor_type) X(param_type) X(fold_type) X(op_facts) X(compute) X(len_modes)   \
     X(graph_task) X(py_tensor) X(py_layout) X(py_plan) X(py_state_cells) X(py_frame_ids) X(py_after)         \
     X(py_fail) X(py_add_rows) X(py_count_changed) X(py_sweep) X(py_wrote) X(py_produced)                     \
-    X(py_producers_sweep) X(native_kinds) X(strided) X(writer) X(monotonic) X(builder) X(lists)
+    X(py_producers_sweep) X(native_kinds) X(strided) X(writer) X(monotonic) X(builder) X(lists)             \
+    X(resample) X(sample_offsets)
 
 static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
 #define VISIT(name) Py_VISIT(self->name);
@@ -169,7 +173,7 @@ static const char *const init_names[] = {
     "param_type", "fold_type", "op_facts", "compute", "len_modes", "graph_task", "py_tensor", "py_layout",
     "py_plan", "py_state_cells", "py_frame_ids", "py_after", "py_fail", "py_add_rows", "py_count_changed",
     "py_sweep", "py_wrote", "py_produced", "py_producers_sweep", "native_kinds", "strided", "writer",
-    "monotonic", "devices"};
+    "monotonic", "resample", "sample_offsets", "devices"};
 #define N_INIT_OBJECTS ((int)(sizeof init_names / sizeof init_names[0]))
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
@@ -182,7 +186,7 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
         &self->py_tensor, &self->py_layout, &self->py_plan, &self->py_state_cells, &self->py_frame_ids,
         &self->py_after, &self->py_fail, &self->py_add_rows, &self->py_count_changed, &self->py_sweep,
         &self->py_wrote, &self->py_produced, &self->py_producers_sweep, &self->native_kinds, &self->strided,
-        &self->writer, &self->monotonic, &self->devices};
+        &self->writer, &self->monotonic, &self->resample, &self->sample_offsets, &self->devices};
     _Static_assert(sizeof slots / sizeof slots[0] == sizeof init_names / sizeof init_names[0], "one slot a name");
     (void)recorder;
     if (PyTuple_GET_SIZE(args) != 0 || kw == NULL) {
@@ -693,8 +697,21 @@ static PyObject *native_stats(FastPath *self, PyObject *t, PyObject *ptr, Layout
             goto done;
         std = pow(var, 0.5); /* Python's var ** 0.5 */
     }
-    out = untracked(Py_BuildValue("(iiddddiiin)", 1, 0, lo, hi, mean, std, 0, 0, 0, n));
+    /* the sample (stats.sample_bytes): the elements at the offsets Python keeps per shape and stride */
+    PyObject *key_offsets = PyObject_CallFunctionObjArgs(self->sample_offsets, l->shape, l->stride, NULL);
+    if (key_offsets == NULL || !PyBytes_Check(key_offsets))
+        goto sampled;
+    Py_ssize_t taken = PyBytes_GET_SIZE(key_offsets) / 8;
+    PyObject *sample = taken ? PyBytes_FromStringAndSize(NULL, taken * 8) : NULL;
+    if (sample != NULL && moments_api->gather(p, (int)k, (const int64_t *)PyBytes_AS_STRING(key_offsets), taken,
+                                              (double *)PyBytes_AS_STRING(sample)) != 0)
+        Py_CLEAR(sample);
+    Py_DECREF(key_offsets);
+    if (sample == NULL)
+        goto sampled;
+    out = untracked(Py_BuildValue("(iiddddiiinN)", 1, 0, lo, hi, mean, std, 0, 0, 0, n, sample));
     self->reductions++;
+sampled:
 done:
     if (out == NULL)
         PyErr_Clear(); /* the recorder's own function says what is wrong, if anything */
@@ -1113,7 +1130,8 @@ static int new_output(FastPath *self, OpFacts *op, RowCall *call, PyObject *t) {
         if (!noted && (reuse = same_values(first, t)) < 0)
             goto python;
     }
-    stats = reuse ? Py_NewRef(PyList_GET_ITEM(call->stats, 0)) : stats_of(self, t, ptr, &l);
+    stats = reuse ? PyObject_CallFunctionObjArgs(self->resample, PyList_GET_ITEM(call->stats, 0), t, NULL)
+                  : stats_of(self, t, ptr, &l);
     if (stats == NULL)
         goto python;
     if (store(self, id, t, version, ptr, stats, l.cells) < 0)
@@ -1174,8 +1192,11 @@ static int reuse_input_stats(FastPath *self, RowCall *call, PyObject *out) {
     PyObject *version = stamp(self, out);
     if (version == NULL)
         return -1;
-    int r = version == Py_None ? 0 : put(self, out, PyList_GET_ITEM(call->stats, 0), version);
-    Py_DECREF(version);
+    PyObject *value = version == Py_None ? NULL
+                                         : PyObject_CallFunctionObjArgs(self->resample, PyList_GET_ITEM(call->stats, 0),
+                                                                        out, NULL);
+    int r = version == Py_None ? 0 : value == NULL ? -1 : put(self, out, value, version);
+    Py_DECREF(version), Py_XDECREF(value);
     return r < 0 ? -1 : 1;
 }
 
@@ -1441,6 +1462,12 @@ static int python_call(FastPath *self, OpFacts **op, PyObject *func, PyObject *a
         return PyErr_Occurred() ? -1 : 1;
     if (failed != Py_None)
         return 1;
+    /* uninitialised memory is tracked (xray/record/unwritten.py): Python takes every call */
+    PyObject *buffers = PyDict_GetItemWithError(self->rdict, s_unwritten_buffers);
+    if (buffers == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (!PyDict_Check(buffers) || PyDict_GET_SIZE(buffers))
+        return 1;
     PyObject *v = PyObject_CallNoArgs(self->len_modes);
     long below = v ? PyLong_AsLong(v) : -1;
     Py_XDECREF(v);
@@ -1509,7 +1536,12 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
             Py_DECREF(seen);
             if (r < 0)
                 goto failed_before;
-            if ((out = run_op(func, args, kwargs)) != NULL && produced(self, seq, out) < 0 && fail(self) < 0)
+            /* Producers.produced, then wrote_through for a writing call (a base written through a view) */
+            if ((out = run_op(func, args, kwargs)) != NULL
+                && (produced(self, seq, out) < 0
+                    || (op->mutates && done_with(PyObject_CallMethodObjArgs(self->producers, s_wrote_through, seq,
+                                                                             out, NULL)) < 0))
+                && fail(self) < 0)
                 Py_CLEAR(out);
             goto cleanup;
         }
@@ -1578,6 +1610,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         {&s_is_neg, "is_neg"}, {&s_builder, "_builder"}, {&s_row_lists, "row_lists"}, {&s_flush, "flush"},
         {&s_flush_records, "flush_records"}, {&s_flush_seconds, "flush_seconds"}, {&s_last_flush, "_last_flush"},
         {&s_writer, "writer"}, {&s_folds, "folds"}, {&s_folds_flush, "folds_flush"}, {&s_folds_full, "folds_full"},
+        {&s_unwritten_buffers, "unwritten_buffers"}, {&s_wrote_through, "wrote_through"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)

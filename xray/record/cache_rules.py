@@ -37,7 +37,7 @@ def reuse_input_stats(cache: StatsCache, info, args: tuple, out: Any, known: Any
     dst = out[0] if info.returns > 1 else out
     if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
             and src.numel() == dst.numel()):
-        cache.put(dst, cache.get(src) if known is None else known)
+        cache.put(dst, cache.resample(cache.get(src) if known is None else known, dst))
 
 
 def cache_view_outputs(cache: StatsCache, args: tuple, described: Iterable[tuple[torch.Tensor, Any]]) -> None:

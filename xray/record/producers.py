@@ -11,13 +11,18 @@ tensor alive and an ``id`` reused by a new object never inherits a dead one's pr
 data pointer is checked too: ``x.data = y`` swaps the storage under the same object without an
 ATen call, and the old producer no longer describes the value (it then reads as ``input``).
 In-place and ``out=`` calls return their mutated tensor, so registering outputs makes the
-mutating call its latest producer. A base written through a view (``x[0].zero_()``) keeps its
-earlier producer: no output of the writing call has the base's shape to name. Module state keeps its name even when an in-place call
+mutating call its latest producer. A base written through a view (``x[0].zero_()``, DeepSeek-V3's
+key filled slice by slice: ``k[..., :d].copy_(a)``) takes the writing call as its producer too
+(``wrote_through``: the written view's output index names it), so later reads of the base follow
+the last writer, and what it wrote (precision lost upstream) is carried through; the base named
+is the view's ``_base`` (the root of its views), not an intermediate view of it. Module state keeps its name even when an in-place call
 updates it (an optimizer step, running statistics): to compare runs, a parameter is the edge.
 
 xray/record/_fastpath.c mirrors ``entry_of`` and ``produced`` for the recorder's common call, on
 this same table (it reads ``_by_id`` afresh each time: a sweep replaces it): a change to these
-rules is a change there too; tests/test_record_rows.py compares the two.
+rules is a change there too; tests/test_record_rows.py compares the two. (``wrote_through`` runs
+in Python only: the C path hands every writing call's result to Python, and calls this method
+for the writing calls it folds.)
 """
 from __future__ import annotations
 
@@ -95,6 +100,17 @@ class Producers:
                             k += 1
         elif isinstance(out, torch.Tensor):  # a subclass
             self._produce(out, seq, 0)
+
+    def wrote_through(self, seq: int, out: Any) -> None:
+        """Call ``seq`` wrote its results (in-place, ``out=``; ``produced`` came first): each one
+        that is a view names the call as its base's producer too, under the view's index ``k``."""
+        kind = type(out)
+        items = out if kind is tuple or kind is list else (out,)
+        flat = [x for o in items for x in (o if isinstance(o, (list, tuple)) else (o,)) if isinstance(x, torch.Tensor)]
+        for k, view in enumerate(flat):  # k counts output tensors as ``produced`` does
+            base = getattr(view, "_base", None)
+            if base is not None and type(base) in _PLAIN:
+                self._produce(base, seq, k)
 
     def _produce(self, t: torch.Tensor, seq: int, k: int) -> None:
         by_id = self._by_id

@@ -40,6 +40,7 @@ from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
 from ..dump.model import TensorMeta, value_to_json
 from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, stable_repr, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
+from .unwritten import UNWRITTEN, allocates
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
 _VALUES = frozenset({torch.dtype, torch.device, torch.layout, torch.memory_format})
@@ -103,10 +104,11 @@ class RowPath:
         self._frames: dict[tuple, tuple[int, int]] = {}  # module stack -> (module id, stack id)
         self._state: dict[str, tuple] = {}  # "param:<name>" -> its source cells
         self._cache = recorder._stats
+        self.unwritten = recorder.unwritten  # its ``flagged``: the call's tensors recorded unwritten
         self._describe = self._cache.describe
         self._fast = self.meta_on and self.stats_on  # _new_output's one-step case
         self.described = self.meta_on or self.stats_on  # else a record names its op only
-        self.dump_num = recorder.config.dump_num  # tensors copied per call, inputs first
+        self.dump_num = recorder.config.dump_num  # tensors copied per call: so many inputs, so many outputs
         self.stack_depth = recorder.config.stack_depth
 
     # -- before the call: inputs, described before an in-place op changes them ----------------
@@ -177,7 +179,7 @@ class RowPath:
         (``reuse_input_stats``), else its own; cached under its base's stamp for a view
         (``cache_view_outputs``), else under its own. False: the caller takes the general steps,
         which give the same cells and cache entry."""
-        if not self._fast or type(t) is not _TENSOR_TYPE:
+        if not self._fast or type(t) is not _TENSOR_TYPE or self.unwritten.flagged is not None:
             return False
         info = call.info
         args = call.args
@@ -199,7 +201,7 @@ class RowPath:
             layout = self._layout(t)
             if (info.stats_preserving and type(first) in _PLAIN and not (call.notes and 0 in call.notes)
                     and first.dtype == t.dtype and first.numel() == t.numel()):
-                stats = call.stats[0]
+                stats = cache.resample(call.stats[0], t)  # the same values, at t's own sample positions
             else:
                 stats = cache.compute(t)
         except Exception:  # noqa: BLE001 - a noted or exotic tensor: the general steps note it
@@ -214,7 +216,12 @@ class RowPath:
         """Append ``t``'s layout, statistics and source cells: what the Record path's ``_meta``
         and ``tensor_meta`` write, cell for cell. Layout and statistics are cached together
         under the tensor's version (an in-place op, metadata ones too, bumps it); whether it
-        requires grad is read each time (``requires_grad_()`` bumps nothing)."""
+        requires grad is read each time (``requires_grad_()`` bumps nothing). A tensor viewing
+        memory not yet written is described by the ``UNWRITTEN`` note (unwritten.py)."""
+        flagged = self.unwritten.flagged
+        if flagged is not None and id(t) in flagged and unsupported(t) is None:
+            self._noted(t, call, source, UNWRITTEN)
+            return
         if self.stats_on:
             try:
                 stats, layout = self._describe(t, self._layout)
@@ -290,7 +297,7 @@ class RowPath:
         elif type(out) in _PLAIN and self._new_output(out, call):  # the common result, cached in one step
             key = (call.key, _TENSOR)
         else:
-            if self.stats_on and info.stats_preserving:
+            if self.stats_on and info.stats_preserving and self.unwritten.flagged is None:  # (not garbage's)
                 first_input_described = (call.args and type(call.args[0]) in _PLAIN
                                          and not (call.notes and 0 in call.notes))
                 reuse_input_stats(cache, info, call.args, out, call.stats[0] if first_input_described else None)
@@ -303,9 +310,7 @@ class RowPath:
             cache_view_outputs(cache, call.args, [(o, call.stats[i]) for i, o in enumerate(outs, start=first_out)
                                                   if i not in notes])
         if self.dump_num and self.described and (budget := self.recorder.tensor_budget(call.signature)):
-            saved = len(call.data or ())
-            self._save(call, "out", dict(enumerate(list(out) if info.returns > 1 else [out])), first_out,
-                       budget - saved)
+            self._save(call, "out", dict(enumerate(list(out) if info.returns > 1 else [out])), first_out, budget)
         frames = call.frames
         ids = self._frames.get(frames)
         if ids is None:
@@ -442,7 +447,8 @@ def op_facts(func) -> tuple:
     whether it may write (de-dup's folded calls then count as writes)). A collective waits for
     its Work and forgets every argument: the general path's."""
     info = op_info(func)
-    return (info, not info.collective, info.view, info.stats_preserving, bool(info.mutates), info.writes)
+    # an allocation starts tracking uninitialised memory (unwritten.py): Python's
+    return (info, not info.collective and not allocates(func), info.view, info.stats_preserving, bool(info.mutates), info.writes)
 
 
 def native_path(recorder):
@@ -450,7 +456,7 @@ def native_path(recorder):
     (``XRAY_NATIVE_ROWS=0``), or a configuration it does not take (it needs META and STATS, the
     row path's one-step case, and leaves saved tensors and Python stacks to Python). Every piece of state it shares is handed over here; besides, it
     reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
-    its instance dict), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
+    its instance dict) and its ``unwritten_buffers`` (while not empty, Python takes every call), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
     the writer's ``_builder``/``_last_flush``/``flush_records``/``flush_seconds``, and the fields
     of ``Plan`` and ``Fold``; each op's facts come from ``op_facts``."""
     rows = recorder.rows
@@ -459,7 +465,7 @@ def native_path(recorder):
         return None
     import time
 
-    from ..dump import stats
+    from ..dump import samples, stats
     from ..dump.writer import DumpWriter, Fold
     cache, producers, writer = recorder._stats, recorder.producers, recorder.writer
     try:
@@ -477,7 +483,8 @@ def native_path(recorder):
             py_count_changed=writer.count_changed, py_sweep=cache.sweep, py_wrote=cache.wrote,
             py_produced=producers.produced, py_producers_sweep=producers._sweep, writes_seen=cache._writes_seen,
             native_kinds=stats._NATIVE_KINDS if recorder.cpu_sync else {}, native_max=stats._NATIVE_MAX,
-            strided=torch.strided, monotonic=time.monotonic,
+            strided=torch.strided, monotonic=time.monotonic, resample=cache.resample,
+            sample_offsets=samples.offsets_bytes,
             # a writer that keeps DumpWriter's add_rows: the C path appends to its chunk itself
             writer=writer if getattr(type(writer), "add_rows", None) is DumpWriter.add_rows else None)
     except Exception as e:  # noqa: BLE001 - a mismatch with this build: the Python row path records

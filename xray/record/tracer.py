@@ -31,6 +31,7 @@ from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
 from .modules import ModuleStack
 from .producers import Producers
+from .unwritten import UNWRITTEN, Unwritten
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
 from .rows import FALLBACK as _FALLBACK, RowCall, RowPath, native_path, placeholder, wait_collective
 
@@ -111,6 +112,7 @@ class Recorder:
         self.op_calls = 0
         self.records_written = 0
         self.tensors_saved = 0
+        self.unrecorded_backward = 0  # backward calls seen without BACKWARD (X_DEBUG 0x008)
         self.failed: str | None = None
         # (signature, module) -> the count of the record its calls fold into (dedup_key)
         self._seen: dict[tuple, Fold] = {}
@@ -129,9 +131,14 @@ class Recorder:
                                  keep_parameters=False, writes_seen=True)
         if deferrable:
             writer.before_flush = self.deferred.resolve  # fills the deferred Stats before encoding
+            self._stats.resample = self.deferred.resample  # a view's sample, gathered on its device
         # A plain CPU tensor's statistics are ``sync``'s (the native row path may compute them itself)
         self.cpu_sync = not deferrable or _deferred_mode() != "everywhere"
         self.producers = Producers()
+        # storages allocated uninitialised and not yet written (unwritten.py); the C path takes no
+        # call while ``unwritten_buffers`` is not empty
+        self.unwritten = Unwritten()
+        self.unwritten_buffers = self.unwritten.buffers
         self.rows = RowPath(self, writer) if rows else None
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
@@ -161,6 +168,9 @@ class Recorder:
         """A tensor the recorder cannot read (meta, nested, quantized...) is described with a
         note instead of statistics: it must never stop the recording."""
         why = unsupported(t)
+        flagged = self.unwritten.flagged
+        if why is None and flagged is not None and id(t) in flagged:
+            why = UNWRITTEN
         if why is not None:
             meta = noted_meta(t, why)
             meta.source = source
@@ -184,36 +194,54 @@ class Recorder:
         # Inside __torch_dispatch__ our own mode is already off: only modes below ours need
         # disabling, and with none the context manager's cost is skipped.
         below = torch._C._len_torch_dispatch_stack() > 0
+        tracked = self.unwritten.wants(func)  # uninitialised memory in play (unwritten.py)
         try:
             if below:
                 with _disable_current_modes():
-                    pending = self._before(func, args, kwargs)
+                    pending = self._before(func, args, kwargs, tracked)
             else:
-                pending = self._before(func, args, kwargs)
+                pending = self._before(func, args, kwargs, tracked)
         except Exception as e:  # a recorder bug must never break the user's forward
+            self.unwritten.done()
             self._fail(e)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        if pending is not None:
+        if pending is not None or tracked:
             try:
-                if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
-                    self.producers.produced(pending, out)
-                elif below:
+                if below:
                     with _disable_current_modes():
-                        self._after(pending, args, out)
+                        self._after_call(func, pending, args, kwargs, out, tracked)
                 else:
-                    self._after(pending, args, out)
+                    self._after_call(func, pending, args, kwargs, out, tracked)
             except Exception as e:
                 self._fail(e)
+            finally:
+                self.unwritten.done()
         return out
 
-    def _before(self, func, args: tuple, kwargs: dict):
+    def _after_call(self, func, pending, args: tuple, kwargs: dict, out: Any, tracked: bool) -> None:
+        if tracked:
+            self.unwritten.after(func, args, kwargs, out)
+        if pending is None:
+            return
+        if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
+            self.producers.produced(pending, out)
+            if op_info(func).mutates:
+                self.producers.wrote_through(pending, out)
+        else:
+            self._after(pending, args, out)
+
+    def _before(self, func, args: tuple, kwargs: dict, tracked: bool = False):
         """None: not recorded (backward without BACKWARD); the call's seq: folded by de-dup into
         an earlier record, it still produces its outputs under its own seq; else the pending
         call with what _after needs: the row path's ``RowCall`` (every call of a writer that takes
-        rows), or the Record path's tuple."""
+        rows), or the Record path's tuple. ``tracked``: the call touches uninitialised memory,
+        whose inputs are flagged first (unwritten.py), recorded or not."""
+        if tracked:
+            self.unwritten.before(func, args, kwargs)
         backward = torch._C._current_graph_task_id() != -1
         if backward and not self.backward_on:
+            self.unrecorded_backward += 1  # said in dump.json: compare's verdict then covers the forward only
             self._unseen_write(func)
             return None
         self.op_calls += 1
@@ -251,12 +279,13 @@ class Recorder:
         bound = bind_inputs(info, args, kwargs)
         if self.meta_on or self.stats_on:
             rec.inputs = self._inputs(bound)
-        if budget[0]:
-            self._save(rec, "in", bound, rec.inputs, budget)
+        if budget[0]:  # X_DUMP_NUM inputs, and as many outputs again (_after): ``budget`` stays whole
+            self._save(rec, "in", bound, rec.inputs, list(budget))
         return rec, info, key, budget, bound
 
     def tensor_budget(self, key: tuple | None) -> int:
-        """X_DUMP_NUM for a new record; 0 where de-dup already copied the tensors of its
+        """X_DUMP_NUM for a new record (so many of its inputs, and so many of its outputs: an
+        SDPA backward's six inputs must not leave its gradients unsaved); 0 where de-dup already copied the tensors of its
         signature's first record (one module's), so that another module's call of it keeps its
         statistics only: tensors cost what every layer's would, statistics little. (The C path
         takes no call while X_DUMP_NUM is set, so only this path copies tensors.)"""
@@ -308,6 +337,8 @@ class Recorder:
             if call.info.written_results:
                 out = recorded_result(call.info, out, bind_inputs(call.info, call.args, call.kwargs))
             self.producers.produced(call.seq, out)
+            if call.info.mutates:
+                self.producers.wrote_through(call.seq, out)
             self.rows.after(call, out)
             self.records_written += 1
             self._folds_into(call.signature, call.seq, call.info.writes)
@@ -316,11 +347,13 @@ class Recorder:
         if info.written_results:
             out = recorded_result(info, out, bound)
         self.producers.produced(rec.seq, out)
+        if info.mutates:
+            self.producers.wrote_through(rec.seq, out)
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
             wait_collective(outs)
         forget_written(self._stats, info, bound)  # the version counter is bumped only after we return
-        if self.stats_on and info.stats_preserving:
+        if self.stats_on and info.stats_preserving and self.unwritten.flagged is None:  # (not garbage's)
             meta = rec.inputs.get(info.arg_names[0]) if info.arg_names else None
             reuse_input_stats(self._stats, info, args, out, meta.stats if type(meta) is TensorMeta else None)
         if self.meta_on or self.stats_on:
@@ -333,7 +366,7 @@ class Recorder:
         self._emit(rec)
 
     def _save(self, rec: Record, prefix: str, live: dict, encoded: dict, budget: list[int]) -> None:
-        """Copy up to ``budget`` tensors (inputs first, then outputs, in schema order)."""
+        """Copy up to ``budget`` tensors of one side (inputs or outputs, in schema order)."""
         for name, value in live.items():
             pairs = [(value, encoded.get(name))] if not isinstance(value, (list, tuple)) else \
                 list(zip(value, encoded.get(name) or [None] * len(value)))
@@ -503,6 +536,7 @@ class Tracing:
         if not self.active:
             _guard_dynamo()
             self.recorder._stats.wrote()  # whatever ran while paused went unseen
+            self.recorder.unwritten.forget_all()  # and may have written any buffer
             self.recorder.modules.install()
             self.mode.__enter__()
             self.active = True

@@ -1,0 +1,123 @@
+"""Compare pairs calls by the role they play, on models the project never saw.
+
+- De-dup folds calls by signature, and a signature includes dtypes: a parallel residual
+  (GPT-NeoX, Phi, codegen: ``x + attn(ln1(x)) + mlp(ln2(x))``) keeps its two adds in one fp32
+  record but in two under bf16 autocast. Compare pairs the record with the add whose data edges
+  it shares (matching.py, ``Roles``), never with the other.
+- The first divergence: NaN/Inf on one side only (an fp16 overflow) that ran before the row
+  otherwise picked is named instead (divergence.py).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import record_forward
+
+from xray.compare import compare_dumps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from accuracy.faults import CorruptCall, spike  # noqa: E402
+
+FAILING = ("fail", "nan/inf")
+
+
+def _fails(result) -> list:
+    return [r for r in result.rows if r.status in FAILING]
+
+
+def _op_records(folder, op: str, module: str) -> list[int]:
+    """Seqs of ``op``'s records that ran in ``module``, in order."""
+    import xray
+
+    with xray.load_dump(folder) as d:
+        return [r.seq for r in d.records if r.kind == "op" and r.op == op and r.module == module]
+
+
+@pytest.fixture(scope="module")
+def neox(tmp_path_factory):
+    """A tiny GPT-NeoX with a parallel residual, its fp32 forward recorded with the defaults."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32, use_parallel_residual=True)
+    model = transformers.GPTNeoXForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 8))
+    folder = tmp_path_factory.mktemp("neox")
+    return model, ids, folder, record_forward(model, folder / "fp32", ids)
+
+
+def test_parallel_residual_fp32_against_bf16_has_no_fail(neox):
+    """The fp32 record of layer 0's residual adds stands for both (one signature); the bf16 side
+    has two (bf16 + bf16, then + the fp32 residual). Paired by output dtype, the record met the
+    second add: 2 FAIL rows on a clean forward."""
+    model, ids, folder, bench = neox
+    result = compare_dumps(bench, record_forward(model, folder / "bf16", ids, autocast=True))
+    assert not _fails(result), [(r.target_op, r.module, r.cause) for r in _fails(result)]
+
+
+@pytest.mark.parametrize("call, layer, which", [(4, 0, 1), (7, 1, 0)])
+def test_a_fault_in_a_residual_add_is_named(neox, call, layer, which):
+    """add.Tensor calls 3, 4 and 7, 8 are the two layers' residual adds. A spike in call 4 (no
+    bench record of its own: folded) is named through what reads it; one in call 7 was hidden
+    behind the false FAIL of layer 0, named as the first divergence."""
+    model, ids, folder, bench = neox
+    fault = CorruptCall("aten.add.Tensor", call, spike(8.0))
+    target = record_forward(model, folder / f"bug{call}", ids, fault=fault, autocast=True)
+    assert fault.hit
+    truth = _op_records(target, "aten.add.Tensor", f"gpt_neox.layers.{layer}")[which]
+    fd = compare_dumps(bench, target).summary.first_divergence
+    assert fd is not None and truth in (fd["target_seq"], fd["culprit_target_seq"]), fd
+
+
+# -- the first divergence: NaN/Inf on one side wins over a later FAIL ------------------------------
+def _row(seq: int, status: str, origin: str, cause: str = "", **kw):
+    from xray.compare.result import CompareRow
+
+    return CompareRow(index=seq, status=status, origin=origin, cause=cause, bench_seq=seq, target_seq=seq, **kw)
+
+
+def test_the_first_inf_on_one_side_wins_over_a_later_born_fail():
+    """An fp16 overflow: Inf appears at seq 5 on the target only (its inputs already differ by
+    fp16's rounding, so it is inherited), and a later layer's row is judged born. The run broke
+    at seq 5: that row is the first divergence, with its cause."""
+    from xray.compare.divergence import first_divergence
+
+    rows = [_row(1, "warning", ""), _row(5, "nan/inf", "inherited", "inherited", culprit="input self from #4"),
+            _row(6, "nan/inf", "inherited", "inherited"), _row(12, "fail", "born", "local error")]
+    fd = first_divergence(rows)
+    assert fd.target_seq == 5 and fd.cause == "inherited"
+    rows[1].cause = ""  # a row causality left without a cause still says why it was picked
+    assert first_divergence(rows).cause == "nan/inf"
+    # a born failure before the first Inf keeps its place
+    assert first_divergence([_row(3, "fail", "born", "local error")] + rows).target_seq == 3
+
+
+def test_fp16_overflow_first_divergence_is_at_the_first_inf(tmp_path):
+    """A toy MLP whose second linear overflows fp16 (its weight scaled), fp32 against fp16 with
+    the defaults: the first divergence is at (or before) the first row holding an Inf."""
+    import copy
+
+    import xray
+
+    torch.manual_seed(0)
+    layers = []
+    for i in range(6):
+        layers += [torch.nn.Linear(32, 32), torch.nn.LayerNorm(32) if i % 2 else torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers).eval()
+    with torch.no_grad():
+        model[2].weight.mul_(3e5)
+    x = torch.randn(4, 32)
+
+    def record(m, inp, name):
+        with torch.no_grad(), xray.dump(dump_dir=tmp_path / name) as d:
+            m(inp)
+        return d.folder
+
+    result = compare_dumps(record(model, x, "fp32"), record(copy.deepcopy(model).half(), x.half(), "fp16"))
+    first_inf = min(r.target_seq for r in result.rows if r.status == "nan/inf")
+    fd = result.summary.first_divergence
+    assert fd is not None and fd["target_seq"] <= first_inf and fd["cause"], fd

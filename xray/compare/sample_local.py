@@ -1,0 +1,124 @@
+"""Local error on the sample: an elementwise op recomputed on its inputs' sampled elements.
+
+A statistics-only record cannot be recomputed (local.py needs saved tensors), so it was blind to
+whether the op computed right on what it received. Where each sampled output element depends only
+on sampled input elements, it need not be: tensors of one shape are sampled at the same logical
+positions (xray.dump.samples), so a pointwise op (torch's ``Tag.pointwise``: add, mul, gelu,
+where...) or a cast whose tensor inputs have the output's shape, are 0-d, or are sampled whole
+(a bias of at most 32 elements, broadcast) gives its output's sample from its inputs' samples.
+The sampled values are re-run as 1-D tensors with the record's other arguments, in float64 and at
+the recorded dtypes, and judged as local.py judges saved tensors: the same ``LocalError``, so the
+same device floors (noise_floor.py) and precision steps decide.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..dump.model import Record, TensorMeta
+from ..dump.samples import SAMPLE_SIZE, positions
+from ..dump.tensorio import dtype_from_name
+from ..numerics.metrics import normwise_error
+from ..numerics.rules import PRECISION_STEPS, round_mantissa
+from ..ops.nondeterminism import nondeterministic
+from ..ops.rebuild import _call as _rebuild_call, _walk, resolve_op
+from .local import LocalError, _call, _convert, _output
+
+# ops that move or cast each element on its own but carry no pointwise tag
+_ELEMENTWISE = frozenset(("aten._to_copy.default", "aten.copy_.default", "aten.detach.default",
+                          "aten.alias.default", "aten.lift_fresh_copy.default"))
+
+
+class _NotSampled(Exception):
+    """An input whose sampled elements are not the ones the output's sample needs."""
+
+
+def _elementwise(func: torch._ops.OpOverload, op: str) -> bool:
+    return (torch.Tag.pointwise in func.tags or op in _ELEMENTWISE) and "out" not in func._overloadname
+
+
+def elementwise(op: str) -> bool:
+    """Whether each output element of ``op`` (a recorded op name) is made from the input elements
+    at its own position: torch's pointwise ops and casts."""
+    try:
+        return _elementwise(resolve_op(op), op)
+    except Exception:  # noqa: BLE001 -- a module name, an unknown or refused op
+        return False
+
+
+def _input_values(meta: TensorMeta, shape: tuple[int, ...], where: np.ndarray) -> torch.Tensor:
+    """``meta``'s values at the output's sampled positions ``where`` (row-major indices into
+    ``shape``): its own sample when it has the output's shape, a 0-d tensor as is, a tensor
+    sampled whole (at most SAMPLE_SIZE elements) broadcast; else _NotSampled."""
+    sample = getattr(meta, "sample", None)
+    dtype = dtype_from_name(meta.dtype)
+    if sample is None or dtype.is_complex:
+        raise _NotSampled
+    mine = tuple(meta.shape)
+    values = np.asarray(sample, dtype=np.float64)
+    if mine == ():
+        if len(values) != 1:
+            raise _NotSampled
+        return torch.tensor(values[0], dtype=torch.float64).to(dtype)
+    if mine == shape:
+        if len(values) != len(where):
+            raise _NotSampled
+        return torch.from_numpy(values.copy()).to(dtype)
+    n = int(np.prod(mine))
+    if n > SAMPLE_SIZE or len(values) != n or len(mine) > len(shape) \
+            or any(a not in (1, b) for a, b in zip(mine[::-1], shape[::-1])):
+        raise _NotSampled
+    coords = np.unravel_index(where, shape) if shape else ()
+    lead = len(shape) - len(mine)
+    index = tuple(coords[lead + i] if s > 1 else np.zeros_like(where) for i, s in enumerate(mine))
+    return torch.from_numpy(values.reshape(mine)[index].copy()).to(dtype)
+
+
+def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError | None:
+    """Local error of output ``k`` (meta ``output``) of an elementwise ``record``, recomputed on
+    its inputs' samples; None where the sample cannot give it (another kind of op, an input whose
+    needed elements were not sampled, no samples, a random op)."""
+    target = getattr(output, "sample", None)
+    if record.kind != "op" or not target or nondeterministic(record):
+        return None
+    try:
+        func = resolve_op(record.op)
+        if not _elementwise(func, record.op):
+            return None
+        shape = tuple(output.shape)
+        where = np.asarray(positions(shape), dtype=np.int64)
+        if len(where) != len(target):
+            return None
+        func, args, kwargs = _rebuild_call(record, lambda v, ignored: _walk(
+            v, lambda m: _input_values(m, shape, where), "cpu"))
+        mutable = func._schema.is_mutable
+
+        def run(fn) -> torch.Tensor | None:
+            with torch.no_grad():
+                a, kw = _convert(args, fn, copy=True), _convert(kwargs, fn, copy=True)
+                out = _output(_call(func, a, kw) if mutable else func(*a, **kw), k)
+            return None if out is None or out.numel() != len(target) else out.reshape(-1)
+
+        dtype = dtype_from_name(output.dtype)
+        got = torch.tensor(target, dtype=torch.float64)
+        if not dtype.is_floating_point:  # integers and bool are exact: right on these inputs or not
+            native = run(lambda t: t)
+            if native is None or native.is_floating_point():
+                return None
+            return LocalError(float((native.to(torch.float64) != got).double().mean()), 0.0, dtype)
+        exact, native = run(lambda t: t.to(torch.float64)), run(lambda t: t)
+        if exact is None or native is None:
+            return None
+        result = LocalError(normwise_error(got, exact), normwise_error(native, exact), dtype)
+        if dtype in (torch.float32, torch.float64) and result.local > result.floor:
+            for name, bits in PRECISION_STEPS.items():
+                rounded = run(lambda t, b=bits: round_mantissa(t, b))
+                if rounded is not None:
+                    result.steps[name] = normwise_error(rounded, exact)
+        return result
+    except _NotSampled:
+        return None
+    except Exception:  # noqa: BLE001 -- any op may refuse these inputs or float64: no local error then
+        return None

@@ -1,0 +1,114 @@
+"""A sample of every tensor: the same few elements, chosen from the shape alone, on both runs.
+
+Statistics say whether a tensor's range moved; they are blind to a bug that leaves the range
+alone (a dropped mask, a swapped head, a wrong scale on part of the elements). A sample is
+elementwise evidence on every record, even one whose tensors were not saved.
+
+Why the positions come from the shape and a fixed seed, never from the values: two runs of the
+same model (CPU and GPU, fp32 and bf16) then sample the same logical elements and can be
+compared element by element; and tensors of one shape (the inputs and output of a pointwise op)
+are sampled at the same positions, so an op's output can be recomputed from its inputs' samples.
+Positions are logical row-major indices, so a channels-last or transposed layout samples the
+same elements as a contiguous one.
+
+What a sample of k elements can see: a bug that changes a fraction f of a tensor's elements is
+caught with probability 1 - (1 - f)^k (k = 32: f = 10 % -> 97 %, f = 5 % -> 81 %, f = 1 % -> 28 %);
+a bug on a single element of a large tensor is seen by the statistics or by the consumers it
+feeds, rarely by the sample.
+
+The generator is splitmix64 over (seed, shape, draw), spelled out here so that every platform,
+numpy version and a future C or Triton gatherer draw the same positions: docs/format.md fixes it.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+
+import numpy as np
+import torch
+
+from .model import SAMPLE_SIZE  # noqa: E402 - 32 elements per tensor; a tensor with fewer is sampled whole
+SEED = 0x5EED_A11_E1E  # fixed: part of the format (docs/format.md, "Samples")
+
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+@functools.lru_cache(maxsize=4096)
+def positions(shape: tuple[int, ...], k: int = SAMPLE_SIZE) -> tuple[int, ...]:
+    """The sorted logical (row-major) indices sampled from a tensor of ``shape``: all of them
+    when it has at most ``k`` elements, else ``k`` distinct ones drawn by splitmix64 from the
+    seed and the shape."""
+    numel = 1
+    for s in shape:
+        numel *= int(s)
+    if numel <= k:
+        return tuple(range(numel))
+    state = SEED
+    for s in shape:
+        state = _splitmix64(state ^ int(s))
+    chosen: set[int] = set()
+    draw = 0
+    while len(chosen) < k:
+        state = _splitmix64(state + draw)
+        chosen.add(state % numel)
+        draw += 1
+    return tuple(sorted(chosen))
+
+
+@functools.lru_cache(maxsize=4096)
+def _index(shape: tuple[int, ...], k: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(positions(shape, k), dtype=torch.int64, device=device)
+
+
+def storage_offsets(shape: tuple[int, ...], stride: tuple[int, ...], offset: int = 0,
+                    k: int = SAMPLE_SIZE) -> np.ndarray:
+    """Where the sampled elements of a strided tensor lie in its storage (in elements)."""
+    shape = tuple(shape)
+    flat = np.asarray(positions(shape, k), dtype=np.int64)
+    out = np.full(len(flat), offset, dtype=np.int64)
+    if shape:
+        for c, st in zip(np.unravel_index(flat, shape), stride):
+            out += c * st
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def offsets_bytes(shape: tuple[int, ...], stride: tuple[int, ...]) -> bytes:
+    """``storage_offsets`` from the data pointer (offset 0), as the int64 bytes the C gather reads
+    (xray/dump/_moments.c, ``gather``): the table each (shape, stride) builds once."""
+    return storage_offsets(tuple(shape), tuple(stride)).tobytes()
+
+
+def as_floats(raw: bytes | None) -> tuple[float, ...] | None:
+    """A sample's float64 bytes (how the recorder carries it) as the tuple ``TensorMeta.sample`` holds."""
+    if not raw:
+        return None
+    return struct.unpack(f"{len(raw) // 8}d", raw)
+
+
+def as_bytes(values: tuple[float, ...] | None) -> bytes | None:
+    """``as_floats`` backwards."""
+    if not values:
+        return None
+    return struct.pack(f"{len(values)}d", *values)
+
+
+def take(t: torch.Tensor, k: int = SAMPLE_SIZE) -> np.ndarray:
+    """The sampled elements of ``t`` as float64 (complex: real parts; bool: 0/1), in the order of
+    ``positions``. One gather (``torch.take`` reads any layout in logical order) of at most ``k``
+    elements on ``t``'s device; ``t`` is never modified. Call with dispatch modes disabled."""
+    shape = tuple(t.shape)
+    if t.numel() == 0:
+        return np.zeros(0, dtype=np.float64)
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())[..., 0]
+    picked = torch.take(t, _index(shape, k, t.device))
+    return picked.to(device="cpu", dtype=torch.float64).numpy()
