@@ -707,12 +707,6 @@ def _recomputed_with(name: str, bench_value: Any, target_inputs: dict) -> bool:
     return not (_holds_tensor(bench_value) and _holds_tensor(target_inputs.get(name)))
 
 
-# Names one computation's kernels give one argument (a CUDA attention kernel's attn_bias is the
-# CPU kernel's attn_mask; cudnn's epsilon is native_batch_norm's eps)
-_ARGUMENT_ALIASES = {"attn_bias": "attn_mask", "bias": "attn_mask", "epsilon": "eps",
-                     "exponential_average_factor": "momentum"}
-_ATTENTION_FAMILIES = ("scaled_dot_product_attention", "scaled_dot_product_attention_backward",
-                       "attention_forward_bmhk")
 
 
 def _differing_arguments(p: Pending, r: CompareRow, floors: Floors) -> dict[str, str]:
@@ -727,7 +721,7 @@ def _differing_arguments(p: Pending, r: CompareRow, floors: Floors) -> dict[str,
         family = family_of(bench.op)
         if family is None or family is not family_of(target.op):
             return {}
-        b_args, t_args = (_aliased(x.inputs, family.name) for x in (bench, target))
+        b_args, t_args = (family.argument_names(x.inputs) for x in (bench, target))
         # their tensors are the inputs (a kernel's own ones differ: CUDA pads its logsumexp), but a mask
         shared = {n for n in b_args.keys() & t_args.keys()
                   if n == "attn_mask" or not (_holds_tensor(b_args[n]) or _holds_tensor(t_args[n]))}
@@ -763,13 +757,6 @@ class _Absent:
 
 
 _ABSENT = _Absent()
-
-
-def _aliased(inputs: dict, family: str) -> dict:
-    """``inputs`` under the names their family's first kernel gives them ("bias" is a mask in
-    attention kernels only)."""
-    return {n if n == "bias" and family not in _ATTENTION_FAMILIES else _ARGUMENT_ALIASES.get(n, n): v
-            for n, v in inputs.items()}
 
 
 def _tensor_argument_differs(b: Any, t: Any) -> str | None:

@@ -87,7 +87,7 @@ def _call(func, args: tuple, kwargs: dict) -> Any:
     return recorded_result(info, out, bind_inputs(info, args, kwargs)) if info.written_results else out
 
 
-def _runner(op: str, func, args: tuple, kwargs: dict, k: int):
+def runner(op: str, func, args: tuple, kwargs: dict, k: int):
     """``run(convert)``: output ``k`` of the call on converted inputs. A kernel family's member
     (a CUDA attention kernel, a fused norm) is run as its family's public op, so every device's
     kernel is judged against one device-neutral reference (kernel_families.py)."""
@@ -148,30 +148,34 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
         check_call(record, dump, factory="load")
         check_outputs(record)  # an edited size or repeat count would compute (in float64) what was never recorded
         func, args, kwargs = build_call(record, dump, factory="load")
-        target = _target_values(dump, output)
-        run = _runner(record.op, func, args, kwargs, k)
-
-        if not target.is_floating_point():
-            # Integer results (pooling indices, argmax, positions) are exact: right on these inputs
-            # or not. A tie broken another way after bf16 rounding upstream is right on its inputs.
-            native = run(lambda t: t)
-            if native is None or native.shape != target.shape or native.dtype != target.dtype:
-                return None
-            wrong = float((native != target).double().mean()) if target.numel() else 0.0
-            return LocalError(wrong, 0.0, target.dtype)
-        exact = run(lambda t: t.to(torch.float64))
-        native = run(lambda t: t)
-        if exact is None or native is None or exact.numel() != target.numel():
-            return None
-        result = LocalError(normwise_error(target, exact), normwise_error(native, exact), target.dtype)
-        if steps and target.dtype in (torch.float32, torch.float64) and result.local > result.floor:  # else not needed
-            for name, bits in PRECISION_STEPS.items():
-                rounded = run(lambda t, b=bits: round_mantissa(t, b))
-                if rounded is not None:
-                    result.steps[name] = normwise_error(rounded, exact)
-        return result
+        return measure(runner(record.op, func, args, kwargs, k), _target_values(dump, output), steps=steps)
     except Exception:  # noqa: BLE001 -- any op may refuse float64 or these inputs: no local error then
         return None
+
+
+def measure(run, target: torch.Tensor, *, steps: bool = True) -> LocalError | None:
+    """The ``LocalError`` of ``target`` (the values the target recorded, in its dtype) against
+    ``run`` (``runner``'s: the call on converted inputs), or None where the call gives no
+    comparable result. Shared by saved tensors (``local_error``) and samples (sample_local.py)."""
+    if not target.is_floating_point():
+        # Integer results (pooling indices, argmax, positions) are exact: right on these inputs
+        # or not. A tie broken another way after bf16 rounding upstream is right on its inputs.
+        native = run(lambda t: t)
+        if native is None or native.shape != target.shape or native.dtype != target.dtype:
+            return None
+        wrong = float((native != target).double().mean()) if target.numel() else 0.0
+        return LocalError(wrong, 0.0, target.dtype)
+    exact = run(lambda t: t.to(torch.float64))
+    native = run(lambda t: t)
+    if exact is None or native is None or exact.numel() != target.numel():
+        return None
+    result = LocalError(normwise_error(target, exact), normwise_error(native, exact), target.dtype)
+    if steps and target.dtype in (torch.float32, torch.float64) and result.local > result.floor:  # else not needed
+        for name, bits in PRECISION_STEPS.items():
+            rounded = run(lambda t, b=bits: round_mantissa(t, b))
+            if rounded is not None:
+                result.steps[name] = normwise_error(rounded, exact)
+    return result
 
 
 

@@ -7,8 +7,9 @@ positions (xray.dump.samples), so a pointwise op (torch's ``Tag.pointwise``: add
 where...) or a cast whose tensor inputs have the output's shape, are 0-d, or are sampled whole
 (a bias of at most 32 elements, broadcast) gives its output's sample from its inputs' samples.
 The sampled values are re-run as 1-D tensors with the record's other arguments, in float64 and at
-the recorded dtypes, and judged as local.py judges saved tensors: the same ``LocalError``, so the
-same device floors (noise_floor.py) and precision steps decide.
+the recorded dtypes, and measured as local.py measures saved tensors (``local.measure``, the
+same device floors); an error beyond its floor makes the row born, one within it leaves the row to
+the statistics-only rules (causality.attribute).
 """
 from __future__ import annotations
 
@@ -20,11 +21,9 @@ import torch
 from ..dump.model import Record, TensorMeta
 from ..dump.samples import SAMPLE_SIZE, positions
 from ..dump.tensorio import dtype_from_name
-from ..numerics.metrics import normwise_error
-from ..numerics.rules import PRECISION_STEPS, round_mantissa
 from ..ops.nondeterminism import nondeterministic
 from ..ops.rebuild import _call as _rebuild_call, _walk, resolve_op
-from .local import LocalError, _call, _convert, _output
+from .local import LocalError, measure, runner
 
 # ops that move or cast each element on its own but carry no pointwise tag
 _ELEMENTWISE = frozenset(("aten._to_copy.default", "aten.copy_.default", "aten.detach.default",
@@ -76,6 +75,10 @@ def _input_values(meta: TensorMeta, shape: tuple[int, ...], where: np.ndarray) -
     return torch.from_numpy(values.reshape(mine)[index].copy()).to(dtype)
 
 
+def _flat(out: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if out is None or out.numel() != n else out.reshape(-1)
+
+
 def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError | None:
     """Local error of output ``k`` (meta ``output``) of an elementwise ``record``, recomputed on
     its inputs' samples; None where the sample cannot give it (another kind of op, an input whose
@@ -93,31 +96,11 @@ def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError
             return None
         func, args, kwargs = _rebuild_call(record, lambda v, ignored: _walk(
             v, lambda m: _input_values(m, shape, where), "cpu"))
-        mutable = func._schema.is_mutable
-
-        def run(fn) -> torch.Tensor | None:
-            with torch.no_grad():
-                a, kw = _convert(args, fn, copy=True), _convert(kwargs, fn, copy=True)
-                out = _output(_call(func, a, kw) if mutable else func(*a, **kw), k)
-            return None if out is None or out.numel() != len(target) else out.reshape(-1)
-
-        dtype = dtype_from_name(output.dtype)
-        got = torch.tensor(target, dtype=torch.float64)
-        if not dtype.is_floating_point:  # integers and bool are exact: right on these inputs or not
-            native = run(lambda t: t)
-            if native is None or native.is_floating_point():
-                return None
-            return LocalError(float((native.to(torch.float64) != got).double().mean()), 0.0, dtype)
-        exact, native = run(lambda t: t.to(torch.float64)), run(lambda t: t)
-        if exact is None or native is None:
-            return None
-        result = LocalError(normwise_error(got, exact), normwise_error(native, exact), dtype)
-        if dtype in (torch.float32, torch.float64) and result.local > result.floor:
-            for name, bits in PRECISION_STEPS.items():
-                rounded = run(lambda t, b=bits: round_mantissa(t, b))
-                if rounded is not None:
-                    result.steps[name] = normwise_error(rounded, exact)
-        return result
+        run = runner(record.op, func, args, kwargs, k)
+        # the target's sampled values in its dtype (a sample holds them exactly); no precision
+        # steps: an error on 32 elements only makes a row born (causality.attribute)
+        got = torch.tensor(target, dtype=torch.float64).to(dtype_from_name(output.dtype))
+        return measure(lambda fn: _flat(run(fn), len(target)), got, steps=False)
     except _NotSampled:
         return None
     except Exception:  # noqa: BLE001 -- any op may refuse these inputs or float64: no local error then

@@ -64,8 +64,11 @@ def positions(shape: tuple[int, ...], k: int = SAMPLE_SIZE) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _index(shape: tuple[int, ...], k: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(positions(shape, k), dtype=torch.int64, device=device)
+def index(shape: tuple[int, ...], device: torch.device, k: int = SAMPLE_SIZE) -> torch.Tensor:
+    """A shape's sample positions as an index tensor on ``device`` (made once per shape and device;
+    never an inference tensor, so a gather into a buffer row works outside inference_mode)."""
+    with torch.inference_mode(False):
+        return torch.tensor(positions(shape, k), dtype=torch.int64, device=device)
 
 
 def storage_offsets(shape: tuple[int, ...], stride: tuple[int, ...], offset: int = 0,
@@ -110,5 +113,5 @@ def take(t: torch.Tensor, k: int = SAMPLE_SIZE) -> np.ndarray:
         return np.zeros(0, dtype=np.float64)
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj())[..., 0]
-    picked = torch.take(t, _index(shape, k, t.device))
+    picked = torch.take(t, index(shape, t.device, k))
     return picked.to(device="cpu", dtype=torch.float64).numpy()

@@ -28,7 +28,7 @@ import torch
 from .dispatch_modes import no_dispatch_modes
 from .columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
 from .model import Stats
-from .samples import SAMPLE_SIZE, as_bytes, as_floats, offsets_bytes, positions, take
+from .samples import SAMPLE_SIZE, as_bytes, as_floats, index as sample_index, offsets_bytes, take
 
 try:
     from . import _moments as _ext
@@ -415,13 +415,6 @@ class StatsCache:
 
 # -- deferred statistics: launched on the device, read back once per flush ------------------------
 _ROW = 7  # min, max, sum, centred sum of squares, finite count, +inf count, -inf count; then the sample
-
-
-@functools.lru_cache(maxsize=4096)
-def sample_index(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A shape's sample positions as an index tensor on ``device`` (made once per shape)."""
-    with torch.inference_mode(False):
-        return torch.tensor(positions(shape), dtype=torch.int64, device=device)
 
 
 def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:

@@ -200,11 +200,22 @@ class Family:
     reference: Reference | None = None
     implied: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # member -> arguments its name implies
     public: bool = True  # the reference calls the public op (on a device: that device's kernel), not a formula
+    # a member's argument name -> the family's for it (a CUDA attention kernel's attn_bias is the
+    # CPU kernel's attn_mask; cudnn's epsilon is eps): compare's argument check reads both sides so
+    aliases: tuple[tuple[str, str], ...] = ()
+
+    def argument_names(self, inputs: dict) -> dict:
+        """``inputs`` (by schema name) under the family's names for them."""
+        names = dict(self.aliases)
+        return {names.get(n, n): v for n, v in inputs.items()}
 
 
 def _aten(*names: str) -> frozenset[str]:
     return frozenset(f"aten.{n}" for n in names)
 
+
+_ATTENTION_ARGUMENTS = (("attn_bias", "attn_mask"), ("bias", "attn_mask"))
+_BATCH_NORM_ARGUMENTS = (("epsilon", "eps"), ("exponential_average_factor", "momentum"))
 
 FAMILIES: tuple[Family, ...] = (
     Family("scaled_dot_product_attention", _aten(
@@ -212,24 +223,24 @@ FAMILIES: tuple[Family, ...] = (
         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
         "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_fused_attention_overrideable"),
-        primary=1, reference=_sdpa),
+        primary=1, reference=_sdpa, aliases=_ATTENTION_ARGUMENTS),
     Family("attention_forward_bmhk", _aten("_efficient_attention_forward", "_flash_attention_forward"),
-           primary=1, reference=_sdpa_bmhk),
+           primary=1, reference=_sdpa_bmhk, aliases=_ATTENTION_ARGUMENTS),
     Family("scaled_dot_product_attention_backward", _aten(
         "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_efficient_attention_backward",
         "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
         "_scaled_dot_product_fused_attention_overrideable_backward"),
-        primary=3, reference=_attention_backward),
+        primary=3, reference=_attention_backward, aliases=_ATTENTION_ARGUMENTS),
     Family("batch_norm", _aten(
         "batch_norm", "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_native_batch_norm_legit",
         "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "_batch_norm_no_update"),
-        primary=1, reference=_batch_norm,
+        primary=1, reference=_batch_norm, aliases=_BATCH_NORM_ARGUMENTS,
         implied=(("aten._batch_norm_with_update", (("training", True),)),
                  ("aten._native_batch_norm_legit_no_training", (("training", False),)),
                  ("aten._batch_norm_no_update", (("training", False),)))),
     Family("batch_norm_backward", _aten(
         "native_batch_norm_backward", "cudnn_batch_norm_backward", "miopen_batch_norm_backward",
-        "batch_norm_backward"), primary=3, reference=_batch_norm_backward),
+        "batch_norm_backward"), primary=3, reference=_batch_norm_backward, aliases=_BATCH_NORM_ARGUMENTS),
     Family("convolution", _aten(
         "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
         "miopen_convolution", "_nnpack_spatial_convolution", "thnn_conv2d", "_slow_conv2d_forward",

@@ -81,9 +81,10 @@ class Producers:
             return -1, -1
         return entry[1], entry[2]
 
-    def produced(self, seq: int, out: Any) -> None:
-        """The output tensors of call ``seq`` (its raw result) now hold its values. Hot: runs
-        for every call, de-duplicated ones included, so exact types are tried first."""
+    def produced(self, seq: int, out: Any, writes: bool = False) -> None:
+        """The output tensors of call ``seq`` (its raw result) now hold its values; ``writes``
+        (an in-place or ``out=`` call): so do the bases of those that are views (``wrote_through``).
+        Hot: runs for every call, de-duplicated ones included, so exact types are tried first."""
         kind = type(out)
         if kind in _PLAIN:
             self._produce(out, seq, 0)
@@ -100,6 +101,8 @@ class Producers:
                             k += 1
         elif isinstance(out, torch.Tensor):  # a subclass
             self._produce(out, seq, 0)
+        if writes:
+            self.wrote_through(seq, out)
 
     def wrote_through(self, seq: int, out: Any) -> None:
         """Call ``seq`` wrote its results (in-place, ``out=``; ``produced`` came first): each one

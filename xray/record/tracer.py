@@ -225,9 +225,7 @@ class Recorder:
         if pending is None:
             return
         if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
-            self.producers.produced(pending, out)
-            if op_info(func).mutates:
-                self.producers.wrote_through(pending, out)
+            self.producers.produced(pending, out, writes=bool(op_info(func).mutates))
         else:
             self._after(pending, args, out)
 
@@ -336,9 +334,7 @@ class Recorder:
             call = pending
             if call.info.written_results:
                 out = recorded_result(call.info, out, bind_inputs(call.info, call.args, call.kwargs))
-            self.producers.produced(call.seq, out)
-            if call.info.mutates:
-                self.producers.wrote_through(call.seq, out)
+            self.producers.produced(call.seq, out, writes=bool(call.info.mutates))
             self.rows.after(call, out)
             self.records_written += 1
             self._folds_into(call.signature, call.seq, call.info.writes)
@@ -346,9 +342,7 @@ class Recorder:
         rec, info, key, budget, bound = pending
         if info.written_results:
             out = recorded_result(info, out, bound)
-        self.producers.produced(rec.seq, out)
-        if info.mutates:
-            self.producers.wrote_through(rec.seq, out)
+        self.producers.produced(rec.seq, out, writes=bool(info.mutates))
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
             wait_collective(outs)
