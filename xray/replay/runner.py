@@ -22,7 +22,7 @@ from ..backends.registry import create, parse_spec
 from ..dump.column_scan import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
 from ..dump import load_dump
 from ..dump.columns import DIRECTIONS, KINDS, Columns
-from ..dump.model import Record, value_to_json
+from ..dump.model import Record, unwritten, value_to_json
 from ..dump.protocol import Dump
 from ..ops.nondeterminism import nondeterministic
 from .isolate import Worker, safe_name
@@ -181,7 +181,7 @@ def check_inputs(record: Record, dump: Dump, cfg: ReplayConfig) -> str | None:
     """Why the record's inputs cannot be rebuilt, or None. Runs in the parent for every record, so
     it reads no tensor data: each worker loads the inputs of its own jobs."""
     metas = [m for _, m in record.input_tensors()]
-    if metas and all(m.stats is None and not (m.data and dump.has_data(m)) for m in metas):
+    if metas and all(m.stats is None and not (m.data and dump.has_data(m)) and not unwritten(m) for m in metas):
         return "no saved tensors and no statistics for its inputs (record with X_DEBUG STATS or X_DUMP_NUM > 0)"
     if record.kind == "module":
         return None
