@@ -862,6 +862,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             name = f"param:{p.target.path + '.' if p.target.path else ''}{name[len('forward_params.'):]}"
         kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") \
             else graph.producer(meta, p.target.record.seq)
+        if kind == "settled" and (moved := _changed_in_a_fold(meta, status, detail, graph)) is not None:
+            kind, detail = "unrecorded", moved
         if kind == "settled" and detail.cause == PRECISION:
             carried_precision = carried_precision or detail
         if kind == "failing":  # whatever the input's own status: its producer already fails
@@ -939,6 +941,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         downgrade(r, f"carries what {computed_region}")
     elif r.inputs_agree == "unknown":
         r.origin = ""
+    elif is_value_preserving(op) and not r.layout and (changed := _changed_what_it_moved(p)) is not None:
+        set_origin(r, "born", "local error", changed)
     elif is_value_preserving(op) and not r.layout:
         downgrade(r, f"{op} moves its input's values: never an origin on its own")
     elif (flips := _across_boundary(r, p, k, graph)) is not None:
@@ -1094,6 +1098,35 @@ def _source(meta: Any) -> Source | None:
         return Source.parse(getattr(meta, "source", None))
     except ValueError:
         return None
+
+
+def _changed_what_it_moved(p: Pending) -> str | None:
+    """Why a value-moving op (a view, a transpose, a clone) changed values itself, or None: where
+    every tensor input is the same on both runs (equal statistics and samples), its output must
+    be too, whatever part of them it moves; a failing output was written wrong by the target's
+    op (a layout or copy kernel). Elsewhere it carries what its inputs differ by."""
+    bench = dict(p.bench.inputs)
+    tensors = [(n, m) for n, m in p.target.inputs if getattr(m, "stats", None) is not None]
+    for name, m in tensors:
+        b = getattr(bench.get(name), "stats", None)
+        if b is None or b != m.stats or b.sample != m.stats.sample:
+            return None
+    if not tensors:
+        return None
+    return f"{p.target.op} moves values, and its inputs are the same on both runs (statistics and samples): it changed them"
+
+
+def _changed_in_a_fold(meta: Any, status: str, producer_row: CompareRow, graph: _Graph) -> int | None:
+    """The seq of the de-duplicated call that changed an input's values, or None. The folds
+    table looks through an unrecorded view to the call that made its values (they only move);
+    where that call's output passes and the input as its consumer read it fails, the values
+    changed in between, in the unrecorded call itself (a view kernel that writes wrong
+    elements), not in the producer."""
+    src = _op_source(meta)
+    if status != PairStatus.FAIL.value or producer_row.status != PairStatus.PASS.value or src is None \
+            or src.seq in graph.by_seq:
+        return None
+    return src.seq
 
 
 def _op_source(meta: Any) -> Source | None:

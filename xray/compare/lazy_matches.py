@@ -16,6 +16,7 @@ from .entry_table import CHUNK, MODULE, EntryTable
 from .entry_records import Entries, Entry
 from .pending import SUSPECT
 from .result import CompareRow
+from ..numerics.stats_judge import stats_error
 from .row_plan import RowPlan
 
 
@@ -59,6 +60,17 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
     # every row judge_the_rest skipped as random is one causality's _random finds
     random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
 
+    def _saved_stats_error(i: int) -> float | None:
+        """The statistics error of plan row ``i``, a matched saved-data row (None without
+        statistics on both sides): read through the pair's entries, the plan's row -> output
+        maps being trimmed once rows are judged."""
+        p = int(plan.pair[i])
+        k = i - int(plan.pair_start[p])
+        a, b = ea[int(plan.pa[p])].outputs, eb[int(plan.pb[p])].outputs
+        if k >= len(a) or k >= len(b):
+            return None
+        return stats_error(a[k][1], b[k][1])
+
     def kind_errors(candidates: list[tuple[int, CompareRow]]) -> list[list[tuple[int, float, str]]]:
         """For each (target position, row) the (row index, statistics error, status) of every
         matched statistics-only row of its kind on this run, in row order: the same op, direction
@@ -69,10 +81,12 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
         wanted = {kind(pos, r): [] for pos, r in candidates}
         ops = {k[0] for k in wanted}
         for i, r in enumerate(rows):
-            if r.mode == "stats" and r.stats_err is not None and r.target_op in ops and plan.cat[i] == 2:
+            if r.target_op in ops and plan.cat[i] == 2 and r.mode in ("stats", "data"):
                 errors = wanted.get(kind(int(plan.b[i]), r))
-                if errors is not None:
-                    errors.append((r.index, r.stats_err, r.status))
+                # a saved-data row's calls are its kind's as much as a statistics-only row's
+                err = r.stats_err if r.mode == "stats" or errors is None else _saved_stats_error(i)
+                if errors is not None and err is not None:
+                    errors.append((r.index, err, r.status))
         return [wanted[kind(pos, r)] for pos, r in candidates]
 
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),

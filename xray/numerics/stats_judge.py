@@ -69,3 +69,13 @@ def judge_one(bench: Any, target: Any, tol: Tolerance, rules: Rules) -> tuple[st
     """(status text, stats_err) of one pair of ``Stats``: the same rule as ``judge``, one row."""
     got = judge(_columns(bench), _columns(target), np.array([tol.rtol]), np.array([tol.atol]), rules)
     return VERDICT_TEXT[int(got["verdict"][0])], float(got["stats_err"][0])
+
+
+def stats_error(bench: Any, target: Any) -> float | None:
+    """``stats_err`` of two tensors' statistics (``TensorMeta``s), whatever judged their row, or
+    None where either has none: a saved-data row belongs to its kind's population on the run
+    (compare/statistics_only.kind_outliers) as much as a statistics-only row."""
+    b, t = getattr(bench, "stats", None), getattr(target, "stats", None)
+    if b is None or t is None:
+        return None
+    return judge_one(b, t, Tolerance(0.0, 0.0), Rules())[1]

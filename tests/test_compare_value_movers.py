@@ -1,0 +1,46 @@
+"""A bug in a call that only moves values (a view, a reshape, a transpose), recorded with the
+recorder's defaults (X_DEDUP=True, X_DUMP_NUM=5).
+
+Such a call is never the origin of what it carries in, but it is of what it writes where its
+inputs are the same on both runs (equal statistics and samples): causality._changed_what_it_moved.
+And where de-dup folded it, a consumer whose input fails while the call the folds table looks
+through to passes names the folded call (causality._changed_in_a_fold). Before both, each of
+these faults read as "precision loss" or pointed elsewhere: 0 of the 5 cases below were exact.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from accuracy import zoo  # noqa: E402
+from accuracy.runner import run_scenario  # noqa: E402
+from accuracy.scenario import Fault, Scenario  # noqa: E402
+from accuracy.scenarios import RECORDER_DEFAULTS  # noqa: E402
+
+
+@pytest.mark.parametrize("arch,call", [("llama-sdpa", 3), ("llama-sdpa", 5), ("gpt2", 3), ("gpt2", 5)])
+def test_a_recorded_reshape_that_changes_values_is_the_origin(arch, call, tmp_path):
+    """1e-2 on one _unsafe_view's output in fp32: its input (a matmul's output) is the same on
+    both runs, so the reshape is named, not called precision loss."""
+    s = Scenario(f"t/{arch}", "bug", arch, fault=Fault("aten._unsafe_view.default", call, amount=1e-2),
+                 **RECORDER_DEFAULTS)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact, fd
+    assert fd["origin"] == "born" and "inputs are the same on both runs" in fd["culprit"], fd
+
+
+def test_a_folded_reshape_that_changes_values_is_named(tmp_path):
+    """XLM's second attention layer reshapes its context in a call de-dup folds into the first
+    layer's record: the transpose after it fails while the bmm the folds table looks through to
+    passes, so the folded call is named."""
+    arch = zoo.register(zoo.Entry("xlm", "XLMModel"))
+    s = Scenario("t/xlm", "bug", arch, fault=Fault("aten._unsafe_view.default", 3, amount=1e-2), **RECORDER_DEFAULTS)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact, fd
+    assert "not recorded: de-duplicated" in fd["culprit"] and fd["culprit_target_seq"] in o.truth.target, fd
