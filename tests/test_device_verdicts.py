@@ -80,12 +80,12 @@ def real_statistics(real_pairs, tmp_path_factory):
     return devices.statistics_only(real_pairs, tmp_path_factory.mktemp("cuda-h100-statistics"))
 
 
-@pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items()
-                                       if "fault_target_seq" not in v or not v["variant"].startswith("fault_bf16")))
+@pytest.mark.parametrize("key", sorted(_MANIFEST))
 def test_real_device_runs_judged_on_statistics_alone(real_pairs, real_statistics, key):
     """A statistics-only recording of the real device runs: every legitimate target clean, every
-    fp32 (1e-3) and TF32 (1e-2) fault named at its call. The bf16 5e-2 faults sit within bf16's
-    statistics tolerance; bench_accuracy reports how many of those the kind-outlier rule finds."""
+    fault named at its call. The bf16 5e-2 faults sit within bf16's statistics warning band: they
+    are named because their inputs carry far less than they make (ViT's k_proj: 5.2e-2 on a layer
+    norm's output that agrees to 2e-3; causality._jumps_beyond_its_inputs)."""
     o = devices.score(real_statistics, key, _MANIFEST[key])
     assert o.crash is None, o.crash
     if o.fault:

@@ -232,3 +232,21 @@ def test_module_statistics_under_declared_tf32_are_precision_and_a_bug_still_fai
     assert fault.hit
     fd = compare_dumps(bench, buggy, rules=Rules(tf32=True)).summary.first_divergence
     assert fd is not None and fd["op"] == "_Stem" and fd["origin"] == "born", fd
+
+
+def test_a_bf16_matmul_bug_whose_inputs_agree_fails_where_its_kind_has_too_few_calls(tmp_path):
+    """XGLM (2 layers) with the recorder's defaults, fp32 against bf16 autocast, 5e-2 on layer 1's
+    probabilities @ values bmm, recorded with statistics only. Its error (5.1e-2) is within bf16's
+    warning band, and its kind has 2 statistics-only calls, too few for the outlier rule; but its
+    inputs agree to 1e-5 on statistics, so it made the error it carries: born there
+    (causality._jumps_beyond_its_inputs). Before: no divergence at all."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    arch = zoo.register(zoo.Entry("xglm", "XGLMModel"))
+    o = run_scenario(Scenario("t/xglm", "bug", arch, noise="bf16", fault=Fault("aten.bmm.default", 3, amount=5e-2),
+                              **RECORDER_DEFAULTS), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact, fd
+    assert fd["origin"] == "born" and fd["local_err"] is None, fd

@@ -13,7 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from .result import COMPARE_COLUMNS, CompareResult, CompareRow, PairStatus, Summary
+from .result import COMPARE_COLUMNS, RANDOM_DRAWS, CompareResult, CompareRow, PairStatus, Summary
 from .verdict import settle_verdict
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ def _count(s: Summary, rows: list[CompareRow]) -> None:
         by[PairStatus(r.status)] += 1
     s.passed, s.warned, s.failed = by[PairStatus.PASS], by[PairStatus.WARNING], by[PairStatus.FAIL]
     s.nan_inf, s.skipped, s.unmatched = by[PairStatus.NAN_INF], by[PairStatus.SKIP], by[PairStatus.UNMATCHED]
+    s.random_draws = sum(1 for r in rows if r.status == PairStatus.SKIP.value and RANDOM_DRAWS in r.note)
     s.unmatched_bench = s.bench_records - s.matched
     s.unmatched_target = s.target_records - s.matched
     s.match_pct = match_pct(s.matched, s.bench_records, s.target_records)

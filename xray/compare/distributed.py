@@ -116,8 +116,8 @@ def merge_summaries(bench: str, target: str, payloads: Sequence[Mapping[str, Any
             continue
         part = p["summary"]
         for k in ("bench_records", "target_records", "matched", "rows", "passed", "warned", "failed", "nan_inf",
-                  "skipped", "unmatched", "unmatched_bench", "unmatched_target", "bytes_compared"):
-            setattr(s, k, getattr(s, k) + part[k])
+                  "skipped", "random_draws", "unmatched", "unmatched_bench", "unmatched_target", "bytes_compared"):
+            setattr(s, k, getattr(s, k) + part.get(k, 0))
         for label, totals in part["ranks"].items():
             s.ranks[label] = dict(totals, host=p["host"], csv=p["csv"])
         s.dedup += part["dedup"]

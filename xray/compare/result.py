@@ -10,6 +10,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
+# The note of a row made from random draws that differ between the runs (compare skips it: seed
+# both runs alike to compare it)
+RANDOM_DRAWS = "values not compared: made from random draws that differ between the runs"
+
+
 class PairStatus(str, enum.Enum):
     """Outcome of one compared tensor pair. The rules are ``xray.numerics.rules.Rules`` (docs/compare.md)."""
 
@@ -101,6 +106,7 @@ class Summary:
     failed: int = 0
     nan_inf: int = 0
     skipped: int = 0
+    random_draws: int = 0  # rows not compared: made from random draws that differ between the runs
     unmatched: int = 0
     unmatched_bench: int = 0
     unmatched_target: int = 0

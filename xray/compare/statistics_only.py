@@ -138,7 +138,7 @@ def _rms(stats: Any) -> float:
     return math.hypot(stats.mean, stats.std or 0.0)
 
 
-def _summed(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[Any], int] | None:
+def summed_terms(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[Any], int] | None:
     """What output ``k`` of ``e`` sums, and over how many terms, or None when it is no sum: a
     reduction (fewer elements than its largest input), a sum of two tensors, and with
     ``gradient_rows`` any output of a norm's or softmax's backward (the rows of its incoming
@@ -161,12 +161,12 @@ def _summed(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[Any], i
 
 
 def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None:
-    """Output ``k`` of a sum (``_summed``: a norm's mean and rstd, a sum of two tensors), judged
+    """Output ``k`` of a sum (``summed_terms``: a norm's mean and rstd, a sum of two tensors), judged
     at its *inputs'* magnitude: (the largest difference of its min/max/mean/std between the runs,
     the inputs' RMS, the terms each element sums, the output's dtype). A mean of values of 1 that
     cancels to 4.6e-5 moves by what its inputs' rounding moves a sum of 1s, however large
     relative to 4.6e-5. None when not such a row."""
-    summed = _summed(p.target, k)
+    summed = summed_terms(p.target, k)
     if summed is None or k >= len(p.bench.outputs):
         return None
     bm, tm = p.bench.outputs[k][1], p.target.outputs[k][1]
@@ -199,7 +199,7 @@ def folded_sum(rep: Entry, carried: float, arg: Any, out_b: Any, out_t: Any, fac
     key bias's gradient, the sum over positions of a key gradient that carries TF32's loss, is
     0 in exact arithmetic and differs 100 % between runs; at its terms' magnitude it moves by
     what they carry. The reason, or None."""
-    summed = _summed(rep, 0)
+    summed = summed_terms(rep, 0)
     scale = _rms(arg) if arg is not None and arg.mean is not None else 0.0
     if summed is None or out_b is None or out_t is None or out_b.mean is None or out_t.mean is None \
             or not (scale > 0 and math.isfinite(carried)):
@@ -214,7 +214,7 @@ def folded_sum(rep: Entry, carried: float, arg: Any, out_b: Any, out_t: Any, fac
 
 
 def holds_rounding(p: Pending, k: int, factor: float, both: bool = False) -> bool:
-    """Whether output ``k`` is 0 in exact arithmetic, judged on statistics: a sum's (``_summed``;
+    """Whether output ``k`` is 0 in exact arithmetic, judged on statistics: a sum's (``summed_terms``;
     any output of a norm's or softmax's backward) whose bench values are no larger than the
     rounding of that sum, ``factor * sqrt(n) * eps`` times the magnitude summed (``both``: the
     target's too, on its own inputs). A key bias's gradient is one (softmax ignores a shift of
@@ -227,7 +227,7 @@ def holds_rounding(p: Pending, k: int, factor: float, both: bool = False) -> boo
 
 
 def _within_rounding(e: Entry, k: int, factor: float) -> bool:
-    summed = _summed(e, k, gradient_rows=True)
+    summed = summed_terms(e, k, gradient_rows=True)
     if summed is None or k >= len(e.outputs):
         return False
     st = e.outputs[k][1].stats

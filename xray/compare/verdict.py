@@ -46,6 +46,11 @@ def verdict_of(summary) -> Verdict:
         if failing:
             return Verdict(CANNOT_TELL, f"{failing} rows fail but none could be placed as the first divergence"
                                         f"{hidden}")
+        drawn = getattr(summary, "random_draws", 0)
+        if drawn:
+            return Verdict(CANNOT_TELL, f"{drawn} rows are made from random draws that differ between the runs, so "
+                                        "they were not compared: seed both runs alike (torch.manual_seed) to "
+                                        f"compare them{hidden}")
         if summary.rows - summary.unmatched - summary.skipped <= 0:
             return Verdict(CANNOT_TELL, "no record pair could be compared (unmatched or skipped)")
         warned = f"; {summary.warned} rows differ within the run's precision (warnings)" if summary.warned else ""
