@@ -134,11 +134,13 @@ def __getattr__(name: str):  # PEP 562: the CLI's --help must not pay for torch 
 def _count(s: Summary, rows: list[CompareRow]) -> None:
     s.rows = len(rows)
     by = {st: 0 for st in PairStatus}
+    s.random_draws = 0
     for r in rows:
         by[PairStatus(r.status)] += 1
+        if r.status == PairStatus.SKIP.value and RANDOM_DRAWS in r.note:
+            s.random_draws += 1
     s.passed, s.warned, s.failed = by[PairStatus.PASS], by[PairStatus.WARNING], by[PairStatus.FAIL]
     s.nan_inf, s.skipped, s.unmatched = by[PairStatus.NAN_INF], by[PairStatus.SKIP], by[PairStatus.UNMATCHED]
-    s.random_draws = sum(1 for r in rows if r.status == PairStatus.SKIP.value and RANDOM_DRAWS in r.note)
     s.unmatched_bench = s.bench_records - s.matched
     s.unmatched_target = s.target_records - s.matched
     s.match_pct = match_pct(s.matched, s.bench_records, s.target_records)

@@ -32,7 +32,8 @@ import torch
 from ..dump.model import Scalar, Source, TensorMeta
 from ..dump.tensorio import dtype_name
 from ..numerics.metrics import normwise_error
-from ..numerics.rules import Tolerance, eps
+from ..numerics import sample_judge
+from ..numerics.rules import Rules, Tolerance, eps
 from ..numerics.math_settings import run_math
 from ..numerics.kernel_families import family_of
 from .entry_records import Entry
@@ -108,19 +109,18 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value:
-                jump = _jumps_beyond_its_inputs(p, k, rules.precision_factor)
-                if not _wrong_on_its_inputs(p, k, floors) and _differing_argument(p, r, k, graph) is None \
-                        and jump is None:
-                    seen.add(r)
-                    continue  # within the compare's precision, and computed right on what it got
                 # Accumulated error within the run's precision, but this op is wrong on its own
                 # inputs (a 5 % kernel bug under bf16 noise), ran with another argument, or (on
                 # statistics) made far more error than it received: judged as a failure, which
                 # the rules below may still find precision loss.
+                why = "wrong on its own inputs" if _wrong_on_its_inputs(p, k, floors) \
+                    else "another argument" if _differing_argument(p, r, k, graph) is not None \
+                    else _jumps_beyond_its_inputs(p, k, rules.precision_factor)
+                if why is None:
+                    seen.add(r)
+                    continue  # within the compare's precision, and computed right on what it got
                 r.status = PairStatus.FAIL.value
-                r.note = "; ".join(x for x in (r.note, "within the run's precision, but " + (
-                    "wrong on its own inputs" if _wrong_on_its_inputs(p, k, floors) else
-                    jump if jump is not None else "another argument")) if x)
+                r.note = "; ".join(x for x in (r.note, "within the run's precision, but " + why) if x)
             r.inputs_agree = agreement(row_inputs(p, k))
             if r.status in FAILING:
                 born_seen = seen.origin or p.target.pos > random_pos
@@ -1133,8 +1133,7 @@ def _jumps_beyond_its_inputs(p: Pending, k: int, factor: float) -> str | None:
             or getattr(p.target.record, "mutates", None):
         return None
     bench = dict(p.bench.inputs)
-    carried = [max(e, _sample_difference(bench.get(name), meta)) for name, meta, _, e in row_inputs(p, k)
-               if e is not None]
+    carried = [max(e, _sample_err(bench.get(name), meta)) for name, meta, _, e in row_inputs(p, k) if e is not None]
     if not carried:
         return None
     kappa = _cancellation(p, k)
@@ -1172,16 +1171,13 @@ def _cancellation(p: Pending, k: int) -> float:
     return max(1.0, terms / made)
 
 
-def _sample_difference(bench: Any, target: Any) -> float:
-    """The largest difference of two tensors' samples over the bench's largest magnitude (the unit
-    of ``stats_err``; 0.0 without samples): what an input carries element by element, which its
-    statistics can hide (a gradient through relu's mask, a third of it flipped, keeps them)."""
+def _sample_err(bench: Any, target: Any) -> float:
+    """What an input carries element by element (sample_judge's ``sample_err``; 0.0 without a
+    sample on both sides), which its statistics can hide: a gradient through relu's mask, a
+    third of it flipped, keeps them."""
     b, t = getattr(getattr(bench, "stats", None), "sample", None), getattr(getattr(target, "stats", None), "sample", None)
-    if not b or not t or len(b) != len(t):
-        return 0.0
-    peak = max((abs(x) for x in b if math.isfinite(x)), default=0.0)
-    diffs = [abs(y - x) for x, y in zip(b, t) if math.isfinite(x) and math.isfinite(y)]
-    return max(diffs, default=0.0) / peak if peak > 0 else 0.0
+    err = sample_judge.judge_one(b, t, 0.0, 0.0, 0.0, math.nan, Rules())[1]  # (the rules set no part of it)
+    return 0.0 if err is None else err
 
 
 def _changed_what_it_moved(p: Pending) -> str | None:
@@ -1190,12 +1186,9 @@ def _changed_what_it_moved(p: Pending) -> str | None:
     be too, whatever part of them it moves; a failing output was written wrong by the target's
     op (a layout or copy kernel). Elsewhere it carries what its inputs differ by."""
     bench = dict(p.bench.inputs)
-    tensors = [(n, m) for n, m in p.target.inputs if getattr(m, "stats", None) is not None]
-    for name, m in tensors:
-        b = getattr(bench.get(name), "stats", None)
-        if b is None or b != m.stats or b.sample != m.stats.sample:
-            return None
-    if not tensors:
+    tensors = [(n, m.stats) for n, m in p.target.inputs if getattr(m, "stats", None) is not None]
+    if not tensors or any(getattr(bench.get(name), "stats", None) != st or bench[name].stats.sample != st.sample
+                          for name, st in tensors):
         return None
     return f"{p.target.op} moves values, and its inputs are the same on both runs (statistics and samples): it changed them"
 

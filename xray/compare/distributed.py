@@ -117,7 +117,7 @@ def merge_summaries(bench: str, target: str, payloads: Sequence[Mapping[str, Any
         part = p["summary"]
         for k in ("bench_records", "target_records", "matched", "rows", "passed", "warned", "failed", "nan_inf",
                   "skipped", "random_draws", "unmatched", "unmatched_bench", "unmatched_target", "bytes_compared"):
-            setattr(s, k, getattr(s, k) + part.get(k, 0))
+            setattr(s, k, getattr(s, k) + part[k])
         for label, totals in part["ranks"].items():
             s.ranks[label] = dict(totals, host=p["host"], csv=p["csv"])
         s.dedup += part["dedup"]

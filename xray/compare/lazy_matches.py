@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..dump.columns import ABSENT_MAX, ABSENT_MEAN, ABSENT_MIN, ABSENT_STD
+from ..numerics.stats_judge import stats_error
 from .causality import Matches
 from .entry_table import CHUNK, MODULE, EntryTable
 from .entry_records import Entries, Entry
 from .pending import SUSPECT
 from .result import CompareRow
-from ..numerics.stats_judge import stats_error
 from .row_plan import RowPlan
 
 
@@ -81,12 +81,13 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
         wanted = {kind(pos, r): [] for pos, r in candidates}
         ops = {k[0] for k in wanted}
         for i, r in enumerate(rows):
-            if r.target_op in ops and plan.cat[i] == 2 and r.mode in ("stats", "data"):
-                errors = wanted.get(kind(int(plan.b[i]), r))
-                # a saved-data row's calls are its kind's as much as a statistics-only row's
-                err = r.stats_err if r.mode == "stats" or errors is None else _saved_stats_error(i)
-                if errors is not None and err is not None:
-                    errors.append((r.index, err, r.status))
+            if r.target_op not in ops or plan.cat[i] != 2 or r.mode not in ("stats", "data"):
+                continue
+            errors = wanted.get(kind(int(plan.b[i]), r))
+            # a saved-data row's calls are its kind's as much as a statistics-only row's
+            err = None if errors is None else r.stats_err if r.mode == "stats" else _saved_stats_error(i)
+            if err is not None:
+                errors.append((r.index, err, r.status))
         return [wanted[kind(pos, r)] for pos, r in candidates]
 
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
