@@ -11,9 +11,13 @@ transformers, as a user's run does) and reads the results from explain.json / fi
   only), same fault;
 - with ``--sweep``: the same fault on every ``aten.mm`` call of the demo Llama in turn, bf16
   target, module level only: how often explain ranks the faulted call's module first (the
-  module read from a recorded dump of the bench run, not from explain).
+  module read from a recorded dump of the bench run, not from explain);
+- with ``--scale``: explain at scale, counted in forwards (a hook on the model's root, so
+  every forward of bench, target and graft runs counts): ``--search tree`` on ``deep_llama``
+  (32 layers, hidden 256) with +0.05 on layer 20's up_proj, against measuring every module
+  (its forwards per module counted on the same model with 2 layers, times the modules).
 
-    python tools/bench_explain.py [--real] [--sweep] [--json out.json]
+    python tools/bench_explain.py [--real] [--sweep] [--scale] [--json out.json]
 """
 from __future__ import annotations
 
@@ -104,10 +108,35 @@ def sweep(offset: float = 0.05) -> list:
             "; ".join(misses) or "no miss" + (f"; below bf16's error, not ranked: {', '.join(weak)}" if weak else "")]
 
 
+def scale(layers: int = 32, fault: str = "model.layers.20.mlp.up_proj") -> list:
+    """Forwards of ``--search tree`` on a deep decoder against every module measured."""
+    sys.path.insert(0, str(ROOT))
+    from xray.explain import analysis
+    from xray.explain.examples import deep_llama, module_fault
+
+    def counted(n: int, search: str, where: str, target: str):
+        model, args = deep_llama(layers=n)
+        forwards = [0]
+        model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        x = analysis.explain(model, args, target=target, target_context=module_fault(model, where), op_modules=0,
+                             search=search)
+        return x, forwards[0], len([r for r in x.rows if r.kind == "module"])
+
+    small, n_small, m_small = counted(2, "all", "model.layers.0.mlp.up_proj", "cpu:bf16")
+    per_module = n_small / m_small
+    x, n, m = counted(layers, "tree", fault, "cpu:bf16")
+    measured = sum(r.kind == "module" and r.share is not None for r in x.rows)
+    return [f"explain --search tree: Llama {layers} layers h256, +0.05 on {fault}, bf16", f"{x.seconds:.1f}", "", "",
+            f"top {x.top} ({100 * x.ranking()[0].self_share:.0f}%)",
+            f"{n} forwards ({measured} of {m} modules measured) vs {per_module:.2f} a module x {m} = "
+            f"{per_module * m:.0f} for every module ({n_small} on 2 layers): {per_module * m / n:.0f}x fewer"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--real", action="store_true", help="add explain at real size (hidden 1024, 512 tokens)")
     ap.add_argument("--sweep", action="store_true", help="add the fault-position sweep (module level)")
+    ap.add_argument("--scale", action="store_true", help="add explain at scale (--search tree, forwards counted)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp:
@@ -120,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                     "--threads", "0"]))
     if args.sweep:
         rows.append(sweep())
+    if args.scale:
+        rows.append(scale())
     head = ["run", "compute s", "wall s (fresh process)", f"<= {GOAL_S:.0f} s", "found", "result"]
     print(tabulate(rows, head, tablefmt="github"))
     if args.json:

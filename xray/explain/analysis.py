@@ -14,7 +14,14 @@ ranks its own Linear first, not the decoder layer around it. Three views come wi
   ``accumulated_err``, its output's error in the plain target run (QAIRT's oneshot-layerwise).
 
 Inside the modules that explain most, the recorder dumps both runs, compare matches their calls
-and judges them (local error, born or inherited), and each matched call is grafted alone.
+and judges them (local error, born or inherited), and each matched call is grafted alone; the
+calls compare singles out (born wrong, its first divergence, the first Inf/NaN: ``births``)
+are grafted first, wherever they are. compare's own verdict on the dumps tells the verdict
+whether the error is within the target's precision at all.
+
+Every run gets fresh copies of the inputs (``hooks.fresh``), and the bench must be finite and
+deterministic (``checks``). ``search="tree"`` measures only down the paths that matter
+(``descend``).
 """
 from __future__ import annotations
 
@@ -26,20 +33,18 @@ from typing import Any, Callable
 
 import torch
 
-from . import hooks, ops, places
+from . import births, checks, descend, hooks, ops, places
 from .progress import bar
 from .spec import Spec, check_available, parse_spec
 from .trees import error
 from .verdict import verdict
 
-# A place explains "most" of an error when it removes more than half of it: the residual after
-# the top place is called spread when no place explains most of it.
-MOST = 0.5
+MOST = places.MOST
 
 
 @dataclass
 class Row:
-    kind: str  #: "module" or "op"
+    kind: str  #: "module", "op", or "group" (a run of sibling layers measured whole: ``descend``)
     name: str  #: module path; for an op, compare's name of the call (module/op#bench seq)
     module: str
     what: str  #: module class or ATen op
@@ -59,6 +64,7 @@ class Row:
     origin: str = ""  #: compare: born here or inherited
     cause: str = ""
     local_floor: float | None = None  #: compare: CPU's own error at the target's dtype on that op
+    key: bool = False  #: an op compare singles out (born wrong, first divergence, first Inf/NaN): always shown
 
 
 @dataclass
@@ -69,12 +75,14 @@ class Explanation:
     rows: list[Row]
     top: str | None = None  #: the place that explains most (its own code)
     top_op: str | None = None  #: the call inside it that explains most
-    first_nonfinite: str | None = None  #: the first call inside it whose output is Inf/NaN where the bench's is not
+    first_nonfinite: str | None = None  #: the first call whose output is Inf/NaN where the bench's is not
+    birth: dict = field(default_factory=dict)  #: that call's module and the modules that made its inputs
     error_without_top: float | None = None
     rest: dict = field(default_factory=dict)
     verdict: str = ""
     compare: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  #: what could not be measured, and why
+    search: str = "all"  #: every module measured, or the descent (``descend``)
     seconds: float = 0.0
 
     def ranking(self, kind: str = "module") -> list[Row]:
@@ -121,9 +129,12 @@ def prepare(model, args, kwargs, bench: str | Spec, target: str | Spec):
 
 
 def capture_both(model, args, kwargs, bench, target, target_context=None):
-    """Both plain runs with every module call captured: (bench spec, Runs, target capture)."""
+    """Both plain runs with every module call captured: (bench spec, Runs, target capture, bench
+    model and inputs). Refuses a bench that is non-finite or not deterministic (``checks``)."""
     bench, target, (bm, ba, bk), (tm, ta, tk) = prepare(model, args, kwargs, bench, target)
     bcap = hooks.run(bm, ba, bk, bench, hooks.Plan(capture=True)).capture
+    checks.bench_is_finite(bcap.final, bench)
+    checks.bench_repeats(bm, ba, bk, bench, bcap)
     tcap = hooks.run(tm, ta, tk, target, hooks.Plan(capture=True), below=target_context).capture
     return bench, Runs(tm, ta, tk, target, bcap, target_context), tcap, (bm, ba, bk)
 
@@ -131,17 +142,26 @@ def capture_both(model, args, kwargs, bench, target, target_context=None):
 def explain(model: torch.nn.Module, args: Any, kwargs: dict | None = None, *, target: str | Spec = "cpu:bf16",
             bench: str | Spec = "cpu", target_context: Callable | None = None, op_modules: int = 3,
             max_ops: int = 64, residual: bool = True, progress: bool | None = None,
-            workdir: str | Path | None = None, threads: int | None = 1) -> Explanation:
+            workdir: str | Path | None = None, threads: int | None = 1, search: str = "all") -> Explanation:
     """Explain the target's final error place by place (module docstring).
+
+    ``search``: ``"all"`` measures every module; ``"tree"`` measures the top-level modules and
+    descends only where a module makes most of its parent's share (``descend``: a few percent of
+    the forwards on a deep model, and only the modules on those paths get shares).
 
     ``target_context``: a callable returning a context manager entered around every target
     forward inside its precision mode (a backend's dispatch mode, a fault injector).
     ``op_modules``: how many of the top modules get op-level grafts (0: none); ``max_ops`` caps
     the calls grafted. ``workdir`` keeps the two dumps of the op level there. ``threads`` caps
     torch's intra-op threads meanwhile (None keeps torch's setting; see ``capped_threads``)."""
+    if search not in SEARCHES:
+        raise ValueError(f"search {search!r}: use one of {', '.join(SEARCHES)}")
     with capped_threads(threads):
         return _explain(model, args, kwargs, target, bench, target_context, op_modules, max_ops, residual,
-                        progress, workdir)
+                        progress, workdir, search)
+
+
+SEARCHES = ("all", "tree")
 
 
 @contextlib.contextmanager
@@ -159,7 +179,7 @@ def capped_threads(threads: int | None):
 
 
 def _explain(model, args, kwargs, target, bench, target_context, op_modules, max_ops, residual, progress,
-             workdir) -> Explanation:
+             workdir, search) -> Explanation:
     started = time.perf_counter()
     bspec, runs, tcap, bench_run = capture_both(model, args, kwargs, bench, target, target_context)
     e0 = error(tcap.final, runs.bench.final)
@@ -171,23 +191,27 @@ def _explain(model, args, kwargs, target, bench, target_context, op_modules, max
         acc = max((error(t.output, b.output) for t, b in zip(tcap.calls[n], runs.bench.calls[n])), default=0.0)
         rows[n] = Row("module", n, n, kinds.get(n, ""), places.depth(n), i, tree.get(n, 0), len(tcap.calls[n]),
                       accumulated_err=acc)
-    if e0 > 0:
+    groups: list[Row] = []
+    if e0 > 0 and search == "tree":
+        groups = _descend(runs, rows, names, e0, tcap, progress)
+    elif e0 > 0:
         one_at_a_time(runs, rows, names, e0, progress)
-        self_shares(rows, names)
-        _prefix(runs, rows, tcap.returned, progress)
-    result = Explanation(str(bspec), str(runs.spec), e0, list(rows.values()))
+    measured = [n for n in names if rows[n].share is not None]
+    if e0 > 0:
+        self_shares(rows, measured, groups)
+        _prefix(runs, rows, tcap.returned, measured, progress)
+    result = Explanation(str(bspec), str(runs.spec), e0, list(rows.values()) + groups, search=search)
     ranked = result.ranking()
     if ranked and ranked[0].self_share > 0:
-        top = ranked[0]
-        result.top, result.error_without_top = top.name, top.error_grafted
-        if op_modules:
-            try:
-                _op_level(result, runs, bench_run, bspec, [r.name for r in ranked[:op_modules]], max_ops, workdir,
-                          progress)
-            except (ValueError, RuntimeError) as e:  # compare refusing the dumps, calls that change between runs
-                result.notes.append(f"op level skipped: {str(e).splitlines()[0][:300]}")
-        if residual:
-            _residual(result, runs, rows, names, top, progress)
+        result.top, result.error_without_top = ranked[0].name, ranked[0].error_grafted
+    if op_modules and e0 > 0:
+        try:
+            _op_level(result, runs, bench_run, bspec, [r.name for r in ranked[:op_modules] if r.self_share > 0],
+                      max_ops, workdir, progress)
+        except (ValueError, RuntimeError) as e:  # compare refusing the dumps, calls that change between runs
+            result.notes.append(f"op level skipped: {str(e).splitlines()[0][:300]}")
+    if residual and result.top:
+        _residual(result, runs, rows, measured, result.row(result.top), progress)
     result.verdict = verdict(result)
     result.seconds = round(time.perf_counter() - started, 2)
     return result
@@ -204,20 +228,37 @@ def one_at_a_time(runs: Runs, rows: dict[str, Row], names: list[str], e0: float,
         r.share = places.share(e0, r.error_grafted) - places.share(e0, r.error_fed)
 
 
-def self_shares(rows: dict[str, Row], names: list[str]) -> None:
-    """A place's share less its child modules' shares: what its own code makes."""
+def self_shares(rows: dict[str, Row], names: list[str], groups: list[Row] = ()) -> None:
+    """A place's share less its child modules' shares (and its unsplit groups of children,
+    ``descend``): what its own code makes."""
     kids = places.children(names)
     for n in names:
         r = rows[n]
-        r.self_share = r.share - sum(rows[c].share for c in kids[n])
+        r.self_share = (r.share - sum(rows[c].share for c in kids[n])
+                        - sum(g.share for g in groups if g.module == n))
 
 
-def _prefix(runs: Runs, rows: dict[str, Row], returned: list[tuple[str, int]], progress) -> None:
+def _descend(runs: Runs, rows: dict[str, Row], names: list[str], e0: float, tcap, progress) -> list[Row]:
+    """``descend.descend`` with explain's rows: groups are rows of kind ``group``."""
+    def group_row(parent: str, members: list[str], share: float) -> Row:
+        first = rows[members[0]]
+        return Row("group", f"{members[0]}..{members[-1].rpartition('.')[2]}", parent,  # layers.16..31
+                   f"{len(members)} x {first.what}", first.depth, first.order, first.tree, len(members),
+                   share=share, self_share=share)
+
+    with bar(None, "explain: modules (tree)", progress) as shown:
+        return descend.descend(runs, rows, names, e0, tcap, group_row, lambda name: shown.update())
+
+
+def _prefix(runs: Runs, rows: dict[str, Row], returned: list[tuple[str, int]], measured: list[str],
+            progress) -> None:
     """Fix everything up to here: every module call that returned before a place's first call
-    did (a module called twice, like T5's dropout, counts each call where it happens)."""
+    did (a module called twice, like T5's dropout, counts each call where it happens); measured
+    at the ``measured`` places."""
     calls = [c for c in returned if c[0] in rows]
+    wanted = set(measured)
     for i, (n, k) in enumerate(bar(calls, "explain: cumulative", progress)):
-        if k == 0:
+        if k == 0 and n in wanted:
             rows[n].prefix_error = runs.final_error(calls=calls[: i + 1])
 
 
@@ -250,24 +291,44 @@ def _residual(result: Explanation, runs: Runs, rows: dict[str, Row], names: list
                    "places": len(others), "spread": best.residual_share < MOST}
 
 
+def dump_both(runs: Runs, bench_run, bspec: Spec, folder: Path) -> tuple[Path, Path]:
+    """The recorder's dumps of a plain bench run and a plain target run, in ``folder``."""
+    bm, ba, bk = bench_run
+    bdump = ops.record(lambda above: hooks.run(bm, ba, bk, bspec, above=above), folder / "bench")
+    return bdump, dump_target(runs, folder / "target")
+
+
+def dump_target(runs: Runs, folder: Path) -> Path:
+    """The recorder's dump of a plain target run (its model as ``runs`` holds it)."""
+    return ops.record(lambda above: hooks.run(runs.model, runs.args, runs.kwargs, runs.spec,
+                                              below=runs.below, above=above), folder)
+
+
 def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: list[str], max_ops: int,
               workdir, progress) -> None:
-    """Graft each matched call inside ``modules`` alone; compare's verdicts come along."""
-    bm, ba, bk = bench_run
+    """Graft each matched call inside ``modules`` alone, and first every call compare singles out
+    (born wrong, its first divergence, the first Inf/NaN): compare's verdicts come along."""
     with ops.Workdir(workdir) as folder:
-        bdump = ops.record(lambda above: hooks.run(bm, ba, bk, bspec, above=above), folder / "bench")
-        tdump = ops.record(lambda above: hooks.run(runs.model, runs.args, runs.kwargs, runs.spec,
-                                                   below=runs.below, above=above), folder / "target")
+        bdump, tdump = dump_both(runs, bench_run, bspec, folder)
         calls, summary = ops.matched_calls(bdump, tdump)
         born = [c for c in calls if c.origin == "born" and (c.cause.startswith("local error") or c.cause == "argument")]
+        first = births.birth(calls, tdump)
+        divergence = (summary.first_divergence or {}).get("bench")
         result.compare = {"matched": summary.matched, "pass": summary.passed, "warning": summary.warned,
-                          "fail": summary.failed, "nan_inf": summary.nan_inf,
-                          "born": [c.name for c in born]}
-        # the calls inside the top modules, and every call compare finds wrong on its own inputs
-        inside = [c for c in calls if (any(places.is_inside(c.module, m) for m in modules) and c.status != "pass")
-                  or c in born][:max_ops]
-        values = ops.bench_values(bdump, inside)
-    for c in bar(inside, "explain: ops", progress):
+                          "fail": summary.failed, "nan_inf": summary.nan_inf, "born": [c.name for c in born],
+                          "first_divergence": divergence, "verdict_kind": summary.verdict_kind,
+                          "verdict": summary.verdict}
+        if first is not None:
+            result.first_nonfinite = first.call.name
+            result.birth = {"call": first.call.name, "module": first.module, "producers": first.producers}
+        # what compare singles out always, then the calls inside the top modules it does not pass
+        named = {c.name for c in born} | {divergence, result.first_nonfinite}
+        key = [c for c in calls if c.name in named]
+        inside = [c for c in calls if c not in key and c.status != "pass"
+                  and any(places.is_inside(c.module, m) for m in modules)]
+        chosen = key + inside[:max(0, max_ops - len(key))]
+        values = ops.bench_values(bdump, chosen)
+    for c in bar(chosen, "explain: ops", progress):
         value = values.get((c.bench_seq, c.output))
         if value is None:
             continue
@@ -280,11 +341,8 @@ def _op_level(result: Explanation, runs: Runs, bench_run, bspec: Spec, modules: 
                                home.order if home else -1, home.tree if home else -1,
                                share=places.share(result.error, after), error_grafted=after,
                                local_err=c.local_err, accumulated_err=c.accumulated_err, status=c.status,
-                               origin=c.origin, cause=c.cause, local_floor=c.local_floor))
-    top_ops = sorted((r for r in result.rows if r.kind == "op" and places.is_inside(r.module, result.top)),
-                     key=lambda r: -r.share)
+                               origin=c.origin, cause=c.cause, local_floor=c.local_floor, key=c in key))
+    top_ops = sorted((r for r in result.rows if r.kind == "op" and result.top
+                      and places.is_inside(r.module, result.top)), key=lambda r: -r.share)
     if top_ops and top_ops[0].share > 0:
         result.top_op = top_ops[0].name
-    inf = float("inf")
-    result.first_nonfinite = next((r.name for r in result.rows if r.kind == "op" and places.is_inside(r.module, result.top)
-                                   and inf in (r.accumulated_err, r.local_err)), None)

@@ -22,6 +22,9 @@ def add_parsers(sub) -> None:
     ex.add_argument("--out", default="xray-explain", help="output folder (default: xray-explain)")
     ex.add_argument("--op-modules", type=int, default=3, help="op-level grafts inside this many top modules (0: none)")
     ex.add_argument("--top", type=int, default=10, help="rows per terminal table (default 10)")
+    ex.add_argument("--search", choices=("all", "tree"), default="all",
+                    help="all: measure every module (about 5 forwards each); tree: the top-level modules first, "
+                         "descending only where a module makes most of its parent's share (deep models)")
     fx = sub.add_parser("fix", help="the fewest modules to keep in fp32 for the final error to fall under a bound",
                         description="Rank modules as explain does, bisect for the fewest fp32 islands (autocast off, "
                                     "float32 weights and inputs) whose run brings the final error under --max-error, "
@@ -60,6 +63,20 @@ def _check_out(out: str | None) -> None:
         raise ValueError(f"--out {out} exists and is not a folder; pass a folder")
 
 
+def _check_arguments(args) -> None:
+    """Everything the command line alone can get wrong, refused before the factory builds a model."""
+    from .spec import check_available, parse_spec
+
+    for flag in ("op_modules", "top", "threads"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} {value}: give a count >= 0")
+    for flag in ("bench", "target"):
+        check_available(parse_spec(getattr(args, flag)))
+    parse_inject(args.inject)
+    _check_out(args.out)
+
+
 def _load(args):
     import torch
 
@@ -79,9 +96,9 @@ def run_explain(args) -> int:
     from .analysis import explain
 
     try:
-        _check_out(args.out)
+        _check_arguments(args)
         model, margs, mkwargs, options = _load(args)
-        x = explain(model, margs, mkwargs, op_modules=args.op_modules, **options)
+        x = explain(model, margs, mkwargs, op_modules=args.op_modules, search=args.search, **options)
     except ValueError as e:
         return _refuse("explain", e)
     out = Path(args.out)
@@ -101,7 +118,7 @@ def run_fix(args) -> int:
         if not (math.isfinite(args.max_error) and args.max_error > 0):
             raise ValueError(f"--max-error {args.max_error}: give a positive finite bound on the relative error, "
                              "e.g. 1e-2")
-        _check_out(args.out)
+        _check_arguments(args)
         model, margs, mkwargs, options = _load(args)
         f = fix(model, margs, mkwargs, max_error=args.max_error, **options)
     except ValueError as e:

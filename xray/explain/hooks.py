@@ -7,6 +7,7 @@ of ``model.layers.0.mlp`` on one side is its k-th call on the other).
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -106,6 +107,15 @@ def _hooked(model: torch.nn.Module, plan: Plan, result: dict) -> Iterator[Captur
             h.remove()
 
 
+def fresh(tree: Any) -> Any:
+    """A copy of the example inputs for one forward: a model may write to its inputs in place
+    (``x.mul_(2)``), and every run, bench or target, must start from the factory's values."""
+    try:
+        return copy.deepcopy(tree)
+    except (RuntimeError, TypeError):  # a non-leaf tensor or an object that refuses deepcopy
+        return trees.snapshot(tree)
+
+
 def run(model: torch.nn.Module, args: tuple, kwargs: dict, spec: Spec, plan: Plan | None = None,
         below: Any = None, above: Any = None) -> RunResult:
     """One forward under ``spec`` following ``plan``. ``below`` and ``above`` (callables returning
@@ -113,6 +123,7 @@ def run(model: torch.nn.Module, args: tuple, kwargs: dict, spec: Spec, plan: Pla
     or a backend's own dispatch mode goes below, the recorder or an op graft above it."""
     plan = plan or Plan()
     result: dict = {}
+    args, kwargs = fresh(args), fresh(kwargs)  # outside the recorder and the op grafts: not the model's calls
     with contextlib.ExitStack() as stack:
         cap = stack.enter_context(_hooked(model, plan, result))
         stack.enter_context(spec.running())

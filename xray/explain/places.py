@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import math
 
+# A place explains "most" of an error when it removes more than half of it: the residual after
+# the top place is called spread when no place explains most of it, and the descent (descend.py)
+# measures a place's children only when it makes most of what its parent makes.
+MOST = 0.5
+
 
 def parent(name: str) -> str:
     return name.rpartition(".")[0]

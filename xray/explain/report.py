@@ -47,13 +47,25 @@ def terminal(x: Explanation, top: int = 10) -> str:
              _num(r.prefix_error), _num(r.local_err), _num(r.accumulated_err)] for r in x.ranking()[:top]]
     text = [f"bench {x.bench} vs target {x.target}: final error {x.error:.3g} ({x.seconds:.1f} s)", "",
             tabulate(rows, head, tablefmt="simple", disable_numparse=True)]
-    ops = sorted((r for r in x.rows if r.kind == "op"), key=lambda r: -(r.share or 0))[:top]
+    groups = [r for r in x.rows if r.kind == "group"]
+    if groups:
+        text += ["", "not descended (--search tree): " + "; ".join(
+            f"{r.name} ({r.what}) {_num(r.share, True)}" for r in sorted(groups, key=lambda r: -r.share))]
+    ops = op_rows(x, top)
     if ops:
         text += ["", tabulate([[r.name, _num(r.share, True), _num(r.error_grafted), r.status, r.origin,
                                 _num(r.local_err), _num(r.local_floor)] for r in ops],
                               ["call (compare's name)", "share", "error grafted", "compare", "origin", "local err",
                                "local floor"], tablefmt="simple", disable_numparse=True)]
     return "\n".join(text + [f"note: {n}" for n in x.notes] + ["", "verdict: " + x.verdict])
+
+
+def op_rows(x: Explanation, top: int) -> list[Row]:
+    """The ``top`` op rows by share, and every call compare singles out (born wrong, its first
+    divergence, the first Inf/NaN) wherever its share ranks: the call to look at is never cut."""
+    ranked = sorted((r for r in x.rows if r.kind == "op"), key=lambda r: -(r.share or 0))
+    shown = ranked[:top]
+    return shown + [r for r in ranked[top:] if r.key]
 
 
 def _colour(share: float | None) -> str:
@@ -63,9 +75,16 @@ def _colour(share: float | None) -> str:
     return f"rgb(255,{g},{g})"
 
 
+NEGATIVE = ("A negative share means that grafting the bench's value there made the final error larger: the "
+            "place's own error partly cancels errors made elsewhere (the final error is a max-norm, which does "
+            "not add up). It is printed as measured and coloured white, as no share.")
+
+
 def write_html(x: Explanation, path: Path) -> Path:
     """The module tree (nested by path) coloured by self share; self-contained, no scripts."""
-    modules = sorted((r for r in x.rows if r.kind == "module"), key=lambda r: r.tree)  # a parent, then its children
+    # a parent, then its children; with --search tree only what was measured, and the groups left whole
+    shown = [r for r in x.rows if r.kind == "group" or (r.kind == "module" and r.share is not None)]
+    modules = sorted(shown or [r for r in x.rows if r.kind == "module"], key=lambda r: r.tree)
     ops: dict[str, list[Row]] = {}
     for r in x.rows:
         if r.kind == "op":
@@ -88,6 +107,7 @@ li{{padding:2px 6px;margin:1px 0;border-radius:3px}} code{{font-size:90%}}</styl
 <p>Final error {_num(x.error)}. <b>{html.escape(x.verdict)}</b></p>
 <p>Colour: the share of the final error a module's own code makes (self share: grafting its output
 minus feeding it the bench's inputs, its child modules left out); white none, red all. docs/explain.md.</p>
+<p>{html.escape(NEGATIVE)}</p>
 <ul>{body}</ul></body></html>"""
     path.write_text(page)
     return path
@@ -96,16 +116,22 @@ minus feeding it the bench's inputs, its child modules left out); white none, re
 def fix_text(f) -> str:
     lines = [f"bench {f.bench} vs target {f.target}: final error {f.error_before:.3g}, bound {f.max_error:g} "
              f"({f.seconds:.1f} s, {len(f.trials)} trial runs)"]
-    if not f.modules and f.found:
+    if f.born:
+        lines.append(f"searched from the first Inf/NaN the bench does not have: {f.born}")
+    notes = [f"note: {n}" for n in f.notes]
+    if not f.modules and not f.ops and f.found:
         return "\n".join(lines + ["already under the bound: nothing to keep in fp32"])
     if not f.found:
-        return "\n".join(lines + [f"no set of fp32 islands among the ranked modules reaches the bound "
-                                  f"(all of them: {_num(f.error_after)})"])
-    lines += [f"keep {len(f.modules)} module(s) in fp32: {', '.join(f.modules)}",
-              f"final error before {f.error_before:.3g}, after {f.error_after:.3g}", "", "# paste after building the model:",
-              f.code]
-    if f.ops:
-        where = "; ".join(f"{m}: {', '.join(o)}" for m, o in f.ops.items())
+        return "\n".join(lines + notes + [f"no set of fp32 islands among the modules tried reaches the bound "
+                                          f"(the best: {_num(f.error_after)})"])
+    where = "; ".join(f"{m or 'the model itself'}: {', '.join(o)}" for m, o in f.ops.items())
+    keep = [f"{len(f.modules)} module(s) in fp32: {', '.join(f.modules)}"] if f.modules else []
+    if f.ops and not f.op_code:  # an op kind is part of the fix itself (where an overflow is born)
+        keep.append(f"these ATen ops in fp32: {where}")
+    lines += [f"keep {', and '.join(keep)}",
+              f"final error before {f.error_before:.3g}, after {f.error_after:.3g}", *notes, "",
+              "# paste after building the model:", f.code]
+    if f.op_code:
         lines += [f"# or, finer (then ops): keep only these ATen ops in fp32: {where}; "
                   f"final error after {f.error_after_ops:.3g}", f.op_code]
     return "\n".join(lines)

@@ -6,18 +6,26 @@ a bisection over that ranking finds the shortest prefix whose islands reach the 
 trial a real run of the target with ``islands.keep_in_fp32`` applied; then each chosen module is
 dropped in turn if the bound still holds without it. The printed code is ``keep_in_fp32``'s own
 source and one call.
+
+A final error that is Inf/NaN (an overflow) is searched from where its first Inf/NaN is born
+(``births``) before any graft: a graft casts the bench's value to the target's dtype, so it is
+Inf again and cannot rank. The islands tried there are the module the born call runs in, the
+modules that made its inputs (kept in fp32 their output stays fp32 under autocast: an overflow
+in the parent's own code between two submodules), then that op kind inside its module.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from . import analysis, hooks, islands
+from . import analysis, births, hooks, islands, ops as op_dumps
 from .trees import error
 
 
@@ -35,6 +43,8 @@ class Fix:
     found: bool = False
     code: str = ""
     trials: list[dict] = field(default_factory=list)  #: every island set run, with its final error
+    born: str | None = None  #: the first call whose output is Inf/NaN where the bench's is not (compare's name)
+    notes: list[str] = field(default_factory=list)  #: how the search went where it did not find a finer fix
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -75,30 +85,105 @@ def fix(model: torch.nn.Module, args: Any, kwargs: dict | None = None, *, target
 
 def _fix(model, args, kwargs, target, bench, max_error, target_context, max_modules, progress) -> Fix:
     started = time.perf_counter()
-    bspec, runs, tcap, _ = analysis.capture_both(model, args, kwargs, bench, target, target_context)
+    bspec, runs, tcap, bench_run = analysis.capture_both(model, args, kwargs, bench, target, target_context)
     e0 = error(tcap.final, runs.bench.final)
     result = Fix(str(bspec), str(runs.spec), max_error, e0)
     if e0 <= max_error:
         result.found, result.error_after = True, e0
         result.seconds = round(time.perf_counter() - started, 2)
         return result
-    ranked, rows = _ranking(runs, tcap, e0, progress)
-    ranked = ranked[:max_modules]
     trial = Trials(runs, result.trials)
-    chosen = _shortest_prefix(ranked, trial, max_error)
+    chosen, ops, base = None, {}, []
+    if not math.isfinite(e0):
+        chosen, ops, base = _born_islands(result, runs, bench_run, bspec, trial, max_error)
+    if chosen is None:
+        chosen = _ranked_islands(runs, tcap, e0, base, trial, max_error, max_modules, progress)
     if chosen is not None:
-        chosen = _prune(chosen, trial, max_error)
-        chosen = _narrow(chosen, rows, trial, max_error)
-        result.found, result.modules, result.error_after = True, chosen, trial(chosen)
-        result.code = code(chosen, runs.spec.device_type)
-        kept, ops = _op_islands(chosen, runs, trial, max_error)
-        if ops:
-            result.ops, result.error_after_ops = ops, trial(kept, ops)
-            result.op_code = op_code(kept, ops, runs.spec.device_type)
+        result.found, result.modules, result.ops = True, chosen, ops
+        result.error_after = trial(chosen, ops)
+        if ops:  # the born call's op kind is the fix (with the islands followed before it)
+            result.code = op_code(chosen, ops, runs.spec.device_type)
+        else:
+            result.code = code(chosen, runs.spec.device_type)
+            kept, result.ops = _op_islands(chosen, runs, trial, max_error, result.notes)
+            if result.ops:
+                result.error_after_ops = trial(kept, result.ops)
+                result.op_code = op_code(kept, result.ops, runs.spec.device_type)
     else:
-        result.error_after = trial(ranked) if ranked else e0
+        result.error_after = min((t["error"] for t in result.trials), default=e0)
     result.seconds = round(time.perf_counter() - started, 2)
     return result
+
+
+# How many births _born_islands follows: an island that removes one overflow can move the
+# first Inf/NaN downstream (a norm kept in fp32 hands its fp32 output to a Linear that casts it).
+MAX_BIRTHS = 4
+
+
+def _born_islands(result: Fix, runs: analysis.Runs, bench_run, bspec, trial: Trials, bound: float):
+    """Islands around the first Inf/NaN: its module, its inputs' producers, then its op kind in
+    its module. When none is enough, its module (or its first producer, for the model's own
+    code) is kept and the next birth followed. (modules, ops, base): a fix under the bound, or
+    None and the islands that made the output finite (the graft ranking then searches on top)."""
+    base: list[str] = []
+    with op_dumps.Workdir() as folder:
+        bdump = analysis.dump_both(runs, bench_run, bspec, folder)[0]
+        for step in range(MAX_BIRTHS):
+            here = dataclasses.replace(runs, model=islands.keep_in_fp32(copy.deepcopy(runs.model), base,
+                                                                         runs.spec.device_type))
+            tdump = analysis.dump_target(here, folder / f"target{step + 1}")
+            born = births.birth(op_dumps.matched_calls(bdump, tdump)[0], tdump)
+            if born is None:
+                break
+            result.born = result.born or born.call.name
+            modules = [m for m in [born.module, *born.producers] if m and m not in base]
+            for name in modules:
+                if trial(base + [name]) <= bound:
+                    return base + [name], {}, []
+            ops = {born.module: [born.call.op]}
+            if trial(base, ops) <= bound:
+                return base, ops, []
+            follow = born.module or (born.producers[0] if born.producers else "")
+            result.notes.append(f"no island around {born.call.name} alone reaches the bound (tried "
+                                + ", ".join(modules + [f"{born.call.op} in {born.module or 'the model'}"]) + ")"
+                                + (f"; {follow} kept in fp32, the next Inf/NaN followed" if follow else ""))
+            if not follow or follow in base:
+                break
+            base.append(follow)
+            if math.isfinite(trial(base)):
+                return None, {}, base
+    if result.born is None:
+        result.notes.append("the output is Inf/NaN but compare finds no call NaN/Inf against a finite bench "
+                            "value: searched by grafts only")
+    return None, {}, []
+
+
+def _ranked_islands(runs: analysis.Runs, tcap: hooks.Capture, e0: float, base: list[str], trial: Trials,
+                    bound: float, max_modules: int, progress) -> list[str] | None:
+    """explain's ranking, bisection, pruning and narrowing, on top of the ``base`` islands."""
+    if base:  # rank what is left once the base islands run in fp32
+        model = islands.keep_in_fp32(copy.deepcopy(runs.model), base, runs.spec.device_type)
+        runs = dataclasses.replace(runs, model=model)
+        tcap = hooks.run(model, runs.args, runs.kwargs, runs.spec, hooks.Plan(capture=True), below=runs.below).capture
+        e0 = error(tcap.final, runs.bench.final)
+    ranked, rows = _ranking(runs, tcap, e0, progress)
+    ranked = [n for n in ranked if n not in base][:max_modules]
+    on_base = _OnTop(trial, base)
+    chosen = _shortest_prefix(ranked, on_base, bound)
+    if chosen is None:
+        return None
+    chosen = _prune(chosen, on_base, bound)
+    return base + _narrow(chosen, rows, on_base, bound)
+
+
+class _OnTop:
+    """``trial`` with the ``base`` islands always kept."""
+
+    def __init__(self, trial: Trials, base: list[str]) -> None:
+        self.trial, self.base = trial, base
+
+    def __call__(self, names: list[str], ops: dict | None = None) -> float:
+        return self.trial(self.base + [n for n in names if n not in self.base], ops)
 
 
 def _ranking(runs: analysis.Runs, tcap: hooks.Capture, e0: float, progress) -> list[str]:
@@ -164,14 +249,15 @@ def ops_inside(runs: analysis.Runs, module: str) -> list[str]:
     from collections import Counter
 
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
 
     seen: Counter = Counter()
 
     class Listing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if isinstance(out, torch.Tensor) and out.is_floating_point():
-                seen[str(func)] += 1
+            if any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tree_leaves(out)):
+                seen[str(func)] += 1  # native_layer_norm returns a tuple
             return out
 
     model = copy.deepcopy(runs.model)
@@ -187,16 +273,21 @@ def ops_inside(runs: analysis.Runs, module: str) -> list[str]:
     return [op for op, _ in seen.most_common()]
 
 
-def _op_islands(chosen: list[str], runs: analysis.Runs, trial: Trials, bound: float):
+def _op_islands(chosen: list[str], runs: analysis.Runs, trial: Trials, bound: float, notes: list[str]):
     """Then ops: each chosen module replaced, if the bound holds, by one ATen op kind of it kept
-    in fp32 (the module's other ops stay in the target's precision). (modules, ops) kept."""
+    in fp32 (the module's other ops stay in the target's precision). (modules, ops) kept; a
+    module no single op kind can stand for is said in ``notes``."""
     kept, ops = list(chosen), {}
     for module in chosen:
         rest = [n for n in kept if n != module]
-        for op in ops_inside(runs, module):
+        kinds = ops_inside(runs, module)
+        for op in kinds:
             if trial(rest, {**ops, module: [op]}) <= bound:
                 kept, ops = rest, {**ops, module: [op]}
                 break
+        else:
+            notes.append(f"then ops: none of the {len(kinds)} ATen op kinds inside {module} alone in fp32 reaches "
+                         "the bound: keep the whole module")
     return kept, ops
 
 
