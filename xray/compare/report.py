@@ -169,7 +169,8 @@ def _errors(fd: dict) -> str:
 
 
 def _plot_png(rows: list[CompareRow], first: int | None) -> str:
-    """Error along execution order as a base64 PNG: where the drift is born and how it grows.
+    """Error along execution order as a base64 PNG: where the drift is born and how it grows. The
+    page draws it itself; this is what a viewer with scripts turned off shows.
 
     Top: relative error (RMSE over the bench's RMS; statistics rows: their stats error), which
     a scaling bug moves (x1.01 -> 0.01). Bottom: 1 - cosine, which only direction moves (a
@@ -217,54 +218,73 @@ def _cosine_distance(r: CompareRow) -> float | None:
 
 
 _HTML = """<!doctype html><html><head><meta charset="utf-8"><title>xray-compare</title>
-<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}
-td,th{border:1px solid #ccc;padding:2px 6px}th{background:#eee}.fail,.nan{color:#b00}.warning{color:#b60}
-.pass{color:#070}.skip,.unmatched{color:#777}ul.tree{list-style:none;padding-left:1.2em;font-size:13px}
-.tree summary{cursor:pointer}.first{background:#fdd;font-weight:bold}</style></head><body>
+<style>{{ css }}</style></head><body>
 <h1>xray-compare</h1><p>bench: <code>{{ s.bench }}</code><br>target: <code>{{ s.target }}</code></p>
-{% if s.verdict %}<p class="verdict {{ 'fail' if s.verdict_kind == 'bug' else ('warning' if s.verdict_kind == 'cannot tell' else 'pass') }}"><b>verdict: {{ s.verdict_kind }}</b>: {{ s.verdict }}</p>{% endif %}
+{% if s.verdict %}<p class="top verdict {{ 'fail' if s.verdict_kind == 'bug' else ('warning' if s.verdict_kind == 'cannot tell' else 'pass') }}"><b>verdict: {{ s.verdict_kind }}</b>: {{ s.verdict }}</p>{% endif %}
+{% if fd %}<p class="top first-divergence"><b>First divergence</b>: {% if fd_id is not none %}<a href="#row-{{ fd_id }}" data-row="{{ fd_id }}">row {{ fd.index }}</a>{% else %}row {{ fd.index }}{% endif %}{% if fd.rank %} rank {{ fd.rank }}{% endif %} ({{ fd.origin }}): bench <code>{{ fd.bench }}</code> vs target
+<code>{{ fd.target }}</code> [{{ fd.tensor }}]{% if fd.layout %}, layout: {{ fd.layout }}{% endif %}{% if fd.cause %}; cause: {{ fd.cause }}{% endif %}</p>
+{% else %}<p class="top">No row failed.</p>{% endif %}
+{% if s.dedup %}<h2 class="fail">De-duplicated dumps</h2><ul>{% for w in s.dedup %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 <table>{% for k, v in totals %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
-<h2>First divergence</h2>
-{% if fd %}<p>row {{ fd.index }} ({{ fd.origin }}): bench <code>{{ fd.bench }}</code> vs target
-<code>{{ fd.target }}</code> [{{ fd.tensor }}]{% if fd.layout %}, layout: {{ fd.layout }}{% endif %}</p>
-{% if fd.cause %}<table><tr><th>cause</th><td>{{ fd.cause }}</td></tr><tr><th>culprit</th><td>{{ fd.culprit }}</td></tr>
+{% if fd and fd.cause %}<h2>First divergence</h2><table><tr><th>cause</th><td>{{ fd.cause }}</td></tr><tr><th>culprit</th><td>{{ fd.culprit }}</td></tr>
 <tr><th>local error (vs float64 recomputation on the target's inputs)</th><td>{{ fd.local_err if fd.local_err is not none else "not measured" }}</td></tr>
 <tr><th>local floor (CPU at the target's dtype)</th><td>{{ fd.local_floor if fd.local_floor is not none else "" }}</td></tr>
 <tr><th>accumulated error (target vs bench)</th><td>{{ fd.accumulated_err if fd.accumulated_err is not none else "" }}</td></tr></table>{% endif %}
-{% else %}<p>No row failed.</p>{% endif %}
 <h2>Error along execution order</h2>
-<p>Top: relative error (a scaling bug shows here); bottom: 1 - cosine (a direction error shows here).</p>
-<img alt="error plot" src="data:image/png;base64,{{ png }}">
-{% if s.dedup %}<h2 class="fail">De-duplicated dumps</h2><ul>{% for w in s.dedup %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
-{% if tree %}<h2>Modules (coloured by their worst row{% if fd %}; the first divergence is marked{% endif %})</h2>{{ tree }}{% endif %}
+<p>Top: relative error (a scaling bug shows here); bottom: 1 - cosine (a direction error shows here). Click a point to select its row.</p>
+<svg id="plot" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="error along execution order"></svg><div id="tip"></div>
+<noscript><p>Scripts are off here: the plot as a picture, and no table of every row (the CSV has them).</p>
+<img alt="error plot" src="data:image/png;base64,{{ png }}"></noscript>
+<h2>Rows</h2>
+<div class="controls"><input id="filter" type="search" placeholder="filter: name, module, op, cause..." aria-label="filter rows">
+<select id="status" aria-label="status"><option value="">every status</option><option value="failing">fail or nan/inf</option>{% for st in statuses %}<option value="{{ st }}">{{ st }}</option>{% endfor %}</select>
+<button id="prev">&lt; previous</button><button id="next">next &gt;</button> <span id="rowinfo"></span></div>
+<div class="tablewrap"><table id="rows"><thead><tr></tr></thead><tbody></tbody></table></div>
+{% if tree %}<h2>Modules (coloured by their worst row{% if fd %}; the first divergence is marked{% endif %})</h2>
+<button id="tree-open">open all</button><button id="tree-close">close all</button>{{ tree }}{% endif %}
 {% if worst %}<h2>Worst rows</h2><table><tr>{% for h in headers %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for cells, test in worst %}<tr>{% for c in cells %}<td>{{ c }}</td>{% endfor %}{% if linked %}<td>{% if test %}<a href="{{ test }}">{{ test.rsplit("/", 1)[-1] }}</a>{% endif %}</td>{% endif %}</tr>{% endfor %}</table>{% endif %}
+{% for cells, test, id in worst %}<tr>{% for c in cells %}<td>{% if loop.first %}<a href="#row-{{ id }}" data-row="{{ id }}">{{ c }}</a>{% else %}{{ c }}{% endif %}</td>{% endfor %}{% if linked %}<td>{% if test %}<a href="{{ test }}">{{ test.rsplit("/", 1)[-1] }}</a>{% endif %}</td>{% endif %}</tr>{% endfor %}</table>{% endif %}
 {% if errors %}<h2>Local vs accumulated error of failing rows</h2>{{ errors }}{% endif %}
 {% if unmatched_count %}<h2>Unmatched ({{ unmatched_count }})</h2>{{ unmatched }}{% endif %}
 {% if s.warnings %}<h2>Warnings</h2><ul>{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
+<script type="application/json" id="xray-data">{{ data }}</script>
+<script>{{ js }}</script>
 </body></html>"""
 
 
 def write_html(result: CompareResult, path: str | os.PathLike, worst: int = 50, max_unmatched: int = 500,
                tests: str | os.PathLike | None = None) -> None:
-    """One file, no external assets: the plot is an inline PNG. ``tests``: an xray-gen folder;
-    a worst row links to the generated test file of its op when that file is there."""
+    """One file, no external assets, works offline: the rows travel as JSON and the page's own
+    script draws the plot and the sortable, filterable table (report_page.py). ``tests``: an
+    xray-gen folder; a worst row links to the generated test file of its op when that file is there."""
     from jinja2 import Environment
+
+    from .report_page import PAGE_CSS, PAGE_JS, page_data, page_rows, script_json
 
     s = result.summary
     fd = s.first_divergence
+    ids = {(r.rank, r.index): i for i, r in enumerate(result.rows)}  # a row's id: its position (ranks repeat indices)
+    fd_id = ids.get((fd.get("rank") or "", fd["index"])) if fd else None
+    if fd and fd_id is None:  # a summary whose rank label the rows spell differently
+        fd_id = next((i for i, r in enumerate(result.rows) if r.index == fd["index"]), None)
     unmatched = [r for r in result.rows if r.status == PairStatus.UNMATCHED.value]
     failing = [r for r in result.rows if r.origin or r.cause][:worst]
+    positions = page_rows(result.rows)
+    present = {r.status for r in result.rows}
+    data = page_data(result.rows, positions, {"rel": _relative_error, "cosd": _cosine_distance}, fd_id,
+                     len(result.rows))
     env = Environment(autoescape=True)
     html = env.from_string(_HTML).render(
-        s=s, fd=fd, png=_plot_png(result.rows, fd["index"] if fd and not fd["rank"] else (fd or {}).get("index")),
+        s=s, fd=fd, fd_id=fd_id, png=_plot_png(result.rows, fd["index"] if fd else None),
+        css=_markup(PAGE_CSS), js=_markup(PAGE_JS), data=_markup(script_json(data)),
+        statuses=[st.value for st in PairStatus if st.value in present],
         totals=[("records bench / target", f"{s.bench_records} / {s.target_records}"),
                 ("matched", f"{s.matched} ({s.match_pct:g}%)"),
                 ("pass / warning / fail / nan-inf / skip / unmatched",
                  f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped} / {s.unmatched}")],
         tree=_markup(module_tree_html(result.rows, (fd or {}).get("module"))),
         headers=TABLE_HEADERS + (["test"] if tests is not None else []), linked=tests is not None,
-        worst=[(cells, _test_link(r, tests, path)) for r, cells in
+        worst=[(cells, _test_link(r, tests, path), ids[(r.rank, r.index)]) for r, cells in
                ((r, _table_rows([r])[0]) for r in worst_rows(result.rows, worst))],
         unmatched=_markup(tabulate([[r.index, r.bench_name or "-", r.target_name or "-", r.tensor, r.note]
                                     for r in unmatched[:max_unmatched]],
@@ -330,12 +350,15 @@ def module_tree_html(rows: list[CompareRow], first_module: str | None) -> str:
                      + (f", {c['fail'] + c['nan/inf']} failing" if c["fail"] + c["nan/inf"] else "")
                      + (" ◀ first divergence" if on_path and len(here) == len(first) else ""))
             css = f"{_css(worst)}{' first' if on_path else ''}"
+            # the page's script filters the table to this module's rows
+            rows_button = f'<button class="mod" data-module="{escape(".".join(here))}">rows</button>'
             inner = render(child, here)
             if inner:
                 is_open = " open" if on_path or worst in ("fail", "nan/inf") else ""
-                items.append(f'<li><details{is_open}><summary class="{css}">{escape(label)}</summary>{inner}</details></li>')
+                items.append(f'<li><details{is_open}><summary class="{css}">{escape(label)}{rows_button}</summary>'
+                             f'{inner}</details></li>')
             else:
-                items.append(f'<li class="{css}">{escape(label)}</li>')
+                items.append(f'<li class="{css}">{escape(label)}{rows_button}</li>')
         return f'<ul class="tree">{"".join(items)}</ul>' if items else ""
 
     return render(tree, [])
