@@ -196,3 +196,56 @@ def test_a_sink_without_before_flush_gets_synchronous_statistics(monkeypatch):
     monkeypatch.setenv("XRAY_DEFERRED_STATS", "1")
     recorder = Recorder(DumpConfig(), Sink())
     assert recorder.stats(torch.full((3,), 2.0)).max == 2.0
+
+
+# -- writes the dispatcher does not see (issue 44, item 7) ------------------------------------------
+
+def _written_behind_the_dispatcher(tmp_path, monkeypatch, batch: str | None = None):
+    """``y = x + 0.1``, then ``y.numpy()[0] = 100``: a write no dispatcher call makes, as raw
+    Triton or extension kernels, DLPack consumers and CUDA graph replays make them on a GPU."""
+    monkeypatch.setenv("XRAY_DEFERRED_STATS", "1")
+    if batch is not None:
+        monkeypatch.setenv("XRAY_STATS_BATCH", batch)
+    x = torch.tensor([1.0, 2.0, 4.0, 3.0])
+    # flush_seconds: no time-driven flush between the call and the write on a slow machine
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=0,
+                                   flush_seconds=1e9) as d:
+        y = x + 0.1
+        y.numpy()[0] = 100.0
+    (add,) = [m.stats for r in xray.load_dump(d.folder).records if r.op == "aten.add.Tensor"
+              for _, m in r.output_tensors()]
+    return add, d.recorder.deferred
+
+
+def test_a_write_behind_the_dispatcher_never_lands_in_deferred_statistics(tmp_path, monkeypatch):
+    """The batch reads y after the write: its numbers (max 100) are not the call's (max 4.1), so
+    they are withheld, and said so; the sample, read at the call, stays the call's."""
+    with pytest.warns(RuntimeWarning, match="changed between their call"):
+        add, deferred = _written_behind_the_dispatcher(tmp_path, monkeypatch)
+    assert (add.min, add.max, add.mean, add.std) == (None, None, None, None)
+    assert (add.nan, add.posinf, add.neginf, add.numel) == (0, 0, 0, 4)
+    assert add.sample == tuple(float(v) for v in torch.tensor([1.1, 2.1, 4.1, 3.1]))
+    assert deferred.withheld == 1
+
+
+def test_statistics_taken_at_each_call_see_no_later_write(tmp_path, monkeypatch):
+    """``XRAY_STATS_BATCH=1,1``: each tensor is reduced at its call (on a GPU: enqueued on its
+    stream then, ahead of any later kernel on that stream)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        add, deferred = _written_behind_the_dispatcher(tmp_path, monkeypatch, batch="1,1")
+    assert add.max == float(torch.tensor(4.1)) and add.min == float(torch.tensor(1.1))
+    assert deferred.withheld == 0
+
+
+def test_a_version_counter_moved_before_the_batch_withholds_the_statistics():
+    """A dispatcher write the recorder did not watch (another thread, a mode switched off)."""
+    deferred = stats_mod.DeferredStats()
+    t = torch.arange(100.0)
+    moved, kept = deferred.launch(t), deferred.launch(torch.arange(100.0))
+    t[99] = -5.0  # position 99 need not be sampled: the counter says it
+    with pytest.warns(RuntimeWarning):
+        deferred.resolve()
+    assert moved.max is None and moved.sample is not None and min(moved.sample) >= 0.0
+    assert (kept.min, kept.max) == (0.0, 99.0) and deferred.withheld == 1

@@ -415,6 +415,9 @@ class StatsCache:
 
 # -- deferred statistics: launched on the device, read back once per flush ------------------------
 _ROW = 7  # min, max, sum, centred sum of squares, finite count, +inf count, -inf count; then the sample
+# then the same positions read again when the batch is reduced: a difference from the sample taken
+# at the call means a write the dispatcher did not see reached the tensor before its statistics
+_LATE = _ROW + SAMPLE_SIZE
 
 
 def _launch_row(t: torch.Tensor, row: torch.Tensor) -> None:
@@ -517,6 +520,13 @@ class DeferredStats:
     values. A full buffer is resolved early: one more transfer per ``capacity`` tensors.
     ``transfers`` counts the device-to-host copies made, ``batches`` the batches reduced,
     ``launched`` the tensors queued.
+
+    Writes the dispatcher never sees (``.numpy()``, DLPack, raw Triton or extension kernels,
+    CUDA-graph replays) can land between a call and its batch. The sample is therefore taken at
+    the call, and read again when the batch is reduced; the tensor's version counter is compared
+    too. Where either moved, the statistics are not the call's: they are withheld (min, max, mean
+    and std absent, counts 0; the sample stays the call's) and ``withheld`` counts them.
+    A write to positions outside the sample escapes this check (docs/performance.md).
     """
 
     def __init__(self, capacity: int = 4096, batch_count: int | None = None, batch_bytes: int | None = None) -> None:
@@ -531,8 +541,15 @@ class DeferredStats:
         self._pending: dict[torch.device, list[tuple[Stats, int, int, bool]]] = {}
         # per device: (tensor, row) not reduced yet, and their bytes
         self._queue: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        # per device: (tensor, its sample's positions, the row's sample cells) not gathered yet
-        self._gathers: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        # per device, for the queued tensors, checked at reduction: (the tensor's values, the tensor
+        # itself (weakly), its version counter at the call or None, its sample's positions, the row's
+        # cells for the second read, the row's index)
+        self._checks: dict[torch.device, list[tuple[torch.Tensor, weakref.ref, int | None, torch.Tensor,
+                                                    torch.Tensor, int]]] = {}
+        # per device: row index -> True (changed since its call) or False (compare the two samples)
+        self._verdicts: dict[torch.device, dict[int, bool]] = {}
+        self.withheld = 0  # statistics left out: their tensor changed between its call and its batch
+        self._warned = False
         # (Stats, the Stats whose numbers it shares): filled at resolve, in order
         self._links: list[tuple[Stats, Stats]] = []
         self._queued_bytes: dict[torch.device, int] = {}
@@ -545,8 +562,9 @@ class DeferredStats:
         self.transfers = 0
         self.batches = 0
 
-    def _row(self, t: torch.Tensor, stats: Stats, repeat: int, sample_only: bool) -> torch.Tensor:
-        """A buffer row for ``stats`` on t's device, with t's sample queued for gathering into it."""
+    def _row(self, t: torch.Tensor, stats: Stats, repeat: int, sample_only: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A buffer row for ``stats`` on t's device with t's sample gathered into it now, at the
+        call; (the row, the sample's positions, the row's index)."""
         device = t.device
         pending = self._pending.setdefault(device, [])
         if len(pending) == self.capacity:
@@ -556,14 +574,17 @@ class DeferredStats:
         if buffer is None:
             # never an inference tensor, or rows written outside inference_mode would raise
             with torch.inference_mode(False):
-                buffer = self._buffers[device] = torch.empty((self.capacity, _ROW + SAMPLE_SIZE),
+                buffer = self._buffers[device] = torch.empty((self.capacity, _LATE + SAMPLE_SIZE),
                                                              dtype=torch.float64, device=device)
-        row = buffer[len(pending)]
+        position = len(pending)
+        row = buffer[position]
         index = sample_index(tuple(t.shape), device)
         k = len(index)
-        self._gathers.setdefault(device, []).append((t.detach(), index, row[_ROW:_ROW + k]))
+        # on t's device and stream, never recorded (a flush may come from inside the recorder's mode)
+        with torch.no_grad(), no_dispatch_modes():
+            row[_ROW:_ROW + k].copy_(torch.take(t.detach(), index))
         pending.append((stats, repeat, k, sample_only))
-        return row
+        return row, index, position
 
     def launch(self, t: torch.Tensor) -> Stats:
         n = t.numel()
@@ -572,7 +593,7 @@ class DeferredStats:
         device = t.device
         x, repeat = unexpanded(t.detach()) if 0 in t.stride() else (t.detach(), 1)
         stats = Stats(None, None, None, None, numel=n)
-        row = self._row(t, stats, repeat, False)
+        row, index, position = self._row(t, stats, repeat, False)
         queue = self._queue.setdefault(device, [])
         queue.append((x, row[:_ROW]))
         self.queued += 1
@@ -580,7 +601,14 @@ class DeferredStats:
         self.used = True
         size = self._queued_bytes[device] = self._queued_bytes.get(device, 0) + x.numel() * x.element_size()
         if self.at_once or len(queue) >= self.batch_count or size >= self.batch_bytes:
-            self._reduce_queue(device)
+            self._reduce_queue(device)  # t among them, read at its call: nothing to check
+        else:
+            # t's own counter: inside the dispatcher a detached alias gets a fresh one; inference
+            # tensors have none
+            version = None if t.is_inference() else t._version
+            self._checks.setdefault(device, []).append(
+                (x if repeat == 1 else t.detach(), weakref.ref(t), version, index, row[_LATE:_LATE + len(index)],
+                 position))
         return stats
 
     def resample(self, value: Any, t: torch.Tensor) -> Any:
@@ -592,27 +620,30 @@ class DeferredStats:
             return resampled(value, t)
         stats = Stats(value.min, value.max, value.mean, value.std, value.nan, value.posinf, value.neginf,
                       value.numel)
-        self._row(t, stats, 1, True)
+        self._row(t, stats, 1, True)  # the sample is read now; the numbers are value's, checked there
         self._links.append((stats, value))
         self.used = True
-        if self.at_once:
-            self._reduce_queue(t.device)
         return stats
 
     def before_write(self) -> None:
         """A call is about to write some tensor: reduce every queued one first, on its device
         (no host transfer), so none is read after it changed."""
-        for device in {*self._queue, *self._gathers}:
+        for device in list(self._queue):
             self._reduce_queue(device)
 
     def _reduce_queue(self, device: torch.device) -> None:
-        gathers = self._gathers.pop(device, None)
-        if gathers:
-            # one gather per tensor, on its device, into its row; never recorded (a flush may
-            # come from inside the recorder's own mode)
+        checks = self._checks.pop(device, None)
+        if checks:
+            # each queued tensor's sample read again, just before the batch reads the tensor: on
+            # the same stream, so a difference is a write that landed between its call and now
+            verdicts = self._verdicts.setdefault(device, {})
             with torch.no_grad(), no_dispatch_modes():
-                for src, index, cells in gathers:
-                    cells.copy_(torch.take(src, index))
+                for src, ref, version, index, cells, position in checks:
+                    t = ref()  # dead: only an alias can still write, and the sample's read sees that
+                    moved = version is not None and t is not None and t._version != version
+                    verdicts[position] = moved
+                    if not moved:
+                        cells.copy_(torch.take(src, index))
         queue = self._queue.pop(device, None)
         self._queued_bytes.pop(device, None)
         if not queue:
@@ -632,17 +663,32 @@ class DeferredStats:
         for s, base in links:  # every device resolved: the numbers a resample shares are in
             s.min, s.max, s.mean, s.std = base.min, base.max, base.mean, base.std
             s.nan, s.posinf, s.neginf = base.nan, base.posinf, base.neginf
+        if self.withheld and not self._warned:
+            self._warned = True
+            warnings.warn(f"xray: {self.withheld} tensor(s) changed between their call and their deferred "
+                          "statistics, by a write the dispatcher did not see (.numpy(), DLPack, a raw Triton or "
+                          "extension kernel, a CUDA graph replay); their min/max/mean/std are left out of the dump "
+                          "(their samples are the call's). XRAY_STATS_BATCH=1,1 takes statistics at each call; "
+                          "XRAY_DEFERRED_STATS=0 takes them synchronously (docs/performance.md)",
+                          RuntimeWarning, stacklevel=2)
 
     def _resolve(self, device: torch.device) -> None:
         self._reduce_queue(device)
         pending = self._pending.pop(device, None)
         if not pending:
             return
+        verdicts = self._verdicts.pop(device, {})
         rows = self._buffers[device][:len(pending)].tolist()  # the one device-to-host copy
         self.transfers += 1
-        for (s, repeat, n, sample_only), row in zip(pending, rows):
+        for position, ((s, repeat, n, sample_only), row) in enumerate(zip(pending, rows)):
             s.sample = tuple(row[_ROW:_ROW + n]) if n else None
             if sample_only:
+                continue
+            moved = verdicts.get(position)
+            if moved is not None and (moved or _differ(row[_ROW:_ROW + n], row[_LATE:_LATE + n])):
+                s.min = s.max = s.mean = s.std = None  # not the call's values: withheld, as absent
+                s.nan = s.posinf = s.neginf = 0
+                self.withheld += 1
                 continue
             lo, hi, total, m2, count, posinf, neginf = row[:_ROW]
             k = int(count)
@@ -655,3 +701,8 @@ class DeferredStats:
                 s.std = 0.0
             else:
                 s.min, s.max, s.mean, s.std = lo, hi, total / k, (m2 / k) ** 0.5
+
+
+def _differ(early: list[float], late: list[float]) -> bool:
+    """The two reads of a sample differ (a NaN read twice is no change)."""
+    return any(a != b and (a == a or b == b) for a, b in zip(early, late))
