@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..console import closed_pipe_is_quiet
 from ..numerics.rules import Rules, parse_tolerance_arg
 
 
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="may the target's fp32 matmuls and convolutions round their inputs to TF32 (or an NPU's "
                         "HF32)? auto: what its dump's header recorded; on/off: declared, for a switch xray cannot "
                         "read (a vendor library's, NVIDIA_TF32_OVERRIDE set outside the program, an emulator)")
+    p.add_argument("--ignore-step", action="store_true",
+                   help="pair the two dumps' steps in order, whatever their numbers (a run dumped at step 0 "
+                        "against one dumped at step 3); records otherwise pair only within one step")
     p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
     p.add_argument("--threads", type=int, default=1, help="torch threads while comparing (default %(default)s; "
                    "0 keeps torch's setting)")
@@ -56,6 +60,7 @@ def rules_from_args(args: argparse.Namespace) -> Rules:
     return rules
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from ..quiet import one_line, quiet_third_party
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         rules = rules_from_args(args)
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
                                progress=False if args.no_progress else None, threads=args.threads or None,
-                               statistics_only=args.statistics_only)
+                               statistics_only=args.statistics_only, ignore_step=args.ignore_step)
         write_csv(result, args.out_csv)
         if args.summary_json:
             write_summary_json(result, args.summary_json)

@@ -88,7 +88,9 @@ class EntryTable:
     """One dump's entries (records with at least one output tensor) as arrays, and their
     output tensors (``out_*``, entry after entry, ``out_start[e]:out_start[e] + n_out[e]``)."""
 
-    def __init__(self, source: DumpColumns, codes: Codes) -> None:
+    def __init__(self, source: DumpColumns, codes: Codes, *, ignore_step: bool = False) -> None:
+        """``ignore_step``: each step number becomes its place among this dump's steps, so two
+        dumps of one model taken at other steps (0 and 3) pair step by step, in order."""
         self.source, self.columns = source, source.columns
         columns = source.columns
         r, t = columns.records, columns.tensors
@@ -103,6 +105,8 @@ class EntryTable:
         self.seq, self.kind, self.direction, self.call_index = (
             r[k][self.row] for k in ("seq", "kind", "direction", "call_index"))
         step = r["step"][self.row]
+        if ignore_step and len(step):
+            step = np.unique(step, return_inverse=True)[1].reshape(step.shape) - (step.min() < 0)  # None stays -1
         s = columns.strings
         op_ids, module_ids = r["op"][self.row], r["module"][self.row] + 1  # module id 0: None
 

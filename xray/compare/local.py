@@ -17,11 +17,12 @@ import torch
 
 from ..dump.model import Record, TensorMeta, iter_tensors
 from ..dump.tensorio import dtype_from_name
-from ..ops.rebuild import build_call, check_call, check_outputs
+from ..ops.rebuild import build_call, check_call, check_outputs, named_args
 from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 from ..numerics.kernel_families import primary_outputs, reference_of
+from ..numerics.selections import differing_picks, selection_of
 from ..record.encode import bind_inputs, op_info, recorded_result
 
 MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
@@ -148,9 +149,24 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
         check_call(record, dump, factory="load")
         check_outputs(record)  # an edited size or repeat count would compute (in float64) what was never recorded
         func, args, kwargs = build_call(record, dump, factory="load")
-        return measure(runner(record.op, func, args, kwargs, k), _target_values(dump, output), steps=steps)
+        run, target = runner(record.op, func, args, kwargs, k), _target_values(dump, output)
+        if selection_of(record.op, k) is not None:
+            return _selection_error(record.op, k, named_args(func, args, kwargs), run, target)
+        return measure(run, target, steps=steps)
     except Exception:  # noqa: BLE001 -- any op may refuse float64 or these inputs: no local error then
         return None
+
+
+def _selection_error(op: str, k: int, arguments: dict[str, Any], run, target: torch.Tensor) -> LocalError | None:
+    """An index output (a sort's, an argmax's) is right on its inputs where it picks the values the
+    call picks, whichever of equal values it names (``numerics.selections``)."""
+    native = run(lambda t: t)
+    if native is None or native.shape != target.shape:
+        return None
+    wrong = differing_picks(op, k, arguments, native, target)
+    if wrong is None:
+        return None
+    return LocalError(float(wrong.double().mean()) if wrong.numel() else 0.0, 0.0, target.dtype)
 
 
 def measure(run, target: torch.Tensor, *, steps: bool = True) -> LocalError | None:

@@ -21,7 +21,9 @@ VALUE_PRESERVING = frozenset(f"aten.{n}" for n in (
     "slice_copy", "select_copy", "split_copy", "_to_copy", "to", "copy", "_copy_from"))
 _CASTS = frozenset(("aten._to_copy", "aten.to", "aten.copy", "aten._copy_from"))
 
-# Forward and backward ops whose output jumps where the input crosses a boundary.
+# Forward and backward ops whose output jumps where the input crosses a boundary. Which outputs of
+# a selection (sort, topk, argmax, max pooling) are indices, and how ties are judged: replay needs
+# that too, so it lives on the ground floor (numerics/selections.py).
 DISCONTINUOUS = frozenset(f"aten.{n}" for n in (
     "relu", "threshold", "threshold_backward", "hardtanh", "hardtanh_backward", "relu6", "leaky_relu_backward",
     "max", "min", "amax", "amin", "argmax", "argmin", "max_pool2d_with_indices", "max_pool2d_with_indices_backward",

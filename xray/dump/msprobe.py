@@ -10,9 +10,12 @@ Levels: L0 module calls (``Module.<path>.<Class>.<forward|backward>.<call>`` and
 Mapping: a module call is a ``module`` record (op = class, module = path) as PrecisionDebugger's
 own dumps have, so an msprobe L0 run compares with an xray module-level run; an API call is an
 ``op`` record named by msprobe's API name (``Functional.linear``), its module taken from
-construct.json. msprobe keeps no std and no NaN/Inf counts: std is derived from Norm and Mean
-(population std), and a non-finite Max/Min/Mean marks the tensor non-finite with a count of 1
-("at least one"). A dump is untrusted and held to the native reader's rules: sizes and numbers
+construct.json. msprobe writes a call when it ends (a decoder layer after the modules inside it);
+xray's records are in the order calls begin, so each call is put before the first call inside it
+(construct.json names every call's enclosing call): compare then pairs module for module.
+msprobe keeps no std and no NaN/Inf counts: std is derived from Norm and Mean (population std),
+and a non-finite Max/Min/Mean marks the tensor non-finite with a count of 1 ("at least one").
+A dump is untrusted and held to the native reader's rules: sizes and numbers
 are capped as for xray's own dumps (``parse_json``; ``MAX_INDEX_BYTES`` of JSON), a tensor file
 is a plain name that resolves to a regular file directly in the dump's own ``dump_tensor_data``
 (no symlink out of the dump), a ``.pt`` archive is checked before it is read (stored
@@ -44,6 +47,7 @@ _SNIFF_BYTES = 4096
 #: mix-level step writes tens of MB) and keeps a crafted one from taking the machine.
 MAX_INDEX_BYTES = 512 << 20
 _MAX_PICKLE_BYTES = 1 << 20  # a .pt archive's data.pkl: one tensor's pickle is a few hundred bytes
+_MAX_NESTING = 1024  # calls inside calls: far beyond any model's module tree
 
 
 def is_msprobe_dump(folder: Path) -> bool:
@@ -68,9 +72,11 @@ def read_msprobe_dump(folder: Path) -> "MsprobeDump":
     if data.get("framework", "pytorch") != "pytorch":
         raise DumpFormatError(f"{index}: an msprobe {echo(data.get('framework'))} dump; xray reads PyTorch ones")
     parents = _read_optional(folder / "construct.json")
+    parents = parents if isinstance(parents, dict) else {}
     step = folder.parent.name.removeprefix("step")
     try:
-        records = _merge_param_grads(list(_records(data["data"], parents if isinstance(parents, dict) else {})))
+        records = list(_records(data["data"], parents))
+        records = _merge_param_grads(in_call_order(records, list(data["data"]), parents))
     except ValueError as e:
         raise DumpFormatError(f"{index}: {e}") from None
     for r in records:
@@ -150,6 +156,25 @@ def _records(data: dict, parents: dict) -> Iterator[Record]:
                 rec.inputs[f"backward_input.{i}"] = _value(v, key)
             rec.outputs = [_value(v, key) for v in _items(entry.get("output"), key)]
         yield rec
+
+
+def in_call_order(records: list[Record], keys: list[str], parents: dict) -> list[Record]:
+    """``records`` (msprobe's order: each call when it ends, ``keys`` their names) in the order the
+    calls began: a call just before the first call inside it, by construct.json's ``parents``
+    (call name -> enclosing call's name). Calls whose enclosing call is not recorded keep their
+    place; the walk up stops after ``_MAX_NESTING`` calls (a cycle in a crafted construct.json)."""
+    at = {k: i for i, k in enumerate(keys)}
+    up = [at.get(parents.get(k)) if isinstance(parents.get(k), str) else None for k in keys]
+    begin = list(range(len(keys)))  # where each call's first enclosed call (or itself) ended
+    depth = [0] * len(keys)
+    for i in range(len(keys)):
+        j = up[i]
+        while j is not None and j != i and depth[i] < _MAX_NESTING:
+            begin[j] = min(begin[j], begin[i])
+            depth[i] += 1
+            j = up[j]
+    order = sorted(range(len(records)), key=lambda i: (begin[i], depth[i], i))
+    return [records[i] for i in order]
 
 
 def _merge_param_grads(records: list[Record]) -> list[Record]:

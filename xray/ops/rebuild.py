@@ -313,6 +313,11 @@ def split_args(func: torch._ops.OpOverload, values: dict[str, Any], where: str =
     return tuple(args), kwargs
 
 
+def named_args(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``split_args`` undone: the call's arguments by their schema names (``self``, ``dim``...)."""
+    return {**dict(zip((a.name for a in func._schema.arguments), args)), **kwargs}
+
+
 def build_call(record: Record, dump: Dump, *, factory: str = "auto", seed: int = 0,
                device: str | torch.device = "cpu") -> tuple[torch._ops.OpOverload, tuple, dict]:
     """(op, args, kwargs) to re-run ``record``; the same seed gives the same inputs on any device."""

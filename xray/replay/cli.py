@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..console import closed_pipe_is_quiet
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xray-replay", description=__doc__.split("\n")[0],
@@ -55,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = _parser().parse_args(argv)

@@ -236,7 +236,8 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
                           cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model,
                           weights_const=cfg.weights_const)
                 res = worker.run(job, cfg.timeout)
-                row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of, uncompared[rec.seq])
+                row = _row(rec, spec, res, baseline_out, spec == cfg.baseline, precision_of, uncompared[rec.seq],
+                           arguments=lambda rec=rec: _call_arguments(rec, dump, cfg))
                 if res.status == ReplayStatus.OK and res.outputs:
                     writer.add(rec, res.inputs, res.output_tensors())
                 matrix.add(row)
@@ -252,10 +253,25 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     return result
 
 
+def _call_arguments(rec: Record, dump: Dump, cfg: ReplayConfig) -> dict | None:
+    """The arguments the workers ran ``rec`` with, by name (the same factory and seed give the
+    same tensors): what a selection's indices point into. None for a module record."""
+    if rec.kind != "op":
+        return None
+    from ..ops.rebuild import build_call, named_args
+
+    try:
+        return named_args(*build_call(rec, dump, factory=cfg.factory, seed=cfg.seed))
+    except Exception:  # noqa: BLE001 -- it ran in the worker; without its inputs here, indices are judged exactly
+        return None
+
+
 def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline: bool,
-         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None) -> MatrixRow:
+         precision_of: Callable[[torch.dtype], torch.dtype], uncompared: str | None = None,
+         arguments: Callable[[], dict | None] | None = None) -> MatrixRow:
     """The matrix row of one job; ``uncompared`` says why the op's values cannot be compared
-    (random or uninitialized outputs): then only output count, shapes and dtypes are."""
+    (random or uninitialized outputs): then only output count, shapes and dtypes are.
+    ``arguments``: the call's arguments, rebuilt on demand (a selection's indices need its input)."""
     status, error = ReplayStatus(res.status), res.error
     max_abs = max_rel = None
     if is_baseline:
@@ -275,7 +291,8 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
         else:
             got = res.output_tensors()
             dtype = ref[0].dtype if ref else torch.float32
-            cmp = judge_backend(ref, got, precision_of(dtype) if dtype.is_floating_point else None, op=rec.op)
+            cmp = judge_backend(ref, got, precision_of(dtype) if dtype.is_floating_point else None, op=rec.op,
+                                arguments=arguments)
             max_abs, max_rel = cmp.max_abs, cmp.max_rel
             if not cmp.ok:
                 status, error = cmp.status, cmp.message

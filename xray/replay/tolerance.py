@@ -3,7 +3,9 @@
 Replay runs the baseline and the backend at the same dtype and has no fp64 reference to measure
 the op's noise against, so each output is judged with the noise level ``noise.assumed`` gives
 for its dtype (or the backend's compute dtype: fp16 presets): ``|got - ref| <= K_NOISE x level x
-max(|ref|, rms(ref)) + smallest normal``; integers and bools exactly.
+max(|ref|, rms(ref)) + smallest normal``; integers and bools exactly, except a selection's indices
+(sort, topk, argmax...): they agree when they pick equal values of the input, however each kernel
+breaks ties (``xray.numerics.selections``, compare's rule too).
 
 Outputs are reported one by one: which agree, which differ, and why when it is known. A
 secondary output whose shape or dtype kind differs while the primary output agrees is not a
@@ -14,11 +16,13 @@ weights where eager's kernel returns the logsumexp): that is ``SECONDARY_DIFFERS
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ..backends.base import ReplayStatus
 from ..numerics import noise
+from ..numerics.selections import differing_picks, has_index_output
 
 # What is known about outputs a decomposition defines differently (op name part -> note).
 KNOWN_SECONDARY = {
@@ -40,9 +44,11 @@ class BackendAgreement:
 
 
 def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: torch.dtype | None = None,
-                  op: str = "") -> BackendAgreement:
+                  op: str = "", arguments: Callable[[], Mapping[str, Any] | None] | None = None) -> BackendAgreement:
     """Judge every output; ``precision`` overrides the dtype whose noise level applies (fp16
-    presets); ``op`` names the op, for the reason a secondary output differs."""
+    presets); ``op`` names the op, for the reason a secondary output differs. ``arguments``
+    gives the call's arguments by name (read only where a selection's indices differ: they hold
+    the input the indices point into)."""
     notes: list[str] = []
     layout_only: list[int] = []  # outputs that differ in shape or dtype kind: another definition
     numeric_bad = False
@@ -65,6 +71,10 @@ def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: t
         dtype = precision if precision is not None and r.dtype.is_floating_point else r.dtype
         v = noise.judge(g.to(r.dtype) if g.dtype != r.dtype else g, r, noise.assumed(dtype))
         compared = True
+        if not v.ok and (ties := _ties_only(op, i, arguments, r, g)) is not None:
+            notes.append(f"output {i}: agrees up to the order of ties ({ties} of {r.numel()} indices name "
+                         "another of equal values)")  # a distance between indices is no error
+            continue
         worst_abs = max(worst_abs, v.max_abs_err)
         worst_rel = max(worst_rel, v.max_rel_err)
         if v.ok:
@@ -86,6 +96,19 @@ def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: t
     ok = status == ReplayStatus.OK
     return BackendAgreement(ok, worst_abs if compared else None, worst_rel if compared else None,
                             None if ok else "; ".join(notes), status, notes)
+
+
+def _ties_only(op: str, i: int, arguments: Callable[[], Mapping[str, Any] | None] | None,
+               ref: torch.Tensor, got: torch.Tensor) -> int | None:
+    """How many indices of output ``i`` differ from the baseline's only by naming another of equal
+    values, when that is all that differs; else None."""
+    if arguments is None or not has_index_output(op) or ref.dtype.is_floating_point:
+        return None
+    call = arguments()
+    differ = None if call is None else differing_picks(op, i, call, ref, got.to(ref.dtype))
+    if differ is None or bool(differ.any()):
+        return None
+    return int((ref != got.to(ref.dtype)).sum())
 
 
 def judge_layout(ref: list[torch.Tensor], got: list[torch.Tensor]) -> BackendAgreement:

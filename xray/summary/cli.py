@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+from ..console import closed_pipe_is_quiet
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,6 +103,7 @@ def _rows(dumps: list, args) -> Iterator:
         yield from filter_rows(dump_rows(dump), steps, ranks, args.match)
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from ..dump.atomic import atomic_write, write_text
@@ -137,9 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.output:
             write_text(args.output, text + "\n")
         return 0
-    except BrokenPipeError:  # `xray-summary x.h5 | head`: the reader went away, not an error
-        sys.stderr.close()
-        return 0
+    except BrokenPipeError:  # `xray-summary x.h5 | head`: an OSError, but the reader's, not ours
+        raise
     except (DumpFormatError, SelectionError) as e:
         print(f"xray-summary: error: {one_line(e)}", file=sys.stderr)
     except re.error as e:
