@@ -13,18 +13,23 @@ count grew). Both may hold a ``folds`` table: the calls de-dup folded, one row e
 ``sample_size``): optional, a dump without them reads as before.
 
 Files are built in memory and written with plain file I/O under a temporary name, then renamed:
-a file on disk is always whole, and a full disk raises OSError instead of crashing HDF5.
+a file on disk is always whole, and a full disk raises OSError instead of crashing HDF5. A
+writer's final index, which can be gigabytes, is written from its journal chunks a batch at a
+time instead (``write_index_parts``), to the same layout.
 """
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import h5py
 import numpy as np
 
-from .columns import FOLD_DTYPE, RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table
+from .columns import (FOLD_DTYPE, RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table,
+                      concat)
 from .model import SAMPLE_SIZE
 from .errors import DumpFormatError
 from .tensorio import file_inside, open_dataset
@@ -96,10 +101,129 @@ def unpack(blob: np.ndarray, dtype: np.dtype, rows: int) -> Table:
     return Table(dtype, columns)
 
 
+@dataclass(frozen=True)
+class IndexSize:
+    """What an index will hold, known before its rows are read (``write_index_parts``)."""
+
+    records: int
+    tensors: int
+    folds: int
+    samples: bool  # any part has samples: the others' rows get none (sample_n 0)
+
+
+BATCH_ROWS = 1 << 16  # rows (records, tensors, folds) gathered before a write: under 26 MB with samples
+
+
 def write_index(path: Path, columns: Columns) -> None:
-    blob, ends = columns.strings.to_arrays()
-    write_file(path, columns.records, columns.tensors, blob, ends, {"records": len(columns.records)},
-               folds=columns.folds, samples=columns.samples())
+    """Write ``columns`` as an index file (``write_index_parts`` of one part)."""
+    write_index_parts(path, [columns], columns.strings,
+                      IndexSize(len(columns.records), len(columns.tensors), len(columns.folds),
+                                columns.sample_n is not None))
+
+
+def write_index_parts(path: Path, parts: Iterable[Columns], strings: StringTable, size: IndexSize) -> None:
+    """Write an index whose rows arrive as ``parts`` (Columns sharing ``strings``, in order),
+    holding a batch of them at a time: a writer's final index comes from its journal chunks, so
+    that a recording of any length closes in memory bounded by its flush size. Atomic (tmp +
+    rename); OSError on failure.
+
+    Why not an image in memory as ``write_file``: the index can be gigabytes. HDF5 writes here
+    through a Python file object (h5py's fileobj driver), so a full disk raises OSError there
+    instead of failing inside HDF5's own I/O."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w+b") as out:
+            sink = _Sink(out)
+            try:
+                _write_parts(sink, path, parts, strings, size)
+            except Exception as e:
+                if sink.error is not None:  # HDF5 says "driver write request failed": say why
+                    raise sink.error from e
+                raise
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class _Sink:
+    """The index file as h5py's fileobj driver writes it, keeping the first error of a write
+    (a full disk), which HDF5 reports only as a failed driver request."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name: str):  # seek, tell, truncate, readinto, flush
+        return getattr(self.file, name)
+
+
+def _write_parts(out: _Sink, path: Path, parts: Iterable[Columns], strings: StringTable, size: IndexSize) -> None:
+    """The index file's datasets, the parts' rows written into them batch by batch."""
+    with h5py.File(out, "w") as f:
+        f.attrs["layout"] = LAYOUT
+        f.attrs["layout_version"] = LAYOUT_VERSION
+        f.attrs["records"] = size.records
+        sinks = {}
+        for name, dtype, rows in (("records", RECORD_DTYPE, size.records), ("tensors", TENSOR_DTYPE, size.tensors)):
+            sinks[name] = f.create_dataset(name, shape=(table_bytes(dtype, rows),), dtype=np.uint8)
+            sinks[name].attrs["rows"] = rows
+        blob, ends = strings.to_arrays()
+        f.create_dataset("strings", data=blob)
+        f.create_dataset("string_ends", data=ends)
+        del blob, ends
+        folds = f.create_dataset("folds", shape=(size.folds,), dtype=FOLD_DTYPE) if size.folds else None
+        if size.samples:
+            f.attrs["sample_size"] = SAMPLE_SIZE
+            sample_n = f.create_dataset("sample_n", shape=(size.tensors,), dtype=np.uint8)
+            sample = f.create_dataset("sample", shape=(size.tensors * SAMPLE_SIZE,), dtype="<f8")
+        at = {"records": 0, "tensors": 0, "folds": 0}
+        for batch in _batches(parts, strings):
+            _put_rows(sinks["records"], batch.records, at["records"], size.records)
+            _put_rows(sinks["tensors"], batch.tensors, at["tensors"], size.tensors)
+            if len(batch.folds):
+                folds[at["folds"]:at["folds"] + len(batch.folds)] = batch.folds
+            if size.samples and batch.sample_n is not None:
+                first, n = at["tensors"], len(batch.tensors)
+                sample_n[first:first + n] = batch.sample_n
+                sample[first * SAMPLE_SIZE:(first + n) * SAMPLE_SIZE] = batch.sample.reshape(-1)
+            for name, table in (("records", batch.records), ("tensors", batch.tensors), ("folds", batch.folds)):
+                at[name] += len(table)
+        if (at["records"], at["tensors"], at["folds"]) != (size.records, size.tensors, size.folds):
+            raise ValueError(f"{path.name}: the parts held {at}, not {size}")
+
+
+def _batches(parts: Iterable[Columns], strings: StringTable) -> Iterator[Columns]:
+    """``parts`` joined into batches of about ``BATCH_ROWS`` rows (fewer, larger writes)."""
+    batch: list[Columns] = []
+    rows = 0
+    for part in parts:
+        batch.append(part)
+        rows += len(part.records) + len(part.tensors) + len(part.folds)
+        if rows >= BATCH_ROWS:
+            yield concat(batch, strings)
+            batch, rows = [], 0
+    if batch:
+        yield concat(batch, strings)
+
+
+def _put_rows(sink: h5py.Dataset, table: Table, first: int, rows: int) -> None:
+    """Rows ``first:first + len(table)`` of a packed table of ``rows`` rows (``pack``'s layout:
+    column after column, each padded to 8 bytes, so a column's slice lies at a known offset)."""
+    at = 0
+    for c in table.dtype.names:
+        width = table.dtype[c].itemsize
+        if len(table):
+            raw = np.ascontiguousarray(table[c], dtype=table.dtype[c]).view(np.uint8)
+            sink[at + first * width:at + (first + len(table)) * width] = raw
+        at += _padded(rows * width)
 
 
 class IndexFile:

@@ -7,6 +7,11 @@ go into segment files, and at each flush the records since the last one go into 
 changed counts of de-duplicated records). ``close()`` writes the columnar ``index.h5`` of every
 record and then ``dump.json`` (the header), and removes the journal. A dump without
 ``dump.json`` is a truncated one, and the reader rebuilds it from the journal (docs/format.md).
+
+Memory follows the flush size, not the length of the recording: a chunk's rows leave memory
+once its file is written, and the index is written from the chunk files, a batch at a time
+(``index_file.write_index_parts``). What stays is what later records need: the string table
+(distinct texts) and the counts of de-duplicated records (one per distinct call).
 """
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ import json
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -24,9 +30,9 @@ import torch
 
 from .dispatch_modes import no_dispatch_modes
 from .column_builder import ColumnBuilder
-from .columns import FOLD_DTYPE, NONE, UPDATE_DTYPE, Columns, StringTable, concat
+from .columns import FOLD_DTYPE, NONE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table, concat
 from .critical import critical_section
-from .index_file import write_file, write_index
+from .index_file import IndexFile, IndexSize, write_file, write_index_parts
 from .model import FORMAT_NAME, FORMAT_VERSION, Record
 from .tensorio import write_dataset
 
@@ -41,13 +47,21 @@ def _encode(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), default=str)
 
 
-def _set_counts(records, counts: dict[int, tuple[int, int]]) -> None:
-    """Write the latest (count, last_seq) of de-duplicated records into their rows."""
-    if not counts or not len(records):
+def _count_table(counts: dict[int, tuple[int, int]]) -> np.ndarray:
+    """(seq, count, last_seq) of de-duplicated records as UPDATE_DTYPE rows, sorted by seq."""
+    table = np.array([(seq, count, last) for seq, (count, last) in counts.items()], dtype=UPDATE_DTYPE)
+    return table[np.argsort(table["seq"], kind="stable")]
+
+
+def _set_counts(records: Table, counts: np.ndarray) -> None:
+    """Write the latest (count, last_seq) of de-duplicated records (``_count_table``) into their rows."""
+    if not len(counts) or not len(records):
         return
     seqs = records["seq"]
-    for row in np.flatnonzero(np.isin(seqs, np.fromiter(counts, dtype=np.int64, count=len(counts)))):
-        records["count"][row], records["last_seq"][row] = counts[int(seqs[row])]
+    at = np.minimum(np.searchsorted(counts["seq"], seqs), len(counts) - 1)
+    hit = counts["seq"][at] == seqs
+    records["count"][hit] = counts["count"][at[hit]]
+    records["last_seq"][hit] = counts["last_seq"][at[hit]]
 
 
 FOLDS_FLUSH = 4 * 65536  # ints in DumpWriter.folds (64k folded calls, ~9 MB as Python ints) that flush
@@ -66,6 +80,19 @@ class Fold:
 
 class DumpWriteError(OSError):
     """The dump folder cannot be written (unwritable path, full disk...)."""
+
+
+@dataclass(slots=True)
+class _Part:
+    """One flush's rows of the final index: the journal chunk file that holds them, or the rows
+    themselves where no file holds them (close()'s last flush, a chunk the disk refused)."""
+
+    file: str | None
+    columns: Columns | None
+    records: int
+    tensors: int
+    folds: int
+    samples: bool
 
 
 class DumpWriter:
@@ -91,10 +118,12 @@ class DumpWriter:
         self.folds: list[int] = []
         self.folds_flush = FOLDS_FLUSH
         # Every record, as column chunks sharing one string table: records become rows as they
-        # arrive (the pending chunk's builder), and close() concatenates the chunks into the index.
+        # arrive (the pending chunk's builder), each flush's rows a part, and the index is
+        # written from the parts (read back from their journal chunks: see the module docstring).
         self._strings = StringTable()
         self._builder = ColumnBuilder(self._strings)
-        self._chunks: list[Columns] = []
+        self._parts: list[_Part] = []
+        self._lost: list[str] = []  # "<segment>:" of segments not written (_forget_segment)
         self._rows = self._tensor_rows = 0
         self._strings_in_journal = 0
         self._chunk = 0
@@ -256,11 +285,18 @@ class DumpWriter:
         finds it missing)."""
         prefix = name + ":"
         self._builder.drop_data(prefix)
-        for chunk in self._chunks:
-            data = chunk.tensors["data"]
-            ids = [i for i in np.unique(data).tolist() if i != NONE and self._strings[i].startswith(prefix)]
-            if ids:
-                data[np.isin(data, ids)] = NONE
+        self._lost.append(prefix)  # and from chunks read back for the index (_read_part)
+        held = [part.columns.tensors for part in self._parts if part.columns is not None]
+        if self._last_chunk is not None:  # rewritten without them by _rewrite_last_chunk
+            held.append(self._last_chunk[2])
+        for tensors in held:
+            self._drop_data(tensors, (prefix,))
+
+    def _drop_data(self, tensors: Table, prefixes: tuple[str, ...]) -> None:
+        data = tensors["data"]
+        ids = [i for i in np.unique(data).tolist() if i != NONE and self._strings[i].startswith(prefixes)]
+        if ids:
+            data[np.isin(data, ids)] = NONE
 
     def _write_journal(self, to_disk: bool) -> None:
         updates = {}
@@ -272,25 +308,31 @@ class DumpWriter:
         folds = self._take_folds()
         if len(self._builder):
             chunk = self._builder.build()
-            _set_counts(chunk.records, updates)
+            _set_counts(chunk.records, _count_table(updates))
             chunk.folds = folds
-            self._chunks.append(chunk)
             self._rows += len(chunk.records)
             self._tensor_rows += len(chunk.tensors)
             self._builder = ColumnBuilder(self._strings, self._rows, self._tensor_rows)
         elif len(folds):  # only folded calls since the last flush
             chunk = concat([], self._strings)
             chunk.folds = folds
-            self._chunks.append(chunk)
         else:
             chunk = None
+        part = None
+        if chunk is not None:
+            part = _Part(None, chunk, len(chunk.records), len(chunk.tensors), len(chunk.folds),
+                         chunk.sample_n is not None)
+            self._parts.append(part)
         self._unjournaled = None if to_disk else chunk
         if to_disk and (chunk is not None or updates):
-            self._write_chunk(chunk, updates)
+            name = self._write_chunk(chunk, updates)
+            if part is not None:  # on disk now: its rows leave memory (read back by _final_parts)
+                part.file, part.columns = name, None
         self._last_flush = time.monotonic()
 
-    def _write_chunk(self, chunk: Columns | None, counts: dict[int, tuple[int, int]]) -> None:
-        """The records since the last chunk, the strings new since then, the changed counts."""
+    def _write_chunk(self, chunk: Columns | None, counts: dict[int, tuple[int, int]]) -> str:
+        """The records since the last chunk, the strings new since then, the changed counts;
+        returns the chunk file's name."""
         first_string = self._strings_in_journal
         blob, ends = self._strings.to_arrays(first_string)
         updates = np.array([(seq, count, last) for seq, (count, last) in counts.items()], dtype=UPDATE_DTYPE)
@@ -310,6 +352,7 @@ class DumpWriter:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
         self._chunk += 1
         self._strings_in_journal = len(self._strings)
+        return name
 
     def _rewrite_last_chunk(self) -> None:
         """The segment the last chunk's records wait for was not written: the chunk again,
@@ -324,11 +367,31 @@ class DumpWriter:
             pass  # the chunk keeps naming the missing segment: a reader finds the tensors missing
         self._last_chunk = None
 
-    def columns(self) -> Columns:
-        """Every record flushed so far as one index, with the final counts of de-duplicated ones."""
-        cols = concat(self._chunks, self._strings)
-        _set_counts(cols.records, self._final_counts())
-        return cols
+    def _final_parts(self) -> Iterator[Columns]:
+        """Every record flushed so far, part by part, with the final counts of de-duplicated ones."""
+        counts = _count_table(self._final_counts())
+        for part in self._parts:
+            columns = part.columns if part.columns is not None else self._read_part(part)
+            _set_counts(columns.records, counts)
+            yield columns
+
+    def _read_part(self, part: _Part) -> Columns:
+        path = self.folder / part.file
+        try:
+            with IndexFile(path) as f:
+                columns = f.columns()
+        except (ColumnsError, OSError) as e:
+            raise DumpWriteError(f"cannot read back journal chunk {path} to write the index: {e}") from e
+        if (len(columns.records), len(columns.tensors), len(columns.folds)) != (part.records, part.tensors, part.folds):
+            raise DumpWriteError(f"journal chunk {path} changed since it was written; the index is not "
+                                 "written from it (the journal stays, and the reader recovers from it)")
+        if self._lost:
+            self._drop_data(columns.tensors, tuple(self._lost))
+        return columns
+
+    def _index_size(self) -> IndexSize:
+        return IndexSize(self._rows, self._tensor_rows, sum(p.folds for p in self._parts),
+                         any(p.samples for p in self._parts))
 
     def _final_counts(self) -> dict[int, tuple[int, int]]:
         return {seq: (f.count, f.last) for seq, f in self._touched.items()}
@@ -373,7 +436,7 @@ class DumpWriter:
         head = _encode(dict(self.header, complete=True, summary=summary, index=name))
         tmp = self.folder / (INDEX + ".tmp")
         try:
-            write_index(self.folder / name, self.columns())
+            write_index_parts(self.folder / name, self._final_parts(), self._strings, self._index_size())
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(head)
             os.replace(tmp, self.folder / INDEX)
