@@ -58,6 +58,9 @@ DTYPE = "bfloat16"
 # float32 1.3e-6): a run-to-run wobble that must read as PASS.
 NOISE = {"bfloat16": 1e-3, "float32": 1e-7}
 INJECT_FACTOR = 1.25  # the injected divergence scales the op's output statistics
+# --failing: a target whose every statistic is the bench's times this, so every row fails (a run
+# that diverged at its first op), beside a target identical to the bench
+FAIL_FACTOR = 1.5
 
 
 # ------------------------------------------------------------------------------------------
@@ -89,7 +92,8 @@ def _stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 class Model:
     """Emits one rank's records, step after step, through a DumpWriter (or only counts them)."""
 
-    def __init__(self, writer, rank: int, budget: int, *, target: bool, inject: tuple[int, int] | None) -> None:
+    def __init__(self, writer, rank: int, budget: int, *, target: bool, inject: tuple[int, int] | None,
+                 scale: float = 1.0) -> None:
         from xray.dump.model import Record, Scalar, Stats, TensorMeta
 
         self.Record, self.Scalar, self.Stats, self.TensorMeta = Record, Scalar, Stats, TensorMeta
@@ -97,6 +101,7 @@ class Model:
         self.rng = random.Random(1000 + rank)  # the same stream on both sides: same base values
         self.noise = random.Random(2000 + rank) if target else None
         self.inject = inject  # (step, layer) of the injected divergence on this rank, target only
+        self.scale = scale  # every op output's statistics times this (parameters and inputs agree)
         self.seq = 0
         self.step = 0
         self.calls: dict[str, int] = {}
@@ -106,7 +111,7 @@ class Model:
         self.tape: list[tuple] = []  # forward ops, for the backward pass
 
     # -- values -----------------------------------------------------------------------------
-    def _stats(self, shape, factor: float, dtype: str = DTYPE):
+    def _stats(self, shape, factor: float, dtype: str = DTYPE, scaled: bool = True):
         rng = self.rng
         mean, std = rng.gauss(0.0, 0.02), rng.uniform(0.3, 2.0)
         lo, hi = mean - std * rng.uniform(3.0, 8.0), mean + std * rng.uniform(3.0, 8.0)
@@ -114,6 +119,8 @@ class Model:
         if self.noise is not None:
             noise = NOISE.get(dtype, 0.0)
             vals = [v * (1.0 + noise * self.noise.gauss(0.0, 1.0)) * factor for v in vals]
+        if scaled and self.scale != 1.0:
+            vals = [v * self.scale for v in vals]
         return self.Stats(min=vals[0], max=vals[1], mean=vals[2], std=vals[3], numel=math.prod(shape))
 
     def _meta(self, shape, stats, dtype=DTYPE):
@@ -122,7 +129,7 @@ class Model:
 
     def param(self, name: str, shape, dtype: str = DTYPE) -> Ref:
         if name not in self.params:
-            meta = self._meta(shape, self._stats(shape, 1.0, dtype), dtype)
+            meta = self._meta(shape, self._stats(shape, 1.0, dtype, scaled=False), dtype)
             meta.requires_grad, meta.source = True, f"param:{name}"
             self.params[name] = Ref(meta, False)
         return self.params[name]
@@ -402,7 +409,8 @@ def records_per_step() -> int:
 
 
 def write_side(root: Path, side: str, records: int, ranks: int) -> None:
-    """Write ``root/<side>/rank_<r>/`` for every rank with DumpWriter (the target: noise + one fault)."""
+    """Write ``root/<side>/rank_<r>/`` for every rank with DumpWriter: ``bench``; ``target``
+    (noise + one fault); ``identical`` (the bench again); ``failing`` (every statistic scaled)."""
     from xray.dump.writer import DumpWriter
 
     per_step = records_per_step()
@@ -414,7 +422,8 @@ def write_side(root: Path, side: str, records: int, ranks: int) -> None:
         folder = root / side / f"rank_{rank}"
         writer = DumpWriter(folder, {"pid": os.getpid(), "rank": rank, "config": {
             "X_DEBUG": 0x11A, "X_DEDUP": False, "X_DUMP_NUM": 0, "flags": ["STATS", "BACKWARD", "MODULES", "META"]}})
-        model = Model(writer, rank, budget, target=side == "target", inject=inject)
+        model = Model(writer, rank, budget, target=side == "target", inject=inject,
+                      scale=FAIL_FACTOR if side == "failing" else 1.0)
         model.run()
         writer.close({"op_calls": budget, "records": budget, "tensors_saved": 0, "seconds": 0.0, "error": None})
 
@@ -496,11 +505,11 @@ def step_open(root: Path) -> dict:
             "records_seconds": t_records, "distinct_op_module": len(seen)}
 
 
-def step_compare(root: Path) -> dict:
+def step_compare(root: Path, against: str = "target") -> dict:
     from xray.compare import compare_dumps
 
     t0 = time.perf_counter()
-    result = compare_dumps(root / "bench", root / "target", progress=False)
+    result = compare_dumps(root / "bench", root / against, progress=False)
     seconds = time.perf_counter() - t0
     s = result.summary
     fd = s.first_divergence or {}
@@ -519,9 +528,13 @@ def child(args) -> None:
     root = Path(args.dir)
     if args.step == "generate":
         out = step_generate(root, args.side, args.records, args.ranks)
+    elif args.step == "compare":
+        out = step_compare(root, args.side or "target")
     else:
-        out = {"raw": step_raw, "open": step_open, "compare": step_compare}[args.step.removesuffix("-nogc")](root)
-    out["peak_rss_MiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out = {"raw": step_raw, "open": step_open}[args.step.removesuffix("-nogc")](root)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["peak_rss_MiB"] = usage.ru_maxrss / 1024
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole process's: steadier than wall time on a busy host
     print(json.dumps(out))
 
 
@@ -548,6 +561,44 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def main_failing(args) -> None:
+    """Identical vs all-failing compare, each in a fresh process: time, CPU and peak RSS, and the
+    ratios. A run that diverges at its first op fails every later row; attribution then reads
+    every pair, and its cost per failing row is what this measures (issue 44: a 1M-record
+    all-failing compare within 3x the identical one's time, under 2 GB)."""
+    from tabulate import tabulate
+
+    root = Path(args.dir)
+    ready = args.existing and all((root / side).is_dir() for side in ("bench", "identical", "failing"))
+    if not ready:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        procs = {side: spawn(args, "generate", "--side", side) for side in ("bench", "failing")}
+        for side, p in procs.items():
+            collect(p, side)
+        shutil.copytree(root / "bench", root / "identical")  # the same records: every row passes
+        os.sync()
+    try:
+        got = {side: collect(spawn(args, "compare", "--side", side), side) for side in ("identical", "failing")}
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    same, fail = got["identical"], got["failing"]
+    rows = [[name, f"{same[k]:,.1f}", f"{fail[k]:,.1f}", f"{fail[k] / same[k]:.2f}x"]
+            for name, k in (("compare wall time (s)", "seconds"), ("process CPU time (s)", "cpu_s"),
+                            ("peak RSS (MiB)", "peak_rss_MiB"))]
+    print(f"\n{same['rows']:,} rows over {args.ranks} rank(s); identical: {same['statuses']}; "
+          f"failing (op outputs x{FAIL_FACTOR}): {fail['statuses']}")
+    print(tabulate(rows, headers=["", "identical", "all failing", "ratio"], tablefmt="github"))
+    scale = TARGET_RECORDS / max(same["bench_records"], 1)
+    print(f"goals at {TARGET_RECORDS:,} records: time ratio <= 3x ({fail['seconds'] / same['seconds']:.2f}x here), "
+          f"peak < {TARGET_COMPARE_MIB} MiB ({fail['peak_rss_MiB']:,.0f} MiB here"
+          + (f", x{scale:.2g} records to go)" if scale != 1 else ")"))
+    if args.json:
+        args.json.write_text(json.dumps({"records": same["bench_records"], "ranks": args.ranks, "identical": same,
+                                         "failing": fail}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=TARGET_RECORDS, help="records per side, over all ranks")
@@ -556,11 +607,17 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the dump pair (it is large)")
     ap.add_argument("--serial", action="store_true", help="generate bench then target, not side by side")
     ap.add_argument("--json", type=Path, help="also write the headline numbers here (for tools/bench.py)")
+    ap.add_argument("--failing", action="store_true",
+                    help="compare the bench with an identical copy and with a target whose every op output is "
+                         f"scaled x{FAIL_FACTOR} (every row fails), side by side")
+    ap.add_argument("--existing", action="store_true", help="with --failing: reuse the dumps left in --dir")
     ap.add_argument("--step", help=argparse.SUPPRESS)
     ap.add_argument("--side", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.step:
         return child(args)
+    if args.failing:
+        return main_failing(args)
     from tabulate import tabulate
 
     root = Path(args.dir)

@@ -25,7 +25,7 @@ __all__ = ["compare_dumps", "CompareResult", "CompareInputError", "CompareRow", 
 
 def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules: Rules | None = None,
                   reference: str | os.PathLike | None = None, progress: bool | None = None,
-                  threads: int | None = 1, statistics_only: bool = False) -> CompareResult:
+                  threads: int | None = 1, statistics_only: bool = False, ignore_step: bool = False) -> CompareResult:
     """Compare ``target`` against the trusted ``bench``.
 
     Either side may be a trace folder, its dump.json, a module-level .h5, or a folder of
@@ -35,6 +35,8 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     thread is as fast as two on an idle machine and far faster on a busy one (OpenMP barriers).
     ``statistics_only`` judges every pair on its statistics, as if no tensor had been saved:
     what a statistics-only recording of the same runs would be told, without reading the data.
+    ``ignore_step`` pairs the two dumps' steps in order whatever their numbers (a run dumped at
+    step 0 against one dumped at step 3); records otherwise pair only within one step.
     Raises CompareInputError when the inputs are unusable.
     """
     import torch
@@ -43,13 +45,13 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, previous)))
     try:
-        return _compare(bench, target, rules, reference, progress, statistics_only)
+        return _compare(bench, target, rules, reference, progress, statistics_only, ignore_step)
     finally:
         torch.set_num_threads(previous)
 
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None,
-             statistics_only: bool = False) -> CompareResult:
+             statistics_only: bool = False, ignore_step: bool = False) -> CompareResult:
     from ..numerics.rules import Rules
     from .divergence import first_divergence
     from .engine import compare_loaded
@@ -79,13 +81,14 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             rp = ref_units.get(label) or (next(iter(ref_units.values())) if len(ref_units) == 1 else None)
             dr = open_dump(rp, "reference", summary.warnings) if rp else None
         (collectives, folded), first_seq = _collectives(dt), _first_seq(dt)
+        steps = (_steps(db), _steps(dt))
         if folded:
             where = f" ({label})" if label else ""
             summary.warnings.append(f"target{where}: X_DEDUP folded {folded} collective calls into earlier records; "
                                     "the rank order counts records, not calls: record with X_DEDUP=0")
         try:
             rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress,
-                                               statistics_only=statistics_only)
+                                               statistics_only=statistics_only, ignore_step=ignore_step)
         finally:
             for d in (db, dt, dr):
                 close = getattr(d, "close", None)
@@ -98,6 +101,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             raise CompareInputError(f"{empty}: no record with an output tensor to compare "
                                     "(dump with X_DEBUG META|STATS, the default 0x102)")
         _nonfinite_warnings(rank_rows, label, summary.warnings)
+        _step_notes(steps, totals, label, pb, pt, summary.warnings, ignore_step)
         _data_warnings(rank_rows, totals, label, pb, pt, summary.warnings)
         step = optimizer_note(rank_rows, label)
         if step:
@@ -217,6 +221,38 @@ def _first_seq(dump) -> int:
     if cols is not None:
         return int(cols.records["seq"].min()) if len(cols.records) else 0
     return min((r.seq for r in dump.records), default=0)
+
+
+def _steps(dump) -> list[int | None]:
+    """The steps the dump's records belong to, in order (None: a dump that numbers none)."""
+    cols = _columns(dump)
+    if cols is not None:
+        import numpy as np
+
+        return [None if s < 0 else s for s in np.unique(cols.records["step"]).tolist()]
+    return sorted({r.step for r in dump.records}, key=lambda s: -1 if s is None else s)
+
+
+def _step_text(steps: list[int | None]) -> str:
+    shown = ", ".join("none" if s is None else str(s) for s in steps[:5])
+    return ("step " if len(steps) == 1 else "steps ") + shown + (f" ... ({len(steps)} steps)" if len(steps) > 5 else "")
+
+
+def _step_notes(steps: tuple[list, list], totals: dict, label: str, pb, pt, notes: list[str],
+                ignore_step: bool) -> None:
+    """Records pair only within one step: say so where the two dumps hold other steps (the
+    reason nothing matched, when nothing did), and what pairs them anyway."""
+    from .pairing import CompareInputError
+
+    (sb, st), where = steps, f" ({label})" if label else ""
+    if ignore_step or not sb or not st or sb == st:
+        return
+    why = (f"bench is {_step_text(sb)}, target {_step_text(st)}: records pair only within one step; "
+           "pass --ignore-step (compare_dumps(..., ignore_step=True)) to pair the steps in order")
+    if totals["matched"] == 0:
+        raise CompareInputError(f"{pb} vs {pt}{where}: none of {totals['bench_records']} bench and "
+                                f"{totals['target_records']} target records could be matched: {why}")
+    notes.append(f"steps differ{where}: {why}")
 
 
 def _collectives(dump) -> tuple[list[int], int]:

@@ -20,9 +20,10 @@ rules of statistics_only.py after this pass.
 """
 from __future__ import annotations
 
-import copy
 import math
 import statistics
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,8 +33,7 @@ import torch
 from ..dump.model import Scalar, Source, TensorMeta
 from ..dump.tensorio import dtype_name
 from ..numerics.metrics import normwise_error
-from ..numerics import sample_judge
-from ..numerics.rules import Rules, Tolerance, eps
+from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
 from ..numerics.kernel_families import family_of
 from .entry_records import Entry
@@ -43,25 +43,23 @@ from .matching import op_base
 from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
-from .pending import FAILING, PRECISION, SUSPECT, Pending, agreement, downgrade, row_inputs, set_origin
+from .pending import FAILING, PRECISION, SUSPECT, Pending, PendingRun, agreement, downgrade, row_inputs, set_origin
 from .result import RANDOM_DRAWS, CompareRow, PairStatus
 
 
-def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entry, Entry, list[CompareRow]]],
-              comparer: Any, rules: Any, target_dump: Any, index: Matches) -> None:
+def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, comparer: Any, rules: Any,
+              target_dump: Any, index: Matches) -> None:
     """Fill origin, cause, culprit, local error and inputs_agree of every failing matched row;
     measured precision loss turns rows into warnings.
 
-    ``matched``: the pairs with a suspect row; ``index`` answers the look-ups over every matched
-    pair (Matches, read from the arrays: lazy_matches.py), so a million passing pairs cost nothing here."""
-    pending = []
-    on_samples: list[tuple[Pending, int, LocalError]] = []
+    ``pending``: the pairs with a suspect row, in target order, each read as a Pending (their
+    marks kept in the run: a pass holds one pair at a time); ``index`` answers the look-ups over
+    every matched pair (Matches, read from the arrays: lazy_matches.py), so a million passing
+    pairs cost nothing here."""
+    on_samples: list[tuple[int, int, LocalError]] = []  # (pair, output, local error)
     devices: set[str] = set()
-    for a, b, rows in sorted(matched, key=lambda m: m[1].pos):
-        if not any(r.status in SUSPECT for r in rows):
-            continue
-        errors: dict[str, float] = {}
-        p = Pending(a, b, rows, comparer.judge_inputs(a, b, errors), input_errors=errors)
+    for p in pending:
+        b, rows = p.target, p.rows
         devices.update(str(m.device or "cpu").split(":")[0] for _, m in b.outputs[:1])
         for k, r in enumerate(rows):
             if r.status in SUSPECT and k < len(b.outputs):
@@ -69,19 +67,19 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                     if r.mode == "data" or measurable(b.outputs[k][1]) else None
                 if le is None and r.mode == "stats":
                     if (on_sample := sample_local_error(b.record, b.outputs[k][1], k)) is not None:
-                        on_samples.append((p, k, on_sample))
+                        on_samples.append((p.index, k, on_sample))
                 if le is not None:
                     p.local[k] = le
                     p.reduce[k] = reduction_length(b.record, k)
                     r.local_err, r.local_floor = le.local, le.floor
-        pending.append(p)
     floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices, rules.tf32))
     floors.established = _mark_precision_loss(pending, rules)
     _mark_outliers(pending, floors)
     # A local error measured on a sample only makes a row born: one within its floor leaves the
     # row to the statistics-only rules, which weigh the run's precision loss (it does not join
     # the precision steps or the outliers above: 32 elements are not the call).
-    for p, k, le in on_samples:
+    for i, k, le in on_samples:
+        p = pending[i]
         if floors.beyond(le, p.target.op, 1):
             r = p.rows[k]
             p.local[k], r.local_err, r.local_floor = le, le.local, le.floor
@@ -95,7 +93,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
     seen = _SeenPrecision()
-    inherited: list[tuple] = []  # rows inherited from a failing row, with what _decide saw: _decide_again
+    inherited = _Inherited()  # rows inherited from a failing row, with what _decide saw: _decide_again
     matched_target = index.target_of  # bench seq -> its target entry
     for p in pending:  # target execution order: producers are decided before their consumers
         agree = agreement(p.inputs)  # (per row below: row_inputs)
@@ -126,7 +124,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
                 born_seen = seen.origin or p.target.pos > random_pos
                 _decide(r, p, k, graph, floors, born_seen, seen)
                 if r.cause == "inherited" and r.culprit_target_seq is None:
-                    inherited.append((r, p, k, born_seen, copy.copy(seen)))
+                    inherited.add(p, k, born_seen, seen)
                 # a statistics row born with nothing recomputed is provisional: the statistics
                 # rules (run last) may find it precision loss
                 if r.origin == "born" and p.target.kind == "op" and not (
@@ -136,9 +134,10 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], matched: list[tuple[Entr
     _modules_follow_their_ops(pending, eb, graph)
     statistics_only.precision_loss(pending, rules, floors, _module_dump(eb), index.kind_errors)
     _inherited_precision_loss(pending, graph, rules)
-    _decide_again(inherited, graph, floors)
+    _received_precision(pending, rules.precision_factor)
+    _decide_again(inherited.rows(pending), graph, floors)
     # a module whose ops were recorded is judged by them (_modules_follow_their_ops), not as a kind
-    statistics_only.kind_outliers([p for p in pending if p.target.kind != "module" or not _ops_inside(p.target, eb, True)],
+    statistics_only.kind_outliers((p for p in pending if p.target.kind != "module" or not _ops_inside(p.target, eb, True)),
                                   rules, index.kind_errors)
 
 
@@ -513,6 +512,28 @@ class _SeenPrecision:
         if r.status == PairStatus.WARNING.value and r.mode == "data" and r.accumulated_err is not None \
                 and math.isfinite(r.accumulated_err):
             self.level = max(self.level, r.accumulated_err)
+
+
+class _Inherited:
+    """Rows decided inherited, to decide again (``_decide_again``) with what was seen before them:
+    pair, output, born_seen and a copy of _SeenPrecision, as columns (every row of a run that
+    diverged early is one: a tuple and a copy each would be a million objects)."""
+
+    def __init__(self) -> None:
+        self.pair, self.k, self.level, self.flags = array("i"), array("i"), array("d"), bytearray()
+
+    def add(self, p: Pending, k: int, born_seen: bool, seen: _SeenPrecision) -> None:
+        self.pair.append(p.index)
+        self.k.append(k)
+        self.level.append(seen.level)
+        self.flags.append(bool(born_seen) | bool(seen.origin) << 1)
+
+    def rows(self, pending: PendingRun) -> Iterator[tuple[CompareRow, Pending, int, bool, _SeenPrecision]]:
+        """(row, pair, output, born_seen, seen) of each, in the order added."""
+        for i, k, level, flags in zip(self.pair, self.k, self.level, self.flags):
+            p, seen = pending[i], _SeenPrecision()
+            seen.level, seen.origin = level, bool(flags & 2)
+            yield p.rows[k], p, k, bool(flags & 1), seen
 
 
 def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: Any, seen: _SeenPrecision,
@@ -1120,7 +1141,7 @@ def _jumps_beyond_its_inputs(p: Pending, k: int, factor: float) -> str | None:
     inputs all carry less than 1/``factor`` of its own error, however they were judged, did not
     receive it: it made it (a 5 % matmul bug under bf16 whose inputs agree to 1e-5). Only rows
     with nothing recomputed; what an input carries is the larger of its statistics' and its sample's
-    error, grown by the cancellation of a sum (``_cancellation``).
+    error, grown by the cancellation of a sum (``statistics_only.carried_error``).
 
     Forward calls only. Measured on bf16 training steps (tools/bench_accuracy.py, the defaults): a
     T5 weight gradient grows what its inputs carry, 2.3e-2, to 1.6e-1 with no cancellation its
@@ -1132,52 +1153,41 @@ def _jumps_beyond_its_inputs(p: Pending, k: int, factor: float) -> str | None:
     if r.mode != "stats" or r.local_err is not None or not r.stats_err or p.target.record.direction != "forward" \
             or getattr(p.target.record, "mutates", None):
         return None
-    bench = dict(p.bench.inputs)
-    carried = [max(e, _sample_err(bench.get(name), meta)) for name, meta, _, e in row_inputs(p, k) if e is not None]
-    if not carried:
+    carried = statistics_only.carried_error(p, k)
+    if carried is None or r.stats_err <= factor * carried[0] * carried[1]:
         return None
-    kappa = _cancellation(p, k)
-    if r.stats_err <= factor * max(carried) * kappa:
-        return None
-    grown = f", grown {kappa:.3g}x by its sum's cancellation" if kappa > 1 else ""
+    grown = f", grown {carried[1]:.3g}x by its sum's cancellation" if carried[1] > 1 else ""
     return (f"its statistics error {r.stats_err:.3g} is beyond {factor:g}x what its inputs carry "
-            f"({max(carried):.3g}{grown})")
+            f"({carried[0]:.3g}{grown})")
 
 
-def _cancellation(p: Pending, k: int) -> float:
-    """How much a sum's cancellation grows its inputs' relative error into output ``k``'s, from
-    the statistics (at least 1): a sum of n terms of random sign is sqrt(n) times a term; where the
-    output is smaller than that, its terms cancel, and their errors do not (a weight gradient, a
-    sum over tokens). A matmul's terms are its two multiplied inputs' products (K of them,
-    ``reduction_length``); a reduction's or a sum of two tensors' are its inputs
-    (``statistics_only.summed_terms``); any other op's output is its inputs' size: 1."""
-    e = p.target
-    out = e.outputs[k][1] if k < len(e.outputs) else None
-    st = getattr(out, "stats", None)
-    if st is None or st.mean is None:
-        return 1.0
-    made = math.hypot(st.mean, st.std or 0.0)
-    ins = [m for _, m in e.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None]
-    rms = lambda m: math.hypot(m.stats.mean, m.stats.std or 0.0)  # noqa: E731
-    if is_matmul_like(e.op) and len(ins) >= 2:
-        a, b = sorted(ins, key=lambda m: m.numel or 0)[-2:]  # its operands (an addmm's bias is the smallest)
-        terms = math.sqrt(reduction_length(e.record, k)) * rms(a) * rms(b)
-    elif (summed := statistics_only.summed_terms(e, k)) is not None:
-        terms = math.sqrt(summed[1]) * max(rms(m) for m in summed[0])
-    else:
-        return 1.0
-    if made <= 0:
-        return math.inf if terms > 0 else 1.0
-    return max(1.0, terms / made)
+def _received_precision(pending: list[Pending], factor: float) -> None:
+    """A row still born with nothing recomputed, on inputs within precision, whose error is no
+    more than ``factor`` x what those inputs carry (``_within_what_it_receives``) is precision it
+    received. Run after the statistics rules, which read the run's precision level from such rows
+    (a TF32 run's matmuls), and before ``_decide_again``, which re-decides the rows fed by them."""
+    for p in pending:
+        for k, r in enumerate(p.rows):
+            if r.status == PairStatus.FAIL.value and r.origin == "born" and r.cause == "local error" \
+                    and r.local_err is None and r.inputs_agree != "yes" \
+                    and (received := _within_what_it_receives(r, p, k, factor)) is not None:
+                downgrade(r, received)
 
 
-def _sample_err(bench: Any, target: Any) -> float:
-    """What an input carries element by element (sample_judge's ``sample_err``; 0.0 without a
-    sample on both sides), which its statistics can hide: a gradient through relu's mask, a
-    third of it flipped, keeps them."""
-    b, t = getattr(getattr(bench, "stats", None), "sample", None), getattr(getattr(target, "stats", None), "sample", None)
-    err = sample_judge.judge_one(b, t, 0.0, 0.0, 0.0, math.nan, Rules())[1]  # (the rules set no part of it)
-    return 0.0 if err is None else err
+def _within_what_it_receives(r: CompareRow, p: Pending, k: int, factor: float) -> str | None:
+    """Why a failing row whose inputs were judged within precision is not born there, or None:
+    its error is no more than ``factor`` x what those inputs carry, grown by its sum's
+    cancellation (``statistics_only.carried_error``), so it is what it received. The mirror of
+    ``_jumps_beyond_its_inputs``, with the same measure: in a bf16 backward, a norm's or a
+    matmul's gradient that cancels to 1e-12 moves by 30 % because its incoming gradient does, not
+    because it computed wrong."""
+    err = r.stats_err if r.mode == "stats" else r.accumulated_err
+    carried = statistics_only.carried_error(p, k)
+    if not err or carried is None or not carried[0] or err > factor * carried[0] * carried[1]:
+        return None
+    grown = f", grown {carried[1]:.3g}x by its sum's cancellation" if carried[1] > 1 else ""
+    return (f"its error {err:.3g} is within {factor:g}x what its inputs carry ({carried[0]:.3g}{grown}), "
+            "which were judged within precision (nothing recomputed)")
 
 
 def _changed_what_it_moved(p: Pending) -> str | None:
@@ -1293,7 +1303,7 @@ def _inherited_precision_loss(pending: list[Pending], graph: "_Graph", rules: An
                              f"within {f:g}x what its inputs carry ({carried:.3g}; nothing recomputed)")
 
 
-def _decide_again(inherited: list[tuple], graph: "_Graph", floors: Floors) -> None:
+def _decide_again(inherited: Iterable[tuple], graph: "_Graph", floors: Floors) -> None:
     """Rows decided inherited from a row that the statistics rules (run last) settled since, as
     precision loss, are decided again, in execution order, with what was seen before them: a
     record that de-dup keeps statistics of (its signature's tensors were copied in another module)

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..console import closed_pipe_is_quiet
 from .result import CompareResult, CompareRow, Summary
 from .sync_points import SyncPoint, divergence_order
 from .verdict import settle_verdict
@@ -58,7 +59,7 @@ def rank_unit(path: str | os.PathLike, rank: int, world_size: int, side: str, no
 
 def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: str | os.PathLike, rank: int,
                  world_size: int, *, rules=None, reference: str | os.PathLike | None = None, threads: int | None = 1,
-                 worst: int = 10) -> dict[str, Any]:
+                 worst: int = 10, ignore_step: bool = False) -> dict[str, Any]:
     """Compare ``rank``'s pair from local disk, write ``OUT/rank_<r>.csv`` and return what rank 0
     needs to report (no rows: totals, first divergence, warnings and the worst few rows)."""
     from . import CompareInputError, compare_dumps
@@ -69,7 +70,8 @@ def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: s
         notes: list[str] = []
         name_b, pb = rank_unit(bench, rank, world_size, "bench", notes)
         name_t, pt = rank_unit(target, rank, world_size, "target", notes)
-        result = compare_dumps(pb, pt, rules=rules, reference=reference, progress=False, threads=threads)
+        result = compare_dumps(pb, pt, rules=rules, reference=reference, progress=False, threads=threads,
+                               ignore_step=ignore_step)
         label = next(iter(result.summary.ranks), "")
         if not label and world_size > 1:  # a pair not named rank_<r> on both sides
             label = name_b if name_b == name_t else f"{name_b}|{name_t}"
@@ -166,7 +168,7 @@ def run(args: argparse.Namespace, rules) -> int:
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         payload = compare_rank(args.bench, args.target, out_dir, rank, world, rules=rules, reference=args.reference,
-                               threads=args.threads or None, worst=args.worst)
+                               threads=args.threads or None, worst=args.worst, ignore_step=args.ignore_step)
         try:
             from .pairing import dump_units
 
@@ -231,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     from ..quiet import one_line, quiet_third_party
     from .cli import build_parser as compare_parser, rules_from_args
@@ -248,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"python -m xray.compare: error: {one_line(e)}", file=sys.stderr)
         return 2
-    args.reference, args.threads, args.worst = opts.reference, opts.threads, opts.worst
+    args.reference, args.threads, args.worst, args.ignore_step = opts.reference, opts.threads, opts.worst, \
+        opts.ignore_step
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return run(args, rules)
     return single_process(args, rules)
@@ -263,7 +267,7 @@ def single_process(args: argparse.Namespace, rules) -> int:
     out_dir = Path(args.out_dir)
     try:
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
-                               threads=args.threads or None)
+                               threads=args.threads or None, ignore_step=args.ignore_step)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_csv(result, out_dir / MERGED_CSV)
         write_summary_json(result, out_dir / SUMMARY_JSON)

@@ -39,16 +39,19 @@ from .stat_verdicts import covered_by_stats, tolerances
 
 
 def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
-                   progress: bool | None = None, statistics_only: bool = False) -> tuple[list[CompareRow], dict]:
+                   progress: bool | None = None, statistics_only: bool = False,
+                   ignore_step: bool = False) -> tuple[list[CompareRow], dict]:
     """Rows (target-only entries before each matched pair, then bench-only ones, then the pair's
     outputs) and per-dump totals for one pair of loaded dumps. ``reference``: a loaded float64
     run of the bench, matched to the bench as the target is (torch._dynamo's rule on data pairs).
-    ``statistics_only``: saved tensors are left unread, every pair judged on its statistics."""
+    ``statistics_only``: saved tensors are left unread, every pair judged on its statistics.
+    ``ignore_step``: steps pair in order, whatever their numbers (``EntryTable``)."""
     started = time.perf_counter()
     codes = Codes()
-    ta, tb = (EntryTable(DumpColumns(d, statistics_only), codes) for d in (bench, target))
+    ta, tb = (EntryTable(DumpColumns(d, statistics_only), codes, ignore_step=ignore_step) for d in (bench, target))
     pa, pb, anchors = align_tables(ta, tb, codes)
-    refs = None if reference is None else _reference_outputs(ta, EntryTable(DumpColumns(reference), codes), codes)
+    refs = None if reference is None else _reference_outputs(
+        ta, EntryTable(DumpColumns(reference), codes, ignore_step=ignore_step), codes)
     ea, eb = Entries(ta), Entries(tb)
     plan = RowPlan(ta, tb, pa, pb)
     _name_rows(ta, tb, pa, pb)
@@ -71,7 +74,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     plan.trim()
     _return_freed_memory()
     skip_kernel_specific(rows)
-    matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows)
+    matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows, comparer)
     attribute(ea, eb, suspect, comparer, rules, target, matches)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}

@@ -1,74 +1,148 @@
-"""Entries as objects, each building its Record (and tensor lists) on first access.
+"""Entries as light objects; their Records (and tensor lists) built on demand and kept in a
+bounded cache.
 
-Why: attribution (causality.py) and the random-op check read the Records of a few entries only;
-a Record per entry would cost a million of them (minutes, gigabytes) on a large dump.
+Why: attribution (causality.py) and the random-op check read the Records of the suspect entries
+only, pass after pass; on a run that diverged early that is every entry. A Record costs ~2 KB,
+so a million held at once cost gigabytes: the last ``CACHE`` read are kept, a miss builds again.
+A miss on an entry attribution will read (``read_ahead``) builds the next ``BLOCK`` of them in
+one gather from the columns, half the cost of one at a time (tools/bench_bigdump.py --failing).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
+from typing import Any
+
+import numpy as np
 
 from ..dump.columns import DIRECTIONS, KINDS
 from .entry_table import EntryTable
+
+CACHE = 4096  # Records kept per side: a pass's look-backs (producers, a module's ops) hit them
+BLOCK = 256  # entries built per miss on the entries attribution reads next
 
 
 class Entry:
     """One record that produced tensors, at position ``pos`` of its dump's EntryTable: kind, op,
     module path (wrapper prefixes stripped), name and direction from the table; its Record and
-    (name, TensorMeta) lists of outputs and inputs built on first access."""
+    (name, TensorMeta) lists of outputs and inputs built when read (Entries' cache). Equal to
+    any Entry of the same position: two reads of one entry may be two objects."""
 
-    def __init__(self, table: EntryTable, pos: int) -> None:
-        self.table, self.pos = table, pos
-        self.path = table.path_text[pos]
+    __slots__ = ("_entries", "pos", "path")
 
-    @cached_property
+    def __init__(self, entries: Entries, pos: int) -> None:
+        self._entries, self.pos = entries, pos
+        self.path = entries.table.path_text[pos]
+
+    @property
+    def table(self) -> EntryTable:
+        return self._entries.table
+
+    @property
     def record(self):
-        return self.table.source.record(int(self.table.row[self.pos]))
+        return self._entries.built(self.pos).record
 
-    @cached_property
-    def outputs(self):
-        return list(self.record.output_tensors())
+    @property
+    def outputs(self) -> list:
+        return self._entries.built(self.pos).outputs
 
-    @cached_property
-    def inputs(self):
-        return list(self.record.input_tensors())
+    @property
+    def inputs(self) -> list:
+        return self._entries.built(self.pos).inputs
 
     @property
     def kind(self) -> str:
-        return KINDS[self.table.kind[self.pos]]
+        return KINDS[self._entries.table.kind[self.pos]]
 
     @property
     def op(self) -> str:
-        return self.table.op_text[self.pos]
+        return self._entries.table.op_text[self.pos]
 
     @property
     def name(self) -> str:
-        return self.table.names[self.pos]
+        return self._entries.table.names[self.pos]
 
     @property
     def direction(self) -> str:
-        return DIRECTIONS[self.table.direction[self.pos]]
+        return DIRECTIONS[self._entries.table.direction[self.pos]]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Entry) and other._entries is self._entries and other.pos == self.pos
+
+    def __hash__(self) -> int:
+        return hash((id(self._entries), self.pos))
 
     def __repr__(self) -> str:
         return f"Entry({self.pos}, {self.name})"
 
 
-class Entries(Sequence):
-    """A table's entries by position, each built (and kept) when first read."""
+class _Built:
+    """An entry's Record and its (name, TensorMeta) lists, made from that one Record."""
 
-    def __init__(self, table: EntryTable) -> None:
+    __slots__ = ("record", "_outputs", "_inputs")
+
+    def __init__(self, record: Any) -> None:
+        self.record, self._outputs, self._inputs = record, None, None
+
+    @property
+    def outputs(self) -> list:
+        if self._outputs is None:
+            self._outputs = list(self.record.output_tensors())
+        return self._outputs
+
+    @property
+    def inputs(self) -> list:
+        if self._inputs is None:
+            self._inputs = list(self.record.input_tensors())
+        return self._inputs
+
+
+class Entries(Sequence):
+    """A table's entries by position (a new light Entry per read), their Records in a cache of
+    the ``capacity`` last read."""
+
+    def __init__(self, table: EntryTable, capacity: int | None = None) -> None:
         self.table = table
-        self._built: dict[int, Entry] = {}
+        self.capacity = max(CACHE if capacity is None else capacity, 2 * BLOCK)
+        self._cache: dict[int, _Built] = {}  # in order of last read: the first is evicted
+        self._ahead = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.table)
 
     def __getitem__(self, pos: int) -> Entry:
-        if not isinstance(pos, int):
-            raise TypeError("Entries are read by position")
-        e = self._built.get(pos)
-        if e is None:
-            if not 0 <= pos < len(self.table):
-                raise IndexError(pos)
-            e = self._built[pos] = Entry(self.table, pos)
-        return e
+        if type(pos) is not int:
+            if not isinstance(pos, (int, np.integer)):
+                raise TypeError("Entries are read by position")
+            pos = int(pos)
+        if not 0 <= pos < len(self.table):
+            raise IndexError(pos)
+        return Entry(self, pos)
+
+    def read_ahead(self, positions: np.ndarray) -> None:
+        """The positions attribution will read, in the order it reads them (ascending): a miss on
+        one of them builds it and the next ``BLOCK - 1`` in one gather."""
+        self._ahead = np.asarray(positions, dtype=np.int64)
+
+    def built(self, pos: int) -> _Built:
+        got = self._cache.pop(pos, None)
+        if got is None:
+            got = self._build(pos)
+        self._cache[pos] = got  # now the last read
+        return got
+
+    def _build(self, pos: int) -> _Built:
+        ahead, cache = self._ahead, self._cache
+        j = int(np.searchsorted(ahead, pos))
+        block = [pos]
+        if j < len(ahead) and ahead[j] == pos:
+            block += [p for p in ahead[j + 1:j + BLOCK].tolist() if p not in cache]
+        source, rows = self.table.source, self.table.row
+        try:
+            records = source.records_at(rows[block])
+        except ValueError:  # ColumnsError too: a bad record is reported when it is read, not before
+            block, records = [pos], [source.record(int(rows[pos]))]
+        for p, record in zip(block[1:], records[1:]):
+            cache[p] = _Built(record)
+        while len(cache) >= self.capacity:
+            del cache[next(iter(cache))]
+        return _Built(records[0])

@@ -15,15 +15,15 @@ from ..numerics.stats_judge import stats_error
 from .causality import Matches
 from .entry_table import CHUNK, MODULE, EntryTable
 from .entry_records import Entries, Entry
-from .pending import SUSPECT
+from .pending import SUSPECT, PendingRun
 from .result import CompareRow
 from .row_plan import RowPlan
 
 
 def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: RowPlan,
-               rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, list]:
+               rows: list[CompareRow], random_rows: list[int], comparer: Any) -> tuple[Matches, PendingRun]:
     """causality's look-ups over every matched pair, and the pairs it starts from (those with a
-    suspect row), without building an Entry for the others."""
+    suspect row, in target order), without building an Entry for the others."""
     pair_of_b = np.full(len(tb), -1, dtype=np.int32)
     pair_of_b[plan.pb] = np.arange(len(plan.pb))
     pair_of_a = np.full(len(ta), -1, dtype=np.int32)
@@ -56,7 +56,11 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
     for lo in range(0, len(rows), CHUNK):
         bad[lo:lo + CHUNK] = [r.status in SUSPECT for r in rows[lo:lo + CHUNK]]
     suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)])
-    suspect = [(ea[int(plan.pa[p])], eb[int(plan.pb[p])], pair_rows(p)) for p in suspect_pairs.tolist()]
+    suspect_pairs = suspect_pairs[np.argsort(plan.pb[suspect_pairs], kind="stable")]
+    a, b = plan.pa[suspect_pairs], plan.pb[suspect_pairs]
+    ea.read_ahead(np.sort(a))
+    eb.read_ahead(b)
+    suspect = PendingRun(ea, eb, a, b, start[suspect_pairs], count[suspect_pairs], rows, comparer)
     # every row judge_the_rest skipped as random is one causality's _random finds
     random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
 
@@ -115,40 +119,53 @@ class _ByPos:
 
 
 class _LazyMade:
-    """causality's fingerprint map of target op outputs, built from the columns when a value
-    without a recorded source first asks for it (v3 dumps name their producers)."""
+    """causality's fingerprint map of target op outputs (fingerprint -> [(seq, output index)], in
+    entry order), read from the columns when a value without a recorded source first asks for it
+    (v3 dumps name their producers). Held as each output's ``hash`` of its fingerprint, sorted,
+    and checked against the columns on a hit: as a dict of tuples it was ~330 bytes an output."""
 
     def __init__(self, table: EntryTable, entries: Entries) -> None:
         self.table, self.entries = table, entries
-        self._made: dict | None = None
+        self._hashes: np.ndarray | None = None
+        self._outs = np.zeros(0, dtype=np.int64)
 
     def __bool__(self) -> bool:
         return bool(len(self.table)) and bool(np.any(self.table.kind != MODULE))
 
     def get(self, fp: tuple, default: Any = None) -> Any:
-        if self._made is None:
-            self._made = self._build()
-        return self._made.get(fp, default)
+        if self._hashes is None:
+            self._index()
+        h = hash(fp)
+        lo, hi = np.searchsorted(self._hashes, h, "left"), np.searchsorted(self._hashes, h, "right")
+        t, outs = self.table, self._outs[lo:hi]
+        found = []
+        for j, e, got in zip(outs.tolist(), self._entry_of(outs).tolist(), self._fingerprints(outs)):
+            if got == fp:
+                found.append((int(t.seq[e]), j - int(t.out_start[e])))
+        return found or default
 
-    def _build(self) -> dict:
-        t, made = self.table, {}
-        tens, every = t.columns.tensors, np.arange(len(t.out))
-        shapes = [t.columns.shape(int(i)) for i in tens["shape"][t.out].tolist()]
-        dtypes = [t.columns.strings[int(i)] for i in tens["dtype"][t.out].tolist()]
-        absent = t.stat("absent", every).tolist()
-        cols = [t.stat(k, every).tolist() for k in ("min", "max", "mean", "std", "nan")]
-        pos_inf, neg_inf = t.stat("posinf", every).tolist(), t.stat("neginf", every).tolist()
-        has = t.stat("has_stats", every).tolist()
-        for e, (kind, seq, start, n) in enumerate(zip(t.kind.tolist(), t.seq.tolist(), t.out_start.tolist(),
-                                                      t.n_out.tolist())):
-            if kind == MODULE:
-                continue
-            for k in range(n):
-                j = start + k
-                if not has[j] or absent[j] & ABSENT_MEAN:
-                    continue
-                mn, mx, mean, std, nan = (c[j] for c in cols)
-                fp = (shapes[j], dtypes[j], None if absent[j] & ABSENT_MIN else mn, None if absent[j] & ABSENT_MAX else mx,
-                      mean, None if absent[j] & ABSENT_STD else std, nan, pos_inf[j], neg_inf[j])
-                made.setdefault(fp, []).append((seq, k))
-        return made
+    def _index(self) -> None:
+        t = self.table
+        every = np.arange(len(t.out))
+        mean_known = (t.stat("absent", every) & ABSENT_MEAN) == 0
+        outs = np.flatnonzero(np.repeat(t.kind != MODULE, t.n_out) & (t.stat("has_stats", every) != 0) & mean_known)
+        hashes = np.empty(len(outs), dtype=np.int64)
+        for lo in range(0, len(outs), CHUNK):
+            hashes[lo:lo + CHUNK] = [hash(fp) for fp in self._fingerprints(outs[lo:lo + CHUNK])]
+        order = np.argsort(hashes, kind="stable")  # equal fingerprints stay in entry order
+        self._hashes, self._outs = hashes[order], outs[order]
+
+    def _entry_of(self, outs: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.table.out_start, outs, "right") - 1
+
+    def _fingerprints(self, outs: np.ndarray) -> list[tuple]:
+        """causality._fingerprint of outputs ``outs``, from the columns."""
+        t = self.table
+        tens = t.columns.tensors
+        shapes = [t.columns.shape(int(i)) for i in tens["shape"][t.out[outs]].tolist()]
+        dtypes = [t.columns.strings[int(i)] for i in tens["dtype"][t.out[outs]].tolist()]
+        absent = t.stat("absent", outs).tolist()
+        mn, mx, mean, std, nan = (t.stat(k, outs).tolist() for k in ("min", "max", "mean", "std", "nan"))
+        pos_inf, neg_inf = t.stat("posinf", outs).tolist(), t.stat("neginf", outs).tolist()
+        return [(shapes[i], dtypes[i], None if a & ABSENT_MIN else mn[i], None if a & ABSENT_MAX else mx[i], mean[i],
+                 None if a & ABSENT_STD else std[i], nan[i], pos_inf[i], neg_inf[i]) for i, a in enumerate(absent)]

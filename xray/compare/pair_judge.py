@@ -111,8 +111,10 @@ class PairComparer:
 
     # -- one output pair --------------------------------------------------------------------
     def compare(self, row: CompareRow, bm: TensorMeta, tm: TensorMeta, ref: TensorMeta | None = None, *,
-                layout: bool = True) -> CompareRow:
-        """Judge one tensor pair into ``row``; ``layout=False`` skips the permutation search."""
+                layout: bool = True, later: list | None = None) -> CompareRow:
+        """Judge one tensor pair into ``row``; ``layout=False`` skips the permutation search.
+        ``later``: a pair left to its statistics is added there, judged (and its note set) by
+        ``judge_statistics`` with the others: one numpy call for many pairs, not one each."""
         tol = self.tolerance(bm, tm)
         row.rtol, row.atol = tol.rtol, tol.atol
         notes = []
@@ -143,7 +145,10 @@ class PairComparer:
             except (KeyError, OSError, ValueError) as e:
                 notes.append(f"tensor data unreadable ({e}); compared statistics")
         if bm.stats is not None and tm.stats is not None:
-            self._compare_stats(row, bm, tm, tol, notes)
+            if later is not None:
+                later.append((row, bm, tm, tol, notes))
+                return row
+            self.judge_statistics([(row, bm, tm, tol, notes)])
         else:
             row.status = PairStatus.SKIP.value
             notes.append("no saved data or statistics on both sides (dump with X_DEBUG STATS or X_DUMP_NUM)")
@@ -205,30 +210,53 @@ class PairComparer:
                 row.layout = found
                 notes.append(f"layout mismatch: target agrees with bench.{found}")
 
-    def _compare_stats(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str]) -> None:
-        row.status, row.stats_err = stats_judge.judge_one(bm.stats, tm.stats, tol, self.rules)
-        row.mode, row.numel = "stats", bm.numel
-        row.bench_nan, row.target_nan = bm.stats.nan, tm.stats.nan
-        row.bench_inf, row.target_inf = bm.stats.inf, tm.stats.inf
-        self._judge_sample(row, bm, tm, tol, notes)
+    def judge_statistics(self, pairs: list[tuple[CompareRow, TensorMeta, TensorMeta, Tolerance, list[str]]]) -> None:
+        """Judge (row, bench meta, target meta, tolerance, notes) pairs on their statistics and
+        samples into their rows, and set each row's note from its notes: the one rule over arrays
+        (numerics/stats_judge.py), whether for one pair or many."""
+        if not pairs:
+            return
+        got = stats_judge.judge(stats_judge.columns_of([bm.stats for _, bm, _, _, _ in pairs]),
+                                stats_judge.columns_of([tm.stats for _, _, tm, _, _ in pairs]),
+                                np.array([tol.rtol for *_, tol, _ in pairs]),
+                                np.array([tol.atol for *_, tol, _ in pairs]), self.rules)
+        for (row, bm, tm, _, _), code, err in zip(pairs, got["verdict"].tolist(), got["stats_err"].tolist()):
+            row.status, row.stats_err = stats_judge.VERDICT_TEXT[code], err
+            row.mode, row.numel = "stats", bm.numel
+            row.bench_nan, row.target_nan = bm.stats.nan, tm.stats.nan
+            row.bench_inf, row.target_inf = bm.stats.inf, tm.stats.inf
+        self._judge_samples(pairs)
+        for row, _, _, _, notes in pairs:
+            row.note = "; ".join(notes)
 
-    def _judge_sample(self, row: CompareRow, bm, tm, tol: Tolerance, notes: list[str]) -> None:
-        """The pair's samples (equal shapes: the same elements), judged as saved data is; a
+    def _judge_samples(self, pairs: list[tuple[CompareRow, TensorMeta, TensorMeta, Tolerance, list[str]]]) -> None:
+        """The pairs' samples (equal shapes: the same elements), judged as saved data is; a
         sample that fails where the statistics do not decides the row (sample_verdicts.worse_of,
         the columnar path's twin). On an output row, only for an elementwise op or a view, as
-        there (``may_decide``); an input pair (no op on the row) is judged on its sample."""
-        code, err, beyond = sample_judge.judge_one(getattr(bm, "sample", None), getattr(tm, "sample", None),
-                                                   tol.rtol, tol.atol, sample_scale(bm.stats, tm.stats),
-                                                   sample_peak(bm.stats), self.rules)
-        if code == sample_judge.NOT_JUDGED:
-            return
-        row.sample_err = err
-        if row.target_op and not may_decide(row.target_op):  # as sample_verdicts.sample_decides
-            return
-        if code >= sample_judge.FAIL and row.status == PairStatus.PASS.value:  # as sample_verdicts.worse_of
-            row.status = stats_judge.VERDICT_TEXT[code]
-            row.stats_err = float(np.fmax(row.stats_err, err))  # as the columnar path
-            notes.append(sample_note(code, beyond, len(tm.sample)))
+        there (``may_decide``); an input pair (no op on the row) is judged on its sample. Pairs
+        are judged in groups of one sample length: a padded row would sum in another order."""
+        by_length: dict[int, list] = {}
+        for pair in pairs:
+            b, t = getattr(pair[1], "sample", None), getattr(pair[2], "sample", None)
+            if b and t and len(b) == len(t):
+                by_length.setdefault(len(b), []).append(pair)
+        for group in by_length.values():
+            got = sample_judge.judge(
+                np.array([bm.sample for _, bm, _, _, _ in group], dtype=np.float64),
+                np.array([tm.sample for _, _, tm, _, _ in group], dtype=np.float64),
+                np.array([len(bm.sample) for _, bm, _, _, _ in group]), np.array([len(tm.sample) for _, _, tm, _, _ in group]),
+                np.array([tol.rtol for *_, tol, _ in group]), np.array([tol.atol for *_, tol, _ in group]),
+                np.array([sample_scale(bm.stats, tm.stats) for _, bm, tm, _, _ in group]),
+                np.array([sample_peak(bm.stats) for _, bm, _, _, _ in group]), self.rules)
+            for (row, _, tm, _, notes), code, err, beyond in zip(group, got["verdict"].tolist(),
+                                                                 got["sample_err"].tolist(), got["not_close"].tolist()):
+                row.sample_err = err
+                if row.target_op and not may_decide(row.target_op):  # as sample_verdicts.sample_decides
+                    continue
+                if code >= sample_judge.FAIL and row.status == PairStatus.PASS.value:  # as sample_verdicts.worse_of
+                    row.status = stats_judge.VERDICT_TEXT[code]
+                    row.stats_err = float(np.fmax(row.stats_err, err))  # as the columnar path
+                    notes.append(sample_note(code, beyond, len(tm.sample)))
 
     # -- inputs of a failing record -----------------------------------------------------------
     def judge_inputs(self, a: Any, b: Any, errors: dict[str, float] | None = None
@@ -237,16 +265,30 @@ class PairComparer:
         outputs are (saved data first, else statistics), plus module parameters as "param:<name>" (format v2).
         The error is the pair's ``stats_err`` when judged on statistics, else None; ``errors`` gets
         the ``accumulated_err`` of those judged on data, by name."""
-        tb, tt = dict(a.inputs), dict(b.inputs)
-        names = [n for n in tt if n in tb]
-        pairs = [(n, tb[n], tt[n]) for n in names] if names else \
-            [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
-        pairs += [(f"param:{n}", a.record.params[n], m) for n, m in b.record.params.items() if n in a.record.params]
-        rows = [(n, tm, self.compare(CompareRow(), bm, tm, layout=False)) for n, bm, tm in pairs]
-        if errors is not None:
-            errors.update((n, r.accumulated_err) for n, _, r in rows
-                          if r.mode == "data" and r.accumulated_err is not None)
-        return [(n, tm, r.status, r.stats_err if r.mode == "stats" else None) for n, tm, r in rows]
+        return self.judge_inputs_of([(a, b, errors)])[0]
+
+    def judge_inputs_of(self, pairs: list[tuple[Any, Any, dict[str, float] | None]]
+                        ) -> list[list[tuple[str, TensorMeta, str, float | None]]]:
+        """``judge_inputs`` of many (bench Entry, target Entry, errors) pairs, the inputs left to
+        their statistics judged together (``judge_statistics``)."""
+        later: list = []
+        judged = []
+        for a, b, errors in pairs:
+            tb, tt = dict(a.inputs), dict(b.inputs)
+            names = [n for n in tt if n in tb]
+            sides = [(n, tb[n], tt[n]) for n in names] if names else \
+                [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
+            sides += [(f"param:{n}", a.record.params[n], m) for n, m in b.record.params.items() if n in a.record.params]
+            judged.append(([(n, tm, self.compare(CompareRow(), bm, tm, layout=False, later=later))
+                            for n, bm, tm in sides], errors))
+        self.judge_statistics(later)
+        out = []
+        for rows, errors in judged:
+            if errors is not None:
+                errors.update((n, r.accumulated_err) for n, _, r in rows
+                              if r.mode == "data" and r.accumulated_err is not None)
+            out.append([(n, tm, r.status, r.stats_err if r.mode == "stats" else None) for n, tm, r in rows])
+        return out
 
 
 def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Tolerance | None:

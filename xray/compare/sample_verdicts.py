@@ -96,7 +96,7 @@ def sample_decides(t: EntryTable, entries: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1024)
 def may_decide(op: str) -> bool:
-    """``sample_decides`` for one op name (the per-pair path, PairComparer._judge_sample)."""
+    """``sample_decides`` for one op name (the per-pair path, PairComparer._judge_samples)."""
     from .op_classes import is_value_preserving
     from .sample_local import elementwise
 
@@ -110,7 +110,7 @@ def worse_of(judged: dict[str, np.ndarray], sample: dict[str, np.ndarray] | None
     do not, its verdict and the larger error (it decided). A sample within the warning band never
     turns a statistics pass into a warning: 32 elements show bf16's rounding more than four
     statistics averaged over the tensor do, and the statistics-only rules (the run's level,
-    outliers within a kind) weigh statistics errors. PairComparer._judge_sample does the same."""
+    outliers within a kind) weigh statistics errors. PairComparer._judge_samples does the same."""
     if sample is None:
         return judged["status"], judged["stats_err"], np.zeros(len(judged["code"]), dtype=bool)
     # Only where the statistics see nothing: where they see a difference (a warning) the

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.kernel_families import packet
-from ..numerics.rules import PRECISION_STEPS
+from ..numerics.selections import selection_of
+from ..numerics import sample_judge
+from ..numerics.rules import PRECISION_STEPS, Rules
 from .entry_records import Entry
-from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like, is_rnn
-from .op_classes import is_discontinuous, is_value_preserving
+from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like, is_rnn, reduction_length
+from .op_classes import is_value_preserving
 from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, row_inputs, set_origin
 from .result import CompareRow, PairStatus
 
@@ -43,7 +46,7 @@ def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
         candidates += [(p, k, r) for k, r in enumerate(p.rows) if r.status == PairStatus.WARNING.value
                        and r.mode == "stats" and not r.cause and r.stats_err
                        and all(s in within for _, _, s, _ in row_inputs(p, k))
-                       and r.stats_err > f * (input_error(p, k) or 0.0)]
+                       and r.stats_err > f * math.prod(carried_error(p, k) or (0.0, 1.0))]
     if not candidates:
         return
     populations = kind_errors([(p.target.pos, r) for p, _, r in candidates])
@@ -158,6 +161,52 @@ def summed_terms(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[An
         return ins, 2
     biggest = max(m.numel for m in ins)
     return (ins, max(1, biggest // max(1, out.numel))) if out.numel < biggest else None
+
+
+def carried_error(p: Pending, k: int) -> tuple[float, float] | None:
+    """What the inputs of ``p`` carry into its output ``k`` (None: none was judged): (the largest
+    input error, the factor its sum's cancellation grows it by). An input's error is its saved
+    data's where it was judged so (``Pending.input_errors``), else the larger of its statistics'
+    and its sample's, which its statistics can hide (a gradient through relu's mask, a third of it
+    flipped, keeps them). In the unit of a row's ``stats_err`` and ``accumulated_err``: the
+    largest difference over the bench's largest magnitude."""
+    bench = dict(p.bench.inputs)
+    errors = [max(e, _sample_err(bench.get(name), meta)) for name, meta, _, stat in row_inputs(p, k)
+              if (e := p.input_errors.get(name, stat)) is not None]
+    return (max(errors), cancellation(p, k)) if errors else None
+
+
+def cancellation(p: Pending, k: int) -> float:
+    """How much a sum's cancellation grows its inputs' relative error into output ``k``'s, from
+    the statistics (at least 1): a sum of n terms of random sign is sqrt(n) times a term; where the
+    output is smaller than that, its terms cancel, and their errors do not (a weight gradient, a
+    sum over tokens, a norm's mean of centred values). A matmul's terms are its two multiplied
+    inputs' products (K of them, ``reduction_length``); a reduction's or a sum of two tensors' are
+    its inputs (``summed_terms``); any other op's output is its inputs' size: 1."""
+    e = p.target
+    out = e.outputs[k][1] if k < len(e.outputs) else None
+    st = getattr(out, "stats", None)
+    if st is None or st.mean is None:
+        return 1.0
+    made = _rms(st)
+    ins = [m for _, m in e.inputs if getattr(m, "stats", None) is not None and m.stats.mean is not None]
+    if is_matmul_like(e.op) and len(ins) >= 2:
+        a, b = sorted(ins, key=lambda m: m.numel or 0)[-2:]  # its operands (an addmm's bias is the smallest)
+        terms = math.sqrt(reduction_length(e.record, k)) * _rms(a.stats) * _rms(b.stats)
+    elif (summed := summed_terms(e, k)) is not None:
+        terms = math.sqrt(summed[1]) * max(_rms(m.stats) for m in summed[0])
+    else:
+        return 1.0
+    if made <= 0:
+        return math.inf if terms > 0 else 1.0
+    return max(1.0, terms / made)
+
+
+def _sample_err(bench: Any, target: Any) -> float:
+    """sample_judge's ``sample_err`` of two sampled tensors (0.0 without a sample on both sides)."""
+    b, t = getattr(getattr(bench, "stats", None), "sample", None), getattr(getattr(target, "stats", None), "sample", None)
+    err = sample_judge.judge_one(b, t, 0.0, 0.0, 0.0, math.nan, Rules())[1]  # (the rules set no part of it)
+    return 0.0 if err is None else err
 
 
 def reduction_change(p: Pending, k: int) -> tuple[float, float, int, Any] | None:
@@ -349,12 +398,13 @@ def _first_band(errors: list[float], f: float, starts: int = 8, anchor: int = 5)
     return []
 
 
-def _completion_order(pending: list[Pending], entered_first: bool) -> list[tuple[Pending, list[Pending]]]:
+def _completion_order(pending: Sequence[Pending], entered_first: bool) -> Iterable[tuple[Pending, list[Pending]]]:
     """``pending`` in the order its calls finished, each with the calls inside it. A module dump
     (``entered_first``) records a module when it is entered, before the modules inside it, whose
-    outputs its own output is made of; a trace records it when it exits."""
+    outputs its own output is made of; a trace records it when it exits (read one at a time: a
+    trace's pairs are a million on a run that diverged early)."""
     if not entered_first:
-        return [(p, []) for p in pending]
+        return ((p, []) for p in pending)
 
     def depth(path: str) -> int:
         return path.count(".") + 1 if path else 0
@@ -452,17 +502,16 @@ def dtype_extreme_fill(r: CompareRow, p: Pending, k: int) -> str | None:
 
 
 def selection_indices(r: CompareRow, p: Pending, k: int) -> str | None:
-    """Statistics only: the integer output of a selection (max pooling's indices, topk's, sort's)
-    whose selected values agree, on inputs that differ however little: where two candidates are
-    (nearly) equal, the input's noise picks the other one. The values are what the model uses,
-    so this is precision loss. None when not such a row, or when the inputs are identical (the
-    same values must select the same indices) or any value output fails."""
+    """Statistics only: the index output of a selection (max pooling's indices, topk's, sort's:
+    ``numerics.selections``, whose rule judges them where the data is saved) whose selected values
+    agree, on inputs that differ however little: where two candidates are (nearly) equal, the
+    input's noise picks the other one. The values are what the model uses, so this is precision
+    loss. None when not such a row, or when the inputs are identical (statistics cannot tell a tie
+    broken another way from a wrong index) or any value output fails."""
     e = p.target
-    if r.mode != "stats" or not is_discontinuous(e.op, e.kind) or k >= len(e.outputs):
+    if r.mode != "stats" or e.kind != "op" or selection_of(e.op, k) is None or k >= len(e.outputs):
         return None
     try:
-        if dtype_from_name(e.outputs[k][1].dtype).is_floating_point:
-            return None
         values = [row for j, row in enumerate(p.rows) if j != k and j < len(e.outputs)
                   and dtype_from_name(e.outputs[j][1].dtype).is_floating_point]
     except ValueError:

@@ -454,11 +454,12 @@ class Columns:
         return self._build(row, self.tensors.rows(begin, end))
 
     def iter_records(self, rows: Iterable[int] | None = None, block: int = 1024) -> Iterator[Record]:
-        """Records in order (all, or the given ascending rows), read from the columns a block at a
-        time: one ``tolist`` per column per block instead of per record."""
+        """Records in order (all, or the given rows), read from the columns a block at a time:
+        one ``tolist`` per column per block instead of per record."""
         if rows is not None:
-            for i in rows:
-                yield self.record(int(i))
+            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+            for start in range(0, len(rows), block):
+                yield from self._records_at(rows[start:start + block])
             return
         n = len(self.records)
         for start in range(0, n, block):
@@ -471,6 +472,21 @@ class Columns:
                     yield self._build(row, tensors[row[-2] - t0:row[-1] - t0])
                 except (ColumnsError, ValueError) as e:
                     raise self._located(ColumnsError(f"record #{start + k}: {e}")) from None
+
+    def _records_at(self, rows: np.ndarray) -> Iterator[Record]:
+        """Records ``rows`` (any order), their record and tensor rows gathered with one ``take``."""
+        if not len(rows):
+            return
+        records = self.records.take(rows).tolist()
+        begin, end = self.records["t_begin"][rows], self.records["t_end"][rows]
+        sizes = end - begin
+        first = np.cumsum(sizes) - sizes  # where each record's tensors start in the gathered rows
+        tensors = self.tensors.take(np.repeat(begin - first, sizes) + np.arange(int(sizes.sum()))).tolist()
+        for i, row, at in zip(rows.tolist(), records, first.tolist()):
+            try:
+                yield self._build(row, tensors[at:at + row[-1] - row[-2]])
+            except (ColumnsError, ValueError) as e:
+                raise self._located(ColumnsError(f"record #{i}: {e}")) from None
 
     def _build(self, row: tuple, tensor_rows: list[tuple]) -> Record:
         (seq, kind, direction, op, module, count, first_seq, last_seq, call_index, step, module_stack, stack,

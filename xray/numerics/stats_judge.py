@@ -12,7 +12,7 @@ the same whichever caller asked.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -56,18 +56,19 @@ def judge(b: dict[str, np.ndarray], t: dict[str, np.ndarray], rtol: np.ndarray, 
     return {"verdict": verdict, "stats_err": stats_err, "within": within}
 
 
-def _columns(stats: Any) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {"nan": np.array([stats.nan]), "inf": np.array([stats.inf])}
+def columns_of(stats: Sequence[Any]) -> dict[str, np.ndarray]:
+    """``judge``'s arrays for one side of a list of ``Stats`` (a missing statistic: ``has_<key>`` False)."""
+    out: dict[str, np.ndarray] = {"nan": np.array([s.nan for s in stats]), "inf": np.array([s.inf for s in stats])}
     for key in KEYS:
-        value = getattr(stats, key)
-        out[key] = np.array([0.0 if value is None else float(value)])
-        out["has_" + key] = np.array([value is not None])
+        values = [getattr(s, key) for s in stats]
+        out[key] = np.array([0.0 if v is None else float(v) for v in values], dtype=np.float64)
+        out["has_" + key] = np.array([v is not None for v in values], dtype=bool)
     return out
 
 
 def judge_one(bench: Any, target: Any, tol: Tolerance, rules: Rules) -> tuple[str, float]:
     """(status text, stats_err) of one pair of ``Stats``: the same rule as ``judge``, one row."""
-    got = judge(_columns(bench), _columns(target), np.array([tol.rtol]), np.array([tol.atol]), rules)
+    got = judge(columns_of([bench]), columns_of([target]), np.array([tol.rtol]), np.array([tol.atol]), rules)
     return VERDICT_TEXT[int(got["verdict"][0])], float(got["stats_err"][0])
 
 
