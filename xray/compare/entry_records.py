@@ -5,7 +5,9 @@ Why: attribution (causality.py) and the random-op check read the Records of the 
 only, pass after pass; on a run that diverged early that is every entry. A Record costs ~2 KB,
 so a million held at once cost gigabytes: the last ``CACHE`` read are kept, a miss builds again.
 A miss on an entry attribution will read (``read_ahead``) builds the next ``BLOCK`` of them in
-one gather from the columns, half the cost of one at a time (tools/bench_bigdump.py --failing).
+one gather from the columns, half the cost of one at a time; up to ``HOLD`` entries to read are
+all kept, so a run with few suspect pairs builds each Record once (tools/bench_bigdump.py
+--failing).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ..dump.columns import DIRECTIONS, KINDS
 from .entry_table import EntryTable
 
 CACHE = 4096  # Records kept per side: a pass's look-backs (producers, a module's ops) hit them
+HOLD = 16384  # up to this many entries to read, a side keeps them all (~40 MB): each is built once
 BLOCK = 256  # entries built per miss on the entries attribution reads next
 
 
@@ -120,8 +123,12 @@ class Entries(Sequence):
 
     def read_ahead(self, positions: np.ndarray) -> None:
         """The positions attribution will read, in the order it reads them (ascending): a miss on
-        one of them builds it and the next ``BLOCK - 1`` in one gather."""
+        one of them builds it and the next ``BLOCK - 1`` in one gather. Up to ``HOLD`` of them
+        are all kept (a few tens of MB): only a run with more suspect entries builds a Record again
+        in each pass that reads it."""
         self._ahead = np.asarray(positions, dtype=np.int64)
+        if len(self._ahead) <= HOLD:
+            self.capacity = max(self.capacity, len(self._ahead) + CACHE)
 
     def built(self, pos: int) -> _Built:
         got = self._cache.pop(pos, None)
