@@ -32,6 +32,12 @@ def _loop(calls: int, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None
         (x * a) + b  # two records a turn, three tensor rows each (with their samples)
 
 
+def _end_if_open() -> None:
+    """A failed test leaves no dump recording the next one."""
+    if active_session() is not None:
+        xray.end_dump()
+
+
 def _settled() -> None:
     """Garbage collected, and the dead tensors' entries the recorder's tables drop in batches
     (a bounded amount, up to a few thousand entries) dropped now, so that a measure sees growth."""
@@ -55,7 +61,7 @@ def _traced(fn) -> tuple[int, int]:
 
 def test_flushed_records_leave_nothing_behind_and_end_dump_streams(tmp_path, monkeypatch):
     calls = 8 * FLUSH
-    monkeypatch.setattr(index_file, "BATCH_ROWS", 4096, raising=False)  # end_dump holds one batch of rows at a time
+    monkeypatch.setattr(index_file, "BATCH_ROWS", 4096)  # end_dump holds one batch of rows at a time
     x, a, b = torch.randn(16), torch.randn(16), torch.randn(16)
     # begun first: its first start imports torch._dynamo, slow to trace and no part of the measure
     xray.begin_dump(X_DEDUP=False, X_DUMP_NUM=0, dump_dir=tmp_path, flush_records=FLUSH, flush_seconds=1e9)
@@ -67,7 +73,7 @@ def test_flushed_records_leave_nothing_behind_and_end_dump_streams(tmp_path, mon
         _, end_peak = _traced(lambda: folder.append(xray.end_dump()))
     finally:
         tracemalloc.stop()
-    print(f"kept {kept / calls:.1f} B a call; end_dump peak {end_peak / 2**20:.2f} MiB")
+        _end_if_open()
     assert kept / calls < PER_CALL, f"{kept / calls:.0f} B a call stayed in memory after its flush"
     # one batch of 4096 rows and its copy, the strings and the HDF5 file's own buffers: not the
     # whole index (about 1.2 KB a call here, 6 MB)
@@ -113,9 +119,12 @@ def test_a_full_disk_while_end_dump_writes_the_index_leaves_the_journal(tmp_path
     monkeypatch.setattr(index_file, "BATCH_ROWS", 256)
     x, a, b = torch.randn(16), torch.randn(16), torch.randn(16)
     xray.begin_dump(X_DEDUP=False, X_DUMP_NUM=0, dump_dir=tmp_path, flush_records=100)
-    _loop(1000, x, a, b)
-    with pytest.warns(RuntimeWarning, match="No space left"):
-        folder = xray.end_dump()
+    try:
+        _loop(1000, x, a, b)
+        with pytest.warns(RuntimeWarning, match="No space left"):
+            folder = xray.end_dump()
+    finally:
+        _end_if_open()
     assert not list(folder.glob("index-*")) and not (folder / "dump.json").exists()
     monkeypatch.undo()
     with pytest.warns(TruncatedDumpWarning), load_dump(folder) as dump:
@@ -130,14 +139,17 @@ def test_the_index_end_dump_writes_holds_what_the_journal_holds(tmp_path, monkey
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     x = torch.randn(3, 8)
     xray.begin_dump(X_DEBUG=0x11A, X_DUMP_NUM=1, dump_dir=tmp_path / "rec", flush_records=7, flush_seconds=1e9)
-    for step in range(3):
-        model(x * step).sum().backward()
-    _loop(300, x, x, x)  # folded calls
-    session = active_session()
-    with no_dispatch_modes():
-        session.writer.flush()  # everything in the journal: what a killed process leaves
-    shutil.copytree(session.folder, tmp_path / "journal")
-    folder = xray.end_dump()
+    try:
+        for step in range(3):
+            model(x * step).sum().backward()
+        _loop(300, x, x, x)  # folded calls
+        session = active_session()
+        with no_dispatch_modes():
+            session.writer.flush()  # everything in the journal: what a killed process leaves
+        shutil.copytree(session.folder, tmp_path / "journal")
+        folder = xray.end_dump()
+    finally:
+        _end_if_open()
     with pytest.warns(TruncatedDumpWarning):
         journal = load_dump(tmp_path / "journal")
     with load_dump(folder) as whole, journal:
