@@ -75,5 +75,4 @@ def test_a_failing_row_adds_little_memory(tmp_path: Path, monkeypatch: pytest.Mo
     # bytes per row, as the slope between the two sizes: what every compare holds once cancels
     per_row = {kind: (peaks[kind, sizes[1]] - peaks[kind, sizes[0]]) / (sizes[1] - sizes[0]) for kind in ("same", "fail")}
     extra = per_row["fail"] - per_row["same"]
-    print(per_row, extra)
     assert extra < BOUND, f"a failing row adds {extra:.0f} bytes over a passing one ({per_row})"

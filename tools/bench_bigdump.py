@@ -26,6 +26,13 @@ realistic shape of a 1M-record compare. Open and scan are timed over every rank 
 all 1M records. ``--ranks 1`` writes one 1M-record rank instead (issue 21's "opening a
 1M-record dump" taken literally: one dump.json of 1M records).
 
+``--failing`` (issue 44) writes the bench and a target whose every op output statistic is the
+bench's x1.5 (parameters and model inputs agree: a run that diverged at its first op, so every
+later row fails and attribution reads every pair), copies the bench as an identical target, and
+compares both in fresh processes: wall time, CPU time and peak RSS side by side, with ratios.
+
+    python tools/bench_bigdump.py --failing --ranks 1 [--records 1000000] [--keep | --existing]
+
 Compare on the 2-core reference machine: JSON index (format v2) 368 s at 4.3 GiB peak RSS (8 ranks),
 336 s at 12.8 GiB (1 rank), 23 s at 100k records; columnar index (v3) read as columns by compare,
 7.1 s at 977 MiB (8 ranks), 7.7 s at 1,822 MiB (1 rank), 1.9 s at 322 MiB (100k records).

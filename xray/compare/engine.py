@@ -75,6 +75,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     _return_freed_memory()
     skip_kernel_specific(rows)
     matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows, comparer)
+    _return_freed_memory()  # matches_of's temporaries: attribution's failing rows come on top
     attribute(ea, eb, suspect, comparer, rules, target, matches)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}

@@ -19,7 +19,7 @@ import numpy as np
 from ..dump.columns import DIRECTIONS, KINDS
 from .entry_table import EntryTable
 
-CACHE = 4096  # Records kept per side: a pass's look-backs (producers, a module's ops) hit them
+CACHE = 1024  # Records kept per side: the block being read, and a pass's look-backs to producers
 HOLD = 16384  # up to this many entries to read, a side keeps them all (~40 MB): each is built once
 BLOCK = 256  # entries built per miss on the entries attribution reads next
 
@@ -107,7 +107,7 @@ class Entries(Sequence):
         self.table = table
         self.capacity = max(CACHE if capacity is None else capacity, 2 * BLOCK)
         self._cache: dict[int, _Built] = {}  # in order of last read: the first is evicted
-        self._ahead = np.zeros(0, dtype=np.int64)
+        self._ahead = np.zeros(0, dtype=np.int32)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -126,7 +126,7 @@ class Entries(Sequence):
         one of them builds it and the next ``BLOCK - 1`` in one gather. Up to ``HOLD`` of them
         are all kept (a few tens of MB): only a run with more suspect entries builds a Record again
         in each pass that reads it."""
-        self._ahead = np.asarray(positions, dtype=np.int64)
+        self._ahead = positions
         if len(self._ahead) <= HOLD:
             self.capacity = max(self.capacity, len(self._ahead) + CACHE)
 

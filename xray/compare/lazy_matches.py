@@ -5,7 +5,8 @@ million objects. The suspect pairs it starts from are picked from the rows here 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from .causality import Matches
 from .entry_table import CHUNK, MODULE, EntryTable
 from .entry_records import Entries, Entry
 from .pending import SUSPECT, PendingRun
-from .result import CompareRow
+from .result import CompareRow, PairStatus
 from .row_plan import RowPlan
 
 
@@ -55,12 +56,12 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
     bad = np.zeros(len(rows), dtype=bool)
     for lo in range(0, len(rows), CHUNK):
         bad[lo:lo + CHUNK] = [r.status in SUSPECT for r in rows[lo:lo + CHUNK]]
-    suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)])
-    suspect_pairs = suspect_pairs[np.argsort(plan.pb[suspect_pairs], kind="stable")]
-    a, b = plan.pa[suspect_pairs], plan.pb[suspect_pairs]
-    ea.read_ahead(np.sort(a))
-    eb.read_ahead(b)
-    suspect = PendingRun(ea, eb, a, b, start[suspect_pairs], count[suspect_pairs], rows, comparer)
+    suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)]).astype(np.int32)
+    del bad
+    suspect_pairs = suspect_pairs[np.argsort(plan.pb[suspect_pairs], kind="stable")]  # target order
+    ea.read_ahead(np.sort(plan.pa[suspect_pairs]))
+    eb.read_ahead(plan.pb[suspect_pairs])
+    suspect = PendingRun(ea, eb, suspect_pairs, plan, rows, comparer)
     # every row judge_the_rest skipped as random is one causality's _random finds
     random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
 
@@ -75,14 +76,14 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
             return None
         return stats_error(a[k][1], b[k][1])
 
-    def kind_errors(candidates: list[tuple[int, CompareRow]]) -> list[list[tuple[int, float, str]]]:
+    def kind_errors(candidates: list[tuple[int, CompareRow]]) -> list[Sequence[tuple[int, float, str]]]:
         """For each (target position, row) the (row index, statistics error, status) of every
         matched statistics-only row of its kind on this run, in row order: the same op, direction
-        and output (one pass over the rows). Candidates of one kind share one list."""
+        and output (one pass over the rows). Candidates of one kind share one population."""
         def kind(pos: int, r: CompareRow) -> tuple:
             return r.target_op, int(tb.direction[pos]), r.tensor
 
-        wanted = {kind(pos, r): [] for pos, r in candidates}
+        wanted = {kind(pos, r): _Population() for pos, r in candidates}
         ops = {k[0] for k in wanted}
         for i, r in enumerate(rows):
             if r.target_op not in ops or plan.cat[i] != 2 or r.mode not in ("stats", "data"):
@@ -96,6 +97,36 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
 
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
                    random_pos=random_pos, made=_LazyMade(tb, eb), kind_errors=kind_errors, around=around), suspect
+
+
+class _Population(Sequence):
+    """(row index, statistics error, status) of the rows of one kind, in row order, as columns:
+    a kind of a run that diverged early is most of its million rows."""
+
+    _STATUSES = tuple(s.value for s in PairStatus)
+    _CODES = {s: i for i, s in enumerate(_STATUSES)}
+
+    def __init__(self) -> None:
+        self._index, self._error, self._status = array("q"), array("d"), bytearray()
+
+    def append(self, item: tuple[int, float, str]) -> None:
+        index, error, status = item
+        self._index.append(index)
+        self._error.append(error)
+        self._status.append(self._CODES[status])
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._index[i], self._error[i], self._STATUSES[self._status[i]]
+
+    def __iter__(self) -> Iterator[tuple[int, float, str]]:
+        statuses = self._STATUSES
+        for index, error, status in zip(self._index, self._error, self._status):
+            yield index, error, statuses[status]
 
 
 class _ByPos:
@@ -127,7 +158,7 @@ class _LazyMade:
     def __init__(self, table: EntryTable, entries: Entries) -> None:
         self.table, self.entries = table, entries
         self._hashes: np.ndarray | None = None
-        self._outs = np.zeros(0, dtype=np.int64)
+        self._outs = np.zeros(0, dtype=np.int32)
 
     def __bool__(self) -> bool:
         return bool(len(self.table)) and bool(np.any(self.table.kind != MODULE))
@@ -149,9 +180,11 @@ class _LazyMade:
         every = np.arange(len(t.out))
         mean_known = (t.stat("absent", every) & ABSENT_MEAN) == 0
         outs = np.flatnonzero(np.repeat(t.kind != MODULE, t.n_out) & (t.stat("has_stats", every) != 0) & mean_known)
+        outs = outs.astype(np.int32)
         hashes = np.empty(len(outs), dtype=np.int64)
-        for lo in range(0, len(outs), CHUNK):
-            hashes[lo:lo + CHUNK] = [hash(fp) for fp in self._fingerprints(outs[lo:lo + CHUNK])]
+        step = 4096  # fingerprints made at a time (a tuple and five floats each)
+        for lo in range(0, len(outs), step):
+            hashes[lo:lo + step] = [hash(fp) for fp in self._fingerprints(outs[lo:lo + step])]
         order = np.argsort(hashes, kind="stable")  # equal fingerprints stay in entry order
         self._hashes, self._outs = hashes[order], outs[order]
 

@@ -162,32 +162,27 @@ class PendingRun(Sequence):
 
     JUDGED = 256
 
-    def __init__(self, ea: Sequence[Entry], eb: Sequence[Entry], a: np.ndarray, b: np.ndarray,
-                 row_start: np.ndarray, row_count: np.ndarray, rows: list[CompareRow], comparer: Any) -> None:
-        """Pair i: bench entry ``a[i]``, target entry ``b[i]`` (ascending), rows
-        ``rows[row_start[i]:row_start[i] + row_count[i]]``."""
+    def __init__(self, ea: Sequence[Entry], eb: Sequence[Entry], pairs: np.ndarray, plan: Any,
+                 rows: list[CompareRow], comparer: Any) -> None:
+        """Pair i: the plan's matched pair ``pairs[i]`` (RowPlan: its entries ``pa``/``pb``, its
+        rows from ``pair_start``, ``pair_rows`` of them)."""
         self.ea, self.eb, self.comparer = ea, eb, comparer
-        # array("i"): read one at a time, a Python int each (a numpy scalar costs ten times that),
-        # 4 bytes each (a dump of 2**31 rows would be a 200 GB index)
-        self._a, self._b, self._start, self._count = (_int32s(x) for x in (a, b, row_start, row_count))
-        count = row_count.astype(np.int64)
-        self._first = _int32s(np.cumsum(count) - count)
-        self._rows = rows
+        self.pairs, self.plan, self._rows = pairs, plan, rows
         self.marks: dict[str, dict[int, dict]] = {k: {} for k in ("local", "precision", "reduce", "outlier",
                                                                    "input_errors", "argument")}
-        # rows of the run in pair order (row_of): a flag each for ``argument``'s decisions
-        self.decided = bytearray(int(count.sum()))
-        # the judged inputs: per pair a code into _kinds ((names, statuses)), and
-        # its errors at _errors[_at[i]:...] (0.0 where none: _has False)
-        self._kind = array("i", [-1]) * len(a)
+        self.decided = bytearray(len(rows))  # by row: ``argument`` was decided for it
+        # the judged inputs: per pair a code into _kinds ((names, statuses)), and its errors at
+        # _errors[_at[i]:...] (0.0 where none: _has False); array("i"): 4 bytes a pair, read
+        # one at a time as a Python int
+        self._kind = array("i", [-1]) * len(pairs)
         self._kinds: list[tuple] = []
         self._kind_code: dict[tuple, int] = {}
-        self._at = array("i", [0]) * len(a)
+        self._at = array("i", [0]) * len(pairs)
         self._errors = array("d")
         self._has = bytearray()
 
     def __len__(self) -> int:
-        return len(self._a)
+        return len(self.pairs)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -196,21 +191,24 @@ class PendingRun(Sequence):
         if not -n <= i < n:
             raise IndexError(i)
         i %= n
-        start = self._start[i]
-        return Pending(self, i, self.ea[self._a[i]], self.eb[self._b[i]], self._rows[start:start + self._count[i]])
+        start, count = self.row_span(i)
+        p = self.pairs.item(i)
+        return Pending(self, i, self.ea[self.plan.pa.item(p)], self.eb[self.plan.pb.item(p)],
+                       self._rows[start:start + count])
 
     def __iter__(self) -> Iterator[Pending]:
         for i in range(len(self)):
             yield self[i]
 
     def row_span(self, i: int) -> tuple[int, int]:
-        return self._first[i], self._count[i]
+        """(first row, number of rows) of pair ``i``."""
+        p = self.pairs.item(i)
+        return self.plan.pair_start.item(p), self.plan.pair_rows.item(p)
 
     def row_of(self, i: int, k: Any) -> int | None:
-        """The run's row number of pair ``i``'s output ``k``, or None when it has no such row."""
-        if not isinstance(k, int) or not 0 <= k < self._count[i]:
-            return None
-        return self._first[i] + k
+        """The row number of pair ``i``'s output ``k``, or None when it has no such row."""
+        start, count = self.row_span(i)
+        return start + k if isinstance(k, int) and 0 <= k < count else None
 
     # -- inputs ---------------------------------------------------------------------------------
     def inputs_of(self, p: Pending) -> list[tuple[str, Any, str, float | None]]:
@@ -234,7 +232,7 @@ class PendingRun(Sequence):
         """Judge the inputs of pairs ``i`` onwards (``JUDGED`` of them not judged yet)."""
         todo = [j for j in range(i, min(len(self), i + self.JUDGED)) if self._kind[j] < 0]
         errors = [{} for _ in todo]
-        entries = [(self.ea[self._a[j]], self.eb[self._b[j]], e) for j, e in zip(todo, errors)]
+        entries = [(p.bench, p.target, e) for p, e in zip(map(self.__getitem__, todo), errors)]
         for j, judged, errs in zip(todo, self.comparer.judge_inputs_of(entries), errors):
             key = (tuple(n for n, _, _, _ in judged), tuple(s for _, _, s, _ in judged))
             code = self._kind_code.get(key)
@@ -247,12 +245,6 @@ class PendingRun(Sequence):
                 self._has.append(e is not None)
             if errs:
                 self.marks["input_errors"][j] = errs
-
-
-def _int32s(values: np.ndarray) -> array:
-    out = array("i")
-    out.frombytes(np.ascontiguousarray(values, dtype=np.int32).tobytes())
-    return out
 
 
 def agreement(inputs: list[tuple[str, Any, str, float | None]]) -> str:
