@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   xray info xray_debug/proc_1234            # what a dump holds
   xray drift xray.drift.examples:tiny_llama -b onnxrt-cpu -b torch-compile --out drift/
   xray explain xray.explain.examples:demo_llama --target cpu:bf16 --inject aten.mm.default#5+0.05
+  xray compile-check xray.drift.examples:tiny_llama --out compile-check/
   xray fix xray.explain.examples:t5_fp16_overflow --target cpu:fp16 --max-error 1e-2
 """
 
@@ -273,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     drift.add_argument("--out", default="xray-drift", help="output folder (default: xray-drift)")
     drift.add_argument("--no-layers", action="store_true", help="print the backend table only, no per-layer tables")
     from .explain import cli as explain_cli
+    from .compiled import cli as compiled_cli
 
     explain_cli.add_parsers(sub)
+    compiled_cli.add_parser(sub)
     args = ap.parse_args(argv)
     from .quiet import quiet_third_party
 
@@ -286,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(Path(args.out), small=args.small, replay=not args.no_replay)
     if args.cmd == "drift":
         return _drift(args)
+    if args.cmd == "compile-check":
+        from .compiled import cli as compiled_cli
+
+        return compiled_cli.run(args)
     if args.cmd in ("explain", "fix"):
         from .explain import cli as explain_cli
 

@@ -1,0 +1,172 @@
+"""Capture a compiled run at the grain it runs: each kernel launch's written buffers, and what
+inductor knows about them (the post-grad FX node each buffer holds, the nodes each kernel fuses).
+
+A context manager patches ``GraphLowering.compile_to_module`` for its duration: after inductor
+generated a graph's module, the graph's buffer table and post-grad graph are read while they
+exist (they are gone once compilation returns), and the module handed back is
+``instrument``'s probing copy. Compilation must happen inside the context, so caches that would
+skip code generation (FX graph cache, AOT autograd cache) are switched off there.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from .instrument import Instrumented, Launch, instrument
+
+
+@dataclass
+class NodeInfo:
+    """What one post-grad FX node says about itself."""
+
+    name: str
+    target: str  # "aten.mul.Tensor", "getitem"
+    original_aten: str  # the ATen op it was traced from ("aten.native_layer_norm.default")
+    root: str  # the Dynamo graph node it came from (the end of ``from_node``), "" when none
+    module: str  # innermost nn_module_stack path as Dynamo wrote it ("L['self'].layers[0]")
+    users: list[str]
+    args: list[str]  # the nodes it reads
+    index: int | None  # for getitem: which output of ``args[0]``
+    shape: tuple | None
+    dtype: str | None
+    stack_trace: str = ""
+
+
+@dataclass
+class CompiledGraph:
+    """One inductor graph: its post-grad nodes, buffers and probed launches."""
+
+    index: int
+    dynamo: int | None  # the Dynamo graph it compiles (see check.Recorder), None when unknown
+    nodes: dict[str, NodeInfo]
+    buffer_node: dict[str, str]  # buffer name -> the FX node it holds exactly (inductor's origin_node)
+    buffer_origins: dict[str, list[str]]  # buffer name -> every FX node computed into it
+    launches: list[Launch] = field(default_factory=list)
+    # launch index -> the post-grad nodes its kernel computes (inductor's provenance tracking)
+    fused: dict[int, list[str]] = field(default_factory=dict)
+    kernel_sources: dict[str, str] = field(default_factory=dict)
+    path: str = ""  # the output-code file
+    instrumented: bool = False
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if target is operator.getitem:
+        return "getitem"
+    return getattr(target, "__name__", str(target))
+
+
+def _root(node: torch.fx.Node) -> str:
+    src = (node.meta.get("from_node") or [None])[0]
+    name = ""
+    while src is not None:
+        name = src.name
+        src = src.from_node[0] if src.from_node else None
+    return name
+
+
+def _node_info(node: torch.fx.Node) -> NodeInfo:
+    val = node.meta.get("val")
+    stack = node.meta.get("nn_module_stack") or {}
+    module = list(stack.values())[-1][0] if stack else ""
+    orig = node.meta.get("original_aten")
+    index = node.args[1] if node.target is operator.getitem and len(node.args) > 1 else None
+    return NodeInfo(node.name, _op_name(node.target), str(orig) if orig is not None else "", _root(node),
+                    str(module), [u.name for u in node.users],
+                    [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None,
+                    tuple(val.shape) if isinstance(val, torch.Tensor) else None,
+                    str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "")
+
+
+class Capture:
+    """Collects compiled graphs while active, and the buffers each launch writes when recording."""
+
+    def __init__(self) -> None:
+        self.graphs: list[CompiledGraph] = []
+        self.dynamo: int | None = None  # set by the caller around each Dynamo graph's compilation
+        self.recording = False
+        self.calls: dict[int, int] = {}  # graph -> runs seen while recording
+        # (graph, run, launch) -> the written buffers, copied to the CPU
+        self.values: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+        self.probe_seconds = 0.0
+
+    def probe(self, graph: int, launch: int, buffers: tuple) -> None:
+        if not self.recording:
+            return
+        if launch == 0:  # the first probed launch opens a run of the graph
+            self.calls[graph] = self.calls.get(graph, 0) + 1
+        run = max(self.calls.get(graph, 1) - 1, 0)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.values[(graph, run, launch)] = tuple(
+                b.detach().to("cpu", copy=True) if isinstance(b, torch.Tensor) else None for b in buffers)
+        self.probe_seconds += time.perf_counter() - t0
+
+    def _graph_done(self, lowering: Any, module: Any, provenance: dict[str, list[str]]) -> Any:
+        index = len(self.graphs)
+        nodes = {n.name: _node_info(n) for n in lowering.graph.nodes if n.op == "call_function"}
+        buffer_node, origins = {}, {}
+        for name, buf in lowering.name_to_buffer.items():
+            origin = getattr(buf, "origin_node", None)
+            if origin is not None:
+                buffer_node[name] = origin.name
+            origins[name] = sorted(o.name for o in getattr(buf, "origins", ()) if o.op == "call_function")
+        graph = CompiledGraph(index, self.dynamo, nodes, buffer_node, origins, path=getattr(module, "__file__", "") or "")
+        self.graphs.append(graph)
+        done: Instrumented | None = instrument(module, functools.partial(self.probe, index))
+        if done is None:
+            return module
+        graph.launches, graph.kernel_sources, graph.instrumented = done.launches, done.kernel_sources, True
+        graph.fused = _fused_nodes(done.launches, provenance)
+        return done.module
+
+
+def _fused_nodes(launches: list[Launch], provenance: dict[str, list[str]]) -> dict[int, list[str]]:
+    """Launch index -> its kernel's post-grad nodes. Inductor keys its provenance by
+    ``<kernel>:<handle>``, one entry per kernel code-generated, in generation order; a kernel
+    shared by several sites (deduplicated code) has one entry per site, in call order."""
+    per_kernel: dict[str, list[list[str]]] = {}
+    for key, names in sorted(provenance.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0)):
+        per_kernel.setdefault(key.rpartition(":")[0], []).append(list(names))
+    out, seen = {}, {}
+    for launch in launches:
+        k = seen.get(launch.kernel, 0)
+        entries = per_kernel.get(launch.kernel, [])
+        if k < len(entries):
+            out[launch.index] = entries[k]
+            seen[launch.kernel] = k + 1
+    return out
+
+
+@contextlib.contextmanager
+def capturing(capture: Capture) -> Iterator[Capture]:
+    """Compile inside: every inductor graph compiled here is read and instrumented by ``capture``."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.graph import GraphLowering
+
+    original = GraphLowering.compile_to_module
+
+    def compile_to_module(self: Any) -> Any:
+        # inductor's kernel -> post-grad nodes map (trace.provenance_tracking_level) is a module
+        # global: emptied here so that what it holds after code generation is this graph's
+        provenance = torch._inductor.debug._inductor_triton_kernel_to_post_grad_node_info
+        provenance.clear()
+        module = original(self)
+        return capture._graph_done(self, module, dict(provenance))
+
+    GraphLowering.compile_to_module = compile_to_module
+    try:
+        # the C++ kernel cache stays on: a cached kernel is still generated code, only not rebuilt
+        with inductor_config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False,
+                                    "trace.provenance_tracking_level": 1}), \
+                torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False):
+            yield capture
+    finally:
+        GraphLowering.compile_to_module = original

@@ -1,0 +1,181 @@
+"""``compile_check``: record a model eager and compiled, pair the compiled kernels' buffers with
+the eager records, and let compare name the first divergence, down to the kernel and its ops.
+
+Verdicts are compare's (``xray.compare.compare_dumps``): its rules, its first divergence, its
+one-line verdict; this module only records, pairs and reports.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..dump.atomic import write_text
+from ..dump.folder_owner import check_output, mark_output, replace_output
+from ..record.flatten import flatten_tensors
+from .capture import Capture, capturing
+from .dump import write_compiled
+from .mapping import pair_runs
+from .reference import DynamoGraphs, record_eager
+
+COMMAND = "xray compile-check"
+BACKENDS = ("inductor",)
+SUMMARY, CSV, HTML = "summary.json", "compare.csv", "report.html"
+
+
+class CompileCheckError(RuntimeError):
+    """The check cannot run: a bad argument, or compiling or running the model failed (one line)."""
+
+
+@dataclass
+class CompileCheckResult:
+    """What a compile check found; ``out/summary.json`` holds ``summary``."""
+
+    out: Path
+    summary: dict[str, Any]  # compare's summary JSON, with ``compiled`` facts and the kernel at the first divergence
+    verdict: str  # compare's one-line verdict
+    kernels: int  # kernel launches probed
+    paired: int  # compiled buffers paired with an eager record output
+    unpaired: dict[str, int] = field(default_factory=dict)
+    outputs_equal: bool = True  # the recorded compiled run's outputs are bitwise its plain run's
+    eager_equal: bool = True  # the eager reference's outputs are bitwise the model's own eager outputs
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def first(self) -> dict[str, Any] | None:
+        return self.summary.get("first_divergence")
+
+
+def _check_out(out: Path) -> None:
+    for folder in (out, out / "eager", out / "compiled"):
+        check_output(folder, COMMAND)
+
+
+def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = None, out: str | Path = "xray-compile",
+                  *, backend: str = "inductor", mode: str | None = None, config_patches: dict | None = None,
+                  decompositions: dict | None = None, save_tensors: bool = True, dump_num: int = 8,
+                  progress: Callable[[str], None] | None = None) -> CompileCheckResult:
+    """Compile ``model`` with inductor, run it once recorded and its Dynamo graphs once in eager,
+    and compare the two runs kernel by kernel.
+
+    ``mode`` is torch.compile's (``max-autotune-no-cudagraphs``...); ``config_patches`` and
+    ``decompositions`` go to inductor's ``compile_fx`` (tests and the fault benchmark inject
+    compiler faults this way). ``save_tensors`` keeps each compiled buffer paired with an eager
+    record (compare judges on tensors, not only statistics); ``dump_num`` is the eager run's
+    ``X_DUMP_NUM``."""
+    if backend not in BACKENDS:
+        raise CompileCheckError(f"backend {backend!r}: only {', '.join(BACKENDS)} is supported")
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    try:
+        options = dict(list_mode_options(mode) if mode else {})
+    except Exception as e:  # noqa: BLE001 - torch's own message names the valid modes
+        raise CompileCheckError(f"mode {mode!r}: {e}") from e
+    options.update(config_patches or {})
+    out = Path(out)
+    _check_out(out)
+    say = progress or (lambda _: None)
+    kwargs = dict(kwargs or {})
+    seconds: dict[str, float] = {}
+
+    capture, dynamo = Capture(), DynamoGraphs()
+    compile_fn = lambda gm, ex: compile_fx(gm, ex, config_patches=options, decompositions=decompositions)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=dynamo.backend(capture, compile_fn), dynamic=False)
+    say("compile")
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            with capturing(capture):
+                compiled(*args, **kwargs)
+            seconds["compile"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            plain = flatten_tensors(compiled(*args, **kwargs))
+            seconds["compiled_run"] = time.perf_counter() - t0
+            say("recorded compiled run")
+            capture.recording = dynamo.recording = True
+            t0 = time.perf_counter()
+            try:
+                recorded = flatten_tensors(compiled(*args, **kwargs))
+            finally:
+                capture.recording = dynamo.recording = False
+            seconds["recorded_run"] = time.perf_counter() - t0
+            seconds["probe"] = capture.probe_seconds
+    except Exception as e:  # noqa: BLE001 - the compiler's or the model's error is the result
+        raise CompileCheckError(f"compiling or running the compiled model failed: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:400] if str(e) else ''}") from e
+    finally:
+        torch._dynamo.reset()
+    if not capture.graphs:
+        raise CompileCheckError("torch.compile made no inductor graph for this model (nothing was compiled)")
+    outputs_equal = len(plain) == len(recorded) and all(torch.equal(a, b) for a, b in zip(plain, recorded))
+
+    say("eager reference")
+    out.mkdir(parents=True, exist_ok=True)
+    mark_output(out, COMMAND)
+    t0 = time.perf_counter()
+    ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num)
+    mark_output(out / "eager", COMMAND)
+    seconds["eager_reference"] = time.perf_counter() - t0
+    with torch.no_grad():
+        own = flatten_tensors(model(*args, **kwargs))
+    eager_equal = len(own) == len(ref.outputs) and all(torch.equal(a, b) for a, b in zip(own, ref.outputs))
+
+    from ..dump import load_dump
+
+    eager = load_dump(ref.dump)
+    try:
+        by_seq = {r.seq: r for r in eager.records if r.kind == "op"}
+        pairing = pair_runs(capture.graphs, [g for g, _ in dynamo.runs], ref.node_seqs, by_seq, capture.values)
+        folder = replace_output(out / "compiled", COMMAND)
+        info = {"mode": mode, "graphs": len(capture.graphs), "kernel_launches": pairing.kernels,
+                "paired": len(pairing.pairs), "unpaired": pairing.unpaired,
+                "output_code": [g.path for g in capture.graphs]}
+        write_compiled(folder, eager, pairing.pairs, capture.values, backend=backend, info=info,
+                       save_tensors=save_tensors)
+    finally:
+        eager.close()
+    capture.values.clear()
+
+    say("compare")
+    t0 = time.perf_counter()
+    summary, verdict = _compare(out, folder)
+    seconds["compare"] = time.perf_counter() - t0
+    summary["compiled"] = {"backend": backend, "mode": mode, "graphs": len(capture.graphs),
+                           "kernel_launches": pairing.kernels, "paired": len(pairing.pairs),
+                           "unpaired": pairing.unpaired, "outputs_equal": outputs_equal, "eager_equal": eager_equal,
+                           "seconds": {k: round(v, 4) for k, v in seconds.items()}}
+    write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
+    return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
+                              outputs_equal, eager_equal, seconds)
+
+
+def _compare(out: Path, compiled: Path) -> tuple[dict[str, Any], str]:
+    """Compare's summary JSON (with the kernel named at the first divergence) and verdict line."""
+    from ..compare import compare_dumps
+    from ..compare.report import write_csv, write_html
+    from ..dump import load_dump
+
+    result = compare_dumps(out / "eager", compiled, progress=False)
+    write_csv(result, out / CSV)
+    write_html(result, out / HTML)
+    summary = result.summary.to_json()
+    fd = summary.get("first_divergence")
+    if fd and fd.get("bench_seq") is not None:
+        dump = load_dump(compiled)
+        try:
+            entries = ((dump.header.get("compiled") or {}).get("records") or {}).get(str(fd["bench_seq"])) or []
+        finally:
+            close = getattr(dump, "close", None)
+            if callable(close):
+                close()
+        if entries:
+            e = entries[0]
+            fd.update(kernel=e["kernel"], kernel_ops=e["fused_ops"], kernel_nodes=e["fused_nodes"], node=e["node"],
+                      buffer=e["buffer"], graph=e["graph"], launch=e["launch"])
+    return summary, f"{result.summary.verdict_kind}: {result.summary.verdict}"

@@ -1,0 +1,112 @@
+"""Write a compiled run as an xray trace dump that compare reads against the eager one.
+
+The dump holds one record per eager op record, in the eager order and with the eager record's
+identity (seq, op, module, arguments, each input's ``src`` edge), as drift's backend dumps do:
+compare's matcher then pairs every record with itself. An output that a kernel materialised
+carries the kernel's buffer (statistics, and the tensor when asked); one that inductor fused
+away is described by shape and dtype with a ``note``, and compare skips it. An input whose
+producer was materialised carries the compiled value, so compare can recompute an extern
+kernel's local error on the compiled run's own inputs; weights and model inputs are the ones
+both runs were fed.
+
+What no record column holds (the kernel, the nodes it fuses) is in ``dump.json``'s header,
+``compiled.records`` keyed by seq (docs/format.md, "Compiled runs").
+"""
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..dump.model import Record, Source, TensorMeta
+from ..dump.stats import tensor_stats
+from ..dump.tensorio import dtype_name
+from ..dump.writer import DumpWriter
+from .mapping import Pair
+
+FUSED = "not materialised by {backend}: fused into a kernel"
+
+
+def _meta(t: torch.Tensor, source: str | None = None) -> TensorMeta:
+    t = t.detach().cpu()
+    return TensorMeta(tuple(t.shape), dtype_name(t.dtype), tuple(t.contiguous().stride()), 0, "cpu",
+                      stats=tensor_stats(t), source=source)
+
+
+def _bare(v: Any, note: str | None = None) -> Any:
+    if isinstance(v, list):
+        return [_bare(x, note) for x in v]
+    if isinstance(v, TensorMeta):
+        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source, note=note)
+    return v
+
+
+def record_info(p: Pair) -> dict[str, Any]:
+    """The header entry of one record a kernel materialised."""
+    return {"kernel": p.kernel, "buffer": p.buffer, "node": p.node, "output": p.out, "graph": p.graph,
+            "launch": p.launch, "fused_nodes": p.fused_nodes, "fused_ops": p.fused_ops}
+
+
+def write_compiled(folder: Path, eager: Any, pairs: list[Pair], values: dict[tuple[int, int, int], tuple], *,
+                   backend: str, info: dict[str, Any], save_tensors: bool) -> int:
+    """Write the compiled run's dump into ``folder``; returns how many outputs carry compiled values."""
+    got: dict[tuple[int, int], tuple[torch.Tensor, Pair]] = {}
+    for p in pairs:
+        got.setdefault((p.seq, p.out), (values[(p.graph, p.run, p.launch)][p.slot], p))
+    records: dict[str, list[dict[str, Any]]] = {}
+    for (seq, _), (_, p) in sorted(got.items()):
+        records.setdefault(str(seq), []).append(record_info(p))
+    header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
+              "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
+              "config": dict(eager.header.get("config") or {}),
+              "compiled": {"backend": backend, **info, "reference": str(eager.folder), "records": records}}
+    writer = DumpWriter(folder, header)
+    note = FUSED.format(backend=backend)
+    started, written = time.perf_counter(), 0
+    for rec in eager.records:
+        if rec.kind != "op":
+            continue
+        out = Record(seq=rec.seq, kind=rec.kind, op=rec.op, direction=rec.direction, module=rec.module,
+                     module_stack=list(rec.module_stack), mutates=list(rec.mutates), count=rec.count,
+                     first_seq=rec.first_seq, last_seq=rec.last_seq)
+        out.inputs = {k: _input(v, k, out, writer, got, save_tensors) for k, v in rec.inputs.items()}
+        outputs = []
+        for i, v in enumerate(rec.outputs):
+            hit = got.get((rec.seq, i)) if isinstance(v, TensorMeta) else None
+            if hit is None:
+                outputs.append(_bare(v, note))
+                continue
+            meta = _meta(hit[0])
+            if save_tensors:
+                meta.data = writer.save_tensor(out, f"out.{i}", hit[0].contiguous())
+            outputs.append(meta)
+            written += 1
+        out.outputs = outputs
+        writer.add(out)
+    writer.close({"op_calls": len(eager.records), "records": len(eager.records), "tensors_saved": written,
+                  "seconds": round(time.perf_counter() - started, 6), "error": None})
+    return written
+
+
+def _input(v: Any, name: str, rec: Record, writer: DumpWriter, got: dict, save: bool) -> Any:
+    if isinstance(v, list):
+        return [_input(x, f"{name}.{i}", rec, writer, got, save) for i, x in enumerate(v)]
+    if not isinstance(v, TensorMeta):
+        return v
+    try:
+        src = Source.parse(v.source)
+    except ValueError:
+        src = None
+    if src is None or src.kind != "op":  # a weight or a model input: both runs were fed it
+        return TensorMeta(v.shape, v.dtype, v.stride, v.storage_offset, v.device, stats=v.stats, source=v.source,
+                          note=v.note)
+    hit = got.get((src.seq, src.index))
+    if hit is None or tuple(hit[0].shape) != tuple(v.shape):
+        return _bare(v)
+    meta = _meta(hit[0], v.source)
+    if save:
+        meta.data = writer.save_tensor(rec, f"in.{name}", hit[0].contiguous())
+    return meta

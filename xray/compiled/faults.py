@@ -1,0 +1,83 @@
+"""Compiler faults to inject into inductor, for the tests and tools/bench_compile_faults.py.
+
+Two kinds, both inside the compiler so that the eager reference stays right:
+- ``ScaleNode``: a post-grad pass (``post_grad_custom_post_pass``) that multiplies one node's
+  value by ``1 + eps``; the multiply is named ``xray_fault`` so a report can be checked against it;
+- ``wrong_decompositions``: a decomposition table with one op decomposed wrongly.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+FAULT_NODE = "xray_fault"
+aten = torch.ops.aten
+
+
+def candidates(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Post-grad nodes a scale fault may hit: ATen ops with one floating-point tensor output that
+    came from a model call (a Dynamo node), in graph order."""
+    out = []
+    for n in graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
+                isinstance(val, torch.Tensor) and val.is_floating_point() and val.numel() > 1 and \
+                n.meta.get("from_node") and n.users and not torch.Tag.view_copy in n.target.tags and \
+                n.target not in (aten.view.default, aten.reshape.default, aten.permute.default, aten.expand.default,
+                                 aten.clone.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
+                                 aten.squeeze.dim, aten.t.default, aten.transpose.int, aten.alias.default):
+            out.append(n)
+    return out
+
+
+class ScaleNode(CustomGraphPass):
+    """Multiply the ``index``-th candidate node's value by ``1 + eps`` (``index`` modulo the count)."""
+
+    def __init__(self, index: int, eps: float) -> None:
+        self.index, self.eps = index, eps
+        self.hit: str = ""  # the node scaled
+        self.hit_op: str = ""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        nodes = candidates(graph)
+        if not nodes:
+            return
+        node = nodes[self.index % len(nodes)]
+        with graph.inserting_after(node):
+            scaled = graph.call_function(aten.mul.Tensor, (node, 1.0 + self.eps))
+        node.replace_all_uses_with(scaled, delete_user_cb=lambda u: u is not scaled)
+        scaled.meta = dict(node.meta)
+        scaled._rename(FAULT_NODE)
+        self.hit, self.hit_op = node.name, str(node.meta.get("original_aten") or node.target)
+
+    def uuid(self) -> Any:
+        return None  # never cached
+
+
+def _gelu_tanh(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def _silu_off(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x * 1.01)
+
+
+def _rsqrt_off(x: torch.Tensor) -> torch.Tensor:
+    return 1.001 / torch.sqrt(x)
+
+
+WRONG: dict[str, tuple[Any, Callable]] = {
+    "gelu": (aten.gelu.default, _gelu_tanh),  # the tanh approximation for the exact (erf) GELU
+    "silu": (aten.silu.default, _silu_off),  # sigmoid of 1.01 x
+    "rsqrt": (aten.rsqrt.default, _rsqrt_off),  # 0.1 % high
+}
+
+
+def wrong_decompositions(name: str) -> dict:
+    """Inductor's decomposition table with ``name`` (a key of ``WRONG``) decomposed wrongly."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    op, fn = WRONG[name]
+    return {**select_decomp_table(), op: fn}
