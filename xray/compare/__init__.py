@@ -73,6 +73,9 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             hidden = dedup_note(d, side + (f" ({label})" if label else ""))
             if hidden:
                 summary.dedup.append(hidden)
+            halt = stopped_at(d)
+            if halt:
+                summary.stopped.append(f"{side}{f' ({label})' if label else ''}: {halt}")
             unseen = unrecorded_backward(d)
             if unseen:
                 summary.unrecorded_backward.append(f"{side}{f' ({label})' if label else ''}: {unseen} calls")
@@ -168,6 +171,23 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
             "max_abs_err": r.max_abs_err, "layout": r.layout or None, "module": r.module,
             "cause": r.cause or None, "culprit": r.culprit or None, "culprit_target_seq": r.culprit_target_seq,
             "local_err": r.local_err, "local_floor": r.local_floor, "accumulated_err": r.accumulated_err}
+
+
+def stopped_at(dump) -> str | None:
+    """Where and why a dump's recording stopped early (dump.json ``summary.stopped``, or only
+    ``summary.error`` from an older recorder), as one line; None when it ran to the end."""
+    if getattr(dump, "complete", True) is False:  # read from its journal: the run never reached end_dump
+        return ("recording did not finish (no end_dump: the program died or was killed); only what its journal "
+                "held was compared")
+    summary = getattr(dump, "summary", None) or {}
+    if not isinstance(summary, dict):
+        return None
+    stop, error = summary.get("stopped"), summary.get("error")
+    if not isinstance(stop, dict):
+        return f"recording stopped ({str(error)[:300]})" if error else None
+    what = " in ".join(str(x) for x in (stop.get("op"), stop.get("module")) if x)
+    reason = str(stop.get("reason") or error or "")[:300].replace("\n", " ")
+    return f"recording stopped at seq {stop.get('seq')}" + (f" ({what})" if what else "") + (f": {reason}" if reason else "")
 
 
 def unrecorded_backward(dump) -> int:

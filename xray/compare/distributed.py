@@ -124,6 +124,7 @@ def merge_summaries(bench: str, target: str, payloads: Sequence[Mapping[str, Any
             s.ranks[label] = dict(totals, host=p["host"], csv=p["csv"])
         s.dedup += part["dedup"]
         s.unrecorded_backward += part.get("unrecorded_backward") or []
+        s.stopped += part.get("stopped") or []
         s.warnings += part["warnings"]
         s.seconds = max(s.seconds, part["seconds"])
     s.match_pct = match_pct(s.matched, s.bench_records, s.target_records)

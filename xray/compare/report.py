@@ -121,6 +121,7 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
               ["pairs: pass / warning / fail / nan-inf / skip", f"{s.passed} / {s.warned} / {s.failed} / {s.nan_inf} / {s.skipped}"],
               ["tensor data compared", f"{s.bytes_compared / 1e9:.3f} GB in {s.seconds:.2f} s"]]
     out = [f"!! {d}" for d in s.dedup] + [f"!! {label} NOT COMPARED: {e}" for label, e in s.errors.items()]
+    out += [f"!! {w}" for w in getattr(s, "stopped", ())]
     out.append(tabulate(totals, tablefmt="simple"))
     fd = s.first_divergence
     if fd:
@@ -130,7 +131,8 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
         if fd.get("cause"):
             out.append(f"  cause:  {fd['cause']}: {fd.get('culprit') or ''}{_errors(fd)}")
     else:
-        out.append("\nNo divergence: no row failed." +
+        out.append(("\nNo divergence in what was recorded, but a recording STOPPED early (above)."
+                    if getattr(s, "stopped", None) else "\nNo divergence: no row failed.") +
                    (" But a dump is de-duplicated (above): calls it folded away were not compared." if s.dedup else ""))
     if len(s.ranks) > 1 and s.divergence_order:
         out.append("\n" + rank_order_table(s))

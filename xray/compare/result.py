@@ -117,6 +117,8 @@ class Summary:
     dedup: list[str] = field(default_factory=list)  # de-duplicated sides and what that hides
     # sides whose backward ran but was not recorded (dump.json summary.unrecorded): "target: 42 calls"
     unrecorded_backward: list[str] = field(default_factory=list)
+    # sides whose recording stopped early (dump.json summary.stopped or error): "target (rank_1): at seq 2 ..."
+    stopped: list[str] = field(default_factory=list)
     bytes_compared: int = 0
     seconds: float = 0.0
     ranks: dict[str, dict] = field(default_factory=dict)

@@ -11,7 +11,8 @@ the rows support:
   backward ran unrecorded, or a de-duplicated one, says what that leaves out);
 - ``cannot tell``: a row fails, but where it was born could not be judged (inherited from a
   call the dumps cannot place, or a target-only op that could not be recomputed), or nothing
-  could be compared. Each says what recording would settle it.
+  could be compared, or no row fails but a recording stopped early (the calls after the stop
+  were never compared). Each says what recording would settle it.
 """
 from __future__ import annotations
 
@@ -42,7 +43,14 @@ def verdict_of(summary) -> Verdict:
     if unseen:  # a backward bug leaves no row: what was compared is the forward
         hidden += (f"; backward ran but was not recorded ({', '.join(unseen)}), so this covers the forward "
                    "only: record with X_DEBUG=0x10A (BACKWARD) to compare it")
+    stopped = getattr(summary, "stopped", None)
+    if stopped:  # a truncated recording: its missing calls cannot have diverged in the rows
+        hidden = f"; {'; '.join(stopped)}" + hidden
     if not fd:
+        if stopped:
+            return Verdict(CANNOT_TELL, f"{'; '.join(stopped)}, so the calls after it were not compared"
+                                        + (f" ({failing} rows fail before it, none placed)" if failing else
+                                           " (no row fails before it)"))
         if failing:
             return Verdict(CANNOT_TELL, f"{failing} rows fail but none could be placed as the first divergence"
                                         f"{hidden}")

@@ -105,7 +105,7 @@ class ColumnBuilder:
         before = len(self._layouts)
         key = (tuple([(k, self._value(v, INPUT, k)) for k, v in rec.inputs.items()]),
                tuple([self._value(v, OUTPUT, f"out{i}") for i, v in enumerate(rec.outputs)]),
-               tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params))
+               tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params), _sharding_key(rec))
         for name, meta in rec.params.items():
             self._tensor(meta, PARAM, name)
         skeleton = self._skeletons.get(key)
@@ -260,7 +260,18 @@ def _skeleton_text(rec: Record) -> str:
         skeleton["keywords"] = dict(rec.keywords)
     if rec.params:
         skeleton["params"] = list(rec.params)
+    sharding = _sharding_key(rec)
+    if sharding:  # DTensors: where each local shard sits (docs/format.md, "Sharded tensors")
+        skeleton["sharding"] = {name: sh.to_json() for name, sh in sharding}
     return json.dumps(skeleton, separators=(",", ":"), default=str)
+
+
+def _sharding_key(rec: Record) -> tuple:
+    """((tensor name, Sharding), ...) of the record's DTensors, in row order; () for most records."""
+    if rec.kind != "op":
+        return ()
+    return tuple((name, m.sharding) for name, m in (*rec.input_tensors(), *rec.output_tensors())
+                 if m.sharding is not None)
 
 
 @lru_cache(maxsize=65536)

@@ -496,7 +496,7 @@ class Columns:
             raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
         metas = iter([self._meta(t, begin + k) for k, t in enumerate(tensor_rows)])
         strings = self.strings
-        return Record(
+        rec = Record(
             seq=seq, kind=KINDS[kind], op=checked_name(strings[op], "op"), direction=DIRECTIONS[direction],
             module=None if module < 0 else checked_name(strings[module], "module"),
             module_stack=[] if module_stack < 0 else self._frames(module_stack),
@@ -507,6 +507,11 @@ class Columns:
             call_index=call_index, step=None if step < 0 else step,
             keywords=dict(template["keywords"]),
             params={k: next(metas) for k in template["params"]})
+        if template["sharding"]:
+            sharding = template["sharding"]
+            for name, meta in (*rec.input_tensors(), *rec.output_tensors()):
+                meta.sharding = sharding.get(name)
+        return rec
 
     def _frames(self, i: int) -> list[tuple[str, str]]:
         got = self._stacks.get(i)

@@ -260,6 +260,9 @@ class TensorMeta:
     source: str | None = None
     # Why this tensor has no statistics or data (a meta, nested or quantized tensor...).
     note: str | None = None
+    # A DTensor: where this rank's local shard (what shape, statistics and data describe) sits
+    # in the global tensor. None for a plain tensor.
+    sharding: "Sharding | None" = None
 
     @property
     def numel(self) -> int:
@@ -302,6 +305,8 @@ class TensorMeta:
             d["src"] = self.source
         if self.note is not None:
             d["note"] = self.note
+        if self.sharding is not None:
+            d["sharding"] = self.sharding.to_json()
         return d
 
     @classmethod
@@ -332,7 +337,47 @@ class TensorMeta:
             data=_opt_str(d.get("data"), "tensor data reference"),
             source=_opt_str(d.get("src"), "tensor source", MAX_TEXT),
             note=_opt_str(d.get("note"), "tensor note"),
+            sharding=None if d.get("sharding") is None else Sharding.from_json(d["sharding"]),
         )
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a DTensor's local shard sits in its global tensor, as this rank saw it
+    (docs/format.md, "Sharded tensors"). Placements are written as DTensor prints them per
+    mesh dimension: ``S(<dim>)`` sharded, ``R`` replicated, ``P(<op>)`` partial (pending a
+    reduction: each rank holds a term)."""
+
+    placements: tuple[str, ...]
+    mesh: tuple[int, ...]  # the device mesh's shape
+    coordinate: tuple[int, ...]  # this rank's place in the mesh
+    global_shape: tuple[int, ...]
+    global_offset: tuple[int, ...]  # where the local shard starts in the global tensor, per dim
+    mesh_dims: tuple[str, ...] | None = None  # the mesh's dimension names, when it has them
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"placements": list(self.placements), "mesh": list(self.mesh),
+                             "coordinate": list(self.coordinate), "global_shape": list(self.global_shape),
+                             "global_offset": list(self.global_offset)}
+        if self.mesh_dims is not None:
+            d["mesh_dims"] = list(self.mesh_dims)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Sharding":
+        _dict(d, "tensor sharding")
+        placements = tuple(_str(p, "placement") for p in _list(d.get("placements"), "placements"))
+        mesh = _ints(d.get("mesh"), "sharding mesh")
+        coordinate = _ints(d.get("coordinate"), "sharding coordinate")
+        shape = _ints(d.get("global_shape"), "sharding global_shape")
+        offset = _ints(d.get("global_offset"), "sharding global_offset")
+        dims = d.get("mesh_dims")
+        if len(placements) != len(mesh) or len(coordinate) != len(mesh) or len(offset) != len(shape):
+            raise ValueError(f"tensor sharding is inconsistent: {echo(d)}")
+        if any(n < 0 for n in shape + offset + coordinate) or any(n < 1 for n in mesh) or math.prod(shape) > MAX_NUMEL:
+            raise ValueError(f"tensor sharding out of range: {echo(d)}")
+        return cls(placements, mesh, coordinate, shape, offset,
+                   None if dims is None else tuple(_str(x, "mesh dim name") for x in _list(dims, "mesh_dims")))
 
 
 @dataclass(frozen=True)

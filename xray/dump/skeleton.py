@@ -12,8 +12,8 @@ import math
 from typing import Any, Iterator
 
 from .errors import ColumnsError
-from .model import (MAX_DEPTH, MAX_ITEMS, MAX_NAME, MAX_NUMEL, TensorMeta, _frame, _ints, _str, echo, parse_json,
-                    value_from_json)
+from .model import (MAX_DEPTH, MAX_ITEMS, MAX_NAME, MAX_NUMEL, Sharding, TensorMeta, _frame, _ints, _str, echo,
+                    parse_json, value_from_json)
 
 
 def checked_name(text: str, what: str) -> str:
@@ -107,6 +107,10 @@ def parse_skeleton(text: str) -> tuple[dict, int]:
         if not isinstance(keywords, dict) or len(keywords) > MAX_ITEMS:
             raise ValueError("keywords must be an object")
         template["keywords"] = {_str(k, "keyword key"): _str(v, "keyword") for k, v in keywords.items()}
+        sharding = raw.get("sharding", {})  # DTensors' shards, by tensor name (optional)
+        if not isinstance(sharding, dict) or len(sharding) > MAX_ITEMS:
+            raise ValueError("sharding must be an object")
+        template["sharding"] = {_str(k, "sharded tensor name"): Sharding.from_json(v) for k, v in sharding.items()}
     except ValueError as e:
         raise ColumnsError(f"record skeleton: {e}") from None
     return template, count[0] + len(template["params"])

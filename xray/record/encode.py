@@ -32,7 +32,9 @@ class OpInfo:
     # The first output aliases the first input (view, slice, t...): it shares that input's
     # version counter, which autograd attaches only after the kernel has returned.
     view: bool = False
-    collective: bool = False  # c10d.*: returns before its tensors are final
+    # c10d.* and the functional collectives (_c10d_functional.*): return before their tensors
+    # are final (a Work, or a tensor that wait_tensor completes)
+    collective: bool = False
     written_results: tuple[str, ...] = ()
 
     @property
@@ -74,7 +76,18 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
     written = mutates if not schema.returns else ()
     return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates,
-                  len(schema.returns) or len(written), defaults, view, str(func).startswith("c10d."), written)
+                  len(schema.returns) or len(written), defaults, view, _is_collective(str(func)), written)
+
+
+# Functional collectives' helpers that exchange nothing (wait_tensor completes one).
+_NOT_EXCHANGES = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+def _is_collective(name: str) -> bool:
+    namespace, _, rest = name.partition(".")
+    if namespace == "c10d":
+        return True
+    return namespace in ("_c10d_functional", "_c10d_functional_autograd") and rest.split(".")[0] not in _NOT_EXCHANGES
 
 
 def recorded_result(info: OpInfo, out: Any, bound: dict[str, Any]) -> Any:

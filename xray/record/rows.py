@@ -430,12 +430,19 @@ def _tensors_in(v: Any) -> int:
 
 
 def wait_collective(outs: list) -> None:
-    """A collective returns before its tensors are final (async Work): wait, so the recorded
-    result is the reduced one and not a race. Waiting twice is harmless for the user's code."""
+    """A collective returns before its tensors are final (a c10d Work, or a functional
+    collective's tensor, which holds this rank's own term until ``wait_tensor``): wait, so the
+    recorded result is the reduced one and not a race. The user's own wait later finds nothing
+    pending and returns at once: values are unchanged, only the overlap is lost."""
     for o in outs:
-        wait = getattr(o, "wait", None)
-        if callable(wait):
-            wait()
+        if isinstance(o, torch.Tensor):
+            torch.ops._c10d_functional.wait_tensor.default(o)
+        elif isinstance(o, (list, tuple)):
+            wait_collective(list(o))
+        else:
+            wait = getattr(o, "wait", None)
+            if callable(wait):
+                wait()
 _TENSOR_TYPE = torch.Tensor
 
 

@@ -59,6 +59,8 @@ class DumpSession:
         r = self.recorder
         summary = {"op_calls": r.op_calls, "records": r.records_written, "tensors_saved": r.tensors_saved,
                    "seconds": round(time.perf_counter() - self.started, 6), "error": r.failed}
+        if r.stopped is not None:  # compare's verdict says "recording stopped at ..."
+            summary["stopped"] = r.stopped
         if r.unrecorded_backward:  # backward ran, X_DEBUG without BACKWARD: compare's verdict says so
             summary["unrecorded"] = {"backward_calls": r.unrecorded_backward}
         return summary if self.program is None else dict(summary, program=self.program)

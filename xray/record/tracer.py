@@ -34,6 +34,7 @@ from .producers import Producers
 from .unwritten import UNWRITTEN, Unwritten
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
 from .rows import FALLBACK as _FALLBACK, RowCall, RowPath, native_path, placeholder, wait_collective
+from .sharded import dtensor_type, fake_mode_active, sharding_of
 
 _XRAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -114,6 +115,10 @@ class Recorder:
         self.tensors_saved = 0
         self.unrecorded_backward = 0  # backward calls seen without BACKWARD (X_DEBUG 0x008)
         self.failed: str | None = None
+        self.dtensor_depth = 0  # DTensor ops being dispatched now (their local kernels are recorded inside)
+        self._passing = None  # the DTensor op handed on to DTensor's own dispatch (on_dtensor_op)
+        # where and why recording stopped (dump.json summary.stopped), None while it runs
+        self.stopped: dict | None = None
         # (signature, module) -> the count of the record its calls fold into (dedup_key)
         self._seen: dict[tuple, Fold] = {}
         # signatures whose first record copied its tensors (X_DUMP_NUM): later records of them,
@@ -166,7 +171,14 @@ class Recorder:
 
     def _meta(self, t: torch.Tensor, source: str | None = None) -> TensorMeta:
         """A tensor the recorder cannot read (meta, nested, quantized...) is described with a
-        note instead of statistics: it must never stop the recording."""
+        note instead of statistics: it must never stop the recording. A DTensor is described by
+        its local shard, with where that shard sits (sharded.py): nothing is communicated."""
+        if type(t) is not torch.Tensor and type(t) is dtensor_type():
+            meta = self._meta(t._local_tensor, source)
+            meta.sharding = sharding_of(t)
+            if self.meta_on:
+                meta.requires_grad = t.requires_grad
+            return meta
         why = unsupported(t)
         flagged = self.unwritten.flagged
         if why is None and flagged is not None and id(t) in flagged:
@@ -187,6 +199,83 @@ class Recorder:
         """An input's meta names the data edge it arrived on (outputs are the record's own)."""
         return self._meta(t, self.producers.source_of(t))
 
+    # -- DTensor ops ----------------------------------------------------------------------------------
+    def on_dtensor_op(self, mode, func, args: tuple, kwargs: dict) -> Any:
+        """A call on DTensors: recorded as one record of its local shards (``_meta``), closed
+        after the kernels DTensor runs for it, which are recorded in their own right (its
+        redistributions' collectives, the local matmul). How: the mode hands the call back to
+        DTensor's dispatch (NotImplemented) with itself pushed again, so that what DTensor
+        dispatches lands here as plain-tensor calls. Its seq is taken when it returns, as a
+        module record's is, so seqs stay in execution order."""
+        if self._passing is func:  # our own call below, back once: DTensor's dispatch takes it
+            self._passing = None
+            return NotImplemented
+        if self.failed is not None:
+            return NotImplemented
+        backward = torch._C._current_graph_task_id() != -1
+        if backward and not self.backward_on:  # its local kernels are counted as unrecorded
+            return NotImplemented
+        below = torch._C._len_torch_dispatch_stack() > 0
+        try:
+            if below:
+                with _disable_current_modes():
+                    rec = self._dtensor_before(func, args, kwargs, backward)
+            else:
+                rec = self._dtensor_before(func, args, kwargs, backward)
+        except Exception as e:  # noqa: BLE001 - a recorder bug must never break the user's step
+            self._fail(e, func)
+            return NotImplemented
+        from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+        self._passing = func
+        self.dtensor_depth += 1
+        _push_mode(mode)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            _pop_mode()
+            self.dtensor_depth -= 1
+            self._passing = None
+        try:
+            if below:
+                with _disable_current_modes():
+                    self._dtensor_after(rec, func, args, kwargs, out)
+            else:
+                self._dtensor_after(rec, func, args, kwargs, out)
+        except Exception as e:  # noqa: BLE001
+            self._fail(e, func)
+        return out
+
+    def _dtensor_before(self, func, args: tuple, kwargs: dict, backward: bool) -> Record:
+        """The DTensor call's record with its inputs described (before an in-place call changes
+        them); its seq is set by ``_dtensor_after``. Never de-duplicated, no tensors saved: its
+        local kernels' records hold those."""
+        info = op_info(func)
+        frames = self.modules.current(backward)
+        rec = Record(seq=-1, kind="op", op=info.name, direction="backward" if backward else "forward",
+                     module=frames[-1][0] if frames else None, module_stack=list(frames),
+                     mutates=list(info.mutates))
+        if self.stack_on:
+            rec.stack = _user_stack(self.config.stack_depth)
+        if self.meta_on or self.stats_on:
+            rec.inputs = self._inputs(bind_inputs(info, args, kwargs))
+        return rec
+
+    def _dtensor_after(self, rec: Record, func, args: tuple, kwargs: dict, out: Any) -> None:
+        info = op_info(func)
+        self.op_calls += 1
+        rec.seq = self.seq
+        self.seq += 1
+        if info.written_results:
+            out = recorded_result(info, out, bind_inputs(info, args, kwargs))
+        self.producers.produced(rec.seq, out, writes=bool(info.mutates))
+        if info.writes:  # its local kernels wrote the shards; the DTensors' own entries go too
+            forget_written(self._stats, info, bind_inputs(info, args, kwargs))
+        if self.meta_on or self.stats_on:
+            outs = list(out) if info.returns > 1 else [out]
+            rec.outputs = [encode_value(v, self._meta) for v in outs]
+        self._emit(rec)
+
     # -- the hot path ----------------------------------------------------------------------------
     def on_op(self, func, args: tuple, kwargs: dict) -> Any:
         if self.failed is not None:
@@ -203,7 +292,7 @@ class Recorder:
                 pending = self._before(func, args, kwargs, tracked)
         except Exception as e:  # a recorder bug must never break the user's forward
             self.unwritten.done()
-            self._fail(e)
+            self._fail(e, func)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if pending is not None or tracked:
@@ -214,7 +303,7 @@ class Recorder:
                 else:
                     self._after_call(func, pending, args, kwargs, out, tracked)
             except Exception as e:
-                self._fail(e)
+                self._fail(e, func)
             finally:
                 self.unwritten.done()
         return out
@@ -392,15 +481,16 @@ class Recorder:
         except DumpWriteError as e:
             self._fail(e)
 
-    def _fail(self, e: Exception) -> None:
+    def _fail(self, e: Exception, func=None) -> None:
         """Stop recording after an error, but never break the user's code. The records made
         so far go to the journal first; after an I/O error the journal is closed, else
-        end_dump still writes dump.json."""
+        end_dump still writes dump.json, whose summary says where recording stopped (``stopped``)."""
         if self.failed is not None:
             return
         self.failed = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else str(e)
-        warnings.warn(f"xray: recording stopped: {self.failed}. What was recorded before stays readable.",
-                      RuntimeWarning, stacklevel=4)
+        self.stopped = _stop_point(self, e, func)
+        warnings.warn(f"xray: recording stopped: {self.failed} (at {_stop_text(self.stopped)}). "
+                      "What was recorded before stays readable.", RuntimeWarning, stacklevel=4)
         self.modules.disown()
         if isinstance(e, DumpWriteError):
             self.writer.abandon()
@@ -439,6 +529,28 @@ class Recorder:
         self._emit(rec)
 
 
+def _stop_point(recorder: "Recorder", e: BaseException, func) -> dict:
+    """Where recording stopped: the first seq left unrecorded, the call it stopped in (None when
+    the error came between calls: a module hook, a flush), its module, the reason and the
+    innermost frame that raised (for a bug report)."""
+    frames = recorder.modules.forward_stack
+    tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ is not None else []
+    name = None
+    if func is not None:
+        try:
+            name = op_info(func).name
+        except Exception:  # noqa: BLE001 - an op the encoder cannot name: its text
+            name = str(func)
+    return {"seq": recorder.seq, "op": name, "module": frames[-1][0] if frames else None,
+            "reason": recorder.failed[:2000], "raised_at": f"{tb[0].filename}:{tb[0].lineno} in {tb[0].name}" if tb else None}
+
+
+def _stop_text(stopped: dict) -> str:
+    """``seq 12 (aten._local_scalar_dense.default in model.q)``: a stop point in one line."""
+    what = " in ".join(x for x in (stopped.get("op"), stopped.get("module") or None) if x)
+    return f"seq {stopped.get('seq')}" + (f" ({what})" if what else "")
+
+
 def _described(outs: list, metas: list) -> Iterator[tuple[torch.Tensor, Stats]]:
     """(output tensor, its statistics) for each described output, Tensor[] items included."""
     for o, m in zip(outs, metas):
@@ -475,6 +587,7 @@ class XrayTracer(TorchDispatchMode):
         # the C row path, tried first; FALLBACK: the Recorder takes the call (rows.native_path)
         self._native = None if recorder.native is None else recorder.native.on_op
         self._deferred = recorder.deferred
+        self._dtensor = None  # torch's DTensor class once imported (Tracing.start looks again)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -482,6 +595,14 @@ class XrayTracer(TorchDispatchMode):
         deferred = self._deferred
         writes = deferred.used and op_info(func).writes
         try:
+            if types:  # a tensor subclass among the arguments (plain calls have none)
+                dt = self._dtensor
+                if dt is None:
+                    dt = self._dtensor = dtensor_type()
+                if dt is not None and dt in types:
+                    return self.recorder.on_dtensor_op(self, func, args, kwargs)
+            if self.recorder.dtensor_depth and fake_mode_active():  # DTensor's shape propagation
+                return func(*args, **kwargs)
             if writes:  # queued statistics read the values each tensor had at its call
                 deferred.before_write()
                 deferred.at_once = True
@@ -532,6 +653,7 @@ class Tracing:
             self.recorder._stats.wrote()  # whatever ran while paused went unseen
             self.recorder.unwritten.forget_all()  # and may have written any buffer
             self.recorder.modules.install()
+            self.mode._dtensor = dtensor_type()
             self.mode.__enter__()
             self.active = True
 

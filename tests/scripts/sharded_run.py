@@ -1,0 +1,148 @@
+"""Two gloo ranks on CPU record sharded runs of a small attention + MLP block, forward and
+backward (tests/test_record_sharded.py, tests/test_cross_rank.py).
+
+    python sharded_run.py OUT [--hidden H] [--cases tp,funcol,funcol_fault] [--world 2]
+
+Each case writes ``OUT/<case>/rank_<r>/`` and ``OUT/<case>.rank<r>.json``: whether recording
+left the outputs and gradients bitwise identical, and the records written. The ranks are forked
+from this process (torch imported once), and meet through a file store.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+import xray
+
+
+class Block(nn.Module):
+    """Attention + MLP, the layout tensor parallelism shards (q/k/v/up by columns, o/down by rows)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
+        self.up, self.down = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:  # -1 heads: a TP rank holds heads / world of them
+            return t.view(b, s, -1, x.shape[-1] // self.heads).transpose(1, 2)
+
+        a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def tp_case(out: Path, rank: int, hidden: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    model = Block(hidden, heads=4)
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+            "up": ColwiseParallel(), "down": RowwiseParallel()}
+    parallelize_module(model, mesh, plan)
+    x = torch.randn(2, 8, hidden, generator=torch.Generator().manual_seed(1))
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        y = model(x)
+        (y * y).mean().backward()
+        return [y.detach().clone()] + [p.grad.to_local().clone() for p in model.parameters()]
+
+    expected = step()
+    with xray.dump(dump_dir=out / "tp", X_DEBUG=0x10A, X_DEDUP=False):
+        got = step()
+    return {"bitwise": all(torch.equal(a, b) for a, b in zip(expected, got))}
+
+
+class AlterAllReduce(torch.utils._python_dispatch.TorchDispatchMode):
+    """A faulty reduction on one rank: its all-reduce result comes back 1 % off (the fault below
+    the recorder, so the record holds what the rank got)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops._c10d_functional.all_reduce.default:
+            torch.ops._c10d_functional.wait_tensor.default(out)
+            out.mul_(1.01)
+        return out
+
+
+def funcol_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
+    import torch.distributed._functional_collectives as funcol
+
+    world = dist.get_world_size()
+    x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(10 + rank))
+    name = "funcol_fault" if fault else "funcol"
+
+    def run() -> torch.Tensor:
+        if rank == 1:  # rank 0's all-reduce waits for this rank's term: its tensor holds its own until then
+            time.sleep(0.3)
+        s = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        g = funcol.all_gather_single(torch.tanh(s[rank * (4 // world):(rank + 1) * (4 // world)]), 0, dist.group.WORLD)
+        b = x.clone()
+        dist.broadcast(b, src=0)
+        return torch.relu(s) * 2 + g.sum() + b
+
+    expected = run()
+    faulty = AlterAllReduce() if fault and rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()  # below the recorder
+    try:
+        with xray.dump(dump_dir=out / name, X_DEDUP=False):
+            got = run()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    sums = [torch.zeros_like(x) for _ in range(world)]
+    dist.all_gather(sums, x)
+    torch.save(torch.stack(sums).sum(0), out / f"{name}.sum.rank{rank}.pt")  # the true all-reduce, for the test
+    return {"bitwise": fault or torch.equal(expected, got)}
+
+
+CASES = {"tp": tp_case, "funcol": funcol_case, "funcol_fault": lambda o, r, h: funcol_case(o, r, h, fault=True)}
+
+
+def rank_main(rank: int, world: int, out: Path, hidden: int, cases: list[str]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=world)
+    try:
+        for case in cases:
+            result = CASES[case](out, rank, hidden)
+            dist.barrier()
+            dump = xray.load_dump(out / case / f"rank_{rank}")
+            result.update(records=len(dump.records), stopped=dump.summary.get("stopped"), error=dump.summary.get("error"))
+            (out / f"{case}.rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out", type=Path)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--cases", default="tp,funcol,funcol_fault")
+    a = p.parse_args()
+    a.out = a.out.resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+    cases = a.cases.split(",")
+    mp.start_processes(rank_main, args=(a.world, a.out, a.hidden, cases), nprocs=a.world, start_method="fork")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
