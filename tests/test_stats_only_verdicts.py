@@ -295,3 +295,15 @@ def test_a_backward_row_within_what_its_incoming_gradient_carries_is_not_born(tm
     assert norms, "no LayerNorm backward was recorded"
     assert [r.status for r in norms if r.status in ("fail", "nan/inf")] == [], \
         [(r.index, r.culprit) for r in norms if r.status == "fail"]
+
+
+def test_a_folded_sum_before_any_precision_loss_is_judged_at_its_terms_magnitude(tmp_path):
+    """Cohere's bf16 training step, recorded with the defaults: the loss's backward starts outside
+    any module with sums de-dup folds into an earlier record. The first recorded consumer of one
+    (an add of two gradients that cancel to 1e-7 from terms of 0.4) differs 100 % and was an
+    inherited FAIL "from a call not recorded": the folded-sum judgement (what its recorded argument
+    carries, at the terms' magnitude: statistics_only.folded_sum) was skipped because no call
+    before it had shown a precision level yet. The level is one way to justify a carried error;
+    the sum's own terms are another, and need none."""
+    o = _zoo_noise_run("cohere", "CohereModel", tmp_path, backward=True)
+    assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")

@@ -560,9 +560,10 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     err = p.input_errors.get(name, r.accumulated_err)
     if err is None:  # a row judged on statistics (X_DUMP_NUM spent): that input's statistics' error
         err = next((e for n, _, _, e in row_inputs(p, k) if n == name), None)
-    if err is None or not math.isfinite(err) or seen.level <= 0:
+    if err is None or not math.isfinite(err):
         return None
-    # beyond the level: still rounding where the folded call is a sum that cancels what it carries
+    # beyond the level (or no level yet: nothing before it showed precision loss): still rounding
+    # where the folded call is a sum that cancels what its recorded argument carries
     through = _folded_sum(graph, p, name, seq, f) if err > f * seen.level else ""
     if through is None:
         return None
