@@ -1,0 +1,110 @@
+"""xray compile-check: a torch.compile'd run recorded kernel by kernel and compared with eager
+(real inductor C++ kernels on CPU; faults injected inside the compiler)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from xray.compiled import compile_check
+from xray.compiled.faults import FAULT_NODE, ScaleNode, wrong_decompositions
+
+
+class Block(nn.Module):
+    """Linear, GELU, LayerNorm, Linear, softmax: an extern kernel, a fused pointwise+reduction
+    kernel, another extern kernel and a fused softmax kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(nn.functional.gelu(self.up(x)))
+        return torch.softmax(self.down(h) * 2, -1).sum(-1)
+
+
+def block() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    return Block().eval(), (torch.randn(2, 4, 16),)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    model, args = block()
+    return compile_check(model, args, out=tmp_path_factory.mktemp("cc") / "clean")
+
+
+def test_clean_compile_is_precision_and_recording_keeps_outputs(clean):
+    s = clean.summary
+    assert s["failed"] == 0 and s["nan_inf"] == 0 and s["first_divergence"] is None
+    assert clean.verdict.startswith("precision")
+    assert clean.outputs_equal and clean.eager_equal
+    assert clean.kernels == 4 and clean.paired >= 4  # 2 extern addmm, 2 C++ kernels
+    assert s["passed"] >= 4
+    for name in ("summary.json", "compare.csv", "report.html"):
+        assert (clean.out / name).is_file()
+    assert json.loads((clean.out / "summary.json").read_text())["compiled"]["paired"] == clean.paired
+
+
+def test_compiled_dump_names_kernels_and_fused_ops(clean):
+    from xray.dump import load_dump
+
+    dump = load_dump(clean.out / "compiled")
+    records = dump.header["compiled"]["records"]
+    kernels = {e["kernel"] for entries in records.values() for e in entries}
+    assert "extern_kernels.addmm" in kernels
+    fused = [e for entries in records.values() for e in entries if e["kernel"].startswith("cpp_fused_")]
+    assert any("aten.gelu.default" in e["fused_ops"] and "aten.native_layer_norm.default" in e["fused_ops"]
+               for e in fused)
+    ln = next(r for r in dump.records if r.op == "aten.native_layer_norm.default")
+    assert records[str(ln.seq)][0]["output"] == 0  # the fused kernel's buffer is LayerNorm's out0
+    gelu = next(r for r in dump.records if r.op == "aten.gelu.default")
+    assert str(gelu.seq) not in records and "fused" in gelu.outputs[0].note
+
+
+def test_scaled_node_is_named_with_its_kernel(tmp_path):
+    model, args = block()
+    fault = ScaleNode(0, 1e-3)  # the first linear's addmm, scaled: fused into the next C++ kernel
+    r = compile_check(model, args, out=tmp_path / "fault", config_patches={"post_grad_custom_post_pass": fault})
+    assert fault.hit == "addmm"
+    assert r.summary["failed"] > 0
+    fd = r.first
+    assert fd["kernel"].startswith("cpp_fused_") and FAULT_NODE in fd["kernel_nodes"]
+    assert fd["op"] == "aten.native_layer_norm.default" and fd["module"] == "norm"
+
+
+def test_wrong_decomposition_is_named(tmp_path):
+    model, args = block()
+    r = compile_check(model, args, out=tmp_path / "decomp", decompositions=wrong_decompositions("gelu"))
+    assert r.summary["failed"] > 0
+    assert "aten.gelu.default" in r.first["kernel_ops"]
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    for argv in (["nope_module:build"], [f"{__file__}:block", "--backend", "eager"]):
+        p = subprocess.run([sys.executable, "-m", "xray.cli", "compile-check", *argv, "--out", str(tmp_path / "o")],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
+        assert p.stderr.startswith("xray compile-check: ")
+
+
+@pytest.mark.slow
+def test_real_size_llama(tmp_path):
+    """A 1-layer Llama at hidden 1024 and 512 tokens: clean is precision, a 1e-3 fault is named."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=1024, intermediate_size=2816, num_hidden_layers=1,
+                      num_attention_heads=16, num_key_value_heads=16, use_cache=False, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).eval()
+    args = (torch.randint(0, 512, (1, 512), generator=torch.Generator().manual_seed(0)),)
+    r = compile_check(model, args, out=tmp_path / "clean")
+    assert r.summary["failed"] == 0 and r.outputs_equal
+    fault = ScaleNode(3, 1e-3)
+    r = compile_check(model, args, out=tmp_path / "fault", config_patches={"post_grad_custom_post_pass": fault})
+    assert r.summary["failed"] > 0 and FAULT_NODE in r.first["kernel_nodes"]
