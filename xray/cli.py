@@ -273,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="backend preset, repeatable (default onnxrt-cpu); name:key=value overrides options")
     drift.add_argument("--out", default="xray-drift", help="output folder (default: xray-drift)")
     drift.add_argument("--no-layers", action="store_true", help="print the backend table only, no per-layer tables")
+    cross = sub.add_parser("cross-rank", help="check that what must agree across a run's ranks does",
+                           description="Within one multi-rank run, compare across ranks the values that must agree "
+                                       "(all-reduce, broadcast and all-gather results, replicated DTensors) and name "
+                                       "the first op and rank that disagree. Exit status 1 when ranks disagree. "
+                                       "See docs/distributed.md.")
+    cross.add_argument("run", help="the run's folder of rank_<r>/ dumps")
     from .explain import cli as explain_cli
     from .compiled import cli as compiled_cli
 
@@ -297,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         from .explain import cli as explain_cli
 
         return explain_cli.run_explain(args) if args.cmd == "explain" else explain_cli.run_fix(args)
+    if args.cmd == "cross-rank":
+        from .compare import cross_rank
+
+        return cross_rank.run(args.run)
     if args.cmd == "export-json":
         return _export_json(args)
     if args.cmd == "record":

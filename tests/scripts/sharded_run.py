@@ -45,7 +45,7 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(x)))
 
 
-def tp_case(out: Path, rank: int, hidden: int) -> dict:
+def tp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -64,14 +64,20 @@ def tp_case(out: Path, rank: int, hidden: int) -> dict:
         return [y.detach().clone()] + [p.grad.to_local().clone() for p in model.parameters()]
 
     expected = step()
-    with xray.dump(dump_dir=out / "tp", X_DEBUG=0x10A, X_DEDUP=False):
-        got = step()
-    return {"bitwise": all(torch.equal(a, b) for a, b in zip(expected, got))}
+    faulty = AlterAllReduce() if fault and rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()  # below the recorder: the record holds what the rank got
+    try:
+        with xray.dump(dump_dir=out / ("tp_fault" if fault else "tp"), X_DEBUG=0x10A, X_DEDUP=False):
+            got = step()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    return {"bitwise": fault or all(torch.equal(a, b) for a, b in zip(expected, got))}
 
 
 class AlterAllReduce(torch.utils._python_dispatch.TorchDispatchMode):
-    """A faulty reduction on one rank: its all-reduce result comes back 1 % off (the fault below
-    the recorder, so the record holds what the rank got)."""
+    """A faulty reduction on one rank: its all-reduce results come back 1 % off."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -113,7 +119,8 @@ def funcol_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
     return {"bitwise": fault or torch.equal(expected, got)}
 
 
-CASES = {"tp": tp_case, "funcol": funcol_case, "funcol_fault": lambda o, r, h: funcol_case(o, r, h, fault=True)}
+CASES = {"tp": tp_case, "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
+         "funcol_fault": lambda o, r, h: funcol_case(o, r, h, fault=True)}
 
 
 def rank_main(rank: int, world: int, out: Path, hidden: int, cases: list[str]) -> None:

@@ -116,6 +116,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         for k in ("bench_records", "target_records", "matched", "bytes_compared"):
             setattr(summary, k, getattr(summary, k) + totals[k])
     _count(summary, rows)
+    _cross_rank(target, units, summary)
     # Ranks share no clock but their collectives: the first rank is the one that diverged before the fewest.
     summary.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in summary.ranks.items()
                                                  if r["sync"]})
@@ -171,6 +172,23 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
             "max_abs_err": r.max_abs_err, "layout": r.layout or None, "module": r.module,
             "cause": r.cause or None, "culprit": r.culprit or None, "culprit_target_seq": r.culprit_target_seq,
             "local_err": r.local_err, "local_floor": r.local_floor, "accumulated_err": r.accumulated_err}
+
+
+def _cross_rank(target, units: list, summary: Summary) -> None:
+    """A multi-rank target checked within itself: what must agree across its ranks does
+    (cross_rank.py); a disagreement goes into the summary and the verdict."""
+    from .distributed import global_rank
+
+    if len(units) < 2 or not all(global_rank(label) is not None for label, _, _ in units):
+        return
+    from .cross_rank import check_ranks
+
+    try:
+        report = check_ranks(target)
+    except Exception as e:  # noqa: BLE001 - the compare itself stands; say the check could not run
+        summary.warnings.append(f"target: cross-rank check not run ({type(e).__name__}: {str(e)[:200]})")
+        return
+    summary.cross_rank = [f"target: {f.line()}" for f in report.findings[:20]]
 
 
 def stopped_at(dump) -> str | None:

@@ -122,6 +122,7 @@ def terminal_report(result: CompareResult, worst: int = 10) -> str:
               ["tensor data compared", f"{s.bytes_compared / 1e9:.3f} GB in {s.seconds:.2f} s"]]
     out = [f"!! {d}" for d in s.dedup] + [f"!! {label} NOT COMPARED: {e}" for label, e in s.errors.items()]
     out += [f"!! {w}" for w in getattr(s, "stopped", ())]
+    out += [f"!! ranks disagree: {w}" for w in getattr(s, "cross_rank", ())]
     out.append(tabulate(totals, tablefmt="simple"))
     fd = s.first_divergence
     if fd:

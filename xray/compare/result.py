@@ -119,6 +119,8 @@ class Summary:
     unrecorded_backward: list[str] = field(default_factory=list)
     # sides whose recording stopped early (dump.json summary.stopped or error): "target (rank_1): at seq 2 ..."
     stopped: list[str] = field(default_factory=list)
+    # a multi-rank target whose ranks disagree where they must agree (cross_rank.py), first first
+    cross_rank: list[str] = field(default_factory=list)
     bytes_compared: int = 0
     seconds: float = 0.0
     ranks: dict[str, dict] = field(default_factory=dict)

@@ -6,7 +6,8 @@ the rows support:
 
 - ``bug``: the first divergence is born at a call that was judged there (its inputs agree, or
   its local error on its own inputs is beyond what the run's precision allows, or an argument
-  differs), so the call named is where to look;
+  differs), so the call named is where to look; or, with no failing row, the target's ranks
+  disagree on a value they must hold alike (cross_rank.py);
 - ``precision``: no row fails and no divergence was found among what was compared (a run whose
   backward ran unrecorded, or a de-duplicated one, says what that leaves out);
 - ``cannot tell``: a row fails, but where it was born could not be judged (inherited from a
@@ -46,6 +47,9 @@ def verdict_of(summary) -> Verdict:
     stopped = getattr(summary, "stopped", None)
     if stopped:  # a truncated recording: its missing calls cannot have diverged in the rows
         hidden = f"; {'; '.join(stopped)}" + hidden
+    cross = getattr(summary, "cross_rank", None)
+    if not fd and cross:  # a value every rank must hold alike does not agree: a bug, found without the bench
+        return Verdict(BUG, f"ranks disagree where they must agree: {cross[0].removeprefix('target: ')}{hidden}")
     if not fd:
         if stopped:
             return Verdict(CANNOT_TELL, f"{'; '.join(stopped)}, so the calls after it were not compared"
