@@ -161,3 +161,21 @@ def test_a_recording_that_never_finished_is_not_read_as_agreement(tmp_path):
     s = compare_dumps(tmp_path / "bench", tmp_path / "target", progress=False).summary
     assert s.target_records > 0
     assert s.verdict_kind == "cannot tell" and "recording did not finish" in s.verdict
+
+
+@pytest.mark.slow
+def test_real_size_tensor_parallel_step(tmp_path):
+    """Hidden 1024 (an MLP of 4096): the whole step recorded on both ranks, bitwise the same
+    outputs and gradients, every DTensor described by its shard, and the ranks agree."""
+    from xray.compare.cross_rank import check_ranks
+
+    run_ranks(tmp_path, "--cases", "tp", "--hidden", "1024", timeout=600)
+    for rank in (0, 1):
+        result = outcome(tmp_path, "tp", rank)
+        assert result["bitwise"] and result["stopped"] is None and result["records"] > 200
+        records = xray.load_dump(tmp_path / "tp" / f"rank_{rank}").records
+        up = next(r for r in records if r.module == "up" and r.op == "aten.addmm.default"
+                  and r.inputs["mat2"].sharding is not None)
+        assert up.inputs["mat2"].shape == (1024, 2048) and up.inputs["mat2"].sharding.global_shape == (1024, 4096)
+    report = check_ranks(tmp_path / "tp")
+    assert report.checked >= 10 and report.findings == []
