@@ -119,7 +119,83 @@ def funcol_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
     return {"bitwise": fault or torch.equal(expected, got)}
 
 
-CASES = {"tp": tp_case, "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
+class AlterLocalKernel(torch.utils._python_dispatch.TorchDispatchMode):
+    """A faulty kernel on one rank: the forward local ``addmm`` whose output has ``columns``
+    columns (a column-parallel Linear's shard) comes back 1 % off, once."""
+
+    def __init__(self, columns: int) -> None:
+        super().__init__()
+        self.columns, self.done = columns, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (not self.done and func is torch.ops.aten.addmm.default and not types and out.shape[-1] == self.columns
+                and torch._C._current_graph_task_id() == -1):
+            self.done = True
+            out.mul_(1.01)
+        return out
+
+
+def single_case(out: Path, rank: int, hidden: int, batch: int = 2, name: str = "single") -> dict:
+    """The same block on one device, whole (rank 0 only: the others wait)."""
+    if rank == 0:
+        torch.manual_seed(0)
+        model = Block(hidden, heads=4)
+        x = torch.randn(batch, 8, hidden, generator=torch.Generator().manual_seed(1))
+        with xray.dump(dump_dir=out / name, X_DEBUG=0x10A, X_DEDUP=False):
+            (model(x) ** 2).mean().backward()
+    return {"bitwise": True}
+
+
+def tp_step_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
+    """Tensor parallelism, the step of ``single_case``; with ``fault``, rank 1's shard of the up
+    projection 1 % off."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    model = Block(hidden, heads=4)
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+            "up": ColwiseParallel(), "down": RowwiseParallel()}
+    parallelize_module(model, mesh, plan)
+    x = torch.randn(2, 8, hidden, generator=torch.Generator().manual_seed(1))
+    faulty = AlterLocalKernel(4 * hidden // dist.get_world_size()) if fault and rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()  # below the recorder
+    try:
+        with xray.dump(dump_dir=out / ("tp_bug" if fault else "tp_step"), X_DEBUG=0x10A, X_DEDUP=False):
+            (model(x) ** 2).mean().backward()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    return {"bitwise": True}
+
+
+def ddp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
+    """DDP: each rank runs its half of a batch of 4; the gradients are averaged."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(Block(hidden, heads=4))
+    x = torch.randn(2 * world, 8, hidden, generator=torch.Generator().manual_seed(1)).chunk(world)[rank]
+    faulty = AlterLocalKernel(4 * hidden) if fault and rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()
+    try:
+        with xray.dump(dump_dir=out / ("ddp_bug" if fault else "ddp"), X_DEBUG=0x10A, X_DEDUP=False):
+            (model(x) ** 2).mean().backward()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    return {"bitwise": True}
+
+
+CASES = {"tp": tp_case, "tp_step": tp_step_case, "tp_bug": lambda o, r, h: tp_step_case(o, r, h, fault=True),
+         "single": single_case,
+         "single4": lambda o, r, h: single_case(o, r, h, batch=4, name="single4"),
+         "ddp": ddp_case, "ddp_bug": lambda o, r, h: ddp_case(o, r, h, fault=True), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
          "funcol_fault": lambda o, r, h: funcol_case(o, r, h, fault=True)}
 
 
@@ -130,6 +206,8 @@ def rank_main(rank: int, world: int, out: Path, hidden: int, cases: list[str]) -
         for case in cases:
             result = CASES[case](out, rank, hidden)
             dist.barrier()
+            if not (out / case / f"rank_{rank}").exists():  # a single-device case: rank 0 only
+                continue
             dump = xray.load_dump(out / case / f"rank_{rank}")
             result.update(records=len(dump.records), stopped=dump.summary.get("stopped"), error=dump.summary.get("error"))
             (out / f"{case}.rank{rank}.json").write_text(json.dumps(result))

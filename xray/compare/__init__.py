@@ -61,13 +61,17 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
 
     rules = rules or Rules()
     started = time.perf_counter()
-    units, notes = pair_units(bench, target)
+    sharded = _sharded_side(bench, target)
+    units, notes = ([("", bench, target)], []) if sharded else pair_units(bench, target)
     ref_units = dict((label, rp) for label, rp, _ in pair_units(reference, reference)[0]) if reference else {}
     summary = Summary(bench=str(bench), target=str(target), warnings=list(notes))
     rows: list[CompareRow] = []
     for label, pb, pt in units:
-        db = open_dump(pb, "bench", summary.warnings)
-        dt = open_dump(pt, "target", summary.warnings)
+        if sharded:  # one side a single-device run, the other a sharded one: rebuilt as one run
+            db, dt = _open_unsharded(pb, pt, sharded, summary.warnings)
+        else:
+            db = open_dump(pb, "bench", summary.warnings)
+            dt = open_dump(pt, "target", summary.warnings)
         check_same_format(db, dt, pb, pt, summary.warnings)
         for side, d in (("bench", db), ("target", dt)):
             hidden = dedup_note(d, side + (f" ({label})" if label else ""))
@@ -92,6 +96,12 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         try:
             rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress,
                                                statistics_only=statistics_only, ignore_step=ignore_step)
+            if sharded:
+                from .unshard import blame_ranks
+
+                run, single = (dt, db) if sharded == "target" else (db, dt)
+                if not statistics_only:
+                    blame_ranks(rank_rows, run, single, side=sharded)
         finally:
             for d in (db, dt, dr):
                 close = getattr(d, "close", None)
@@ -116,7 +126,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
         for k in ("bench_records", "target_records", "matched", "bytes_compared"):
             setattr(summary, k, getattr(summary, k) + totals[k])
     _count(summary, rows)
-    _cross_rank(target, units, summary)
+    _cross_rank(bench if sharded == "bench" else target, units, summary, sharded=bool(sharded))
     # Ranks share no clock but their collectives: the first rank is the one that diverged before the fewest.
     summary.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in summary.ranks.items()
                                                  if r["sync"]})
@@ -174,12 +184,48 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
             "local_err": r.local_err, "local_floor": r.local_floor, "accumulated_err": r.accumulated_err}
 
 
-def _cross_rank(target, units: list, summary: Summary) -> None:
-    """A multi-rank target checked within itself: what must agree across its ranks does
-    (cross_rank.py); a disagreement goes into the summary and the verdict."""
+def _sharded_side(bench, target) -> str | None:
+    """"target" (or "bench") when that side is a folder of rank dumps and the other one dump: a
+    sharded run against a single-device run (unshard.py); None otherwise."""
+    from .pairing import dump_units
+    from .unshard import rank_dumps
+
+    try:
+        nb, nt = len(dump_units(bench)), len(dump_units(target))
+    except ValueError:
+        return None  # pair_units says what is wrong
+    if nb == 1 and nt > 1 and rank_dumps(target):
+        return "target"
+    if nt == 1 and nb > 1 and rank_dumps(bench):
+        return "bench"
+    return None
+
+
+def _open_unsharded(pb, pt, sharded: str, notes: list[str]):
+    """(bench, target) opened, the sharded side rebuilt as one run against the other."""
+    from .pairing import CompareInputError, dump_units, open_dump
+    from .unshard import UnshardError, UnshardedRun
+
+    single_path, folder = (pb, pt) if sharded == "target" else (pt, pb)
+    single_side = "bench" if sharded == "target" else "target"
+    single = open_dump(next(iter(dump_units(single_path).values())), single_side, notes)
+    try:
+        run = UnshardedRun(folder, guide=single)
+    except UnshardError as e:
+        raise CompareInputError(str(e)) from None
+    notes += [f"{sharded}: {n}" for n in run.found.notes]
+    notes.append(f"{sharded}: {len(run.labels)} ranks of a sharded run rebuilt into one run "
+                 f"({', '.join(run.labels)}) to compare with the single-device {single_side}")
+    return (single, run) if sharded == "target" else (run, single)
+
+
+def _cross_rank(target, units: list, summary: Summary, sharded: bool = False) -> None:
+    """A multi-rank target (or the sharded side against a single run) checked within itself: what
+    must agree across its ranks does (cross_rank.py); a disagreement goes into the summary and the
+    verdict."""
     from .distributed import global_rank
 
-    if len(units) < 2 or not all(global_rank(label) is not None for label, _, _ in units):
+    if not sharded and (len(units) < 2 or not all(global_rank(label) is not None for label, _, _ in units)):
         return
     from .cross_rank import check_ranks
 

@@ -105,7 +105,7 @@ class ColumnBuilder:
         before = len(self._layouts)
         key = (tuple([(k, self._value(v, INPUT, k)) for k, v in rec.inputs.items()]),
                tuple([self._value(v, OUTPUT, f"out{i}") for i, v in enumerate(rec.outputs)]),
-               tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params), _sharding_key(rec))
+               tuple(rec.mutates), tuple(rec.keywords.items()), tuple(rec.params), _sharding_key(rec), rec.kernels)
         for name, meta in rec.params.items():
             self._tensor(meta, PARAM, name)
         skeleton = self._skeletons.get(key)
@@ -263,6 +263,8 @@ def _skeleton_text(rec: Record) -> str:
     sharding = _sharding_key(rec)
     if sharding:  # DTensors: where each local shard sits (docs/format.md, "Sharded tensors")
         skeleton["sharding"] = {name: sh.to_json() for name, sh in sharding}
+    if rec.kernels:  # a DTensor call: the records its kernels made, just before it
+        skeleton["kernels"] = rec.kernels
     return json.dumps(skeleton, separators=(",", ":"), default=str)
 
 

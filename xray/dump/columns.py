@@ -511,6 +511,7 @@ class Columns:
             sharding = template["sharding"]
             for name, meta in (*rec.input_tensors(), *rec.output_tensors()):
                 meta.sharding = sharding.get(name)
+        rec.kernels = template["kernels"]
         return rec
 
     def _frames(self, i: int) -> list[tuple[str, str]]:

@@ -530,6 +530,10 @@ class Record:
     # Module records (format v2): the module's own parameters and buffers used by this call,
     # by name relative to the module ("weight"); never counted among ``inputs``.
     params: dict[str, "TensorMeta"] = field(default_factory=dict)
+    # A call on DTensors: how many records its own kernels made (its redistributions'
+    # collectives, the local ops on the shards), the records just before it (docs/format.md,
+    # "Sharded tensors"); 0 for every other record.
+    kernels: int = 0
 
     @property
     def name(self) -> str:
@@ -567,6 +571,8 @@ class Record:
             d["keywords"] = dict(self.keywords)
         if self.params:
             d["params"] = {k: v.to_json() for k, v in self.params.items()}
+        if self.kernels:
+            d["kernels"] = self.kernels
         return d
 
     @classmethod
@@ -601,6 +607,7 @@ class Record:
                       for k, v in _dict(d.get("keywords") or {}, "keywords").items()},
             params={_str(k, "parameter name"): TensorMeta.from_json(v)
                     for k, v in _dict(d.get("params") or {}, "params").items()},
+            kernels=_int(d.get("kernels", 0), "kernels"),
         )
 
 

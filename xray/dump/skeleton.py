@@ -111,6 +111,10 @@ def parse_skeleton(text: str) -> tuple[dict, int]:
         if not isinstance(sharding, dict) or len(sharding) > MAX_ITEMS:
             raise ValueError("sharding must be an object")
         template["sharding"] = {_str(k, "sharded tensor name"): Sharding.from_json(v) for k, v in sharding.items()}
+        kernels = raw.get("kernels", 0)  # a DTensor call: the records of its kernels, just before it
+        if type(kernels) is not int or not 0 <= kernels < 2 ** 63:
+            raise ValueError(f"kernels must be a count, got {echo(kernels)}")
+        template["kernels"] = kernels
     except ValueError as e:
         raise ColumnsError(f"record skeleton: {e}") from None
     return template, count[0] + len(template["params"])

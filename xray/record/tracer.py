@@ -259,11 +259,13 @@ class Recorder:
             rec.stack = _user_stack(self.config.stack_depth)
         if self.meta_on or self.stats_on:
             rec.inputs = self._inputs(bind_inputs(info, args, kwargs))
+        rec.kernels = self.seq  # where its kernels' records start; a count once it returns
         return rec
 
     def _dtensor_after(self, rec: Record, func, args: tuple, kwargs: dict, out: Any) -> None:
         info = op_info(func)
         self.op_calls += 1
+        rec.kernels = self.seq - rec.kernels
         rec.seq = self.seq
         self.seq += 1
         if info.written_results:

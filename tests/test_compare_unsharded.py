@@ -1,0 +1,114 @@
+"""A sharded run against a single-device run: ``xray-compare single/ sharded/ out.csv`` rebuilds
+the ranks' tensors as the one run they stand for (xray/compare/unshard.py) and compares it with
+the single run, naming the op and the rank of a fault.
+
+Two gloo ranks on CPU run tests/scripts/sharded_run.py (an attention + MLP block, forward and
+backward): tensor parallelism (DTensor, q/k/v/up by columns, o/down by rows) and DDP with a batch
+split in two, each against the same block on one device; in the faulty runs rank 1's forward
+``up`` matmul (its shard, under tensor parallelism) comes back 1 % off.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xray.compare import compare_dumps
+from xray.compare.cli import main as compare_main
+from xray.compare.unshard import combined_stats
+from xray.dump.model import Stats
+
+from test_record_sharded import run_ranks
+
+CASES = "single,single4,tp_step,tp_bug,ddp,ddp_bug"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("unsharded")
+    run_ranks(out, "--cases", CASES)
+    return out
+
+
+def _compare(runs: Path, single: str, sharded: str):
+    return compare_dumps(runs / single / "rank_0", runs / sharded, progress=False)
+
+
+def test_a_sound_tensor_parallel_step_matches_the_single_run(runs):
+    """Every record of the single run pairs with a rebuilt one, none fails, none is skipped."""
+    s = _compare(runs, "single", "tp_step").summary
+    assert s.matched == s.bench_records == s.target_records == 120
+    assert s.failed == s.nan_inf == s.skipped == s.unmatched == 0
+    assert s.verdict_kind == "precision" and s.cross_rank == []
+
+
+def test_a_fault_in_one_ranks_shard_is_named_at_the_op_with_the_rank(runs):
+    result = _compare(runs, "single", "tp_bug")
+    fd = result.summary.first_divergence
+    assert fd["op"] == "aten.addmm.default" and fd["module"] == "up" and fd["origin"] == "born"
+    assert fd["rank"] == "rank_1"
+    assert result.summary.verdict.startswith("born at aten.addmm.default in up (bench record #29) on rank rank_1")
+    row = next(r for r in result.rows if r.index == fd["index"] and r.tensor == "out0")
+    errors = dict(x.split() for x in row.note.split("error by rank's shard: ")[1].split(", "))
+    assert float(errors["rank_0"]) < 1e-5 and float(errors["rank_1"]) == pytest.approx(0.0093, rel=0.1)
+
+
+def test_ddp_averaged_gradients_are_compared_with_the_single_runs(runs):
+    """Each rank's backward is the gradient of its half of the batch: not compared. The gradients
+    DDP averages and writes back are, against the full batch's; the forward is rebuilt by batch."""
+    result = _compare(runs, "single4", "ddp")
+    s = result.summary
+    assert s.failed == s.nan_inf == 0 and s.verdict_kind == "precision"
+    grads = [r for r in result.rows if r.bench_op == "aten.detach.default" and r.bench_name.startswith(
+        tuple(f"{m}/" for m in ("q", "k", "v", "o", "up", "down"))) and r.status == "pass"]
+    assert len(grads) == 12  # weight and bias of 6 Linears
+    assert any("12 averaged gradients" in w for w in s.warnings)
+    forward = [r for r in result.rows if r.bench_seq is not None and r.bench_seq < 39 and r.status != "unmatched"]
+    assert len(forward) >= 38 and all(r.status == "pass" for r in forward if r.bench_op != "aten.mean.default")
+
+
+def test_a_ddp_fault_on_one_rank_is_named_with_the_rank(runs):
+    result = _compare(runs, "single4", "ddp_bug")
+    fd = result.summary.first_divergence
+    assert fd["op"] == "aten.addmm.default" and fd["module"] == "up" and fd["rank"] == "rank_1"
+    failing_grads = [r for r in result.rows if r.bench_op == "aten.detach.default" and r.status == "fail"]
+    assert failing_grads, "the averaged gradients carry the fault"
+
+
+def test_the_command_line(runs, tmp_path, capsys):
+    assert compare_main([str(runs / "single" / "rank_0"), str(runs / "tp_bug"), str(tmp_path / "out.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "on rank rank_1" in out and "rebuilt into one run" in out
+    # ranks that ran different calls cannot be put back together: one line, exit 2
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "rank_0").symlink_to(runs / "tp_step" / "rank_0")
+    (mixed / "rank_1").symlink_to(runs / "ddp" / "rank_1")
+    assert compare_main([str(runs / "single" / "rank_0"), str(mixed), str(tmp_path / "m.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ran different calls" in err and "\n" not in err
+
+
+def test_statistics_of_disjoint_shards_combine_exactly():
+    import torch
+
+    from xray.dump.stats import tensor_stats
+
+    t = torch.randn(6, 10, dtype=torch.float64)
+    whole = tensor_stats(t)
+    got = combined_stats([tensor_stats(t[:, :3]), tensor_stats(t[:, 3:])])
+    assert got.min == whole.min and got.max == whole.max and got.numel == 60
+    assert got.mean == pytest.approx(whole.mean, rel=1e-12) and got.std == pytest.approx(whole.std, rel=1e-12)
+    assert combined_stats([whole, None]) is None
+    assert combined_stats([Stats(None, None, None, None, nan=4, numel=4), whole]).nan == 4
+
+
+@pytest.mark.slow
+def test_real_size_tensor_parallel_fault(tmp_path):
+    """Hidden 1024 (an MLP of 4096): the sound step fails no row and skips none; rank 1's 1 %
+    fault is named at its op, with the rank."""
+    run_ranks(tmp_path, "--cases", "single,tp_step,tp_bug", "--hidden", "1024", timeout=900)
+    s = _compare(tmp_path, "single", "tp_step").summary
+    assert s.failed == s.nan_inf == s.skipped == s.unmatched == 0
+    fd = _compare(tmp_path, "single", "tp_bug").summary.first_divergence
+    assert (fd["op"], fd["module"], fd["rank"]) == ("aten.addmm.default", "up", "rank_1")

@@ -1,0 +1,619 @@
+"""A sharded run as the one run it stands for: its rank dumps put back together, so that compare
+pairs it with a single-device run of the same model (``xray-compare single/ sharded/ out.csv``).
+
+Why rebuild the sharded side rather than slice the single run to each shard: every tensor of the
+single run is then compared whole, by the same engine and rules as any two runs, whether or not
+the single run saved its tensors (slicing needs them saved), and a partial sum (a row-parallel
+matmul, each rank holding one term) can only be judged once its terms are added. The rank a fault
+sits in is named afterwards, where both sides saved the tensor: each rank's shard against the
+single run's slice of it.
+
+How each tensor is rebuilt (docs/distributed.md, "Against a single-device run"):
+
+- a DTensor, by its ``sharding``: ``S(d)`` shards placed at their ``global_offset``, ``R`` taken
+  from the first coordinate, ``P(sum)``/``P(avg)`` terms added (averaged);
+- a plain tensor (a ``to_local()`` shard, DDP's batch slice), by its shape against the single
+  run's matched record: one dimension the ranks split in rank order, or, with the single run's
+  shape, one copy when every rank holds the same values;
+- from the ranks' saved tensors when they all saved it (exact statistics and sample), else from
+  their statistics (min, max and the count-weighted mean and std of disjoint shards are exact; the
+  sample cannot be re-drawn and is dropped; a partial sum cannot be rebuilt and is not compared).
+
+A DTensor call's own kernels (its redistributions' collectives, the local op on the shards) are
+dropped: the DTensor record stands for them, with their saved tensors. Collectives at top level
+are dropped too: the single run has none. Under data parallelism (the ranks read different
+inputs, DDP), each rank's backward is the gradient of its own batch: only the averaged gradients
+DDP's all-reduce writes back into each ``.grad`` are compared, in place of the record that made
+that ``.grad``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..dump.model import Record, Sharding, Stats, TensorMeta, iter_tensors
+from .sync_points import is_collective
+
+DATA_PREFIX = "unshard:"
+_HELPERS = ("_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default")
+_VIEWS = ("aten.as_strided.default", "aten.view.default", "aten._unsafe_view.default", "aten.alias.default")
+
+
+@dataclass
+class Part:
+    """One rank's piece of a global tensor: its recorded meta, placed at ``offset``."""
+
+    rank: int
+    meta: TensorMeta
+    offset: tuple[int, ...]
+
+
+@dataclass
+class Assembly:
+    """How one global tensor is made of the ranks' pieces: ``shard`` places them, ``copy`` takes
+    the first, ``sum``/``avg`` adds them (partial values)."""
+
+    how: str
+    shape: tuple[int, ...]
+    dtype: str
+    parts: list[Part]
+
+    def shard_of(self, rank: int) -> Part | None:
+        return next((p for p in self.parts if p.rank == rank), None) if self.how == "shard" else None
+
+
+@dataclass
+class Unsharded:
+    """What rebuilding found: per global tensor, its assembly (by record seq and tensor name)."""
+
+    assemblies: dict[tuple[int, str], Assembly] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class UnshardError(ValueError):
+    """The rank dumps cannot be put back together; the message says why."""
+
+
+def rank_dumps(folder: str | os.PathLike) -> list[tuple[str, Path]]:
+    """(rank label, dump path) of every rank of a multi-rank folder, in rank order; [] when
+    ``folder`` is not one (a single dump, or dumps that are not all ``rank_<r>``)."""
+    from .distributed import global_rank
+    from .pairing import dump_units
+
+    units = dump_units(folder)
+    if len(units) < 2 or any(global_rank(n) is None for n in units):
+        return []
+    return sorted(units.items(), key=lambda kv: global_rank(kv[0]))
+
+
+class UnshardedRun:
+    """The ranks of a sharded run as one dump (``xray.dump.protocol.Dump``): records in rank 0's
+    order and seqs with global tensors; ``load_tensor`` rebuilds a tensor from the ranks' saved
+    shards. ``guide``: the single-device run it will be compared with, whose shapes say how a
+    plain tensor was split."""
+
+    format = "xray-trace"
+    complete = True
+
+    def __init__(self, folder: str | os.PathLike, guide: Any) -> None:
+        from .pairing import open_dump
+
+        self.folder = Path(folder)
+        self.labels, self.ranks, self._warnings = [], [], []
+        for label, path in rank_dumps(folder):
+            self.labels.append(label)
+            self.ranks.append(open_dump(path, f"sharded ({label})", self._warnings))
+        if not self.ranks:
+            raise UnshardError(f"{folder}: not a folder of rank_<r>/ dumps")
+        self.header = dict(self.ranks[0].header or {})
+        self.summary = _merged_summary(self.labels, self.ranks)
+        self.complete = all(getattr(d, "complete", True) is not False for d in self.ranks)
+        self.found = Unsharded(notes=list(self._warnings))
+        self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._ids: list[Assembly] = []
+        self.records = self._rebuild(guide)
+
+    # -- the Dump protocol ------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def has_data(self, meta: TensorMeta) -> bool:
+        return isinstance(meta.data, str) and meta.data.startswith(DATA_PREFIX)
+
+    def load_tensor(self, meta: TensorMeta | str) -> torch.Tensor:
+        ref = meta if isinstance(meta, str) else meta.data
+        if not isinstance(ref, str) or not ref.startswith(DATA_PREFIX):
+            raise KeyError(f"{self.folder}: no rebuilt tensor {ref!r}")
+        i = int(ref[len(DATA_PREFIX):])
+        got = self._cache.get(i)
+        if got is None:
+            got = self._assemble(self._ids[i])
+            self._cache[i] = got
+            if len(self._cache) > 8:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(i)
+        return got
+
+    def close(self) -> None:
+        for d in self.ranks:
+            close = getattr(d, "close", None)
+            if callable(close):
+                close()
+        self._cache.clear()
+
+    def __enter__(self) -> "UnshardedRun":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- rebuilding -------------------------------------------------------------------------
+    def _rebuild(self, guide: Any) -> list[Record]:
+        per_rank = [_logical(list(d.records)) for d in self.ranks]
+        kernels = [k for _, k, _, _ in per_rank]
+        logical = [recs for recs, _, _, _ in per_rank]
+        dropped, self._moved = per_rank[0][2], per_rank[0][3]
+        n = len(logical[0])
+        for label, recs in zip(self.labels[1:], logical[1:]):
+            if len(recs) != n:
+                raise UnshardError(f"{self.folder}: {self.labels[0]} and {label} ran different calls "
+                                   f"({n} and {len(recs)} records once DTensor kernels and collectives are left "
+                                   "out): not one SPMD step; compare the ranks with a run of the same layout")
+        for i in range(n):
+            first = logical[0][i]
+            for label, recs in zip(self.labels[1:], logical[1:]):
+                r = recs[i]
+                if (r.op, r.direction, r.module) != (first.op, first.direction, first.module):
+                    raise UnshardError(f"{self.folder}: {self.labels[0]} ran {first.name} where {label} ran "
+                                       f"{r.name}: the ranks ran different calls")
+        if dropped:
+            self.found.notes.append(f"sharded run: {dropped} records per rank (DTensor kernels, collectives, "
+                                    "to_local/from_local aliases) are folded into the calls they served (the single "
+                                    "run has none)")
+        partners = _partners(logical[0], guide)
+        data_parallel = _reads_different_inputs(logical)
+        averaged = _averaged_gradients(self.ranks, logical) if data_parallel else [{} for _ in logical]
+        out: list[Record] = []
+        local = 0
+        for i in range(n):
+            group = [recs[i] for recs in logical]
+            bench = partners.get(i)
+            if data_parallel and group[0].direction == "backward" and group[0].seq not in averaged[0]:
+                if not _replicated_like(group, bench):
+                    local += 1
+                    continue
+            if group[0].seq in averaged[0]:
+                group = [replace(r, outputs=_with_outputs(r, av[r.seq])) for r, av in zip(group, averaged)]
+            out.append(self._global_record(group, bench, [k.get(r.seq, []) for k, r in zip(kernels, group)]))
+        if data_parallel:
+            n_avg = sum(len(v) for v in averaged[0].values())
+            self.found.notes.append(
+                f"data parallelism (the ranks read different inputs): {local} backward records per rank are "
+                f"gradients of each rank's own batch and are not compared; {n_avg} averaged gradients (after the "
+                "all-reduce) are compared in place of the records that made each .grad")
+        return out
+
+    def _global_record(self, group: list[Record], bench: Record | None, kernels: list[list[Record]]) -> Record:
+        first = group[0]
+        bench_in = dict(bench.input_tensors()) if bench is not None else {}
+        bench_out = dict(bench.output_tensors()) if bench is not None else {}
+
+        def rebuild(name: str, metas: list[TensorMeta], guide: TensorMeta | None) -> TensorMeta:
+            metas = [_with_kernel_data(m, name, k) for m, k in zip(metas, kernels)]
+            a = self._assembly(metas, guide)
+            source = _moved_source(metas[0].source, self._moved)
+            if isinstance(a, str):
+                return replace(metas[0], stats=None, data=None, sharding=None, note=a, source=source)
+            self.found.assemblies[(first.seq, name)] = a
+            return replace(self._meta_of(a, metas[0]), source=source)
+
+        inputs = _map_tensors(first.inputs, [r.inputs for r in group], "", bench_in, rebuild, keyed=True)
+        outputs = [_map_tensors(v, [r.outputs[k] for r in group], f"out{k}", bench_out, rebuild)
+                   for k, v in enumerate(first.outputs)]
+        return replace(first, inputs=inputs, outputs=outputs, kernels=0)
+
+    def _assembly(self, metas: list[TensorMeta], guide: TensorMeta | None) -> Assembly | str:
+        """How the ranks' ``metas`` make one tensor, or why they cannot."""
+        if any(m.sharding is not None for m in metas):
+            return _by_placements(metas)
+        shapes = {tuple(m.shape) for m in metas}
+        if len(shapes) == 1 and (guide is None or tuple(guide.shape) == tuple(metas[0].shape)):
+            if _same_values(metas):
+                return Assembly("copy", tuple(metas[0].shape), metas[0].dtype, [Part(0, metas[0], (0,) * len(metas[0].shape))])
+            return ("ranks hold different values of one shape (not a shard of the single run's tensor, nor a copy): "
+                    "not rebuilt")
+        if guide is None:
+            return "the ranks' shapes differ and no single-run record says how they join: not rebuilt"
+        dim = _split_dim([tuple(m.shape) for m in metas], tuple(guide.shape))
+        if dim is None:
+            return (f"shards {sorted(shapes)} do not join into the single run's {tuple(guide.shape)} along one "
+                    "dimension: not rebuilt")
+        parts, at = [], 0
+        for r, m in enumerate(metas):
+            offset = tuple(at if d == dim else 0 for d in range(len(m.shape)))
+            parts.append(Part(r, m, offset))
+            at += m.shape[dim]
+        return Assembly("shard", tuple(guide.shape), metas[0].dtype, parts)
+
+    def _meta_of(self, a: Assembly, like: TensorMeta) -> TensorMeta:
+        """The global tensor's meta: statistics and sample of the rebuilt tensor when every part
+        was saved, else combined from the parts' statistics (no sample)."""
+        from ..dump.stats import tensor_stats
+
+        saved = all(p.meta.data is not None and p.meta.note is None for p in a.parts)
+        meta = replace(like, shape=a.shape, stride=_contiguous(a.shape), storage_offset=0, sharding=None, data=None,
+                       note=None)
+        if saved:
+            self._ids.append(a)
+            ref = f"{DATA_PREFIX}{len(self._ids) - 1}"
+            try:
+                t = self.load_tensor(ref)
+            except (KeyError, OSError, ValueError, RuntimeError):
+                saved = False
+                self._ids.pop()
+            else:
+                meta.data, meta.stats = ref, tensor_stats(t)
+                return meta
+        if a.how == "copy":
+            meta.stats = None if a.parts[0].meta.stats is None else replace(a.parts[0].meta.stats)
+        elif a.how == "shard":
+            meta.stats = combined_stats([p.meta.stats for p in a.parts])
+        else:
+            meta.stats, meta.note = None, f"a partial {a.how} whose terms were not saved on every rank: not rebuilt"
+        return meta
+
+    def _assemble(self, a: Assembly) -> torch.Tensor:
+        tensors = [self.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape) for p in a.parts]
+        if a.how == "copy":
+            return tensors[0]
+        if a.how == "shard":
+            out = torch.empty(a.shape, dtype=tensors[0].dtype)
+            for p, t in zip(a.parts, tensors):
+                out[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))] = t
+            return out
+        wide = torch.float64 if not tensors[0].is_complex() else torch.complex128
+        out = torch.zeros(a.shape, dtype=wide)
+        for p, t in zip(a.parts, tensors):
+            out[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))] += t.to(wide)
+        if a.how == "avg":
+            out /= _partial_size(a)
+        return out.to(tensors[0].dtype)
+
+
+# -- which records stand for the run -------------------------------------------------------------
+
+
+def _logical(records: list[Record]) -> tuple[list[Record], dict[int, list[Record]], int, dict[str, str]]:
+    """(the records that stand for one rank's step, DTensor record seq -> its kernels' records,
+    how many were left out, data edges moved): a DTensor call's kernels, top-level collectives
+    and the aliases DTensor's ``to_local``/``from_local`` make go. A value read from a record
+    that went is read from the one that stands for it (the DTensor call, the alias's source)."""
+    kept: list[Record] = []
+    kernels: dict[int, list[Record]] = {}
+    moved: dict[str, str] = {}
+    dropped = 0
+    for rec in records:
+        if rec.kernels:
+            lo = rec.seq - rec.kernels
+            mine = [r for r in kept if r.seq >= lo]
+            if mine:
+                del kept[len(kept) - len(mine):]
+                dropped += len(mine)
+            kernels[rec.seq] = mine
+            outs = list(rec.output_tensors())
+            for k in mine:
+                for i, (_, km) in enumerate(k.output_tensors()):
+                    same = next((j for j, (_, m) in enumerate(outs) if tuple(m.shape) == tuple(km.shape)
+                                 and m.stats == km.stats), None)
+                    if same is not None:
+                        moved[f"op:{k.seq}:{i}"] = f"op:{rec.seq}:{same}"
+        elif rec.kind == "op" and (is_collective(rec.op) or rec.op in _HELPERS):
+            dropped += 1
+            continue
+        elif _alias(rec):
+            dropped += 1
+            moved[f"op:{rec.seq}:0"] = next(iter(rec.input_tensors()))[1].source or ""
+            continue
+        kept.append(rec)
+    return kept, kernels, dropped, moved
+
+
+def _alias(rec: Record) -> bool:
+    """A view of a plain tensor as itself (same shape, same values): DTensor's ``to_local`` and
+    ``from_local`` make them, the single run has none."""
+    if rec.kind != "op" or rec.op not in _VIEWS or len(rec.outputs) != 1:
+        return False
+    ins, outs = list(rec.input_tensors()), list(rec.output_tensors())
+    if len(ins) != 1 or len(outs) != 1:
+        return False
+    a, b = ins[0][1], outs[0][1]
+    return (a.sharding is None and b.sharding is None and tuple(a.shape) == tuple(b.shape)
+            and a.stats is not None and a.stats == b.stats)
+
+
+def _moved_source(source: str | None, moved: dict[str, str]) -> str | None:
+    seen = 0
+    while source in moved and seen < 64:
+        source, seen = moved[source], seen + 1
+    return source or None
+
+
+def _partners(records: list[Record], guide: Any) -> dict[int, Record]:
+    """Position in ``records`` -> the single run's record it pairs with: the longest common
+    subsequence of (direction, module path, op). Shapes are left out: a rank's plain tensors
+    are shards, which the pair is wanted to say how to join."""
+    from difflib import SequenceMatcher
+
+    from .entry_table import normalize_path
+
+    def key(r: Record) -> tuple:
+        return (r.kind, r.direction, normalize_path(r.module), r.op)
+
+    bench = [r for r in guide.records if any(True for _ in r.output_tensors())]
+    ours = [key(r) for r in records]
+    matcher = SequenceMatcher(None, ours, [key(r) for r in bench], autojunk=False)
+    out: dict[int, Record] = {}
+    for a, b, n in matcher.get_matching_blocks():
+        for k in range(n):
+            out[a + k] = bench[b + k]
+    return out
+
+
+def _reads_different_inputs(logical: list[list[Record]]) -> bool:
+    """Whether the ranks fed the model different values (data parallelism): a forward input that
+    came from outside the recording differs between ranks."""
+    for i, rec in enumerate(logical[0]):
+        if rec.direction != "forward":
+            continue
+        for name, meta in rec.input_tensors():
+            if meta.source != "input" or meta.sharding is not None:
+                continue
+            others = [dict(recs[i].input_tensors()).get(name) for recs in logical[1:]]
+            if any(o is None for o in others):
+                continue
+            if not _same_values([meta, *others]):
+                return True
+    return False
+
+
+def _averaged_gradients(ranks: list[Any], logical: list[list[Record]]) -> list[dict[int, dict[int, TensorMeta]]]:
+    """Per rank: seq of the record that made a ``.grad`` -> {output index: that gradient after
+    DDP's all-reduce}. DDP copies each averaged bucket slice into ``.grad`` (``aten.copy_``
+    whose source is a view of the all-reduced bucket, whose destination that record made)."""
+    out = []
+    for dump in ranks:
+        records = list(dump.records)
+        comm = {r.seq for r in records if is_collective(r.op)}
+        from_comm = set(comm)
+        found: dict[int, dict[int, TensorMeta]] = {}
+        for r in records:
+            if r.kind != "op":
+                continue
+            srcs = [_producer(m) for _, m in r.input_tensors()]
+            if r.op in _VIEWS and srcs and srcs[0] is not None and srcs[0][0] in from_comm:
+                from_comm.add(r.seq)
+            elif r.op == "aten.copy_.default" and r.direction == "backward":
+                dst, src = _producer(r.inputs.get("self")), _producer(r.inputs.get("src"))
+                if dst is not None and src is not None and src[0] in from_comm and r.outputs:
+                    found.setdefault(dst[0], {})[dst[1]] = r.outputs[0]
+        out.append(found)
+    kept = [{r.seq for r in recs} for recs in logical]
+    return [{s: v for s, v in f.items() if s in k} for f, k in zip(out, kept)]
+
+
+def _producer(meta: Any) -> tuple[int, int] | None:
+    m = re.fullmatch(r"op:(\d+):(\d+)", getattr(meta, "source", None) or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _replicated_like(group: list[Record], bench: Record | None) -> bool:
+    """A backward record under data parallelism that holds no rank's own gradient: every output
+    the same on every rank, of the single run's shape (a weight's transpose)."""
+    if bench is None:
+        return False
+    bench_out = dict(bench.output_tensors())
+    for name, meta in group[0].output_tensors():
+        guide = bench_out.get(name)
+        if guide is None or tuple(guide.shape) != tuple(meta.shape):
+            return False
+        others = [dict(r.output_tensors()).get(name) for r in group[1:]]
+        if any(o is None for o in others) or not _same_values([meta, *others]):
+            return False
+    return True
+
+
+def _with_outputs(rec: Record, replaced: dict[int, TensorMeta]) -> list:
+    outs = list(rec.outputs)
+    for k, meta in replaced.items():
+        if k < len(outs):
+            outs[k] = replace(meta, source=None)
+    return outs
+
+
+# -- tensors ---------------------------------------------------------------------------------------
+
+
+def _map_tensors(value: Any, values: list[Any], prefix: str, guides: dict[str, TensorMeta], rebuild,
+                 keyed: bool = False) -> Any:
+    """``value`` with each tensor replaced by ``rebuild(name, [each rank's], single run's)``."""
+    if keyed:
+        return {k: _map_tensors(v, [vs.get(k) for vs in values], k, guides, rebuild) for k, v in value.items()}
+    if isinstance(value, TensorMeta):
+        metas = [v if isinstance(v, TensorMeta) else None for v in values]
+        if any(m is None for m in metas):
+            return replace(value, stats=None, data=None, sharding=None, note="not a tensor on every rank")
+        return rebuild(prefix, metas, guides.get(prefix))
+    if isinstance(value, (list, tuple)):
+        items = [_map_tensors(v, [vs[i] if isinstance(vs, (list, tuple)) and i < len(vs) else None for vs in values],
+                              f"{prefix}.{i}", guides, rebuild) for i, v in enumerate(value)]
+        return type(value)(items) if isinstance(value, tuple) else items
+    return value
+
+
+def _with_kernel_data(meta: TensorMeta, name: str, kernels: list[Record]) -> TensorMeta:
+    """A DTensor record's tensor with the saved data of the same tensor in its local kernel (the
+    same op on the shards: same name, shape and statistics); DTensor records save none."""
+    if meta.sharding is None or meta.data is not None or not kernels:
+        return meta
+    for k in reversed(kernels):
+        for kname, km in (*k.input_tensors(), *k.output_tensors()):
+            if kname == name and km.data is not None and tuple(km.shape) == tuple(meta.shape) and km.stats == meta.stats:
+                return replace(meta, data=km.data)
+    return meta
+
+
+def _by_placements(metas: list[TensorMeta]) -> Assembly | str:
+    sh = [m.sharding for m in metas]
+    if any(s is None for s in sh) or len({(s.placements, s.global_shape, s.mesh) for s in sh}) != 1:
+        return "the ranks describe this DTensor differently: not rebuilt"
+    first = sh[0]
+    how = "shard"
+    for p in first.placements:
+        if p.startswith("_S("):
+            return f"strided sharding {p} is not rebuilt"
+        if p.startswith("P("):
+            op = p[2:-1]
+            if op not in ("sum", "avg"):
+                return f"a partial {op} is not rebuilt"
+            how = op
+    replicated = [i for i, p in enumerate(first.placements) if p == "R"]
+    parts = [Part(r, m, tuple(s.global_offset)) for r, (m, s) in enumerate(zip(metas, sh))
+             if all(s.coordinate[i] == 0 for i in replicated)]
+    if how == "shard" and len(parts) == 1 and tuple(parts[0].meta.shape) == tuple(first.global_shape):
+        how = "copy"
+    return Assembly(how, tuple(first.global_shape), metas[0].dtype, parts)
+
+
+def _partial_size(a: Assembly) -> int:
+    sh = a.parts[0].meta.sharding
+    return math.prod(n for n, p in zip(sh.mesh, sh.placements) if p.startswith("P(")) if sh else len(a.parts)
+
+
+def _split_dim(shapes: list[tuple[int, ...]], whole: tuple[int, ...]) -> int | None:
+    """The one dimension along which ``shapes`` (in rank order) join into ``whole``."""
+    if any(len(s) != len(whole) for s in shapes):
+        return None
+    found = None
+    for d in range(len(whole)):
+        sizes = [s[d] for s in shapes]
+        if all(n == whole[d] for n in sizes):
+            continue
+        if sum(sizes) != whole[d] or found is not None:
+            return None
+        found = d
+    return found
+
+
+def _same_values(metas: list[TensorMeta]) -> bool:
+    """Whether the ranks' tensors hold the same values, as far as their records tell (statistics
+    and sample; both bit for bit)."""
+    first = metas[0]
+    if first.stats is None:
+        return False
+    return all(m.stats is not None and m.stats == first.stats and m.sample == first.sample
+               and tuple(m.shape) == tuple(first.shape) for m in metas[1:])
+
+
+def combined_stats(parts: list[Stats | None]) -> Stats | None:
+    """Statistics of the concatenation of disjoint shards, from theirs: min and max exactly, mean
+    and (population) std weighted by each shard's finite elements; no sample."""
+    if not parts or any(p is None for p in parts):
+        return None
+    finite = [(p, p.numel - p.nan - p.posinf - p.neginf) for p in parts]
+    n = sum(k for _, k in finite)
+    out = Stats(None, None, None, None, sum(p.nan for p in parts), sum(p.posinf for p in parts),
+                sum(p.neginf for p in parts), sum(p.numel for p in parts))
+    live = [(p, k) for p, k in finite if k > 0 and p.mean is not None and p.std is not None]
+    if n == 0 or len(live) != len([1 for _, k in finite if k > 0]):
+        return out
+    out.min = min(p.min for p, _ in live)
+    out.max = max(p.max for p, _ in live)
+    mean = sum(p.mean * k for p, k in live) / n
+    second = sum((p.std ** 2 + p.mean ** 2) * k for p, k in live) / n
+    out.mean, out.std = mean, math.sqrt(max(second - mean * mean, 0.0))
+    return out
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+def _merged_summary(labels: list[str], ranks: list[Any]) -> dict:
+    """One summary for the ranks: the first stop any rank recorded, the backward calls none
+    recorded."""
+    out: dict[str, Any] = {}
+    unrecorded = 0
+    for label, d in zip(labels, ranks):
+        s = getattr(d, "summary", None) or {}
+        if not isinstance(s, dict):
+            continue
+        if "stopped" not in out and isinstance(s.get("stopped"), dict):
+            out["stopped"] = dict(s["stopped"], reason=f"{label}: {s['stopped'].get('reason') or ''}")
+        try:
+            unrecorded = max(unrecorded, int(((s.get("unrecorded") or {}).get("backward_calls")) or 0))
+        except (TypeError, ValueError, AttributeError):
+            pass
+    if unrecorded:
+        out["unrecorded"] = {"backward_calls": unrecorded}
+    return out
+
+
+# -- which rank ------------------------------------------------------------------------------------
+
+
+def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target") -> None:
+    """Name the rank a failing or warning row's error sits in: each rank's shard of the rebuilt
+    tensor against the single run's slice of it (both saved). A row whose error is in some ranks'
+    shards only gets ``rank`` set to them, and its note says each shard's error."""
+    from .result import PairStatus
+
+    judged = (PairStatus.FAIL.value, PairStatus.WARNING.value, PairStatus.NAN_INF.value)
+    bench_records: dict[int, Record] = {}
+    for row in rows:
+        if row.status not in judged or row.target_seq is None or row.bench_seq is None:
+            continue
+        seq, single_seq = (row.target_seq, row.bench_seq) if side == "target" else (row.bench_seq, row.target_seq)
+        a = run.found.assemblies.get((seq, row.tensor))
+        if a is None or a.how != "shard" or len(a.parts) < 2:
+            continue
+        if not bench_records:
+            bench_records.update({r.seq: r for r in single.records})
+        brec = bench_records.get(single_seq)
+        bmeta = dict(brec.output_tensors()).get(row.tensor) if brec is not None else None
+        if bmeta is None or bmeta.data is None or any(p.meta.data is None for p in a.parts):
+            continue
+        try:
+            whole = single.load_tensor(bmeta).reshape(a.shape).to(torch.float64)
+            errs = []
+            scale = float(whole.abs().max()) or 1.0
+            for p in a.parts:
+                t = run.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape).to(torch.float64)
+                region = whole[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))]
+                errs.append(float((t - region).abs().max()) / scale if t.numel() else 0.0)
+        except (KeyError, OSError, ValueError, RuntimeError):
+            continue
+        worst = max(errs)
+        if worst <= 0:
+            continue
+        wrong = [run.labels[p.rank] for p, e in zip(a.parts, errs) if e >= 0.5 * worst]
+        right = [e for e in errs if e < 0.5 * worst]
+        per = ", ".join(f"{run.labels[p.rank]} {e:.3g}" for p, e in zip(a.parts, errs))
+        row.note = "; ".join(x for x in (row.note, f"error by rank's shard: {per}") if x)
+        if right and max(right) <= 0.1 * worst:
+            row.rank = ",".join(wrong)
