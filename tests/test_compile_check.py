@@ -108,3 +108,51 @@ def test_real_size_llama(tmp_path):
     fault = ScaleNode(3, 1e-3)
     r = compile_check(model, args, out=tmp_path / "fault", config_patches={"post_grad_custom_post_pass": fault})
     assert r.summary["failed"] > 0 and FAULT_NODE in r.first["kernel_nodes"]
+
+
+class Rotary(nn.Module):
+    """q/k projections, a rotary embedding (``rotate_half``'s ``cat``, which inductor writes as two
+    aliased halves of one buffer) and attention (a fallback kernel with a multi-output result)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.o = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+
+    @staticmethod
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
+        return x * cos + half * sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        pos = torch.arange(t, dtype=torch.float32)[:, None] * torch.arange(1, 17, dtype=torch.float32)[None] / 16
+        cos, sin = pos.cos(), pos.sin()
+        q = self.rope(self.q(x).view(b, t, 2, 16).transpose(1, 2), cos, sin)
+        k = self.rope(self.k(x).view(b, t, 2, 16).transpose(1, 2), cos, sin)
+        a = nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 32))
+
+
+def rotary() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    return Rotary().eval(), (torch.randn(1, 8, 32),)
+
+
+def _kernels(r) -> list[dict]:
+    return json.loads((r.out / "compiled" / "dump.json").read_text())["compiled"]["kernels"]
+
+
+def test_aliased_cat_is_probed_and_its_fault_named_at_its_kernel(tmp_path):
+    model, args = rotary()
+    fault = ScaleNode(0, 1e-2, op=torch.ops.aten.neg.default)
+    r = compile_check(model, args, out=tmp_path / "rope", config_patches={"post_grad_custom_post_pass": fault})
+    kernels = _kernels(r)
+    fd, first = r.first, next(k for k in kernels if FAULT_NODE in k["nodes"])
+    assert fault.hit_op == "aten.neg.default"  # rotate_half's negation: written into the cat's first half
+    cat = next(k for k in kernels if any(n and n.startswith("cat") for n in k["buffers"].values()))
+    assert (cat["graph"], cat["launch"]) == (first["graph"], first["launch"])  # the cat's base buffer is probed
+    assert (fd["graph"], fd["launch"]) == (first["graph"], first["launch"]) and FAULT_NODE in fd["kernel_nodes"]
+    assert fd["op"] in ("aten.neg.default", "aten.cat.default")
+    # a fallback kernel computes its own op only, not the nodes inlined into its inputs
+    sdpa = [k for k in kernels if k["kernel"].startswith("torch.ops.aten._scaled_dot_product")]
+    assert sdpa and all(k["ops"] == ["aten._scaled_dot_product_flash_attention_for_cpu.default"] for k in sdpa)

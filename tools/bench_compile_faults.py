@@ -3,10 +3,12 @@
 
 Faults (xray/compiled/faults.py): a post-grad pass scaling one node's value by 1+1e-2 or 1+1e-3
 (``post_grad_custom_post_pass``), and one op decomposed wrongly (GELU's tanh approximation,
-SiLU of 1.01x, rsqrt 0.1 % high). A scale fault is *named* when the first divergence's kernel is
-the one computing the scaled node (``xray_fault`` among its fused nodes); a decomposition fault
-when that kernel fuses the wrongly decomposed op. *Detected* means at least one FAIL row; a fault
-whose effect vanishes (a scale before a normalisation) is counted but cannot be detected.
+SiLU of 1.01x, rsqrt 0.1 % high). Graded strictly: a scale fault is *named* when the first
+divergence is at the very launch that first computes the scaled value (the first launch, in call
+order, whose computed nodes hold ``xray_fault``: a fallback kernel computes only its own op) and
+names that node among the kernel's; a decomposition fault when it is at the first launch that
+computes the wrongly decomposed op, named among its ops. *Detected* means at least one FAIL row;
+a fault whose effect vanishes (a scale before a normalisation) is counted but cannot be detected.
 
     python tools/bench_compile_faults.py [--faults 4] [--real] [--out bench-compile]
 
@@ -100,19 +102,27 @@ def run(models: list[str], faults: int, out: Path, real: bool) -> list[dict]:
             r = compile_check(model, args, out=out / "runs" / name, config_patches=patches,
                               decompositions=wrong_decompositions(dec) if dec else None)
             fd = r.first or {}
+            kernels = json.loads((r.out / "compiled" / "dump.json").read_text())["compiled"]["kernels"]
             if label == "clean":
-                named = None
+                named, at = None, None
             elif dec:
-                named = str(WRONG[dec][0]) in (fd.get("kernel_ops") or [])
+                op = str(WRONG[dec][0])
+                at = next((k for k in kernels if op in k["ops"]), None)
+                named = at is not None and (fd.get("graph"), fd.get("launch")) == (at["graph"], at["launch"]) \
+                    and op in (fd.get("kernel_ops") or [])
             else:
-                named = FAULT_NODE in (fd.get("kernel_nodes") or [])
+                at = next((k for k in kernels if FAULT_NODE in k["nodes"]), None)
+                named = at is not None and (fd.get("graph"), fd.get("launch")) == (at["graph"], at["launch"]) \
+                    and FAULT_NODE in (fd.get("kernel_nodes") or [])
             row = _row(name, label, r, time.perf_counter() - t0, named)
+            row["expected_kernel"] = at and f"{at['kernel']} (launch {at['launch']})"
             if not dec and patches:
                 row["fault_node"], row["fault_op"] = patches["post_grad_custom_post_pass"].hit, \
                     patches["post_grad_custom_post_pass"].hit_op
             rows.append(row)
             print(f"{name:15s} {label:22s} fail={row['failed']:<3} named={str(named):5s} kernel={row['kernel']} "
-                  f"node={row['node']} fault={row.get('fault_node', '')}/{row.get('fault_op', '')} "
+                  f"(launch {fd.get('launch')}) node={row['node']} expected={row['expected_kernel']} "
+                  f"fault={row.get('fault_node', '')}/{row.get('fault_op', '')} verdict={r.verdict[:60]!r} "
                   f"({row['seconds']} s)", flush=True)
             (out / "results.json").write_text(json.dumps(rows, indent=1))
     return rows

@@ -33,6 +33,7 @@ class NodeInfo:
     users: list[str]
     args: list[str]  # the nodes it reads
     index: int | None  # for getitem: which output of ``args[0]``
+    arguments: dict[int | str, str]  # node arguments: position or keyword -> the node passed
     shape: tuple | None
     dtype: str | None
     stack_trace: str = ""
@@ -78,9 +79,11 @@ def _node_info(node: torch.fx.Node) -> NodeInfo:
     module = list(stack.values())[-1][0] if stack else ""
     orig = node.meta.get("original_aten")
     index = node.args[1] if node.target is operator.getitem and len(node.args) > 1 else None
+    arguments: dict[int | str, str] = {i: a.name for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node)}
+    arguments.update({k: a.name for k, a in node.kwargs.items() if isinstance(a, torch.fx.Node)})
     return NodeInfo(node.name, _op_name(node.target), str(orig) if orig is not None else "", _root(node),
                     str(module), [u.name for u in node.users],
-                    [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None,
+                    [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None, arguments,
                     tuple(val.shape) if isinstance(val, torch.Tensor) else None,
                     str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "")
 
@@ -124,25 +127,56 @@ class Capture:
         if done is None:
             return module
         graph.launches, graph.kernel_sources, graph.instrumented = done.launches, done.kernel_sources, True
-        graph.fused = _fused_nodes(done.launches, provenance)
+        graph.fused = _fused_nodes(done.launches, provenance, nodes)
+        _arguments_of_fallbacks(graph)
         return done.module
 
 
-def _fused_nodes(launches: list[Launch], provenance: dict[str, list[str]]) -> dict[int, list[str]]:
-    """Launch index -> its kernel's post-grad nodes. Inductor keys its provenance by
+def _fused_nodes(launches: list[Launch], provenance: dict[str, list[str]],
+                 nodes: dict[str, NodeInfo]) -> dict[int, list[str]]:
+    """Launch index -> the post-grad nodes its kernel computes. Inductor keys its provenance by
     ``<kernel>:<handle>``, one entry per kernel code-generated, in generation order; a kernel
-    shared by several sites (deduplicated code) has one entry per site, in call order."""
+    shared by several sites (deduplicated code) has one entry per site, in call order. A
+    fallback's entry (``torch.ops.aten.X``) also lists the nodes inlined into its inputs, which
+    other kernels compute: it keeps only its own op's nodes (and their ``getitem``s)."""
     per_kernel: dict[str, list[list[str]]] = {}
     for key, names in sorted(provenance.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0)):
         per_kernel.setdefault(key.rpartition(":")[0], []).append(list(names))
     out, seen = {}, {}
     for launch in launches:
+        if launch.owner is not None:  # one output of a multi-output fallback: the fallback's nodes
+            if launch.owner in out:
+                out[launch.index] = out[launch.owner]
+            continue
         k = seen.get(launch.kernel, 0)
         entries = per_kernel.get(launch.kernel, [])
         if k < len(entries):
-            out[launch.index] = entries[k]
+            names = entries[k]
+            if launch.kernel.startswith("torch.ops."):
+                op = launch.kernel.removeprefix("torch.ops.")
+                own = {n for n in names if n in nodes and nodes[n].target == op}
+                names = [n for n in names if n in own or (n in nodes and nodes[n].target == "getitem"
+                                                          and nodes[n].args[:1] and nodes[n].args[0] in own)]
+            out[launch.index] = names
             seen[launch.kernel] = k + 1
     return out
+
+
+def _arguments_of_fallbacks(graph: CompiledGraph) -> None:
+    """A buffer inductor made only to pass a value to a fallback kernel (a copy in the stride
+    order the kernel needs: the rotary-embedded query handed to attention) has no ``origin_node``;
+    the fallback's FX node says which node's value that argument is."""
+    for launch in graph.launches:
+        if not launch.kernel.startswith("torch.ops.") or launch.owner is not None:
+            continue
+        own = [n for n in graph.fused.get(launch.index, []) if graph.nodes[n].target != "getitem"]
+        if len(own) != 1:
+            continue
+        node = graph.nodes[own[0]]
+        for key, buf in launch.arguments.items():
+            value = node.arguments.get(key)
+            if buf not in graph.buffer_node and value in graph.nodes:
+                graph.buffer_node[buf] = value
 
 
 @contextlib.contextmanager

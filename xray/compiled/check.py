@@ -135,7 +135,7 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
         folder = replace_output(out / "compiled", COMMAND)
         info = {"mode": mode, "graphs": len(capture.graphs), "kernel_launches": pairing.kernels,
                 "paired": len(pairing.pairs), "unpaired": pairing.unpaired,
-                "output_code": [g.path for g in capture.graphs]}
+                "output_code": [g.path for g in capture.graphs], "kernels": kernel_table(capture.graphs)}
         write_compiled(folder, eager, pairing.pairs, capture.values, backend=backend, info=info,
                        save_tensors=save_tensors)
     finally:
@@ -153,6 +153,21 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
     return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
                               outputs_equal, eager_equal, seconds)
+
+
+def kernel_table(graphs: list) -> list[dict[str, Any]]:
+    """Every probed launch in call order: the kernel, the post-grad nodes it computes, the ATen
+    ops they were traced from, and the FX node each written buffer holds (None: none known)."""
+    from .mapping import base_op
+
+    rows = []
+    for g in graphs:
+        for launch in g.launches:
+            nodes = g.fused.get(launch.index, [])
+            ops = sorted({base_op(g.nodes[n].original_aten or g.nodes[n].target) for n in nodes if n in g.nodes})
+            rows.append({"graph": g.index, "launch": launch.index, "kernel": launch.kernel, "nodes": nodes, "ops": ops,
+                         "buffers": {b: g.buffer_node.get(b) for b in launch.outputs}})
+    return rows
 
 
 def _compare(out: Path, compiled: Path) -> tuple[dict[str, Any], str]:

@@ -33,15 +33,16 @@ def candidates(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 
 class ScaleNode(CustomGraphPass):
-    """Multiply the ``index``-th candidate node's value by ``1 + eps`` (``index`` modulo the count)."""
+    """Multiply the ``index``-th candidate node's value by ``1 + eps`` (``index`` modulo the count;
+    with ``op``, among the candidates of that ATen op only)."""
 
-    def __init__(self, index: int, eps: float) -> None:
-        self.index, self.eps = index, eps
+    def __init__(self, index: int, eps: float, op: Any = None) -> None:
+        self.index, self.eps, self.op = index, eps, op
         self.hit: str = ""  # the node scaled
         self.hit_op: str = ""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        nodes = candidates(graph)
+        nodes = [n for n in candidates(graph) if self.op is None or n.target == self.op]
         if not nodes:
             return
         node = nodes[self.index % len(nodes)]

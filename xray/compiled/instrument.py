@@ -14,6 +14,12 @@ value printer needs ``cpp_wrapper=True`` (another program than the one users run
 every argument to disk; wrapping kernel globals cannot see fallback ops called through
 ``torch.ops``.
 
+A kernel may write into an alias of another buffer (``buf3 = reinterpret_tensor(buf5, ...)  #
+alias``): inductor writes a ``cat`` as its inputs computed straight into slices of one buffer.
+The slice holds no FX node of its own, the base does (the ``cat``), so the base is probed too,
+after the last launch that writes one of its aliases. A reused buffer
+(``buf17 = reinterpret_tensor(buf2, ...); del buf2``) is a new buffer, not an alias.
+
 Limits: straight-line ``call`` bodies only (control-flow subgraphs keep their launches
 unprobed); a kernel inside a nested block is not probed.
 """
@@ -37,8 +43,11 @@ class Launch:
 
     index: int
     kernel: str  # "cpp_fused_add_mul_0", "extern_kernels.addmm", "torch.ops.aten._softmax.default"
-    outputs: list[str]  # buffer names it writes, in argument order
+    outputs: list[str]  # buffer names it writes, in argument order (then the bases of written aliases)
     line: int  # line in the output-code file
+    owner: int | None = None  # one output of a multi-output fallback: the launch that ran the fallback
+    # a fallback's tensor arguments: schema position (int) or keyword -> the buffer passed
+    arguments: dict[int | str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,7 +107,7 @@ def _call_def(tree: ast.Module) -> tuple[ast.FunctionDef | None, bool]:
     return None, False
 
 
-def _launch(stmt: ast.stmt, cpp: dict[str, list[int]], index: int, owners: dict[str, str]) -> Launch | None:
+def _launch(stmt: ast.stmt, cpp: dict[str, list[int]], index: int, owners: dict[str, tuple[str, int]]) -> Launch | None:
     """The launch ``stmt`` is, if any."""
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
@@ -118,12 +127,31 @@ def _launch(stmt: ast.stmt, cpp: dict[str, list[int]], index: int, owners: dict[
         if isinstance(value, ast.Call):
             name = _dotted(value.func)
             if name and name not in _HELPERS and not name.endswith(tuple("." + h for h in _HELPERS)):
-                owners[target] = name
-                return Launch(index, name, [target], stmt.lineno)
+                owners[target] = (name, index)
+                arguments = {i: b for i, a in enumerate(value.args) if (b := _buffer(a))}
+                arguments.update({kw.arg: b for kw in value.keywords if kw.arg and (b := _buffer(kw.value))})
+                return Launch(index, name, [target], stmt.lineno, arguments=arguments)
         if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id in owners:
-            # one output of a multi-output fallback (MultiOutput): its own buffer
-            return Launch(index, owners[value.value.id], [target], stmt.lineno)
+            # one output of a multi-output fallback (MultiOutput): its own buffer, the fallback's launch
+            kernel, owner = owners[value.value.id]
+            return Launch(index, kernel, [target], stmt.lineno, owner)
     return None
+
+
+def _aliases(body: list[ast.stmt]) -> dict[str, str]:
+    """Alias buffer -> its base, for ``a = reinterpret_tensor(b, ...)`` where ``b`` stays alive
+    (not ``del b`` right after: that is a reuse, ``a`` is then a buffer of its own)."""
+    out = {}
+    for i, stmt in enumerate(body):
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and isinstance(stmt.value, ast.Call) and _dotted(stmt.value.func) == "reinterpret_tensor"):
+            continue
+        base = _buffer(stmt.value.args[0]) if stmt.value.args else None
+        nxt = body[i + 1] if i + 1 < len(body) else None
+        reused = isinstance(nxt, ast.Delete) and any(isinstance(t, ast.Name) and t.id == base for t in nxt.targets)
+        if base and not reused:
+            out[stmt.targets[0].id] = base
+    return out
 
 
 def instrument(module: types.ModuleType, probe: Callable[[int, tuple], None]) -> Instrumented | None:
@@ -138,14 +166,28 @@ def instrument(module: types.ModuleType, probe: Callable[[int, tuple], None]) ->
     if fn is None:
         return None
     launches: list[Launch] = []
-    owners: dict[str, str] = {}
-    body: list[ast.stmt] = []
-    for stmt in fn.body:
-        body.append(stmt)
+    owners: dict[str, tuple[str, int]] = {}
+    at: dict[int, Launch] = {}  # statement position -> its launch
+    for i, stmt in enumerate(fn.body):
         launch = _launch(stmt, cpp, len(launches), owners)
-        if launch is None or not launch.outputs:
+        if launch is not None and launch.outputs:
+            launches.append(launch)
+            at[i] = launch
+    # the base of written aliases: probed after the last launch writing one of them
+    aliases, last = _aliases(fn.body), {}
+    bases = set(aliases.values())
+    for launch in launches:  # a base written whole by a later launch is probed there
+        for b in launch.outputs:
+            if b in aliases or b in bases:
+                last[aliases.get(b, b)] = launch
+    for base, launch in last.items():
+        if base not in launch.outputs:
+            launch.outputs.append(base)
+    body: list[ast.stmt] = []
+    for i, stmt in enumerate(fn.body):
+        body.append(stmt)
+        if (launch := at.get(i)) is None:
             continue
-        launches.append(launch)
         names = ast.Tuple([ast.Name(b, ast.Load()) for b in launch.outputs], ast.Load())
         body.append(ast.Expr(ast.Call(ast.Name("_xray_probe", ast.Load()), [ast.Constant(launch.index), names], [])))
     fn.body = body
