@@ -307,3 +307,14 @@ def test_a_folded_sum_before_any_precision_loss_is_judged_at_its_terms_magnitude
     the sum's own terms are another, and need none."""
     o = _zoo_noise_run("cohere", "CohereModel", tmp_path, backward=True)
     assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
+
+
+def test_an_attention_backward_that_cancels_is_judged_at_its_terms_magnitude(tmp_path):
+    """Canary's decoder cross-attention under a bf16 training step, recorded with the defaults:
+    its keys' scores are all alike, so the fused attention backward's dQ cancels to ~1e-13 from
+    terms of ~1e-3 and moves 115 % between the runs. With nothing recomputed it was born
+    "inputs within precision (local error not measured)", the run's first divergence and 4 FAIL
+    rows. What its inputs carry, grown by the backward's own cancellation
+    (statistics_only.attention_backward_terms: dQ, dK and dV's chained products), explains it."""
+    o = _zoo_noise_run("canary", "CanaryModel", tmp_path, backward=True)
+    assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")

@@ -182,7 +182,8 @@ def cancellation(p: Pending, k: int) -> float:
     output is smaller than that, its terms cancel, and their errors do not (a weight gradient, a
     sum over tokens, a norm's mean of centred values). A matmul's terms are its two multiplied
     inputs' products (K of them, ``reduction_length``); a reduction's or a sum of two tensors' are
-    its inputs (``summed_terms``); any other op's output is its inputs' size: 1."""
+    its inputs (``summed_terms``); a fused attention backward's, its chained products
+    (``attention_backward_terms``); any other op's output is its inputs' size: 1."""
     e = p.target
     out = e.outputs[k][1] if k < len(e.outputs) else None
     st = getattr(out, "stats", None)
@@ -193,6 +194,8 @@ def cancellation(p: Pending, k: int) -> float:
     if is_matmul_like(e.op) and len(ins) >= 2:
         a, b = sorted(ins, key=lambda m: m.numel or 0)[-2:]  # its operands (an addmm's bias is the smallest)
         terms = math.sqrt(reduction_length(e.record, k)) * _rms(a.stats) * _rms(b.stats)
+    elif (attention := attention_backward_terms(e, k)) is not None:
+        terms = attention
     elif (summed := summed_terms(e, k)) is not None:
         terms = math.sqrt(summed[1]) * max(_rms(m.stats) for m in summed[0])
     else:
@@ -200,6 +203,42 @@ def cancellation(p: Pending, k: int) -> float:
     if made <= 0:
         return math.inf if terms > 0 else 1.0
     return max(1.0, terms / made)
+
+
+def attention_backward_terms(e: Entry, k: int) -> float | None:
+    """The size output ``k`` (dQ, dK, dV) of a fused attention backward would have if its terms did
+    not cancel, from its inputs' statistics; None when not such a call or a statistic is missing.
+
+    With P = softmax(s·QKᵀ) and dP = dO·Vᵀ (√Dv·rms(dO)·rms(V) an element), the backward sums
+    dQ = s·Σⱼ Pᵢⱼ(dPᵢⱼ − δᵢ)Kⱼ over S keys, dK = s·Σᵢ (same)·Qᵢ over L queries and dV = Σᵢ PᵢⱼdOᵢ.
+    Each term is taken at P's uniform size 1/S: a sum of n such terms of random sign is √n terms.
+    A peaked P makes dQ smaller still (δᵢ then equals the one dPᵢⱼ it weighs): that is the
+    cancellation this measures, as a key whose every score is alike makes dQ ~1e-13 from terms
+    of 1e-3 (Canary's cross-attention under a bf16 training step)."""
+    if packet(e.op).rsplit(".", 1)[-1] not in _ATTENTION_BACKWARD or k > 2:
+        return None
+    named = dict(e.inputs)
+    metas = [named.get(n) for n in (("grad_out_" if "grad_out_" in named else "grad_out"), "query", "key", "value")]
+    if any(m is None or getattr(m, "stats", None) is None or m.stats.mean is None or len(m.shape) < 2
+           for m in metas):
+        return None
+    d_out, q, key, v = metas
+    length, width, keys, width_v = q.shape[-2], q.shape[-1], key.shape[-2], v.shape[-1]
+    if not (length > 0 and width > 0 and keys > 0 and width_v > 0):
+        return None
+    scale = e.record.inputs.get("scale")
+    scale = float(scale) if isinstance(scale, (int, float)) else 1.0 / math.sqrt(width)
+    d_p = math.sqrt(width_v) * _rms(d_out.stats) * _rms(v.stats)
+    if k == 0:
+        return abs(scale) * d_p * _rms(key.stats) / math.sqrt(keys)
+    if k == 1:
+        return abs(scale) * d_p * _rms(q.stats) * math.sqrt(length) / keys
+    return _rms(d_out.stats) * math.sqrt(length) / keys
+
+
+# Fused attention backwards (dQ, dK, dV first): CPU's flash, CUDA's flash, efficient and cuDNN
+_ATTENTION_BACKWARD = frozenset(f"_scaled_dot_product_{kind}_backward" for kind in (
+    "flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"))
 
 
 def _sample_err(bench: Any, target: Any) -> float:
