@@ -75,6 +75,15 @@ def test_scaled_node_is_named_with_its_kernel(tmp_path):
     fd = r.first
     assert fd["kernel"].startswith("cpp_fused_") and FAULT_NODE in fd["kernel_nodes"]
     assert fd["op"] == "aten.native_layer_norm.default" and fd["module"] == "norm"
+    # born there: LayerNorm's input (GELU's output) was fused away; rebuilt in float64 from the
+    # addmm buffer, the kernel's local error is beyond what fp32 makes
+    assert r.verdict.startswith("bug: born at aten.native_layer_norm.default") and fd["origin"] == "born"
+    assert f"kernel {fd['kernel']}" in r.verdict and "gelu" in r.verdict
+    from xray.dump import load_dump
+
+    ln = next(x for x in load_dump(r.out / "compiled").records if x.op == "aten.native_layer_norm.default")
+    assert ln.inputs["input"].data is not None and "recomputed in float64" in ln.inputs["input"].note
+    assert ln.inputs["weight"].data is not None  # weights saved: the call can be re-run
 
 
 def test_wrong_decomposition_is_named(tmp_path):
@@ -82,6 +91,14 @@ def test_wrong_decomposition_is_named(tmp_path):
     r = compile_check(model, args, out=tmp_path / "decomp", decompositions=wrong_decompositions("gelu"))
     assert r.summary["failed"] > 0
     assert "aten.gelu.default" in r.first["kernel_ops"]
+    assert r.verdict.startswith("bug: born at") and f"kernel {r.first['kernel']}" in r.verdict
+
+
+def test_clean_bf16_compile_is_precision(tmp_path):
+    """bf16: inductor keeps fused intermediates in fp32, eager rounds each op; both are precision."""
+    model, args = block()
+    r = compile_check(model.to(torch.bfloat16), (args[0].to(torch.bfloat16),), out=tmp_path / "bf16")
+    assert r.summary["failed"] == 0 and r.verdict.startswith("precision") and r.outputs_equal
 
 
 def test_cli_errors_are_one_line(tmp_path):

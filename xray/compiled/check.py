@@ -193,4 +193,9 @@ def _compare(out: Path, compiled: Path) -> tuple[dict[str, Any], str]:
             e = entries[0]
             fd.update(kernel=e["kernel"], kernel_ops=e["fused_ops"], kernel_nodes=e["fused_nodes"], node=e["node"],
                       buffer=e["buffer"], graph=e["graph"], launch=e["launch"])
-    return summary, f"{result.summary.verdict_kind}: {result.summary.verdict}"
+    verdict = result.summary.verdict
+    if fd and fd.get("kernel") and fd.get("origin") == "born":
+        ops = ", ".join(op.split(".")[1] if op.startswith("aten.") else op for op in fd.get("kernel_ops") or [])
+        verdict += f"; kernel {fd['kernel']} (launch {fd.get('launch')}, fused ops: {ops})"
+        summary["verdict"] = verdict
+    return summary, f"{result.summary.verdict_kind}: {verdict}"

@@ -23,11 +23,13 @@ import torch
 
 from ..dump.model import Record, Source, TensorMeta
 from ..dump.stats import tensor_stats
-from ..dump.tensorio import dtype_name
+from ..dump.tensorio import dtype_from_name, dtype_name
 from ..dump.writer import DumpWriter
 from .mapping import Pair
+from .region import Region
 
 FUSED = "not materialised by {backend}: fused into a kernel"
+REBUILT = "fused away by {backend}: recomputed in float64 from the compiled run's materialised values"
 
 
 def _meta(t: torch.Tensor, source: str | None = None) -> TensorMeta:
@@ -66,13 +68,18 @@ def write_compiled(folder: Path, eager: Any, pairs: list[Pair], values: dict[tup
     writer = DumpWriter(folder, header)
     note = FUSED.format(backend=backend)
     started, written = time.perf_counter(), 0
+    region = Region(eager, {r.seq: r for r in eager.records if r.kind == "op"},
+                    {key: hit[0] for key, hit in got.items()}) if save_tensors else None
+    materialised = {seq for seq, _ in got}
     for rec in eager.records:
         if rec.kind != "op":
             continue
         out = Record(seq=rec.seq, kind=rec.kind, op=rec.op, direction=rec.direction, module=rec.module,
                      module_stack=list(rec.module_stack), mutates=list(rec.mutates), count=rec.count,
                      first_seq=rec.first_seq, last_seq=rec.last_seq)
-        out.inputs = {k: _input(v, k, out, writer, got, save_tensors) for k, v in rec.inputs.items()}
+        # a record a kernel wrote is judged on its own inputs: fused-away ones rebuilt, weights saved
+        rebuild = Inputs(eager, region, REBUILT.format(backend=backend)) if region and rec.seq in materialised else None
+        out.inputs = {k: _input(v, k, out, writer, got, save_tensors, rebuild) for k, v in rec.inputs.items()}
         outputs = []
         for i, v in enumerate(rec.outputs):
             hit = got.get((rec.seq, i)) if isinstance(v, TensorMeta) else None
@@ -91,9 +98,23 @@ def write_compiled(folder: Path, eager: Any, pairs: list[Pair], values: dict[tup
     return written
 
 
-def _input(v: Any, name: str, rec: Record, writer: DumpWriter, got: dict, save: bool) -> Any:
+class Inputs:
+    """Where a materialised record's inputs that the compiled run does not hold come from."""
+
+    def __init__(self, eager: Any, region: Region, note: str) -> None:
+        self.eager, self.region, self.note = eager, region, note
+
+    def saved(self, v: TensorMeta) -> torch.Tensor | None:
+        """A weight's or model input's tensor, as the eager dump saved it (both runs were fed it)."""
+        if v.data is None or not self.eager.has_data(v):
+            return None
+        return self.eager.load_tensor(v).reshape(v.shape)
+
+
+def _input(v: Any, name: str, rec: Record, writer: DumpWriter, got: dict, save: bool,
+           rebuild: Inputs | None = None) -> Any:
     if isinstance(v, list):
-        return [_input(x, f"{name}.{i}", rec, writer, got, save) for i, x in enumerate(v)]
+        return [_input(x, f"{name}.{i}", rec, writer, got, save, rebuild) for i, x in enumerate(v)]
     if not isinstance(v, TensorMeta):
         return v
     try:
@@ -101,11 +122,21 @@ def _input(v: Any, name: str, rec: Record, writer: DumpWriter, got: dict, save: 
     except ValueError:
         src = None
     if src is None or src.kind != "op":  # a weight or a model input: both runs were fed it
-        return TensorMeta(v.shape, v.dtype, v.stride, v.storage_offset, v.device, stats=v.stats, source=v.source,
+        meta = TensorMeta(v.shape, v.dtype, v.stride, v.storage_offset, v.device, stats=v.stats, source=v.source,
                           note=v.note)
+        if rebuild is not None and (t := rebuild.saved(v)) is not None:
+            meta.data = writer.save_tensor(rec, f"in.{name}", t.contiguous())
+        return meta
     hit = got.get((src.seq, src.index))
     if hit is None or tuple(hit[0].shape) != tuple(v.shape):
-        return _bare(v)
+        rebuilt = rebuild.region.input_value(v) if rebuild is not None else None
+        if rebuilt is None:
+            return _bare(v)
+        t = rebuilt[0].to(dtype_from_name(v.dtype))
+        meta = _meta(t, v.source)
+        meta.note = rebuild.note
+        meta.data = writer.save_tensor(rec, f"in.{name}", t.contiguous())
+        return meta
     meta = _meta(hit[0], v.source)
     if save:
         meta.data = writer.save_tensor(rec, f"in.{name}", hit[0].contiguous())
