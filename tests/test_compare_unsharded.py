@@ -63,6 +63,10 @@ def test_ddp_averaged_gradients_are_compared_with_the_single_runs(runs):
         tuple(f"{m}/" for m in ("q", "k", "v", "o", "up", "down"))) and r.status == "pass"]
     assert len(grads) == 12  # weight and bias of 6 Linears
     assert any("12 averaged gradients" in w for w in s.warnings)
+    # each rank's own backward pairs with the single run's and is skipped, saying why
+    assert s.unmatched == 0
+    local = [r for r in result.rows if r.status == "skip" and r.bench_seq is not None and r.bench_seq >= 39]
+    assert local and all("gradient of its own batch" in r.note for r in local)
     forward = [r for r in result.rows if r.bench_seq is not None and r.bench_seq < 39 and r.status != "unmatched"]
     assert len(forward) >= 38 and all(r.status == "pass" for r in forward if r.bench_op != "aten.mean.default")
 

@@ -192,7 +192,34 @@ def ddp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
     return {"bitwise": True}
 
 
-CASES = {"tp": tp_case, "tp_step": tp_step_case, "tp_bug": lambda o, r, h: tp_step_case(o, r, h, fault=True),
+def fsdp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
+    """FSDP2 (``fully_shard`` on each Linear and the block): each rank runs its half of a batch of
+    4; parameters are all-gathered for the forward and backward, gradients reduce-scattered into
+    S(0) shards. With ``fault``, rank 1's forward ``up`` matmul 1 % off."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = Block(hidden, heads=4)
+    for m in (model.q, model.k, model.v, model.o, model.up, model.down):
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    x = torch.randn(2 * world, 8, hidden, generator=torch.Generator().manual_seed(1)).chunk(world)[rank]
+    faulty = AlterLocalKernel(4 * hidden) if fault and rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()
+    try:
+        with xray.dump(dump_dir=out / ("fsdp_bug" if fault else "fsdp"), X_DEBUG=0x10A, X_DEDUP=False):
+            (model(x) ** 2).mean().backward()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    return {"bitwise": True}
+
+
+CASES = {"fsdp": fsdp_case, "fsdp_bug": lambda o, r, h: fsdp_case(o, r, h, fault=True), "tp": tp_case, "tp_step": tp_step_case, "tp_bug": lambda o, r, h: tp_step_case(o, r, h, fault=True),
          "single": single_case,
          "single4": lambda o, r, h: single_case(o, r, h, batch=4, name="single4"),
          "ddp": ddp_case, "ddp_bug": lambda o, r, h: ddp_case(o, r, h, fault=True), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,

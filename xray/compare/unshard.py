@@ -43,8 +43,14 @@ from ..dump.model import Record, Sharding, Stats, TensorMeta, iter_tensors
 from .sync_points import is_collective
 
 DATA_PREFIX = "unshard:"
+LOCAL_GRADIENT = ("not compared: under data parallelism each rank's backward is the gradient of its own batch; "
+                  "the averaged (reduce-scattered) gradients are compared in place of each .grad")
 _HELPERS = ("_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default")
 _VIEWS = ("aten.as_strided.default", "aten.view.default", "aten._unsafe_view.default", "aten.alias.default")
+_MOVES = _VIEWS + ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.copy_.default", "aten.narrow.default",
+                   "aten.slice.Tensor", "aten.reshape.default", "aten.t.default", "aten.detach.default")
+_ALLOCATIONS = ("aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+                "aten.new_empty.default", "aten.new_empty_strided.default")
 
 
 @dataclass
@@ -76,6 +82,7 @@ class Unsharded:
 
     assemblies: dict[tuple[int, str], Assembly] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    skipped: dict[tuple[int, str], str] = field(default_factory=dict)  # (seq, tensor) -> why not rebuilt
 
 
 class UnshardError(ValueError):
@@ -185,6 +192,10 @@ class UnshardedRun:
         partners = _partners(logical[0], guide)
         data_parallel = _reads_different_inputs(logical)
         averaged = _averaged_gradients(self.ranks, logical) if data_parallel else [{} for _ in logical]
+        sharded = [_sharded_gradients(list(d.records)) for d in self.ranks]
+        kept = [{r.seq for r in recs} for recs in logical]
+        for av, sg, k in zip(averaged, sharded, kept):
+            av.update({s: v for s, v in sg.items() if s in k})
         out: list[Record] = []
         local = 0
         for i in range(n):
@@ -193,17 +204,37 @@ class UnshardedRun:
             if data_parallel and group[0].direction == "backward" and group[0].seq not in averaged[0]:
                 if not _replicated_like(group, bench):
                     local += 1
+                    if bench is not None:  # paired and skipped; DDP's own bucket arithmetic has no pair
+                        out.append(self._not_compared(group[0], bench, LOCAL_GRADIENT))
                     continue
             if group[0].seq in averaged[0]:
                 group = [replace(r, outputs=_with_outputs(r, av[r.seq])) for r, av in zip(group, averaged)]
             out.append(self._global_record(group, bench, [k.get(r.seq, []) for k, r in zip(kernels, group)]))
         if data_parallel:
             n_avg = sum(len(v) for v in averaged[0].values())
+            how = ("reduce-scattered gradient shards, joined" if any(sharded) else "averaged gradients (after the "
+                   "all-reduce)")
             self.found.notes.append(
                 f"data parallelism (the ranks read different inputs): {local} backward records per rank are "
-                f"gradients of each rank's own batch and are not compared; {n_avg} averaged gradients (after the "
-                "all-reduce) are compared in place of the records that made each .grad")
+                f"gradients of each rank's own batch and are skipped; {n_avg} {how} are compared in place of the "
+                "records that made each .grad")
         return out
+
+    def _not_compared(self, rec: Record, bench: Record | None, reason: str) -> Record:
+        """``rec`` kept to pair with the single run's record, its tensors described by ``reason``
+        alone (shapes the single run's, where it has the tensor): compare skips it and says why."""
+        guides = {**dict(bench.input_tensors()), **dict(bench.output_tensors())} if bench is not None else {}
+
+        def blank(name: str, metas: list[TensorMeta], _guide: TensorMeta | None) -> TensorMeta:
+            g = guides.get(name)
+            shape = tuple(g.shape) if g is not None else tuple(metas[0].shape)
+            self.found.skipped[(rec.seq, name)] = reason
+            return replace(metas[0], shape=shape, stride=_contiguous(shape), storage_offset=0, stats=None, data=None,
+                           sharding=None, note=reason, source=_moved_source(metas[0].source, self._moved))
+
+        inputs = _map_tensors(rec.inputs, [rec.inputs], "", {}, blank, keyed=True)
+        outputs = [_map_tensors(v, [v], f"out{k}", {}, blank) for k, v in enumerate(rec.outputs)]
+        return replace(rec, inputs=inputs, outputs=outputs, kernels=0)
 
     def _global_record(self, group: list[Record], bench: Record | None, kernels: list[list[Record]]) -> Record:
         first = group[0]
@@ -215,6 +246,7 @@ class UnshardedRun:
             a = self._assembly(metas, guide)
             source = _moved_source(metas[0].source, self._moved)
             if isinstance(a, str):
+                self.found.skipped[(first.seq, name)] = a
                 return replace(metas[0], stats=None, data=None, sharding=None, note=a, source=source)
             self.found.assemblies[(first.seq, name)] = a
             return replace(self._meta_of(a, metas[0]), source=source)
@@ -304,7 +336,11 @@ def _logical(records: list[Record]) -> tuple[list[Record], dict[int, list[Record
     kernels: dict[int, list[Record]] = {}
     moved: dict[str, str] = {}
     dropped = 0
+    plumbing = _plumbing(records)
     for rec in records:
+        if rec.seq in plumbing:
+            dropped += 1
+            continue
         if rec.kernels:
             lo = rec.seq - rec.kernels
             mine = [r for r in kept if r.seq >= lo]
@@ -328,6 +364,74 @@ def _logical(records: list[Record]) -> tuple[list[Record], dict[int, list[Record
             continue
         kept.append(rec)
     return kept, kernels, dropped, moved
+
+
+def _plumbing(records: list[Record]) -> set[int]:
+    """Seqs of the records that only move data for a sharding library: FSDP2's ops (``fsdp.*``:
+    copy into the all-gather buffer, split it into parameters, concatenate gradients for the
+    reduce-scatter), the views and copies of collectives' and those ops' results, and the
+    allocations and views that only feed them. The single run has none: the parameters it reads
+    are the all-gathered ones, its gradients the reduce-scattered ones (``_sharded_gradients``)."""
+    if not any(r.kind == "op" and (r.op or "").startswith("fsdp.") for r in records):
+        return set()
+    out: set[int] = set()
+    consumers: dict[int, set[int]] = {}
+    for r in records:
+        if r.kind != "op":
+            continue
+        srcs = {p[0] for _, m in r.input_tensors() if (p := _producer(m)) is not None}
+        for q in srcs:
+            consumers.setdefault(q, set()).add(r.seq)
+        if r.op.startswith("fsdp.") or is_collective(r.op) or r.op in _HELPERS:
+            out.add(r.seq)
+        elif r.op in _MOVES and srcs & out:
+            out.add(r.seq)
+    made = {r.seq for r in records if r.kind == "op"}
+    allocs = {r.seq for r in records if r.kind == "op" and r.op in _ALLOCATIONS}
+    for r in reversed(records):  # what only feeds them: their buffers, and views of what no call computed
+        if r.kind == "op" and r.seq not in out and (r.op in _MOVES or r.op in _ALLOCATIONS):
+            used = consumers.get(r.seq)
+            fed = {p[0] for _, m in r.input_tensors() if (p := _producer(m)) is not None and p[0] in made}
+            if used and used <= out and fed <= out | allocs:
+                out.add(r.seq)
+    return out
+
+
+def _sharded_gradients(records: list[Record]) -> dict[int, dict[int, TensorMeta]]:
+    """FSDP2's gradient shards of one rank: seq of the record that made an unsharded gradient ->
+    {output index: this rank's shard of it after the reduce-scatter}. FSDP2 concatenates the
+    gradients (``fsdp.chunk_cat``), reduce-scatters them, and takes each parameter's shard of the
+    result with ``as_strided``, in the order they were concatenated."""
+    by_seq = {r.seq: r for r in records}
+    out: dict[int, dict[int, TensorMeta]] = {}
+    derived: dict[int, int] = {}  # record seq -> the reduce-scatter it views or copies
+    order: dict[int, list[tuple[int, int]]] = {}  # reduce-scatter seq -> the gradients concatenated
+    shards: dict[int, list[TensorMeta]] = {}
+    for r in records:
+        if r.kind != "op":
+            continue
+        srcs = [p for _, m in r.input_tensors() if (p := _producer(m)) is not None]
+        if "reduce_scatter" in r.op:
+            feed = _producer(next((m for n, m in r.input_tensors() if n in ("input_tensor", "input", "inputs.0")), None))
+            while feed is not None and feed[0] in by_seq and by_seq[feed[0]].op in _VIEWS:
+                feed = _producer(next(iter(by_seq[feed[0]].input_tensors()), (None, None))[1])
+            cat = by_seq.get(feed[0]) if feed is not None else None
+            if cat is not None and cat.op == "fsdp.chunk_cat.default":
+                order[r.seq] = [p for n, m in cat.input_tensors() if n.startswith("tensors.")
+                                and (p := _producer(m)) is not None]
+                derived[r.seq] = r.seq
+            continue
+        hit = next((derived[p[0]] for p in srcs if p[0] in derived), None)
+        if hit is None:
+            continue
+        if r.op == "aten.as_strided.default" and r.direction == "backward":
+            shards.setdefault(hit, []).extend(m for _, m in r.output_tensors())
+        elif r.op in _MOVES:
+            derived[r.seq] = hit
+    for rs, grads in order.items():
+        for (seq, idx), meta in zip(grads, shards.get(rs, [])):
+            out.setdefault(seq, {})[idx] = meta
+    return out
 
 
 def _alias(rec: Record) -> bool:
@@ -585,6 +689,11 @@ def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target"
 
     judged = (PairStatus.FAIL.value, PairStatus.WARNING.value, PairStatus.NAN_INF.value)
     bench_records: dict[int, Record] = {}
+    for row in rows:  # records kept only to pair: skipped, with the reason
+        seq = row.target_seq if side == "target" else row.bench_seq
+        why = run.found.skipped.get((seq, row.tensor)) if seq is not None else None
+        if why is not None and row.status != PairStatus.UNMATCHED.value:
+            row.status, row.note = PairStatus.SKIP.value, why
     for row in rows:
         if row.status not in judged or row.target_seq is None or row.bench_seq is None:
             continue

@@ -641,6 +641,34 @@ def _guard_dynamo() -> None:
         _SKIP_CODE = False
 
 
+_RESIZE_WATCH: list = []  # the Unwritten told of storage resizes while recording (at most one)
+
+
+def _watch_resizes(unwritten: Unwritten | None) -> None:
+    """Tell ``unwritten`` of ``UntypedStorage.resize_`` calls (no dispatched op shows them: FSDP2
+    re-allocates its unsharded parameters so); None: stop. torch's method is put back as it was."""
+    cls = torch.UntypedStorage
+    if unwritten is None:
+        _RESIZE_WATCH.clear()
+        if "resize_" in cls.__dict__ and getattr(cls.__dict__["resize_"], "_xray", False):
+            delattr(cls, "resize_")
+        return
+    _RESIZE_WATCH[:] = [unwritten]
+    if "resize_" in cls.__dict__:  # ours already, or someone else's: leave it
+        return
+    original = cls.resize_
+
+    def resize_(self, size):
+        before = self.nbytes()
+        out = original(self, size)
+        if _RESIZE_WATCH and self.nbytes() > before:
+            _RESIZE_WATCH[0].resized(self, before)
+        return out
+
+    resize_._xray = True
+    cls.resize_ = resize_
+
+
 class Tracing:
     """A Recorder's dispatch mode and module hooks, switched on and off together."""
 
@@ -657,10 +685,12 @@ class Tracing:
             self.recorder.modules.install()
             self.mode._dtensor = dtensor_type()
             self.mode.__enter__()
+            _watch_resizes(self.recorder.unwritten)
             self.active = True
 
     def stop(self) -> None:
         if self.active:
+            _watch_resizes(None)
             self.mode.__exit__(None, None, None)
             self.recorder.deferred.before_write()  # what runs while paused goes unseen
             self.recorder.modules.remove()

@@ -15,11 +15,18 @@ The rule, per storage, exact to the element:
   an ``index_put_`` or scatter marks its whole destination (its indices are not read);
 - a described tensor is unwritten when any element it views is: the buffer before its last
   copy, a slice taken before its copy (the second slice too, taken after the first copy);
-- a call that computes from the values of a tracked tensor (not a view, not an allocation, not
+- a call that computes from unwritten elements of a tracked tensor (not a view, not an allocation, not
   the written argument of a write) shows that something this recorder did not see wrote it (a
   Triton kernel launched on the buffer, an extension): its storage counts as written from then
   on. A program that truly computes on garbage is then compared as before;
-- once every element is written (or the buffer is gone), the storage is forgotten.
+- once every element is written (or the buffer is gone), the storage is forgotten;
+- ops whose schemas do not declare what they write (``UNDECLARED``: c10d's collectives write
+  their output tensors, FSDP2's ``all_gather_copy_in`` copies this rank's shard into its slice of
+  the all-gather buffer) are read by that table: the written arguments are not read, and the
+  buffer stays unwritten where the call did not write it;
+- a storage re-allocated in place (``untyped_storage().resize_``, how FSDP2 frees and re-creates
+  its unsharded parameters between forward and backward) is uninitialised like an allocation's:
+  no dispatched op shows it, so the recorder watches ``UntypedStorage.resize_`` while recording.
 
 What it misses: a write through a view of another element size than the allocation (a uint8
 view of a float buffer) counts as writing the whole storage; a buffer that an unseen kernel
@@ -51,13 +58,28 @@ _SHAPE_ONLY = frozenset({"zeros_like", "ones_like", "full_like", "rand_like", "r
 _METADATA_WRITES = frozenset({"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
                               "unsqueeze_", "swapdims_", "swapaxes_", "detach_", "requires_grad_"})
 
-__all__ = ["ALLOCATING", "UNWRITTEN", "Unwritten"]
+# Ops whose schemas do not say what they write: op name -> (arguments they write and do not read,
+# indices of results that are the slice they wrote). c10d's collectives mark nothing as written;
+# FSDP2's all_gather_copy_in writes this rank's slice of ``all_gather_output`` (its result 0).
+UNDECLARED: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+    "c10d._allgather_base_.default": (("output_tensor",), ()),
+    "c10d._reduce_scatter_base_.default": (("output_tensor",), ()),
+    "c10d.allgather_.default": (("output_tensors",), ()),
+    "c10d.reduce_scatter_.default": (("output_tensors",), ()),
+    "c10d.allgather_into_tensor_coalesced_.default": (("outputs",), ()),
+    "c10d.reduce_scatter_tensor_coalesced_.default": (("outputs",), ()),
+    "c10d.recv_.default": (("tensors",), ()),
+    "fsdp.all_gather_copy_in.default": ((), (0,)),
+}
+_UNREAD: dict[str, tuple[str, ...]] = {"fsdp.all_gather_copy_in.default": ("all_gather_output",)}
+
+__all__ = ["ALLOCATING", "UNDECLARED", "UNWRITTEN", "Unwritten"]
 
 
 class _Kind:
     """What a call does to the memory of its tensors, from its op alone (cached per OpInfo)."""
 
-    __slots__ = ("allocates", "view", "reads", "writes")
+    __slots__ = ("allocates", "view", "reads", "writes", "unread", "wrote_results")
 
     def __init__(self, info: OpInfo) -> None:
         packet = info.name.split(".")[1] if info.name.startswith("aten.") else ""
@@ -65,6 +87,9 @@ class _Kind:
         self.view = info.view
         self.writes = () if packet in _METADATA_WRITES else info.mutates
         self.reads = not (self.allocates or self.view or packet in _SHAPE_ONLY or packet in _METADATA_WRITES)
+        undeclared, self.wrote_results = UNDECLARED.get(info.name, ((), ()))
+        self.writes = tuple(self.writes) + tuple(n for n in undeclared if n not in self.writes)
+        self.unread = _UNREAD.get(info.name, ())  # arguments whose values the call never reads
 
 
 _KINDS: dict[int, tuple[Any, _Kind]] = {}
@@ -86,20 +111,33 @@ def allocates(func) -> bool:
 
 class _Buffer:
     """One tracked storage: a weak reference to the tensor that allocated it (its views hold it
-    through ``_base``), its size, and a mask of written elements (the allocation's element size)."""
+    through ``_base``) or to the storage re-allocated in place, its size, and a mask of written
+    elements (the allocation's element size; a re-allocated storage's, that of its first view)."""
 
     __slots__ = ("owner", "nbytes", "itemsize", "mask")
 
-    def __init__(self, t: torch.Tensor, nbytes: int) -> None:
-        self.owner = weakref.ref(t)
+    def __init__(self, t: torch.Tensor | None, nbytes: int, storage: Any = None) -> None:
+        if t is not None:
+            self.owner = weakref.ref(t)
+            self.itemsize = t.element_size()
+            self.mask = torch.zeros(nbytes // self.itemsize, dtype=torch.bool, device=t.device)
+        else:
+            from torch.multiprocessing.reductions import StorageWeakRef
+
+            ref = StorageWeakRef(storage)
+            self.owner = lambda: None if ref.expired() else True
+            self.itemsize, self.mask = None, None
         self.nbytes = nbytes
-        self.itemsize = t.element_size()
-        self.mask = torch.zeros(nbytes // self.itemsize, dtype=torch.bool, device=t.device)
 
     def view(self, t: torch.Tensor) -> torch.Tensor | None:
         """The mask of the elements ``t`` views; None where its element size does not divide
         into the allocation's (counted as the whole storage)."""
         size = t.element_size()
+        if self.mask is None:
+            if self.nbytes % size:
+                return None
+            self.itemsize = size
+            self.mask = torch.zeros(self.nbytes // size, dtype=torch.bool, device=t.device)
         if size == self.itemsize:
             return self.mask.as_strided(t.shape, t.stride(), t.storage_offset())
         if size % self.itemsize:
@@ -135,8 +173,9 @@ class Unwritten:
         tensors = _tensors((args, kwargs))
         written = self._written_args(func, kind, args, kwargs) if kind.writes else ()
         if kind.reads:
+            unread = _tensors([bind_inputs(op_info(func), args, kwargs).get(n) for n in kind.unread]) if kind.unread else ()
             for t in tensors:
-                if not any(t is w for w in written):
+                if not any(t is w for w in (*written, *unread)):
                     self._forget(t)
         self.flagged = {id(t) for t in tensors if self._unwritten(t)} or None
 
@@ -150,10 +189,27 @@ class Unwritten:
         if kind.writes and self.buffers:
             for t in self._written_args(func, kind, args, kwargs):
                 self._wrote(t)
+        if kind.wrote_results and self.buffers:
+            results = out if isinstance(out, (list, tuple)) else (out,)
+            for i in kind.wrote_results:
+                if i < len(results) and isinstance(results[i], torch.Tensor):
+                    self._wrote(results[i])
         self.flagged = ({id(t) for t in _tensors(out) if self._unwritten(t)} or None) if self.buffers else None
 
     def done(self) -> None:
         self.flagged = None
+
+    def resized(self, storage: Any, before: int) -> None:
+        """``storage`` was resized in place from ``before`` bytes: grown, its new memory is
+        uninitialised (resizing re-allocates; what it held is copied, which FSDP2 never needs,
+        freeing to 0 first)."""
+        try:
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            return
+        self.buffers.pop(key, None)
+        if key and nbytes > 0 and before == 0 and storage.device.type != "meta":
+            self.buffers[key] = _Buffer(None, nbytes, storage)
 
     # -- per tensor ----------------------------------------------------------------------------
     @staticmethod
@@ -209,8 +265,11 @@ class Unwritten:
             del self.buffers[key]
 
     def _forget(self, t: torch.Tensor) -> None:
+        """``t`` is read: where it views unwritten elements, something unseen wrote them (a read of
+        elements already written, such as FSDP2's all-gather input inside its output buffer,
+        tells nothing)."""
         hit = self._buffer(t)
-        if hit is not None:
+        if hit is not None and self._unwritten(t):
             del self.buffers[hit[0]]
 
 
