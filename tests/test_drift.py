@@ -262,8 +262,8 @@ def test_an_unknown_backend_option_is_refused_with_the_options_it_takes(tmp_path
 
     from xray.backends.registry import UnknownBackendError
 
-    with pytest.raises(UnknownBackendError, match=r"takes no option 'quant'.*opset.*threads"):
-        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["onnxrt-cpu:quant=int8"], tmp_path)
+    with pytest.raises(UnknownBackendError, match=r"takes no option 'bits'.*opset.*threads"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["onnxrt-cpu:bits=8"], tmp_path)
     assert not any(tmp_path.iterdir())
 
 
@@ -271,7 +271,7 @@ def test_an_unknown_backend_option_is_refused_with_the_options_it_takes(tmp_path
 def test_the_cli_refuses_an_unknown_backend_option_with_exit_2(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", "xray.drift.examples:tiny_llama_1layer",
-                           "--backend", "onnxrt-cpu:quant=int8", "--out", str(tmp_path)],
+                           "--backend", "onnxrt-cpu:bits=8", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
-    assert "quant" in proc.stderr and "opset" in proc.stderr and not any(tmp_path.iterdir())
+    assert "bits" in proc.stderr and "opset" in proc.stderr and not any(tmp_path.iterdir())

@@ -114,6 +114,8 @@ class Backend:
     # The options this backend reads (name -> meaning), declared once: the registry refuses any other
     # (``onnxrt-cpu:quant=int8`` would otherwise run the float model and say nothing).
     OPTIONS: ClassVar[dict[str, str]] = {}
+    # Options that take one of a few values (quant: None or "int8"); the registry refuses others.
+    OPTION_CHOICES: ClassVar[dict[str, tuple]] = {}
     cacheable: ClassVar[bool] = True
     # Exported programs take dense inputs at their boundary (CoreML rejects other dim orders);
     # eager and compile keep the recorded strides.

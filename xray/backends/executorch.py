@@ -9,13 +9,15 @@ import torch
 
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 from .executorch_debug import count_nodes, run_whole_model
+from .quantize import QUANT_OPTION, SCHEMES
 
 
 class ExecuTorch(Backend):
     """Options: ``partitioner`` ("xnnpack" or None for the portable kernels)."""
 
     kind = "executorch"
-    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels"}
+    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels", "quant": QUANT_OPTION}
+    OPTION_CHOICES = {"quant": (None, *SCHEMES)}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -33,6 +35,9 @@ class ExecuTorch(Backend):
         raise BackendError(ReplayStatus.LOWER_FAIL, f"unknown ExecuTorch partitioner {name!r} (known: xnnpack, None)")
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
+        if self.options.get("quant") is not None:
+            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant=int8 quantizes whole models (xray drift); "
+                               "one op replayed alone has no calibration")
         from executorch.exir import to_edge_transform_and_lower
 
         start = time.perf_counter()
@@ -77,14 +82,21 @@ class ExecuTorch(Backend):
         return run
 
     def run_model(self, program: torch.export.ExportedProgram, args: tuple, *,
-                  edit: Callable[[Any], Any] | None = None) -> ModelCapture:
+                  edit: Callable[[Any], Any] | None = None,
+                  source: tuple | None = None) -> ModelCapture:
         """The whole model, run once with ETDump and a debug buffer (``executorch_debug``).
 
         ``edit`` gets the edge program manager after partitioning, before ``to_executorch``:
         on the portable preset every weight is still a graph constant there; under XNNPACK the
-        delegated linear layers' weights are already inside the delegate blobs."""
+        delegated linear layers' weights are already inside the delegate blobs. With
+        ``quant=int8`` it gets the converted PT2E module (after calibration) instead, and
+        ``source`` = (the program before decompositions, the model's args, kwargs) is what is
+        quantized and calibrated."""
+        if self.options.get("quant") is not None and self.options.get("partitioner") not in (None, "xnnpack"):
+            raise BackendError(ReplayStatus.LOWER_FAIL, "quant=int8 lowers with XNNPACK or the portable kernels only")
         return run_whole_model(program, args, self._partitioners(),
-                               self.options.get("partitioner") or "portable", edit=edit)
+                               self.options.get("partitioner") or "portable", edit=edit,
+                               quant=self.options.get("quant"), source=source)
 
 
 BACKEND = ExecuTorch

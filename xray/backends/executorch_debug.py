@@ -48,15 +48,43 @@ class _Logged:
 
 
 def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitioners: list, preset: str, *,
-                    edit: Callable[[Any], Any] | None = None) -> ModelCapture:
+                    edit: Callable[[Any], Any] | None = None, quant: str | None = None,
+                    source: tuple | None = None) -> ModelCapture:
     """Lower ``program`` (edge, partitioners, ``edit``, to_executorch), run it once with ETDump and
-    a debug buffer, and map the logged outputs back to ``program``'s node names."""
+    a debug buffer, and map the logged outputs back to ``program``'s node names.
+
+    ``quant="int8"``: ``source`` = (the program before core-ATen decompositions, the model's args,
+    kwargs) is quantized with PT2E (``quantize.pt2e_int8``, calibrated on those), ``edit`` gets the
+    converted module, and
+    the quantized program is lowered instead; its values map back through the source's node names."""
     from executorch.exir import to_edge_transform_and_lower
 
     facts: dict[str, Any] = {"partitioner": preset}
+    via: tuple[int, dict[str, list[str]]] | None = None
+    lowered = program
+    if quant is not None:
+        from .quantize import pt2e_int8, source_to_reference
+
+        if source is None:
+            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant=int8 needs the program before decompositions (source)")
+        try:
+            import executorch.kernels.quantized  # noqa: F401 - registers the quantized ops' out variants
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
+        source_program, call_args, call_kwargs = source
+        converted, carries = pt2e_int8(source_program, call_args, call_kwargs, facts)
+        if edit is not None:
+            converted = edit(converted) or converted
+            edit = None
+        try:
+            lowered = torch.export.export(converted, tuple(call_args), dict(call_kwargs), strict=False)
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export of the int8 program: {short_error(e)}") from e
+        to_ref = source_to_reference(program)
+        via = (id(converted.graph), {name: to_ref.get(src, []) for name, src in carries.items()})
     start = time.perf_counter()
     try:
-        edge = to_edge_transform_and_lower(program, partitioner=partitioners)
+        edge = to_edge_transform_and_lower(lowered, partitioner=partitioners)
     except Exception as e:  # noqa: BLE001 - the lowering error is the result
         raise BackendError(ReplayStatus.LOWER_FAIL, f"to_edge_transform_and_lower ({preset}): {short_error(e)}") from e
     facts["edge_s"] = round(time.perf_counter() - start, 4)
@@ -86,12 +114,15 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
     ref_graph = program.graph
     ref_names = {n.name for n in ref_graph.nodes}
     for entry in logged:
-        entry.sources = _output_sources(final, entry.node, id(ref_graph), ref_names)
+        entry.sources = _output_sources(final, entry.node, id(ref_graph), ref_names, via)
+    if via is not None:
+        _narrow_groups(final, ref_graph, logged)
     values = _assign(ref_graph, logged, outputs)
-    values.update(_deployed_state(program, edge))
+    if via is None:
+        values.update(_deployed_state(program, edge))
     facts["map_s"] = round(time.perf_counter() - start, 4)
 
-    notes = _coverage_notes(final, ref_graph, logged, values, facts, preset)
+    notes = _coverage_notes(final, ref_graph, logged, values, facts, preset, via)
     facts["logged_instructions"] = len(events)
     return ModelCapture(outputs=outputs, values=values,
                         granularity="delegate boundaries" if facts["delegated_nodes"] else "every node",
@@ -99,12 +130,13 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
 
 
 def _coverage_notes(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logged: list[_Logged],
-                    values: dict[str, list[torch.Tensor]], facts: dict[str, Any], preset: str) -> list[str]:
+                    values: dict[str, list[torch.Tensor]], facts: dict[str, Any], preset: str,
+                    via: tuple[int, dict[str, list[str]]] | None = None) -> list[str]:
     """What share of the reference nodes was captured, and why the rest was not; counts go to ``facts``."""
     # Nodes without a tensor output (_assert_tensor_metadata) have nothing to capture.
     ref_calls = [n for n in ref_graph.nodes if n.op == "call_function" and _tensor_outputs(n)]
     captured = [n.name for n in ref_calls if n.name in values]
-    inside, boundary = _delegate_coverage(final, id(ref_graph), {n.name for n in ref_graph.nodes}, logged)
+    inside, boundary = _delegate_coverage(final, id(ref_graph), {n.name for n in ref_graph.nodes}, logged, via)
     boundary &= inside & set(values)
     facts.update(reference_nodes=len(ref_calls), captured_nodes=len(captured),
                  capture_share=round(len(captured) / max(len(ref_calls), 1), 4),
@@ -281,6 +313,34 @@ def _op_name(node: torch.fx.Node) -> str:
     return name.split("::")[-1].split(".")[0]
 
 
+def _narrow_groups(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logged: list[_Logged]) -> None:
+    """A quantized run's provenance names a whole group: every reference node decomposed from one
+    source node (``linear`` -> view, permute, mm, view). Both sides decompose it the same way, so
+    the k-th ``view`` of the group here is the k-th ``view`` of the group there; a dequantize
+    stands for the value leaving the group, its last node."""
+    order = {n.name: i for i, n in enumerate(ref_graph.nodes)}
+    kind = {n.name: _op_name(n).removesuffix("_copy") for n in ref_graph.nodes if n.op == "call_function"}
+    seen: Counter = Counter()
+    for entry in logged:
+        nodes = _delegate_outputs(final, entry.node) if _is_delegate(entry.node) else [entry.node]
+        narrowed = []
+        for node, names in zip(nodes, entry.sources):
+            group = sorted(names, key=lambda n: order.get(n, -1))
+            if not isinstance(node, torch.fx.Node) or not group:
+                narrowed.append([])
+                continue
+            op = _op_name(node).removesuffix("_copy")
+            if op.startswith("dequantize"):
+                narrowed.append(group[-1:])
+                continue
+            same = [n for n in group if kind.get(n) == op]
+            key = (tuple(group), op)
+            k = seen[key]
+            seen[key] += 1
+            narrowed.append(same[k:k + 1])
+        entry.sources = narrowed
+
+
 def _delegate_outputs(final: torch.fx.GraphModule, node: torch.fx.Node) -> list[Any]:
     """The output nodes of the subgraph a delegate call runs, in output order."""
     lowered = getattr(final, node.args[0].target)
@@ -293,26 +353,34 @@ def _delegate_output_count(final: torch.fx.GraphModule, node: torch.fx.Node) -> 
 
 
 def _output_sources(final: torch.fx.GraphModule, node: torch.fx.Node, ref_graph_id: int,
-                    ref_names: set[str]) -> list[list[str]]:
+                    ref_names: set[str], via: tuple[int, dict[str, list[str]]] | None = None) -> list[list[str]]:
     """Reference node names behind each tensor output of ``node`` (delegates: each subgraph output)."""
     if not _is_delegate(node):
-        return [_provenance(node, ref_graph_id, ref_names)]
-    return [_provenance(o, ref_graph_id, ref_names) if isinstance(o, torch.fx.Node) else []
+        return [_provenance(node, ref_graph_id, ref_names, via)]
+    return [_provenance(o, ref_graph_id, ref_names, via) if isinstance(o, torch.fx.Node) else []
             for o in _delegate_outputs(final, node)]
 
 
-def _provenance(node: torch.fx.Node, ref_graph_id: int, ref_names: set[str]) -> list[str]:
+def _provenance(node: torch.fx.Node, ref_graph_id: int, ref_names: set[str],
+                via: tuple[int, dict[str, list[str]]] | None = None) -> list[str]:
     """Reference node names ``node`` was derived from, through ``from_node`` (all branches).
 
     A path stops at its first node of the reference graph: ids of freed graphs get reused, so a
-    deeper entry with the reference graph's id may be an older, unrelated graph."""
+    deeper entry with the reference graph's id may be an older, unrelated graph. ``via`` (a
+    quantized run): (the converted graph's id, its node name -> reference node names); a path
+    stops there instead."""
     found: list[str] = []
     queue = deque(node.meta.get("from_node") or [])
     seen = 0
     while queue and seen < 10_000:
         source = queue.popleft()
         seen += 1
-        if source.graph_id == ref_graph_id and source.name in ref_names:
+        if via is not None and source.graph_id == via[0]:
+            for name in via[1].get(source.name, []):
+                if name not in found:
+                    found.append(name)
+            continue
+        if via is None and source.graph_id == ref_graph_id and source.name in ref_names:
             if source.name not in found:
                 found.append(source.name)
             continue
@@ -377,7 +445,8 @@ def _fits(ref_node: torch.fx.Node, tensors: list[torch.Tensor]) -> bool:
 
 
 def _delegate_coverage(final: torch.fx.GraphModule, ref_graph_id: int, ref_names: set[str],
-                       logged: list[_Logged]) -> tuple[set[str], set[str]]:
+                       logged: list[_Logged], via: tuple[int, dict[str, list[str]]] | None = None,
+                       ) -> tuple[set[str], set[str]]:
     """(reference nodes computed inside delegates, reference nodes a delegate call logged)."""
     inside: set[str] = set()
     for node in final.graph.nodes:
@@ -385,7 +454,7 @@ def _delegate_coverage(final: torch.fx.GraphModule, ref_graph_id: int, ref_names
             lowered = getattr(final, node.args[0].target)
             for inner in lowered.original_module.graph.nodes:
                 if inner.op == "call_function":
-                    inside.update(_provenance(inner, ref_graph_id, ref_names))
+                    inside.update(_provenance(inner, ref_graph_id, ref_names, via))
     boundary = {name for entry in logged if _is_delegate(entry.node) for names in entry.sources for name in names}
     return inside, boundary
 

@@ -14,6 +14,7 @@ import torch
 
 from ..dump.tensorio import from_numpy
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
+from .quantize import QUANT_OPTION, SCHEMES
 
 
 class OnnxRuntime(Backend):
@@ -23,7 +24,9 @@ class OnnxRuntime(Backend):
     OPTIONS = {"opset": "ONNX opset of the export (none: the exporter's default)",
                "provider": "ONNX Runtime execution provider (default CPUExecutionProvider)",
                "threads": "intra-op threads (default 1)",
-               "optimize": "true: let the exporter optimise the graph (whole-model runs)"}
+               "optimize": "true: let the exporter optimise the graph (whole-model runs)",
+               "quant": QUANT_OPTION + " (whole-model runs: quantize_static, QDQ)"}
+    OPTION_CHOICES = {"quant": (None, *SCHEMES)}
 
     def versions(self) -> dict[str, str]:
         import onnxscript
@@ -42,6 +45,9 @@ class OnnxRuntime(Backend):
         return onnx_program
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
+        if self.options.get("quant") is not None:
+            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant=int8 quantizes whole models (xray drift); "
+                               "one op replayed alone has no calibration")
         start = time.perf_counter()
         proto = self._onnx_export(module, args).model_proto
         buf = io.BytesIO()
@@ -127,7 +133,7 @@ class OnnxRuntime(Backend):
                          + ", ".join(plan.unmapped[:8]) + (" ..." if len(plan.unmapped) > 8 else ""))
         facts = {"opset": opset, "onnx_nodes": len(proto.graph.node), "export_s": round(export_s, 4),
                  "load_s": round(load_s, 4), "run_s": round(run_s, 4), "marked_values": len(plan.fetch),
-                 "marking_moved_outputs": moved}
+                 "marking_moved_outputs": moved, **getattr(self, "_quant_facts", {})}
         granularity = "every node" if not plan.unmapped else "every node it kept"
         return ModelCapture(outputs=outputs, values=values, granularity=granularity, notes=notes, facts=facts)
 
@@ -142,11 +148,26 @@ class OnnxRuntime(Backend):
             return cached[1], cached[2]
         onnx_program = self._onnx_export(program, tuple(args), optimize=bool(self.options.get("optimize", False)))
         proto = onnx_program.model_proto
+        self._quant_facts: dict[str, Any] = {}
+        if self.options.get("quant") is not None:
+            proto = self._quantize(proto, program, args)
         if edit is not None:
             proto = edit(proto) or proto
         plan = onnx_capture.plan(proto, program, onnx_program.exported_program)
         self._exported = (key, proto, plan)
         return proto, plan
+
+    def _quantize(self, proto: Any, program: torch.export.ExportedProgram, args: tuple) -> Any:
+        """``quantize_static`` (QDQ int8), calibrated on the run's own inputs."""
+        from . import onnx_capture
+        from .quantize import ort_int8
+
+        try:
+            session = self._session(proto.SerializeToString())
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
+        feeds = [onnx_capture.feed(session, program, args)]
+        return ort_int8(proto, feeds, self._quant_facts)
 
     def run_isolated(self, program: torch.export.ExportedProgram, args: tuple,
                      reference: dict[str, list[torch.Tensor]], *,

@@ -87,6 +87,10 @@ def check_options(name: str, options: dict[str, Any]) -> None:
         listed = "; ".join(f"{k}: {v}" for k, v in takes.items()) or "none"
         raise UnknownBackendError(f"backend {name!r} takes no option {', '.join(map(repr, unknown))}; "
                                   f"its options are {listed}")
+    for key, allowed in backend_class(name).OPTION_CHOICES.items():
+        if key in options and options[key] not in allowed:
+            raise UnknownBackendError(f"backend {name!r}: {key}={options[key]!r} is not supported; "
+                                      f"{key} takes {', '.join(str(a) for a in allowed if a is not None)}")
 
 
 def create(spec: str, **overrides: Any) -> Backend:

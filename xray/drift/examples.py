@@ -93,3 +93,143 @@ def executorch_weight_fault(name: str, index: tuple[int, ...] = (3, 5), delta: f
             state[name][index] += delta
 
     return edit
+
+
+# --- quantized runs (``quant=int8``): small models and injected quantization bugs -----------
+
+class _MLP(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, 2 * d)
+        self.fc3, self.head = torch.nn.Linear(2 * d, d), torch.nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))))
+
+
+def tiny_mlp(hidden: int = 64, batch: int = 16, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
+    """Four Linear layers with ReLUs (hidden -> 2 hidden -> 2 hidden -> hidden -> 10), random weights."""
+    torch.manual_seed(seed)
+    return _MLP(hidden).eval(), (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(seed)),)
+
+
+class _CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.head(torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def tiny_cnn(seed: int = 0) -> tuple[torch.nn.Module, tuple]:
+    """Two 3x3 convolutions with ReLUs, average pool, a Linear head; two 3x16x16 images."""
+    torch.manual_seed(seed)
+    return _CNN().eval(), (torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed)),)
+
+
+def tiny_bert(hidden: int = 64, layers: int = 2, seq: int = 16, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
+    """transformers BertModel (encoder) from a config, random weights, eager attention, 2 x ``seq`` tokens."""
+    from ..demo.models import _quiet_import
+
+    with _quiet_import():
+        from transformers import BertConfig, BertModel
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=128, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                     intermediate_size=4 * hidden, max_position_embeddings=max(64, seq), attn_implementation="eager")
+    model = BertModel(cfg, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(seed))
+    return model, (ids,)
+
+
+def _layer_of_onnx_node(node) -> str:
+    import ast
+
+    scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
+    parts = [s for s in ast.literal_eval(scopes) if s]
+    return ".".join(parts[:-1])
+
+
+def onnx_weight_scale_fault(layer: str, factor: float = 1.5):
+    """An ``edit`` for ``onnxrt-cpu:quant=int8``: the DequantizeLinear of ``layer``'s int8 weight
+    reads scales ``factor`` times too large (a wrong weight scale shipped after calibration)."""
+
+    def edit(proto):
+        import numpy as np
+        from onnx import numpy_helper
+
+        g = proto.graph
+        inits = {i.name: i for i in g.initializer}
+        producer = {o: n for n in g.node for o in n.output}
+        hit = 0
+        for n in g.node:
+            if n.op_type not in ("Gemm", "MatMul", "Conv") or _layer_of_onnx_node(n) != layer:
+                continue
+            for name in n.input:
+                dq = producer.get(name)
+                if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits:
+                    scale = inits[dq.input[1]]
+                    a = numpy_helper.to_array(scale) * np.asarray(factor, dtype=np.float32)
+                    scale.CopyFrom(numpy_helper.from_array(a.astype(np.float32), scale.name))
+                    hit += 1
+        if not hit:
+            raise KeyError(f"no quantized weight of layer {layer!r} in the ONNX graph")
+
+    return edit
+
+
+def _pt2e_weight_dq(gm, layer: str) -> list:
+    """The dequantize_per_channel nodes feeding ``layer``'s linear/conv in a converted PT2E module."""
+    found = []
+    for n in gm.graph.nodes:
+        if "dequantize_per_channel" not in str(n.target):
+            continue
+        for user in n.users:
+            stack = user.meta.get("nn_module_stack") or {}
+            path = list(stack.values())[-1][0] if stack else ""
+            if path == layer:
+                found.append(n)
+    if not found:
+        raise KeyError(f"no per-channel quantized weight of layer {layer!r} in the PT2E module")
+    return found
+
+
+def pt2e_weight_scale_fault(layer: str, factor: float = 1.5):
+    """An ``edit`` for ``executorch-*:quant=int8``: after calibration, ``layer``'s per-channel weight
+    scales are ``factor`` times too large in the converted PT2E module."""
+
+    def edit(gm):
+        for dq in _pt2e_weight_dq(gm, layer):
+            target = dq.args[1].target
+            setattr(gm, target, getattr(gm, target) * factor)
+
+    return edit
+
+
+def pt2e_per_tensor_fault(layer: str):
+    """An ``edit`` for ``executorch-*:quant=int8``: ``layer``'s weight requantized per tensor (one
+    scale, the largest channel's) where the flow meant per channel."""
+
+    def edit(gm):
+        for dq in _pt2e_weight_dq(gm, layer):
+            wq, sc, zp = (getattr(gm, a.target) for a in dq.args[:3])
+            axis = dq.args[3]
+            shape = [1] * wq.dim()
+            shape[axis] = -1
+            w = (wq.to(torch.float32) - zp.reshape(shape).to(torch.float32)) * sc.reshape(shape)
+            step = sc.max()
+            setattr(gm, dq.args[0].target, torch.clamp(torch.round(w / step), -127, 127).to(wq.dtype))
+            setattr(gm, dq.args[1].target, torch.full_like(sc, float(step)))
+
+    return edit
+
+
+def spread_channels(model: torch.nn.Module, layer: str, factor: float = 30.0, channels: int = 2) -> torch.nn.Module:
+    """Scale the first ``channels`` output channels of ``layer``'s weight by ``factor`` (in the float
+    model): channel ranges that differ widely, which per-channel int8 handles and per-tensor does not."""
+    w = model.get_submodule(layer).weight
+    with torch.no_grad():
+        w[:channels] *= factor
+    return model

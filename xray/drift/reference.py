@@ -54,6 +54,10 @@ class Reference:
     # read straight from a placeholder (a model input, a lifted constant), by graph edge
     placeholder_args: dict[int, dict[str, str]] = field(default_factory=dict)
     values: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # node -> eager outputs
+    # the program before decompositions and the model's own call (args, kwargs): what quantizers
+    # (PT2E) annotate and calibrate on
+    source: torch.export.ExportedProgram | None = None
+    call: tuple[tuple, dict] = ((), {})
 
     @property
     def user_placeholders(self) -> dict[str, torch.Tensor]:
@@ -68,7 +72,15 @@ class Reference:
 
 def export_program(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
     """The reference program handed to every backend: non-strict export, core ATen decompositions."""
-    return torch.export.export(model, args, kwargs, strict=False).run_decompositions()
+    return export_programs(model, args, kwargs)[1]
+
+
+def export_programs(model: torch.nn.Module, args: tuple,
+                    kwargs: dict) -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram]:
+    """(the exported program before decompositions, the reference program). Quantizers annotate
+    the first (``aten.linear``, ``aten.conv2d``); the reference's nodes name it in ``from_node``."""
+    source = torch.export.export(model, args, kwargs, strict=False)
+    return source, source.run_decompositions()
 
 
 def _layer(node: torch.fx.Node) -> list[tuple[str, str]]:
@@ -169,7 +181,7 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     try:
-        program = export_program(model, args, kwargs)
+        source, program = export_programs(model, args, kwargs)
     except Exception as e:  # noqa: BLE001 - the exporter's error is the result
         hint = ("; the model returns a KV cache: pass use_cache=False (in the example kwargs or the model's "
                 "config)" if "Cache" in str(e) and "use_cache" in str(kwargs) + str(getattr(model, "config", "")) else "")
@@ -191,7 +203,8 @@ def record_reference(model: torch.nn.Module, args: tuple, kwargs: dict, out: Pat
     return Reference(program=program, user_inputs=user_inputs, dump=dest, node_seq=runner.node_seq,
                      placeholders=by_name, state=state, outputs=outputs, eager_equal=equal, eager_max_diff=diff,
                      eager_s=eager_s, seconds=seconds, unmapped_nodes=runner.unmapped,
-                     placeholder_args=runner.placeholder_args, values=runner.values)
+                     placeholder_args=runner.placeholder_args, values=runner.values, source=source,
+                     call=(tuple(args), dict(kwargs)))
 
 
 def _record(program: torch.export.ExportedProgram, flat: list, by_name: dict[str, Any], state: dict[str, str],

@@ -18,9 +18,19 @@ def _g(v: float | None) -> str:
     return "" if v is None else f"{v:.3g}"
 
 
+QUANT_HEADERS = ["layer", "outputs", "verdict", "SQNR dB", "rel err", "SQNR lost dB", "rms err (steps)",
+                 "allowed (steps)", "node"]
+
+
 def _first(b: BackendDrift) -> list[str]:
     if b.status != OK:
         return ["(failed: the error is below the table)", "", "", "", ""]
+    if b.quant is not None:
+        q = b.quant
+        row = next((lr for lr in q["layers"] if lr["layer"] == q["first_beyond"]), None)
+        if row is None:
+            return [f"none beyond {q['scheme']} quantization", "", "", "", ""]
+        return [row["layer"], row["node"], f"beyond {q['scheme']}", "", _g(row["rel_err"])]
     fd = b.first
     if fd is None:
         if not b.compare:
@@ -56,6 +66,26 @@ def layer_table(b: BackendDrift, limit: int = 40) -> str:
     return text
 
 
+def quant_table(b: BackendDrift, limit: int = 40) -> str:
+    """A quantized run's layers: accumulated SQNR and relative error, what each layer lost itself,
+    its error in int8 steps against its budget, and the verdict; then the layers that cost most."""
+    q = b.quant or {}
+
+    def num(v: object) -> str:
+        return v if isinstance(v, str) else _g(v)  # type: ignore[arg-type]
+
+    rows = [[lr["layer"], lr["captured"], lr["verdict"], num(lr["sqnr_db"]), num(lr["rel_err"]), num(lr["cost_db"]),
+             num(lr["rms_steps"]), num(lr["allowed_steps"]), lr["node"]] for lr in q.get("layers", [])[:limit]]
+    text = tabulate(rows, headers=QUANT_HEADERS, tablefmt="simple")
+    if len(q.get("layers", [])) > limit:
+        text += f"\n... {len(q['layers']) - limit} more layers in drift.json"
+    beyond = [lr["layer"] for lr in q.get("layers", []) if lr["verdict"] != "within int8"]
+    text += (f"\n{q.get('scheme')}: output SQNR {num(q.get('output_sqnr_db'))} dB; costs most: "
+             f"{', '.join(q.get('worst') or []) or 'none'}; beyond {q.get('scheme')} quantization: "
+             f"{', '.join(beyond) if beyond else 'none'}")
+    return text
+
+
 def failure_text(b: BackendDrift, out: object, width: int = 100) -> str:
     """A failed backend's error, whole, wrapped to the terminal; where its traceback is."""
     from .logfile import LOG_NAME
@@ -82,7 +112,9 @@ def terminal_report(result: DriftResult, layers: bool = True) -> str:
                           f"{_g(b.output_err) or 'n/a'} of their peak; dump {b.dump}"]
         for note in b.notes:
             lines.append(f"   note: {note}")
-        if layers and b.layers:
+        if b.quant is not None:
+            lines.append(quant_table(b))
+        elif layers and b.layers:
             lines.append(layer_table(b))
     lines.append("")
     lines.append(f"total {result.seconds.get('total', 0):.1f} s (export {result.seconds.get('export', 0):.1f} s, "

@@ -6,6 +6,7 @@ first divergence and its local-error recomputation, never a rule of its own.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from contextlib import contextmanager
@@ -47,6 +48,9 @@ class BackendDrift:
     compare: dict[str, Any] = field(default_factory=dict)  # compare's totals
     output_err: float | None = None  # the deployed run's outputs: max |backend - program| / max |program|
     layers: list[LayerRow] = field(default_factory=list)
+    # a quantized backend (``quant=int8``): per-layer error against float eager and the int8
+    # verdict (``drift.quant``); compare's float rows are kept beside it
+    quant: dict[str, Any] | None = None
 
     @property
     def mapped_pct(self) -> float:
@@ -160,6 +164,8 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
     if capture is None:
         return b
     b.output_err = _output_error(capture.outputs, ref.outputs)
+    if backend.options.get("quant") is not None:
+        _quant(b, backend, ref, eager, capture, out, name)
     t0 = time.perf_counter()
     folder = replace_output(out / "dumps" / _safe(name), DRIFT)
     for placeholder, t in ref.user_placeholders.items():  # the backend was fed exactly these
@@ -183,6 +189,23 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
         with into_log(log, f"backend {name}, isolated run"):
             _isolated(b, backend, ref, edit, layer_of)
     return b
+
+
+def _quant(b: BackendDrift, backend: Any, ref: Reference, eager: Any, capture: ModelCapture, out: Path,
+           name: str) -> None:
+    """The quantized run's per-layer error and int8 verdict (``drift.quant``), and its CSV."""
+    from .quant import quant_report, write_quant_csv
+
+    t0 = time.perf_counter()
+    layer_of = {r.seq: r.module or "<root>" for r in eager.records}
+    layer_of_node = {node: layer_of.get(seq, "<root>") for node, seq in ref.node_seq.items()}
+    report = quant_report(ref.program, ref.values, ref.placeholders, capture.values, layer_of_node,
+                          str(backend.options["quant"]), outputs=(capture.outputs, ref.outputs))
+    write_quant_csv(report, out / f"quant-{_safe(name)}.csv")
+    b.quant = report.to_json()
+    b.notes.append("quantized run: compare's float rules are expected to fail it; the int8 verdict is the "
+                   "quantization table (budget: int8 rounding of each tensor, from its float values)")
+    b.seconds["quant"] = time.perf_counter() - t0
 
 
 def _isolated(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None, layer_of: dict[int, str]) -> None:
@@ -216,7 +239,10 @@ def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable |
     message in ``error_detail``, the traceback in the log)."""
     t0 = time.perf_counter()
     try:
-        capture = backend.run_model(ref.program, ref.user_inputs, edit=edit)
+        extra = {}
+        if backend.options.get("quant") is not None and "source" in inspect.signature(backend.run_model).parameters:
+            extra["source"] = (ref.source, *ref.call)  # PT2E quantizes the program before decompositions
+        capture = backend.run_model(ref.program, ref.user_inputs, edit=edit, **extra)
     except Exception as e:  # noqa: BLE001 - a backend's bug is that backend's failure, not the run's
         if isinstance(e, BackendError):
             b.status, b.error = e.status.name, str(e)

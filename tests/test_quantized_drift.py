@@ -1,0 +1,173 @@
+"""Quantization as a drift axis: int8 flows run for real (ONNX Runtime QDQ, ExecuTorch PT2E with
+the XNNPACK quantizer), per-layer SQNR and relative error against float eager, a budget from int8
+rounding, and injected quantization bugs named as the layer beyond it."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import xray
+from xray.drift import examples as ex
+from xray.numerics import quantization as qn
+
+ROOT = Path(__file__).resolve().parent.parent
+SLOW = pytest.mark.slow
+ORT = "onnxrt-cpu:quant=int8"
+
+
+def _layers(b) -> dict[str, dict]:
+    return {lr["layer"]: lr for lr in b.quant["layers"]}
+
+
+def _assert_named(b, layer: str) -> None:
+    """``layer`` is the worst and the only layer beyond int8; every other layer is within."""
+    rows = _layers(b)
+    assert b.quant["worst"][0] == layer, b.quant
+    assert b.quant["first_beyond"] == layer
+    assert rows[layer]["verdict"] == "beyond int8"
+    others = {k: v["verdict"] for k, v in rows.items() if k != layer}
+    assert set(others.values()) == {"within int8"}, others
+
+
+# --- the budget -------------------------------------------------------------------------------
+
+def test_int8_rounding_noise_matches_the_uniform_model():
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    step = qn.activation_step(x)
+    q = torch.round(x / step) * step
+    measured = qn.nsr(x, q)
+    assert 0.7 < measured / qn.activation_nsr(x) < 1.3
+    assert qn.sqnr_db(measured) == pytest.approx(-10 * math.log10(measured))
+    assert qn.rel_err(x, q) == pytest.approx(math.sqrt(measured))
+    assert qn.within(measured, qn.Budget(0.0, 0.0, qn.activation_nsr(x), step))
+    assert not qn.within(qn.nsr(x, 1.05 * x), qn.Budget(0.0, 0.0, qn.activation_nsr(x), step))
+
+
+def test_per_channel_weights_cost_less_than_one_scale_would():
+    w = torch.randn(16, 32, generator=torch.Generator().manual_seed(0))
+    w[:2] *= 30  # two wide channels
+    per_channel = qn.weight_nsr(w)
+    step = float(w.abs().max()) / 127
+    per_tensor = qn.nsr(w, torch.round(w / step) * step)
+    assert per_tensor > 3 * per_channel
+
+
+def test_a_layer_norm_raises_the_nsr_it_is_fed_by_its_mean():
+    x = torch.randn(8, 64) + 3.0
+    assert qn.normalization_gain(x, 1) == pytest.approx(float((x ** 2).mean() / x.var(dim=1, unbiased=False).mean()))
+    assert qn.combine("mm", [(1e-4, 1.0), (2e-4, 1.0)], 1.0) == pytest.approx(3e-4)
+    assert qn.combine("add", [(1e-4, 1.0), (1e-4, 3.0)], 4.0) == pytest.approx(1e-4)
+
+
+# --- options ----------------------------------------------------------------------------------
+
+def test_an_unknown_scheme_is_refused_before_any_work(tmp_path):
+    from xray.backends.registry import UnknownBackendError
+
+    with pytest.raises(UnknownBackendError, match=r"quant='int4' is not supported; quant takes int8"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["onnxrt-cpu:quant=int4"], tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_cli_refuses_an_unknown_scheme_with_exit_2(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", "xray.drift.examples:tiny_mlp",
+                           "--backend", "executorch-xnnpack:quant=int4", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert "int8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_replay_refuses_quant_on_one_op():
+    from xray.backends.base import BackendError
+    from xray.backends.registry import create
+
+    with pytest.raises(BackendError, match="whole models"):
+        create(ORT).export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+
+
+# --- ONNX Runtime QDQ -------------------------------------------------------------------------
+
+def test_ort_int8_mlp_clean_layers_pass_and_a_wrong_weight_scale_is_named(tmp_path):
+    model, args = ex.tiny_mlp()
+    faulty = ORT + ",threads=1"  # a second name for the same flow: one clean run, one with the bug
+    r = xray.drift(model, args, [ORT, faulty], tmp_path, edits={faulty: ex.onnx_weight_scale_fault("fc2", 1.5)})
+    clean, bad = r.backends
+    assert clean.status == "OK" and bad.status == "OK", (clean.error, bad.error)
+    assert clean.facts["quantize_nodes"] > 0 and clean.facts["quant"].startswith("int8 onnxruntime")
+    rows = _layers(clean)
+    assert {"fc1", "fc2", "fc3", "head"} <= set(rows)
+    assert clean.quant["first_beyond"] is None
+    assert {v["verdict"] for v in rows.values()} == {"within int8"}
+    assert all(v["sqnr_db"] > 30 for v in rows.values()), rows  # int8 of a 4-layer MLP: ~40 dB
+    assert clean.quant["output_sqnr_db"] > 30
+    _assert_named(bad, "fc2")
+    assert _layers(bad)["fc2"]["sqnr_db"] < 15 and _layers(bad)["fc1"]["sqnr_db"] > 30
+    with open(tmp_path / "quant-onnxrt-cpu_quant_int8_threads_1.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert {"layer", "verdict", "sqnr_db", "rel_err"} <= set(table[0])
+    assert [t["layer"] for t in table if t["verdict"] == "beyond int8"] == ["fc2"]
+    from xray.drift.report import terminal_report
+
+    text = terminal_report(r)
+    assert "beyond int8 quantization: fc2" in text and "none beyond int8 quantization" in text
+
+
+@SLOW
+def test_ort_int8_bert_encoder_names_a_wrong_scale_in_one_dense_layer(tmp_path):
+    model, args = ex.tiny_bert()
+    layer = "encoder.layer.1.intermediate.dense"
+    faulty = ORT + ",threads=1"
+    r = xray.drift(model, args, [ORT, faulty], tmp_path, edits={faulty: ex.onnx_weight_scale_fault(layer, 1.5)})
+    clean, bad = r.backends
+    assert clean.quant["first_beyond"] is None, [lr for lr in clean.quant["layers"] if lr["verdict"] != "within int8"]
+    _assert_named(bad, layer)
+
+
+@SLOW
+def test_ort_int8_at_real_size_names_the_fault(tmp_path):
+    model, args = ex.tiny_mlp(hidden=1024, batch=32)
+    faulty = ORT + ",threads=1"
+    r = xray.drift(model, args, [ORT, faulty], tmp_path, edits={faulty: ex.onnx_weight_scale_fault("fc3", 1.25)})
+    clean, bad = r.backends
+    assert clean.quant["first_beyond"] is None
+    _assert_named(bad, "fc3")
+
+
+# --- ExecuTorch PT2E (XNNPACK quantizer) --------------------------------------------------------
+
+@SLOW
+def test_pt2e_int8_portable_names_a_wrong_scale_and_a_per_tensor_weight(tmp_path):
+    model, args = ex.tiny_mlp()
+    ex.spread_channels(model, "fc3")  # per-channel handles it; per-tensor does not
+    scale, per_tensor = "executorch-portable:quant=int8", "executorch-portable:quant=int8,partitioner=none"
+    r = xray.drift(model, args, ["executorch-portable:quant=int8", scale + ",partitioner=None", per_tensor],
+                   tmp_path, edits={scale + ",partitioner=None": ex.pt2e_weight_scale_fault("fc2", 1.5),
+                                    per_tensor: ex.pt2e_per_tensor_fault("fc3")})
+    clean, bad_scale, bad_tensor = r.backends
+    assert clean.status == "OK", clean.error
+    assert clean.mapped == clean.eager_records  # the portable kernels log every node
+    assert clean.quant["first_beyond"] is None, clean.quant
+    _assert_named(bad_scale, "fc2")
+    _assert_named(bad_tensor, "fc3")
+
+
+@SLOW
+def test_pt2e_int8_xnnpack_runs_and_judges_its_delegate_boundaries(tmp_path):
+    model, args = ex.tiny_mlp()
+    faulty = "executorch-xnnpack:quant=int8,partitioner=xnnpack"
+    r = xray.drift(model, args, ["executorch-xnnpack:quant=int8", faulty], tmp_path,
+                   edits={faulty: ex.pt2e_weight_scale_fault("fc2", 1.5)})
+    clean, bad = r.backends
+    assert clean.status == "OK", clean.error
+    assert clean.facts["delegated_nodes"] >= 1 and clean.quant["output_sqnr_db"] > 30
+    assert clean.quant["first_beyond"] is None
+    # inside one delegate nothing is exposed: the bug shows at the delegate's output
+    assert bad.quant["first_beyond"] is not None and bad.quant["output_sqnr_db"] < 15

@@ -1,0 +1,198 @@
+"""Per-layer quantization error of a quantized drift run against the float eager reference.
+
+Every captured node gets its accumulated error (relative L2 error and SQNR against eager) and
+an int8 budget (``xray.numerics.quantization``): what its inputs brought, as measured where the
+backend captured them, plus what its own int8 rounding should add. A node over budget is
+"beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
+where the excess is born is beyond, the layers after it carry it within their budgets.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..numerics import quantization as qn
+
+WITHIN, BEYOND = "within int8", "beyond int8"
+
+# The CSV columns (``DIR/quant-<backend>.csv``), declared once.
+QUANT_COLUMNS = [f for f in ("layer", "captured", "verdict", "sqnr_db", "rel_err", "added_nsr", "cost_db",
+                             "rms_steps", "allowed_steps", "expected_sqnr_db", "node")]
+
+
+@dataclass
+class QuantLayer:
+    """One layer of a quantized run: its worst captured output against float eager."""
+
+    layer: str
+    captured: int = 0  # captured outputs of the layer's nodes
+    verdict: str = WITHIN
+    sqnr_db: float | None = None  # accumulated: the worst (lowest) SQNR of the layer's outputs
+    rel_err: float | None = None  # accumulated: ||q - f|| / ||f||, the worst output
+    added_nsr: float = 0.0  # what the layer itself added: measured NSR - the NSR its inputs brought
+    cost_db: float = 0.0  # the SQNR the layer lost: SQNR(inputs brought) - SQNR(measured), its worst node
+    rms_steps: float | None = None  # the worst node's RMS error, in its output's int8 steps
+    allowed_steps: float | None = None  # the RMS error its budget allows, in the same steps
+    expected_sqnr_db: float | None = None  # the model's expectation (inherited + own rounding) at that node
+    node: str = ""  # the node those figures are of (the one furthest beyond, or the worst)
+
+
+@dataclass
+class QuantReport:
+    """A quantized backend's per-layer error and verdict."""
+
+    scheme: str
+    layers: list[QuantLayer]
+    worst: list[str]  # layers that cost the most (largest added NSR), worst first
+    first_beyond: str | None  # the first layer (execution order) beyond int8 quantization
+    output_sqnr_db: float | None  # the program's outputs
+    nodes_judged: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scheme": self.scheme, "worst": self.worst, "first_beyond": self.first_beyond,
+                "output_sqnr_db": _finite(self.output_sqnr_db), "nodes_judged": self.nodes_judged,
+                "margin": qn.MARGIN,
+                "layers": [{k: _finite(v) for k, v in asdict(lr).items()} for lr in self.layers]}
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def _kind(node: torch.fx.Node) -> str:
+    name = getattr(node.target, "__name__", str(node.target))
+    return name.split(".")[0]
+
+
+def _float_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    out: list[torch.fx.Node] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, torch.fx.Node):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+
+    visit(node.args)
+    visit(list(node.kwargs.values()))
+    return out
+
+
+def _first_tensor(v: Any) -> torch.Tensor | None:
+    if isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+        return v[0]
+    return None
+
+
+def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[torch.Tensor]],
+                 placeholders: dict[str, torch.Tensor], captured: dict[str, list[Any]],
+                 layer_of_node: dict[str, str], scheme: str, outputs: tuple[list, list] | None = None) -> QuantReport:
+    """Walk the reference program in order, budget and judge every captured node, fold per layer."""
+    from torch.export.graph_signature import InputKind
+
+    kinds = {s.arg.name: s.kind for s in program.graph_signature.input_specs}
+    # node -> (NSR allowed to reach it, NSR expected to reach it, its signal power); a captured
+    # node carries its measured NSR as both
+    carried: dict[str, tuple[float, float, float]] = {}
+    layers: dict[str, QuantLayer] = {}
+    worst_node: dict[str, tuple[float, float]] = {}  # layer -> (excess over allowed, added NSR) of its shown node
+    judged = 0
+    weights = {s.arg.name for s in program.graph_signature.input_specs
+               if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            f = placeholders.get(node.name)
+            if not isinstance(f, torch.Tensor) or not f.is_floating_point():
+                continue
+            power = float(f.double().pow(2).mean()) if f.numel() else 0.0
+            own = qn.activation_nsr(f) if kinds.get(node.name) == InputKind.USER_INPUT else qn.weight_nsr(f)
+            carried[node.name] = (qn.MARGIN * own, own, power)
+            continue
+        if node.op != "call_function":
+            continue
+        f = _first_tensor(eager.get(node.name))
+        if f is None or not f.is_floating_point():
+            continue
+        power = float(f.double().pow(2).mean()) if f.numel() else 0.0
+        kind = _kind(node)
+        inputs = [i for i in _float_inputs(node) if i.name in carried]
+        ins = [carried[i.name] for i in inputs]
+        if kind == "getitem":
+            ins = ins[:1]
+        if kind in qn.NORMALIZATIONS and inputs and len(node.args) > 1:
+            x = _first_tensor(eager.get(inputs[0].name)) if inputs[0].op != "placeholder" else placeholders.get(inputs[0].name)
+            if isinstance(x, torch.Tensor):
+                gain = qn.normalization_gain(x, len(node.args[1]))
+                ins = [(a * gain, e * gain, p) for a, e, p in ins[:1]]
+        if all(i.name in weights for i in inputs) and inputs:
+            weights.add(node.name)  # a view of a weight (its transpose) is still a weight
+        own = qn.activation_nsr(f) if kind != "getitem" else 0.0
+        budget = qn.Budget(inherited=qn.combine(kind, [(a, p) for a, _, p in ins], power),
+                           expected_inherited=qn.combine(kind, [(e, p) for _, e, p in ins], power),
+                           own=own, step=qn.activation_step(f))
+        inherited = budget.expected_inherited
+        got = _first_tensor(captured.get(node.name))
+        if got is None or tuple(got.shape) != tuple(f.shape) or not got.is_floating_point():
+            carried[node.name] = (budget.allowed, budget.expected, power)
+            continue
+        measured = qn.nsr(f, got)
+        carried[node.name] = (measured, measured, power)
+        judged += 1
+        name = layer_of_node.get(node.name, "<root>")
+        row = layers.setdefault(name, QuantLayer(name))
+        row.captured += 1
+        ok = qn.within(measured, budget)
+        if not ok:
+            row.verdict = BEYOND
+        added = max(measured - inherited, 0.0)
+        row.added_nsr = max(row.added_nsr, added)
+        sq = qn.sqnr_db(measured)
+        if row.sqnr_db is None or sq < row.sqnr_db:
+            row.sqnr_db = sq
+        rel = math.sqrt(measured) if math.isfinite(measured) else math.inf
+        row.rel_err = rel if row.rel_err is None else max(row.rel_err, rel)
+        excess = measured / budget.allowed if budget.allowed > 0 else (math.inf if measured > 0 else 0.0)
+        if name not in worst_node or (excess, added) > worst_node[name]:
+            worst_node[name] = (excess, added)
+            row.node = node.name
+            row.cost_db = qn.sqnr_db(inherited) - sq if inherited > 0 else (0.0 if measured == 0 else math.inf)
+            row.rms_steps = qn.rms_steps(f, got, budget.step)
+            row.allowed_steps = (math.sqrt(budget.allowed * power) / budget.step) if budget.step > 0 else None
+            row.expected_sqnr_db = qn.sqnr_db(budget.expected)
+    ordered = list(layers.values())
+    worst = [lr.layer for lr in sorted(ordered, key=lambda lr: -lr.added_nsr) if lr.added_nsr > 0][:3]
+    first = next((lr.layer for lr in ordered if lr.verdict == BEYOND), None)
+    out_sqnr = None
+    if outputs is not None:
+        pairs = [(w, g) for g, w in zip(*outputs) if isinstance(w, torch.Tensor) and w.is_floating_point()
+                 and isinstance(g, torch.Tensor) and g.numel() == w.numel()]
+        if pairs:
+            out_sqnr = min(qn.sqnr_db(qn.nsr(w, g.reshape(w.shape))) for w, g in pairs)
+    return QuantReport(scheme=scheme, layers=ordered, worst=worst, first_beyond=first, output_sqnr_db=out_sqnr,
+                       nodes_judged=judged)
+
+
+def write_quant_csv(report: QuantReport, path: Path) -> None:
+    names = {f.name for f in fields(QuantLayer)}
+    assert set(QUANT_COLUMNS) <= names
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(QUANT_COLUMNS)
+        for lr in report.layers:
+            w.writerow([_cell(getattr(lr, c)) for c in QUANT_COLUMNS])
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else v

@@ -1,0 +1,163 @@
+"""What int8 quantization is allowed to cost a tensor, and what it did cost.
+
+Error of a quantized run against float is read as noise: the noise-to-signal ratio
+``NSR = sum((q - f)^2) / sum(f^2)`` (SQNR = -10 log10 NSR). The budget follows the additive
+noise model of uniform quantization (Widrow): rounding a tensor to steps ``s`` adds noise of
+power ``s^2 / 12`` per element, independent of the signal, and independent noise powers add:
+
+- a tensor quantized per tensor (activations, asymmetric int8: ``s = (max - min) / 255``, the
+  range including 0) or per output channel (weights, symmetric int8: ``s_c = max|W_c| / 127``)
+  gains ``NSR_q = mean(s^2 / 12) / mean(f^2)``;
+- a product (``mm``, ``addmm``, ``bmm``, ``convolution``, ``mul``) carries the sum of its
+  inputs' NSRs (relative errors of factors add);
+- a sum (``add``, ``sub``) carries the sum of its inputs' noise powers over its own signal power;
+- an elementwise nonlinearity (relu, gelu, softmax...) passes up to twice its input's NSR on;
+- a layer norm removes the mean and keeps the noise: NSR x mean(x^2) / var(x);
+- every other op passes the largest NSR of its inputs on (views, normalisations: an
+  approximation, which the margin below absorbs).
+
+Every op's output is granted one rounding of its own: each flow picks which tensors it stores as
+int8 (XNNPACK's quantizer: linear, conv, add, mul, cat...; ORT's QDQ: more), and a dequantized
+value may be captured after a view of the op that rounded it.
+
+Steps come from the *float* values, the ones a correct int8 flow would choose; a deployed
+scale that is wrong (a weight scale off by a factor, one per-tensor scale where per-channel was
+meant) is therefore beyond the budget instead of explaining itself.
+
+A captured tensor is within int8 quantization when its measured NSR is at most what its inputs
+brought (their measured NSRs where the backend exposed them, else their allowed NSRs, combined by
+the rules above) plus ``MARGIN`` times its own quantization noise (a weight's own noise, too,
+enters with ``MARGIN``). Floats keep compare's rules; this module is only used for quantized runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# How much more noise than the uniform-rounding model a correctly quantized tensor may carry:
+# the model ignores clipping, the range of one calibration batch, ops that amplify relative
+# error (softmax, normalisation) and requantization inside fused kernels.
+MARGIN = 8.0
+
+PRODUCTS = frozenset({"mm", "addmm", "bmm", "convolution", "mul", "matmul", "linear", "conv2d", "baddbmm"})
+SUMS = frozenset({"add", "sub"})
+# Elementwise nonlinearities can raise a relative error they pass on (relu zeroes half of a
+# signal's power; the noise near the zero crossings stays): their inherited NSR may double.
+NONLINEAR = frozenset({"relu", "gelu", "silu", "tanh", "sigmoid", "hardtanh", "clamp", "_softmax", "softmax",
+                       "exp", "erf"})
+NONLINEAR_GAIN = 2.0
+
+ACT_LEVELS = 255.0  # asymmetric int8 activations: 256 levels over [min, max] (0 included)
+WEIGHT_LEVELS = 127.0  # symmetric int8 weights: [-127, 127] * s
+
+
+def nsr(ref: torch.Tensor, got: torch.Tensor) -> float:
+    """Noise-to-signal ratio of ``got`` against ``ref`` (0: identical; inf: a zero reference
+    with any error)."""
+    r, g = ref.detach().double().reshape(-1), got.detach().double().reshape(-1)
+    noise = float(((g - r) ** 2).sum())
+    signal = float((r ** 2).sum())
+    if noise == 0.0:
+        return 0.0
+    return noise / signal if signal > 0 else math.inf
+
+
+def sqnr_db(nsr_value: float) -> float:
+    """10 log10(signal power / noise power); inf for no noise."""
+    if nsr_value <= 0.0:
+        return math.inf
+    if math.isinf(nsr_value):
+        return -math.inf
+    return -10.0 * math.log10(nsr_value)
+
+
+def rel_err(ref: torch.Tensor, got: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| (L2): sqrt(NSR)."""
+    return math.sqrt(nsr(ref, got))
+
+
+def activation_step(t: torch.Tensor) -> float:
+    """The int8 step a per-tensor asymmetric quantizer calibrated on ``t`` would use."""
+    f = t.detach().double()
+    if not f.numel():
+        return 0.0
+    lo, hi = min(float(f.min()), 0.0), max(float(f.max()), 0.0)
+    return (hi - lo) / ACT_LEVELS
+
+
+def activation_nsr(t: torch.Tensor) -> float:
+    """NSR that rounding ``t`` to its per-tensor int8 step adds."""
+    power = float(t.detach().double().pow(2).mean()) if t.numel() else 0.0
+    return activation_step(t) ** 2 / 12.0 / power if power > 0 else 0.0
+
+
+def weight_nsr(w: torch.Tensor) -> float:
+    """NSR that symmetric per-output-channel (dim 0) int8 rounding adds to a weight."""
+    f = w.detach().double()
+    if f.dim() < 2 or not f.numel():
+        return 0.0
+    flat = f.reshape(f.shape[0], -1)
+    steps = flat.abs().amax(dim=1) / WEIGHT_LEVELS
+    noise = float((steps ** 2 / 12.0).mean())
+    power = float(flat.pow(2).mean())
+    return noise / power if power > 0 else 0.0
+
+
+NORMALIZATIONS = frozenset({"native_layer_norm", "layer_norm"})
+
+
+def normalization_gain(x: torch.Tensor, dims: int) -> float:
+    """How much a layer norm over the last ``dims`` dimensions raises the NSR it is fed: it keeps
+    the noise and removes the mean, so NSR grows by mean(x^2) / var(x)."""
+    f = x.detach().double()
+    if not f.numel() or dims <= 0:
+        return 1.0
+    flat = f.reshape(-1, int(torch.tensor(f.shape[-dims:]).prod()))
+    var = float(flat.var(dim=1, unbiased=False).mean())
+    return float(flat.pow(2).mean()) / var if var > 0 else 1.0
+
+
+def combine(kind: str, inputs: list[tuple[float, float]], out_power: float) -> float:
+    """NSR an op's output carries from its float inputs, given as (NSR, signal power) pairs."""
+    if not inputs:
+        return 0.0
+    if kind in PRODUCTS:
+        return sum(n for n, _ in inputs)
+    if kind in SUMS:
+        noise = sum(n * p for n, p in inputs)
+        return noise / out_power if out_power > 0 else max(n for n, _ in inputs)
+    gain = NONLINEAR_GAIN if kind in NONLINEAR else 1.0
+    return gain * max(n for n, _ in inputs)
+
+
+@dataclass
+class Budget:
+    """One tensor's int8 budget: what it inherits, what its own quantization adds, the allowed total."""
+
+    inherited: float  # NSR its inputs may bring (measured where captured, else allowed), combined by the rules
+    expected_inherited: float  # the same with the model's expectation for inputs not captured
+    own: float  # NSR its own rounding (output) adds, from float steps
+    step: float  # the output's int8 step (per-tensor, from the float values)
+
+    @property
+    def allowed(self) -> float:
+        return self.inherited + MARGIN * self.own
+
+    @property
+    def expected(self) -> float:
+        return self.expected_inherited + self.own
+
+
+def within(measured: float, budget: Budget) -> bool:
+    """The verdict: the measured NSR fits what int8 quantization explains."""
+    return measured <= budget.allowed * (1 + 1e-9) + 1e-30
+
+
+def rms_steps(ref: torch.Tensor, got: torch.Tensor, step: float) -> float | None:
+    """The RMS error of ``got`` in units of the output's int8 step (one rounding: 0.29)."""
+    if step <= 0 or not ref.numel():
+        return None
+    d = got.detach().double().reshape(-1) - ref.detach().double().reshape(-1)
+    return float(d.pow(2).mean().sqrt()) / step
