@@ -48,6 +48,7 @@ def test_clean_compile_is_precision_and_recording_keeps_outputs(clean):
     for name in ("summary.json", "compare.csv", "report.html"):
         assert (clean.out / name).is_file()
     assert json.loads((clean.out / "summary.json").read_text())["compiled"]["paired"] == clean.paired
+    assert not torch.nn.modules.module._has_any_global_hook()  # no recorder hook left behind
 
 
 def test_compiled_dump_names_kernels_and_fused_ops(clean):
@@ -173,3 +174,18 @@ def test_aliased_cat_is_probed_and_its_fault_named_at_its_kernel(tmp_path):
     # a fallback kernel computes its own op only, not the nodes inlined into its inputs
     sdpa = [k for k in kernels if k["kernel"].startswith("torch.ops.aten._scaled_dot_product")]
     assert sdpa and all(k["ops"] == ["aten._scaled_dot_product_flash_attention_for_cpu.default"] for k in sdpa)
+
+
+def test_statistics_only_keeps_statistics_not_tensors(tmp_path):
+    """--statistics-only: each buffer reduced at its probe; the dump holds statistics, no tensors."""
+    from xray.dump import load_dump
+
+    model, args = block()
+    r = compile_check(model, args, out=tmp_path / "stats", save_tensors=False)
+    assert r.summary["failed"] == 0 and r.outputs_equal and r.paired >= 4
+    dump = load_dump(r.out / "compiled")
+    kept = [m for x in dump.records for _, m in x.output_tensors() if m.stats is not None and m.note is None]
+    assert len(kept) >= 4 and all(m.data is None for m in kept)
+    ln = next(x for x in dump.records if x.op == "aten.native_layer_norm.default")
+    eager = next(x for x in load_dump(r.out / "eager").records if x.seq == ln.seq)
+    assert abs(ln.outputs[0].stats.mean - eager.outputs[0].stats.mean) < 1e-5

@@ -17,6 +17,7 @@ Prints one row per check and the totals, and writes OUT/results.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -97,13 +98,18 @@ def run(models: list[str], faults: int, out: Path, real: bool) -> list[dict]:
             eps = 1e-2 if i % 2 == 0 else 1e-3
             checks.append((f"scale#{7 * i + 3}x(1+{eps:g})", {"post_grad_custom_post_pass": ScaleNode(7 * i + 3, eps)}, None))
         checks.append((f"decomp:{decomp}", {}, decomp))
+        checks.append(("clean-bf16", {}, None))
         for label, patches, dec in checks:
             t0 = time.perf_counter()
-            r = compile_check(model, args, out=out / "runs" / name, config_patches=patches,
+            m, a = model, args
+            if label == "clean-bf16":  # inductor keeps fused intermediates in fp32, eager rounds every op
+                m = copy.deepcopy(model).to(torch.bfloat16)
+                a = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in args)
+            r = compile_check(m, a, out=out / "runs" / name, config_patches=patches,
                               decompositions=wrong_decompositions(dec) if dec else None)
             fd = r.first or {}
             kernels = json.loads((r.out / "compiled" / "dump.json").read_text())["compiled"]["kernels"]
-            if label == "clean":
+            if label.startswith("clean"):
                 named, at = None, None
             elif dec:
                 op = str(WRONG[dec][0])
@@ -130,12 +136,16 @@ def run(models: list[str], faults: int, out: Path, real: bool) -> list[dict]:
 
 def totals(rows: list[dict]) -> str:
     clean = [r for r in rows if r["fault"] == "clean"]
-    faulty = [r for r in rows if r["fault"] != "clean"]
+    bf16 = [r for r in rows if r["fault"] == "clean-bf16"]
+    faulty = [r for r in rows if not r["fault"].startswith("clean")]
+    born = [r for r in faulty if r["named"] and r["verdict"].startswith("bug: born at")]
     detected = [r for r in faulty if r["detected"]]
     named = [r for r in faulty if r["named"]]
     named_detected = [r for r in detected if r["named"]]
     pct = lambda a, b: f"{100.0 * len(a) / len(b):.0f}%" if b else "n/a"  # noqa: E731
-    lines = [f"clean compiles: {len(clean)}, FAIL rows: {sum(r['failed'] or 0 for r in clean)}, "
+    lines = [f"clean bf16 compiles: {len(bf16)}, FAIL rows: {sum(r['failed'] or 0 for r in bf16)}",
+             f"faults named with a 'bug: born at' verdict: {len(born)} of {len(faulty)}",
+             f"clean compiles: {len(clean)}, FAIL rows: {sum(r['failed'] or 0 for r in clean)}, "
              f"outputs unchanged by recording: {sum(r['outputs_equal'] for r in rows)}/{len(rows)}",
              f"faults: {len(faulty)}, detected (a FAIL row): {len(detected)}, kernel+node named: {len(named)} "
              f"({pct(named, faulty)} of all, {pct(named_detected, detected)} of detected)"]

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..dump.stats import tensor_stats
 from .instrument import Instrumented, Launch, instrument
 
 
@@ -88,10 +89,22 @@ def _node_info(node: torch.fx.Node) -> NodeInfo:
                     str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "")
 
 
-class Capture:
-    """Collects compiled graphs while active, and the buffers each launch writes when recording."""
+@dataclass
+class Described:
+    """A probed buffer kept as its description only (statistics-only checks): what the dump and
+    the pairing read of a tensor, without holding its memory."""
 
-    def __init__(self) -> None:
+    shape: tuple
+    dtype: torch.dtype
+    stats: Any
+
+
+class Capture:
+    """Collects compiled graphs while active, and the buffers each launch writes when recording.
+    ``keep_tensors=False`` reduces each buffer to its statistics at the probe (memory stays flat)."""
+
+    def __init__(self, keep_tensors: bool = True) -> None:
+        self.keep_tensors = keep_tensors
         self.graphs: list[CompiledGraph] = []
         self.dynamo: int | None = None  # set by the caller around each Dynamo graph's compilation
         self.recording = False
@@ -108,8 +121,12 @@ class Capture:
         run = max(self.calls.get(graph, 1) - 1, 0)
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.values[(graph, run, launch)] = tuple(
-                b.detach().to("cpu", copy=True) if isinstance(b, torch.Tensor) else None for b in buffers)
+            if self.keep_tensors:
+                kept = tuple(b.detach().to("cpu", copy=True) if isinstance(b, torch.Tensor) else None for b in buffers)
+            else:
+                kept = tuple(Described(tuple(b.shape), b.dtype, tensor_stats(b.detach()))
+                             if isinstance(b, torch.Tensor) else None for b in buffers)
+            self.values[(graph, run, launch)] = kept
         self.probe_seconds += time.perf_counter() - t0
 
     def _graph_done(self, lowering: Any, module: Any, provenance: dict[str, list[str]]) -> Any:

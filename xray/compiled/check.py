@@ -83,7 +83,7 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     kwargs = dict(kwargs or {})
     seconds: dict[str, float] = {}
 
-    capture, dynamo = Capture(), DynamoGraphs()
+    capture, dynamo = Capture(keep_tensors=save_tensors), DynamoGraphs()
     compile_fn = lambda gm, ex: compile_fx(gm, ex, config_patches=options, decompositions=decompositions)  # noqa: E731
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=dynamo.backend(capture, compile_fn), dynamic=False)
@@ -119,7 +119,10 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     out.mkdir(parents=True, exist_ok=True)
     mark_output(out, COMMAND)
     t0 = time.perf_counter()
-    ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num)
+    try:
+        ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num)
+    finally:
+        _drop_stale_hook_flags()
     mark_output(out / "eager", COMMAND)
     seconds["eager_reference"] = time.perf_counter() - t0
     with torch.no_grad():
@@ -153,6 +156,18 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
     return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
                               outputs_equal, eager_equal, seconds)
+
+
+def _drop_stale_hook_flags() -> None:
+    """Removing a global forward hook registered ``with_kwargs`` leaves its id in torch's
+    ``_global_forward_hooks_with_kwargs`` (torch 2.13), and torch.compile then warns of global
+    hooks on every later compiled module call: the recorder's hooks are gone, their flags go too."""
+    from torch.nn.modules import module as nn_module
+
+    flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
+    hooks = getattr(nn_module, "_global_forward_hooks", {})
+    for hook_id in [k for k in (flags or {}) if k not in hooks]:
+        del flags[hook_id]
 
 
 def kernel_table(graphs: list) -> list[dict[str, Any]]:

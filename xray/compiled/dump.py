@@ -25,6 +25,7 @@ from ..dump.model import Record, Source, TensorMeta
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..dump.writer import DumpWriter
+from .capture import Described
 from .mapping import Pair
 from .region import Region
 
@@ -32,7 +33,10 @@ FUSED = "not materialised by {backend}: fused into a kernel"
 REBUILT = "fused away by {backend}: recomputed in float64 from the compiled run's materialised values"
 
 
-def _meta(t: torch.Tensor, source: str | None = None) -> TensorMeta:
+def _meta(t: Any, source: str | None = None) -> TensorMeta:
+    if isinstance(t, Described):  # reduced at the probe: statistics only
+        stride = tuple(torch.empty(t.shape, device="meta").stride())
+        return TensorMeta(tuple(t.shape), dtype_name(t.dtype), stride, 0, "cpu", stats=t.stats, source=source)
     t = t.detach().cpu()
     return TensorMeta(tuple(t.shape), dtype_name(t.dtype), tuple(t.contiguous().stride()), 0, "cpu",
                       stats=tensor_stats(t), source=source)
