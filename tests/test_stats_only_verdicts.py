@@ -265,6 +265,7 @@ def _zoo_noise_run(model_type: str, cls: str, tmp_path, **kw) -> list:
     return o
 
 
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about a minute
 def test_a_norms_mean_of_centred_values_is_judged_at_its_terms_magnitude(tmp_path):
     """CLIP's vision encoder normalizes the output of another LayerNorm: the second norm's mean
     (its saved ``out1``) is the sum of centred values, ~1e-8 from terms of 1, and moves by 28 %
@@ -275,6 +276,7 @@ def test_a_norms_mean_of_centred_values_is_judged_at_its_terms_magnitude(tmp_pat
     assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
 
 
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about a minute
 def test_a_backward_row_within_what_its_incoming_gradient_carries_is_not_born(tmp_path):
     """BART's bf16 training step: the encoder's LayerNorm backward cancels gradients down to
     1e-12, which move 30-60 % because the incoming gradient moves 17-39 % (its statistics and
@@ -297,6 +299,7 @@ def test_a_backward_row_within_what_its_incoming_gradient_carries_is_not_born(tm
         [(r.index, r.culprit) for r in norms if r.status == "fail"]
 
 
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about a minute
 def test_a_folded_sum_before_any_precision_loss_is_judged_at_its_terms_magnitude(tmp_path):
     """Cohere's bf16 training step, recorded with the defaults: the loss's backward starts outside
     any module with sums de-dup folds into an earlier record. The first recorded consumer of one
@@ -309,6 +312,7 @@ def test_a_folded_sum_before_any_precision_loss_is_judged_at_its_terms_magnitude
     assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
 
 
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about a minute
 def test_an_attention_backward_that_cancels_is_judged_at_its_terms_magnitude(tmp_path):
     """Canary's decoder cross-attention under a bf16 training step, recorded with the defaults:
     its keys' scores are all alike, so the fused attention backward's dQ cancels to ~1e-13 from
@@ -317,4 +321,21 @@ def test_an_attention_backward_that_cancels_is_judged_at_its_terms_magnitude(tmp
     rows. What its inputs carry, grown by the backward's own cancellation
     (statistics_only.attention_backward_terms: dQ, dK and dV's chained products), explains it."""
     o = _zoo_noise_run("canary", "CanaryModel", tmp_path, backward=True)
+    assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
+
+
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about a minute
+def test_a_norms_mean_fed_by_a_folded_call_is_judged_with_its_cancellation(tmp_path):
+    """CodeGen under emulated TF32, recorded with the defaults: the final LayerNorm reads a
+    residual add that de-dup folded into the layer's previous add. Its saved mean (out1) moved
+    5.2e-4 of itself while the stream it averages moved 1.4e-4: the mean of a residual stream
+    nearly cancels. What a row fed by a folded call carries in was taken without its sum's
+    cancellation (causality._carried_in), so it stayed an inherited FAIL; it is now grown by
+    ``statistics_only.cancellation``, which counts a mean's terms at 1/n of what it reads."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    arch = zoo.register(zoo.Entry("codegen", "CodeGenModel"))
+    o = run_scenario(Scenario("t/codegen", "noise", arch, noise="tf32", **RECORDER_DEFAULTS), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")

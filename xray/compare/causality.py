@@ -869,11 +869,13 @@ def _shown(v: Any) -> str:
 
 
 def _carried_in(p: Pending, k: int, at_least: float) -> float:
-    """The largest error any disagreeing input of output ``k`` carries in: on data where it was
-    judged so (``Pending.input_errors``), else on statistics."""
+    """The largest error any disagreeing input of output ``k`` carries in (on data where it was
+    judged so, ``Pending.input_errors``, else on statistics), grown by its sum's cancellation
+    (``statistics_only.cancellation``, as ``carried_error``): a norm's mean of a residual stream
+    that nearly cancels moves more, relative to itself, than the stream it averages."""
     errors = [p.input_errors.get(name, stat) for name, _, status, stat in row_inputs(p, k)
               if status not in (PairStatus.PASS.value, PairStatus.SKIP.value)]
-    return max([at_least] + [e for e in errors if e is not None])
+    return max([at_least] + [e for e in errors if e is not None]) * statistics_only.cancellation(p, k)
 
 
 def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool,

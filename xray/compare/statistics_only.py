@@ -135,6 +135,14 @@ _CANCELLING = {"aten.native_layer_norm_backward": "grad_out", "aten.native_batch
 # how much smaller it is, so it is judged at their magnitude.
 _TWO_TERM_SUMS = frozenset(("aten.add", "aten.sub", "aten.rsub"))
 
+# Reductions that average what they sum (a norm's mean and variance, a pooled mean): an output of
+# values of 1 is 1, not sqrt(n), when nothing cancels
+_AVERAGES = frozenset(f"aten.{name}" for name in (
+    "mean", "var", "std", "var_mean", "std_mean", "native_layer_norm", "native_group_norm",
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "_fused_rms_norm", "avg_pool1d", "avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool3d", "adaptive_avg_pool1d"))
+
 
 def _rms(stats: Any) -> float:
     """The RMS of a tensor from its statistics (hypot: finite where mean ** 2 would overflow)."""
@@ -198,6 +206,8 @@ def cancellation(p: Pending, k: int) -> float:
         terms = attention
     elif (summed := summed_terms(e, k)) is not None:
         terms = math.sqrt(summed[1]) * max(_rms(m.stats) for m in summed[0])
+        if packet(e.op) in _AVERAGES:  # a mean's terms are each 1/n of what it reads
+            terms /= max(summed[1], 1)
     else:
         return 1.0
     if made <= 0:
