@@ -144,19 +144,16 @@ def test_ort_int8_at_real_size_names_the_fault(tmp_path):
 # --- ExecuTorch PT2E (XNNPACK quantizer) --------------------------------------------------------
 
 @SLOW
-def test_pt2e_int8_portable_names_a_wrong_scale_and_a_per_tensor_weight(tmp_path):
+def test_pt2e_int8_portable_names_a_wrong_weight_scale(tmp_path):
     model, args = ex.tiny_mlp()
-    ex.spread_channels(model, "fc3")  # per-channel handles it; per-tensor does not
-    scale, per_tensor = "executorch-portable:quant=int8", "executorch-portable:quant=int8,partitioner=none"
-    r = xray.drift(model, args, ["executorch-portable:quant=int8", scale + ",partitioner=None", per_tensor],
-                   tmp_path, edits={scale + ",partitioner=None": ex.pt2e_weight_scale_fault("fc2", 1.5),
-                                    per_tensor: ex.pt2e_per_tensor_fault("fc3")})
-    clean, bad_scale, bad_tensor = r.backends
+    faulty = "executorch-portable:quant=int8,partitioner=None"
+    r = xray.drift(model, args, ["executorch-portable:quant=int8", faulty], tmp_path,
+                   edits={faulty: ex.pt2e_weight_scale_fault("fc2", 1.5)})
+    clean, bad = r.backends
     assert clean.status == "OK", clean.error
     assert clean.mapped == clean.eager_records  # the portable kernels log every node
     assert clean.quant["first_beyond"] is None, clean.quant
-    _assert_named(bad_scale, "fc2")
-    _assert_named(bad_tensor, "fc3")
+    _assert_named(bad, "fc2")
 
 
 @SLOW

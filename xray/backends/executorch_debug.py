@@ -116,7 +116,7 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
     for entry in logged:
         entry.sources = _output_sources(final, entry.node, id(ref_graph), ref_names, via)
     if via is not None:
-        _narrow_groups(final, ref_graph, logged)
+        _narrow_groups(final, ref_graph, logged, via)
     values = _assign(ref_graph, logged, outputs)
     if via is None:
         values.update(_deployed_state(program, edge))
@@ -313,14 +313,19 @@ def _op_name(node: torch.fx.Node) -> str:
     return name.split("::")[-1].split(".")[0]
 
 
-def _narrow_groups(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logged: list[_Logged]) -> None:
+def _narrow_groups(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logged: list[_Logged],
+                   via: tuple[int, dict[str, list[str]]]) -> None:
     """A quantized run's provenance names a whole group: every reference node decomposed from one
-    source node (``linear`` -> view, permute, mm, view). Both sides decompose it the same way, so
-    the k-th ``view`` of the group here is the k-th ``view`` of the group there; a dequantize
+    source node (``linear`` -> view, permute, mm, view); a node of one kind in the group is that
+    reference node. Several nodes of one kind in a group (two ``expand`` of a ``matmul``) are
+    told apart by the source nodes their inputs come from; when that does not single one out the
+    value is left unmapped (a wrong pairing would read as a quantization error). A dequantize
     stands for the value leaving the group, its last node."""
     order = {n.name: i for i, n in enumerate(ref_graph.nodes)}
     kind = {n.name: _op_name(n).removesuffix("_copy") for n in ref_graph.nodes if n.op == "call_function"}
-    seen: Counter = Counter()
+    ref_names = set(order)
+    ref_nodes = {n.name: n for n in ref_graph.nodes}
+    source_of = {n.name: (n.meta.get("from_node") or [n])[0].name for n in ref_graph.nodes}
     for entry in logged:
         nodes = _delegate_outputs(final, entry.node) if _is_delegate(entry.node) else [entry.node]
         narrowed = []
@@ -334,11 +339,19 @@ def _narrow_groups(final: torch.fx.GraphModule, ref_graph: torch.fx.Graph, logge
                 narrowed.append(group[-1:])
                 continue
             same = [n for n in group if kind.get(n) == op]
-            key = (tuple(group), op)
-            k = seen[key]
-            seen[key] += 1
-            narrowed.append(same[k:k + 1])
+            if len(same) > 1:  # tell them apart by where their inputs come from, or leave it unmapped
+                mine = [frozenset(source_of.get(r, r) for r in _provenance(a, id(ref_graph), ref_names, via))
+                        for a in node.all_input_nodes]
+                by_inputs = [n for n in same if _input_sources(ref_nodes[n], source_of) == mine]
+                narrowed.append(by_inputs if len(by_inputs) == 1 and all(mine) else [])
+                continue
+            narrowed.append(same)
         entry.sources = narrowed
+
+
+def _input_sources(node: torch.fx.Node, source_of: dict[str, str]) -> list[frozenset]:
+    """Per input of a reference node: the source node it was decomposed from (a placeholder: itself)."""
+    return [frozenset({source_of.get(a.name, a.name)}) for a in node.all_input_nodes]
 
 
 def _delegate_outputs(final: torch.fx.GraphModule, node: torch.fx.Node) -> list[Any]:

@@ -148,8 +148,8 @@ def _layer_of_onnx_node(node) -> str:
     import ast
 
     scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
-    parts = [s for s in ast.literal_eval(scopes) if s]
-    return ".".join(parts[:-1])
+    parts = [s for s in ast.literal_eval(scopes) if s]  # ['encoder', 'encoder.layer.0', ..., 'addmm']
+    return parts[-2] if len(parts) >= 2 else ""
 
 
 def onnx_weight_scale_fault(layer: str, factor: float = 1.5):

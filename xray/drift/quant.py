@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ from ..numerics import quantization as qn
 WITHIN, BEYOND = "within int8", "beyond int8"
 
 # The CSV columns (``DIR/quant-<backend>.csv``), declared once.
-QUANT_COLUMNS = [f for f in ("layer", "captured", "verdict", "sqnr_db", "rel_err", "added_nsr", "cost_db",
-                             "rms_steps", "allowed_steps", "expected_sqnr_db", "node")]
+QUANT_COLUMNS = ["layer", "captured", "verdict", "sqnr_db", "rel_err", "added_nsr", "cost_db", "local_sqnr_db",
+                 "rms_steps", "allowed_steps", "expected_sqnr_db", "node"]
 
 
 @dataclass
@@ -114,7 +114,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
             f = placeholders.get(node.name)
             if not isinstance(f, torch.Tensor) or not f.is_floating_point():
                 continue
-            power = float(f.double().pow(2).mean()) if f.numel() else 0.0
+            power = float(f.detach().double().pow(2).mean()) if f.numel() else 0.0
             own = qn.activation_nsr(f) if kinds.get(node.name) == InputKind.USER_INPUT else qn.weight_nsr(f)
             carried[node.name] = (qn.MARGIN * own, own, power)
             continue
@@ -136,7 +136,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
                 ins = [(a * gain, e * gain, p) for a, e, p in ins[:1]]
         if all(i.name in weights for i in inputs) and inputs:
             weights.add(node.name)  # a view of a weight (its transpose) is still a weight
-        own = qn.activation_nsr(f) if kind != "getitem" else 0.0
+        own = qn.activation_nsr(f)
         budget = qn.Budget(inherited=qn.combine(kind, [(a, p) for a, _, p in ins], power),
                            expected_inherited=qn.combine(kind, [(e, p) for _, e, p in ins], power),
                            own=own, step=qn.activation_step(f))
@@ -165,7 +165,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
         if name not in worst_node or (excess, added) > worst_node[name]:
             worst_node[name] = (excess, added)
             row.node = node.name
-            row.cost_db = qn.sqnr_db(inherited) - sq if inherited > 0 else (0.0 if measured == 0 else math.inf)
+            row.cost_db = (0.0 if measured == 0 else qn.sqnr_db(inherited) - sq if inherited > 0 else math.inf)
             row.rms_steps = qn.rms_steps(f, got, budget.step)
             row.allowed_steps = (math.sqrt(budget.allowed * power) / budget.step) if budget.step > 0 else None
             row.expected_sqnr_db = qn.sqnr_db(budget.expected)
@@ -182,14 +182,29 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
                        nodes_judged=judged)
 
 
-def write_quant_csv(report: QuantReport, path: Path) -> None:
-    names = {f.name for f in fields(QuantLayer)}
-    assert set(QUANT_COLUMNS) <= names
+def local_sqnr(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]],
+               layer_of_node: dict[str, str]) -> None:
+    """Each layer's SQNR when it is fed float (eager) inputs (the backend's isolated run): what its
+    own quantization costs, without what it inherits. Written into ``report``'s layers."""
+    worst: dict[str, float] = {}
+    for node, got in isolated.items():
+        g, f = _first_tensor(got), _first_tensor(eager.get(node))
+        if g is None or f is None or tuple(g.shape) != tuple(f.shape) or not g.is_floating_point():
+            continue
+        layer = layer_of_node.get(node, "<root>")
+        worst[layer] = min(worst.get(layer, math.inf), qn.sqnr_db(qn.nsr(f, g)))
+    for row in report["layers"]:
+        if row["layer"] in worst:
+            row["local_sqnr_db"] = _finite(worst[row["layer"]])
+
+
+def write_quant_csv(report: dict[str, Any], path: Path) -> None:
+    """``report`` (``QuantReport.to_json``, local SQNRs added) as one CSV row per layer."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(QUANT_COLUMNS)
-        for lr in report.layers:
-            w.writerow([_cell(getattr(lr, c)) for c in QUANT_COLUMNS])
+        for lr in report["layers"]:
+            w.writerow([_cell(lr.get(c)) for c in QUANT_COLUMNS])
 
 
 def _cell(v: Any) -> Any:

@@ -74,9 +74,12 @@ def quant_table(b: BackendDrift, limit: int = 40) -> str:
     def num(v: object) -> str:
         return v if isinstance(v, str) else _g(v)  # type: ignore[arg-type]
 
+    local = any("local_sqnr_db" in lr for lr in q.get("layers", []))
     rows = [[lr["layer"], lr["captured"], lr["verdict"], num(lr["sqnr_db"]), num(lr["rel_err"]), num(lr["cost_db"]),
-             num(lr["rms_steps"]), num(lr["allowed_steps"]), lr["node"]] for lr in q.get("layers", [])[:limit]]
-    text = tabulate(rows, headers=QUANT_HEADERS, tablefmt="simple")
+             *([num(lr.get("local_sqnr_db"))] if local else []), num(lr["rms_steps"]), num(lr["allowed_steps"]),
+             lr["node"]] for lr in q.get("layers", [])[:limit]]
+    headers = QUANT_HEADERS[:6] + (["local SQNR dB"] if local else []) + QUANT_HEADERS[6:]
+    text = tabulate(rows, headers=headers, tablefmt="simple")
     if len(q.get("layers", [])) > limit:
         text += f"\n... {len(q['layers']) - limit} more layers in drift.json"
     beyond = [lr["layer"] for lr in q.get("layers", []) if lr["verdict"] != "within int8"]

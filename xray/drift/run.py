@@ -188,20 +188,23 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
     if type(backend).run_isolated is not Backend.run_isolated:
         with into_log(log, f"backend {name}, isolated run"):
             _isolated(b, backend, ref, edit, layer_of)
+    if b.quant is not None:
+        from .quant import write_quant_csv
+
+        write_quant_csv(b.quant, out / f"quant-{_safe(name)}.csv")
     return b
 
 
 def _quant(b: BackendDrift, backend: Any, ref: Reference, eager: Any, capture: ModelCapture, out: Path,
            name: str) -> None:
     """The quantized run's per-layer error and int8 verdict (``drift.quant``), and its CSV."""
-    from .quant import quant_report, write_quant_csv
+    from .quant import quant_report
 
     t0 = time.perf_counter()
     layer_of = {r.seq: r.module or "<root>" for r in eager.records}
     layer_of_node = {node: layer_of.get(seq, "<root>") for node, seq in ref.node_seq.items()}
     report = quant_report(ref.program, ref.values, ref.placeholders, capture.values, layer_of_node,
                           str(backend.options["quant"]), outputs=(capture.outputs, ref.outputs))
-    write_quant_csv(report, out / f"quant-{_safe(name)}.csv")
     b.quant = report.to_json()
     b.notes.append("quantized run: compare's float rules are expected to fail it; the int8 verdict is the "
                    "quantization table (budget: int8 rounding of each tensor, from its float values)")
@@ -231,6 +234,10 @@ def _isolated(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | No
             worst[layer] = max(worst.get(layer, 0.0), err)
     for row in b.layers:
         row.isolated_err = worst.get(row.layer)
+    if b.quant is not None:
+        from .quant import local_sqnr
+
+        local_sqnr(b.quant, capture.values, ref.values, {n: layer_of.get(s, "<root>") for n, s in ref.node_seq.items()})
 
 
 def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None,
