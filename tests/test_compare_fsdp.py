@@ -18,6 +18,8 @@ import xray
 from xray.compare import compare_dumps
 from xray.dump.model import unwritten
 
+pytestmark = pytest.mark.slow  # two gloo ranks record an FSDP2 step and a single run: about 90 s
+
 from test_record_sharded import run_ranks
 
 

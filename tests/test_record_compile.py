@@ -74,3 +74,13 @@ def test_without_skip_code_the_recorder_falls_back_to_torchs_wrapper(tmp_path):
     proc = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path / "dump")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-1000:] + proc.stderr[-3000:]
+
+
+def test_a_session_leaves_no_global_module_hook_behind(tmp_path):
+    """The recorder tracks modules through global forward hooks registered ``with_kwargs``;
+    removing them leaves their ids in torch's ``_global_forward_hooks_with_kwargs`` (torch 2.13),
+    and every later compiled module call then warns of global hooks. A session removes both."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with xray.dump(dump_dir=tmp_path / "d", X_DEDUP=False, X_DUMP_NUM=0):
+        model(torch.ones(2, 4))
+    assert not torch.nn.modules.module._has_any_global_hook()

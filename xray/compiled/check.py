@@ -119,10 +119,7 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     out.mkdir(parents=True, exist_ok=True)
     mark_output(out, COMMAND)
     t0 = time.perf_counter()
-    try:
-        ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num)
-    finally:
-        _drop_stale_hook_flags()
+    ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num)
     mark_output(out / "eager", COMMAND)
     seconds["eager_reference"] = time.perf_counter() - t0
     with torch.no_grad():
@@ -156,18 +153,6 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
     return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
                               outputs_equal, eager_equal, seconds)
-
-
-def _drop_stale_hook_flags() -> None:
-    """Removing a global forward hook registered ``with_kwargs`` leaves its id in torch's
-    ``_global_forward_hooks_with_kwargs`` (torch 2.13), and torch.compile then warns of global
-    hooks on every later compiled module call: the recorder's hooks are gone, their flags go too."""
-    from torch.nn.modules import module as nn_module
-
-    flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
-    hooks = getattr(nn_module, "_global_forward_hooks", {})
-    for hook_id in [k for k in (flags or {}) if k not in hooks]:
-        del flags[hook_id]
 
 
 def kernel_table(graphs: list) -> list[dict[str, Any]]:

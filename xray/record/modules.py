@@ -79,6 +79,7 @@ class ModuleStack:
             h.remove()
         self._handles = []
         self.owner = None
+        drop_stale_hook_flags()
 
     def disown(self) -> None:
         """Track no thread any more (a forked child's copy, or after an internal error)."""
@@ -218,3 +219,15 @@ class ModuleStack:
             if stack[i] == frame:
                 del stack[i]
                 break
+
+
+def drop_stale_hook_flags() -> None:
+    """Removing a global forward hook registered ``with_kwargs`` leaves its id in torch's
+    ``_global_forward_hooks_with_kwargs`` (torch 2.13), and torch.compile then warns of global
+    hooks on every later compiled module call: the recorder's hooks are gone, their flags go too."""
+    from torch.nn.modules import module as nn_module
+
+    flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
+    hooks = getattr(nn_module, "_global_forward_hooks", {})
+    for hook_id in [k for k in (flags or {}) if k not in hooks]:
+        del flags[hook_id]
