@@ -223,7 +223,7 @@ def _cross_rank(target, units: list, summary: Summary, sharded: bool = False) ->
     """A multi-rank target (or the sharded side against a single run) checked within itself: what
     must agree across its ranks does (cross_rank.py); a disagreement goes into the summary and the
     verdict."""
-    from .distributed import global_rank
+    from .pairing import global_rank
 
     if not sharded and (len(units) < 2 or not all(global_rank(label) is not None for label, _, _ in units)):
         return

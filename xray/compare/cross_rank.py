@@ -100,7 +100,7 @@ class CrossRankReport:
 
 def check_ranks(folder: str | Path) -> CrossRankReport:
     """The cross-rank check of one run's rank dumps (``folder`` holds ``rank_<r>/``)."""
-    from .distributed import global_rank
+    from .pairing import global_rank
     from .pairing import CompareInputError, dump_units, open_dump, rank_key
 
     units = {n: p for n, p in dump_units(folder).items() if global_rank(n) is not None}

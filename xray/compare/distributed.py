@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import socket
 import sys
 import traceback
@@ -20,19 +19,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..console import closed_pipe_is_quiet
+from .pairing import global_rank
 from .result import CompareResult, CompareRow, Summary
 from .sync_points import SyncPoint, divergence_order
 from .verdict import settle_verdict
 
 MERGED_CSV = "compare.csv"
 SUMMARY_JSON = "summary.json"
-
-
-def global_rank(name: str) -> int | None:
-    """The global rank a dump's unit name is for: ``rank_<r>``, ``rank_<r>.<pid>`` (a second
-    process claimed the folder) or ``globalrank-<r>_localrank-<l>`` (module-level .h5)."""
-    m = re.fullmatch(r"rank_(\d+)(?:\.\d+)?|globalrank-(\d+)_localrank-\d+", name)
-    return int(m.group(1) or m.group(2)) if m else None
 
 
 def rank_unit(path: str | os.PathLike, rank: int, world_size: int, side: str, notes: list[str]) -> tuple[str, Path]:

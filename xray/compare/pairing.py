@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,10 @@ def check_same_format(bench: Any, target: Any, bench_path: Path, target_path: Pa
     vt = (getattr(target, "header", None) or {}).get("format_version")
     if vb != vt:
         notes.append(f"format versions differ ({fb} v{vb} vs v{vt}); compared through the shared data model")
+
+
+def global_rank(name: str) -> int | None:
+    """The global rank a dump's unit name is for: ``rank_<r>``, ``rank_<r>.<pid>`` (a second
+    process claimed the folder) or ``globalrank-<r>_localrank-<l>`` (module-level .h5)."""
+    m = re.fullmatch(r"rank_(\d+)(?:\.\d+)?|globalrank-(\d+)_localrank-\d+", name)
+    return int(m.group(1) or m.group(2)) if m else None

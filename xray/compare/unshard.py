@@ -92,7 +92,7 @@ class UnshardError(ValueError):
 def rank_dumps(folder: str | os.PathLike) -> list[tuple[str, Path]]:
     """(rank label, dump path) of every rank of a multi-rank folder, in rank order; [] when
     ``folder`` is not one (a single dump, or dumps that are not all ``rank_<r>``)."""
-    from .distributed import global_rank
+    from .pairing import global_rank
     from .pairing import dump_units
 
     units = dump_units(folder)
