@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..dump.model import Record, Sharding, Stats, TensorMeta, iter_tensors
+from ..ops.rebuild import contiguous_stride
 from .sync_points import is_collective
 
 DATA_PREFIX = "unshard:"
@@ -229,7 +230,7 @@ class UnshardedRun:
             g = guides.get(name)
             shape = tuple(g.shape) if g is not None else tuple(metas[0].shape)
             self.found.skipped[(rec.seq, name)] = reason
-            return replace(metas[0], shape=shape, stride=_contiguous(shape), storage_offset=0, stats=None, data=None,
+            return replace(metas[0], shape=shape, stride=contiguous_stride(shape), storage_offset=0, stats=None, data=None,
                            sharding=None, note=reason, source=_moved_source(metas[0].source, self._moved))
 
         inputs = _map_tensors(rec.inputs, [rec.inputs], "", {}, blank, keyed=True)
@@ -285,7 +286,7 @@ class UnshardedRun:
         from ..dump.stats import tensor_stats
 
         saved = all(p.meta.data is not None and p.meta.note is None for p in a.parts)
-        meta = replace(like, shape=a.shape, stride=_contiguous(a.shape), storage_offset=0, sharding=None, data=None,
+        meta = replace(like, shape=a.shape, stride=contiguous_stride(a.shape), storage_offset=0, sharding=None, data=None,
                        note=None)
         if saved:
             self._ids.append(a)
@@ -648,14 +649,6 @@ def combined_stats(parts: list[Stats | None]) -> Stats | None:
     second = sum((p.std ** 2 + p.mean ** 2) * k for p, k in live) / n
     out.mean, out.std = mean, math.sqrt(max(second - mean * mean, 0.0))
     return out
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for n in reversed(shape):
-        stride.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(stride))
 
 
 def _merged_summary(labels: list[str], ranks: list[Any]) -> dict:

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from ..dump.model import Record, Source, TensorMeta
+from ..dump.model import Record, Source, TensorMeta, shape_only
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..dump.writer import DumpWriter
+from ..ops.rebuild import contiguous_stride
 from .capture import Described
 from .mapping import Pair
 from .region import Region
@@ -35,19 +36,11 @@ REBUILT = "fused away by {backend}: recomputed in float64 from the compiled run'
 
 def _meta(t: Any, source: str | None = None) -> TensorMeta:
     if isinstance(t, Described):  # reduced at the probe: statistics only
-        stride = tuple(torch.empty(t.shape, device="meta").stride())
-        return TensorMeta(tuple(t.shape), dtype_name(t.dtype), stride, 0, "cpu", stats=t.stats, source=source)
+        return TensorMeta(tuple(t.shape), dtype_name(t.dtype), contiguous_stride(tuple(t.shape)), 0, "cpu",
+                          stats=t.stats, source=source)
     t = t.detach().cpu()
     return TensorMeta(tuple(t.shape), dtype_name(t.dtype), tuple(t.contiguous().stride()), 0, "cpu",
                       stats=tensor_stats(t), source=source)
-
-
-def _bare(v: Any, note: str | None = None) -> Any:
-    if isinstance(v, list):
-        return [_bare(x, note) for x in v]
-    if isinstance(v, TensorMeta):
-        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source, note=note)
-    return v
 
 
 def record_info(p: Pair) -> dict[str, Any]:
@@ -88,7 +81,7 @@ def write_compiled(folder: Path, eager: Any, pairs: list[Pair], values: dict[tup
         for i, v in enumerate(rec.outputs):
             hit = got.get((rec.seq, i)) if isinstance(v, TensorMeta) else None
             if hit is None:
-                outputs.append(_bare(v, note))
+                outputs.append(shape_only(v, note))
                 continue
             meta = _meta(hit[0])
             if save_tensors:
@@ -135,7 +128,7 @@ def _input(v: Any, name: str, rec: Record, writer: DumpWriter, got: dict, save: 
     if hit is None or tuple(hit[0].shape) != tuple(v.shape):
         rebuilt = rebuild.region.input_value(v) if rebuild is not None else None
         if rebuilt is None:
-            return _bare(v)
+            return shape_only(v)
         t = rebuilt[0].to(dtype_from_name(v.dtype))
         meta = _meta(t, v.source)
         meta.note = rebuild.note

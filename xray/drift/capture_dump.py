@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..backends.base import ModelCapture
-from ..dump.model import Record, Source, TensorMeta
+from ..dump.model import Record, Source, TensorMeta, shape_only
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name
 from ..dump.writer import DumpWriter
@@ -130,21 +130,12 @@ def write_capture(folder: Path, eager: Any, capture: ModelCapture, resolver: Cap
         else:
             if metas and got and len(got) == len(metas) and any(t is not None for t in got):
                 misshapen.append(node)
-            out.inputs = {k: _bare(v) for k, v in rec.inputs.items()}
-            out.outputs = [_bare(v, absent) for v in rec.outputs]
+            out.inputs = {k: shape_only(v) for k, v in rec.inputs.items()}
+            out.outputs = [shape_only(v, absent) for v in rec.outputs]
         writer.add(out)
     writer.close({"op_calls": len(eager.records), "records": len(eager.records), "tensors_saved": saved,
                   "seconds": round(time.perf_counter() - started, 6), "error": None})
     return Written(Path(folder), mapped, with_outputs, misshapen)
-
-
-def _bare(v: Any, note: str | None = None) -> Any:
-    """A recorded value with shape and dtype only: what the backend held there is unknown."""
-    if isinstance(v, list):
-        return [_bare(x, note) for x in v]
-    if isinstance(v, TensorMeta):
-        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source, note=note)
-    return v
 
 
 def _input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: CaptureResolver) -> Any:
@@ -158,7 +149,7 @@ def _one_input(v: Any, name: str, rec: Record, writer: DumpWriter, resolver: Cap
         return v
     t = resolver.source(v.source, rec.seq, name)
     if t is None or not _fits(t, v):
-        return _bare(v)
+        return shape_only(v)
     t = t.detach().cpu()
     meta = _meta(t)
     meta.source = v.source
@@ -173,7 +164,7 @@ def _output(v: Any, tensors, rec: Record, i: Any, writer: DumpWriter, absent: st
         return v
     t = next(tensors)
     if t is None:
-        return _bare(v, absent)
+        return shape_only(v, absent)
     t = t.detach().cpu()
     meta = _meta(t)
     meta.data = writer.save_tensor(rec, f"out.{i}", t.contiguous())

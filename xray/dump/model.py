@@ -616,3 +616,13 @@ def _frame(p: Any) -> tuple[str, str]:
     if not isinstance(p, list) or len(p) != 2:
         raise ValueError(f"module_stack entries must be [path, class] pairs, got {echo(p)}")
     return _str(p[0], "module_stack path"), _str(p[1], "module_stack class")
+
+
+def shape_only(v: Any, note: str | None = None) -> Any:
+    """A recorded value (a TensorMeta, or a list of them) with its shape and dtype only, ``note``
+    saying why: what another run held there is unknown. Anything else is returned as it is."""
+    if isinstance(v, list):
+        return [shape_only(x, note) for x in v]
+    if isinstance(v, TensorMeta):
+        return TensorMeta(v.shape, v.dtype, v.stride, 0, v.device, source=v.source, note=note)
+    return v

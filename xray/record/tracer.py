@@ -15,7 +15,7 @@ import os
 import traceback
 import warnings
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 import torch
@@ -215,12 +215,10 @@ class Recorder:
         backward = torch._C._current_graph_task_id() != -1
         if backward and not self.backward_on:  # its local kernels are counted as unrecorded
             return NotImplemented
-        below = torch._C._len_torch_dispatch_stack() > 0
+        # the recorder's own work runs with the modes below it off, where there are any
+        quiet = _disable_current_modes if torch._C._len_torch_dispatch_stack() > 0 else nullcontext
         try:
-            if below:
-                with _disable_current_modes():
-                    rec = self._dtensor_before(func, args, kwargs, backward)
-            else:
+            with quiet():
                 rec = self._dtensor_before(func, args, kwargs, backward)
         except Exception as e:  # noqa: BLE001 - a recorder bug must never break the user's step
             self._fail(e, func)
@@ -237,10 +235,7 @@ class Recorder:
             self.dtensor_depth -= 1
             self._passing = None
         try:
-            if below:
-                with _disable_current_modes():
-                    self._dtensor_after(rec, func, args, kwargs, out)
-            else:
+            with quiet():
                 self._dtensor_after(rec, func, args, kwargs, out)
         except Exception as e:  # noqa: BLE001
             self._fail(e, func)
@@ -268,11 +263,12 @@ class Recorder:
         rec.kernels = self.seq - rec.kernels
         rec.seq = self.seq
         self.seq += 1
+        bound = bind_inputs(info, args, kwargs) if info.written_results or info.writes else None
         if info.written_results:
-            out = recorded_result(info, out, bind_inputs(info, args, kwargs))
+            out = recorded_result(info, out, bound)
         self.producers.produced(rec.seq, out, writes=bool(info.mutates))
         if info.writes:  # its local kernels wrote the shards; the DTensors' own entries go too
-            forget_written(self._stats, info, bind_inputs(info, args, kwargs))
+            forget_written(self._stats, info, bound)
         if self.meta_on or self.stats_on:
             outs = list(out) if info.returns > 1 else [out]
             rec.outputs = [encode_value(v, self._meta) for v in outs]
