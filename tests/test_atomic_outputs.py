@@ -43,6 +43,7 @@ FULL_DISK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_compare_on_a_full_disk_keeps_the_previous_csv_and_names_it(tmp_path):
     torch.manual_seed(0)
     x = torch.randn(64, 64)

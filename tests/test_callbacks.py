@@ -48,6 +48,7 @@ def _hf_train(tmp_path, callback, steps: int = 3):
     return trainer
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HF, reason="transformers and accelerate are needed for a Trainer")
 def test_transformers_trainer_callback_dumps_the_selected_steps(tmp_path):
     from xray.integrations.huggingface import XrayTrainerCallback
@@ -69,6 +70,7 @@ def test_transformers_trainer_callback_dumps_the_selected_steps(tmp_path):
         assert w[0] != w[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HF, reason="transformers and accelerate are needed for a Trainer")
 def test_transformers_trainer_callback_takes_the_rank_from_the_trainer(tmp_path):
     from xray.integrations.huggingface import XrayTrainerCallback
@@ -87,6 +89,7 @@ def _lightning():
     return L
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LIGHTNING, reason="lightning is not installed (pip install lightning)")
 def test_lightning_callback_dumps_the_selected_steps(tmp_path):
     L = _lightning()

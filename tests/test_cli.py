@@ -31,6 +31,7 @@ def test_xray_record_runs_an_unmodified_script(tmp_path):
                                             "aten._local_scalar_dense.default"]
 
 
+@pytest.mark.slow
 def test_xray_info_summarises_and_rejects_bad_paths(tmp_path):
     import torch
 
@@ -81,6 +82,7 @@ def test_xray_subcommand_help_is_light_and_explained(command):
         assert "module-level .h5" in text and "most called first" in text
 
 
+@pytest.mark.slow
 def test_import_xray_is_light_and_names_still_resolve():
     code = ("import sys, xray; light = 'torch' not in sys.modules\n"
             "import xray.dump.model\n"  # the subpackage import must not hide the session function
@@ -95,6 +97,7 @@ def _run(*cmd: str, cwd: Path) -> subprocess.CompletedProcess:
         *SCRIPTS[cmd[0]].split(":")), *cmd[1:]], capture_output=True, text=True, env=ENV, cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow
 def test_gen_refuses_a_module_level_dump(tmp_path):
     proc = _run("xray-gen", str(DUMPS / "llama-module.h5"), "-o", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 2
@@ -103,6 +106,7 @@ def test_gen_refuses_a_module_level_dump(tmp_path):
     assert not list((tmp_path / "out").glob("test_*.py"))
 
 
+@pytest.mark.slow
 def test_missing_dump_is_named_once(tmp_path):
     for script in ("xray-gen", "xray-summary", "xray-replay", "xray-compare"):
         extra = {"xray-replay": ["-b", "onnxrt-cpu"], "xray-compare": [str(DUMPS / "llama-fp32"), "o.csv"]}
@@ -111,6 +115,7 @@ def test_missing_dump_is_named_once(tmp_path):
         assert proc.stderr.count("nonexist/dump.json") == 1, (script, proc.stderr)
 
 
+@pytest.mark.slow
 def test_summary_names_the_steps_a_dump_has(tmp_path):
     proc = _run("xray-summary", str(DUMPS / "llama-module.h5"), "--step", "7", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
@@ -121,6 +126,7 @@ def test_summary_names_the_steps_a_dump_has(tmp_path):
     assert trace.returncode == 2 and "records no step numbers" in trace.stderr
 
 
+@pytest.mark.slow
 def test_compare_console_report_fits_120_columns_and_has_no_ansi(tmp_path):
     proc = _run("xray-compare", str(DUMPS / "llama-fp32"), str(DUMPS / "llama-bf16-fault"), "out.csv", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -134,6 +140,7 @@ def test_compare_console_report_fits_120_columns_and_has_no_ansi(tmp_path):
     assert {"bench_name", "target_name", "mode", "layout"} <= set(pd.read_csv(tmp_path / "out.csv").columns)
 
 
+@pytest.mark.slow
 def test_diff_tables_have_headers(tmp_path):
     from xray.gen.columns import RESULT_COLUMNS
 
@@ -163,6 +170,7 @@ def test_demo_headings_are_bold_only_on_a_terminal(capsys):
 FOREIGN = re.compile(r"torchao|Failed to load|_pytree|Enum subclass|^W\d{4} ", re.M)
 
 
+@pytest.mark.slow
 def test_record_of_a_users_transformers_model_prints_only_xray(tmp_path):
     """A user's own script that builds a transformers model: in an environment with ExecuTorch
     (and so torchao) installed, transformers' import of torchao logs foreign lines; xray's CLI
@@ -181,12 +189,14 @@ def test_record_of_a_users_transformers_model_prints_only_xray(tmp_path):
     assert proc.stderr.strip().startswith("xray: dump written to"), proc.stderr
 
 
+@pytest.mark.slow
 def test_compare_of_two_kinds_of_dump_reads_an_xray(tmp_path):
     proc = _run("xray-compare", str(DUMPS / "llama-fp32"), str(DUMPS / "llama-module.h5"), "o.csv", cwd=tmp_path)
     assert proc.returncode == 2
     assert "is an xray-trace dump but" in proc.stderr and "is an xray-module dump" in proc.stderr
 
 
+@pytest.mark.slow
 def test_generated_suite_loads_its_plugin_and_labels_the_reference_dtype(tmp_path):
     """The suite's conftest.py brings --device/--seed/--detail_compare_path; ops on integer inputs
     say their reference ran at the same dtype (nothing was widened), float ops say upcast."""
@@ -210,6 +220,7 @@ def test_generated_suite_loads_its_plugin_and_labels_the_reference_dtype(tmp_pat
     assert set(rows.loc[rows["op_name"] == "aten.mm.default", "ref_dtype"]) == {"float64 (upcast)"}
 
 
+@pytest.mark.slow
 def test_gen_never_overwrites_a_users_conftest(tmp_path):
     mine = tmp_path / "suite" / "conftest.py"
     mine.parent.mkdir()

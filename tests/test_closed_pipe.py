@@ -41,6 +41,7 @@ def _into_a_closed_pipe(entry: str, *argv: str) -> tuple[int, str]:
     return proc.wait(timeout=300), err
 
 
+@pytest.mark.slow
 def test_compare_report_into_a_closed_pipe_is_quiet(tmp_path):
     """``xray-compare A B out.csv | head``: the report is printed after the compare; the CSV is whole."""
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
@@ -52,6 +53,7 @@ def test_compare_report_into_a_closed_pipe_is_quiet(tmp_path):
     assert len((tmp_path / "out.csv").read_text().splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_replay_backend_list_into_a_closed_pipe_is_quiet():
     code, err = _into_a_closed_pipe(SCRIPTS["xray-replay"], "--list-backends")
     assert code == 0 and "Traceback" not in err and "BrokenPipe" not in err, err

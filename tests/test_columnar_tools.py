@@ -68,6 +68,7 @@ def twins(request):
     return col, rec
 
 
+@pytest.mark.slow
 def test_summary_rows_table_and_csv_match_the_record_path(twins):
     col, rec = twins
     assert isinstance(next(dump_rows(col)), ColumnRow) and isinstance(next(dump_rows(rec)), SummaryRow)
@@ -85,6 +86,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
             and p.suffix != ".h5"}
 
 
+@pytest.mark.slow
 def test_gen_writes_the_same_suite(twins, tmp_path):
     col, rec = twins
     blacklist = Blacklist.load()

@@ -103,6 +103,7 @@ def test_statistics_only_dumps_of_a_real_model(tmp_path):
     assert r.summary.first_divergence["target_seq"] == mm[1].seq
 
 
+@pytest.mark.slow
 def test_multi_rank_folders_are_paired_by_rank(tmp_path, monkeypatch):
     model = tiny_llama(layers=1, hidden=32)
     for side, scale in (("bench", None), ("target", 1)):
@@ -172,6 +173,7 @@ def test_random_ops_are_not_compared_nor_named_as_the_divergence(tmp_path):
     assert r.summary.verdict_kind == "cannot tell" and "seed both runs alike" in r.summary.verdict
 
 
+@pytest.mark.slow
 def test_a_float64_reference_clears_reordering_noise_on_a_real_llama_but_not_a_bug(llama, tokens, tmp_path):
     """The three-way compare (``--reference``, torch._dynamo's ``same()`` rule) end to end: bench
     fp32, a float64 run of the same weights, and two targets. Matmul inputs rounded to 18 mantissa

@@ -80,6 +80,7 @@ def test_stats_only_fault(tmp_path, model):
     _born_at_the_perturbed_mm(rows, target, 3)
 
 
+@pytest.mark.slow
 def test_saved_data_and_a_renamed_module(tmp_path, model):
     """Pairs with saved data go through PairComparer; a renamed class leaves the shortcut of
     identical structure, so anchors and gap scores are built from the arrays."""

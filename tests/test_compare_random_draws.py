@@ -44,6 +44,7 @@ def model_and_input():
     return NoisyBlocks().eval(), torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dedup", [True, False])
 def test_runs_whose_draws_differ_are_not_compared_and_the_verdict_says_to_seed(model_and_input, tmp_path, dedup):
     model, x = model_and_input

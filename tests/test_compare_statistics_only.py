@@ -38,6 +38,7 @@ def _verdict(result):
     return result.status_counts(), fd.get("target_seq"), fd.get("origin")
 
 
+@pytest.mark.slow
 def test_the_flag_judges_saved_tensors_as_a_statistics_only_recording_is_judged(runs):
     (bench, target), (bench0, target0) = runs[64], runs[0]
     before = _digest(target)

@@ -34,6 +34,7 @@ def _compare(runs: Path, single: str, sharded: str):
     return compare_dumps(runs / single / "rank_0", runs / sharded, progress=False)
 
 
+@pytest.mark.slow
 def test_a_sound_tensor_parallel_step_matches_the_single_run(runs):
     """Every record of the single run pairs with a rebuilt one, none fails, none is skipped."""
     s = _compare(runs, "single", "tp_step").summary
@@ -71,6 +72,7 @@ def test_ddp_averaged_gradients_are_compared_with_the_single_runs(runs):
     assert len(forward) >= 38 and all(r.status == "pass" for r in forward if r.bench_op != "aten.mean.default")
 
 
+@pytest.mark.slow
 def test_a_ddp_fault_on_one_rank_is_named_with_the_rank(runs):
     result = _compare(runs, "single4", "ddp_bug")
     fd = result.summary.first_divergence
@@ -79,6 +81,7 @@ def test_a_ddp_fault_on_one_rank_is_named_with_the_rank(runs):
     assert failing_grads, "the averaged gradients carry the fault"
 
 
+@pytest.mark.slow
 def test_the_command_line(runs, tmp_path, capsys):
     assert compare_main([str(runs / "single" / "rank_0"), str(runs / "tp_bug"), str(tmp_path / "out.csv")]) == 0
     out = capsys.readouterr().out

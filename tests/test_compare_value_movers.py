@@ -20,6 +20,7 @@ from accuracy.scenario import Fault, Scenario  # noqa: E402
 from accuracy.scenarios import RECORDER_DEFAULTS  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,call", [("llama-sdpa", 3), ("llama-sdpa", 5), ("gpt2", 3), ("gpt2", 5)])
 def test_a_recorded_reshape_that_changes_values_is_the_origin(arch, call, tmp_path):
     """1e-2 on one _unsafe_view's output in fp32: its input (a matmul's output) is the same on

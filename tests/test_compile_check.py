@@ -38,6 +38,7 @@ def clean(tmp_path_factory):
     return compile_check(model, args, out=tmp_path_factory.mktemp("cc") / "clean")
 
 
+@pytest.mark.slow
 def test_clean_compile_is_precision_and_recording_keeps_outputs(clean):
     s = clean.summary
     assert s["failed"] == 0 and s["nan_inf"] == 0 and s["first_divergence"] is None
@@ -51,6 +52,7 @@ def test_clean_compile_is_precision_and_recording_keeps_outputs(clean):
     assert not torch.nn.modules.module._has_any_global_hook()  # no recorder hook left behind
 
 
+@pytest.mark.slow
 def test_compiled_dump_names_kernels_and_fused_ops(clean):
     from xray.dump import load_dump
 
@@ -67,6 +69,7 @@ def test_compiled_dump_names_kernels_and_fused_ops(clean):
     assert str(gelu.seq) not in records and "fused" in gelu.outputs[0].note
 
 
+@pytest.mark.slow
 def test_scaled_node_is_named_with_its_kernel(tmp_path):
     model, args = block()
     fault = ScaleNode(0, 1e-3)  # the first linear's addmm, scaled: fused into the next C++ kernel
@@ -95,6 +98,7 @@ def test_wrong_decomposition_is_named(tmp_path):
     assert r.verdict.startswith("bug: born at") and f"kernel {r.first['kernel']}" in r.verdict
 
 
+@pytest.mark.slow
 def test_clean_bf16_compile_is_precision(tmp_path):
     """bf16: inductor keeps fused intermediates in fp32, eager rounds each op; both are precision."""
     model, args = block()
@@ -102,6 +106,7 @@ def test_clean_bf16_compile_is_precision(tmp_path):
     assert r.summary["failed"] == 0 and r.verdict.startswith("precision") and r.outputs_equal
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     for argv in (["nope_module:build"], [f"{__file__}:block", "--backend", "eager"]):
         p = subprocess.run([sys.executable, "-m", "xray.cli", "compile-check", *argv, "--out", str(tmp_path / "o")],
@@ -160,6 +165,7 @@ def _kernels(r) -> list[dict]:
     return json.loads((r.out / "compiled" / "dump.json").read_text())["compiled"]["kernels"]
 
 
+@pytest.mark.slow
 def test_aliased_cat_is_probed_and_its_fault_named_at_its_kernel(tmp_path):
     model, args = rotary()
     fault = ScaleNode(0, 1e-2, op=torch.ops.aten.neg.default)
@@ -176,6 +182,7 @@ def test_aliased_cat_is_probed_and_its_fault_named_at_its_kernel(tmp_path):
     assert sdpa and all(k["ops"] == ["aten._scaled_dot_product_flash_attention_for_cpu.default"] for k in sdpa)
 
 
+@pytest.mark.slow
 def test_statistics_only_keeps_statistics_not_tensors(tmp_path):
     """--statistics-only: each buffer reduced at its probe; the dump holds statistics, no tensors."""
     from xray.dump import load_dump

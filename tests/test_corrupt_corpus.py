@@ -565,11 +565,13 @@ def _first_of_each_family(corpus: dict) -> list:
     return params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _first_of_each_family(CORRUPTIONS))
 def test_every_tool_answers_right_or_fails_in_one_line(good, tmp_path, case):
     _check_every_tool(good, tmp_path, case, CORRUPTIONS[case])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _first_of_each_family(CORRUPTIONS_V3))
 def test_every_tool_answers_right_or_fails_in_one_line_v3(good_v3, tmp_path, case):
     _check_every_tool(good_v3, tmp_path, case, CORRUPTIONS_V3[case])

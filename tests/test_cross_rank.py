@@ -27,6 +27,7 @@ def runs(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_ranks_of_a_sound_tensor_parallel_step_agree(runs):
     report = check_ranks(runs / "tp")
     assert report.ranks == ["rank_0", "rank_1"]
@@ -53,6 +54,7 @@ def test_inside_tensor_parallelism_the_first_altered_reduction_is_named(runs):
     assert [r.module for r in records if r.seq < seq][-3:] == ["o"] * 3  # o's own kernels just before
 
 
+@pytest.mark.slow
 def test_compare_says_the_ranks_disagree_without_a_failing_row(runs):
     """The faulty run against itself fails no row; its ranks still disagree."""
     s = compare_dumps(runs / "funcol_fault", runs / "funcol_fault", progress=False).summary

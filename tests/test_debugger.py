@@ -611,6 +611,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow
 def test_rows_in_memory_reach_the_file_when_the_program_dies_of_an_exception(tmp_path):
     """No close(): steps 1 and 2 are only in memory when step 2's forward raises. Python's exit
     writes them, the failing step with the rows captured before the fault (what one needs to

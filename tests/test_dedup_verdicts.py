@@ -22,6 +22,7 @@ from accuracy.runner import run_scenario  # noqa: E402
 from accuracy.scenario import Fault, Scenario  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama-sdpa", "t5", "resnet"])
 def test_tf32_pair_recorded_with_dedup_has_no_fail(arch, tmp_path):
     o = run_scenario(Scenario(f"t/{arch}", "noise", arch, noise="tf32", dedup=True, tf32_declared=False),
@@ -46,6 +47,7 @@ def test_a_bug_in_a_folded_call_still_fails_and_names_its_seq(tmp_path):
     assert m is not None and int(m[1]) in o.truth.target and m[2] == o.truth.target_module, fd["culprit"]
 
 
+@pytest.mark.slow
 def test_a_large_bug_in_a_folded_call_fails_under_tf32(tmp_path):
     """2e-2 carried in is far beyond 3x the TF32 rounding recorded calls show (about 5e-4)."""
     s = Scenario("t/folded-tf32", "bug", "llama-sdpa", fault=Fault("aten.mm.default", 3, amount=2e-2),
@@ -55,6 +57,7 @@ def test_a_large_bug_in_a_folded_call_fails_under_tf32(tmp_path):
     assert o.summary["failed"] > 0 and o.summary["first_divergence"] is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama-sdpa", "vit"])
 def test_training_step_recorded_with_the_recorders_defaults_has_no_fail(arch, tmp_path):
     """X_DEDUP=True and X_DUMP_NUM=5 together, as a user meets them: a layer norm's or an
@@ -98,6 +101,7 @@ def test_a_folded_producer_is_named_by_the_record_it_was_folded_into(tmp_path):
     assert int(m[3]) < int(m[1]) == fd["culprit_target_seq"] and o.exact, fd["culprit"]
 
 
+@pytest.mark.slow
 def test_a_gradient_read_through_folded_views_is_judged_by_the_call_that_made_it(tmp_path):
     """BERT's loss on LayerNorm outputs makes the gradient into the last LayerNorm 0 in exact
     arithmetic: the bf16 and fp32 runs hold different rounding of 0. The output layer's backward
@@ -118,6 +122,7 @@ def test_a_gradient_read_through_folded_views_is_judged_by_the_call_that_made_it
     assert fd is None or fd["bench"].startswith("encoder.layer.1.attention.self.query/aten.sum.dim_IntList"), fd
 
 
+@pytest.mark.slow
 def test_a_call_the_bench_folded_under_another_layout_is_no_target_only_op(tmp_path):
     """De-dup keys a call by its arguments' strides: under CPU-emulated TF32 a MobileViT
     convolution returns a channels-last output, so the SiLU after it is a new signature on the
@@ -188,6 +193,7 @@ def test_a_cast_is_judged_by_its_statistics_where_nothing_was_saved():
     assert cast_rounds_only(x, TensorMeta((8, 32), "bfloat16"), 3.0) is None
 
 
+@pytest.mark.slow
 def test_key_bias_gradients_through_a_folded_sum_carry_precision_into_adamw(tmp_path):
     """Wav2Vec2's training step under CPU-emulated TF32, recorded with the defaults: each key
     projection's bias gradient is a folded sum. The last layer's sum reads a key gradient that a

@@ -50,6 +50,7 @@ def test_real_h200_runs(h200_pairs, key):
                     f"truth {_H200[key].get('fault_target_seq')}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items() if "fault_target_seq" in v))
 def test_real_device_fault_is_named_exactly(real_pairs, key):
     o = devices.score(real_pairs, key, _MANIFEST[key])
@@ -67,6 +68,7 @@ def test_a_run_whose_compare_fails_is_never_right(real_pairs, tmp_path):
     assert devices.score(real_pairs, key, _MANIFEST[key]).right
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(k for k, v in _MANIFEST.items() if "fault_target_seq" not in v))
 def test_real_device_legitimate_run_is_clean(real_pairs, key):
     o = devices.score(real_pairs, key, _MANIFEST[key])
@@ -100,6 +102,7 @@ def test_real_device_runs_judged_on_statistics_alone(real_pairs, real_statistics
     assert flag.counts == o.counts
 
 
+@pytest.mark.slow
 def test_cuda_attention_kernel_pairs_with_the_cpu_one(real_pairs):
     r = compare_dumps(real_pairs / "gpt2/cpu_fp32/proc_480", real_pairs / "gpt2/cuda_tf32/proc_480", progress=False)
     sdpa = [row for row in r.rows if "scaled_dot_product" in (row.target_op or "")]
@@ -153,6 +156,7 @@ def _nth_seq(path: Path, op: str, n: int) -> int:
     return seqs[n]
 
 
+@pytest.mark.slow
 def test_three_percent_error_under_bf16_autocast_is_born_at_its_call(tmp_path):
     model, ids = _llama(), _tokens(128)
 
@@ -191,6 +195,7 @@ def _step(model, ids, autocast: bool = True):
     return run
 
 
+@pytest.mark.slow
 def test_bf16_training_step_trace_dump_has_no_fail_row(tmp_path):
     model, ids = _bert_relu(), _tokens(128)
 
@@ -205,6 +210,7 @@ def test_bf16_training_step_trace_dump_has_no_fail_row(tmp_path):
     assert r.summary.first_divergence is None
 
 
+@pytest.mark.slow
 def test_bf16_training_step_module_dump_has_no_fail_row(tmp_path):
     model, ids = _bert_relu(), _tokens(128)
     paths = []
@@ -232,6 +238,7 @@ def _attention(q, k, v):
     return x.transpose(1, 2).reshape(1, q.shape[2], -1)
 
 
+@pytest.mark.slow
 def test_fused_vs_math_attention_at_real_size_is_clean_and_a_bug_inside_is_named(tmp_path):
     """CPU's fused kernel on the bench, the math form (bmm, softmax, bmm: what CUDA fp32 runs for
     Llama) on the target; 8 heads x 512 tokens x 128 (hidden 1024). No FAIL row; then a 1e-3

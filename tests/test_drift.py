@@ -197,6 +197,7 @@ def test_xray_drift_is_the_function_even_after_the_subpackage_loads():
     assert callable(xray.drift) and xray.drift.__module__ == "xray.drift"
 
 
+@pytest.mark.slow
 def test_tuple_returning_ops_map_through_their_getitems(tmp_path):
     """A ViT's LayerNorms are native_layer_norm (output, mean, rstd): ONNX keeps only the output,
     under the getitem's name, made by the node stamped with the tuple's producer."""

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import xray
 from xray.compare import compare_dumps
 
@@ -26,6 +28,7 @@ def test_shipped_pair_names_the_injected_fault():
     assert first["origin"] == "born" and first["op"] == "aten.mm.default" and "up_proj" in first["bench"]
 
 
+@pytest.mark.slow
 def test_summary_reads_the_shipped_module_dump(tmp_path):
     out = tmp_path / "sum.csv"
     proc = subprocess.run([sys.executable, "-m", "xray.summary.cli", str(DUMPS / "llama-module.h5"), str(out), "--csv"],

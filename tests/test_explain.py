@@ -44,6 +44,7 @@ def demo_cli(tmp_path_factory):
     return json.loads((out / "explain.json").read_text()), out
 
 
+@pytest.mark.slow
 def test_demo_fault_ranked_first_and_call_named(demo_cli):
     x, out = demo_cli
     modules = sorted((r for r in x["rows"] if r["kind"] == "module"), key=lambda r: -r["self_share"])
@@ -92,6 +93,7 @@ def t5_fix():
     return fix(model, args, kwargs, target="cpu:fp16", max_error=1e-2)
 
 
+@pytest.mark.slow
 def test_fix_finds_fp32_islands_for_an_fp16_overflow(t5_fix):
     f = t5_fix
     assert f.error_before > 1e-2  # NaN logits: the normwise error is inf
@@ -101,6 +103,7 @@ def test_fix_finds_fp32_islands_for_an_fp16_overflow(t5_fix):
     assert f.error_after_ops <= 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["code", "op_code"])
 def test_fix_printed_code_does_the_same_when_pasted(t5_fix, which):
     model, args, kwargs = t5_fp16_overflow()  # a fresh model, as a user's script builds it
@@ -114,6 +117,7 @@ def test_fix_printed_code_does_the_same_when_pasted(t5_fix, which):
     assert error(fixed, bench) == (t5_fix.error_after if which == "code" else t5_fix.error_after_ops)
 
 
+@pytest.mark.slow
 def test_fix_cli_writes_code(tmp_path, capsys):
     rc = main(["fix", "xray.explain.examples:t5_fp16_overflow", "--target", "cpu:fp16", "--max-error", "1e-2",
                "--out", str(tmp_path)])

@@ -33,6 +33,7 @@ def faulted():
                             residual=False)
 
 
+@pytest.mark.slow
 def test_a_broken_call_is_not_called_precision(faulted):
     x = faulted
     assert x.compare["verdict_kind"] == "bug" and "precision, no bug" not in x.verdict

@@ -99,6 +99,7 @@ def test_one_test_per_distinct_signature(suite, dumps):
     assert manifest["tests"] == len(expected)
 
 
+@pytest.mark.slow
 def test_suite_is_portable(suite, tmp_path):
     """Copy the folder elsewhere (the dump is not there) and run it again."""
     folder, _, _ = suite
@@ -157,6 +158,7 @@ def perturbed(suite, tmp_path_factory):
     return csv, res
 
 
+@pytest.mark.slow
 def test_wrong_device_result_fails_exactly_that_op(perturbed):
     csv, res = perturbed
     assert res.returncode == 1  # tests failed
@@ -191,6 +193,7 @@ def test_xray_diff_rejects_foreign_csv(tmp_path, capsys):
     assert "missing columns" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_factory_load_needs_saved_tensors_random_does_not(dumps, tmp_path, capsys):
     dedup = dumps[2]  # recorded with X_DUMP_NUM=0: no tensor saved
     assert gen_main([str(dedup), "-o", str(tmp_path / "a"), "--factory", "load", "-q"]) == 2
@@ -217,6 +220,7 @@ def test_no_blacklist_generates_view_ops_too(dumps, tmp_path):
     assert not (folder2 / "test_aten_mm_default.py").exists() and (folder2 / "test_aten_view_default.py").exists()
 
 
+@pytest.mark.slow
 def test_every_kind_of_call_renders_and_passes(tmp_path):
     """plain, in-place, out=, tensor-list and multi-output templates, on fp32 and bf16 inputs."""
     g = torch.Generator().manual_seed(0)

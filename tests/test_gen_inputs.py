@@ -78,6 +78,7 @@ def test_missing_templates_give_a_clear_error(monkeypatch, tmp_path):
         generator.templates_dir()
 
 
+@pytest.mark.slow
 def test_random_class_targets_hold_ignore_index_or_valid_classes(tmp_path):
     """A class-index target with ignored samples is recorded over [-100, C-1]: drawn uniformly
     there, most negative values are invalid classes and nll_loss refuses them. Regenerated, the

@@ -134,6 +134,7 @@ def test_recording_cpu_passes_its_own_suite_and_another_order_too(suites, arch):
     assert any(float(a.row["err_vs_noise"]) != float(b.row["err_vs_noise"]) for a, b in zip(own, other))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("elements", [None, 3], ids=["whole", "3-elements"])
 def test_a_1e3_relative_error_in_one_op_fails_that_op(suites, elements):
     tests = {t[0]: t for t in selfcheck.generated_tests(suites["llama-sdpa"])}
@@ -170,6 +171,7 @@ def wrong_rsqrt():
 '''
 
 
+@pytest.mark.slow
 def test_pytest_run_names_exactly_the_faulty_op_and_writes_noise_columns(suites, tmp_path):
     folder = suites["llama-sdpa"]
     conftest = folder / "conftest.py"

@@ -144,6 +144,7 @@ def test_huge_shape_is_rejected(base, tmp_path, capsys):
     check_rejected(tmp_path, data, capsys, "huge shape")
 
 
+@pytest.mark.slow
 def test_hostile_strings_render_inertly(base, tmp_path, capsys):
     """Quotes, newlines and triple quotes in a str argument and in the module path (docstring)."""
     data = copy.deepcopy(base)
@@ -227,6 +228,7 @@ def test_file_touching_op_is_refused_by_gen(base, tmp_path, capsys):
     assert not target.exists()
 
 
+@pytest.mark.slow
 def test_file_touching_op_is_refused_by_replay(base, tmp_path):
     target = tmp_path / "created_by_dump"
     folder = write_dump(tmp_path, _from_file_dump(base, target))

@@ -159,6 +159,7 @@ def test_replay_refuses_an_out_file(two_dumps, tmp_path, capsys):
     assert out.read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_xray_info_into_a_closed_pipe_is_quiet(two_dumps):
     """``xray info DUMP | head``: the reader closed the pipe; Python printed a BrokenPipeError."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from xray.cli import main; sys.exit(main())", "info",

@@ -89,6 +89,7 @@ RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
     """600 bytes of aliases: safe_load builds them cheaply, but a str() of the value expands 9^10."""
     spec = tmp_path / "bomb.yaml"
@@ -203,6 +204,7 @@ def _edited_sizes(root: Path) -> Path:
     return d.folder
 
 
+@pytest.mark.slow
 def test_edited_sizes_are_told_by_the_records_own_outputs(tmp_path):
     from xray.gen.cli import main as gen_main
     from xray.ops.rebuild import output_mismatch

@@ -176,6 +176,7 @@ def resnet_pair(tmp_path_factory):
     return root, bench, target, faulty
 
 
+@pytest.mark.slow
 def test_batch_norms_of_another_kernel_pair_with_eagers_and_compare_clean(resnet_pair):
     _, bench, target, _ = resnet_pair
     result = compare_dumps(bench, target)
@@ -375,6 +376,7 @@ def _record_lm(arch: str, folder, kernel: bool, fault=None, backward: bool = Fal
     return d.folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,backward", [("lstm-lm", False), ("gru-lm", False), ("lstm-lm", True)])
 def test_a_cudnn_rnn_kernel_compares_clean_against_onednns_layers_and_its_bug_is_named(arch, backward, tmp_path):
     """The target runs each multi-layer RNN as one ``_cudnn_rnn`` (a CPU kernel registered for it,

@@ -146,6 +146,7 @@ def _record_with_a_second_thread(path, *, api: bool, busy: bool):
     return records, errors, during
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", [False, True], ids=["modules", "modules+aten"])
 def test_a_second_thread_is_neither_recorded_nor_disturbed(tmp_path, api):
     """Module wrappers sit on the model (and the tracer's module hooks are process-wide), so a
@@ -338,6 +339,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_corrupt_module_dump_gives_one_line_error(real_dump, tmp_path, capsys, case):
     edit, expected = CORRUPTIONS[case]

@@ -88,6 +88,7 @@ def _reference():
     return m, x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level, task", [
     pytest.param(level, task, marks=() if (level, task) == ("L1", "tensor") else SLOW, id=f"{level}-{task}")
     for level in ("L0", "L1", "mix") for task in ("statistics", "tensor")])
@@ -144,6 +145,7 @@ d.start(); m(x).sum().backward(); d.stop(); d.close()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [pytest.param(False, marks=SLOW), True])
 def test_msprobe_run_against_an_xray_run(dumps, tmp_path, fault):
     """msprobe L0 on one side, xray's PrecisionDebugger on the other: module calls pair up, and a

@@ -84,6 +84,7 @@ def test_a_wrong_multi_tensor_kernel_is_the_first_divergence(tmp_path, implement
     assert not any("optimizer step" in w for w in s.warnings)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bench_impl, target_impl", [("loop", "foreach"), ("loop", "fused"), ("foreach", "fused")])
 def test_two_implementations_of_the_step_say_what_to_change(tmp_path, bench_impl, target_impl):
     bench, _ = _step(_model(), tmp_path / "b", bench_impl)
@@ -106,6 +107,7 @@ def test_a_forward_only_bench_is_not_told_about_optimizers(tmp_path):
     assert not any(w.startswith("optimizer step") for w in compare_dumps(d.folder, target).summary.warnings)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["foreach", "fused"])
 def test_generated_suite_of_a_training_step_passes(tmp_path, implementation):
     """torch.optim's step opens a profiler range: its marker ops are blacklisted by default, so
@@ -182,6 +184,7 @@ def test_an_in_place_kernel_is_judged_on_its_own_inputs(tmp_path, implementation
             assert later is not None and later.local <= 10 * max(later.floor, 1e-7)
 
 
+@pytest.mark.slow
 def test_float16_adamw_infs_are_reported_not_called_precision_loss(tmp_path):
     """A pure float16 AdamW: eps (1e-8) is 0 in float16 and squared gradients underflow, so the
     update divides by 0 and parameters become Inf where the float32 bench's are finite. Every

@@ -84,6 +84,7 @@ FULL_DISK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_export_json_on_a_full_disk_leaves_no_temporary(recorded, tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.run([sys.executable, "-c", FULL_DISK, "500", "xray", "export-json", str(recorded), "-o", str(out)],
@@ -93,6 +94,7 @@ def test_export_json_on_a_full_disk_leaves_no_temporary(recorded, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_replay_on_a_full_disk_fails_in_one_line(recorded, tmp_path):
     """The per-backend dump could not be written: an uncaught DumpWriteError (a traceback)."""
     proc = subprocess.run([sys.executable, "-c", FULL_DISK, "6000", "replay", str(recorded), "-b", "torch-cpu",
@@ -125,6 +127,7 @@ def test_two_replays_into_one_out_both_finish_whole(recorded, tmp_path):
         assert xray.load_dump(folder).complete
 
 
+@pytest.mark.slow
 def test_replaying_again_into_one_out_replaces_the_last_run(recorded, tmp_path):
     """A re-run in the same process (a notebook) replaces its own finished output, as a re-run
     of the command does, instead of piling up dumps/torch-cpu.<pid>/ folders."""

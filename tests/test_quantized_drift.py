@@ -76,6 +76,7 @@ def test_an_unknown_scheme_is_refused_before_any_work(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_unknown_scheme_with_exit_2(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "xray.cli", "drift", "xray.drift.examples:tiny_mlp",

@@ -419,6 +419,7 @@ DISK_FULL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_full_disk_stops_recording_but_not_the_program(tmp_path):
     """The first tensor segment (8 records' copies, ~320 KB) is over the 300 KB limit. Its
     records still reach the journal, without data references to the segment that was never

@@ -260,6 +260,7 @@ SAME_RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_same_rank_twice_into_one_dump_dir_keeps_both_dumps(tmp_path):
     """Both processes are alive and recording at once; the second to claim rank_0 gets
     rank_0.<pid> (with a warning) instead of replacing the first one's dump."""
@@ -319,6 +320,7 @@ INDEX_FAIL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_failed_index_write_keeps_the_previous_dump_json_and_names_it(tmp_path):
     proc = subprocess.run([sys.executable, "-c", INDEX_FAIL_SCRIPT, str(tmp_path / "d")],
                           capture_output=True, text=True, timeout=120)
@@ -364,6 +366,7 @@ STOP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_stop_writes_the_records_made_before_it(tmp_path):
     """A segment write forced by the byte cap fails (file size limit): recording stops, and
     the records still in memory go to the journal first, readable with their earlier data."""
@@ -382,6 +385,7 @@ def test_a_stop_writes_the_records_made_before_it(tmp_path):
     assert not any(r.op == "aten.mul.Tensor" and r.inputs["other"] == 3 for r in dump.records)
 
 
+@pytest.mark.slow
 def test_collective_outputs_get_fresh_statistics(tmp_path):
     """c10d.allgather_ fills a Tensor[][] its schema does not mark as written, without bumping
     version counters: the gathered tensors' statistics must not come from before the call

@@ -59,6 +59,7 @@ def _traced(fn) -> tuple[int, int]:
     return now - before, peak - before
 
 
+@pytest.mark.slow
 def test_flushed_records_leave_nothing_behind_and_end_dump_streams(tmp_path, monkeypatch):
     calls = 8 * FLUSH
     monkeypatch.setattr(index_file, "BATCH_ROWS", 4096)  # end_dump holds one batch of rows at a time

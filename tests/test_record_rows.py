@@ -158,6 +158,7 @@ def test_an_op_that_raises_gives_the_same_records(tmp_path, monkeypatch):
     assert_same(all_paths(fn, tmp_path, monkeypatch, **CONFIGS["meta+stats, no dedup"]), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup", "backward + modules"])
 def test_llama_training_step_gives_the_same_records(config, llama, tokens, tmp_path, monkeypatch):
     def step():
@@ -168,6 +169,7 @@ def test_llama_training_step_gives_the_same_records(config, llama, tokens, tmp_p
                           **CONFIGS[config]), 60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup"])
 def test_llama_inference_gives_the_same_records(config, llama, tokens, tmp_path, monkeypatch):
     """Repeated forwards under no_grad and inference_mode: what the C path takes nearly alone."""

@@ -43,6 +43,7 @@ def runs(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_tensor_parallel_step_is_recorded_whole_with_statistics(runs):
     """The default statistics used to reduce each DTensor across ranks, which stopped recording
     after 2 records (``aten.item`` of a partial scalar). Each rank now describes its shard."""
@@ -73,6 +74,7 @@ def test_dtensor_records_hold_the_local_shard_placements_and_mesh(runs):
         assert sharded.outputs[0].sample == local.outputs[0].sample and sharded.outputs[0].sample
 
 
+@pytest.mark.slow
 def test_sharding_survives_the_json_round_trip(runs):
     rec = next(r for r in xray.load_dump(runs / "tp" / "rank_1").records
                if any(m.sharding for _, m in r.input_tensors()))
@@ -149,6 +151,7 @@ os._exit(1)  # killed: no end_dump, no atexit
 """
 
 
+@pytest.mark.slow
 def test_a_recording_that_never_finished_is_not_read_as_agreement(tmp_path):
     """A run killed before end_dump leaves its journal only: what it holds is compared, and the
     verdict says the recording did not finish."""

@@ -74,6 +74,7 @@ def classifier() -> torch.nn.Module:
     return _Classifier()
 
 
+@pytest.mark.slow
 def test_module_replay_from_statistics_keeps_ignored_targets_valid(tmp_path):
     """A statistics-only dump of a loss module whose target ignores some samples (-100): the
     target's recorded range is [-100, 9]. Drawn uniformly in it, it held classes like -37 that

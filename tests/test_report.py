@@ -58,6 +58,7 @@ def clean(dumps):
     return compare_dumps(bench, same)
 
 
+@pytest.mark.slow
 def test_a_scaling_bug_is_visible_on_the_plotted_axis(scaled):
     fd = scaled.summary.first_divergence
     assert fd is not None
@@ -68,6 +69,7 @@ def test_a_scaling_bug_is_visible_on_the_plotted_axis(scaled):
     assert _cosine_distance(row) < 1e-9
 
 
+@pytest.mark.slow
 def test_clean_report_has_no_empty_tables(clean, tmp_path):
     assert clean.summary.failed == 0
     html = tmp_path / "r.html"
@@ -79,6 +81,7 @@ def test_clean_report_has_no_empty_tables(clean, tmp_path):
     assert not re.search(r"<table>\s*(<thead>\s*<tr>.*?</tr>\s*</thead>)?\s*(<tbody>\s*</tbody>)?\s*</table>", text)
 
 
+@pytest.mark.slow
 def test_module_tree_marks_the_first_divergence(scaled, tmp_path):
     fd = scaled.summary.first_divergence
     tree = module_tree_html(scaled.rows, fd["module"])
@@ -89,6 +92,7 @@ def test_module_tree_marks_the_first_divergence(scaled, tmp_path):
     assert leaf.startswith(fd["module"].split(".")[-1]) and "first divergence" in leaf
 
 
+@pytest.mark.slow
 def test_rows_link_to_their_generated_tests(dumps, scaled, tmp_path):
     _, _, _, target = dumps
     gen = subprocess.run([sys.executable, "-m", "xray.gen.cli", str(target), "-o", str(tmp_path / "tests"),
@@ -113,6 +117,7 @@ def test_worst_rows_keep_module_and_op():
     assert _short("model.layers.0.self_attn.v_proj.Linear.0.forward", 40) == "…0.self_attn.v_proj.Linear.0.forward"
 
 
+@pytest.mark.slow
 def test_terminal_report_reads_well(scaled):
     text = terminal_report(scaled)
     cause = next(line for line in text.splitlines() if line.strip().startswith("cause:"))
@@ -122,17 +127,22 @@ def test_terminal_report_reads_well(scaled):
     assert re.search(r"self_attn\.v_proj/(aten\.)?mm#", worst)
 
 
-def test_compare_names_the_file_it_cannot_write(dumps):
-    _, bench, same, _ = dumps
-    r = subprocess.run([sys.executable, "-m", "xray.compare.cli", str(bench), str(same), "/nonexistent/out.csv"],
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+def test_compare_names_the_file_it_cannot_write_before_comparing(tmp_path, where):
+    """The output is checked first: a long compare never ends in an unwritable path."""
+    out = "/nonexistent/out.csv" if where == "missing folder" else str(tmp_path)
+    dump = REPO / "dumps" / "llama-fp32"
+    r = subprocess.run([sys.executable, "-m", "xray.compare.cli", str(dump), str(dump), out, "--no-progress"],
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 2
-    assert r.stderr.strip() == "xray-compare: error: cannot write /nonexistent/out.csv: No such file or directory"
+    reason = "No such file or directory" if where == "missing folder" else "Is a directory"
+    assert r.stderr.strip() == f"xray-compare: error: cannot write {out}: {reason}"
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_report_renders_in_a_headless_browser(scaled, tmp_path):
     """The screenshot is not blank and the page logs no console error."""
@@ -188,6 +198,7 @@ def test_progress_is_a_bar_on_a_terminal():
     os.close(leader)
 
 
+@pytest.mark.slow
 def test_xray_gen_progress_in_a_log_has_no_carriage_returns(dumps, tmp_path):
     _, bench, _, _ = dumps
     r = subprocess.run([sys.executable, "-m", "xray.gen.cli", str(bench), "-o", str(tmp_path / "t"), "--factory",

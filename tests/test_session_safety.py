@@ -160,6 +160,7 @@ EXITS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(EXITS))
 def test_every_exit_writes_the_dump(tmp_path, case):
     """However the program ends, dump.json is written: nothing since the last flush is lost."""
@@ -267,6 +268,7 @@ RECORDED_LOOP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_xray_record_stopped_by_a_signal_writes_the_whole_dump(tmp_path, signum):
     """SIGTERM/SIGHUP (a job scheduler's stop, a closed terminal) at their defaults killed

@@ -72,6 +72,7 @@ def test_extension_is_built():
         assert ext.ISA == widest
 
 
+@pytest.mark.slow
 def test_env_var_forces_the_torch_path():
     code = "from xray.dump import stats as s; print(s.NATIVE, len(s._NATIVE_KINDS))"
     env = dict(os.environ, XRAY_NATIVE_STATS="0")

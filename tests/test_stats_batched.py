@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
 import torch
 
 import xray
@@ -45,6 +46,7 @@ def _same(sync: list, queued: list) -> None:
         assert abs(s.mean - q.mean) <= 1e-5 * scale and abs(s.std - q.std) <= 1e-5 * scale, (op, s, q)
 
 
+@pytest.mark.slow
 def test_queued_statistics_equal_the_immediate_ones_on_a_llama(tmp_path, monkeypatch):
     model, ids = bench_llama(), token_batch(batch=2, seq=32, vocab=1000)
     sync, _ = _record(tmp_path, lambda: model(ids), monkeypatch, "0")

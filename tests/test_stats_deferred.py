@@ -79,6 +79,7 @@ def llama():
     return bench_llama(), token_batch(batch=2, seq=32, vocab=1000)
 
 
+@pytest.mark.slow
 def test_deferred_statistics_read_the_host_once_per_flush(tmp_path, monkeypatch, llama):
     model, ids = llama
     reads = HostReads(monkeypatch)
@@ -93,6 +94,7 @@ def test_deferred_statistics_read_the_host_once_per_flush(tmp_path, monkeypatch,
     assert total - own <= 2 * reads.flushes, (total, own, reads.flushes, len(described))
 
 
+@pytest.mark.slow
 def test_the_counter_sees_per_tensor_reads(tmp_path, monkeypatch, llama):
     """The same count on the synchronous torch path (no native extension): one read per
     statistic per tensor, so the bound above would fail; the counter is not blind."""

@@ -53,6 +53,7 @@ NOISE = [  # (arch, noise, dump): what each exercises
 ]
 
 
+@pytest.mark.slow
 def test_training_step_key_bias_gradient_is_rounding_not_a_bug(tmp_path):
     """A key projection's bias gets a gradient that is 0 in exact arithmetic (softmax ignores a
     shift of every key): a sum that cancels to ~1e-12, judged at its input's magnitude, then a
@@ -68,6 +69,7 @@ def test_training_step_key_bias_gradient_is_rounding_not_a_bug(tmp_path):
     assert o.exact and o.summary["first_divergence"]["origin"] == "born", o.summary["first_divergence"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,noise,dump", NOISE, ids=["-".join(c) for c in NOISE])
 def test_statistics_only_noise_raises_no_fail_row(arch, noise, dump, tmp_path):
     o = run_scenario(_scenario(f"t/{arch}", f"noise/{noise}/stats", arch, noise=noise, dump=dump, data=False), tmp_path)

@@ -99,6 +99,7 @@ def _deferred_stats(tensors, kernel, monkeypatch, batch_count=64):
     return handles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,t", CORPUS, ids=[n for n, _ in CORPUS])
 def test_every_statistic_matches_the_exact_and_the_immediate_reference(name, t, monkeypatch):
     (got,) = _deferred_stats([t], _fused(), monkeypatch)
@@ -116,6 +117,7 @@ def test_every_statistic_matches_the_exact_and_the_immediate_reference(name, t, 
     assert abs(got.std - immediate.std) <= IMMEDIATE_BOUND * scale
 
 
+@pytest.mark.slow
 def test_one_batch_of_the_whole_corpus_takes_two_launches(monkeypatch):
     """Mixed dtypes and sizes in one batch: one _partials and one _combine launch; the rows equal
     those of batches of one tensor each (a tensor's partials do not depend on its neighbours)."""

@@ -115,6 +115,7 @@ def _peak_rss_kib(call: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_large_file_is_summarised_in_bounded_memory(tmp_path):
     """A 256 MiB dump (64 tensors of 4 MiB) is listed without reading its tensor data."""
     path = tmp_path / FILE

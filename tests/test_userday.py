@@ -37,6 +37,7 @@ def _project(tmp: Path, body: str) -> Path:
     return proj
 
 
+@pytest.mark.slow
 def test_record_imports_the_scripts_own_modules(tmp_path):
     proj = _project(tmp_path, """
         from mymodel import build
@@ -53,6 +54,7 @@ def test_record_imports_the_scripts_own_modules(tmp_path):
         assert "program" in d.summary and d.summary["program"]["failure"] is None
 
 
+@pytest.mark.slow
 def test_record_of_a_failing_script_is_no_finished_dump(tmp_path):
     proj = _project(tmp_path, """
         from mymodel import build
@@ -75,12 +77,14 @@ def test_record_of_a_failing_script_is_no_finished_dump(tmp_path):
     assert info.returncode == 0 and "INCOMPLETE RUN" in info.stdout
 
 
+@pytest.mark.slow
 def test_record_passes_on_the_scripts_exit_status(tmp_path):
     proj = _project(tmp_path, "import sys\nsys.exit(3)\n")
     r = _xray("record", "-o", str(tmp_path / "out"), str(proj / "script.py"), cwd=tmp_path)
     assert r.returncode == 3 and "exited with status 3" in r.stderr and "dump written" not in r.stderr
 
 
+@pytest.mark.slow
 def test_record_of_a_missing_script_is_one_line(tmp_path):
     r = _xray("record", "-o", str(tmp_path / "out"), "--", "nosuch.py", cwd=tmp_path)
     assert r.returncode == 2
@@ -101,6 +105,7 @@ def test_drift_model_from_the_current_folder(tmp_path, monkeypatch):
         load_model("nosuch:build")
 
 
+@pytest.mark.slow
 def test_drift_refuses_an_unknown_backend_at_once(tmp_path):
     proj = _project(tmp_path, "")
     (proj / "mymodel.py").write_text("def build():\n    open('built', 'w').close()\n    raise SystemExit(9)\n")
@@ -241,6 +246,7 @@ def test_executorch_log_filter_passes_other_lines(capsys):
     assert err == "[method.cpp:1] a real ExecuTorch error\n"
 
 
+@pytest.mark.slow
 def test_guide_states_the_demos_real_counts(tmp_path):
     """docs/guide.md quotes what `xray demo` shows: its numbers are the demo's own."""
     import re

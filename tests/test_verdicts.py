@@ -89,6 +89,7 @@ def _zero_column(o):
     return o
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op,call,fn", [
     ("aten.mm.default", 4, _three_elements),  # class 1: 3 of 4096 elements (old: warning, a later mm blamed)
     ("aten.mm.default", 6, _zero_column),  # class 1: one zeroed column (guard)
@@ -101,6 +102,7 @@ def test_partial_and_small_errors_are_named_exactly(bench, tmp_path, op, call, f
     assert fd["cause"] == "local error" and fd["local_err"] > 1e-4 > 10 * fd["local_floor"]
 
 
+@pytest.mark.slow
 def test_backward_mm_fault_is_found(tmp_path):
     bench = _record(tmp_path / "b", debug=BACKWARD)
     target = _record(tmp_path / "t", Fault("aten.mm.default", 20, lambda o: o * (1 + 1e-3)), debug=BACKWARD)
@@ -110,6 +112,7 @@ def test_backward_mm_fault_is_found(tmp_path):
     assert fd is not None and fd["target_seq"] == faulty.seq
 
 
+@pytest.mark.slow
 def test_tf32_like_matmuls_alone_raise_no_failure(bench, tmp_path):
     """Class 5, noise only: TF32-like matmuls failed every matmul row and everything after them."""
     r = compare_dumps(bench, _record(tmp_path / "t", TF32Like("aten.mm.default", -1, lambda o: o)))
@@ -117,6 +120,7 @@ def test_tf32_like_matmuls_alone_raise_no_failure(bench, tmp_path):
     assert r.summary.warned > 0
 
 
+@pytest.mark.slow
 def test_tf32_like_matmuls_are_precision_loss_and_a_bug_under_them_is_named(bench, tmp_path):
     target = _record(tmp_path / "t", TF32Like("aten.mm.default", 5, lambda o: o * (1 + 3e-3)))
     r = compare_dumps(bench, target)
@@ -132,6 +136,7 @@ def test_tf32_like_matmuls_are_precision_loss_and_a_bug_under_them_is_named(benc
     assert (fd["target_seq"], fd["cause"]) == (bug, "local error")
 
 
+@pytest.mark.slow
 def test_t5_finfo_min_masks_do_not_overflow(tmp_path):
     """Class 6: T5 adds finfo.min masks; a target scaling such a tensor by 0.99 made the float32
     squared differences overflow and compare recursed until RecursionError."""
@@ -227,6 +232,7 @@ def test_target_only_op_is_named_the_origin(bench, tmp_path):
     assert (fd["origin"], fd["cause"], fd["culprit_target_seq"]) == ("born", "target-only op", extra[0].seq)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved", (64, 0), ids=("tensors", "statistics"))
 def test_a_call_run_with_another_argument_is_born_there(tmp_path, saved):
     """A deployment that gets a layer norm's eps wrong (1e-2 for BERT's 1e-12): the target's

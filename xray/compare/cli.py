@@ -69,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     from . import CompareInputError, compare_dumps  # torch and h5py: only once a compare runs
     from .report import terminal_report, write_csv, write_html, write_summary_json
 
+    from ..dump.atomic import check_writable
+
     try:
         rules = rules_from_args(args)
+        check_writable(args.out_csv, args.summary_json, args.html)
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
                                progress=False if args.no_progress else None, threads=args.threads or None,
                                statistics_only=args.statistics_only, ignore_step=args.ignore_step)

@@ -38,6 +38,18 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator
         raise
 
 
+def check_writable(*paths: str | os.PathLike | None) -> None:
+    """Raise OutputWriteError, worded as a failed write would be, for an output file whose folder
+    is missing or that names a folder: checked before the work, so a long run never ends in it."""
+    import errno
+
+    for path in filter(None, paths):
+        path = Path(path)
+        code = errno.EISDIR if path.is_dir() else None if path.parent.is_dir() else errno.ENOENT
+        if code is not None:
+            raise OutputWriteError(code, f"cannot write {path}: {os.strerror(code)}")
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_write(path) as f:
         f.write(text)
