@@ -164,6 +164,7 @@ def test_transformers_callback_survives_a_second_train_and_a_new_trainer(tmp_pat
             assert d.complete and d.steps == [0, 1], file
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LIGHTNING, reason="lightning is not installed (pip install lightning)")
 def test_lightning_callback_survives_a_new_trainer_and_a_debugger_error(tmp_path):
     L = _lightning()

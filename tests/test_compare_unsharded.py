@@ -23,6 +23,10 @@ from test_record_sharded import run_ranks
 CASES = "single,single4,tp_step,tp_bug,ddp,ddp_bug"
 
 
+# One worker builds the sharded and single runs once for the module (pyproject's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("unsharded")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("unsharded")

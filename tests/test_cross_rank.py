@@ -34,6 +34,7 @@ def test_ranks_of_a_sound_tensor_parallel_step_agree(runs):
     assert report.checked >= 10 and report.findings == []
 
 
+@pytest.mark.slow
 def test_an_altered_all_reduce_is_named_with_its_rank(runs):
     first = check_ranks(runs / "funcol_fault").first
     assert first is not None
@@ -42,6 +43,7 @@ def test_an_altered_all_reduce_is_named_with_its_rank(runs):
     assert first.difference == pytest.approx(0.01, rel=0.05)
 
 
+@pytest.mark.slow
 def test_inside_tensor_parallelism_the_first_altered_reduction_is_named(runs):
     """Row-parallel layers all-reduce their partial outputs: the first (attention's o, reduced by
     RowwiseParallel's output hook, after o returns) is named, on rank 1."""
@@ -67,6 +69,7 @@ def test_compare_says_the_ranks_disagree_without_a_failing_row(runs):
     assert clean.cross_rank == [] and clean.verdict_kind == "precision"
 
 
+@pytest.mark.slow
 def test_the_command_line(runs, tmp_path, capsys):
     assert cross_rank_main([str(runs / "tp")]) == 0
     assert "all agree" in capsys.readouterr().out

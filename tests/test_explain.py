@@ -58,6 +58,7 @@ def test_demo_fault_ranked_first_and_call_named(demo_cli):
     assert FAULT_MODULE in html and "<script" not in html
 
 
+@pytest.mark.slow
 def test_demo_graft_leaves_bf16_noise(demo_cli):
     x, _ = demo_cli
     model, args = demo_llama()

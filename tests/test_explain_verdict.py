@@ -40,6 +40,7 @@ def test_a_broken_call_is_not_called_precision(faulted):
     assert x.verdict.startswith(f"final error {x.error:.3g}; {FAULT_MODULE} (Linear) makes")
 
 
+@pytest.mark.slow
 def test_the_born_call_is_in_the_op_table_even_past_max_ops(faulted):
     """Calls inside the top modules were cut at max_ops in execution order, the born call with them."""
     x = faulted

@@ -30,6 +30,10 @@ def _record(tmp: Path, **cfg) -> Path:
     return d.folder
 
 
+# One worker builds the generated suite once for the module (pyproject's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("gen")
+
+
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     """The same forward recorded without de-dup (every call), with the recorder's de-dup (a
@@ -169,6 +173,7 @@ def test_wrong_device_result_fails_exactly_that_op(perturbed):
     assert (df.loc[expected, "max_abs_err"] > 5e-3).all()
 
 
+@pytest.mark.slow
 def test_xray_diff_side_by_side(suite, perturbed, tmp_path, capsys):
     _, good, _ = suite
     broken, _ = perturbed

@@ -24,6 +24,7 @@ def real_pairs(tmp_path_factory):
     return devices.unpack(tmp_path_factory.mktemp("cuda-h100"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", [pytest.param("gpt2/cuda_fp32", marks=pytest.mark.slow), "llama/cuda_bf16"])
 def test_suite_generated_from_a_cuda_dump_passes_on_cpu(real_pairs, tmp_path, run):
     out = tmp_path / "suite"

@@ -59,6 +59,7 @@ DISK_FULL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task,limit,steps", [("tensor", 1_500_000, 20),
                                               pytest.param("statistics", 330_000, 60, marks=pytest.mark.slow)])
 def test_full_disk_warns_once_keeps_training_and_keeps_the_steps_written(tmp_path, task, limit, steps):

@@ -166,6 +166,7 @@ def test_msprobe_run_against_an_xray_run(dumps, tmp_path, fault):
         assert s.failed == 0 and s.passed >= 5
 
 
+@pytest.mark.slow
 def test_bad_msprobe_dump_is_one_line_error(dumps, tmp_path):
     src = next(dumps["tensor", "L1"].glob("proc*"))
     bad = tmp_path / "step0" / "proc1"

@@ -57,6 +57,7 @@ def test_tensor_parallel_step_is_recorded_whole_with_statistics(runs):
         assert any(r.direction == "backward" for r in dump.records)
 
 
+@pytest.mark.slow
 def test_dtensor_records_hold_the_local_shard_placements_and_mesh(runs):
     for rank in (0, 1):
         records = xray.load_dump(runs / "tp" / f"rank_{rank}").records
@@ -84,6 +85,7 @@ def test_sharding_survives_the_json_round_trip(runs):
     assert [m.sharding for _, m in again.input_tensors()] == [m.sharding for _, m in rec.input_tensors()]
 
 
+@pytest.mark.slow
 def test_functional_all_reduce_is_recorded_once_complete(runs):
     """Rank 1 reaches the all-reduce 0.3 s late: rank 0's output tensor holds only its own term
     until then. The record holds the sum every rank receives."""

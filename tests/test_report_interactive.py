@@ -83,6 +83,10 @@ PROBE = """<script>
 </script></body>"""
 
 
+# One worker builds the rendered page in a headless browser once for the module (pyproject's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("report_page")
+
+
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     if CHROMIUM is None:

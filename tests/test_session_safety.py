@@ -186,6 +186,7 @@ SAVING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_while_a_segment_is_written_keeps_the_records(tmp_path):
     """SIGKILL the moment a tensor segment is being written (its temporary exists): the records
     of that flush are already in a journal chunk. The old writer wrote the (slow, large) segment
