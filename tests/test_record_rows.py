@@ -183,6 +183,7 @@ def test_llama_inference_gives_the_same_records(config, llama, tokens, tmp_path,
     assert_same(all_paths(forwards, tmp_path, monkeypatch, **CONFIGS[config]), 60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gpt2", pytest.param("bert", marks=pytest.mark.slow), pytest.param("t5", marks=pytest.mark.slow), "vit"])
 def test_other_architectures_give_the_same_records(arch, tmp_path, monkeypatch):
     """Forward and backward with module records, on the self-check's architectures (random
