@@ -148,13 +148,14 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool) -> list[dict]:
         floor = {b: FP32_FLOOR for b in clean}
         if precision == "bf16":
             floor = {b: _relative(clean[b], _final(arch, "fp32", b)) for b in clean}
+        # counted as the fault counts them: from the same run, entered after the model and its
+        # inputs are built (their construction's calls are no forward's), forward calls from a
+        # forward alone (a loss's own ops are no model's)
         calls = _Calls()
-        with calls.mode:  # forward calls from a forward alone: a loss's own ops are no model's
-            _final(arch, precision, False)
+        _final(arch, precision, False, [calls.mode])
         if trainable:
             backward_calls = _Calls()
-            with backward_calls.mode:
-                _final(arch, precision, True)
+            _final(arch, precision, True, [backward_calls.mode])
             calls.eligible.update({key: v for key, v in backward_calls.eligible.items() if key[1] == "backward"})
         for backward in clean:
             direction = "backward" if backward else "forward"
