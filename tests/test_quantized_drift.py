@@ -169,3 +169,68 @@ def test_pt2e_int8_xnnpack_runs_and_judges_its_delegate_boundaries(tmp_path):
     assert clean.quant["first_beyond"] is None
     # inside one delegate nothing is exposed: the bug shows at the delegate's output
     assert bad.quant["first_beyond"] is not None and bad.quant["output_sqnr_db"] < 15
+
+
+# --- a weighted layer fed float inputs: its own rounding, predicted exactly --------------------
+
+def _round_per_channel(w: torch.Tensor) -> torch.Tensor:
+    s = w.abs().reshape(w.shape[0], -1).amax(dim=1).reshape(-1, *([1] * (w.dim() - 1))) / 127
+    return torch.round(w / s) * s
+
+
+def _round_per_tensor(w: torch.Tensor) -> torch.Tensor:
+    s = w.abs().max() / 127
+    return torch.round(w / s) * s
+
+
+def test_a_layers_local_noise_is_what_per_channel_weight_rounding_predicts_and_per_tensor_is_not():
+    g = torch.Generator().manual_seed(0)
+    x = torch.relu(torch.randn(16, 64, generator=g)).double()
+    w = (0.05 * torch.randn(96, 64, generator=g)).double()  # transformers' normal init: channels share a range
+    predicted, _ = qn.local_noise_power("mm", x, w)
+    per_channel = float(((x @ (_round_per_channel(w) - w).t()) ** 2).sum())
+    per_tensor = float(((x @ (_round_per_tensor(w) - w).t()) ** 2).sum())
+    assert 0.85 < per_channel / predicted < 1.15
+    assert per_tensor / predicted > 1.5 * qn.LOCAL_MARGIN
+
+    conv = torch.randn(2, 3, 12, 12, generator=g).double()
+    k = (0.1 * torch.randn(8, 3, 3, 3, generator=g)).double()
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    f = torch.ops.aten.convolution.default
+    predicted, _ = qn.local_noise_power("convolution", conv, k, args)
+    measured = float(((f(conv, _round_per_channel(k), None, *args) - f(conv, k, None, *args)) ** 2).sum())
+    assert 0.8 < measured / predicted < 1.2
+
+
+def test_the_input_and_output_rounding_of_a_layer_are_predicted_too():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 48, generator=g).double()
+    w = (0.1 * torch.randn(40, 48, generator=g)).double()
+    step = qn.activation_step(x)
+    _, predicted = qn.local_noise_power("mm", x, w, input_step=step)
+    measured = float((((torch.round(x / step) * step - x) @ w.t()) ** 2).sum())
+    assert 0.8 < measured / predicted < 1.2
+    y = x @ w.t()
+    out_step = qn.activation_step(y)
+    assert qn.grid_step(torch.round(y / out_step) * out_step) == pytest.approx(out_step, rel=1e-6)
+    assert qn.grid_step(y) is None  # float values: no grid
+
+
+@SLOW
+def test_ort_int8_names_a_per_tensor_weight_where_per_channel_was_meant(tmp_path):
+    """The accumulated budget cannot see it (2-3x one layer's weight noise, inside its margin);
+    the layer fed float inputs shows it against what per-channel rounding predicts."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_quant_faults import onnx_per_tensor_fault
+
+    model, args = ex.tiny_mlp()
+    with torch.no_grad():  # transformers-style normal init (nn.Linear's uniform init gives every channel one range)
+        for i, m in enumerate(m for m in model.modules() if isinstance(m, torch.nn.Linear)):
+            m.weight.copy_(0.1 * torch.randn(m.weight.shape, generator=torch.Generator().manual_seed(i)))
+    faulty = ORT + ",threads=1"
+    r = xray.drift(model, args, [ORT, faulty], tmp_path, edits={faulty: onnx_per_tensor_fault("fc2")})
+    clean, bad = r.backends
+    assert clean.quant["first_beyond"] is None, clean.quant["layers"]
+    assert all(lr["local_ratio"] <= qn.LOCAL_MARGIN for lr in clean.quant["layers"] if lr.get("local_ratio") is not None)
+    _assert_named(bad, "fc2")
+    assert _layers(bad)["fc2"]["local_ratio"] > qn.LOCAL_MARGIN

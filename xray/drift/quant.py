@@ -5,12 +5,18 @@ an int8 budget (``xray.numerics.quantization``): what its inputs brought, as mea
 backend captured them, plus what its own int8 rounding should add. A node over budget is
 "beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
 where the excess is born is beyond, the layers after it carry it within their budgets.
+
+Where the backend also runs each layer fed float inputs (ONNX Runtime's isolated run), every
+weighted op (``mm``, ``addmm``, ``convolution`` on a parameter) is judged a second time, alone:
+its local noise against what per-channel int8 rounding of its weights, of an input it was not fed
+float, and of its output predicts exactly (``quantization.local_noise_power``). That catches what
+the accumulated budget's margin hides: one per-tensor weight scale where per-channel was meant.
 """
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +28,7 @@ WITHIN, BEYOND = "within int8", "beyond int8"
 
 # The CSV columns (``DIR/quant-<backend>.csv``), declared once.
 QUANT_COLUMNS = ["layer", "captured", "verdict", "sqnr_db", "rel_err", "added_nsr", "cost_db", "local_sqnr_db",
-                 "rms_steps", "allowed_steps", "expected_sqnr_db", "node"]
+                 "local_ratio", "excess", "rms_steps", "allowed_steps", "expected_sqnr_db", "node"]
 
 
 @dataclass
@@ -40,6 +46,8 @@ class QuantLayer:
     allowed_steps: float | None = None  # the RMS error its budget allows, in the same steps
     expected_sqnr_db: float | None = None  # the model's expectation (inherited + own rounding) at that node
     node: str = ""  # the node those figures are of (the one furthest beyond, or the worst)
+    excess: float = 0.0  # the worst measured / allowed of its nodes (accumulated, or local when judged)
+    local_ratio: float | None = None  # fed float inputs: local noise / what int8 rounding predicts (worst op)
 
 
 @dataclass
@@ -52,11 +60,13 @@ class QuantReport:
     first_beyond: str | None  # the first layer (execution order) beyond int8 quantization
     output_sqnr_db: float | None  # the program's outputs
     nodes_judged: int = 0
+    # weighted op -> what its own rounding predicts when it is fed float inputs (``_local_budget``)
+    local_budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"scheme": self.scheme, "worst": self.worst, "first_beyond": self.first_beyond,
                 "output_sqnr_db": _finite(self.output_sqnr_db), "nodes_judged": self.nodes_judged,
-                "margin": qn.MARGIN,
+                "margin": qn.MARGIN, "local_margin": qn.LOCAL_MARGIN, "local_budgets": self.local_budgets,
                 "layers": [{k: _finite(v) for k, v in asdict(lr).items()} for lr in self.layers]}
 
 
@@ -64,6 +74,11 @@ def _finite(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
+
+
+def _num(v: Any) -> float:
+    """A figure read back from the JSON form (infinities are written as strings)."""
+    return float(v) if isinstance(v, str) else v
 
 
 def _kind(node: torch.fx.Node) -> str:
@@ -107,6 +122,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
     layers: dict[str, QuantLayer] = {}
     worst_node: dict[str, tuple[float, float]] = {}  # layer -> (excess over allowed, added NSR) of its shown node
     judged = 0
+    local_budgets: dict[str, dict[str, Any]] = {}
     weights = {s.arg.name for s in program.graph_signature.input_specs
                if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
     for node in program.graph.nodes:
@@ -136,6 +152,10 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
                 ins = [(a * gain, e * gain, p) for a, e, p in ins[:1]]
         if all(i.name in weights for i in inputs) and inputs:
             weights.add(node.name)  # a view of a weight (its transpose) is still a weight
+        if kind in qn.WEIGHTED:
+            local = _local_budget(node, kind, f, eager, placeholders, kinds)
+            if local is not None:
+                local_budgets[node.name] = {"layer": layer_of_node.get(node.name, "<root>"), **local}
         own = qn.activation_nsr(f)
         budget = qn.Budget(inherited=qn.combine(kind, [(a, p) for a, _, p in ins], power),
                            expected_inherited=qn.combine(kind, [(e, p) for _, e, p in ins], power),
@@ -165,13 +185,13 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
         if name not in worst_node or (excess, added) > worst_node[name]:
             worst_node[name] = (excess, added)
             row.node = node.name
+            row.excess = excess
             row.cost_db = (0.0 if measured == 0 else qn.sqnr_db(inherited) - sq if inherited > 0 else math.inf)
             row.rms_steps = qn.rms_steps(f, got, budget.step)
             row.allowed_steps = (math.sqrt(budget.allowed * power) / budget.step) if budget.step > 0 else None
             row.expected_sqnr_db = qn.sqnr_db(budget.expected)
     ordered = list(layers.values())
-    worst = [lr.layer for lr in sorted(ordered, key=lambda lr: -lr.added_nsr) if lr.added_nsr > 0][:3]
-    first = next((lr.layer for lr in ordered if lr.verdict == BEYOND), None)
+    worst, first = _rank([asdict(lr) for lr in ordered])
     out_sqnr = None
     if outputs is not None:
         pairs = [(w, g) for g, w in zip(*outputs) if isinstance(w, torch.Tensor) and w.is_floating_point()
@@ -179,13 +199,65 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
         if pairs:
             out_sqnr = min(qn.sqnr_db(qn.nsr(w, g.reshape(w.shape))) for w, g in pairs)
     return QuantReport(scheme=scheme, layers=ordered, worst=worst, first_beyond=first, output_sqnr_db=out_sqnr,
-                       nodes_judged=judged)
+                       nodes_judged=judged, local_budgets=local_budgets)
+
+
+def _rank(layers: list[dict[str, Any]]) -> tuple[list[str], str | None]:
+    """(the three worst layers, the first beyond int8 in execution order). Worst: layers beyond
+    int8 first, furthest beyond first; then the rest by the NSR they added themselves."""
+    def key(lr: dict[str, Any]) -> tuple:
+        beyond = lr["verdict"] == BEYOND
+        return (not beyond, -_num(lr.get("excess") or 0.0) if beyond else 0.0, -lr["added_nsr"])
+
+    worst = [lr["layer"] for lr in sorted(layers, key=key) if lr["verdict"] == BEYOND or lr["added_nsr"] > 0][:3]
+    first = next((lr["layer"] for lr in layers if lr["verdict"] == BEYOND), None)
+    return worst, first
+
+
+_TRANSPOSES = frozenset({"permute", "t", "transpose"})
+
+
+def _local_budget(node: torch.fx.Node, kind: str, f: torch.Tensor, eager: dict[str, list[torch.Tensor]],
+                  placeholders: dict[str, torch.Tensor], kinds: dict[str, Any]) -> dict[str, Any] | None:
+    """What a weighted op's own int8 rounding predicts for its local error, or None when it reads
+    no parameter (an attention ``mm`` of two activations) or its operands cannot be read."""
+    from torch.export.graph_signature import InputKind
+
+    if kind == "convolution":
+        x, w, conv_args = node.args[0], node.args[1], tuple(node.args[3:9])
+    else:
+        x, w, conv_args = node.args[-2], node.args[-1], ()
+    flips = 0
+    while isinstance(w, torch.fx.Node) and w.op == "call_function" and _kind(w) in _TRANSPOSES:
+        w, flips = w.args[0], flips + 1
+    if not isinstance(w, torch.fx.Node) or not isinstance(x, torch.fx.Node) or w.op != "placeholder":
+        return None
+    if kinds.get(w.name) not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+        return None
+    weight = placeholders.get(w.name)
+    user = x.op == "placeholder" and kinds.get(x.name) == InputKind.USER_INPUT
+    xv = placeholders.get(x.name) if x.op == "placeholder" else _first_tensor(eager.get(x.name))
+    if not isinstance(weight, torch.Tensor) or not isinstance(xv, torch.Tensor) or not xv.is_floating_point():
+        return None
+    if kind != "convolution" and (flips != 1 or weight.dim() != 2 or xv.dim() != 2 or xv.shape[1] != weight.shape[1]):
+        return None
+    try:
+        # the input's rounding counts even when it is fed float: ONNX Runtime's isolated run was
+        # measured to requantize a float input before its int8 kernel (fc2 of tiny_mlp: its local
+        # noise is that of x rounded at its own step, not of x)
+        w_noise, x_noise = qn.local_noise_power(kind, xv, weight, conv_args, input_step=qn.activation_step(xv))
+    except Exception:  # noqa: BLE001 - an op whose operands do not fit the model is not judged alone
+        return None
+    return {"input": x.name, "input_user": user, "weight_noise": w_noise, "input_noise": x_noise,
+            "float_step": qn.activation_step(f), "elements": f.numel()}
 
 
 def local_sqnr(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]],
                layer_of_node: dict[str, str]) -> None:
     """Each layer's SQNR when it is fed float (eager) inputs (the backend's isolated run): what its
-    own quantization costs, without what it inherits. Written into ``report``'s layers."""
+    own quantization costs, without what it inherits. Written into ``report``'s layers; a weighted
+    op whose local noise exceeds what its own rounding predicts (``_judge_local``) puts its layer
+    beyond int8."""
     worst: dict[str, float] = {}
     for node, got in isolated.items():
         g, f = _first_tensor(got), _first_tensor(eager.get(node))
@@ -196,6 +268,42 @@ def local_sqnr(report: dict[str, Any], isolated: dict[str, list[Any]], eager: di
     for row in report["layers"]:
         if row["layer"] in worst:
             row["local_sqnr_db"] = _finite(worst[row["layer"]])
+    _judge_local(report, isolated, eager)
+
+
+def _judge_local(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]]) -> None:
+    """Judge each weighted op fed float inputs against its predicted rounding noise.
+
+    Its activation input must have been fed from eager (cut: captured) or be a user input; the
+    input's own rounding is in the prediction either way; its output's rounding is counted at the step of the int8 grid
+    its value lies on (none for a value read before its quantize); a small tensor whose values
+    all differ gets the step its float range gives."""
+    rows = {lr["layer"]: lr for lr in report["layers"]}
+    for node, b in (report.get("local_budgets") or {}).items():
+        g, f = _first_tensor(isolated.get(node)), _first_tensor(eager.get(node))
+        if g is None or f is None or tuple(g.shape) != tuple(f.shape) or not g.is_floating_point():
+            continue
+        if not b["input_user"] and b["input"] not in isolated:
+            continue  # its input was not fed float: what it inherited is mixed into its local error
+        step = qn.grid_step(g)
+        if step is None and g.numel() <= 256:
+            step = b["float_step"]
+        rounding = (step or 0.0) ** 2 / 12.0 * g.numel()
+        predicted = b["weight_noise"] + b["input_noise"] + rounding
+        noise = float((g.detach().double() - f.detach().double()).pow(2).sum())
+        ratio = noise / predicted if predicted > 0 else (math.inf if noise > 0 else 0.0)
+        b["measured_noise"], b["output_step"], b["ratio"] = noise, step, _finite(ratio)
+        row = rows.get(b["layer"])
+        if row is None:
+            continue
+        if row.get("local_ratio") is None or ratio > _num(row["local_ratio"]):
+            row["local_ratio"] = _finite(ratio)
+        if ratio > qn.LOCAL_MARGIN:
+            excess = ratio / qn.LOCAL_MARGIN
+            if row["verdict"] != BEYOND or excess > _num(row.get("excess") or 0.0):
+                row["excess"], row["node"] = _finite(excess), node
+            row["verdict"] = BEYOND
+    report["worst"], report["first_beyond"] = _rank(report["layers"])
 
 
 def write_quant_csv(report: dict[str, Any], path: Path) -> None:

@@ -161,3 +161,62 @@ def rms_steps(ref: torch.Tensor, got: torch.Tensor, step: float) -> float | None
         return None
     d = got.detach().double().reshape(-1) - ref.detach().double().reshape(-1)
     return float(d.pow(2).mean().sqrt()) / step
+
+
+# --- a weighted layer's own error, fed float inputs ----------------------------------------
+#
+# A layer fed float inputs (the backend's isolated run) errs only by its weights' rounding, its
+# int8 input's rounding where its input was not fed float, and its output's rounding where the
+# value is read after it. Each is a sum of independent uniform rounding errors, so its noise
+# power is known exactly from the float tensors: for y = x W (a product linear in each), weight
+# errors of variance v_c = s_c^2 / 12 (per output channel c) give noise variance op(x^2, v) at
+# every output, and input errors of variance s_x^2 / 12 give op(s_x^2 / 12, W^2). Unlike the
+# accumulated budget, nothing here is a propagation rule, so the margin can be small: a per-tensor
+# weight scale (the largest channel's step on every channel) or a wrong scale shows as several
+# times the predicted noise, where per-channel rounding stays within a few percent of it.
+
+# How much more noise than predicted a correctly rounded layer may show: the prediction is the
+# expectation of a sum over many elements; its spread (a few percent for the smallest layers of
+# the benchmark) and clipping at the calibrated range stay well inside 1.5x (1.8 dB).
+LOCAL_MARGIN = 1.5
+WEIGHTED = frozenset({"mm", "addmm", "convolution"})
+
+
+def weight_rounding_variance(w: torch.Tensor) -> torch.Tensor:
+    """Per element of ``w``: the variance ``s_c^2 / 12`` of symmetric per-output-channel (dim 0)
+    int8 rounding, ``s_c = max|W_c| / 127``."""
+    f = w.detach().double()
+    steps = f.reshape(f.shape[0], -1).abs().amax(dim=1) / WEIGHT_LEVELS
+    return (steps ** 2 / 12.0).reshape(-1, *([1] * (f.dim() - 1))).expand_as(f)
+
+
+def _apply(kind: str, x: torch.Tensor, w: torch.Tensor, conv_args: tuple) -> torch.Tensor:
+    """The layer's linear op on (x, w), w in its module's layout (out channels first)."""
+    if kind == "convolution":
+        return torch.ops.aten.convolution.default(x, w, None, *conv_args)
+    return x @ w.t()
+
+
+def local_noise_power(kind: str, x: torch.Tensor, w: torch.Tensor, conv_args: tuple = (),
+                      input_step: float = 0.0) -> tuple[float, float]:
+    """(weight rounding, input rounding) noise power, summed over the output, of the product
+    ``kind`` (mm/addmm: ``x @ w.T``; convolution: ``conv(x, w)``) under per-channel int8 weights
+    and, with ``input_step``, an input rounded to that step."""
+    xf, wf = x.detach().double(), w.detach().double()
+    weight = float(_apply(kind, xf ** 2, weight_rounding_variance(wf).contiguous(), conv_args).sum())
+    inputs = 0.0
+    if input_step > 0:
+        inputs = float(_apply(kind, torch.full_like(xf, input_step ** 2 / 12.0), wf ** 2, conv_args).sum())
+    return weight, inputs
+
+
+def grid_step(t: torch.Tensor) -> float | None:
+    """The step of the int8 grid ``t``'s values lie on (a dequantized tensor holds at most 256
+    distinct values, so some repeat), or None when they do not, or all differ (no evidence)."""
+    f = t.detach().reshape(-1)
+    if not f.is_floating_point():
+        return None
+    u = torch.unique(f)
+    if u.numel() > 256 or u.numel() < 2 or u.numel() == f.numel():
+        return None
+    return float(torch.diff(u.double()).min())
