@@ -234,3 +234,12 @@ def test_ort_int8_names_a_per_tensor_weight_where_per_channel_was_meant(tmp_path
     assert all(lr["local_ratio"] <= qn.LOCAL_MARGIN for lr in clean.quant["layers"] if lr.get("local_ratio") is not None)
     _assert_named(bad, "fc2")
     assert _layers(bad)["fc2"]["local_ratio"] > qn.LOCAL_MARGIN
+
+
+def test_an_elementwise_ops_gain_is_measured_at_its_float_input():
+    angle = torch.linspace(0, 7, 256, dtype=torch.float64)  # a rotary angle: position x frequency
+    gain = qn.elementwise_gain(angle, torch.cos, 1e-5)
+    assert gain > 3 * qn.NONLINEAR_GAIN  # cos near its zeros: a small relative error on the angle grows
+    assert qn.elementwise_gain(angle, lambda t: t.clone(), 1e-5) == pytest.approx(1.0)
+    assert qn.combine("cos", [(1e-5, 1.0)], 1.0, gain) == pytest.approx(gain * 1e-5)
+    assert qn.combine("relu", [(1e-5, 1.0)], 1.0, 0.5) == pytest.approx(qn.NONLINEAR_GAIN * 1e-5)

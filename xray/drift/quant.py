@@ -157,8 +157,9 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
             if local is not None:
                 local_budgets[node.name] = {"layer": layer_of_node.get(node.name, "<root>"), **local}
         own = qn.activation_nsr(f)
-        budget = qn.Budget(inherited=qn.combine(kind, [(a, p) for a, _, p in ins], power),
-                           expected_inherited=qn.combine(kind, [(e, p) for _, e, p in ins], power),
+        gain = _elementwise_gain(node, kind, f, inputs, ins, eager, placeholders)
+        budget = qn.Budget(inherited=qn.combine(kind, [(a, p) for a, _, p in ins], power, gain),
+                           expected_inherited=qn.combine(kind, [(e, p) for _, e, p in ins], power, gain),
                            own=own, step=qn.activation_step(f))
         inherited = budget.expected_inherited
         got = _first_tensor(captured.get(node.name))
@@ -215,6 +216,27 @@ def _rank(layers: list[dict[str, Any]]) -> tuple[list[str], str | None]:
 
 
 _TRANSPOSES = frozenset({"permute", "t", "transpose"})
+
+
+def _elementwise_gain(node: torch.fx.Node, kind: str, f: torch.Tensor, inputs: list[torch.fx.Node],
+                      ins: list[tuple[float, float, float]], eager: dict[str, list[torch.Tensor]],
+                      placeholders: dict[str, torch.Tensor]) -> float | None:
+    """The NSR gain of a one-input op with an output of its input's shape, measured at its float
+    input (``quantization.elementwise_gain``), or None for any other op."""
+    if kind in qn.PRODUCTS or kind in qn.SUMS or kind in qn.NORMALIZATIONS or len(inputs) != 1 or not ins:
+        return None
+    src = inputs[0]
+    x = placeholders.get(src.name) if src.op == "placeholder" else _first_tensor(eager.get(src.name))
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or tuple(x.shape) != tuple(f.shape):
+        return None
+    if sum(isinstance(a, torch.fx.Node) for a in _float_inputs(node)) != 1:
+        return None
+
+    def call(value: torch.Tensor) -> Any:
+        args = tuple(value if a is src else a for a in node.args)
+        return node.target(*args, **node.kwargs)
+
+    return qn.elementwise_gain(x, call, ins[0][0])
 
 
 def _local_budget(node: torch.fx.Node, kind: str, f: torch.Tensor, eager: dict[str, list[torch.Tensor]],
