@@ -196,3 +196,83 @@ def test_statistics_only_keeps_statistics_not_tensors(tmp_path):
     ln = next(x for x in dump.records if x.op == "aten.native_layer_norm.default")
     eager = next(x for x in load_dump(r.out / "eager").records if x.seq == ln.seq)
     assert abs(ln.outputs[0].stats.mean - eager.outputs[0].stats.mean) < 1e-5
+
+
+def test_eager_backward_records_are_grouped_by_the_dynamo_node_that_made_them(tmp_path):
+    """The eager reference's backward: each Dynamo node's autograd nodes note the records they make
+    (group ``<node>:backward``), fed the gradients the compiled outputs received."""
+    from xray.compiled.reference import DynamoGraphs, record_eager
+    from xray.dump import load_dump
+
+    model, (x,) = block()
+    gm = torch.fx.symbolic_trace(model)
+    x = x.clone().requires_grad_(True)
+    dynamo = DynamoGraphs(graphs=[gm], runs=[(0, [x])], tangents=[[torch.ones(2, 4)]])
+    ref = record_eager(dynamo, None, tmp_path / "eager", dump_num=8, backward=True)
+    groups = ref.node_seqs[0]
+    dump = load_dump(ref.dump)
+    ops = {r.seq: r.op for r in dump.records if r.kind == "op"}
+    in_group = lambda name: [ops[s] for a, b in groups[name] for s in range(a, b) if s in ops]  # noqa: E731
+    assert "aten.native_layer_norm_backward.default" in in_group("norm:backward")
+    assert "aten.gelu_backward.default" in in_group("gelu:backward")
+    assert "aten.mm.default" in in_group("up:backward") and "aten.mm.default" in in_group("down:backward")
+    assert "aten.gelu_backward.default" not in in_group("norm:backward")
+    assert x.grad is None  # gradients to the inputs are computed, never accumulated
+
+
+class Head(nn.Module):
+    """``block`` without its final sum: a softmax summed over its own axis has a zero gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(16, 24), nn.LayerNorm(24), nn.Linear(24, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.down(self.norm(nn.functional.gelu(self.up(x)))) * 2, -1)
+
+
+def head() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    return Head().eval(), (torch.randn(2, 4, 16),)
+
+
+@pytest.mark.slow
+def test_backward_graph_is_probed_paired_and_clean(tmp_path):
+    model, args = head()
+    r = compile_check(model, args, out=tmp_path / "bwd", backward=True)
+    assert r.summary["failed"] == 0 and r.outputs_equal and r.eager_equal
+    kernels = _kernels(r)
+    backward = [k for k in kernels if k["backward"]]
+    assert backward and any(k["kernel"] == "extern_kernels.mm" for k in backward)
+    from xray.dump import load_dump
+
+    dump = load_dump(r.out / "compiled")
+    records = dump.header["compiled"]["records"]
+    paired = {x.op for x in dump.records if x.direction == "backward" and str(x.seq) in records}
+    assert {"aten.mm.default", "aten.native_layer_norm_backward.default"} <= paired
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_backward_scale_fault_is_named_at_its_backward_kernel(tmp_path):
+    model, args = head()
+    fault = ScaleNode(2, 1e-3, backward=True)
+    r = compile_check(model, args, out=tmp_path / "bwd-fault", backward=True,
+                      config_patches={"post_grad_custom_post_pass": fault})
+    assert fault.hit and r.summary["failed"] > 0
+    first = next(k for k in _kernels(r) if FAULT_NODE in k["nodes"])
+    assert first["backward"]
+    assert (r.first["graph"], r.first["launch"]) == (first["graph"], first["launch"])
+    assert r.verdict.startswith("bug: born at")
+
+
+@pytest.mark.slow
+def test_wrong_lowering_is_named(tmp_path):
+    from xray.compiled.faults import wrong_lowering
+
+    model, args = head()
+    with wrong_lowering(torch.ops.aten.rsqrt.default) as applied:
+        r = compile_check(model, args, out=tmp_path / "lowering")
+    assert applied[0] > 0 and r.summary["failed"] > 0
+    first = next(k for k in _kernels(r) if "aten.rsqrt.default" in k["targets"])
+    assert (r.first["graph"], r.first["launch"]) == (first["graph"], first["launch"])

@@ -81,7 +81,7 @@ def measure(model: torch.nn.Module, args: tuple, runs: int) -> dict:
 def main() -> int:
     from bench_compile_faults import _llama
 
-    models = {"tiny": ("Llama 2x64, 32 tokens", lambda: _llama()),
+    models = {"tiny": ("Llama 2x64, 32 tokens", lambda: _llama(layers=2)),
               "real": ("Llama 1x1024, 512 tokens", lambda: _llama(hidden=1024, layers=1, seq=512, inter=2816, heads=16))}
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="tiny,real", help="comma-separated: " + ",".join(models))

@@ -14,7 +14,7 @@ import functools
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -55,6 +55,7 @@ class CompiledGraph:
     kernel_sources: dict[str, str] = field(default_factory=dict)
     path: str = ""  # the output-code file
     instrumented: bool = False
+    backward: bool = False  # AOT autograd's backward graph of the Dynamo graph
 
 
 def _op_name(target: Any) -> str:
@@ -74,7 +75,18 @@ def _root(node: torch.fx.Node) -> str:
     return name
 
 
-def _node_info(node: torch.fx.Node) -> NodeInfo:
+def backward_node(node: torch.fx.Node) -> bool:
+    """A node of autograd's backward formulas (not a forward node the partitioner recomputes in the
+    backward graph, which keeps its forward metadata)."""
+    return "fwd_nn_module_stack" in node.meta or "fwd_source_fn_stack" in node.meta
+
+
+def backward_group(root: str) -> str:
+    """The group of records the backward of Dynamo node ``root`` made (reference.py names it alike)."""
+    return f"{root}:backward"
+
+
+def _node_info(node: torch.fx.Node, seq_roots: dict[int, str] | None = None) -> NodeInfo:
     val = node.meta.get("val")
     stack = node.meta.get("nn_module_stack") or {}
     module = list(stack.values())[-1][0] if stack else ""
@@ -82,7 +94,11 @@ def _node_info(node: torch.fx.Node) -> NodeInfo:
     index = node.args[1] if node.target is operator.getitem and len(node.args) > 1 else None
     arguments: dict[int | str, str] = {i: a.name for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node)}
     arguments.update({k: a.name for k, a in node.kwargs.items() if isinstance(a, torch.fx.Node)})
-    return NodeInfo(node.name, _op_name(node.target), str(orig) if orig is not None else "", _root(node),
+    root = _root(node)
+    if backward_node(node):  # its forward op's Dynamo node, through the autograd sequence number
+        fwd = (seq_roots or {}).get(node.meta.get("seq_nr"))
+        root = backward_group(fwd) if fwd else ""
+    return NodeInfo(node.name, _op_name(node.target), str(orig) if orig is not None else "", root,
                     str(module), [u.name for u in node.users],
                     [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None, arguments,
                     tuple(val.shape) if isinstance(val, torch.Tensor) else None,
@@ -107,6 +123,9 @@ class Capture:
         self.keep_tensors = keep_tensors
         self.graphs: list[CompiledGraph] = []
         self.dynamo: int | None = None  # set by the caller around each Dynamo graph's compilation
+        self.backward = False  # the graph being compiled is AOT autograd's backward graph
+        # Dynamo graph -> autograd sequence number -> the Dynamo node whose forward op took it
+        self.seq_roots: dict[int, dict[int, str]] = {}
         self.recording = False
         self.calls: dict[int, int] = {}  # graph -> runs seen while recording
         # (graph, run, launch) -> the written buffers, copied to the CPU
@@ -129,16 +148,43 @@ class Capture:
             self.values[(graph, run, launch)] = kept
         self.probe_seconds += time.perf_counter() - t0
 
+    def inner_compile(self, dynamo: int | None) -> Callable[..., Any]:
+        """inductor's ``compile_fx_inner`` for the graphs of Dynamo graph ``dynamo``. AOT autograd
+        compiles the backward graph lazily, at the first backward, long after the Dynamo backend
+        returned: this tells the capture which Dynamo graph it belongs to. The forward graph is
+        read before inductor's passes: each op's autograd sequence number and Dynamo node, which
+        the backward nodes carry (``seq_nr``) in place of a Dynamo node of their own."""
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        def compile_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+            backward = bool(kwargs.get("is_backward"))
+            if not backward and dynamo is not None:
+                roots = self.seq_roots.setdefault(dynamo, {})
+                for n in gm.graph.nodes:
+                    seq, root = n.meta.get("seq_nr"), _root(n)
+                    if seq is not None and root and n.op == "call_function":
+                        roots.setdefault(seq, root)
+            saved = self.dynamo, self.backward
+            self.dynamo, self.backward = dynamo, backward
+            try:
+                return compile_fx_inner(gm, example_inputs, **kwargs)
+            finally:
+                self.dynamo, self.backward = saved
+
+        return compile_inner
+
     def _graph_done(self, lowering: Any, module: Any, provenance: dict[str, list[str]]) -> Any:
         index = len(self.graphs)
-        nodes = {n.name: _node_info(n) for n in lowering.graph.nodes if n.op == "call_function"}
+        roots = self.seq_roots.get(self.dynamo, {}) if self.dynamo is not None else {}
+        nodes = {n.name: _node_info(n, roots) for n in lowering.graph.nodes if n.op == "call_function"}
         buffer_node, origins = {}, {}
         for name, buf in lowering.name_to_buffer.items():
             origin = getattr(buf, "origin_node", None)
             if origin is not None:
                 buffer_node[name] = origin.name
             origins[name] = sorted(o.name for o in getattr(buf, "origins", ()) if o.op == "call_function")
-        graph = CompiledGraph(index, self.dynamo, nodes, buffer_node, origins, path=getattr(module, "__file__", "") or "")
+        graph = CompiledGraph(index, self.dynamo, nodes, buffer_node, origins, path=getattr(module, "__file__", "") or "",
+                              backward=self.backward)
         self.graphs.append(graph)
         done: Instrumented | None = instrument(module, functools.partial(self.probe, index))
         if done is None:

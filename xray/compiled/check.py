@@ -58,7 +58,7 @@ def _check_out(out: Path) -> None:
 def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = None, out: str | Path = "xray-compile",
                   *, backend: str = "inductor", mode: str | None = None, config_patches: dict | None = None,
                   decompositions: dict | None = None, save_tensors: bool = True, dump_num: int = 8,
-                  progress: Callable[[str], None] | None = None) -> CompileCheckResult:
+                  backward: bool = False, progress: Callable[[str], None] | None = None) -> CompileCheckResult:
     """Compile ``model`` with inductor, run it once recorded and its Dynamo graphs once in eager,
     and compare the two runs kernel by kernel.
 
@@ -84,24 +84,29 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     seconds: dict[str, float] = {}
 
     capture, dynamo = Capture(keep_tensors=save_tensors), DynamoGraphs()
-    compile_fn = lambda gm, ex: compile_fx(gm, ex, config_patches=options, decompositions=decompositions)  # noqa: E731
+
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return compile_fx(gm, example_inputs, inner_compile=capture.inner_compile(capture.dynamo),
+                          config_patches=options, decompositions=decompositions)
+
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=dynamo.backend(capture, compile_fn), dynamic=False)
+    step = Step(compiled, model, args, kwargs, backward)
     say("compile")
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(backward):
             t0 = time.perf_counter()
             with capturing(capture):
-                compiled(*args, **kwargs)
+                step()
             seconds["compile"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            plain = flatten_tensors(compiled(*args, **kwargs))
+            plain = step()
             seconds["compiled_run"] = time.perf_counter() - t0
             say("recorded compiled run")
             capture.recording = dynamo.recording = True
             t0 = time.perf_counter()
             try:
-                recorded = flatten_tensors(compiled(*args, **kwargs))
+                recorded = step()
             finally:
                 capture.recording = dynamo.recording = False
             seconds["recorded_run"] = time.perf_counter() - t0
@@ -119,7 +124,7 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     out.mkdir(parents=True, exist_ok=True)
     mark_output(out, COMMAND)
     t0 = time.perf_counter()
-    ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num)
+    ref = record_eager(dynamo, model, out / "eager", dump_num=dump_num, backward=backward)
     mark_output(out / "eager", COMMAND)
     seconds["eager_reference"] = time.perf_counter() - t0
     with torch.no_grad():
@@ -155,9 +160,39 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
                               outputs_equal, eager_equal, seconds)
 
 
+class Step:
+    """One run of the compiled model: its outputs, and with ``backward`` the gradients a fixed
+    random output gradient gives its parameters and inputs (the same gradient every run, so two
+    runs' results compare bitwise)."""
+
+    def __init__(self, compiled: Callable, model: torch.nn.Module, args: tuple, kwargs: dict, backward: bool) -> None:
+        self.compiled, self.model, self.args, self.kwargs, self.backward = compiled, model, args, kwargs, backward
+        self.seeds: list[torch.Tensor] | None = None
+
+    def __call__(self) -> list[torch.Tensor]:
+        outputs = flatten_tensors(self.compiled(*self.args, **self.kwargs))
+        if not self.backward:
+            return outputs
+        live = [o for o in outputs if o.requires_grad and o.is_floating_point()]
+        if self.seeds is None:
+            g = torch.Generator().manual_seed(0)
+            self.seeds = [torch.randn(o.shape, generator=g).to(o.dtype) for o in live]
+        leaves = [p for p in self.model.parameters() if p.requires_grad] + \
+            [a for a in flatten_tensors(self.args) if a.requires_grad]
+        for p in leaves:
+            p.grad = None
+        if live:
+            torch.autograd.backward(live, self.seeds)
+        grads = [p.grad for p in leaves if p.grad is not None]
+        for p in leaves:
+            p.grad = None
+        return [o.detach() for o in outputs] + grads
+
+
 def kernel_table(graphs: list) -> list[dict[str, Any]]:
     """Every probed launch in call order: the kernel, the post-grad nodes it computes, the ATen
-    ops they were traced from, and the FX node each written buffer holds (None: none known)."""
+    ops they were traced from (``ops``) and are (``targets``), and the FX node each written
+    buffer holds (None: none known)."""
     from .mapping import base_op
 
     rows = []
@@ -165,7 +200,9 @@ def kernel_table(graphs: list) -> list[dict[str, Any]]:
         for launch in g.launches:
             nodes = g.fused.get(launch.index, [])
             ops = sorted({base_op(g.nodes[n].original_aten or g.nodes[n].target) for n in nodes if n in g.nodes})
-            rows.append({"graph": g.index, "launch": launch.index, "kernel": launch.kernel, "nodes": nodes, "ops": ops,
+            targets = sorted({base_op(g.nodes[n].target) for n in nodes if n in g.nodes})
+            rows.append({"graph": g.index, "backward": g.backward, "launch": launch.index, "kernel": launch.kernel,
+                         "nodes": nodes, "ops": ops, "targets": targets,
                          "buffers": {b: g.buffer_node.get(b) for b in launch.outputs}})
     return rows
 

@@ -20,6 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="inductor", help="torch.compile backend (only inductor today)")
     p.add_argument("--mode", default=None, help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     p.add_argument("--out", default="xray-compile", help="output folder (default: xray-compile)")
+    p.add_argument("--backward", action="store_true",
+                   help="also run a backward (fixed random output gradients) and check AOT autograd's compiled backward")
     p.add_argument("--statistics-only", action="store_true",
                    help="keep statistics of the compiled buffers, not the tensors (smaller dumps, coarser verdicts)")
 
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         _check_out(Path(args.out))
         model, margs, mkwargs = load_model(args.factory)
         result = compile_check(model, margs, mkwargs, args.out, backend=args.backend, mode=args.mode,
-                               save_tensors=not args.statistics_only,
+                               save_tensors=not args.statistics_only, backward=args.backward,
                                progress=lambda s: print(f"xray compile-check: {s}", file=sys.stderr, flush=True))
     except (ModelSpecError, CompileCheckError, OutputFolderError) as e:
         print(f"xray compile-check: {one_line(e)}", file=sys.stderr)

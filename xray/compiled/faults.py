@@ -1,13 +1,17 @@
 """Compiler faults to inject into inductor, for the tests and tools/bench_compile_faults.py.
 
-Two kinds, both inside the compiler so that the eager reference stays right:
+Three kinds, all inside the compiler so that the eager reference stays right:
 - ``ScaleNode``: a post-grad pass (``post_grad_custom_post_pass``) that multiplies one node's
-  value by ``1 + eps``; the multiply is named ``xray_fault`` so a report can be checked against it;
-- ``wrong_decompositions``: a decomposition table with one op decomposed wrongly.
+  value by ``1 + eps``, in the forward graph or in AOT autograd's backward graph; the multiply is
+  named ``xray_fault`` so a report can be checked against it;
+- ``wrong_decompositions``: a decomposition table with one op decomposed wrongly;
+- ``wrong_lowering``: inductor's lowering of one op replaced, while compiling, by one whose result
+  is ``1 + eps`` times too large.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -16,15 +20,20 @@ FAULT_NODE = "xray_fault"
 aten = torch.ops.aten
 
 
-def candidates(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+def candidates(graph: torch.fx.Graph, backward: bool = False) -> list[torch.fx.Node]:
     """Post-grad nodes a scale fault may hit: ATen ops with one floating-point tensor output that
-    came from a model call (a Dynamo node), in graph order."""
+    came from a model call (a Dynamo node) or, with ``backward``, from its backward formula, in
+    graph order."""
+    from .capture import backward_node
+
     out = []
     for n in graph.nodes:
         val = n.meta.get("val")
+        came = backward_node(n) and n.meta.get("seq_nr") is not None if backward else \
+            bool(n.meta.get("from_node")) and not backward_node(n)
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
                 isinstance(val, torch.Tensor) and val.is_floating_point() and val.numel() > 1 and \
-                n.meta.get("from_node") and n.users and not torch.Tag.view_copy in n.target.tags and \
+                came and n.users and not torch.Tag.view_copy in n.target.tags and \
                 n.target not in (aten.view.default, aten.reshape.default, aten.permute.default, aten.expand.default,
                                  aten.clone.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
                                  aten.squeeze.dim, aten.t.default, aten.transpose.int, aten.alias.default):
@@ -34,15 +43,20 @@ def candidates(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 class ScaleNode(CustomGraphPass):
     """Multiply the ``index``-th candidate node's value by ``1 + eps`` (``index`` modulo the count;
-    with ``op``, among the candidates of that ATen op only)."""
+    with ``op``, among the candidates of that ATen op only), in the forward graphs or, with
+    ``backward``, in the backward graphs only (the pass sees both)."""
 
-    def __init__(self, index: int, eps: float, op: Any = None) -> None:
-        self.index, self.eps, self.op = index, eps, op
+    def __init__(self, index: int, eps: float, op: Any = None, backward: bool = False) -> None:
+        self.index, self.eps, self.op, self.backward = index, eps, op, backward
         self.hit: str = ""  # the node scaled
         self.hit_op: str = ""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        nodes = [n for n in candidates(graph) if self.op is None or n.target == self.op]
+        from .capture import backward_node
+
+        if self.hit or any(backward_node(n) for n in graph.nodes) != self.backward:
+            return
+        nodes = [n for n in candidates(graph, self.backward) if self.op is None or n.target == self.op]
         if not nodes:
             return
         node = nodes[self.index % len(nodes)]
@@ -69,10 +83,21 @@ def _rsqrt_off(x: torch.Tensor) -> torch.Tensor:
     return 1.001 / torch.sqrt(x)
 
 
+def _tanh_pade(x: torch.Tensor) -> torch.Tensor:
+    x = x.clamp(-3.0, 3.0)
+    return x * (27 + x * x) / (27 + 9 * x * x)
+
+
+def _relu_leaky(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > 0, x, 0.01 * x)
+
+
 WRONG: dict[str, tuple[Any, Callable]] = {
     "gelu": (aten.gelu.default, _gelu_tanh),  # the tanh approximation for the exact (erf) GELU
     "silu": (aten.silu.default, _silu_off),  # sigmoid of 1.01 x
     "rsqrt": (aten.rsqrt.default, _rsqrt_off),  # 0.1 % high
+    "relu": (aten.relu.default, _relu_leaky),
+    "tanh": (aten.tanh.default, _tanh_pade),  # a Pade approximant, 2 % off near |x| = 1  # a leaky ReLU's slope for the negative half
 }
 
 
@@ -82,3 +107,23 @@ def wrong_decompositions(name: str) -> dict:
 
     op, fn = WRONG[name]
     return {**select_decomp_table(), op: fn}
+
+
+@contextlib.contextmanager
+def wrong_lowering(op: Any, eps: float = 1e-3) -> Iterator[list[int]]:
+    """While inside, inductor lowers ``op`` (an OpOverload) to its own lowering times ``1 + eps``;
+    yields a one-item list counting the nodes lowered so (0: the op never reached lowering)."""
+    from torch._inductor import lowering as L
+
+    original = L.lowerings[op]
+    applied = [0]
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        applied[0] += 1
+        return L.lowerings[aten.mul.Tensor](original(*args, **kwargs), 1.0 + eps)
+
+    L.lowerings[op] = lower
+    try:
+        yield applied
+    finally:
+        L.lowerings[op] = original

@@ -103,7 +103,7 @@ def pair_node(node: NodeInfo, nodes: dict[str, NodeInfo], group: list[Any]) -> t
     return rec, fits[0]
 
 
-def pair_runs(graphs: list[CompiledGraph], runs: list[int], node_seqs: list[dict[str, tuple[int, int]]],
+def pair_runs(graphs: list[CompiledGraph], runs: list[int], node_seqs: list[dict[str, list[tuple[int, int]]]],
               by_seq: dict[int, Any], values: dict[tuple[int, int, int], tuple]) -> Pairing:
     """Pair every probed buffer of every compiled run with an eager record output.
 
@@ -114,7 +114,8 @@ def pair_runs(graphs: list[CompiledGraph], runs: list[int], node_seqs: list[dict
     for i, dyn in enumerate(runs):
         k = seen.get(dyn, 0)
         seen[dyn] = k + 1
-        groups = {name: [by_seq[s] for s in range(a, b) if s in by_seq] for name, (a, b) in node_seqs[i].items()}
+        groups = {name: [by_seq[s] for a, b in sorted(set(ranges)) for s in range(a, b) if s in by_seq]
+                  for name, ranges in node_seqs[i].items()}
         for g in graphs:
             if g.dynamo != dyn:
                 continue

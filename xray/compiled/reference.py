@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from ..record.flatten import flatten_tensors
+from .capture import backward_group
 
 
 def module_path(dynamo_path: str) -> str:
@@ -47,6 +48,8 @@ class DynamoGraphs:
 
     graphs: list[torch.fx.GraphModule] = field(default_factory=list)
     runs: list[tuple[int, list[Any]]] = field(default_factory=list)  # (graph, inputs) in run order
+    # per run: the gradient each output received in the backward (None: none, or no backward)
+    tangents: list[list[torch.Tensor | None]] = field(default_factory=list)
     recording: bool = False
 
     def backend(self, capture: Any, compile_fn: Callable[[torch.fx.GraphModule, list], Callable]) -> Callable:
@@ -63,24 +66,41 @@ class DynamoGraphs:
                 capture.dynamo = None
 
             def run(*args: Any) -> Any:
-                if self.recording:
-                    kept = [a.detach().clone() if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter)
-                            else a for a in args]
-                    self.runs.append((index, kept))
-                return compiled(*args)
+                if not self.recording:
+                    return compiled(*args)
+                kept = [a.detach().clone().requires_grad_(a.requires_grad)
+                        if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter) else a for a in args]
+                self.runs.append((index, kept))
+                result = compiled(*args)
+                self.tangents.append(_catch_tangents(flatten_tensors(result)))
+                return result
 
             return run
 
         return compile_graph
 
 
+def _catch_tangents(outputs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """A list that the backward fills with the gradient each output receives: the compiled
+    backward's inputs, which the eager reference's backward is then fed."""
+    caught: list[torch.Tensor | None] = [None] * len(outputs)
+    for i, t in enumerate(outputs):
+        if t.requires_grad:
+            def keep(grad: torch.Tensor, i: int = i) -> None:
+                caught[i] = grad.detach().clone()
+            t.register_hook(keep)
+    return caught
+
+
 class _NodeRun(torch.fx.Interpreter):
-    """Runs one Dynamo graph, each node attributed to its module; notes each node's records."""
+    """Runs one Dynamo graph, each node attributed to its module; notes each node's records, and
+    the records its autograd nodes make in the backward (group ``<node>:backward``)."""
 
     def __init__(self, gm: torch.fx.GraphModule, recorder: Any) -> None:
         super().__init__(gm)
         self.recorder = recorder
-        self.node_seqs: dict[str, tuple[int, int]] = {}  # node -> [first seq, end seq)
+        self.node_seqs: dict[str, list[tuple[int, int]]] = {}  # node -> [first seq, end seq) ranges
+        self.claimed: set[Any] = set()  # autograd nodes already attributed to a Dynamo node
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op not in ("call_function", "call_method", "call_module"):
@@ -88,26 +108,55 @@ class _NodeRun(torch.fx.Interpreter):
         before = self.recorder.seq
         with self.recorder.attributed_to(frames(n)):
             result = super().run_node(n)
-        self.node_seqs[n.name] = (before, self.recorder.seq)
+        self.node_seqs.setdefault(n.name, []).append((before, self.recorder.seq))
+        if torch.is_grad_enabled():
+            self._claim(n.name, flatten_tensors(result))
         return result
+
+    def _claim(self, name: str, outputs: list[torch.Tensor]) -> None:
+        """The autograd nodes this Dynamo node created (reached from its outputs, not claimed by an
+        earlier node) note the records they make when the backward runs them."""
+        todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        group = backward_group(name)
+        while todo:
+            fn = todo.pop()
+            if fn is None or fn in self.claimed or type(fn).__name__ == "AccumulateGrad":
+                continue
+            self.claimed.add(fn)
+            todo.extend(f for f, _ in fn.next_functions)
+            start: list[int] = []
+            fn.register_prehook(lambda _g, start=start: start.append(self.recorder.seq))
+            fn.register_hook(lambda _gi, _go, start=start, group=group: self.node_seqs.setdefault(group, []).append(
+                (start.pop() if start else self.recorder.seq, self.recorder.seq)))
 
 
 @dataclass
 class EagerReference:
     dump: Path
-    node_seqs: list[dict[str, tuple[int, int]]]  # per run (DynamoGraphs.runs order): node -> seq range
+    node_seqs: list[dict[str, list[tuple[int, int]]]]  # per run (DynamoGraphs.runs order): node -> seq ranges
     outputs: list[torch.Tensor]  # the last run's outputs, flat
 
 
-def record_eager(dynamo: DynamoGraphs, model: torch.nn.Module | None, folder: Path, *, dump_num: int) -> EagerReference:
-    """Run every recorded graph run in eager under the tracer into ``folder``."""
+def _backward(outputs: list[torch.Tensor], args: list[Any], tangents: list[torch.Tensor | None]) -> None:
+    """One run's eager backward, gradients to its inputs only (no ``.grad`` is touched)."""
+    pairs = [(o, g) for o, g in zip(outputs, tangents) if g is not None and o.requires_grad]
+    inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if pairs and inputs:
+        torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+
+
+def record_eager(dynamo: DynamoGraphs, model: torch.nn.Module | None, folder: Path, *, dump_num: int,
+                 backward: bool = False) -> EagerReference:
+    """Run every recorded graph run in eager under the tracer into ``folder``; with ``backward``,
+    then each run's backward (last run first, as autograd runs them), fed the gradients its
+    compiled outputs received."""
     from ..record import active_session, begin_dump, end_dump
 
     if active_session() is not None:
         raise RuntimeError("an xray dump is already active; end it before a compile check")
     staging = folder.parent / f"_{folder.name}-recording"
     shutil.rmtree(staging, ignore_errors=True)
-    begun = begin_dump(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=dump_num, dump_dir=staging)
+    begun = begin_dump(X_DEBUG=0x10A if backward else 0x102, X_DEDUP=False, X_DUMP_NUM=dump_num, dump_dir=staging)
     session = active_session()
     if begun is None or session is None:
         raise RuntimeError(f"cannot write the eager dump under {staging}")
@@ -117,11 +166,16 @@ def record_eager(dynamo: DynamoGraphs, model: torch.nn.Module | None, folder: Pa
             for kind, items in (("param", model.named_parameters()), ("buffer", model.named_buffers())):
                 for name, t in items:
                     session.recorder.producers.name_state(t, kind, name)
-        with torch.no_grad():
-            for index, args in dynamo.runs:
+        pending = []
+        with torch.set_grad_enabled(backward):
+            for i, (index, args) in enumerate(dynamo.runs):
                 runner = _NodeRun(dynamo.graphs[index], session.recorder)
                 outputs = flatten_tensors(runner.run(*args))
                 node_seqs.append(runner.node_seqs)
+                pending.append((outputs, args, dynamo.tangents[i] if i < len(dynamo.tangents) else []))
+        for outs, args, tangents in reversed(pending if backward else []):
+            _backward(outs, args, tangents)
+        outputs = [t.detach() for t in outputs]
     finally:
         written = end_dump()
     if folder.exists():
