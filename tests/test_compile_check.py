@@ -249,7 +249,8 @@ def test_backward_graph_is_probed_paired_and_clean(tmp_path):
     dump = load_dump(r.out / "compiled")
     records = dump.header["compiled"]["records"]
     paired = {x.op for x in dump.records if x.direction == "backward" and str(x.seq) in records}
-    assert {"aten.mm.default", "aten.native_layer_norm_backward.default"} <= paired
+    # mul's backward: its forward op was folded into the softmax pattern by the joint-graph passes
+    assert {"aten.mm.default", "aten.gelu_backward.default", "aten.mul.Tensor"} <= paired
     assert all(p.grad is None for p in model.parameters())
 
 

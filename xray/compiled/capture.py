@@ -81,6 +81,15 @@ def backward_node(node: torch.fx.Node) -> bool:
     return "fwd_nn_module_stack" in node.meta or "fwd_source_fn_stack" in node.meta
 
 
+def _fwd_source(node: torch.fx.Node) -> str:
+    """The Dynamo node of a backward node's forward op as its ``fwd_source_fn_stack`` names it:
+    for a forward op that inductor's joint-graph passes replaced before the forward graph is read
+    (a ``mul`` folded into a softmax pattern keeps no ``seq_nr`` there)."""
+    stack = node.meta.get("fwd_source_fn_stack") or []
+    last = stack[-1] if stack else None
+    return str(last[0]) if isinstance(last, (tuple, list)) and last and isinstance(last[0], str) else ""
+
+
 def backward_group(root: str) -> str:
     """The group of records the backward of Dynamo node ``root`` made (reference.py names it alike)."""
     return f"{root}:backward"
@@ -96,7 +105,7 @@ def _node_info(node: torch.fx.Node, seq_roots: dict[int, str] | None = None) -> 
     arguments.update({k: a.name for k, a in node.kwargs.items() if isinstance(a, torch.fx.Node)})
     root = _root(node)
     if backward_node(node):  # its forward op's Dynamo node, through the autograd sequence number
-        fwd = (seq_roots or {}).get(node.meta.get("seq_nr"))
+        fwd = (seq_roots or {}).get(node.meta.get("seq_nr")) or _fwd_source(node)
         root = backward_group(fwd) if fwd else ""
     return NodeInfo(node.name, _op_name(node.target), str(orig) if orig is not None else "", root,
                     str(module), [u.name for u in node.users],

@@ -52,9 +52,10 @@ class ScaleNode(CustomGraphPass):
         self.hit_op: str = ""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        from .capture import backward_node
-
-        if self.hit or any(backward_node(n) for n in graph.nodes) != self.backward:
+        # the backward graph is the one fed tangents: the partitioner may also place backward
+        # nodes that need only forward values in the forward graph
+        backward = any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes)
+        if self.hit or backward != self.backward:
             return
         nodes = [n for n in candidates(graph, self.backward) if self.op is None or n.target == self.op]
         if not nodes:

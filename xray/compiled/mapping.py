@@ -103,6 +103,18 @@ def pair_node(node: NodeInfo, nodes: dict[str, NodeInfo], group: list[Any]) -> t
     return rec, fits[0]
 
 
+def last_writers(graph: CompiledGraph) -> dict[str, int]:
+    """Buffer -> the last launch that writes it. A buffer one kernel fills and a later one
+    updates in place (an embedding's gradient: zeros, then an accumulating scatter) holds its
+    node's value only after the last write; a reused buffer has a new name, so a name written
+    twice is one buffer."""
+    last: dict[str, int] = {}
+    for launch in graph.launches:
+        for buf in launch.outputs:
+            last[buf] = launch.index
+    return last
+
+
 def pair_runs(graphs: list[CompiledGraph], runs: list[int], node_seqs: list[dict[str, list[tuple[int, int]]]],
               by_seq: dict[int, Any], values: dict[tuple[int, int, int], tuple]) -> Pairing:
     """Pair every probed buffer of every compiled run with an eager record output.
@@ -119,6 +131,7 @@ def pair_runs(graphs: list[CompiledGraph], runs: list[int], node_seqs: list[dict
         for g in graphs:
             if g.dynamo != dyn:
                 continue
+            last = last_writers(g)
             for launch in g.launches:
                 got = values.get((g.index, k, launch.index))
                 if got is None:
@@ -127,6 +140,9 @@ def pair_runs(graphs: list[CompiledGraph], runs: list[int], node_seqs: list[dict
                 fused = g.fused.get(launch.index) or sorted({o for b in launch.outputs for o in g.buffer_origins.get(b, [])})
                 ops = sorted({base_op(g.nodes[n].original_aten or g.nodes[n].target) for n in fused if n in g.nodes})
                 for slot, buf in enumerate(launch.outputs):
+                    if last.get(buf, launch.index) != launch.index:
+                        result.skip("written again by a later launch (its value is the last write's)")
+                        continue
                     name = g.buffer_node.get(buf)
                     if name is None or name not in g.nodes:
                         result.skip("buffer holds no single FX node (no origin_node)")
