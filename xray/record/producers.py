@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .flatten import PLAIN_TENSORS as _PLAIN
+from .sharded import is_dtensor
 
 # ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
 # order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
@@ -54,6 +55,10 @@ class Producers:
 
     def source_of(self, t: torch.Tensor) -> str:
         entry = self.entry_of(t)
+        if entry is None and is_dtensor(t):
+            # wrapped around its shard without a call (DTensor's backward re-wraps each incoming
+            # gradient, from_local): the values are the shard's, whose producer was recorded
+            entry = self.entry_of(t._local_tensor)
         if entry is None:
             return "input"
         src = entry[1]
