@@ -59,8 +59,10 @@ def test_a_fault_in_one_ranks_shard_is_named_at_the_op_with_the_rank(runs):
 
 
 def test_ddp_averaged_gradients_are_compared_with_the_single_runs(runs):
-    """Each rank's backward is the gradient of its half of the batch: not compared. The gradients
-    DDP averages and writes back are, against the full batch's; the forward is rebuilt by batch."""
+    """Each rank's backward is the gradient of its half of the batch: rebuilt as the whole
+    batch's (slices joined, a weight's gradient terms added, each halved past the loss's
+    normalisation) and compared. The gradients DDP averages and writes back are compared too,
+    against the full batch's; the forward is rebuilt by batch."""
     result = _compare(runs, "single4", "ddp")
     s = result.summary
     assert s.failed == s.nan_inf == 0 and s.verdict_kind == "precision"
@@ -68,10 +70,11 @@ def test_ddp_averaged_gradients_are_compared_with_the_single_runs(runs):
         tuple(f"{m}/" for m in ("q", "k", "v", "o", "up", "down"))) and r.status == "pass"]
     assert len(grads) == 12  # weight and bias of 6 Linears
     assert any("12 averaged gradients" in w for w in s.warnings)
-    # each rank's own backward pairs with the single run's and is skipped, saying why
+    # each rank's own backward pairs with the single run's and is judged, none skipped
     assert s.unmatched == 0
-    local = [r for r in result.rows if r.status == "skip" and r.bench_seq is not None and r.bench_seq >= 39]
-    assert local and all("gradient of its own batch" in r.note for r in local)
+    local = [r for r in result.rows if r.bench_seq is not None and r.bench_seq >= 39]
+    assert len(local) > 60 and all(r.status in ("pass", "warning") for r in local)
+    assert any("gradients of each rank's own batch, rebuilt as the whole batch's" in w for w in s.warnings)
     forward = [r for r in result.rows if r.bench_seq is not None and r.bench_seq < 39 and r.status != "unmatched"]
     assert len(forward) >= 38 and all(r.status == "pass" for r in forward if r.bench_op != "aten.mean.default")
 
@@ -123,3 +126,45 @@ def test_real_size_tensor_parallel_fault(tmp_path):
     assert s.failed == s.nan_inf == s.skipped == s.unmatched == 0
     fd = _compare(tmp_path, "single", "tp_bug").summary.first_divergence
     assert (fd["op"], fd["module"], fd["rank"]) == ("aten.addmm.default", "up", "rank_1")
+
+
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("llama_unsharded")
+    run_ranks(out, "--cases", "llama_single,llama_tp,llama_ddp_grad_bug,llama_tp_norm_bug", timeout=900)
+    return out
+
+
+@pytest.mark.slow
+def test_a_sound_tensor_parallel_llama_step_fails_no_row(llama_runs):
+    """A transformers Llama under tensor parallelism, forward and backward. It used to fail about
+    240 rows: DTensor's backward re-wraps each incoming gradient without a call (recorded as a
+    model input that differs), a column-parallel input's gradient is all-reduced on plain tensors
+    (its terms were not rebuilt, and the add that waits for the all-reduce runs after the
+    weight's gradient, where the single run adds first), and ``slice_backward`` takes the
+    shard's sizes (an argument that differs)."""
+    s = _compare(llama_runs, "llama_single", "llama_tp").summary
+    assert s.failed == s.nan_inf == s.skipped == 0
+    assert s.verdict_kind == "precision"
+
+
+@pytest.mark.slow
+def test_a_ddp_fault_in_one_ranks_weight_gradient_is_named_with_the_rank(llama_runs):
+    """Under data parallelism each rank's backward is rebuilt as the whole batch's; a weight's
+    gradient is the ranks' terms added, which no slice of the single run holds: the rank is the
+    one whose call is off its own inputs."""
+    result = _compare(llama_runs, "llama_single", "llama_ddp_grad_bug")
+    fd = result.summary.first_divergence
+    assert (fd["op"], fd["module"], fd["origin"], fd["rank"]) == ("aten.mm.default", "layers.1.mlp.down_proj", "born",
+                                                                   "rank_1")
+
+
+@pytest.mark.slow
+def test_a_fault_in_work_every_tensor_parallel_rank_repeats_is_named_with_the_rank(llama_runs):
+    """A norm every rank computes alike, 1 % off on rank 1: the ranks' copies disagree. The
+    copy farthest from the single run stands for the value, so the row fails; the rebuilt call
+    is recomputed on its inputs (the rebuilt run gives ops.rebuild its tensors' headers), so it
+    is born there, and the rank whose copy is off is named."""
+    fd = _compare(llama_runs, "llama_single", "llama_tp_norm_bug").summary.first_divergence
+    assert (fd["op"], fd["module"], fd["origin"], fd["rank"]) == ("aten.rsqrt.default", "layers.1.input_layernorm",
+                                                                   "born", "rank_1")

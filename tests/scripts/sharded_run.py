@@ -219,7 +219,110 @@ def fsdp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
     return {"bitwise": True}
 
 
-CASES = {"fsdp": fsdp_case, "fsdp_bug": lambda o, r, h: fsdp_case(o, r, h, fault=True), "tp": tp_case, "tp_step": tp_step_case, "tp_bug": lambda o, r, h: tp_step_case(o, r, h, fault=True),
+def tiny_llama(hidden: int) -> nn.Module:
+    """A transformers Llama (2 layers, random weights, built alike on every rank from one seed)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    return LlamaModel(LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+                                  use_cache=False, attn_implementation="sdpa")).eval()
+
+
+def llama_tokens() -> torch.Tensor:
+    return torch.randint(0, 128, (4, 8), generator=torch.Generator().manual_seed(1))
+
+
+def llama_single_case(out: Path, rank: int, hidden: int) -> dict:
+    if rank == 0:
+        with xray.dump(dump_dir=out / "llama_single", X_DEBUG=0x10A, X_DEDUP=False):
+            tiny_llama(hidden)(input_ids=llama_tokens()).last_hidden_state.pow(2).mean().backward()
+    return {"bitwise": True}
+
+
+class AlterNorm(torch.utils._python_dispatch.TorchDispatchMode):
+    """A faulty kernel on one rank: the third forward ``rsqrt`` (an RMS norm every rank computes
+    alike under tensor parallelism) comes back 1 % off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.rsqrt.default and not types and torch._C._current_graph_task_id() == -1:
+            self.calls += 1
+            if self.calls == 3:
+                out = out * 1.01
+        return out
+
+
+def llama_tp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
+    """Tensor parallelism on a transformers Llama: attention q/k/v and MLP gate/up by columns, o and
+    down by rows; every rank reads the whole batch. With ``fault``, rank 1's ``layers.1``
+    input norm 1 % off."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = tiny_llama(hidden)
+    plan = {}
+    for i in range(2):
+        plan.update({f"layers.{i}.self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")})
+        plan.update({f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")})
+        plan.update({f"layers.{i}.self_attn.o_proj": RowwiseParallel(), f"layers.{i}.mlp.down_proj": RowwiseParallel()})
+    parallelize_module(model, init_device_mesh("cpu", (dist.get_world_size(),)), plan)
+    faulty = AlterNorm() if fault and rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()
+    try:
+        with xray.dump(dump_dir=out / ("llama_tp_norm_bug" if fault else "llama_tp"), X_DEBUG=0x10A, X_DEDUP=False):
+            model(input_ids=llama_tokens()).last_hidden_state.pow(2).mean().backward()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    return {"bitwise": True}
+
+
+class AlterWeightGradient(torch.utils._python_dispatch.TorchDispatchMode):
+    """A faulty kernel on one rank: the first backward ``mm`` whose output has ``shape`` (a
+    weight's gradient, summed over this rank's batch) comes back 1 % off."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape, self.done = shape, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (not self.done and func is torch.ops.aten.mm.default and not types and tuple(out.shape) == self.shape
+                and torch._C._current_graph_task_id() != -1):
+            self.done = True
+            out = out * 1.01
+        return out
+
+
+def llama_ddp_grad_bug_case(out: Path, rank: int, hidden: int) -> dict:
+    """DDP on a transformers Llama, each rank half the batch; rank 1's first ``down_proj`` weight
+    gradient ``mm`` 1 % off (below the recorder)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    world = dist.get_world_size()
+    model = DDP(tiny_llama(hidden))
+    ids = llama_tokens().chunk(world)[rank]
+    faulty = AlterWeightGradient((hidden, 2 * hidden)) if rank == 1 else None
+    if faulty is not None:
+        faulty.__enter__()
+    try:
+        with xray.dump(dump_dir=out / "llama_ddp_grad_bug", X_DEBUG=0x10A, X_DEDUP=False):
+            model(input_ids=ids).last_hidden_state.pow(2).mean().backward()
+    finally:
+        if faulty is not None:
+            faulty.__exit__(None, None, None)
+    return {"bitwise": True}
+
+
+CASES = {"llama_single": llama_single_case, "llama_tp": llama_tp_case, "llama_ddp_grad_bug": llama_ddp_grad_bug_case,
+         "llama_tp_norm_bug": lambda o, r, h: llama_tp_case(o, r, h, fault=True),
+         "fsdp": fsdp_case, "fsdp_bug": lambda o, r, h: fsdp_case(o, r, h, fault=True), "tp": tp_case, "tp_step": tp_step_case, "tp_bug": lambda o, r, h: tp_step_case(o, r, h, fault=True),
          "single": single_case,
          "single4": lambda o, r, h: single_case(o, r, h, batch=4, name="single4"),
          "ddp": ddp_case, "ddp_bug": lambda o, r, h: ddp_case(o, r, h, fault=True), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,

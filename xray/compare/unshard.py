@@ -44,8 +44,10 @@ from ..ops.rebuild import contiguous_stride
 from .sync_points import is_collective
 
 DATA_PREFIX = "unshard:"
-LOCAL_GRADIENT = ("not compared: under data parallelism each rank's backward is the gradient of its own batch; "
-                  "the averaged (reduce-scattered) gradients are compared in place of each .grad")
+OWN_BATCH = ("the ranks' slices joined, or their terms added, and divided by the world size where the ranks' "
+             "losses were normalised by their own batch: the factor, 1 or the world size, read from the single "
+             "run's statistics")
+CACHE_BYTES = 256 << 20  # rebuilt tensors kept: rebuilding reads every shard once, compare reads the tensor again
 _HELPERS = ("_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default")
 _VIEWS = ("aten.as_strided.default", "aten.view.default", "aten._unsafe_view.default", "aten.alias.default")
 _MOVES = _VIEWS + ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.copy_.default", "aten.narrow.default",
@@ -72,6 +74,8 @@ class Assembly:
     shape: tuple[int, ...]
     dtype: str
     parts: list[Part]
+    per: int = 1  # the rebuilt tensor divided by this: a rank's own-batch gradient, W times its share
+    pick: int = 0  # "replicas": the part that stands for the tensor
 
     def shard_of(self, rank: int) -> Part | None:
         return next((p for p in self.parts if p.rank == rank), None) if self.how == "shard" else None
@@ -84,6 +88,15 @@ class Unsharded:
     assemblies: dict[tuple[int, str], Assembly] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     skipped: dict[tuple[int, str], str] = field(default_factory=dict)  # (seq, tensor) -> why not rebuilt
+
+
+@dataclass(frozen=True)
+class RebuiltHeader:
+    """What a saved tensor's dataset header says, for a rebuilt tensor (``UnshardedRun.dataset``)."""
+
+    shape: tuple[int, ...]
+    attrs: dict
+    dtype: str
 
 
 class UnshardError(ValueError):
@@ -125,7 +138,10 @@ class UnshardedRun:
         self.summary = _merged_summary(self.labels, self.ranks)
         self.complete = all(getattr(d, "complete", True) is not False for d in self.ranks)
         self.found = Unsharded(notes=list(self._warnings))
+        self._data_parallel = False
+        self.groups: dict[int, list[Record]] = {}  # rebuilt record's seq -> each rank's record of the call
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._cached_bytes = 0
         self._ids: list[Assembly] = []
         self.records = self._rebuild(guide)
 
@@ -148,11 +164,21 @@ class UnshardedRun:
         if got is None:
             got = self._assemble(self._ids[i])
             self._cache[i] = got
-            if len(self._cache) > 8:
-                self._cache.popitem(last=False)
+            self._cached_bytes += got.numel() * got.element_size()
+            while len(self._cache) > 1 and self._cached_bytes > CACHE_BYTES:  # each tensor is read again by compare
+                _, gone = self._cache.popitem(last=False)
+                self._cached_bytes -= gone.numel() * gone.element_size()
         else:
             self._cache.move_to_end(i)
         return got
+
+    def dataset(self, meta: TensorMeta | str) -> "RebuiltHeader":
+        """The rebuilt tensor's header (shape, dtype): what ``ops.rebuild`` checks before it
+        loads a saved tensor, so that a rebuilt call can be recomputed on its inputs (local error)."""
+        from ..dump.tensorio import DTYPE_ATTR, dtype_name
+
+        t = self.load_tensor(meta)
+        return RebuiltHeader(tuple(t.shape), {DTYPE_ATTR: dtype_name(t.dtype)}, dtype_name(t.dtype))
 
     def close(self) -> None:
         for d in self.ranks:
@@ -160,6 +186,7 @@ class UnshardedRun:
             if callable(close):
                 close()
         self._cache.clear()
+        self._cached_bytes = 0
 
     def __enter__(self) -> "UnshardedRun":
         return self
@@ -170,9 +197,10 @@ class UnshardedRun:
     # -- rebuilding -------------------------------------------------------------------------
     def _rebuild(self, guide: Any) -> list[Record]:
         per_rank = [_logical(list(d.records)) for d in self.ranks]
-        kernels = [k for _, k, _, _ in per_rank]
-        logical = [recs for recs, _, _, _ in per_rank]
+        kernels = [k for _, k, _, _, _ in per_rank]
+        logical = [recs for recs, _, _, _, _ in per_rank]
         dropped, self._moved = per_rank[0][2], per_rank[0][3]
+        self._partials = {_moved_source(src, self._moved): how for src, how in per_rank[0][4].items()}
         n = len(logical[0])
         for label, recs in zip(self.labels[1:], logical[1:]):
             if len(recs) != n:
@@ -190,8 +218,11 @@ class UnshardedRun:
             self.found.notes.append(f"sharded run: {dropped} records per rank (DTensor kernels, collectives, "
                                     "to_local/from_local aliases) are folded into the calls they served (the single "
                                     "run has none)")
+        waited = {r.seq for r in self.ranks[0].records if r.kind == "op" and (is_collective(r.op) or r.op in _HELPERS)}
+        order = _unwaited(logical[0], waited, self._moved)
+        logical = [[recs[j] for j in order] for recs in logical]
         partners = _partners(logical[0], guide)
-        data_parallel = _reads_different_inputs(logical)
+        data_parallel = self._data_parallel = _reads_different_inputs(logical)
         averaged = _averaged_gradients(self.ranks, logical) if data_parallel else [{} for _ in logical]
         sharded = [_sharded_gradients(list(d.records)) for d in self.ranks]
         kept = [{r.seq for r in recs} for recs in logical]
@@ -201,13 +232,16 @@ class UnshardedRun:
         local = 0
         for i in range(n):
             group = [recs[i] for recs in logical]
+            self.groups[group[0].seq] = group
             bench = partners.get(i)
-            if data_parallel and group[0].direction == "backward" and group[0].seq not in averaged[0]:
-                if not _replicated_like(group, bench):
-                    local += 1
-                    if bench is not None:  # paired and skipped; DDP's own bucket arithmetic has no pair
-                        out.append(self._not_compared(group[0], bench, LOCAL_GRADIENT))
+            own_batch = data_parallel and group[0].direction == "backward" and group[0].seq not in averaged[0]
+            if own_batch and not _replicated_like(group, bench):
+                local += 1
+                if bench is None:  # DDP's own bucket arithmetic: the single run has none
                     continue
+                out.append(self._global_record(group, bench, [k.get(r.seq, []) for k, r in zip(kernels, group)],
+                                               own_batch=True))
+                continue
             if group[0].seq in averaged[0]:
                 group = [replace(r, outputs=_with_outputs(r, av[r.seq])) for r, av in zip(group, averaged)]
             out.append(self._global_record(group, bench, [k.get(r.seq, []) for k, r in zip(kernels, group)]))
@@ -217,35 +251,25 @@ class UnshardedRun:
                    "all-reduce)")
             self.found.notes.append(
                 f"data parallelism (the ranks read different inputs): {local} backward records per rank are "
-                f"gradients of each rank's own batch and are skipped; {n_avg} {how} are compared in place of the "
-                "records that made each .grad")
+                f"gradients of each rank's own batch, rebuilt as the whole batch's ({OWN_BATCH}); {n_avg} {how} are "
+                "compared in place of the records that made each .grad")
         return out
 
-    def _not_compared(self, rec: Record, bench: Record | None, reason: str) -> Record:
-        """``rec`` kept to pair with the single run's record, its tensors described by ``reason``
-        alone (shapes the single run's, where it has the tensor): compare skips it and says why."""
-        guides = {**dict(bench.input_tensors()), **dict(bench.output_tensors())} if bench is not None else {}
-
-        def blank(name: str, metas: list[TensorMeta], _guide: TensorMeta | None) -> TensorMeta:
-            g = guides.get(name)
-            shape = tuple(g.shape) if g is not None else tuple(metas[0].shape)
-            self.found.skipped[(rec.seq, name)] = reason
-            return replace(metas[0], shape=shape, stride=contiguous_stride(shape), storage_offset=0, stats=None, data=None,
-                           sharding=None, note=reason, source=_moved_source(metas[0].source, self._moved))
-
-        inputs = _map_tensors(rec.inputs, [rec.inputs], "", {}, blank, keyed=True)
-        outputs = [_map_tensors(v, [v], f"out{k}", {}, blank) for k, v in enumerate(rec.outputs)]
-        return replace(rec, inputs=inputs, outputs=outputs, kernels=0)
-
-    def _global_record(self, group: list[Record], bench: Record | None, kernels: list[list[Record]]) -> Record:
+    def _global_record(self, group: list[Record], bench: Record | None, kernels: list[list[Record]],
+                       own_batch: bool = False) -> Record:
+        """The ranks' records of one call as one. ``own_batch``: a backward record under data
+        parallelism, each rank's gradient of its own batch (``_batch_share``)."""
         first = group[0]
         bench_in = dict(bench.input_tensors()) if bench is not None else {}
         bench_out = dict(bench.output_tensors()) if bench is not None else {}
 
         def rebuild(name: str, metas: list[TensorMeta], guide: TensorMeta | None) -> TensorMeta:
             metas = [_with_kernel_data(m, name, k) for m, k in zip(metas, kernels)]
-            a = self._assembly(metas, guide)
             source = _moved_source(metas[0].source, self._moved)
+            made = f"op:{first.seq}:{name[3:]}" if re.fullmatch(r"out\d+", name) else source
+            a = self._assembly(metas, guide, self._partials.get(made) or ("sum" if own_batch else None))
+            if own_batch and isinstance(a, Assembly) and guide is not None:
+                a = self._batch_share(a, metas, guide)
             if isinstance(a, str):
                 self.found.skipped[(first.seq, name)] = a
                 return replace(metas[0], stats=None, data=None, sharding=None, note=a, source=source)
@@ -255,16 +279,44 @@ class UnshardedRun:
         inputs = _map_tensors(first.inputs, [r.inputs for r in group], "", bench_in, rebuild, keyed=True)
         outputs = [_map_tensors(v, [r.outputs[k] for r in group], f"out{k}", bench_out, rebuild)
                    for k, v in enumerate(first.outputs)]
-        return replace(first, inputs=inputs, outputs=outputs, kernels=0)
+        return replace(first, inputs=self._global_sizes(first, inputs), outputs=outputs, kernels=0)
 
-    def _assembly(self, metas: list[TensorMeta], guide: TensorMeta | None) -> Assembly | str:
-        """How the ranks' ``metas`` make one tensor, or why they cannot."""
+    def _global_sizes(self, rec: Record, inputs: dict) -> dict:
+        """``inputs`` with each size argument that is the shape of this rank's shard of one of
+        the record's tensors (``slice_backward``'s ``input_sizes``, a view's ``size``, under
+        tensor parallelism a head count split) made that tensor's global shape: the call
+        stands for the single run's, which took the global sizes."""
+        shapes: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+        for (seq, _), a in self.found.assemblies.items():
+            if seq == rec.seq and a.how == "shard" and tuple(a.parts[0].meta.shape) != a.shape:
+                shapes.setdefault(tuple(a.parts[0].meta.shape), set()).add(a.shape)
+
+        def whole(v: Any) -> Any:
+            if isinstance(v, (list, tuple)) and v and all(type(x) is int for x in v):
+                found = shapes.get(tuple(v), set())
+                if len(found) == 1:  # one tensor of that shard shape, or all alike: no doubt which
+                    return type(v)(next(iter(found)))
+            return v
+
+        return {k: whole(v) for k, v in inputs.items()} if shapes else inputs
+
+    def _assembly(self, metas: list[TensorMeta], guide: TensorMeta | None, partial: str | None = None,
+                  ) -> Assembly | str:
+        """How the ranks' ``metas`` make one tensor, or why they cannot. ``partial``: the
+        reduction ("sum", "avg") an all-reduce applied to this value across the ranks."""
         if any(m.sharding is not None for m in metas):
             return _by_placements(metas)
         shapes = {tuple(m.shape) for m in metas}
         if len(shapes) == 1 and (guide is None or tuple(guide.shape) == tuple(metas[0].shape)):
+            zero = (0,) * len(metas[0].shape)
             if _same_values(metas):
-                return Assembly("copy", tuple(metas[0].shape), metas[0].dtype, [Part(0, metas[0], (0,) * len(metas[0].shape))])
+                return Assembly("copy", tuple(metas[0].shape), metas[0].dtype, [Part(0, metas[0], zero)])
+            if partial is not None:  # each rank's term of what the all-reduce added up
+                return Assembly(partial, tuple(metas[0].shape), metas[0].dtype,
+                                [Part(r, m, zero) for r, m in enumerate(metas)])
+            if not self._data_parallel and guide is not None:  # replicated work that went wrong on some rank
+                return Assembly("replicas", tuple(metas[0].shape), metas[0].dtype,
+                                [Part(r, m, zero) for r, m in enumerate(metas)], pick=_farthest(metas, guide))
             return ("ranks hold different values of one shape (not a shard of the single run's tensor, nor a copy): "
                     "not rebuilt")
         if guide is None:
@@ -279,6 +331,29 @@ class UnshardedRun:
             parts.append(Part(r, m, offset))
             at += m.shape[dim]
         return Assembly("shard", tuple(guide.shape), metas[0].dtype, parts)
+
+    def _batch_share(self, a: Assembly, metas: list[TensorMeta], guide: TensorMeta) -> Assembly | str:
+        """A rank's gradient of its own batch as the whole batch's: slices joined (per-sample
+        values), or, of one shape but different values on the ranks (a weight's gradient, summed
+        over the batch), the ranks' terms added. Each rank's loss is normalised by its own
+        batch where DDP and FSDP2 average the ranks' gradients: past that normalisation in the
+        backward a rank's values are W times its share, before it (the loss's seed) they are
+        not. Which factor, 1 or W, is read from the single run's statistics (root mean square),
+        as the dimension the slices join along is read from its shape: the two differ by W, a
+        fault of a few percent cannot make one pass for the other."""
+        if a.how not in ("shard", "sum"):
+            return a
+        want = _rms(guide.stats)
+        if a.how == "shard":
+            got = _rms(combined_stats([p.meta.stats for p in a.parts]))
+        else:
+            try:
+                got = float(self._assemble(a).double().pow(2).mean().sqrt())
+            except (KeyError, OSError, ValueError, RuntimeError):
+                got = None
+        if want and got:
+            a.per = min((1, len(metas)), key=lambda f: abs(math.log(got / f / want)))
+        return a
 
     def _meta_of(self, a: Assembly, like: TensorMeta) -> TensorMeta:
         """The global tensor's meta: statistics and sample of the rebuilt tensor when every part
@@ -299,15 +374,19 @@ class UnshardedRun:
             else:
                 meta.data, meta.stats = ref, tensor_stats(t)
                 return meta
-        if a.how == "copy":
-            meta.stats = None if a.parts[0].meta.stats is None else replace(a.parts[0].meta.stats)
+        if a.how in ("copy", "replicas"):
+            stats = a.parts[a.pick].meta.stats
+            meta.stats = None if stats is None else replace(stats)
         elif a.how == "shard":
-            meta.stats = combined_stats([p.meta.stats for p in a.parts])
+            meta.stats = _divided(combined_stats([p.meta.stats for p in a.parts]), a.per)
         else:
             meta.stats, meta.note = None, f"a partial {a.how} whose terms were not saved on every rank: not rebuilt"
         return meta
 
     def _assemble(self, a: Assembly) -> torch.Tensor:
+        if a.how == "replicas":
+            p = a.parts[a.pick]
+            return self.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape)
         tensors = [self.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape) for p in a.parts]
         if a.how == "copy":
             return tensors[0]
@@ -315,27 +394,30 @@ class UnshardedRun:
             out = torch.empty(a.shape, dtype=tensors[0].dtype)
             for p, t in zip(a.parts, tensors):
                 out[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))] = t
-            return out
+            return out / a.per if a.per != 1 else out
         wide = torch.float64 if not tensors[0].is_complex() else torch.complex128
         out = torch.zeros(a.shape, dtype=wide)
         for p, t in zip(a.parts, tensors):
             out[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))] += t.to(wide)
         if a.how == "avg":
             out /= _partial_size(a)
-        return out.to(tensors[0].dtype)
+        return (out / a.per).to(tensors[0].dtype)
 
 
 # -- which records stand for the run -------------------------------------------------------------
 
 
-def _logical(records: list[Record]) -> tuple[list[Record], dict[int, list[Record]], int, dict[str, str]]:
+def _logical(records: list[Record]) -> tuple[list[Record], dict[int, list[Record]], int, dict[str, str],
+                                             dict[str, str]]:
     """(the records that stand for one rank's step, DTensor record seq -> its kernels' records,
-    how many were left out, data edges moved): a DTensor call's kernels, top-level collectives
-    and the aliases DTensor's ``to_local``/``from_local`` make go. A value read from a record
-    that went is read from the one that stands for it (the DTensor call, the alias's source)."""
+    how many were left out, data edges moved, partial values): a DTensor call's kernels,
+    top-level collectives and the aliases DTensor's ``to_local``/``from_local`` make go. A value
+    read from a record that went is read from the one that stands for it (the DTensor call, the
+    alias's source, the all-reduce's input: ``_through_collective``)."""
     kept: list[Record] = []
     kernels: dict[int, list[Record]] = {}
     moved: dict[str, str] = {}
+    partials: dict[str, str] = {}
     dropped = 0
     plumbing = _plumbing(records)
     for rec in records:
@@ -358,13 +440,36 @@ def _logical(records: list[Record]) -> tuple[list[Record], dict[int, list[Record
                         moved[f"op:{k.seq}:{i}"] = f"op:{rec.seq}:{same}"
         elif rec.kind == "op" and (is_collective(rec.op) or rec.op in _HELPERS):
             dropped += 1
+            _through_collective(rec, moved, partials)
             continue
         elif _alias(rec):
             dropped += 1
             moved[f"op:{rec.seq}:0"] = next(iter(rec.input_tensors()))[1].source or ""
             continue
         kept.append(rec)
-    return kept, kernels, dropped, moved
+    return kept, kernels, dropped, moved, partials
+
+
+_ALL_REDUCES = ("_c10d_functional.all_reduce.default",)
+
+
+def _through_collective(rec: Record, moved: dict[str, str], partials: dict[str, str]) -> None:
+    """A top-level functional all-reduce (tensor parallelism's backward: each rank's partial
+    gradient of a replicated input, summed) and the helpers that wait for or wrap its result:
+    the single run has none, and computed the sum where the ranks computed their terms. Its
+    result is read from the record that made its input, whose value is rebuilt as the ranks'
+    terms added (``partials``: that source -> "sum" or "avg"); a helper's from its input."""
+    ins = list(rec.input_tensors())
+    if not ins or len(rec.outputs) != 1:
+        return
+    src = ins[0][1].source
+    if not src or not src.startswith("op:"):
+        return
+    if rec.op in _HELPERS:
+        moved[f"op:{rec.seq}:0"] = src
+    elif rec.op in _ALL_REDUCES and rec.inputs.get("reduce_op") in ("sum", "avg"):
+        moved[f"op:{rec.seq}:0"] = src
+        partials[src] = rec.inputs["reduce_op"]
 
 
 def _plumbing(records: list[Record]) -> set[int]:
@@ -446,6 +551,33 @@ def _alias(rec: Record) -> bool:
     a, b = ins[0][1], outs[0][1]
     return (a.sharding is None and b.sharding is None and tuple(a.shape) == tuple(b.shape)
             and a.stats is not None and a.stats == b.stats)
+
+
+def _unwaited(records: list[Record], waited: set[int], moved: dict[str, str]) -> list[int]:
+    """Positions of ``records`` in the order the single run computes them. A record that reads a
+    collective's result runs on the ranks once that collective is waited for, after calls that
+    do not need it (tensor parallelism: a weight's gradient before the all-reduced gradient of
+    its input); the single run has no collective and computes it as soon as its inputs exist.
+    Such a record is put right after the last record it reads from (``waited``: the seqs of
+    the collectives and their helpers)."""
+    pos = {r.seq: i for i, r in enumerate(records)}
+    order = list(range(len(records)))
+    for i, rec in enumerate(records):
+        sources = [m.source for _, m in rec.input_tensors()]
+        if not any(_seq_of(s) in waited for s in sources):
+            continue
+        made = {pos.get(_seq_of(_moved_source(s, moved))) for s in sources} - {None}
+        if not made:
+            continue
+        after, now = max(order.index(j) for j in made), order.index(i)
+        if after + 1 < now:
+            order.insert(after + 1, order.pop(now))
+    return order
+
+
+def _seq_of(source: str | None) -> int | None:
+    m = re.fullmatch(r"op:(\d+):\d+", source or "")
+    return int(m.group(1)) if m else None
 
 
 def _moved_source(source: str | None, moved: dict[str, str]) -> str | None:
@@ -601,6 +733,22 @@ def _by_placements(metas: list[TensorMeta]) -> Assembly | str:
     return Assembly(how, tuple(first.global_shape), metas[0].dtype, parts)
 
 
+def _farthest(metas: list[TensorMeta], guide: TensorMeta) -> int:
+    """Which rank's copy of a value every rank computes alike (tensor parallelism's replicated
+    work: norms, residual adds) stands for it, when the ranks disagree: the one farthest from
+    the single run's (by sample, else statistics), so that the row fails if any rank's copy is
+    wrong; which rank that is, ``blame_ranks`` says."""
+    def distance(m: TensorMeta) -> float:
+        a, b = m.stats, guide.stats
+        if a is None or b is None:
+            return 0.0
+        if a.sample and b.sample and len(a.sample) == len(b.sample):
+            return max((abs(x - y) for x, y in zip(a.sample, b.sample) if x == x and y == y), default=0.0)
+        return sum(abs((x or 0.0) - (y or 0.0)) for x, y in ((a.mean, b.mean), (a.std, b.std), (a.min, b.min),
+                                                               (a.max, b.max)))
+    return max(range(len(metas)), key=lambda r: distance(metas[r]))
+
+
 def _partial_size(a: Assembly) -> int:
     sh = a.parts[0].meta.sharding
     return math.prod(n for n, p in zip(sh.mesh, sh.placements) if p.startswith("P(")) if sh else len(a.parts)
@@ -651,6 +799,19 @@ def combined_stats(parts: list[Stats | None]) -> Stats | None:
     return out
 
 
+def _rms(stats: Stats | None) -> float | None:
+    if stats is None or stats.mean is None or stats.std is None:
+        return None
+    return math.sqrt(stats.mean ** 2 + stats.std ** 2)
+
+
+def _divided(stats: Stats | None, per: int) -> Stats | None:
+    if stats is None or per == 1 or stats.mean is None:
+        return stats
+    return replace(stats, min=stats.min / per, max=stats.max / per, mean=stats.mean / per, std=stats.std / per,
+                   sample=None)
+
+
 def _merged_summary(labels: list[str], ranks: list[Any]) -> dict:
     """One summary for the ranks: the first stop any rank recorded, the backward calls none
     recorded."""
@@ -692,7 +853,10 @@ def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target"
             continue
         seq, single_seq = (row.target_seq, row.bench_seq) if side == "target" else (row.bench_seq, row.target_seq)
         a = run.found.assemblies.get((seq, row.tensor))
-        if a is None or a.how != "shard" or len(a.parts) < 2:
+        if a is not None and a.how in ("sum", "avg") and row.status == PairStatus.FAIL.value:
+            _blame_by_recomputing(row, run, seq)
+            continue
+        if a is None or a.how not in ("shard", "replicas") or len(a.parts) < 2:
             continue
         if not bench_records:
             bench_records.update({r.seq: r for r in single.records})
@@ -705,7 +869,7 @@ def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target"
             errs = []
             scale = float(whole.abs().max()) or 1.0
             for p in a.parts:
-                t = run.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape).to(torch.float64)
+                t = run.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape).to(torch.float64) / a.per
                 region = whole[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))]
                 errs.append(float((t - region).abs().max()) / scale if t.numel() else 0.0)
         except (KeyError, OSError, ValueError, RuntimeError):
@@ -719,3 +883,31 @@ def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target"
         row.note = "; ".join(x for x in (row.note, f"error by rank's shard: {per}") if x)
         if right and max(right) <= 0.1 * worst:
             row.rank = ",".join(wrong)
+
+
+def _blame_by_recomputing(row: Any, run: UnshardedRun, seq: int) -> None:
+    """A failing partial sum (a weight's gradient under data parallelism, a row-parallel
+    matmul) has no slice of the single run to compare each rank's term with: each rank's call is
+    recomputed on its own saved inputs instead (``local.local_error``), and a rank whose output
+    is off its own inputs where the others' are not is the row's rank."""
+    from .local import local_error
+
+    m = re.fullmatch(r"out(\d+)", row.tensor or "")
+    group = run.groups.get(seq)
+    if m is None or group is None:
+        return
+    k, errs = int(m.group(1)), []
+    for dump, rec in zip(run.ranks, group):
+        outs = list(rec.output_tensors())
+        le = local_error(rec, dump, outs[k][1], k) if k < len(outs) and rec.kernels == 0 else None
+        if le is None:
+            return
+        errs.append(le.local)
+    worst = max(errs)
+    if worst <= 0:
+        return
+    per = ", ".join(f"{label} {e:.3g}" for label, e in zip(run.labels, errs))
+    row.note = "; ".join(x for x in (row.note, f"each rank's call recomputed on its own inputs: {per}") if x)
+    right = [e for e in errs if e < 0.5 * worst]
+    if right and max(right) <= 0.1 * worst:
+        row.rank = ",".join(label for label, e in zip(run.labels, errs) if e >= 0.5 * worst)
