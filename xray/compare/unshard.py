@@ -90,13 +90,19 @@ class Unsharded:
     skipped: dict[tuple[int, str], str] = field(default_factory=dict)  # (seq, tensor) -> why not rebuilt
 
 
-@dataclass(frozen=True)
-class RebuiltHeader:
-    """What a saved tensor's dataset header says, for a rebuilt tensor (``UnshardedRun.dataset``)."""
+class RebuiltDataset:
+    """A rebuilt tensor read as a saved one's dataset (``UnshardedRun.dataset``): its shape, its
+    dtype in the header, and slices as arrays (compare reads large tensors chunk by chunk)."""
 
-    shape: tuple[int, ...]
-    attrs: dict
-    dtype: str
+    def __init__(self, t: torch.Tensor) -> None:
+        from ..dump.tensorio import DTYPE_ATTR, dtype_name, to_numpy
+
+        self.array = to_numpy(t.contiguous(), copy=False)
+        self.shape, self.dtype = tuple(t.shape), dtype_name(t.dtype)
+        self.attrs = {DTYPE_ATTR: self.dtype}
+
+    def __getitem__(self, selection: Any) -> np.ndarray:
+        return self.array[selection].copy()  # the reader owns what it gets, as from h5py
 
 
 class UnshardError(ValueError):
@@ -172,13 +178,11 @@ class UnshardedRun:
             self._cache.move_to_end(i)
         return got
 
-    def dataset(self, meta: TensorMeta | str) -> "RebuiltHeader":
-        """The rebuilt tensor's header (shape, dtype): what ``ops.rebuild`` checks before it
-        loads a saved tensor, so that a rebuilt call can be recomputed on its inputs (local error)."""
-        from ..dump.tensorio import DTYPE_ATTR, dtype_name
-
-        t = self.load_tensor(meta)
-        return RebuiltHeader(tuple(t.shape), {DTYPE_ATTR: dtype_name(t.dtype)}, dtype_name(t.dtype))
+    def dataset(self, meta: TensorMeta | str) -> RebuiltDataset:
+        """The rebuilt tensor as a saved one's dataset: what ``ops.rebuild`` checks before it
+        loads a saved tensor (so that a rebuilt call is recomputed on its inputs: local error),
+        and what compare reads in chunks."""
+        return RebuiltDataset(self.load_tensor(meta))
 
     def close(self) -> None:
         for d in self.ranks:
