@@ -277,3 +277,33 @@ def test_wrong_lowering_is_named(tmp_path):
     assert applied[0] > 0 and r.summary["failed"] > 0
     first = next(k for k in _kernels(r) if "aten.rsqrt.default" in k["targets"])
     assert (r.first["graph"], r.first["launch"]) == (first["graph"], first["launch"])
+
+
+def test_a_buffer_written_twice_pairs_at_its_last_write():
+    """An embedding's gradient: one kernel fills the buffer with zeros, a later one scatters into it
+    in place; only the last write holds the node's value."""
+    from xray.compiled.capture import CompiledGraph
+    from xray.compiled.instrument import Launch
+    from xray.compiled.mapping import last_writers
+
+    g = CompiledGraph(0, 0, {}, {"buf0": "index_put"}, {}, launches=[
+        Launch(0, "cpp_fused_zeros_0", ["buf0", "buf1"], 1), Launch(1, "extern_kernels.mm", ["buf2"], 2),
+        Launch(2, "cpp_fused_index_put_1", ["buf0"], 3)])
+    assert last_writers(g) == {"buf0": 2, "buf1": 0, "buf2": 1}
+
+
+def test_a_backward_node_names_its_forward_dynamo_node():
+    """Through the autograd sequence number when the forward graph kept it, else through the
+    forward op's source function (a forward op a joint-graph pattern replaced keeps no seq_nr)."""
+    from xray.compiled.capture import _node_info
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("tangents_1")
+    kept = graph.call_function(torch.ops.aten.mm.default, (x, x))
+    kept.meta.update(seq_nr=7, fwd_source_fn_stack=[("linear", None)], autograd_backward=True)
+    folded = graph.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+    folded.meta.update(seq_nr=9, fwd_source_fn_stack=[("mul", None)], autograd_backward=True)
+    assert _node_info(kept, {7: "linear_1"}).root == "linear_1:backward"  # seq_nr wins
+    assert _node_info(folded, {7: "linear_1"}).root == "mul:backward"
+    forward = graph.call_function(torch.ops.aten.relu.default, (x,))
+    assert _node_info(forward, {7: "linear_1"}).root == ""  # no Dynamo node, no backward metadata
