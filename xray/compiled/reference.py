@@ -86,8 +86,9 @@ def _catch_tangents(outputs: list[torch.Tensor]) -> list[torch.Tensor | None]:
     caught: list[torch.Tensor | None] = [None] * len(outputs)
     for i, t in enumerate(outputs):
         if t.requires_grad:
-            def keep(grad: torch.Tensor, i: int = i) -> None:
-                caught[i] = grad.detach().clone()
+            def keep(grad: torch.Tensor | None, i: int = i) -> None:
+                if grad is not None:  # an output the loss does not reach (GPT-2) gets an undefined gradient
+                    caught[i] = grad.detach().clone()
             t.register_hook(keep)
     return caught
 
