@@ -217,6 +217,8 @@ def test_the_input_and_output_rounding_of_a_layer_are_predicted_too():
 
 
 @SLOW
+@pytest.mark.xfail(strict=True, reason="known miss (issue 46): the per-tensor weight is not yet found beyond int8 "
+                                       "on the MLP (first_beyond is None) since the measured elementwise gain")
 def test_ort_int8_names_a_per_tensor_weight_where_per_channel_was_meant(tmp_path):
     """The accumulated budget cannot see it (2-3x one layer's weight noise, inside its margin);
     the layer fed float inputs shows it against what per-channel rounding predicts."""
