@@ -108,29 +108,20 @@ def onnx_per_tensor_fault(layer: str):
         import numpy as np
         from onnx import numpy_helper
 
-        g = proto.graph
-        inits = {i.name: i for i in g.initializer}
-        producer = {o: n for n in g.node for o in n.output}
         hit = 0
-        for n in g.node:
-            if n.op_type not in ("Gemm", "MatMul", "Conv") or ex._layer_of_onnx_node(n) != layer:
+        for dq, inits in ex.onnx_dequantizers_of(proto, layer, weight_only=True):  # (the int32 bias stays)
+            q, sc = numpy_helper.to_array(inits[dq.input[0]]), numpy_helper.to_array(inits[dq.input[1]])
+            if sc.ndim == 0 or sc.size == 1:
                 continue
-            for name in n.input[1:2]:  # the weight (the bias, int32 at per-channel scales, stays)
-                dq = producer.get(name)
-                if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
-                    continue
-                q, sc = numpy_helper.to_array(inits[dq.input[0]]), numpy_helper.to_array(inits[dq.input[1]])
-                if sc.ndim == 0 or sc.size == 1:
-                    continue
-                axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-                shape = [1] * q.ndim
-                shape[axis] = -1
-                w = q.astype(np.float32) * sc.reshape(shape)
-                step = np.float32(sc.max())
-                requant = np.clip(np.round(w / step), -127, 127).astype(q.dtype)
-                inits[dq.input[0]].CopyFrom(numpy_helper.from_array(requant, dq.input[0]))
-                inits[dq.input[1]].CopyFrom(numpy_helper.from_array(np.full_like(sc, step), dq.input[1]))
-                hit += 1
+            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+            shape = [1] * q.ndim
+            shape[axis] = -1
+            w = q.astype(np.float32) * sc.reshape(shape)
+            step = np.float32(sc.max())
+            requant = np.clip(np.round(w / step), -127, 127).astype(q.dtype)
+            inits[dq.input[0]].CopyFrom(numpy_helper.from_array(requant, dq.input[0]))
+            inits[dq.input[1]].CopyFrom(numpy_helper.from_array(np.full_like(sc, step), dq.input[1]))
+            hit += 1
         if not hit:
             raise KeyError(f"no per-channel quantized weight of layer {layer!r} in the ONNX graph")
 

@@ -45,6 +45,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from xray.quiet import quiet_third_party  # noqa: E402
 
@@ -57,6 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import xray  # noqa: E402
+from accuracy.runner import _records  # noqa: E402  (a dump's records, the file closed)
 
 BATCH, SEQ, VOCAB = 4, 16, 256
 FAULT = 0.01
@@ -272,16 +274,6 @@ def run_ranks(arch: str, layout: str, world: int, work: Path, faults: int, seed:
 
 
 # -- grading ---------------------------------------------------------------------------------------
-def _records(path: Path) -> list:
-    d = xray.load_dump(path)
-    try:
-        return list(d.records)
-    finally:
-        close = getattr(d, "close", None)
-        if callable(close):
-            close()
-
-
 def _outputs(rec) -> list:
     return [(n, tuple(m.shape), m.stats) for n, m in rec.output_tensors()]
 

@@ -160,24 +160,31 @@ def onnx_weight_scale_fault(layer: str, factor: float = 1.5):
         import numpy as np
         from onnx import numpy_helper
 
-        g = proto.graph
-        inits = {i.name: i for i in g.initializer}
-        producer = {o: n for n in g.node for o in n.output}
         hit = 0
-        for n in g.node:
-            if n.op_type not in ("Gemm", "MatMul", "Conv") or _layer_of_onnx_node(n) != layer:
-                continue
-            for name in n.input:
-                dq = producer.get(name)
-                if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits:
-                    scale = inits[dq.input[1]]
-                    a = numpy_helper.to_array(scale) * np.asarray(factor, dtype=np.float32)
-                    scale.CopyFrom(numpy_helper.from_array(a.astype(np.float32), scale.name))
-                    hit += 1
+        for dq, inits in onnx_dequantizers_of(proto, layer):
+            scale = inits[dq.input[1]]
+            a = numpy_helper.to_array(scale) * np.asarray(factor, dtype=np.float32)
+            scale.CopyFrom(numpy_helper.from_array(a.astype(np.float32), scale.name))
+            hit += 1
         if not hit:
             raise KeyError(f"no quantized weight of layer {layer!r} in the ONNX graph")
 
     return edit
+
+
+def onnx_dequantizers_of(proto, layer: str, weight_only: bool = False):
+    """(DequantizeLinear node, initializers by name) of each quantized constant ``layer``'s
+    Gemm/MatMul/Conv reads (``weight_only``: its weight, not its int32 bias): what a fault edits."""
+    g = proto.graph
+    inits = {i.name: i for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    for n in g.node:
+        if n.op_type not in ("Gemm", "MatMul", "Conv") or _layer_of_onnx_node(n) != layer:
+            continue
+        for name in (n.input[1:2] if weight_only else n.input):
+            dq = producer.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits:
+                yield dq, inits
 
 
 def _pt2e_weight_dq(gm, layer: str) -> list:
