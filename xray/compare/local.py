@@ -142,7 +142,14 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     """Local error of output ``k`` (its meta ``output``) of ``record``, or None when the call
     cannot be rebuilt safely from saved tensors. A constant output recorded with statistics only
     (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
-    its every value."""
+    its every value.
+
+    A dump that is several runs put back together (a sharded run, ``unshard.UnshardedRun``) says
+    itself what its calls computed on their inputs (``own_local_error``): each rank's call on the
+    inputs that rank held, not the rebuilt call on one rank's copy of a replicated input."""
+    own = getattr(dump, "own_local_error", None)
+    if own is not None and (got := own(record, k, steps=steps)) is not None:
+        return got
     if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or not _tensors_saved(record):
         return None
     try:

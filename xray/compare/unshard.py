@@ -146,6 +146,7 @@ class UnshardedRun:
         self.found = Unsharded(notes=list(self._warnings))
         self._data_parallel = False
         self.groups: dict[int, list[Record]] = {}  # rebuilt record's seq -> each rank's record of the call
+        self._replaced: set[int] = set()  # rebuilt records whose outputs are the all-reduced gradients
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._cached_bytes = 0
         self._ids: list[Assembly] = []
@@ -184,6 +185,34 @@ class UnshardedRun:
         and what compare reads in chunks."""
         return RebuiltDataset(self.load_tensor(meta))
 
+    def own_local_error(self, record: Record, k: int, *, steps: bool = True) -> Any:
+        """The local error of rebuilt call ``record``'s output ``k``: each rank's call recomputed
+        on the inputs that rank held (what ran), the worst rank's; None where a rank's call cannot
+        be recomputed (nothing saved; a DTensor call whose local kernel is not one call of its op),
+        and the rebuilt call is recomputed instead. Why: where the ranks' copies of a replicated input disagree, the
+        rebuilt input is one rank's copy, and the other ranks' shards, computed right on their
+        own copies, would read as local error (a 1 % fault in a norm that every rank repeats made
+        each column-parallel matmul after it look wrong, and then look like a precision step)."""
+        from .local import local_error
+
+        group = self.groups.get(record.seq)
+        if group is None or len(group) < 2 or record.seq in self._replaced:
+            return None  # (a gradient the all-reduce averaged: no rank's call made the rebuilt value)
+        worst = None
+        for dump, rec, kernels in zip(self.ranks, group, self._kernels):
+            if rec.kernels:  # a DTensor call: its local kernel is what ran, on the rank's shards
+                local = [r for r in kernels.get(rec.seq, ()) if r.op == rec.op]
+                if len(local) != 1:
+                    return None
+                rec = local[0]
+            outs = list(rec.output_tensors())
+            le = local_error(rec, dump, outs[k][1], k, steps=steps) if k < len(outs) else None
+            if le is None:
+                return None
+            if worst is None or le.local > worst.local:
+                worst = le
+        return worst
+
     def close(self) -> None:
         for d in self.ranks:
             close = getattr(d, "close", None)
@@ -201,7 +230,7 @@ class UnshardedRun:
     # -- rebuilding -------------------------------------------------------------------------
     def _rebuild(self, guide: Any) -> list[Record]:
         per_rank = [_logical(list(d.records)) for d in self.ranks]
-        kernels = [k for _, k, _, _, _ in per_rank]
+        kernels = self._kernels = [k for _, k, _, _, _ in per_rank]
         logical = [recs for recs, _, _, _, _ in per_rank]
         dropped, self._moved = per_rank[0][2], per_rank[0][3]
         self._partials = {_moved_source(src, self._moved): how for src, how in per_rank[0][4].items()}
@@ -247,6 +276,7 @@ class UnshardedRun:
                                                own_batch=True))
                 continue
             if group[0].seq in averaged[0]:
+                self._replaced.add(group[0].seq)
                 group = [replace(r, outputs=_with_outputs(r, av[r.seq])) for r, av in zip(group, averaged)]
             out.append(self._global_record(group, bench, [k.get(r.seq, []) for k, r in zip(kernels, group)]))
         if data_parallel:
@@ -309,7 +339,7 @@ class UnshardedRun:
         """How the ranks' ``metas`` make one tensor, or why they cannot. ``partial``: the
         reduction ("sum", "avg") an all-reduce applied to this value across the ranks."""
         if any(m.sharding is not None for m in metas):
-            return _by_placements(metas)
+            return _by_placements(metas, guide)
         shapes = {tuple(m.shape) for m in metas}
         if len(shapes) == 1 and (guide is None or tuple(guide.shape) == tuple(metas[0].shape)):
             zero = (0,) * len(metas[0].shape)
@@ -715,7 +745,10 @@ def _with_kernel_data(meta: TensorMeta, name: str, kernels: list[Record]) -> Ten
     return meta
 
 
-def _by_placements(metas: list[TensorMeta]) -> Assembly | str:
+def _by_placements(metas: list[TensorMeta], guide: TensorMeta | None = None) -> Assembly | str:
+    """A DTensor's assembly from its placements. A replicated DTensor whose ranks' copies
+    disagree is replicated work that went wrong on some rank: the copy farthest from the single
+    run stands for it (``_farthest``), as for a plain tensor, not the first coordinate's."""
     sh = [m.sharding for m in metas]
     if any(s is None for s in sh) or len({(s.placements, s.global_shape, s.mesh) for s in sh}) != 1:
         return "the ranks describe this DTensor differently: not rebuilt"
@@ -734,6 +767,10 @@ def _by_placements(metas: list[TensorMeta]) -> Assembly | str:
              if all(s.coordinate[i] == 0 for i in replicated)]
     if how == "shard" and len(parts) == 1 and tuple(parts[0].meta.shape) == tuple(first.global_shape):
         how = "copy"
+        if guide is not None and all(p == "R" for p in first.placements) and not _same_values(metas):
+            zero = (0,) * len(first.global_shape)
+            return Assembly("replicas", tuple(first.global_shape), metas[0].dtype,
+                            [Part(r, m, zero) for r, m in enumerate(metas)], pick=_farthest(metas, guide))
     return Assembly(how, tuple(first.global_shape), metas[0].dtype, parts)
 
 
