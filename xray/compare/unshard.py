@@ -186,21 +186,28 @@ class UnshardedRun:
         return RebuiltDataset(self.load_tensor(meta))
 
     def own_local_error(self, record: Record, k: int, *, steps: bool = True) -> Any:
-        """The local error of rebuilt call ``record``'s output ``k``: each rank's call recomputed
-        on the inputs that rank held (what ran), the worst rank's; None where a rank's call cannot
-        be recomputed (nothing saved; a DTensor call whose local kernel is not one call of its op),
-        and the rebuilt call is recomputed instead. Why: where the ranks' copies of a replicated input disagree, the
-        rebuilt input is one rank's copy, and the other ranks' shards, computed right on their
+        """The local error of rebuilt call ``record``'s output ``k``: the worst rank's call
+        recomputed on the inputs that rank held (``rank_local_errors``), or None, and the rebuilt
+        call is recomputed instead. Why: where the ranks' copies of a replicated input disagree,
+        the rebuilt input is one rank's copy, and the other ranks' shards, computed right on their
         own copies, would read as local error (a 1 % fault in a norm that every rank repeats made
         each column-parallel matmul after it look wrong, and then look like a precision step)."""
+        errs = self.rank_local_errors(record.seq, k, steps=steps)
+        return None if errs is None else max(errs, key=lambda le: le.local)
+
+    def rank_local_errors(self, seq: int, k: int, *, steps: bool = True) -> list[Any] | None:
+        """Each rank's call of rebuilt record ``seq`` recomputed on its own saved inputs
+        (``local.local_error``; a DTensor call's local kernel, on the rank's shards), output ``k``;
+        None where one cannot be (nothing saved, a DTensor call whose local kernel is not one call
+        of its op, a gradient the all-reduce averaged: no rank's call made the rebuilt value)."""
         from .local import local_error
 
-        group = self.groups.get(record.seq)
-        if group is None or len(group) < 2 or record.seq in self._replaced:
-            return None  # (a gradient the all-reduce averaged: no rank's call made the rebuilt value)
-        worst = None
+        group = self.groups.get(seq)
+        if group is None or len(group) < 2 or seq in self._replaced:
+            return None
+        errs = []
         for dump, rec, kernels in zip(self.ranks, group, self._kernels):
-            if rec.kernels:  # a DTensor call: its local kernel is what ran, on the rank's shards
+            if rec.kernels:
                 local = [r for r in kernels.get(rec.seq, ()) if r.op == rec.op]
                 if len(local) != 1:
                     return None
@@ -209,9 +216,8 @@ class UnshardedRun:
             le = local_error(rec, dump, outs[k][1], k, steps=steps) if k < len(outs) else None
             if le is None:
                 return None
-            if worst is None or le.local > worst.local:
-                worst = le
-        return worst
+            errs.append(le)
+        return errs
 
     def close(self) -> None:
         for d in self.ranks:
@@ -878,8 +884,11 @@ def _merged_summary(labels: list[str], ranks: list[Any]) -> dict:
 
 def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target") -> None:
     """Name the rank a failing or warning row's error sits in: each rank's shard of the rebuilt
-    tensor against the single run's slice of it (both saved). A row whose error is in some ranks'
-    shards only gets ``rank`` set to them, and its note says each shard's error."""
+    tensor against the single run's slice of it (both saved), else, for a failing row, each
+    rank's call recomputed on its own inputs (``_blame_by_recomputing``: a partial sum has no
+    slice to compare with; a value compared through a layout change has no aligned one). A row
+    whose error is in some ranks' shards only gets ``rank`` set to them, and its note says each
+    shard's error."""
     from .result import PairStatus
 
     judged = (PairStatus.FAIL.value, PairStatus.WARNING.value, PairStatus.NAN_INF.value)
@@ -894,56 +903,52 @@ def blame_ranks(rows: list, run: UnshardedRun, single: Any, side: str = "target"
             continue
         seq, single_seq = (row.target_seq, row.bench_seq) if side == "target" else (row.bench_seq, row.target_seq)
         a = run.found.assemblies.get((seq, row.tensor))
-        if a is not None and a.how in ("sum", "avg") and row.status == PairStatus.FAIL.value:
+        if a is None:
+            continue
+        if a.how in ("shard", "replicas") and len(a.parts) > 1 and not row.layout:
+            if not bench_records:
+                bench_records.update({r.seq: r for r in single.records})
+            _blame_by_shards(row, run, single, bench_records.get(single_seq), a)
+        if not row.rank and row.status == PairStatus.FAIL.value and (a.how in ("sum", "avg") or len(a.parts) > 1):
             _blame_by_recomputing(row, run, seq)
-            continue
-        if a is None or a.how not in ("shard", "replicas") or len(a.parts) < 2:
-            continue
-        if not bench_records:
-            bench_records.update({r.seq: r for r in single.records})
-        brec = bench_records.get(single_seq)
-        bmeta = dict(brec.output_tensors()).get(row.tensor) if brec is not None else None
-        if bmeta is None or bmeta.data is None or any(p.meta.data is None for p in a.parts):
-            continue
-        try:
-            whole = single.load_tensor(bmeta).reshape(a.shape).to(torch.float64)
-            errs = []
-            scale = float(whole.abs().max()) or 1.0
-            for p in a.parts:
-                t = run.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape).to(torch.float64) / a.per
-                region = whole[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))]
-                errs.append(float((t - region).abs().max()) / scale if t.numel() else 0.0)
-        except (KeyError, OSError, ValueError, RuntimeError):
-            continue
-        worst = max(errs)
-        if worst <= 0:
-            continue
-        wrong = [run.labels[p.rank] for p, e in zip(a.parts, errs) if e >= 0.5 * worst]
-        right = [e for e in errs if e < 0.5 * worst]
-        per = ", ".join(f"{run.labels[p.rank]} {e:.3g}" for p, e in zip(a.parts, errs))
-        row.note = "; ".join(x for x in (row.note, f"error by rank's shard: {per}") if x)
-        if right and max(right) <= 0.1 * worst:
-            row.rank = ",".join(wrong)
+
+
+def _blame_by_shards(row: Any, run: UnshardedRun, single: Any, brec: Record | None, a: Assembly) -> None:
+    """Each rank's shard (or copy) of the rebuilt tensor against the single run's slice of it."""
+    bmeta = dict(brec.output_tensors()).get(row.tensor) if brec is not None else None
+    if bmeta is None or bmeta.data is None or any(p.meta.data is None for p in a.parts):
+        return
+    try:
+        whole = single.load_tensor(bmeta).reshape(a.shape).to(torch.float64)
+        errs = []
+        scale = float(whole.abs().max()) or 1.0
+        for p in a.parts:
+            t = run.ranks[p.rank].load_tensor(p.meta).reshape(p.meta.shape).to(torch.float64) / a.per
+            region = whole[tuple(slice(o, o + n) for o, n in zip(p.offset, t.shape))]
+            errs.append(float((t - region).abs().max()) / scale if t.numel() else 0.0)
+    except (KeyError, OSError, ValueError, RuntimeError):
+        return
+    worst = max(errs)
+    if worst <= 0:
+        return
+    wrong = [run.labels[p.rank] for p, e in zip(a.parts, errs) if e >= 0.5 * worst]
+    right = [e for e in errs if e < 0.5 * worst]
+    per = ", ".join(f"{run.labels[p.rank]} {e:.3g}" for p, e in zip(a.parts, errs))
+    row.note = "; ".join(x for x in (row.note, f"error by rank's shard: {per}") if x)
+    if right and max(right) <= 0.1 * worst:
+        row.rank = ",".join(wrong)
 
 
 def _blame_by_recomputing(row: Any, run: UnshardedRun, seq: int) -> None:
     """A failing partial sum (a weight's gradient under data parallelism, a row-parallel
     matmul) has no slice of the single run to compare each rank's term with: each rank's call is
-    recomputed on its own saved inputs instead (``local.local_error``), and a rank whose output
-    is off its own inputs where the others' are not is the row's rank."""
-    from .local import local_error
-
+    recomputed on its own saved inputs instead (``UnshardedRun.rank_local_errors``), and a rank
+    whose output is off its own inputs where the others' are not is the row's rank."""
     m = re.fullmatch(r"out(\d+)", row.tensor or "")
-    group = run.groups.get(seq)
-    if m is None or group is None:
+    found = run.rank_local_errors(seq, int(m.group(1)), steps=False) if m is not None else None
+    if found is None:
         return
-    k, errs = int(m.group(1)), []
-    for dump, rec in zip(run.ranks, group):
-        outs = list(rec.output_tensors())
-        le = local_error(rec, dump, outs[k][1], k) if k < len(outs) and rec.kernels == 0 else None
-        if le is None:
-            return
-        errs.append(le.local)
+    errs = [le.local for le in found]
     worst = max(errs)
     if worst <= 0:
         return
