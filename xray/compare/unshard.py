@@ -306,8 +306,11 @@ class UnshardedRun:
         def rebuild(name: str, metas: list[TensorMeta], guide: TensorMeta | None) -> TensorMeta:
             metas = [_with_kernel_data(m, name, k) for m, k in zip(metas, kernels)]
             source = _moved_source(metas[0].source, self._moved)
-            made = f"op:{first.seq}:{name[3:]}" if re.fullmatch(r"out\d+", name) else source
-            a = self._assembly(metas, guide, self._partials.get(made) or ("sum" if own_batch else None))
+            output = re.fullmatch(r"out\d+", name) is not None
+            made = f"op:{first.seq}:{name[3:]}" if output else source
+            partial = self._partials.get(made) or ("sum" if own_batch else None) or (
+                _over_the_batch(first, self.found.assemblies.get((first.seq, "self"))) if output else None)
+            a = self._assembly(metas, guide, partial)
             if own_batch and isinstance(a, Assembly) and guide is not None:
                 a = self._batch_share(a, metas, guide)
             if isinstance(a, str):
@@ -419,6 +422,9 @@ class UnshardedRun:
             meta.stats = None if stats is None else replace(stats)
         elif a.how == "shard":
             meta.stats = _divided(combined_stats([p.meta.stats for p in a.parts]), a.per)
+        elif (values := _scalars(a)) is not None:  # a scalar's statistics hold its value: terms add exactly
+            total = sum(values) / (_partial_size(a) if a.how == "avg" else 1) / a.per
+            meta.stats = tensor_stats(torch.tensor(total, dtype=torch.float64).reshape(a.shape))
         else:
             meta.stats, meta.note = None, f"a partial {a.how} whose terms were not saved on every rank: not rebuilt"
         return meta
@@ -778,6 +784,31 @@ def _by_placements(metas: list[TensorMeta], guide: TensorMeta | None = None) -> 
             return Assembly("replicas", tuple(first.global_shape), metas[0].dtype,
                             [Part(r, m, zero) for r, m in enumerate(metas)], pick=_farthest(metas, guide))
     return Assembly(how, tuple(first.global_shape), metas[0].dtype, parts)
+
+
+def _scalars(a: Assembly) -> list[float] | None:
+    """The parts' values, where each part is one element whose statistics give it (min == max)."""
+    values = []
+    for p in a.parts:
+        st = p.meta.stats
+        if p.meta.numel != 1 or st is None or st.min is None or st.min != st.max:
+            return None
+        values.append(float(st.min))
+    return values
+
+
+def _over_the_batch(rec: Record, source: Assembly | None) -> str | None:
+    """"sum" or "avg" where ``rec`` reduces a whole tensor that the ranks hold in equal slices
+    (``source``: its input's assembly, a shard): each rank's sum (mean) of its slice is one term of
+    the whole's, as data parallelism's per-rank loss, the mean of each rank's own batch, is one
+    term of the single run's mean."""
+    if source is None or source.how != "shard" or len(source.parts) < 2:
+        return None
+    if rec.op == "aten.sum.default":
+        return "sum"
+    if rec.op == "aten.mean.default" and len({p.meta.numel for p in source.parts}) == 1:
+        return "avg"
+    return None
 
 
 def _farthest(metas: list[TensorMeta], guide: TensorMeta) -> int:
