@@ -20,7 +20,7 @@ from xray.dump.model import Stats
 
 from test_record_sharded import run_ranks
 
-CASES = "single,single4,tp_step,tp_bug,ddp,ddp_bug"
+CASES = "single,single4,tp_step,tp_bug,ddp,ddp_bug,ddp_seed_bug"
 
 
 # One worker builds the sharded and single runs once for the module (pyproject's --dist loadgroup).
@@ -88,6 +88,18 @@ def test_a_ddp_fault_on_one_rank_is_named_with_the_rank(runs):
     assert fd["op"] == "aten.addmm.default" and fd["module"] == "up" and fd["rank"] == "rank_1"
     failing_grads = [r for r in result.rows if r.bench_op == "aten.detach.default" and r.status == "fail"]
     assert failing_grads, "the averaged gradients carry the fault"
+
+
+@pytest.mark.slow
+def test_a_fault_in_one_ranks_backward_seed_is_named_with_the_rank(runs):
+    """Each rank seeds its backward with ``ones_like`` of its own loss: the ranks read different
+    inputs, but a fill reads none of their values, so every rank's seed must be the single run's.
+    Rank 1's, 1 % off, is born there (it was skipped: "ranks hold different values"), and the
+    loss before it, each rank's mean of its own batch added up, passes."""
+    result = _compare(runs, "single4", "ddp_seed_bug")
+    fd = result.summary.first_divergence
+    assert (fd["op"], fd["origin"], fd["rank"]) == ("aten.ones_like.default", "born", "rank_1")
+    assert [r.status for r in result.rows if r.bench_op == "aten.mean.default"] == ["pass"]
 
 
 @pytest.mark.slow

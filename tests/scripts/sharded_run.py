@@ -172,19 +172,29 @@ def tp_step_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict
     return {"bitwise": True}
 
 
-def ddp_case(out: Path, rank: int, hidden: int, fault: bool = False) -> dict:
-    """DDP: each rank runs its half of a batch of 4; the gradients are averaged."""
+class AlterSeed(torch.utils._python_dispatch.TorchDispatchMode):
+    """A faulty kernel on one rank: the ``ones_like`` that seeds the backward comes back 1 % off."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 1.01 if func is torch.ops.aten.ones_like.default else out
+
+
+def ddp_case(out: Path, rank: int, hidden: int, fault: bool = False, seed_fault: bool = False) -> dict:
+    """DDP: each rank runs its half of a batch of 4; the gradients are averaged. ``fault``:
+    rank 1's forward ``up`` matmul 1 % off; ``seed_fault``: rank 1's backward seed 1 % off."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     world = dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(Block(hidden, heads=4))
     x = torch.randn(2 * world, 8, hidden, generator=torch.Generator().manual_seed(1)).chunk(world)[rank]
-    faulty = AlterLocalKernel(4 * hidden) if fault and rank == 1 else None
+    faulty = (AlterLocalKernel(4 * hidden) if fault else AlterSeed() if seed_fault else None) if rank == 1 else None
     if faulty is not None:
         faulty.__enter__()
+    name = "ddp_bug" if fault else "ddp_seed_bug" if seed_fault else "ddp"
     try:
-        with xray.dump(dump_dir=out / ("ddp_bug" if fault else "ddp"), X_DEBUG=0x10A, X_DEDUP=False):
+        with xray.dump(dump_dir=out / name, X_DEBUG=0x10A, X_DEDUP=False):
             (model(x) ** 2).mean().backward()
     finally:
         if faulty is not None:
@@ -325,7 +335,8 @@ CASES = {"llama_single": llama_single_case, "llama_tp": llama_tp_case, "llama_dd
          "fsdp": fsdp_case, "fsdp_bug": lambda o, r, h: fsdp_case(o, r, h, fault=True), "tp": tp_case, "tp_step": tp_step_case, "tp_bug": lambda o, r, h: tp_step_case(o, r, h, fault=True),
          "single": single_case,
          "single4": lambda o, r, h: single_case(o, r, h, batch=4, name="single4"),
-         "ddp": ddp_case, "ddp_bug": lambda o, r, h: ddp_case(o, r, h, fault=True), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
+         "ddp": ddp_case, "ddp_bug": lambda o, r, h: ddp_case(o, r, h, fault=True),
+         "ddp_seed_bug": lambda o, r, h: ddp_case(o, r, h, seed_fault=True), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
          "funcol_fault": lambda o, r, h: funcol_case(o, r, h, fault=True)}
 
 

@@ -41,6 +41,7 @@ import torch
 
 from ..dump.model import Record, Sharding, Stats, TensorMeta, iter_tensors
 from ..ops.rebuild import contiguous_stride
+from ..ops.reads import fills
 from .sync_points import is_collective
 
 DATA_PREFIX = "unshard:"
@@ -310,7 +311,7 @@ class UnshardedRun:
             made = f"op:{first.seq}:{name[3:]}" if output else source
             partial = self._partials.get(made) or ("sum" if own_batch else None) or (
                 _over_the_batch(first, self.found.assemblies.get((first.seq, "self"))) if output else None)
-            a = self._assembly(metas, guide, partial)
+            a = self._assembly(metas, guide, partial, alike=output and fills(first.op))
             if own_batch and isinstance(a, Assembly) and guide is not None:
                 a = self._batch_share(a, metas, guide)
             if isinstance(a, str):
@@ -344,9 +345,11 @@ class UnshardedRun:
         return {k: whole(v) for k, v in inputs.items()} if shapes else inputs
 
     def _assembly(self, metas: list[TensorMeta], guide: TensorMeta | None, partial: str | None = None,
-                  ) -> Assembly | str:
+                  alike: bool = False) -> Assembly | str:
         """How the ranks' ``metas`` make one tensor, or why they cannot. ``partial``: the
-        reduction ("sum", "avg") an all-reduce applied to this value across the ranks."""
+        reduction ("sum", "avg") an all-reduce applied to this value across the ranks. ``alike``:
+        every rank makes this value alike whatever its inputs (a fill: the ``ones_like`` that
+        seeds each rank's backward), even where the ranks read different inputs."""
         if any(m.sharding is not None for m in metas):
             return _by_placements(metas, guide)
         shapes = {tuple(m.shape) for m in metas}
@@ -357,7 +360,7 @@ class UnshardedRun:
             if partial is not None:  # each rank's term of what the all-reduce added up
                 return Assembly(partial, tuple(metas[0].shape), metas[0].dtype,
                                 [Part(r, m, zero) for r, m in enumerate(metas)])
-            if not self._data_parallel and guide is not None:  # replicated work that went wrong on some rank
+            if (alike or not self._data_parallel) and guide is not None:  # replicated work gone wrong on a rank
                 return Assembly("replicas", tuple(metas[0].shape), metas[0].dtype,
                                 [Part(r, m, zero) for r, m in enumerate(metas)], pick=_farthest(metas, guide))
             return ("ranks hold different values of one shape (not a shard of the single run's tensor, nor a copy): "

@@ -44,16 +44,13 @@ from typing import Any
 import torch
 
 from ..dump.model import UNWRITTEN
+from ..ops.reads import SHAPE_ONLY as _SHAPE_ONLY
 from .encode import OpInfo, bind_inputs, op_info
 from .flatten import PLAIN_TENSORS as _PLAIN
 
 # aten op names (every overload) whose result is uninitialised memory (xray/ops/nondeterminism.py
 # lists the same for compare, with resize_)
 ALLOCATING = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
-# Ops that only read their arguments' sizes and dtypes: no value is read.
-_SHAPE_ONLY = frozenset({"zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
-                         "new_zeros", "new_ones", "new_full", "resize_", "resize_as_", "set_", "sym_size",
-                         "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_same_storage_numel"})
 # In-place ops that change a tensor's metadata, not its values (their schemas say they write).
 _METADATA_WRITES = frozenset({"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
                               "unsqueeze_", "swapdims_", "swapaxes_", "detach_", "requires_grad_"})
