@@ -16,9 +16,10 @@ import torch
 
 from ..dump.atomic import write_text
 from ..dump.folder_owner import check_output, mark_output, replace_output
+from ..numerics import math_settings
 from ..record.flatten import flatten_tensors
 from .capture import Capture, capturing
-from .dump import write_compiled
+from .dump import run_math, write_compiled
 from .mapping import pair_runs
 from .reference import DynamoGraphs, record_eager
 
@@ -103,6 +104,7 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
             plain = step()
             seconds["compiled_run"] = time.perf_counter() - t0
             say("recorded compiled run")
+            math = math_settings.current()
             capture.recording = dynamo.recording = True
             t0 = time.perf_counter()
             try:
@@ -141,8 +143,9 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
         info = {"mode": mode, "graphs": len(capture.graphs), "kernel_launches": pairing.kernels,
                 "paired": len(pairing.pairs), "unpaired": pairing.unpaired,
                 "output_code": [g.path for g in capture.graphs], "kernels": kernel_table(capture.graphs)}
+        devices = {t.device.type for t in flatten_tensors((args, kwargs)) + list(model.parameters())}
         write_compiled(folder, eager, pairing.pairs, capture.values, backend=backend, info=info,
-                       save_tensors=save_tensors)
+                       save_tensors=save_tensors, math=run_math(math, devices))
     finally:
         eager.close()
     capture.values.clear()
