@@ -3,7 +3,12 @@ a compiled model's run with compile-check's probes recording (each written buffe
 statistics right after its launch, as ``--statistics-only``) against the same compiled program
 with the probes idle, and against a plain ``torch.compile`` of the model.
 
-    python tools/bench_compile_overhead.py [--models tiny,real] [--runs 5]
+    python tools/bench_compile_overhead.py [--models tiny,real] [--runs 5] [--threads 1]
+
+``--threads``: torch's intra-op threads (default: torch's). On a machine shared with other work,
+a multi-threaded kernel waits at its barrier for a thread the OS has descheduled, and each probe
+between two launches lets the idle threads fall asleep: the figures then measure the load, not
+the recording. One thread measures the recording itself.
 
 Prints one row per model and writes OUT/overhead.json.
 """
@@ -86,8 +91,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="tiny,real", help="comma-separated: " + ",".join(models))
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--out", default="bench-compile")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
