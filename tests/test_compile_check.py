@@ -342,3 +342,19 @@ def test_a_lowering_wrong_on_every_call_is_a_bug_not_bf16(tmp_path):
     assert r.verdict.startswith("bug: born at aten.native_layer_norm.default")
     clean = compile_check(model, args, out=tmp_path / "clean")
     assert clean.summary["failed"] == 0 and clean.verdict.startswith("precision")
+
+
+def test_a_scale_fault_never_hits_a_constant():
+    """A fill (``select_backward``'s zeros) reads no tensor: scaling it changes nothing, so it is no
+    fault site; the op that reads it is."""
+    from xray.compiled.faults import candidates
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(4)
+    zeros = graph.call_function(torch.ops.aten.full.default, ([4], 0.0))
+    added = graph.call_function(torch.ops.aten.add.Tensor, (zeros, x))
+    graph.output(added)
+    for n in (zeros, added):
+        n.meta.update(val=torch.empty(4), from_node=[object()])
+    assert candidates(graph) == [added]
