@@ -358,3 +358,25 @@ def test_a_scale_fault_never_hits_a_constant():
     for n in (zeros, added):
         n.meta.update(val=torch.empty(4), from_node=[object()])
     assert candidates(graph) == [added]
+
+
+class KeepsState(nn.Module):
+    """Returns one tensor and keeps another on itself: Dynamo's graph returns both (the state it
+    updates, as a KV cache's), the model's own output only the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 8)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.up(x))
+        self.last = h * 2
+        return h.sum(-1)
+
+
+@pytest.mark.slow
+def test_eager_equal_reads_the_models_outputs_among_the_graphs(tmp_path):
+    torch.manual_seed(0)
+    r = compile_check(KeepsState().eval(), (torch.randn(2, 8),), out=tmp_path / "state")
+    assert r.eager_equal and r.outputs_equal and r.summary["failed"] == 0
