@@ -307,3 +307,76 @@ def test_a_backward_node_names_its_forward_dynamo_node():
     assert _node_info(folded, {7: "linear_1"}).root == "mul:backward"
     forward = graph.call_function(torch.ops.aten.relu.default, (x,))
     assert _node_info(forward, {7: "linear_1"}).root == ""  # no Dynamo node, no backward metadata
+
+
+class TwoNorms(nn.Module):
+    """Two Linear + ReLU + LayerNorm stages: two calls of one op kind, so a fault in every call of
+    it looks like a kernel computing that kind in a reduced precision."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.mid, self.down = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+        self.n1, self.n2 = nn.LayerNorm(32), nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.n2(torch.relu(self.mid(self.n1(torch.relu(self.up(x)))))))
+
+
+@pytest.mark.slow
+def test_a_lowering_wrong_on_every_call_is_a_bug_not_bf16(tmp_path):
+    """rsqrt lowered 1e-3 high makes both LayerNorms err at bf16's level; an fp32 inductor compile
+    on CPU rounds to no reduced precision (the dump's math says so), so it is born at the first
+    LayerNorm's kernel; the clean compile of the same model passes."""
+    from xray.compiled.faults import wrong_lowering
+    from xray.dump import load_dump
+
+    torch.manual_seed(0)
+    model, args = TwoNorms().eval(), (torch.randn(2, 8, 16),)
+    with wrong_lowering(torch.ops.aten.rsqrt.default) as applied:
+        r = compile_check(model, args, out=tmp_path / "lowering")
+    assert applied[0] == 2 and r.summary["failed"] > 0
+    assert load_dump(r.out / "compiled").header["math"]["fp32_rounds_to"] == []
+    first = next(k for k in _kernels(r) if "aten.rsqrt.default" in k["targets"])
+    assert (r.first["graph"], r.first["launch"]) == (first["graph"], first["launch"])
+    assert r.first["module"] == "n1" and "rsqrt" in r.first["kernel_nodes"]
+    assert r.verdict.startswith("bug: born at aten.native_layer_norm.default")
+    clean = compile_check(model, args, out=tmp_path / "clean")
+    assert clean.summary["failed"] == 0 and clean.verdict.startswith("precision")
+
+
+def test_a_scale_fault_never_hits_a_constant():
+    """A fill (``select_backward``'s zeros) reads no tensor: scaling it changes nothing, so it is no
+    fault site; the op that reads it is."""
+    from xray.compiled.faults import candidates
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(4)
+    zeros = graph.call_function(torch.ops.aten.full.default, ([4], 0.0))
+    added = graph.call_function(torch.ops.aten.add.Tensor, (zeros, x))
+    graph.output(added)
+    for n in (zeros, added):
+        n.meta.update(val=torch.empty(4), from_node=[object()])
+    assert candidates(graph) == [added]
+
+
+class KeepsState(nn.Module):
+    """Returns one tensor and keeps another on itself: Dynamo's graph returns both (the state it
+    updates, as a KV cache's), the model's own output only the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 8)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.up(x))
+        self.last = h * 2
+        return h.sum(-1)
+
+
+@pytest.mark.slow
+def test_eager_equal_reads_the_models_outputs_among_the_graphs(tmp_path):
+    torch.manual_seed(0)
+    r = compile_check(KeepsState().eval(), (torch.randn(2, 8),), out=tmp_path / "state")
+    assert r.eager_equal and r.outputs_equal and r.summary["failed"] == 0

@@ -398,3 +398,18 @@ def test_tf32_widens_the_floor_of_matmuls_only_where_enabled():
     assert on.beyond(le, "aten.gelu.default", 1)  # TF32 rounds matmul inputs, not an activation's
     bug = LocalError(local=1e-2, floor=1e-7, dtype=torch.float32, steps={"tf32/fp16": 2.5e-4})
     assert on.beyond(bug, "aten.addmm.default", 32)  # a 1e-2 bug under TF32 stays a bug
+
+
+def test_a_run_that_says_which_steps_it_may_round_to_allows_only_those():
+    """compile-check's dump says its fp32 kernels round to nothing (inductor's C++ kernels on CPU);
+    oneDNN's fp32_precision may ask for bf16 or tf32; an ordinary dump says nothing: any step."""
+    from xray.numerics.math_settings import ROUNDS_TO, cpu_fp32_rounding, run_math
+
+    assert run_math({"math": {}}, {"cpu"}).may_round("bf16") and run_math(None, {"cpu"}).may_round("bf16")
+    none = run_math({"math": {ROUNDS_TO: []}}, {"cpu"})
+    assert not none.may_round("bf16") and not none.may_round("tf32/fp16")
+    assert run_math({"math": {ROUNDS_TO: ["bf16"]}}, {"cpu"}).may_round("bf16")
+    ieee = {"fp32_precision": {"mkldnn_matmul": "ieee", "mkldnn_conv": "ieee", "cuda_matmul": "tf32"}}
+    assert cpu_fp32_rounding(ieee) == []
+    assert cpu_fp32_rounding({"fp32_precision": {"mkldnn_matmul": "bf16", "mkldnn_conv": "tf32"}}) == ["bf16", "tf32/fp16"]
+    assert cpu_fp32_rounding({**ieee, "autocast": "cpu:bfloat16"}) is None

@@ -73,7 +73,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                     p.reduce[k] = reduction_length(b.record, k)
                     r.local_err, r.local_floor = le.local, le.floor
     floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices, rules.tf32))
-    floors.established = _mark_precision_loss(pending, rules)
+    floors.established = _mark_precision_loss(pending, rules, floors.math)
     _mark_outliers(pending, floors)
     # A local error measured on a sample only makes a row born: one within its floor leaves the
     # row to the statistics-only rules, which weigh the run's precision loss (it does not join
@@ -1332,9 +1332,10 @@ def _row_name(r: CompareRow) -> str:
     return r.target_name or r.bench_name
 
 
-def _mark_precision_loss(pending: list[Pending], rules: Any) -> dict[str, list[float]]:
+def _mark_precision_loss(pending: list[Pending], rules: Any, math: Any = None) -> dict[str, list[float]]:
     """An op kind whose failing calls all carry local error near one reduced-precision step's
-    is precision loss, call by call; a call far above the kind's level stays a bug."""
+    (one the run may round to: ``math.may_round``) is precision loss, call by call; a call far
+    above the kind's level stays a bug."""
     kinds: dict[tuple, list[tuple[Pending, int, LocalError]]] = {}
     for p in pending:
         for k, le in p.local.items():
@@ -1347,6 +1348,8 @@ def _mark_precision_loss(pending: list[Pending], rules: Any) -> dict[str, list[f
             continue
         best = None
         for step in calls[0][2].steps:
+            if math is not None and not math.may_round(step):
+                continue
             ratios = [le.local / le.steps[step] for _, _, le in calls if le.steps.get(step, 0) > 0]
             if len(ratios) != len(calls):
                 continue

@@ -148,13 +148,13 @@ class Capture:
             self.calls[graph] = self.calls.get(graph, 0) + 1
         run = max(self.calls.get(graph, 1) - 1, 0)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            if self.keep_tensors:
-                kept = tuple(b.detach().to("cpu", copy=True) if isinstance(b, torch.Tensor) else None for b in buffers)
-            else:
-                kept = tuple(Described(tuple(b.shape), b.dtype, tensor_stats(b.detach()))
-                             if isinstance(b, torch.Tensor) else None for b in buffers)
-            self.values[(graph, run, launch)] = kept
+        # no grad mode needed: a kernel's buffers never require grad, and detach() makes sure
+        if self.keep_tensors:
+            kept = tuple(b.detach().to("cpu", copy=True) if isinstance(b, torch.Tensor) else None for b in buffers)
+        else:
+            kept = tuple(Described(tuple(b.shape), b.dtype, tensor_stats(b.detach()))
+                         if isinstance(b, torch.Tensor) else None for b in buffers)
+        self.values[(graph, run, launch)] = kept
         self.probe_seconds += time.perf_counter() - t0
 
     def inner_compile(self, dynamo: int | None) -> Callable[..., Any]:

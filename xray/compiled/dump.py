@@ -25,6 +25,7 @@ from ..dump.model import Record, Source, TensorMeta, shape_only
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..dump.writer import DumpWriter
+from ..numerics import math_settings
 from ..ops.rebuild import contiguous_stride
 from .capture import Described
 from .mapping import Pair
@@ -49,9 +50,22 @@ def record_info(p: Pair) -> dict[str, Any]:
             "launch": p.launch, "fused_nodes": p.fused_nodes, "fused_ops": p.fused_ops}
 
 
+def run_math(math: dict[str, Any], devices: set[str]) -> dict[str, Any]:
+    """The compiled run's header ``math``: its settings (``math_settings.current()``) and, on CPU,
+    the reduced-precision steps its kernels may round fp32 to. Inductor's C++ kernels compute fp32
+    in fp32, so only its extern kernels' oneDNN settings can ask for a step: compare then reads an
+    op whose every call errs at bf16's level as a wrong kernel, not as a bf16 one. Elsewhere
+    (Triton's kernels, unprobed) the steps stay unknown."""
+    out = dict(math)
+    if devices == {"cpu"}:
+        out[math_settings.ROUNDS_TO] = math_settings.cpu_fp32_rounding(math)
+    return out
+
+
 def write_compiled(folder: Path, eager: Any, pairs: list[Pair], values: dict[tuple[int, int, int], tuple], *,
-                   backend: str, info: dict[str, Any], save_tensors: bool) -> int:
-    """Write the compiled run's dump into ``folder``; returns how many outputs carry compiled values."""
+                   backend: str, info: dict[str, Any], save_tensors: bool, math: dict[str, Any] | None = None) -> int:
+    """Write the compiled run's dump into ``folder``; returns how many outputs carry compiled values.
+    ``math``: the header's (``run_math``)."""
     got: dict[tuple[int, int], tuple[torch.Tensor, Pair]] = {}
     for p in pairs:
         got.setdefault((p.seq, p.out), (values[(p.graph, p.run, p.launch)][p.slot], p))
@@ -60,7 +74,7 @@ def write_compiled(folder: Path, eager: Any, pairs: list[Pair], values: dict[tup
         records.setdefault(str(seq), []).append(record_info(p))
     header = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch_version": torch.__version__,
               "python_version": platform.python_version(), "host": platform.node(), "pid": None, "rank": None,
-              "config": dict(eager.header.get("config") or {}),
+              "config": dict(eager.header.get("config") or {}), "math": math,
               "compiled": {"backend": backend, **info, "reference": str(eager.folder), "records": records}}
     writer = DumpWriter(folder, header)
     note = FUSED.format(backend=backend)

@@ -23,7 +23,8 @@ aten = torch.ops.aten
 def candidates(graph: torch.fx.Graph, backward: bool = False) -> list[torch.fx.Node]:
     """Post-grad nodes a scale fault may hit: ATen ops with one floating-point tensor output that
     came from a model call (a Dynamo node) or, with ``backward``, from its backward formula, in
-    graph order."""
+    graph order. A node that reads no tensor (a fill: ``select_backward``'s zeros) is a constant,
+    not a computation: scaling a zero fill would change nothing."""
     from .capture import backward_node
 
     out = []
@@ -33,7 +34,7 @@ def candidates(graph: torch.fx.Graph, backward: bool = False) -> list[torch.fx.N
             bool(n.meta.get("from_node")) and not backward_node(n)
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
                 isinstance(val, torch.Tensor) and val.is_floating_point() and val.numel() > 1 and \
-                came and n.users and not torch.Tag.view_copy in n.target.tags and \
+                came and n.users and n.all_input_nodes and not torch.Tag.view_copy in n.target.tags and \
                 n.target not in (aten.view.default, aten.reshape.default, aten.permute.default, aten.expand.default,
                                  aten.clone.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
                                  aten.squeeze.dim, aten.t.default, aten.transpose.int, aten.alias.default):

@@ -26,6 +26,10 @@ VENDOR_SWITCHES = {"npu_matmul_allow_hf32": ("npu", "matmul", "allow_hf32"),
 
 # torch >= 2.9's per-backend fp32 math (torch.backends.<backend>.<op>.fp32_precision): "ieee",
 # "tf32" or "bf16" ("none" defers to the backend's setting, then the generic one)
+# the header key a recorder that knows its kernels sets: the reduced-precision steps they may
+# round fp32 to (a list, possibly empty); absent, compare allows any step a run shows
+ROUNDS_TO = "fp32_rounds_to"
+
 FP32_PRECISIONS = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"),
                    ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
 
@@ -148,6 +152,13 @@ class RunMath:
     reduced_reduction: bool = False  # half-precision split-K reductions allowed
     autocast: str | None = None
     recorded: bool = False
+    # the reduced-precision steps (numerics.rules.PRECISION_STEPS) the run's fp32 kernels may round
+    # to, where the recorder knows its kernels (compile-check: inductor's); None: unknown, any
+    rounds_to: frozenset[str] | None = None
+
+    def may_round(self, step: str) -> bool:
+        """Whether a kernel of this run may legitimately show ``step``'s rounding in fp32."""
+        return self.rounds_to is None or step in self.rounds_to
 
 
 def run_math(header: dict | None, devices: set[str], tf32: bool | None = None) -> RunMath:
@@ -179,8 +190,22 @@ def run_math(header: dict | None, devices: set[str], tf32: bool | None = None) -
     reduced = device != "cpu" and (bool(m.get("reduced_precision_reduction_fp16"))
                                    or bool(m.get("reduced_precision_reduction_bf16")))
     found = {"tf32_matmul": matmul, "tf32_conv": conv, "tf32_rnn": rnn, **declared}
-    return RunMath(device=device, reduced_reduction=reduced, recorded=True,
+    rounds = m.get(ROUNDS_TO)
+    rounds = frozenset(str(x) for x in rounds) if isinstance(rounds, list) else None
+    return RunMath(device=device, reduced_reduction=reduced, recorded=True, rounds_to=rounds,
                    autocast=m.get("autocast") if isinstance(m.get("autocast"), str) else None, **found)
+
+
+def cpu_fp32_rounding(m: dict) -> list[str] | None:
+    """The header's ``ROUNDS_TO`` for a CPU run of a program whose own kernels compute fp32 in
+    fp32 (inductor's C++ kernels), under settings ``m`` (``current()``): the steps oneDNN's extern
+    kernels were asked for (``fp32_precision`` ``"bf16"`` or ``"tf32"``), else none. None
+    (unknown) under autocast, which changes the ops' dtypes."""
+    if m.get("autocast"):
+        return None
+    new = m.get("fp32_precision") if isinstance(m.get("fp32_precision"), dict) else {}
+    asked = {v for k, v in new.items() if k.startswith("mkldnn_")}
+    return sorted({"bf16": "bf16", "tf32": "tf32/fp16"}[v] for v in asked if v in ("bf16", "tf32"))
 
 
 def _tf32_switches(m: dict, device: str) -> tuple[bool, bool, bool]:
