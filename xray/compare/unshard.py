@@ -304,6 +304,8 @@ class UnshardedRun:
         bench_in = dict(bench.input_tensors()) if bench is not None else {}
         bench_out = dict(bench.output_tensors()) if bench is not None else {}
 
+        read: list[str] = []  # how each input was rebuilt ("copy": alike on every rank)
+
         def rebuild(name: str, metas: list[TensorMeta], guide: TensorMeta | None) -> TensorMeta:
             metas = [_with_kernel_data(m, name, k) for m, k in zip(metas, kernels)]
             source = _moved_source(metas[0].source, self._moved)
@@ -311,7 +313,12 @@ class UnshardedRun:
             made = f"op:{first.seq}:{name[3:]}" if output else source
             partial = self._partials.get(made) or ("sum" if own_batch else None) or (
                 _over_the_batch(first, self.found.assemblies.get((first.seq, "self"))) if output else None)
-            a = self._assembly(metas, guide, partial, alike=output and fills(first.op))
+            # every rank makes alike what it computes from values alike on every rank, or from none
+            # (a fill), even where the ranks read different inputs (data parallelism)
+            alike = output and (fills(first.op) or (bool(read) and all(how == "copy" for how in read)))
+            a = self._assembly(metas, guide, partial, alike=alike)
+            if not output:
+                read.append(a.how if isinstance(a, Assembly) else "")
             if own_batch and isinstance(a, Assembly) and guide is not None:
                 a = self._batch_share(a, metas, guide)
             if isinstance(a, str):
@@ -348,8 +355,9 @@ class UnshardedRun:
                   alike: bool = False) -> Assembly | str:
         """How the ranks' ``metas`` make one tensor, or why they cannot. ``partial``: the
         reduction ("sum", "avg") an all-reduce applied to this value across the ranks. ``alike``:
-        every rank makes this value alike whatever its inputs (a fill: the ``ones_like`` that
-        seeds each rank's backward), even where the ranks read different inputs."""
+        every rank makes this value alike (computed from values alike on every rank, or a fill:
+        the ``ones_like`` that seeds each rank's backward), even where the ranks read different
+        inputs."""
         if any(m.sharding is not None for m in metas):
             return _by_placements(metas, guide)
         shapes = {tuple(m.shape) for m in metas}
