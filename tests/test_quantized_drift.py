@@ -310,3 +310,28 @@ def test_a_layer_norm_and_a_row_of_it_inherit_what_their_captured_input_carries_
     report = quant_report(program, eager, placeholders, captured, layers, "int8")
     assert report.first_beyond is None, report.layers
     assert qn.nsr(eager[row.name][0], normed[:, 0]) > 10 * qn.nsr(eager[norm.name][0], normed)  # the row's is far larger
+
+
+class _IndexedLinear(torch.nn.Module):
+    """A linear layer read through integer index arithmetic (transformers' Llama builds its mask
+    indices as ``arange + 0``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(x.shape[0]) + 0
+        return self.fc(x)[rows] * 2.0
+
+
+@SLOW
+def test_pt2e_int8_keeps_integer_index_arithmetic_integer():
+    from xray.backends.quantize import pt2e_int8
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    source = torch.export.export(_IndexedLinear().eval(), (x,))
+    facts: dict = {}
+    converted, _ = pt2e_int8(source, (x,), {}, facts)
+    assert facts["quantize_nodes"] > 0
+    assert qn.sqnr_db(qn.nsr(source.module()(x), converted(x))) > 25  # int8 of one small layer: ~35 dB
