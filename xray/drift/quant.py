@@ -2,14 +2,14 @@
 
 Every captured node gets its accumulated error (relative L2 error and SQNR against eager) and
 an int8 budget (``xray.numerics.quantization``): what its inputs brought, as measured where the
-backend captured them, plus what its own int8 rounding should add. A node over budget is
-"beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
+backend captured them (the op replayed on their captured values, where it replays), plus what its
+own int8 rounding should add. A node over budget is "beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
 where the excess is born is beyond, the layers after it carry it within their budgets.
 
 Where the backend also runs each layer fed float inputs (ONNX Runtime's isolated run), every
 weighted op (``mm``, ``addmm``, ``convolution`` on a parameter) is judged a second time, alone:
-its local noise against what per-channel int8 rounding of its weights, of an input it was not fed
-float, and of its output predicts exactly (``quantization.local_noise_power``). That catches what
+its local noise, the kernel's known rounding of its input taken out, against what per-channel int8
+rounding of its weights and of its output predicts (``quantization.weight_error_alone``). That catches what
 the accumulated budget's margin hides: one per-tensor weight scale where per-channel was meant.
 """
 from __future__ import annotations
@@ -247,7 +247,6 @@ def _replayed_nsr(node: torch.fx.Node, f: torch.Tensor, inputs: list[torch.fx.No
     if _kind(node) == "getitem" or not any(i.name in measured_nodes for i in inputs) or any(
             i.name not in measured_nodes and i.op != "placeholder" and i.name not in weights for i in inputs):
         return None
-    args_in = _float_inputs(node)
 
     def value(n: torch.fx.Node) -> Any:
         if n.name in measured_nodes:
@@ -268,8 +267,6 @@ def _replayed_nsr(node: torch.fx.Node, f: torch.Tensor, inputs: list[torch.fx.No
             return type(a)(sub(x) for x in a)
         return a
 
-    if not args_in:
-        return None
     try:
         out = _first_tensor(node.target(*sub(node.args), **{k: sub(v) for k, v in node.kwargs.items()}))
     except Exception:  # noqa: BLE001 - an op that does not replay on these values is left to the rules
