@@ -232,6 +232,8 @@ def grade(check: dict[str, Any], quant: dict[str, Any]) -> None:
     bug = check["layer"]
     worst = quant["worst"][0] if quant["worst"] else None
     check.update(layers=len(layers), beyond=beyond, worst=worst, output_sqnr_db=quant["output_sqnr_db"])
+    ratios = [lr["local_ratio"] for name, lr in layers.items() if lr.get("local_ratio") is not None and name != bug]
+    check["max_other_local_ratio"] = max(map(float, ratios), default=None)  # the clean layers' margin, fed float
     if bug is None:
         check["outcome"] = "pass" if not beyond else "false alarm"
         check["false_alarms"] = len(beyond)
@@ -239,6 +241,7 @@ def grade(check: dict[str, Any], quant: dict[str, Any]) -> None:
     row = layers.get(bug)
     check["bug_sqnr_db"] = row["sqnr_db"] if row else None
     check["bug_local_sqnr_db"] = row.get("local_sqnr_db") if row else None
+    check["bug_local_ratio"] = row.get("local_ratio") if row else None
     check["false_alarms"] = len([b for b in beyond if b != bug])
     if row is None:
         check["outcome"] = "missed (not exposed)"
@@ -266,9 +269,11 @@ def table(checks: list[dict[str, Any]]) -> str:
         outcome = c.get("outcome") or f"{c.get('status', '?')}: {c.get('error', '')[:90]}"
         rows.append([c["model"], c["flow"], c["case"], c["layer"] or "", _fmt(c.get("effect"), ".2f"), outcome,
                      c.get("false_alarms", ""), c.get("worst") or "", _fmt(c.get("bug_sqnr_db")),
-                     _fmt(c.get("bug_local_sqnr_db")), _fmt(c.get("output_sqnr_db")), c.get("layers", "")])
+                     _fmt(c.get("bug_local_sqnr_db")), _fmt(c.get("bug_local_ratio"), ".2f"),
+                     _fmt(c.get("max_other_local_ratio"), ".2f"), _fmt(c.get("output_sqnr_db")), c.get("layers", "")])
     return tabulate(rows, headers=["model", "flow", "case", "bug layer", "effect", "outcome", "false alarms",
-                                   "worst layer", "bug SQNR dB", "bug local dB", "output dB", "layers"])
+                                   "worst layer", "bug SQNR dB", "bug local dB", "bug local ratio",
+                                   "others' max local ratio", "output dB", "layers"])
 
 
 def totals(checks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -297,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown: {', '.join(unknown)} (models: {', '.join(MODELS)}; flows: {', '.join(FLOWS)})")
     rng = random.Random(a.seed)
+    # every model's layers are drawn, in one order, whichever run: a model's draw does not depend on --models
+    plans = {m: plan(m, flows, rng) for m in MODELS}
     checks: list[dict[str, Any]] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
         for m in models:
-            mine = plan(m, flows, rng)
+            mine = plans[m]
             print(f"[{time.perf_counter() - start:6.0f}s] {m}: {len(mine)} checks", file=sys.stderr, flush=True)
             run_model(m, mine, Path(tmp))
             checks.extend(mine)

@@ -44,9 +44,13 @@ def pt2e_int8(source: torch.export.ExportedProgram, args: tuple, kwargs: dict,
         XNNPACKQuantizer, get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    class _Quantizer(XNNPACKQuantizer):
+        def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            return _float_scalars_to_attrs(model)
+
     start = time.perf_counter()
     try:
-        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        quantizer = _Quantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
         prepared = prepare_pt2e(source.module(), quantizer)
         prepared(*args, **kwargs)  # calibration: the observers see the run's own inputs
         converted = convert_pt2e(prepared)
@@ -74,6 +78,29 @@ def pt2e_int8(source: torch.export.ExportedProgram, args: tuple, kwargs: dict,
         raise BackendError(ReplayStatus.EXPORT_FAIL, "PT2E int8: the XNNPACK quantizer annotated no op of this model "
                            "(it quantizes linear, conv, add, mul, cat, pooling)")
     return converted, carries
+
+
+def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The XNNPACK quantizer's own preparation (scalars of ``add``/``mul`` made tensor
+    attributes, so the quantizer can annotate them), on float ops only. ExecuTorch 1.5.1's
+    ``_convert_scalars_to_attrs`` makes every scalar a float32 tensor, integer index arithmetic
+    included: transformers' Llama computes its mask's indices as ``arange + 0``, which turns into a
+    float tensor, and ``aten.index`` fails in calibration (IndexError: tensors used as indices
+    must be long, int, byte or bool tensors). Integer ops are never quantized: they keep their scalars."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import _convert_scalars_to_attrs
+
+    held = []
+    for n in model.graph.nodes:
+        val = n.meta.get("val")
+        if (n.op == "call_function" and n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+                and isinstance(val, torch.Tensor) and not val.dtype.is_floating_point):
+            held.append((n, n.target))
+            n.target = torch.ops.aten.add.Scalar if n.target is torch.ops.aten.add.Tensor else torch.ops.aten.mul.Scalar
+    model = _convert_scalars_to_attrs(model)  # skips the ops held aside (their targets differ)
+    for n, target in held:
+        n.target = target
+    model.recompile()
+    return model
 
 
 def _op(node: torch.fx.Node) -> str:

@@ -2,14 +2,14 @@
 
 Every captured node gets its accumulated error (relative L2 error and SQNR against eager) and
 an int8 budget (``xray.numerics.quantization``): what its inputs brought, as measured where the
-backend captured them, plus what its own int8 rounding should add. A node over budget is
-"beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
+backend captured them (the op replayed on their captured values, where it replays), plus what its
+own int8 rounding should add. A node over budget is "beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
 where the excess is born is beyond, the layers after it carry it within their budgets.
 
 Where the backend also runs each layer fed float inputs (ONNX Runtime's isolated run), every
 weighted op (``mm``, ``addmm``, ``convolution`` on a parameter) is judged a second time, alone:
-its local noise against what per-channel int8 rounding of its weights, of an input it was not fed
-float, and of its output predicts exactly (``quantization.local_noise_power``). That catches what
+its local noise, the kernel's known rounding of its input taken out, against what per-channel int8
+rounding of its weights and of its output predicts (``quantization.weight_error_alone``). That catches what
 the accumulated budget's margin hides: one per-tensor weight scale where per-channel was meant.
 """
 from __future__ import annotations
@@ -122,6 +122,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
     layers: dict[str, QuantLayer] = {}
     worst_node: dict[str, tuple[float, float]] = {}  # layer -> (excess over allowed, added NSR) of its shown node
     judged = 0
+    measured_nodes: dict[str, torch.Tensor] = {}  # node -> its captured value, read back
     local_budgets: dict[str, dict[str, Any]] = {}
     weights = {s.arg.name for s in program.graph_signature.input_specs
                if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
@@ -158,16 +159,26 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
                 local_budgets[node.name] = {"layer": layer_of_node.get(node.name, "<root>"), **local}
         own = qn.activation_nsr(f)
         gain = _elementwise_gain(node, kind, f, inputs, ins, eager, placeholders)
-        budget = qn.Budget(inherited=qn.combine(kind, [(a, p) for a, _, p in ins], power, gain),
-                           expected_inherited=qn.combine(kind, [(e, p) for _, e, p in ins], power, gain),
-                           own=own, step=qn.activation_step(f))
+        inherited = qn.combine(kind, [(a, p) for a, _, p in ins], power, gain)
+        expected = qn.combine(kind, [(e, p) for _, e, p in ins], power, gain)
+        replayed = _replayed_nsr(node, f, inputs, measured_nodes, weights, eager, placeholders)
+        if replayed is not None:
+            # what the captured inputs bring, exactly, plus what the parameters' own rounding adds by
+            # the rules; the rules stay a floor (a value captured before a rounding its reader applies)
+            params = [(0.0, 0.0, c[2]) if i.name in measured_nodes else c for i, c in zip(inputs, ins)]
+            inherited = max(inherited, replayed + qn.combine(kind, [(a, p) for a, _, p in params], power))
+            expected = max(expected, replayed + qn.combine(kind, [(e, p) for _, e, p in params], power))
+        budget = qn.Budget(inherited=inherited, expected_inherited=expected, own=own, step=qn.activation_step(f))
         inherited = budget.expected_inherited
         got = _first_tensor(captured.get(node.name))
+        if got is None and kind == "getitem" and inputs and inputs[0].name in measured_nodes:
+            got = _output_of(captured.get(inputs[0].name), node.args[1])  # a tuple's output, captured with it
         if got is None or tuple(got.shape) != tuple(f.shape) or not got.is_floating_point():
             carried[node.name] = (budget.allowed, budget.expected, power)
             continue
         measured = qn.nsr(f, got)
         carried[node.name] = (measured, measured, power)
+        measured_nodes[node.name] = got
         judged += 1
         name = layer_of_node.get(node.name, "<root>")
         row = layers.setdefault(name, QuantLayer(name))
@@ -213,6 +224,56 @@ def _rank(layers: list[dict[str, Any]]) -> tuple[list[str], str | None]:
     worst = [lr["layer"] for lr in sorted(layers, key=key) if lr["verdict"] == BEYOND or lr["added_nsr"] > 0][:3]
     first = next((lr["layer"] for lr in layers if lr["verdict"] == BEYOND), None)
     return worst, first
+
+
+def _output_of(values: Any, index: Any) -> torch.Tensor | None:
+    if isinstance(values, (list, tuple)) and isinstance(index, int) and 0 <= index < len(values):
+        v = values[index]
+        return v if isinstance(v, torch.Tensor) else None
+    return None
+
+
+def _replayed_nsr(node: torch.fx.Node, f: torch.Tensor, inputs: list[torch.fx.Node],
+                  measured_nodes: dict[str, torch.Tensor], weights: set[str], eager: dict[str, list[torch.Tensor]],
+                  placeholders: dict[str, torch.Tensor]) -> float | None:
+    """The NSR the op's captured inputs bring to its output, exactly: the op replayed in float64 on
+    them (every other operand at its float value) against its float output. None unless at least
+    one input was captured and every other float input is a placeholder or a view of a weight (a
+    parameter, whose own rounding the caller adds by the rules), or when the op does not replay.
+
+    No propagation rule holds for every op: a layer norm raises a row's NSR by that row's mean
+    square over its variance (ViT's class token, a row of small variance, takes far more than
+    the mean), a ``select`` of that row keeps its NSR, not the tensor's; the replay needs neither."""
+    if _kind(node) == "getitem" or not any(i.name in measured_nodes for i in inputs) or any(
+            i.name not in measured_nodes and i.op != "placeholder" and i.name not in weights for i in inputs):
+        return None
+
+    def value(n: torch.fx.Node) -> Any:
+        if n.name in measured_nodes:
+            v = measured_nodes[n.name]
+        elif n.op == "placeholder":
+            v = placeholders.get(n.name)
+        else:
+            vals = eager.get(n.name)
+            v = vals[0] if isinstance(vals, (list, tuple)) and len(vals) == 1 else None
+        if not isinstance(v, torch.Tensor):
+            raise LookupError(n.name)
+        return v.detach().double() if v.is_floating_point() else v
+
+    def sub(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return value(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(sub(x) for x in a)
+        return a
+
+    try:
+        out = _first_tensor(node.target(*sub(node.args), **{k: sub(v) for k, v in node.kwargs.items()}))
+    except Exception:  # noqa: BLE001 - an op that does not replay on these values is left to the rules
+        return None
+    if out is None or tuple(out.shape) != tuple(f.shape) or not out.is_floating_point():
+        return None
+    return qn.nsr(f, out)
 
 
 _TRANSPOSES = frozenset({"permute", "t", "transpose"})
@@ -270,12 +331,13 @@ def _local_budget(node: torch.fx.Node, kind: str, f: torch.Tensor, eager: dict[s
         w_noise, x_noise = qn.local_noise_power(kind, xv, weight, conv_args, input_step=qn.activation_step(xv))
     except Exception:  # noqa: BLE001 - an op whose operands do not fit the model is not judged alone
         return None
-    return {"input": x.name, "input_user": user, "weight_noise": w_noise, "input_noise": x_noise,
+    return {"input": x.name, "input_user": user, "weight": w.name, "kind": kind, "conv_args": list(conv_args),
+            "input_step": qn.activation_step(xv), "weight_noise": w_noise, "input_noise": x_noise,
             "float_step": qn.activation_step(f), "elements": f.numel()}
 
 
 def local_sqnr(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]],
-               layer_of_node: dict[str, str]) -> None:
+               layer_of_node: dict[str, str], placeholders: dict[str, torch.Tensor]) -> None:
     """Each layer's SQNR when it is fed float (eager) inputs (the backend's isolated run): what its
     own quantization costs, without what it inherits. Written into ``report``'s layers; a weighted
     op whose local noise exceeds what its own rounding predicts (``_judge_local``) puts its layer
@@ -290,16 +352,20 @@ def local_sqnr(report: dict[str, Any], isolated: dict[str, list[Any]], eager: di
     for row in report["layers"]:
         if row["layer"] in worst:
             row["local_sqnr_db"] = _finite(worst[row["layer"]])
-    _judge_local(report, isolated, eager)
+    _judge_local(report, isolated, eager, placeholders)
 
 
-def _judge_local(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]]) -> None:
+def _judge_local(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]],
+                 placeholders: dict[str, torch.Tensor]) -> None:
     """Judge each weighted op fed float inputs against its predicted rounding noise.
 
-    Its activation input must have been fed from eager (cut: captured) or be a user input; the
-    input's own rounding is in the prediction either way; its output's rounding is counted at the step of the int8 grid
-    its value lies on (none for a value read before its quantize); a small tensor whose values
-    all differ gets the step its float range gives."""
+    Its activation input must have been fed from eager (cut: captured) or be a user input. How
+    the kernel rounded that input is a known error (``quantization.weight_error_alone``), taken
+    out of the measured one: what is judged is the weights' rounding, against what per-channel
+    int8 predicts, and the output's, counted at the step of the int8 grid its value lies on (none
+    for a value read before its quantize); a small tensor whose values all differ gets the step
+    its float range gives. Where the operands cannot be read, the input's rounding is predicted
+    as noise at its per-tensor step instead."""
     rows = {lr["layer"]: lr for lr in report["layers"]}
     for node, b in (report.get("local_budgets") or {}).items():
         g, f = _first_tensor(isolated.get(node)), _first_tensor(eager.get(node))
@@ -311,8 +377,17 @@ def _judge_local(report: dict[str, Any], isolated: dict[str, list[Any]], eager: 
         if step is None and g.numel() <= 256:
             step = b["float_step"]
         rounding = (step or 0.0) ** 2 / 12.0 * g.numel()
-        predicted = b["weight_noise"] + b["input_noise"] + rounding
-        noise = float((g.detach().double() - f.detach().double()).pow(2).sum())
+        err = g.detach().double() - f.detach().double()
+        noise, predicted = float(err.pow(2).sum()), b["weight_noise"] + b["input_noise"] + rounding
+        x = placeholders.get(b["input"]) if b["input_user"] else _first_tensor(eager.get(b["input"]))
+        w = placeholders.get(b.get("weight", ""))
+        if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
+            try:
+                noise, weight_noise, b["input_rounding"] = qn.weight_error_alone(
+                    b["kind"], err, x, w, tuple(b["conv_args"]), b["input_step"])
+                predicted = weight_noise + rounding
+            except (RuntimeError, ValueError):  # operands that do not fit: the input's rounding as noise
+                pass
         ratio = noise / predicted if predicted > 0 else (math.inf if noise > 0 else 0.0)
         b["measured_noise"], b["output_step"], b["ratio"] = noise, step, _finite(ratio)
         row = rows.get(b["layer"])

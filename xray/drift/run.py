@@ -237,7 +237,8 @@ def _isolated(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | No
     if b.quant is not None:
         from .quant import local_sqnr
 
-        local_sqnr(b.quant, capture.values, ref.values, {n: layer_of.get(s, "<root>") for n, s in ref.node_seq.items()})
+        local_sqnr(b.quant, capture.values, ref.values, {n: layer_of.get(s, "<root>") for n, s in ref.node_seq.items()},
+                   ref.placeholders)
 
 
 def _run_backend(b: BackendDrift, backend: Any, ref: Reference, edit: Callable | None,
