@@ -380,3 +380,56 @@ def test_eager_equal_reads_the_models_outputs_among_the_graphs(tmp_path):
     torch.manual_seed(0)
     r = compile_check(KeepsState().eval(), (torch.randn(2, 8),), out=tmp_path / "state")
     assert r.eager_equal and r.outputs_equal and r.summary["failed"] == 0
+
+
+@pytest.mark.slow
+def test_a_lowering_crash_names_its_node_and_writes_a_repro_that_reproduces(tmp_path):
+    import runpy
+
+    from xray.compiled.cli import report
+    from xray.compiled.faults import failing_lowering
+
+    model, args = block()
+    with failing_lowering(torch.ops.aten.exp.default):  # softmax's exp: inductor lowers it
+        r = compile_check(model, args, out=tmp_path / "crash")
+    k = r.crash
+    assert k is not None and k.side == "compile" and k.node == "exp" and k.op == "aten.exp.default"
+    assert "xray fault" in k.error and "torch.softmax" in k.stack_trace
+    s = json.loads((r.out / "summary.json").read_text())
+    assert s["verdict_kind"] == "crash" and s["crash"]["node"] == "exp" and s["first_divergence"]["side"] == "compile"
+    assert r.verdict.startswith("crash: the compiled model fails to compile") and "Traceback" not in report(r)
+    repro = str(r.out / k.repro)
+
+    def status() -> int:
+        try:
+            runpy.run_path(repro, run_name="__main__")
+        except SystemExit as e:
+            return e.code
+        return 0
+
+    with failing_lowering(torch.ops.aten.exp.default):
+        assert status() == 1  # the node alone still crashes
+    assert status() == 0  # and only because of the fault
+
+
+def test_fp64_check_reads_an_error_beyond_fp32(tmp_path):
+    from xray.compiled.writeup import fp64_check, pad_distance
+
+    model, args = pad_distance()
+    with torch.no_grad():
+        eager = model(*args)
+    ok = fp64_check(model, args, [eager.clone()])
+    assert ok["within_fp32"] and ok["ratio"] == pytest.approx(1.0)
+    off = fp64_check(model, args, [eager * (1 + 1e-3)])
+    assert not off["within_fp32"] and off["ratio"] > 10
+
+
+@pytest.mark.slow
+def test_writeup_examples_on_this_torch(tmp_path):
+    from xray.compiled.writeup import run
+
+    facts = run(tmp_path)
+    pad = facts["pad_distance"]
+    assert pad["failed"] == 0 and pad["within_fp32"] and pad["eager_rmse_vs_fp64"] > 0
+    assert facts["frexp"]["crash"] is None and facts["frexp"]["bitwise_equal"]
+    assert facts["frexp"]["verdict"].startswith("consistent")

@@ -140,6 +140,8 @@ class Capture:
         # (graph, run, launch) -> the written buffers, copied to the CPU
         self.values: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self.probe_seconds = 0.0
+        self.compile_failed = False  # an error left a graph's compilation (not its run)
+        self.failed_node: torch.fx.Node | None = None  # the post-grad node whose lowering raised
 
     def probe(self, graph: int, launch: int, buffers: tuple) -> None:
         if not self.recording:
@@ -177,6 +179,9 @@ class Capture:
             self.dynamo, self.backward = dynamo, backward
             try:
                 return compile_fx_inner(gm, example_inputs, **kwargs)
+            except Exception:
+                self.compile_failed = True
+                raise
             finally:
                 self.dynamo, self.backward = saved
 
@@ -257,7 +262,7 @@ def capturing(capture: Capture) -> Iterator[Capture]:
     from torch._inductor import config as inductor_config
     from torch._inductor.graph import GraphLowering
 
-    original = GraphLowering.compile_to_module
+    original, original_run_node = GraphLowering.compile_to_module, GraphLowering.run_node
 
     def compile_to_module(self: Any) -> Any:
         # inductor's kernel -> post-grad nodes map (trace.provenance_tracking_level) is a module
@@ -267,7 +272,15 @@ def capturing(capture: Capture) -> Iterator[Capture]:
         module = original(self)
         return capture._graph_done(self, module, dict(provenance))
 
-    GraphLowering.compile_to_module = compile_to_module
+    def run_node(self: Any, n: torch.fx.Node) -> Any:
+        try:
+            return original_run_node(self, n)
+        except Exception:
+            if capture.failed_node is None:  # the innermost node: a lowering may lower others
+                capture.failed_node = n
+            raise
+
+    GraphLowering.compile_to_module, GraphLowering.run_node = compile_to_module, run_node
     try:
         # the C++ kernel cache stays on: a cached kernel is still generated code, only not rebuilt
         with inductor_config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False,
@@ -275,4 +288,4 @@ def capturing(capture: Capture) -> Iterator[Capture]:
                 torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False):
             yield capture
     finally:
-        GraphLowering.compile_to_module = original
+        GraphLowering.compile_to_module, GraphLowering.run_node = original, original_run_node

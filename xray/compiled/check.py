@@ -19,6 +19,7 @@ from ..dump.folder_owner import check_output, mark_output, replace_output
 from ..numerics import math_settings
 from ..record.flatten import flatten_tensors
 from .capture import Capture, capturing
+from .crash import REPRO
 from .dump import run_math, write_compiled
 from .mapping import pair_runs
 from .reference import DynamoGraphs, record_eager
@@ -45,6 +46,8 @@ class CompileCheckResult:
     outputs_equal: bool = True  # the recorded compiled run's outputs are bitwise its plain run's
     eager_equal: bool = True  # the eager reference's outputs are bitwise the model's own eager outputs
     seconds: dict[str, float] = field(default_factory=dict)
+    outputs: list[torch.Tensor] = field(default_factory=list)  # the compiled model's outputs, flat (plain run)
+    crash: Any = None  # crash.Crash: the compiled side failed where eager runs (no comparison made)
 
     @property
     def first(self) -> dict[str, Any] | None:
@@ -87,8 +90,12 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     capture, dynamo = Capture(keep_tensors=save_tensors), DynamoGraphs()
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        return compile_fx(gm, example_inputs, inner_compile=capture.inner_compile(capture.dynamo),
-                          config_patches=options, decompositions=decompositions)
+        try:
+            return compile_fx(gm, example_inputs, inner_compile=capture.inner_compile(capture.dynamo),
+                              config_patches=options, decompositions=decompositions)
+        except Exception:
+            capture.compile_failed = True
+            raise
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=dynamo.backend(capture, compile_fn), dynamic=False)
@@ -114,8 +121,8 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
             seconds["recorded_run"] = time.perf_counter() - t0
             seconds["probe"] = capture.probe_seconds
     except Exception as e:  # noqa: BLE001 - the compiler's or the model's error is the result
-        raise CompileCheckError(f"compiling or running the compiled model failed: {type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:400] if str(e) else ''}") from e
+        torch._dynamo.reset()
+        return _crashed(e, capture, step, out, backend, mode)
     finally:
         torch._dynamo.reset()
     if not capture.graphs:
@@ -159,8 +166,34 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
                            "unpaired": pairing.unpaired, "outputs_equal": outputs_equal, "eager_equal": eager_equal,
                            "seconds": {k: round(v, 4) for k, v in seconds.items()}}
     write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
+    (out / REPRO).unlink(missing_ok=True)  # a previous check's crash repro is not this one's
     return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
-                              outputs_equal, eager_equal, seconds)
+                              outputs_equal, eager_equal, seconds, plain)
+
+
+def _crashed(error: Exception, capture: Capture, step: Step, out: Path, backend: str,
+             mode: str | None) -> CompileCheckResult:
+    """The compiled model failed: if eager runs, that is the result (crash.py): OUT/summary.json
+    names the side, node and error, OUT/repro.py rebuilds the failing node alone."""
+    from .crash import describe, summary, write_repro
+
+    crash = describe(error, "compile" if capture.compile_failed else "run", capture.failed_node,
+                     [g.path for g in capture.graphs])
+    try:
+        with torch.set_grad_enabled(step.backward):
+            Step(step.model, step.model, step.args, step.kwargs, step.backward)()
+    except Exception as e:  # noqa: BLE001 - not an inconsistency of the compiler
+        raise CompileCheckError(f"the model fails in eager too, not only compiled ({crash.side}): "
+                                f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                                ) from e
+    out.mkdir(parents=True, exist_ok=True)
+    mark_output(out, COMMAND)
+    for stale in (CSV, HTML):  # a previous check's comparison is not this one's
+        (out / stale).unlink(missing_ok=True)
+    write_repro(out, capture.failed_node, crash)
+    s = summary(crash, backend, mode)
+    write_text(out / SUMMARY, json.dumps(s, indent=2, default=str) + "\n")
+    return CompileCheckResult(out, s, s["verdict"], 0, 0, crash=crash)
 
 
 def _found_in(own: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:

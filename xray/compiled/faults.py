@@ -1,12 +1,13 @@
 """Compiler faults to inject into inductor, for the tests and tools/bench_compile_faults.py.
 
-Three kinds, all inside the compiler so that the eager reference stays right:
+Four kinds, all inside the compiler so that the eager reference stays right:
 - ``ScaleNode``: a post-grad pass (``post_grad_custom_post_pass``) that multiplies one node's
   value by ``1 + eps``, in the forward graph or in AOT autograd's backward graph; the multiply is
   named ``xray_fault`` so a report can be checked against it;
 - ``wrong_decompositions``: a decomposition table with one op decomposed wrongly;
 - ``wrong_lowering``: inductor's lowering of one op replaced, while compiling, by one whose result
-  is ``1 + eps`` times too large.
+  is ``1 + eps`` times too large;
+- ``failing_lowering``: inductor's lowering of one op replaced by one that raises (a crash).
 """
 from __future__ import annotations
 
@@ -129,3 +130,24 @@ def wrong_lowering(op: Any, eps: float = 1e-3) -> Iterator[list[int]]:
         yield applied
     finally:
         L.lowerings[op] = original
+
+
+@contextlib.contextmanager
+def failing_lowering(op: Any) -> Iterator[None]:
+    """While inside, inductor's lowering of ``op`` raises, as a lowering bug does: the compile
+    crashes at that op's node where eager runs."""
+    from torch._inductor import lowering as L
+
+    original = L.lowerings.get(op)
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"xray fault: no lowering for {op}")
+
+    L.lowerings[op] = lower
+    try:
+        yield
+    finally:
+        if original is None:
+            L.lowerings.pop(op, None)
+        else:
+            L.lowerings[op] = original
