@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 
@@ -340,8 +341,16 @@ def test_a_lowering_wrong_on_every_call_is_a_bug_not_bf16(tmp_path):
     assert (r.first["graph"], r.first["launch"]) == (first["graph"], first["launch"])
     assert r.first["module"] == "n1" and "rsqrt" in r.first["kernel_nodes"]
     assert r.verdict.startswith("bug: born at aten.native_layer_norm.default")
-    clean = compile_check(model, args, out=tmp_path / "clean")
+    # the blamed kernel's standalone test: its fused nodes on the buffers it was fed fail the same way
+    repro = r.out / r.summary["compiled"]["repro"]
+    assert repro.name == f"test_repro_{r.first['kernel']}.py" and repro.with_suffix(".pt").is_file()
+    test = runpy.run_path(str(repro))["test_kernel_matches_eager_within_fp32"]
+    with wrong_lowering(torch.ops.aten.rsqrt.default), pytest.raises(AssertionError, match="rsqrt"):
+        test()
+    test()  # passes on a clean compile: the fault, not the rebuild, made it fail
+    clean = compile_check(model, args, out=r.out)
     assert clean.summary["failed"] == 0 and clean.verdict.startswith("precision")
+    assert clean.summary["compiled"]["repro"] is None and not list(r.out.glob("test_repro_*"))
 
 
 def test_a_scale_fault_never_hits_a_constant():
@@ -384,8 +393,6 @@ def test_eager_equal_reads_the_models_outputs_among_the_graphs(tmp_path):
 
 @pytest.mark.slow
 def test_a_lowering_crash_names_its_node_and_writes_a_repro_that_reproduces(tmp_path):
-    import runpy
-
     from xray.compiled.cli import report
     from xray.compiled.faults import failing_lowering
 

@@ -38,6 +38,7 @@ class NodeInfo:
     shape: tuple | None
     dtype: str | None
     stack_trace: str = ""
+    call: str = ""  # Python source of the call: ``torch.ops.aten.mul.Tensor(addmm, 1.0)`` (kernel_repro.py)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class CompiledGraph:
     path: str = ""  # the output-code file
     instrumented: bool = False
     backward: bool = False  # AOT autograd's backward graph of the Dynamo graph
+    inputs: dict[str, tuple[tuple, str]] = field(default_factory=dict)  # placeholder -> (shape, dtype)
 
 
 def _op_name(target: Any) -> str:
@@ -111,7 +113,17 @@ def _node_info(node: torch.fx.Node, seq_roots: dict[int, str] | None = None) -> 
                     str(module), [u.name for u in node.users],
                     [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None, arguments,
                     tuple(val.shape) if isinstance(val, torch.Tensor) else None,
-                    str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "")
+                    str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "",
+                    _call(node))
+
+
+def _call(node: torch.fx.Node) -> str:
+    from .crash import literal
+
+    args = [literal(a, {}) for a in node.args] + [f"{k}={literal(v, {})}" for k, v in node.kwargs.items()]
+    target = f"torch.ops.{node.target}" if isinstance(node.target, torch._ops.OpOverload) else \
+        "operator.getitem" if node.target is operator.getitem else ""
+    return f"{target}({', '.join(args)})" if target else ""
 
 
 @dataclass
@@ -199,6 +211,8 @@ class Capture:
             origins[name] = sorted(o.name for o in getattr(buf, "origins", ()) if o.op == "call_function")
         graph = CompiledGraph(index, self.dynamo, nodes, buffer_node, origins, path=getattr(module, "__file__", "") or "",
                               backward=self.backward)
+        graph.inputs = {n.name: (tuple(n.meta["val"].shape), str(n.meta["val"].dtype)) for n in lowering.graph.nodes
+                        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
         self.graphs.append(graph)
         done: Instrumented | None = instrument(module, functools.partial(self.probe, index))
         if done is None:

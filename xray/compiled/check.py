@@ -155,16 +155,19 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
                        save_tensors=save_tensors, math=run_math(math, devices))
     finally:
         eager.close()
+    values = dict(capture.values)  # the kernel repro reads the buffers fed to the blamed kernel
     capture.values.clear()
 
     say("compare")
     t0 = time.perf_counter()
     summary, verdict = _compare(out, folder)
     seconds["compare"] = time.perf_counter() - t0
+    repro = _kernel_repro(out, capture.graphs, summary, values)
+    values.clear()
     summary["compiled"] = {"backend": backend, "mode": mode, "graphs": len(capture.graphs),
                            "kernel_launches": pairing.kernels, "paired": len(pairing.pairs),
                            "unpaired": pairing.unpaired, "outputs_equal": outputs_equal, "eager_equal": eager_equal,
-                           "seconds": {k: round(v, 4) for k, v in seconds.items()}}
+                           "seconds": {k: round(v, 4) for k, v in seconds.items()}, "repro": repro}
     write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
     (out / REPRO).unlink(missing_ok=True)  # a previous check's crash repro is not this one's
     return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
@@ -194,6 +197,22 @@ def _crashed(error: Exception, capture: Capture, step: Step, out: Path, backend:
     s = summary(crash, backend, mode)
     write_text(out / SUMMARY, json.dumps(s, indent=2, default=str) + "\n")
     return CompileCheckResult(out, s, s["verdict"], 0, 0, crash=crash)
+
+
+def _kernel_repro(out: Path, graphs: list, summary: dict[str, Any], values: dict) -> str | None:
+    """For a divergence born in a kernel, OUT/test_repro_<kernel>.py (kernel_repro.py); a previous
+    check's repro files are removed."""
+    from . import kernel_repro
+
+    for stale in [*out.glob(f"{kernel_repro.PREFIX}*.py"), *out.glob(f"{kernel_repro.PREFIX}*.pt")]:
+        stale.unlink()
+    fd = summary.get("first_divergence") or {}
+    if fd.get("origin") != "born" or not fd.get("kernel") or fd.get("graph") is None:
+        return None
+    graph = next((g for g in graphs if g.index == fd["graph"]), None)
+    title = f"kernel {fd['kernel']} (graph {fd['graph']}, launch {fd.get('launch')}), where {fd.get('op')} in " \
+            f"{fd.get('module') or '<root>'} diverges from eager"
+    return kernel_repro.write(out, graph, fd["launch"], fd["kernel"], title, values) if graph is not None else None
 
 
 def _found_in(own: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:

@@ -77,12 +77,12 @@ def describe(error: BaseException, side: str, node: torch.fx.Node | None, code_p
     return crash
 
 
-def _literal(value: Any, names: dict[str, str]) -> str:
+def literal(value: Any, names: dict[str, str]) -> str:
     """Python source for one argument of the node: a node is its input's name."""
     if isinstance(value, torch.fx.Node):
-        return names[value.name]
+        return names.get(value.name, value.name)
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(_literal(v, names) for v in value)
+        inner = ", ".join(literal(v, names) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
     if isinstance(value, torch.device):
         return f"torch.device({str(value)!r})"
@@ -93,7 +93,7 @@ def _literal(value: Any, names: dict[str, str]) -> str:
     return repr(value)
 
 
-def _make(val: torch.Tensor, device: str) -> str:
+def make_tensor(val: torch.Tensor, device: str) -> str:
     shape, dtype = list(val.shape), str(val.dtype)
     if val.dtype.is_floating_point or val.dtype.is_complex:
         return f"torch.randn({shape}, dtype={dtype}, device={device!r})"
@@ -114,9 +114,9 @@ def repro_source(node: torch.fx.Node, crash: Crash) -> str | None:
         return None
     names = {n.name: f"a{i}" for i, n in enumerate(inputs)}
     params = ", ".join(names[n.name] for n in inputs)
-    call = ", ".join([_literal(a, names) for a in node.args] +
-                     [f"{k}={_literal(v, names)}" for k, v in node.kwargs.items()])
-    made = "\n".join(f"    {names[n.name]} = {_make(v, v.device.type)}" for n, v in zip(inputs, vals))
+    call = ", ".join([literal(a, names) for a in node.args] +
+                     [f"{k}={literal(v, names)}" for k, v in node.kwargs.items()])
+    made = "\n".join(f"    {names[n.name]} = {make_tensor(v, v.device.type)}" for n, v in zip(inputs, vals))
     op = str(node.target)
     return f'''"""xray compile-check repro: {op} (node {node.name}{f', module {crash.module}' if crash.module else ''})
 fails to {crash.side} with inductor where eager runs.
@@ -138,7 +138,8 @@ def main() -> int:
 {made}
     eager = f({params})
     try:
-        compiled = torch.compile(f, backend="inductor", fullgraph=True)({params})
+        with torch._inductor.config.patch(fx_graph_cache=False):  # compile now, not a cached kernel
+            compiled = torch.compile(f, backend="inductor", fullgraph=True)({params})
     except Exception as e:  # the crash being reproduced
         print(f"compiled fails: {{type(e).__name__}}: {{str(e).strip().splitlines()[0] if str(e).strip() else ''}}")
         return 1
