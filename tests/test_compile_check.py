@@ -440,3 +440,19 @@ def test_writeup_examples_on_this_torch(tmp_path):
     assert pad["failed"] == 0 and pad["within_fp32"] and pad["eager_rmse_vs_fp64"] > 0
     assert facts["frexp"]["crash"] is None and facts["frexp"]["bitwise_equal"]
     assert facts["frexp"]["verdict"].startswith("consistent")
+
+
+@pytest.mark.slow
+def test_a_kernel_failing_at_run_names_its_launch_and_node(tmp_path):
+    from xray.compiled.faults import FailAtRun
+
+    model, args = block()
+    fault = FailAtRun()  # the first linear's addmm routed through an op that raises when run
+    r = compile_check(model, args, out=tmp_path / "run", config_patches={"post_grad_custom_post_pass": fault})
+    k = r.crash
+    assert fault.hit == "addmm" and k.side == "run" and "xray fault" in k.error
+    assert k.kernel == "torch.ops.xray_fault.fail_at_run.default" and k.node == FAULT_NODE and k.module == "up"
+    assert json.loads((r.out / "summary.json").read_text())["first_divergence"]["side"] == "run"
+    with pytest.raises(SystemExit) as e:  # the node alone: the fault's op raises in eager too, said apart (2)
+        runpy.run_path(str(r.out / k.repro), run_name="__main__")
+    assert e.value.code == 2

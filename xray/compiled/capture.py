@@ -114,10 +114,12 @@ def _node_info(node: torch.fx.Node, seq_roots: dict[int, str] | None = None) -> 
                     [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None, arguments,
                     tuple(val.shape) if isinstance(val, torch.Tensor) else None,
                     str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "",
-                    _call(node))
+                    call_source(node))
 
 
-def _call(node: torch.fx.Node) -> str:
+def call_source(node: torch.fx.Node) -> str:
+    """The node's call as Python source over its inputs' names (repros rebuild nodes from it once
+    the graph is gone); "" when it is no ATen op or ``getitem``."""
     from .crash import literal
 
     args = [literal(a, {}) for a in node.args] + [f"{k}={literal(v, {})}" for k, v in node.kwargs.items()]

@@ -180,8 +180,7 @@ def _crashed(error: Exception, capture: Capture, step: Step, out: Path, backend:
     names the side, node and error, OUT/repro.py rebuilds the failing node alone."""
     from .crash import describe, summary, write_repro
 
-    crash = describe(error, "compile" if capture.compile_failed else "run", capture.failed_node,
-                     [g.path for g in capture.graphs])
+    crash = describe(error, "compile" if capture.compile_failed else "run", capture.failed_node, capture.graphs)
     try:
         with torch.set_grad_enabled(step.backward):
             Step(step.model, step.model, step.args, step.kwargs, step.backward)()
@@ -193,7 +192,7 @@ def _crashed(error: Exception, capture: Capture, step: Step, out: Path, backend:
     mark_output(out, COMMAND)
     for stale in (CSV, HTML):  # a previous check's comparison is not this one's
         (out / stale).unlink(missing_ok=True)
-    write_repro(out, capture.failed_node, crash)
+    write_repro(out, capture.failed_node, capture.graphs, crash)
     s = summary(crash, backend, mode)
     write_text(out / SUMMARY, json.dumps(s, indent=2, default=str) + "\n")
     return CompileCheckResult(out, s, s["verdict"], 0, 0, crash=crash)

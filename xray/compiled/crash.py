@@ -57,9 +57,9 @@ def _line(error: BaseException) -> str:
     return one_line(f"{type(error).__name__}: {text[0] if text else ''}", 400)
 
 
-def describe(error: BaseException, side: str, node: torch.fx.Node | None, code_paths: list[str]) -> Crash:
-    """What a crash says about itself: the node inductor was lowering, else the output-code line
-    (the kernel call) the error passed through."""
+def describe(error: BaseException, side: str, node: torch.fx.Node | None, graphs: list) -> Crash:
+    """What a crash says about itself: the node inductor was lowering, else the kernel launch of the
+    output code the error passed through and the node that kernel computes."""
     from .reference import module_path
 
     crash = Crash(side, _line(innermost(error)))
@@ -70,10 +70,20 @@ def describe(error: BaseException, side: str, node: torch.fx.Node | None, code_p
         crash.node, crash.op = node.name, str(node.target)
         crash.module = module_path(str(list(stack.values())[-1][0])) if stack else ""
         crash.stack_trace = "; ".join(" ".join(line.split()) for line in trace[-2:]) if trace else None
-    paths = {p for p in code_paths if p}
+    by_path = {g.path: g for g in graphs if g.path}
     for frame in traceback.extract_tb(error.__traceback__):
-        if frame.filename in paths:
-            crash.kernel = (frame.line or "").strip() or f"{Path(frame.filename).name}:{frame.lineno}"
+        graph = by_path.get(frame.filename)
+        if graph is None:
+            continue
+        launch = next((la for la in graph.launches if la.line == frame.lineno), None)
+        crash.kernel = launch.kernel if launch else (frame.line or "").strip()
+        own = [graph.nodes[n] for n in (graph.fused.get(launch.index, []) if launch else [])
+               if n in graph.nodes and graph.nodes[n].target != "getitem"]
+        if node is None and len(own) == 1:
+            info = own[0]
+            crash.node, crash.op, crash.module = info.name, info.target, module_path(info.module)
+            lines = [line for line in info.stack_trace.strip().splitlines() if line.strip(" ^~")]
+            crash.stack_trace = "; ".join(" ".join(line.split()) for line in lines[-2:]) if lines else None
     return crash
 
 
@@ -93,35 +103,51 @@ def literal(value: Any, names: dict[str, str]) -> str:
     return repr(value)
 
 
-def make_tensor(val: torch.Tensor, device: str) -> str:
-    shape, dtype = list(val.shape), str(val.dtype)
-    if val.dtype.is_floating_point or val.dtype.is_complex:
+def make_tensor(shape: tuple, dtype: str, device: str = "cpu") -> str:
+    shape = list(shape)
+    if "float" in dtype or "complex" in dtype:
         return f"torch.randn({shape}, dtype={dtype}, device={device!r})"
-    if val.dtype == torch.bool:
+    if dtype == "torch.bool":
         return f"torch.randint(0, 2, {shape}, device={device!r}).bool()"
     return f"torch.randint(0, 8, {shape}, dtype={dtype}, device={device!r})"
 
 
-def repro_source(node: torch.fx.Node, crash: Crash) -> str | None:
-    """A standalone script: the node alone as a function of random inputs of its recorded shapes
-    and dtypes, run eager and compiled with inductor; exit status 1 while the compiled side fails.
-    None when the node is no ATen op or an input's shape is unknown."""
-    if not isinstance(node.target, torch._ops.OpOverload):
+def node_repro(node: torch.fx.Node, crash: Crash) -> str | None:
+    """``repro_source`` for a node of a graph being lowered."""
+    from .capture import call_source
+
+    vals = {n.name: n.meta.get("val") for n in node.all_input_nodes}
+    if not all(isinstance(v, torch.Tensor) for v in vals.values()):
         return None
-    inputs = node.all_input_nodes
-    vals = [n.meta.get("val") for n in inputs]
-    if not all(isinstance(v, torch.Tensor) for v in vals):
+    return repro_source(str(node.target), node.name, call_source(node),
+                        {k: (tuple(v.shape), str(v.dtype), v.device.type) for k, v in vals.items()}, crash)
+
+
+def info_repro(graph: Any, name: str, crash: Crash) -> str | None:
+    """``repro_source`` for a node of a compiled graph (capture.NodeInfo), inputs from the graph's metadata."""
+    info = graph.nodes[name]
+    inputs = {}
+    for a in info.args:
+        known = graph.nodes.get(a)
+        meta = (known.shape, known.dtype) if known is not None else graph.inputs.get(a)
+        if meta is None or meta[0] is None or meta[1] is None:
+            return None
+        inputs[a] = (meta[0], meta[1], "cpu")
+    return repro_source(info.target, name, info.call, inputs, crash)
+
+
+def repro_source(op: str, node: str, call: str, inputs: dict[str, tuple[tuple, str, str]], crash: Crash) -> str | None:
+    """A standalone script: the node alone (``call``, Python source naming its inputs) as a
+    function of random inputs of their recorded shapes and dtypes, run eager and compiled with
+    inductor; exit status 1 while the compiled side fails (2: eager fails too). None when the call cannot be written."""
+    if not call or not call.startswith("torch.ops."):
         return None
-    names = {n.name: f"a{i}" for i, n in enumerate(inputs)}
-    params = ", ".join(names[n.name] for n in inputs)
-    call = ", ".join([literal(a, names) for a in node.args] +
-                     [f"{k}={literal(v, names)}" for k, v in node.kwargs.items()])
-    made = "\n".join(f"    {names[n.name]} = {make_tensor(v, v.device.type)}" for n, v in zip(inputs, vals))
-    op = str(node.target)
-    return f'''"""xray compile-check repro: {op} (node {node.name}{f', module {crash.module}' if crash.module else ''})
+    params = ", ".join(inputs)
+    made = "\n".join(f"    {k} = {make_tensor(*meta)}" for k, meta in inputs.items())
+    return f'''"""xray compile-check repro: {op} (node {node}{f', module {crash.module}' if crash.module else ''})
 fails to {crash.side} with inductor where eager runs.
     {crash.error}
-Exit status 1 while the compiled side still fails, 0 once it runs."""
+Exit status 1 while the compiled side still fails, 0 once it runs, 2 if eager fails too."""
 import sys
 
 import torch
@@ -130,13 +156,17 @@ aten = torch.ops.aten
 
 
 def f({params}):
-    return torch.ops.{op}({call})
+    return {call}
 
 
 def main() -> int:
     torch.manual_seed(0)
 {made}
-    eager = f({params})
+    try:
+        eager = f({params})
+    except Exception as e:  # not a compiler inconsistency of this node alone
+        print(f"eager fails too: {{type(e).__name__}}: {{str(e).strip().splitlines()[0] if str(e).strip() else ''}}")
+        return 2
     try:
         with torch._inductor.config.patch(fx_graph_cache=False):  # compile now, not a cached kernel
             compiled = torch.compile(f, backend="inductor", fullgraph=True)({params})
@@ -154,10 +184,13 @@ if __name__ == "__main__":
 '''
 
 
-def write_repro(out: Path, node: torch.fx.Node | None, crash: Crash) -> None:
+def write_repro(out: Path, node: torch.fx.Node | None, graphs: list, crash: Crash) -> None:
+    """OUT/repro.py for the failing node: the node being lowered, else the one the failing kernel computes."""
     from ..dump.atomic import write_text
 
-    source = repro_source(node, crash) if node is not None else None
+    graph = next((g for g in graphs if crash.node in g.nodes), None) if crash.node else None
+    source = node_repro(node, crash) if node is not None else \
+        info_repro(graph, crash.node, crash) if graph is not None else None
     if source is not None:
         write_text(out / REPRO, source)
         crash.repro = REPRO
