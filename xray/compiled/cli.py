@@ -72,6 +72,8 @@ def report(result) -> str:
         if fd.get("kernel"):
             lines.append(f"  kernel: {fd['kernel']} (launch {fd.get('launch')}), writes {fd.get('buffer')} = node "
                          f"{fd.get('node')}; fuses {', '.join(fd.get('kernel_ops') or [])}")
+    if c.get("repro"):
+        lines.append(f"  standalone test of that kernel: {result.out}/{c['repro']} (fails under pytest while it diverges)")
     lines.append(f"verdict: {result.verdict}")
     lines.append(f"wrote {result.out}/summary.json, compare.csv, report.html")
     return "\n".join(lines)
