@@ -344,6 +344,10 @@ def test_a_lowering_wrong_on_every_call_is_a_bug_not_bf16(tmp_path):
     # the blamed kernel's standalone test: its fused nodes on the buffers it was fed fail the same way
     repro = r.out / r.summary["compiled"]["repro"]
     assert repro.name == f"test_repro_{r.first['kernel']}.py" and repro.with_suffix(".pt").is_file()
+    fed = torch.load(repro.with_suffix(".pt"))  # the recorded values: the linear's buffer, the norm's weights
+    assert any(t.shape == (2, 8, 32) or t.shape == (16, 32) for t in fed.values())
+    for w in (model.n1.weight, model.n1.bias):
+        assert any(torch.equal(t, w.detach()) for t in fed.values())
     test = runpy.run_path(str(repro))["test_kernel_matches_eager_within_fp32"]
     with wrong_lowering(torch.ops.aten.rsqrt.default), pytest.raises(AssertionError, match="rsqrt"):
         test()

@@ -162,7 +162,7 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     t0 = time.perf_counter()
     summary, verdict = _compare(out, folder)
     seconds["compare"] = time.perf_counter() - t0
-    repro = _kernel_repro(out, capture.graphs, summary, values)
+    repro = _kernel_repro(out, capture.graphs, summary, values, dynamo)
     values.clear()
     summary["compiled"] = {"backend": backend, "mode": mode, "graphs": len(capture.graphs),
                            "kernel_launches": pairing.kernels, "paired": len(pairing.pairs),
@@ -198,7 +198,8 @@ def _crashed(error: Exception, capture: Capture, step: Step, out: Path, backend:
     return CompileCheckResult(out, s, s["verdict"], 0, 0, crash=crash)
 
 
-def _kernel_repro(out: Path, graphs: list, summary: dict[str, Any], values: dict) -> str | None:
+def _kernel_repro(out: Path, graphs: list, summary: dict[str, Any], values: dict,
+                  dynamo: DynamoGraphs) -> str | None:
     """For a divergence born in a kernel, OUT/test_repro_<kernel>.py (kernel_repro.py); a previous
     check's repro files are removed."""
     from . import kernel_repro
@@ -211,7 +212,11 @@ def _kernel_repro(out: Path, graphs: list, summary: dict[str, Any], values: dict
     graph = next((g for g in graphs if g.index == fd["graph"]), None)
     title = f"kernel {fd['kernel']} (graph {fd['graph']}, launch {fd.get('launch')}), where {fd.get('op')} in " \
             f"{fd.get('module') or '<root>'} diverges from eager"
-    return kernel_repro.write(out, graph, fd["launch"], fd["kernel"], title, values) if graph is not None else None
+    if graph is None:
+        return None
+    fed = next((args for index, args in dynamo.runs if index == graph.dynamo), None)
+    return kernel_repro.write(out, graph, fd["launch"], fd["kernel"], title, values,
+                              kernel_repro.graph_inputs(graph, fed or []))
 
 
 def _found_in(own: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:

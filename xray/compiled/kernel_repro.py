@@ -3,9 +3,11 @@ nodes the kernel fuses, rebuilt as one function, run eager, in fp64 and compiled
 the values the compiled run fed the kernel, judged by ``torch._dynamo.utils.same`` (the compiled
 error vs fp64 may not exceed eager's by more than its multiplier).
 
-An input another launch wrote is its recorded buffer (saved beside the test as ``.pt``); a graph
-input (a weight, the model's input) is random of its recorded shape, uniform in [0, 1) so that a
-domain-limited op (rsqrt of a variance) stays defined."""
+The inputs are recorded values, saved beside the test as ``.pt``: a buffer another launch wrote,
+or a forward graph's input (a weight, the model's input: the Dynamo graph's inputs of the first
+recorded run, in order, when their shapes and dtypes are the compiled graph's). Any other input is
+random of its recorded shape, uniform in [0, 1) so that a domain-limited op (rsqrt of a variance)
+stays defined."""
 from __future__ import annotations
 
 import re
@@ -41,7 +43,20 @@ def recorded(graph: CompiledGraph, launch: int, name: str, values: dict) -> torc
     return found
 
 
-def source(graph: CompiledGraph, launch: int, title: str, values: dict) -> tuple[str, dict[str, Any]] | None:
+def graph_inputs(graph: CompiledGraph, fed: list) -> dict[str, torch.Tensor]:
+    """A forward graph's placeholders -> the values the Dynamo graph was fed (AOT autograd keeps
+    their order), only when every shape and dtype agrees; {} otherwise (a backward graph's inputs
+    are saved activations and gradients)."""
+    tensors = [a for a in fed if isinstance(a, torch.Tensor)]
+    if graph.backward or len(tensors) != len(graph.inputs) or len(tensors) != len(fed):
+        return {}
+    if any(tuple(t.shape) != shape or str(t.dtype) != dtype for t, (shape, dtype) in zip(tensors, graph.inputs.values())):
+        return {}
+    return {name: t.detach() for name, t in zip(graph.inputs, tensors)}
+
+
+def source(graph: CompiledGraph, launch: int, title: str, values: dict,
+           fed: dict[str, torch.Tensor]) -> tuple[str, dict[str, Any]] | None:
     """The test's source; None when the kernel's nodes cannot be rebuilt (a node that is no ATen
     call, an input that is not one tensor of known shape)."""
     fused = set(graph.fused.get(launch, []))
@@ -63,7 +78,7 @@ def source(graph: CompiledGraph, launch: int, title: str, values: dict) -> tuple
         return None
     saved = {}
     for a, (shape, dtype) in inputs.items():
-        value = recorded(graph, launch, a, values)
+        value = fed.get(a) if a in fed else recorded(graph, launch, a, values)
         if value is not None and tuple(value.shape) == tuple(shape) and str(value.dtype) == dtype:
             saved[a] = value
     params = ", ".join(inputs)
@@ -104,10 +119,11 @@ def test_kernel_matches_eager_within_fp32():
 ''', saved
 
 
-def write(out: Path, graph: CompiledGraph, launch: int, kernel: str, title: str, values: dict) -> str | None:
+def write(out: Path, graph: CompiledGraph, launch: int, kernel: str, title: str, values: dict,
+          fed: dict[str, torch.Tensor]) -> str | None:
     """Write ``out/test_repro_<kernel>.py`` (and its inputs, ``.pt``); its name, or None when the
     kernel cannot be rebuilt."""
-    made = source(graph, launch, title, values)
+    made = source(graph, launch, title, values, fed)
     if made is None:
         return None
     name = f"{PREFIX}{re.sub(r'[^0-9A-Za-z_]', '_', kernel)}.py"
