@@ -55,10 +55,12 @@ def report(result) -> str:
         k = result.crash
         lines = [f"crash: the {k.side} side fails where eager runs: {k.error}"]
         if k.node:
-            lines.append(f"  node {k.node}: {k.op} in {k.module or '<root>'}" + (f"; {k.stack_trace}" if k.stack_trace else ""))
+            where = f"; {k.stack_trace}" if k.stack_trace else ""
+            lines.append(f"  node {k.node}: {k.op} in {k.module or '<root>'}{where}")
         if k.kernel:
             lines.append(f"  kernel call: {k.kernel}")
-        lines.append(f"wrote {result.out}/summary.json" + (f", {k.repro} (exits 1 while it still fails)" if k.repro else ""))
+        repro = f", {k.repro} (exits 1 while it still fails)" if k.repro else ""
+        lines.append(f"wrote {result.out}/summary.json{repro}")
         return "\n".join(lines)
     lines = [f"kernel launches probed: {result.kernels}; compiled buffers paired with an eager record: {result.paired}",
              f"pairs: pass / warning / fail / nan-inf / skip  {s.get('passed')} / {s.get('warned')} / "
@@ -73,7 +75,7 @@ def report(result) -> str:
             lines.append(f"  kernel: {fd['kernel']} (launch {fd.get('launch')}), writes {fd.get('buffer')} = node "
                          f"{fd.get('node')}; fuses {', '.join(fd.get('kernel_ops') or [])}")
     if c.get("repro"):
-        lines.append(f"  standalone test of that kernel: {result.out}/{c['repro']} (fails under pytest while it diverges)")
+        lines.append(f"  standalone test of that kernel: {result.out}/{c['repro']} (fails while it diverges)")
     lines.append(f"verdict: {result.verdict}")
     lines.append(f"wrote {result.out}/summary.json, compare.csv, report.html")
     return "\n".join(lines)

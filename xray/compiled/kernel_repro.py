@@ -18,7 +18,6 @@ import torch
 
 from ..dump.atomic import write_text
 from .capture import CompiledGraph
-from .crash import literal
 
 PREFIX = "test_repro_"
 
@@ -50,7 +49,8 @@ def graph_inputs(graph: CompiledGraph, fed: list) -> dict[str, torch.Tensor]:
     tensors = [a for a in fed if isinstance(a, torch.Tensor)]
     if graph.backward or len(tensors) != len(graph.inputs) or len(tensors) != len(fed):
         return {}
-    if any(tuple(t.shape) != shape or str(t.dtype) != dtype for t, (shape, dtype) in zip(tensors, graph.inputs.values())):
+    metas = graph.inputs.values()
+    if any(tuple(t.shape) != shape or str(t.dtype) != dtype for t, (shape, dtype) in zip(tensors, metas)):
         return {}
     return {name: t.detach() for name, t in zip(graph.inputs, tensors)}
 
