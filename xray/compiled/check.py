@@ -30,7 +30,8 @@ SUMMARY, CSV, HTML = "summary.json", "compare.csv", "report.html"
 
 
 class CompileCheckError(RuntimeError):
-    """The check cannot run: a bad argument, or compiling or running the model failed (one line)."""
+    """The check cannot run: a bad argument, no inductor graph, or a model that fails in eager too
+    (one line). A compiled side that fails where eager runs is a result (``CompileCheckResult.crash``)."""
 
 
 @dataclass
