@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 
@@ -340,8 +341,20 @@ def test_a_lowering_wrong_on_every_call_is_a_bug_not_bf16(tmp_path):
     assert (r.first["graph"], r.first["launch"]) == (first["graph"], first["launch"])
     assert r.first["module"] == "n1" and "rsqrt" in r.first["kernel_nodes"]
     assert r.verdict.startswith("bug: born at aten.native_layer_norm.default")
-    clean = compile_check(model, args, out=tmp_path / "clean")
+    # the blamed kernel's standalone test: its fused nodes on the buffers it was fed fail the same way
+    repro = r.out / r.summary["compiled"]["repro"]
+    assert repro.name == f"test_repro_{r.first['kernel']}.py" and repro.with_suffix(".pt").is_file()
+    fed = torch.load(repro.with_suffix(".pt"))  # the recorded values: the linear's buffer, the norm's weights
+    assert any(t.shape == (2, 8, 32) or t.shape == (16, 32) for t in fed.values())
+    for w in (model.n1.weight, model.n1.bias):
+        assert any(torch.equal(t, w.detach()) for t in fed.values())
+    test = runpy.run_path(str(repro))["test_kernel_matches_eager_within_fp32"]
+    with wrong_lowering(torch.ops.aten.rsqrt.default), pytest.raises(AssertionError, match="rsqrt"):
+        test()
+    test()  # passes on a clean compile: the fault, not the rebuild, made it fail
+    clean = compile_check(model, args, out=r.out)
     assert clean.summary["failed"] == 0 and clean.verdict.startswith("precision")
+    assert clean.summary["compiled"]["repro"] is None and not list(r.out.glob("test_repro_*"))
 
 
 def test_a_scale_fault_never_hits_a_constant():
@@ -380,3 +393,70 @@ def test_eager_equal_reads_the_models_outputs_among_the_graphs(tmp_path):
     torch.manual_seed(0)
     r = compile_check(KeepsState().eval(), (torch.randn(2, 8),), out=tmp_path / "state")
     assert r.eager_equal and r.outputs_equal and r.summary["failed"] == 0
+
+
+@pytest.mark.slow
+def test_a_lowering_crash_names_its_node_and_writes_a_repro_that_reproduces(tmp_path):
+    from xray.compiled.cli import report
+    from xray.compiled.faults import failing_lowering
+
+    model, args = block()
+    with failing_lowering(torch.ops.aten.exp.default):  # softmax's exp: inductor lowers it
+        r = compile_check(model, args, out=tmp_path / "crash")
+    k = r.crash
+    assert k is not None and k.side == "compile" and k.node == "exp" and k.op == "aten.exp.default"
+    assert "xray fault" in k.error and "torch.softmax" in k.stack_trace
+    s = json.loads((r.out / "summary.json").read_text())
+    assert s["verdict_kind"] == "crash" and s["crash"]["node"] == "exp" and s["first_divergence"]["side"] == "compile"
+    assert r.verdict.startswith("crash: the compiled model fails to compile") and "Traceback" not in report(r)
+    repro = str(r.out / k.repro)
+
+    def status() -> int:
+        try:
+            runpy.run_path(repro, run_name="__main__")
+        except SystemExit as e:
+            return e.code
+        return 0
+
+    with failing_lowering(torch.ops.aten.exp.default):
+        assert status() == 1  # the node alone still crashes
+    assert status() == 0  # and only because of the fault
+
+
+def test_fp64_check_reads_an_error_beyond_fp32(tmp_path):
+    from xray.compiled.writeup import fp64_check, pad_distance
+
+    model, args = pad_distance()
+    with torch.no_grad():
+        eager = model(*args)
+    ok = fp64_check(model, args, [eager.clone()])
+    assert ok["within_fp32"] and ok["ratio"] == pytest.approx(1.0)
+    off = fp64_check(model, args, [eager * (1 + 1e-3)])
+    assert not off["within_fp32"] and off["ratio"] > 10
+
+
+@pytest.mark.slow
+def test_writeup_examples_on_this_torch(tmp_path):
+    from xray.compiled.writeup import run
+
+    facts = run(tmp_path)
+    pad = facts["pad_distance"]
+    assert pad["failed"] == 0 and pad["within_fp32"] and pad["eager_rmse_vs_fp64"] > 0
+    assert facts["frexp"]["crash"] is None and facts["frexp"]["bitwise_equal"]
+    assert facts["frexp"]["verdict"].startswith("consistent")
+
+
+@pytest.mark.slow
+def test_a_kernel_failing_at_run_names_its_launch_and_node(tmp_path):
+    from xray.compiled.faults import FailAtRun
+
+    model, args = block()
+    fault = FailAtRun()  # the first linear's addmm routed through an op that raises when run
+    r = compile_check(model, args, out=tmp_path / "run", config_patches={"post_grad_custom_post_pass": fault})
+    k = r.crash
+    assert fault.hit == "addmm" and k.side == "run" and "xray fault" in k.error
+    assert k.kernel == "torch.ops.xray_fault.fail_at_run.default" and k.node == FAULT_NODE and k.module == "up"
+    assert json.loads((r.out / "summary.json").read_text())["first_divergence"]["side"] == "run"
+    with pytest.raises(SystemExit) as e:  # the node alone: the fault's op raises in eager too, said apart (2)
+        runpy.run_path(str(r.out / k.repro), run_name="__main__")
+    assert e.value.code == 2

@@ -38,6 +38,7 @@ class NodeInfo:
     shape: tuple | None
     dtype: str | None
     stack_trace: str = ""
+    call: str = ""  # Python source of the call: ``torch.ops.aten.mul.Tensor(addmm, 1.0)`` (kernel_repro.py)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class CompiledGraph:
     path: str = ""  # the output-code file
     instrumented: bool = False
     backward: bool = False  # AOT autograd's backward graph of the Dynamo graph
+    inputs: dict[str, tuple[tuple, str]] = field(default_factory=dict)  # placeholder -> (shape, dtype)
 
 
 def _op_name(target: Any) -> str:
@@ -111,7 +113,19 @@ def _node_info(node: torch.fx.Node, seq_roots: dict[int, str] | None = None) -> 
                     str(module), [u.name for u in node.users],
                     [a.name for a in node.all_input_nodes], index if isinstance(index, int) else None, arguments,
                     tuple(val.shape) if isinstance(val, torch.Tensor) else None,
-                    str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "")
+                    str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "",
+                    call_source(node))
+
+
+def call_source(node: torch.fx.Node) -> str:
+    """The node's call as Python source over its inputs' names (repros rebuild nodes from it once
+    the graph is gone); "" when it is no ATen op or ``getitem``."""
+    from .crash import literal
+
+    args = [literal(a, {}) for a in node.args] + [f"{k}={literal(v, {})}" for k, v in node.kwargs.items()]
+    target = f"torch.ops.{node.target}" if isinstance(node.target, torch._ops.OpOverload) else \
+        "operator.getitem" if node.target is operator.getitem else ""
+    return f"{target}({', '.join(args)})" if target else ""
 
 
 @dataclass
@@ -140,6 +154,8 @@ class Capture:
         # (graph, run, launch) -> the written buffers, copied to the CPU
         self.values: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self.probe_seconds = 0.0
+        self.compile_failed = False  # an error left a graph's compilation (not its run)
+        self.failed_node: torch.fx.Node | None = None  # the post-grad node whose lowering raised
 
     def probe(self, graph: int, launch: int, buffers: tuple) -> None:
         if not self.recording:
@@ -177,6 +193,9 @@ class Capture:
             self.dynamo, self.backward = dynamo, backward
             try:
                 return compile_fx_inner(gm, example_inputs, **kwargs)
+            except Exception:
+                self.compile_failed = True
+                raise
             finally:
                 self.dynamo, self.backward = saved
 
@@ -194,6 +213,8 @@ class Capture:
             origins[name] = sorted(o.name for o in getattr(buf, "origins", ()) if o.op == "call_function")
         graph = CompiledGraph(index, self.dynamo, nodes, buffer_node, origins, path=getattr(module, "__file__", "") or "",
                               backward=self.backward)
+        graph.inputs = {n.name: (tuple(n.meta["val"].shape), str(n.meta["val"].dtype)) for n in lowering.graph.nodes
+                        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
         self.graphs.append(graph)
         done: Instrumented | None = instrument(module, functools.partial(self.probe, index))
         if done is None:
@@ -257,7 +278,7 @@ def capturing(capture: Capture) -> Iterator[Capture]:
     from torch._inductor import config as inductor_config
     from torch._inductor.graph import GraphLowering
 
-    original = GraphLowering.compile_to_module
+    original, original_run_node = GraphLowering.compile_to_module, GraphLowering.run_node
 
     def compile_to_module(self: Any) -> Any:
         # inductor's kernel -> post-grad nodes map (trace.provenance_tracking_level) is a module
@@ -267,7 +288,15 @@ def capturing(capture: Capture) -> Iterator[Capture]:
         module = original(self)
         return capture._graph_done(self, module, dict(provenance))
 
-    GraphLowering.compile_to_module = compile_to_module
+    def run_node(self: Any, n: torch.fx.Node) -> Any:
+        try:
+            return original_run_node(self, n)
+        except Exception:
+            if capture.failed_node is None:  # the innermost node: a lowering may lower others
+                capture.failed_node = n
+            raise
+
+    GraphLowering.compile_to_module, GraphLowering.run_node = compile_to_module, run_node
     try:
         # the C++ kernel cache stays on: a cached kernel is still generated code, only not rebuilt
         with inductor_config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False,
@@ -275,4 +304,4 @@ def capturing(capture: Capture) -> Iterator[Capture]:
                 torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False):
             yield capture
     finally:
-        GraphLowering.compile_to_module = original
+        GraphLowering.compile_to_module, GraphLowering.run_node = original, original_run_node

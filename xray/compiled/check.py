@@ -19,6 +19,7 @@ from ..dump.folder_owner import check_output, mark_output, replace_output
 from ..numerics import math_settings
 from ..record.flatten import flatten_tensors
 from .capture import Capture, capturing
+from .crash import REPRO
 from .dump import run_math, write_compiled
 from .mapping import pair_runs
 from .reference import DynamoGraphs, record_eager
@@ -29,7 +30,8 @@ SUMMARY, CSV, HTML = "summary.json", "compare.csv", "report.html"
 
 
 class CompileCheckError(RuntimeError):
-    """The check cannot run: a bad argument, or compiling or running the model failed (one line)."""
+    """The check cannot run: a bad argument, no inductor graph, or a model that fails in eager too
+    (one line). A compiled side that fails where eager runs is a result (``CompileCheckResult.crash``)."""
 
 
 @dataclass
@@ -45,6 +47,8 @@ class CompileCheckResult:
     outputs_equal: bool = True  # the recorded compiled run's outputs are bitwise its plain run's
     eager_equal: bool = True  # the eager reference's outputs are bitwise the model's own eager outputs
     seconds: dict[str, float] = field(default_factory=dict)
+    outputs: list[torch.Tensor] = field(default_factory=list)  # the compiled model's outputs, flat (plain run)
+    crash: Any = None  # crash.Crash: the compiled side failed where eager runs (no comparison made)
 
     @property
     def first(self) -> dict[str, Any] | None:
@@ -87,8 +91,12 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     capture, dynamo = Capture(keep_tensors=save_tensors), DynamoGraphs()
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        return compile_fx(gm, example_inputs, inner_compile=capture.inner_compile(capture.dynamo),
-                          config_patches=options, decompositions=decompositions)
+        try:
+            return compile_fx(gm, example_inputs, inner_compile=capture.inner_compile(capture.dynamo),
+                              config_patches=options, decompositions=decompositions)
+        except Exception:
+            capture.compile_failed = True
+            raise
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=dynamo.backend(capture, compile_fn), dynamic=False)
@@ -114,8 +122,8 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
             seconds["recorded_run"] = time.perf_counter() - t0
             seconds["probe"] = capture.probe_seconds
     except Exception as e:  # noqa: BLE001 - the compiler's or the model's error is the result
-        raise CompileCheckError(f"compiling or running the compiled model failed: {type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:400] if str(e) else ''}") from e
+        torch._dynamo.reset()
+        return _crashed(e, capture, step, out, backend, mode)
     finally:
         torch._dynamo.reset()
     if not capture.graphs:
@@ -148,19 +156,68 @@ def compile_check(model: torch.nn.Module, args: tuple, kwargs: dict | None = Non
                        save_tensors=save_tensors, math=run_math(math, devices))
     finally:
         eager.close()
+    values = dict(capture.values)  # the kernel repro reads the buffers fed to the blamed kernel
     capture.values.clear()
 
     say("compare")
     t0 = time.perf_counter()
     summary, verdict = _compare(out, folder)
     seconds["compare"] = time.perf_counter() - t0
+    repro = _kernel_repro(out, capture.graphs, summary, values, dynamo)
+    values.clear()
     summary["compiled"] = {"backend": backend, "mode": mode, "graphs": len(capture.graphs),
                            "kernel_launches": pairing.kernels, "paired": len(pairing.pairs),
                            "unpaired": pairing.unpaired, "outputs_equal": outputs_equal, "eager_equal": eager_equal,
-                           "seconds": {k: round(v, 4) for k, v in seconds.items()}}
+                           "seconds": {k: round(v, 4) for k, v in seconds.items()}, "repro": repro}
     write_text(out / SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
+    (out / REPRO).unlink(missing_ok=True)  # a previous check's crash repro is not this one's
     return CompileCheckResult(out, summary, verdict, pairing.kernels, len(pairing.pairs), pairing.unpaired,
-                              outputs_equal, eager_equal, seconds)
+                              outputs_equal, eager_equal, seconds, plain)
+
+
+def _crashed(error: Exception, capture: Capture, step: Step, out: Path, backend: str,
+             mode: str | None) -> CompileCheckResult:
+    """The compiled model failed: if eager runs, that is the result (crash.py): OUT/summary.json
+    names the side, node and error, OUT/repro.py rebuilds the failing node alone."""
+    from .crash import describe, summary, write_repro
+
+    crash = describe(error, "compile" if capture.compile_failed else "run", capture.failed_node, capture.graphs)
+    try:
+        with torch.set_grad_enabled(step.backward):
+            Step(step.model, step.model, step.args, step.kwargs, step.backward)()
+    except Exception as e:  # noqa: BLE001 - not an inconsistency of the compiler
+        raise CompileCheckError(f"the model fails in eager too, not only compiled ({crash.side}): "
+                                f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                                ) from e
+    out.mkdir(parents=True, exist_ok=True)
+    mark_output(out, COMMAND)
+    for stale in (CSV, HTML):  # a previous check's comparison is not this one's
+        (out / stale).unlink(missing_ok=True)
+    write_repro(out, capture.failed_node, capture.graphs, crash)
+    s = summary(crash, backend, mode)
+    write_text(out / SUMMARY, json.dumps(s, indent=2, default=str) + "\n")
+    return CompileCheckResult(out, s, s["verdict"], 0, 0, crash=crash)
+
+
+def _kernel_repro(out: Path, graphs: list, summary: dict[str, Any], values: dict,
+                  dynamo: DynamoGraphs) -> str | None:
+    """For a divergence born in a kernel, OUT/test_repro_<kernel>.py (kernel_repro.py); a previous
+    check's repro files are removed."""
+    from . import kernel_repro
+
+    for stale in [*out.glob(f"{kernel_repro.PREFIX}*.py"), *out.glob(f"{kernel_repro.PREFIX}*.pt")]:
+        stale.unlink()
+    fd = summary.get("first_divergence") or {}
+    if fd.get("origin") != "born" or not fd.get("kernel") or fd.get("graph") is None:
+        return None
+    graph = next((g for g in graphs if g.index == fd["graph"]), None)
+    title = f"kernel {fd['kernel']} (graph {fd['graph']}, launch {fd.get('launch')}), where {fd.get('op')} in " \
+            f"{fd.get('module') or '<root>'} diverges from eager"
+    if graph is None:
+        return None
+    fed = next((args for index, args in dynamo.runs if index == graph.dynamo), None)
+    return kernel_repro.write(out, graph, fd["launch"], fd["kernel"], title, values,
+                              kernel_repro.graph_inputs(graph, fed or []))
 
 
 def _found_in(own: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:

@@ -8,7 +8,8 @@ from pathlib import Path
 HELP = ("Compile FACTORY's model with inductor, record the compiled run kernel by kernel (each generated kernel's "
         "and extern kernel's written buffers, the ATen nodes it fuses, their modules) and the same graphs in "
         "eager, compare the two with xray-compare's engine, and name the first divergence down to the kernel "
-        "and its fused ops. Writes OUT/summary.json, OUT/compare.csv, OUT/report.html and both dumps. "
+        "and its fused ops. Writes OUT/summary.json, OUT/compare.csv, OUT/report.html and both dumps. A compiled "
+        "side that crashes where eager runs is the result: its side, FX node and error, and OUT/repro.py. "
         "See docs/compile.md.")
 
 
@@ -50,6 +51,17 @@ def run(args: argparse.Namespace) -> int:
 def report(result) -> str:
     """A few lines: what was probed and paired, the first divergence with its kernel, the verdict."""
     s, c = result.summary, result.summary.get("compiled", {})
+    if result.crash is not None:
+        k = result.crash
+        lines = [f"crash: the {k.side} side fails where eager runs: {k.error}"]
+        if k.node:
+            where = f"; {k.stack_trace}" if k.stack_trace else ""
+            lines.append(f"  node {k.node}: {k.op} in {k.module or '<root>'}{where}")
+        if k.kernel:
+            lines.append(f"  kernel call: {k.kernel}")
+        repro = f", {k.repro} (exits 1 while it still fails)" if k.repro else ""
+        lines.append(f"wrote {result.out}/summary.json{repro}")
+        return "\n".join(lines)
     lines = [f"kernel launches probed: {result.kernels}; compiled buffers paired with an eager record: {result.paired}",
              f"pairs: pass / warning / fail / nan-inf / skip  {s.get('passed')} / {s.get('warned')} / "
              f"{s.get('failed')} / {s.get('nan_inf')} / {s.get('skipped')}"]
@@ -62,6 +74,8 @@ def report(result) -> str:
         if fd.get("kernel"):
             lines.append(f"  kernel: {fd['kernel']} (launch {fd.get('launch')}), writes {fd.get('buffer')} = node "
                          f"{fd.get('node')}; fuses {', '.join(fd.get('kernel_ops') or [])}")
+    if c.get("repro"):
+        lines.append(f"  standalone test of that kernel: {result.out}/{c['repro']} (fails while it diverges)")
     lines.append(f"verdict: {result.verdict}")
     lines.append(f"wrote {result.out}/summary.json, compare.csv, report.html")
     return "\n".join(lines)

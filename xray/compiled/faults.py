@@ -1,12 +1,14 @@
 """Compiler faults to inject into inductor, for the tests and tools/bench_compile_faults.py.
 
-Three kinds, all inside the compiler so that the eager reference stays right:
+Five kinds, all inside the compiler so that the eager reference stays right:
 - ``ScaleNode``: a post-grad pass (``post_grad_custom_post_pass``) that multiplies one node's
   value by ``1 + eps``, in the forward graph or in AOT autograd's backward graph; the multiply is
   named ``xray_fault`` so a report can be checked against it;
 - ``wrong_decompositions``: a decomposition table with one op decomposed wrongly;
 - ``wrong_lowering``: inductor's lowering of one op replaced, while compiling, by one whose result
-  is ``1 + eps`` times too large.
+  is ``1 + eps`` times too large;
+- ``failing_lowering``: inductor's lowering of one op replaced by one that raises (a compile crash);
+- ``FailAtRun``: a post-grad pass that routes one node through an op that raises when run.
 """
 from __future__ import annotations
 
@@ -129,3 +131,57 @@ def wrong_lowering(op: Any, eps: float = 1e-3) -> Iterator[list[int]]:
         yield applied
     finally:
         L.lowerings[op] = original
+
+
+@contextlib.contextmanager
+def failing_lowering(op: Any) -> Iterator[None]:
+    """While inside, inductor's lowering of ``op`` raises, as a lowering bug does: the compile
+    crashes at that op's node where eager runs."""
+    from torch._inductor import lowering as L
+
+    original = L.lowerings.get(op)
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"xray fault: no lowering for {op}")
+
+    L.lowerings[op] = lower
+    try:
+        yield
+    finally:
+        if original is None:
+            L.lowerings.pop(op, None)
+        else:
+            L.lowerings[op] = original
+
+
+@torch.library.custom_op("xray_fault::fail_at_run", mutates_args=())
+def _fail_at_run(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("xray fault: this kernel fails at run time")
+
+
+@_fail_at_run.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class FailAtRun(CustomGraphPass):
+    """A post-grad pass that passes the first candidate node's value through an op that compiles
+    (inductor calls it as a fallback kernel) and raises when run: a run-side crash."""
+
+    def __init__(self) -> None:
+        self.hit: str = ""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        nodes = candidates(graph)
+        if self.hit or not nodes:
+            return
+        node = nodes[0]
+        with graph.inserting_after(node):
+            failing = graph.call_function(torch.ops.xray_fault.fail_at_run.default, (node,))
+        node.replace_all_uses_with(failing, delete_user_cb=lambda u: u is not failing)
+        failing.meta = dict(node.meta)
+        failing._rename(FAULT_NODE)
+        self.hit = node.name
+
+    def uuid(self) -> Any:
+        return None
