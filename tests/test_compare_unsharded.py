@@ -20,7 +20,7 @@ from xray.dump.model import Stats
 
 from test_record_sharded import run_ranks
 
-CASES = "single,single4,tp_step,tp_bug,ddp,ddp_bug,ddp_seed_bug"
+CASES = "single,single4,tp_step,tp_bug,ddp,ddp_bug,ddp_seed_bug,pos_single4,ddp_pos_bug"
 
 
 # One worker builds the sharded and single runs once for the module (pyproject's --dist loadgroup).
@@ -100,6 +100,18 @@ def test_a_fault_in_one_ranks_backward_seed_is_named_with_the_rank(runs):
     fd = result.summary.first_divergence
     assert (fd["op"], fd["origin"], fd["rank"]) == ("aten.ones_like.default", "born", "rank_1")
     assert [r.status for r in result.rows if r.bench_op == "aten.mean.default"] == ["pass"]
+
+
+@pytest.mark.slow
+def test_a_fault_in_work_every_data_parallel_rank_repeats_is_named_with_the_rank(runs):
+    """A position table read with no batch dimension: under data parallelism the ranks read
+    different inputs, but every rank computes these rows from values alike on every rank, so
+    they must agree. Rank 1's, 1 % off, is born at the embedding with its rank (it was skipped as
+    'ranks hold different values', and the first failing row was a gradient of unknown origin)."""
+    result = compare_dumps(runs / "pos_single4" / "rank_0", runs / "ddp_pos_bug", progress=False)
+    fd = result.summary.first_divergence
+    assert (fd["op"], fd["module"], fd["origin"], fd["rank"]) == ("aten.embedding.default", "table", "born", "rank_1")
+    assert result.summary.skipped == 0
 
 
 @pytest.mark.slow

@@ -136,11 +136,32 @@ class AlterLocalKernel(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
-def single_case(out: Path, rank: int, hidden: int, batch: int = 2, name: str = "single") -> dict:
+class Positioned(nn.Module):
+    """A Block after a learned position table, read with no batch dimension: under data
+    parallelism every rank computes its rows alike."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(8, hidden)
+        self.block = Block(hidden, heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x + self.table(torch.arange(x.shape[1])))
+
+
+class AlterEmbedding(torch.utils._python_dispatch.TorchDispatchMode):
+    """A faulty kernel on one rank: every ``embedding`` comes back 1 % off."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 1.01 if func is torch.ops.aten.embedding.default else out
+
+
+def single_case(out: Path, rank: int, hidden: int, batch: int = 2, name: str = "single", model_cls=None) -> dict:
     """The same block on one device, whole (rank 0 only: the others wait)."""
     if rank == 0:
         torch.manual_seed(0)
-        model = Block(hidden, heads=4)
+        model = (model_cls or Block)(hidden, heads=4)
         x = torch.randn(batch, 8, hidden, generator=torch.Generator().manual_seed(1))
         with xray.dump(dump_dir=out / name, X_DEBUG=0x10A, X_DEDUP=False):
             (model(x) ** 2).mean().backward()
@@ -180,19 +201,22 @@ class AlterSeed(torch.utils._python_dispatch.TorchDispatchMode):
         return out * 1.01 if func is torch.ops.aten.ones_like.default else out
 
 
-def ddp_case(out: Path, rank: int, hidden: int, fault: bool = False, seed_fault: bool = False) -> dict:
+def ddp_case(out: Path, rank: int, hidden: int, fault: bool = False, seed_fault: bool = False,
+             position_fault: bool = False) -> dict:
     """DDP: each rank runs its half of a batch of 4; the gradients are averaged. ``fault``:
-    rank 1's forward ``up`` matmul 1 % off; ``seed_fault``: rank 1's backward seed 1 % off."""
+    rank 1's forward ``up`` matmul 1 % off; ``seed_fault``: rank 1's backward seed 1 % off;
+    ``position_fault``: a Positioned block, rank 1's position rows 1 % off."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     world = dist.get_world_size()
     torch.manual_seed(0)
-    model = DDP(Block(hidden, heads=4))
+    model = DDP((Positioned if position_fault else Block)(hidden, heads=4))
     x = torch.randn(2 * world, 8, hidden, generator=torch.Generator().manual_seed(1)).chunk(world)[rank]
-    faulty = (AlterLocalKernel(4 * hidden) if fault else AlterSeed() if seed_fault else None) if rank == 1 else None
+    faulty = (AlterLocalKernel(4 * hidden) if fault else AlterSeed() if seed_fault
+              else AlterEmbedding() if position_fault else None) if rank == 1 else None
     if faulty is not None:
         faulty.__enter__()
-    name = "ddp_bug" if fault else "ddp_seed_bug" if seed_fault else "ddp"
+    name = "ddp_bug" if fault else "ddp_seed_bug" if seed_fault else "ddp_pos_bug" if position_fault else "ddp"
     try:
         with xray.dump(dump_dir=out / name, X_DEBUG=0x10A, X_DEDUP=False):
             (model(x) ** 2).mean().backward()
@@ -336,7 +360,9 @@ CASES = {"llama_single": llama_single_case, "llama_tp": llama_tp_case, "llama_dd
          "single": single_case,
          "single4": lambda o, r, h: single_case(o, r, h, batch=4, name="single4"),
          "ddp": ddp_case, "ddp_bug": lambda o, r, h: ddp_case(o, r, h, fault=True),
-         "ddp_seed_bug": lambda o, r, h: ddp_case(o, r, h, seed_fault=True), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
+         "ddp_seed_bug": lambda o, r, h: ddp_case(o, r, h, seed_fault=True),
+         "ddp_pos_bug": lambda o, r, h: ddp_case(o, r, h, position_fault=True),
+         "pos_single4": lambda o, r, h: single_case(o, r, h, batch=4, name="pos_single4", model_cls=Positioned), "tp_fault": lambda o, r, h: tp_case(o, r, h, fault=True), "funcol": funcol_case,
          "funcol_fault": lambda o, r, h: funcol_case(o, r, h, fault=True)}
 
 
