@@ -201,14 +201,14 @@ def _dynamic(b: BackendDrift, name: str, model: torch.nn.Module, args: tuple, kw
     symbolic and run at two sizes (``backends.shapes.two_sizes``); its figures go to
     ``facts["dynamic"]``, and a failure is a note naming the stage, not the backend's status."""
     from ..backends.registry import create
-    from ..backends.shapes import two_sizes
+    from ..backends.shapes import DIMS, two_sizes
 
     try:
         backend = create(name)
     except Exception:  # noqa: BLE001 - _one_backend already reported it
         return
     which = backend.options.get("dynamic")
-    if which is None:
+    if which not in DIMS:  # not asked (torch.compile's own ``dynamic`` flag is another option)
         return
     t0 = time.perf_counter()
     with into_log(out / LOG_NAME, f"backend {name}, dynamic {which}"), _no_kv_cache(model, kwargs):

@@ -115,11 +115,14 @@ def _strings(data: dict, key: str, name: str) -> list[str]:
 
 
 def config_of(spec: str, dtype: str) -> dict[str, Any]:
-    """A backend spec and a record's dtype as the matrix's configuration columns."""
+    """A backend spec and a record's dtype as the matrix's configuration columns (the matrix's
+    own options in theirs, any other option in ``flow``)."""
     from ..backends.registry import PRESETS, parse_spec
+    from ..backends.shapes import DIMS
 
     name, overrides = parse_spec(spec)
     options = {**PRESETS[name].options, **overrides}
-    flow = ",".join([name, *(f"{k}={v}" for k, v in overrides.items() if k not in ("dynamic", "quant", "threads"))])
-    return {"flow": flow, "dtype": dtype, "shapes": options.get("dynamic") or "static",
+    own = {"quant", "threads"} | ({"dynamic"} if options.get("dynamic") in DIMS else set())
+    flow = ",".join([name, *(f"{k}={v}" for k, v in overrides.items() if k not in own)])
+    return {"flow": flow, "dtype": dtype, "shapes": options.get("dynamic") if "dynamic" in own else "static",
             "quant": options.get("quant") or "none", "threads": options.get("threads", "")}
