@@ -156,3 +156,16 @@ def test_matrix_runs_on_real_backends_one_row_per_op_and_configuration(tmp_path,
     assert all(f["quantized"] and f["quantize_nodes"] > 0 for f in facts)  # quantized on both flows
     assert (quant.max_rel_err > configs[configs.quant == "none"].max_rel_err.max()).all()  # int8 really ran
     assert set(FACT_COLUMNS) <= set(df.columns) and (out / "matrix.html").is_file()
+
+
+def test_dtype_column_reads_a_modules_parameters_when_its_inputs_are_indices(tmp_path):
+    from xray.replay.runner import _dtype_of
+
+    spec = _file(tmp_path, """\
+        modules:
+          - module: nn.Embedding
+            init: {num_embeddings: 10, embedding_dim: 4}
+            inputs: {input: {shapes: [[2, 3]], dtype: int64, range: [0, 9]}}
+            dtypes: [float16]
+        """, "e.yaml")
+    assert _dtype_of(load_sweep(spec).records()[0]) == "float16"

@@ -333,6 +333,8 @@ def _judge(rec: Record, res: JobResult, ref: list[torch.Tensor], got: list[torch
 
 
 def _dtype_of(rec: Record) -> str:
-    """The record's compute dtype: its first floating input's (else its first input's)."""
-    metas = [m for _, m in rec.input_tensors()] or [m for _, m in rec.output_tensors()]
-    return next((m.dtype for m in metas if "float" in m.dtype), metas[0].dtype if metas else "")
+    """The record's compute dtype: the first floating one of its inputs, then of its parameters
+    (an Embedding's table) and outputs; else its first input's."""
+    metas = [m for _, m in rec.input_tensors()]
+    floats = [*metas, *(m for m in rec.params.values() if hasattr(m, "dtype")), *(m for _, m in rec.output_tensors())]
+    return next((m.dtype for m in floats if "float" in m.dtype), metas[0].dtype if metas else "")
