@@ -10,14 +10,16 @@ import torch
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 from .executorch_debug import count_nodes, run_whole_model
 from .quantize import QUANT_OPTION, SCHEMES
+from .shapes import DIMS, DYNAMIC_OPTION
 
 
 class ExecuTorch(Backend):
     """Options: ``partitioner`` ("xnnpack" or None for the portable kernels)."""
 
     kind = "executorch"
-    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels", "quant": QUANT_OPTION}
-    OPTION_CHOICES = {"quant": (None, *SCHEMES)}
+    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels", "quant": QUANT_OPTION,
+               "dynamic": DYNAMIC_OPTION, "threads": "threads of ExecuTorch's threadpool (XNNPACK; default: its own)"}
+    OPTION_CHOICES = {"quant": (None, *SCHEMES), "dynamic": (None, *DIMS)}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -35,36 +37,72 @@ class ExecuTorch(Backend):
         raise BackendError(ReplayStatus.LOWER_FAIL, f"unknown ExecuTorch partitioner {name!r} (known: xnnpack, None)")
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
-        if self.options.get("quant") is not None:
-            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant=int8 quantizes whole models (xray drift); "
-                               "one op replayed alone has no calibration")
+        """torch.export (``dynamic``: a symbolic batch or seq dimension) -> (``quant``: PT2E int8
+        calibrated on ``args``, float where the quantizer annotates nothing) -> lowered ``.pte``."""
         from executorch.exir import to_edge_transform_and_lower
 
+        from .shapes import describe, dynamic_shapes
+
+        which = self.options.get("dynamic")
+        shapes = dynamic_shapes(module, args, which)
         start = time.perf_counter()
         try:
-            exported = torch.export.export(module, args, strict=False)
+            exported = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
         except Exception as e:  # noqa: BLE001 - the exporter's error is the result
             raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export: {short_error(e)}") from e
+        facts: dict[str, Any] = {"dynamic": which, **describe(exported)} if which else {}
+        if self.options.get("quant") is not None:
+            exported = self._quantize_call(exported, args, which, facts)
         export_s = time.perf_counter() - start
         start = time.perf_counter()
         try:
             edge = to_edge_transform_and_lower(exported, partitioner=self._partitioners())
             delegated, undelegated = count_nodes(edge.exported_program().graph_module)
+            facts.update(delegation(edge.exported_program().graph_module))
             program = edge.to_executorch()
             data = program.buffer
         except BackendError:
             raise
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"lowering: {short_error(e)}") from e
-        facts = {"partitioner": self.options.get("partitioner") or "portable", "delegated_nodes": delegated,
-                 "undelegated_nodes": undelegated, "pte_bytes": len(data), "export_s": round(export_s, 4),
-                 "lower_s": round(time.perf_counter() - start, 4)}
+        facts.update({"partitioner": self.options.get("partitioner") or "portable", "delegated_nodes": delegated,
+                      "undelegated_nodes": undelegated, "pte_bytes": len(data), "export_s": round(export_s, 4),
+                      "lower_s": round(time.perf_counter() - start, 4)})
         return Artifact(data=bytes(data), suffix=".pte", facts=facts)
+
+    def _quantize_call(self, exported: torch.export.ExportedProgram, args: tuple, which: str | None,
+                       facts: dict[str, Any]) -> torch.export.ExportedProgram:
+        """PT2E int8 (XNNPACKQuantizer) of one call, calibrated on its own inputs, exported again."""
+        from .quantize import pt2e_int8
+        from .shapes import dynamic_shapes
+
+        try:
+            import executorch.kernels.quantized  # noqa: F401 - registers the quantized ops' out variants
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
+        try:
+            converted, _ = pt2e_int8(exported, args, {}, facts)
+        except BackendError:
+            if facts.get("quantize_nodes") != 0:
+                raise
+            facts["quantized"] = False
+            return exported
+        facts["quantized"] = True
+        try:
+            return torch.export.export(converted, args, dynamic_shapes=dynamic_shapes(converted, args, which),
+                                       strict=False)
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export of the int8 program: {short_error(e)}") from e
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         from executorch.runtime import Runtime
 
         from ..quiet import executorch_logs
+
+        if self.options.get("threads") is not None:
+            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+            _unsafe_reset_threadpool(int(self.options["threads"]))
 
         try:
             with executorch_logs():
@@ -97,6 +135,34 @@ class ExecuTorch(Backend):
         return run_whole_model(program, args, self._partitioners(),
                                self.options.get("partitioner") or "portable", edit=edit,
                                quant=self.options.get("quant"), source=source)
+
+
+def delegation(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """What the partitioner took: the ops inside delegate blobs (``partitioned_ops``, by name),
+    their share of all ops (``delegated_pct``), and the blobs' total size (``delegate_bytes``)."""
+    inside: list[str] = []
+    blob_bytes = 0
+    outside = 0
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target.startswith("lowered_module"):
+            lowered = getattr(gm, node.target)
+            blob_bytes += len(getattr(lowered, "processed_bytes", b"") or b"")
+            original = getattr(lowered, "original_module", None)
+            for n in (original.graph.nodes if original is not None else ()):
+                if n.op == "call_function" and getattr(n.target, "__name__", "") != "getitem":
+                    inside.append(_op_name(n.target))
+        elif node.op == "call_function":
+            name = getattr(node.target, "__name__", str(node.target))
+            if "executorch_call_delegate" not in name and name != "getitem":
+                outside += 1
+    total = len(inside) + outside
+    return {"partitioned_ops": ",".join(sorted(set(inside))), "delegated_ops": len(inside),
+            "delegated_pct": round(100.0 * len(inside) / total, 1) if total else None, "delegate_bytes": blob_bytes}
+
+
+def _op_name(target: Any) -> str:
+    name = str(getattr(target, "_name", None) or getattr(target, "__name__", target))
+    return name.removeprefix("aten::").removeprefix("aten.")
 
 
 BACKEND = ExecuTorch

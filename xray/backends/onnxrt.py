@@ -15,6 +15,7 @@ import torch
 from ..dump.tensorio import from_numpy
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 from .quantize import QUANT_OPTION, SCHEMES
+from .shapes import DIMS, DYNAMIC_OPTION
 
 
 class OnnxRuntime(Backend):
@@ -25,8 +26,9 @@ class OnnxRuntime(Backend):
                "provider": "ONNX Runtime execution provider (default CPUExecutionProvider)",
                "threads": "intra-op threads (default 1)",
                "optimize": "true: let the exporter optimise the graph (whole-model runs)",
-               "quant": QUANT_OPTION + " (whole-model runs: quantize_static, QDQ)"}
-    OPTION_CHOICES = {"quant": (None, *SCHEMES)}
+               "quant": QUANT_OPTION + " (quantize_static, QDQ)",
+               "dynamic": DYNAMIC_OPTION}
+    OPTION_CHOICES = {"quant": (None, *SCHEMES), "dynamic": (None, *DIMS)}
 
     def versions(self) -> dict[str, str]:
         import onnxscript
@@ -45,17 +47,43 @@ class OnnxRuntime(Backend):
         return onnx_program
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
-        if self.options.get("quant") is not None:
-            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant=int8 quantizes whole models (xray drift); "
-                               "one op replayed alone has no calibration")
+        """The ONNX model of one call (with ``dynamic``: a symbolic batch or seq dimension; with
+        ``quant``: ``quantize_static`` calibrated on ``args``, float where it quantizes nothing)."""
+        from .shapes import describe, dynamic_shapes
+
         start = time.perf_counter()
-        proto = self._onnx_export(module, args).model_proto
-        buf = io.BytesIO()
-        buf.write(proto.SerializeToString())
+        which = self.options.get("dynamic")
+        onnx_program = self._onnx_export(module, args, dynamic_shapes=dynamic_shapes(module, args, which))
+        proto = onnx_program.model_proto
+        facts: dict[str, Any] = {"dynamic": which, **describe(onnx_program.exported_program)} if which else {}
+        if self.options.get("quant") is not None:
+            proto = self._quantize_call(proto, args, facts)
+        data = proto.SerializeToString()
         opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-        facts = {"opset": opset, "onnx_nodes": len(proto.graph.node), "export_s": round(time.perf_counter() - start, 4),
-                 "model_bytes": buf.tell()}
-        return Artifact(data=buf.getvalue(), suffix=".onnx", facts=facts)
+        facts.update(opset=opset, onnx_nodes=len(proto.graph.node), export_s=round(time.perf_counter() - start, 4),
+                     model_bytes=len(data))
+        return Artifact(data=data, suffix=".onnx", facts=facts)
+
+    def _quantize_call(self, proto: Any, args: tuple, facts: dict[str, Any]) -> Any:
+        """``quantize_static`` of one call's model, calibrated on the call's own inputs; a model
+        it quantizes nothing of stays float (``quantized`` False in the facts)."""
+        from .quantize import ort_int8
+
+        try:
+            session = self._session(proto.SerializeToString())
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
+        names = [i.name for i in session.get_inputs()]
+        feed = {n: t.detach().contiguous().numpy() for n, t in zip(names, _match_inputs(names, list(args)))}
+        try:
+            quantized = ort_int8(proto, [feed], facts)
+        except BackendError:
+            if facts.get("quantize_nodes") != 0:
+                raise
+            facts["quantized"] = False
+            return proto
+        facts["quantized"] = True
+        return quantized
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         import onnxruntime as ort

@@ -115,6 +115,7 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
         for name in backends:
             say(f"backend {name}")
             result.backends.append(_one_backend(name, ref, eager, out, (edits or {}).get(name)))
+            _dynamic(result.backends[-1], name, model, args, kwargs or {}, out)
             # written after every backend: a backend that takes the process down keeps the others' results
             write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
     finally:
@@ -193,6 +194,39 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
 
         write_quant_csv(b.quant, out / f"quant-{_safe(name)}.csv")
     return b
+
+
+def _dynamic(b: BackendDrift, name: str, model: torch.nn.Module, args: tuple, kwargs: dict, out: Path) -> None:
+    """``dynamic=batch|seq``: beside the static run, the model exported with that dimension
+    symbolic and run at two sizes (``backends.shapes.two_sizes``); its figures go to
+    ``facts["dynamic"]``, and a failure is a note naming the stage, not the backend's status."""
+    from ..backends.registry import create
+    from ..backends.shapes import DIMS, two_sizes
+
+    try:
+        backend = create(name)
+    except Exception:  # noqa: BLE001 - _one_backend already reported it
+        return
+    which = backend.options.get("dynamic")
+    if which not in DIMS:  # not asked (torch.compile's own ``dynamic`` flag is another option)
+        return
+    t0 = time.perf_counter()
+    with into_log(out / LOG_NAME, f"backend {name}, dynamic {which}"), _no_kv_cache(model, kwargs):
+        try:
+            found = two_sizes(backend, model, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - the static run's results stand without it
+            status = e.status.name if isinstance(e, BackendError) else ReplayStatus.RUN_FAIL.name
+            b.facts["dynamic"] = {"status": status, "error": short_error(e)}
+            b.notes.append(f"dynamic={which}: {status}: {short_error(e)}")
+            log_exception(out / LOG_NAME, e)
+            return
+        finally:
+            b.seconds["dynamic"] = time.perf_counter() - t0
+    b.facts["dynamic"] = {"status": ReplayStatus.OK.name, **found}
+    errs = ", ".join("-" if e is None else f"{e:.3g}" for e in found["output_err"])
+    b.notes.append(f"dynamic={which}: one program ({found['dynamic_dims']} symbolic input dims) ran at "
+                   f"{' and '.join(found['sizes'])} ({found['second_size']}); outputs vs eager at each size: "
+                   f"{errs} of their peak")
 
 
 def _quant(b: BackendDrift, backend: Any, ref: Reference, eager: Any, capture: ModelCapture, out: Path,

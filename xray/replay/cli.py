@@ -2,6 +2,7 @@
 
     xray-replay DUMP --backend onnxrt-cpu --backend executorch-xnnpack --out replay/
     xray-replay --spec sweep.yaml --backend onnxrt-cpu --out replay/     (a declarative sweep)
+    xray-replay --matrix matrix.yaml --out replay/     (flows x dtypes x shapes x quant x threads)
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
                         "('common': the built-in one); see docs/replay.md, Sweeps")
     p.add_argument("--max-cases", type=int, default=None, metavar="N",
                    help="with --spec: refuse a sweep that expands to more than N combinations (default 2000)")
+    p.add_argument("--matrix", metavar="MATRIX.yaml",
+                   help="a configuration matrix: flows (backend presets) x dtypes x shapes (static, batch, seq) "
+                        "x quant (none, int8) x threads; see docs/replay.md, Configuration matrix")
     p.add_argument("-b", "--backend", action="append", default=[], metavar="PRESET",
                    help="backend preset to replay on (repeatable)")
     p.add_argument("--baseline", default="torch-cpu", metavar="PRESET", help="reference backend (default torch-cpu)")
@@ -71,6 +75,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_backends:
         print(tabulate(describe(), headers=["preset", "what"]))
         return 0
+    matrix = None
+    if args.matrix:
+        from .configs import MatrixSpecError, load_matrix
+
+        try:
+            matrix = load_matrix(args.matrix)
+        except MatrixSpecError as e:
+            print(f"xray-replay: error: {one_line(e)}", file=sys.stderr)
+            return 2
+        args.backend = list(dict.fromkeys([*args.backend, *matrix.specs()]))
+        if not args.dump and not args.spec:
+            args.spec = matrix.sweep
+        if matrix.dtypes and not args.spec:
+            print(f"xray-replay: error: {one_line(args.matrix)}: 'dtypes' sets a sweep's dtypes; give a --spec "
+                  "(or 'sweep:' in the matrix), or drop 'dtypes' to replay a dump at its recorded dtypes",
+                  file=sys.stderr)
+            return 2
     if bool(args.dump) == bool(args.spec):
         what = "give a dump or a --spec, not both" if args.dump else "give a dump to replay, or a --spec sweep"
         print(f"xray-replay: error: {what} (or --list-backends)", file=sys.stderr)
@@ -103,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                            threads=args.threads, imports=args.imports,
                            weights_const=not args.weights_as_inputs, progress=not args.quiet)
         if args.spec:
-            sweep, result = replay_sweep(args.spec, cfg, max_cases=args.max_cases or MAX_CASES)
+            sweep, result = replay_sweep(args.spec, cfg, max_cases=args.max_cases or MAX_CASES,
+                                         dtypes=matrix.dtypes if matrix else None)
         else:
             result = replay_dump(args.dump, cfg)
     except (UnknownBackendError, DumpFormatError, ReplayInputError, ModelSpecError, SweepError) as e:
@@ -118,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                  if sweep.left_out else ""))
     print(summary_table(result))
     out = Path(args.out)
-    print(f"\nmatrix: {out / 'matrix.csv'}  heatmap: {out / 'heatmap.png'}, {out / 'heatmap.html'}")
+    print(f"\nmatrix: {out / 'matrix.csv'}, {out / 'matrix.html'}  heatmap: {out / 'heatmap.png'}, "
+          f"{out / 'heatmap.html'}")
     print("replay dumps (open with xray-compare): " + ", ".join(str(p) for p in result.dumps.values()))
     return 0
 

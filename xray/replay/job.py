@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backends.base import Artifact, Backend, BackendError, ReplayStatus, short_error
+from ..backends.base import Artifact, Backend, BackendError, ReplayStatus, flatten_tensors, short_error
 from ..dump.model import Record, TensorMeta
 from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name, from_numpy, to_numpy
@@ -46,9 +46,16 @@ class JobResult:
     facts: dict[str, Any] = field(default_factory=dict)
     latency_ms: float | None = None
     cached: bool = False
+    # a dynamic export run again at its second size (``xray.backends.shapes``): the backend's
+    # outputs there and the eager module's, computed in the worker
+    second: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    second_reference: list[tuple[str, np.ndarray]] = field(default_factory=list)
 
     def output_tensors(self) -> list[torch.Tensor]:
         return [from_numpy(a, d) for d, a in self.outputs]
+
+    def second_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return [from_numpy(a, d) for d, a in self.second], [from_numpy(a, d) for d, a in self.second_reference]
 
 
 def signature(record: Record | dict) -> dict:
@@ -190,8 +197,13 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
         artifact, error = _cache_load(folder, key)
         cached = artifact is not None or error is not None
     if not cached:
+        from .peak_memory import PeakRss
+
+        start = time.perf_counter()
         try:
-            artifact = backend.export(module, inputs)
+            with PeakRss() as peak:
+                artifact = backend.export(module, inputs)
+            artifact.facts.update(aot_s=round(time.perf_counter() - start, 4), aot_peak_mb=peak.added_mb)
         except BackendError as e:
             error = e
         except Exception as e:  # noqa: BLE001
@@ -221,9 +233,39 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
         if why is not None:
             return JobResult(int(ReplayStatus.MISMATCH), f"outputs are not the recorded ones: {why}",
                              inputs=input_metas, facts=facts, cached=cached)
-    return JobResult(int(ReplayStatus.OK), None, outputs=[(dtype_name(t.dtype), to_numpy(t)) for t in outputs],
-                     inputs=input_metas, facts=facts, latency_ms=statistics.median(times) if times else None,
-                     cached=cached)
+    result = JobResult(int(ReplayStatus.OK), None, outputs=_arrays(outputs), inputs=input_metas, facts=facts,
+                       latency_ms=statistics.median(times) if times else None, cached=cached)
+    if facts.get("quantized"):
+        from .int8_budget import allowed_nsr
+
+        with torch.no_grad():
+            facts["int8_allowed_nsr"] = allowed_nsr(module, inputs, list(flatten_tensors(module(*inputs))))
+    if facts.get("dynamic"):
+        _second_size(result, module, inputs, runner)
+    return result
+
+
+def _arrays(tensors: list[torch.Tensor]) -> list[tuple[str, np.ndarray]]:
+    return [(dtype_name(t.dtype), to_numpy(t)) for t in tensors]
+
+
+def _second_size(result: JobResult, module: torch.nn.Module, inputs: tuple, runner: Any) -> None:
+    """Run a dynamic export again at its second size, beside the eager module at that size; a
+    failure there is the job's status (the program was meant to take that size)."""
+    from ..backends.shapes import second_inputs
+
+    second, what = second_inputs(inputs, result.facts)
+    result.facts["second_size"] = what if second is not None else f"none: {what}"
+    if second is None:
+        return
+    try:
+        result.second = _arrays(runner(second))
+    except Exception as e:  # noqa: BLE001
+        result.status, result.error = int(getattr(e, "status", ReplayStatus.RUN_FAIL)), \
+            f"at the second size ({what}): {short_error(e)}"
+        return
+    with torch.no_grad():
+        result.second_reference = _arrays(list(flatten_tensors(module(*second))))
 
 
 def _meta(t: torch.Tensor) -> dict:

@@ -22,10 +22,16 @@ from ..dump.model import printable
 from ..dump.atomic import write_text
 from ..backends.base import ReplayStatus
 from ..dump.model import Record
+from .configs import CONFIG_COLUMNS
 
-FACT_COLUMNS = ("opset", "delegated_nodes", "undelegated_nodes", "pte_bytes", "export_s", "lower_s")
-MATRIX_COLUMNS = ("seq", "op", "module", "count", "signature", "backend", "status", "max_abs_err", "max_rel_err",
-           "latency_ms", "cached", *FACT_COLUMNS, "error", "facts")
+# Backend facts with a column of their own (all of them are in ``facts``, as JSON): delegated_nodes
+# counts delegate calls (one blob each), delegated_ops the ops inside them; aot_* is export plus
+# lowering (and quantization) in the worker, aot_peak_mb the resident memory it added at its peak.
+FACT_COLUMNS = ("opset", "delegated_nodes", "undelegated_nodes", "delegated_ops", "delegated_pct",
+                "partitioned_ops", "delegate_bytes", "pte_bytes", "model_bytes", "export_s", "lower_s", "aot_s",
+                "aot_peak_mb", "dynamic_dims", "second_size")
+MATRIX_COLUMNS = ("seq", "op", "module", "count", "signature", "backend", *CONFIG_COLUMNS, "status", "max_abs_err",
+                  "max_rel_err", "mean_abs_err", "mean_rel_err", "latency_ms", "cached", *FACT_COLUMNS, "error", "facts")
 
 # Heatmap colours by status (green = OK ... red = crash), also used by the HTML table.
 COLORS = {ReplayStatus.OK: "#2e7d32", ReplayStatus.MISMATCH: "#f9a825", ReplayStatus.EXPORT_FAIL: "#8e24aa",
@@ -50,14 +56,21 @@ class MatrixRow:
     cached: bool
     error: str | None
     facts: dict[str, Any] = field(default_factory=dict)
+    mean_abs_err: float | None = None
+    mean_rel_err: float | None = None
+    config: dict[str, Any] = field(default_factory=dict)  # CONFIG_COLUMNS: flow, dtype, shapes, quant, threads
 
     def as_csv(self) -> dict[str, Any]:
         d = {"seq": self.seq, "op": self.op, "module": self.module, "count": self.count, "signature": self.signature,
              "backend": self.backend, "status": ReplayStatus(self.status).name, "max_abs_err": _num(self.max_abs_err),
-             "max_rel_err": _num(self.max_rel_err), "latency_ms": _num(self.latency_ms), "cached": int(self.cached),
+             "max_rel_err": _num(self.max_rel_err), "mean_abs_err": _num(self.mean_abs_err),
+             "mean_rel_err": _num(self.mean_rel_err), "latency_ms": _num(self.latency_ms), "cached": int(self.cached),
              "error": (self.error or "").replace("\n", " "), "facts": json.dumps(self.facts, default=str)}
         for k in FACT_COLUMNS:
-            d[k] = self.facts.get(k, "")
+            v = self.facts.get(k)
+            d[k] = "" if v is None else v
+        for k in CONFIG_COLUMNS:
+            d[k] = self.config.get(k, "")
         return d
 
 
@@ -237,3 +250,21 @@ def _html(result: ReplayResult, labels: list[str], grid: list[list[MatrixRow | N
             "body{font:12px sans-serif}td{color:#fff;padding:2px 6px;text-align:center}"
             "th{text-align:left;padding:2px 6px}</style><h3>xray-replay support matrix</h3>"
             f"<table><tr><th>op</th>{head}</tr>{''.join(body)}</table>")
+
+
+def write_matrix_html(result: ReplayResult, out: Path) -> Path:
+    """``matrix.html``: the CSV's rows as a table (the JSON ``facts`` left out), status cells coloured."""
+    import pandas as pd
+
+    columns = [c for c in MATRIX_COLUMNS if c not in ("facts", "signature")]
+    frame = pd.DataFrame([r.as_csv() for r in result.rows], columns=columns)
+    colour = {s.name: c for s, c in COLORS.items()}
+    styled = frame.style.hide(axis="index").map(
+        lambda v: f"background:{colour.get(v, '#fff')};color:#fff", subset=["status"])
+    page = Path(out) / "matrix.html"
+    body = styled.to_html(escape="html") if hasattr(styled, "to_html") else frame.to_html(index=False)
+    write_text(page, printable("<!doctype html><meta charset='utf-8'><title>xray-replay matrix</title><style>"
+                               "body{font:12px sans-serif}td,th{padding:2px 6px;text-align:left}</style>"
+                               f"<h3>xray-replay: {len(result.rows)} rows, {len(result.backends)} configurations"
+                               f"</h3>{body}", keep="\n"))
+    return page

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,7 +19,7 @@ import torch
 from ..progress import progress
 
 from ..backends.base import ReplayStatus
-from ..backends.registry import create, parse_spec
+from ..backends.registry import PRESETS, create, parse_spec
 from ..dump.column_scan import MARK, canonical, check_records, group_rows, native_columns, skeleton_keys
 from ..dump import load_dump
 from ..dump.columns import DIRECTIONS, KINDS, Columns
@@ -30,7 +31,8 @@ from .job import Job, JobResult, signature_hash
 from .matrix import MatrixWriter, ReplayResult, MatrixRow
 from .nn_layers import TORCH_NN
 from .output import ReplayDumpWriter
-from .tolerance import judge_backend, judge_layout
+from .configs import config_of
+from .tolerance import judge_backend, judge_int8, judge_layout
 
 
 # Ops that compute nothing a backend could get wrong: tracing and autograd bookkeeping that
@@ -224,14 +226,23 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
     rows: list[MatrixRow] = []
     dumps: dict[str, Path] = {}
     config = dict(dump.header.get("config", {})) if hasattr(dump, "header") else {}
-    for spec in specs:
-        backend = create(spec)
-        writer = ReplayDumpWriter(out / "dumps" / safe_name(spec), spec, source, backend.options, config)
-        started = time.perf_counter()
-        precision_of = backend.tolerance_dtype
-        with Worker(spec, out / "logs", threads=cfg.threads, imports=tuple(cfg.imports)) as worker:
-            bar = progress(runnable, desc=f"replay {spec}", unit="op", enabled=cfg.progress)
-            for rec in bar:
+    # One worker per backend file and thread count: a matrix's configurations of one backend (dynamic,
+    # quant, options) share its start-up; each job names its own spec, and a crash restarts the worker.
+    workers: dict[tuple[str, int], Worker] = {}
+    with ExitStack() as stack:
+        for spec in specs:
+            backend = create(spec)
+            writer = ReplayDumpWriter(out / "dumps" / safe_name(spec), spec, source, backend.options, config)
+            started = time.perf_counter()
+            precision_of = backend.tolerance_dtype
+            name, overrides = parse_spec(spec)
+            key = (PRESETS[name].module, overrides.get("threads") or cfg.threads)
+            if key not in workers:
+                workers[key] = stack.enter_context(Worker(spec, out / "logs", threads=key[1],
+                                                          imports=tuple(cfg.imports)))
+            worker = workers[key]
+            where = f" [{specs.index(spec) + 1}/{len(specs)}]" if len(specs) > 2 else ""  # a matrix: which config
+            for rec in progress(runnable, desc=f"replay {spec}{where}", unit="op", enabled=cfg.progress):
                 job = Job(dump=source, record=rec.to_json(), backend=spec, factory=cfg.factory, seed=cfg.seed,
                           cache_dir=str(cache_dir) if cache_dir else None, repeats=cfg.repeats, model=cfg.model,
                           weights_const=cfg.weights_const)
@@ -244,12 +255,13 @@ def replay_dump(dump_path: str | Path, cfg: ReplayConfig,
                 rows.append(row)
                 if on_row:
                     on_row(row)
-        dumps[spec] = writer.close(time.perf_counter() - started)
+            dumps[spec] = writer.close(time.perf_counter() - started)
     matrix.close()
     result = ReplayResult(rows, runnable, skipped, specs, cfg.baseline, out, dumps)
-    from .matrix import write_heatmap
+    from .matrix import write_heatmap, write_matrix_html
 
     write_heatmap(result, out)
+    write_matrix_html(result, out)
     return result
 
 
@@ -273,7 +285,7 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
     (random or uninitialized outputs): then only output count, shapes and dtypes are.
     ``arguments``: the call's arguments, rebuilt on demand (a selection's indices need its input)."""
     status, error = ReplayStatus(res.status), res.error
-    max_abs = max_rel = None
+    max_abs = max_rel = mean_abs = mean_rel = None
     if is_baseline:
         baseline_out[rec.seq] = res.output_tensors() if status == ReplayStatus.OK else None
         if status == ReplayStatus.OK and uncompared:
@@ -289,13 +301,40 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
             if not cmp.ok:
                 error = f"{cmp.message} ({error})"
         else:
-            got = res.output_tensors()
-            dtype = ref[0].dtype if ref else torch.float32
-            cmp = judge_backend(ref, got, precision_of(dtype) if dtype.is_floating_point else None, op=rec.op,
-                                arguments=arguments)
-            max_abs, max_rel = cmp.max_abs, cmp.max_rel
+            cmp = _judge(rec, res, ref, res.output_tensors(), precision_of, arguments)
+            if res.second:  # a dynamic export at its second size, against eager at that size
+                got2, ref2 = res.second_tensors()
+                second = _judge(rec, res, ref2, got2, precision_of, None)
+                if cmp.ok and not second.ok:
+                    cmp.status = second.status
+                    cmp.message = f"at the second size ({res.facts.get('second_size')}): {second.message}"
+                cmp.ok = cmp.ok and second.ok
+                for key in ("max_abs", "max_rel", "mean_abs", "mean_rel"):  # the worse of the two sizes
+                    values = [v for v in (getattr(cmp, key), getattr(second, key)) if v is not None]
+                    setattr(cmp, key, max(values) if values else None)
+            max_abs, max_rel, mean_abs, mean_rel = cmp.max_abs, cmp.max_rel, cmp.mean_abs, cmp.mean_rel
             if not cmp.ok:
                 status, error = cmp.status, cmp.message
     return MatrixRow(seq=rec.seq, op=rec.op, module=rec.module or "", count=rec.count, signature=signature_hash(rec),
-               backend=spec, status=int(status), max_abs_err=max_abs, max_rel_err=max_rel,
-               latency_ms=res.latency_ms, cached=res.cached, error=error, facts=res.facts)
+                     backend=spec, status=int(status), max_abs_err=max_abs, max_rel_err=max_rel,
+                     latency_ms=res.latency_ms, cached=res.cached, error=error, facts=res.facts,
+                     mean_abs_err=mean_abs, mean_rel_err=mean_rel, config=config_of(spec, _dtype_of(rec)))
+
+
+def _judge(rec: Record, res: JobResult, ref: list[torch.Tensor], got: list[torch.Tensor],
+           precision_of: Callable[[torch.dtype], torch.dtype], arguments: Callable[[], dict | None] | None):
+    """A quantized program by its int8 budget (``int8_budget``), any other by the float rule."""
+    allowed = res.facts.get("int8_allowed_nsr")
+    if allowed is not None:
+        return judge_int8(ref, got, allowed)
+    dtype = ref[0].dtype if ref else torch.float32
+    return judge_backend(ref, got, precision_of(dtype) if dtype.is_floating_point else None, op=rec.op,
+                         arguments=arguments)
+
+
+def _dtype_of(rec: Record) -> str:
+    """The record's compute dtype: the first floating one of its inputs, then of its parameters
+    (an Embedding's table) and outputs; else its first input's."""
+    metas = [m for _, m in rec.input_tensors()]
+    floats = [*metas, *(m for m in rec.params.values() if hasattr(m, "dtype")), *(m for _, m in rec.output_tensors())]
+    return next((m.dtype for m in floats if "float" in m.dtype), metas[0].dtype if metas else "")

@@ -79,8 +79,9 @@ class Sweep:
 
 # -- loading ---------------------------------------------------------------------------------------
 
-def load_sweep(spec: str | Path, *, max_cases: int = MAX_CASES) -> Sweep:
-    """Read, validate and expand ``spec`` (a YAML file, or a built-in name such as ``common``)."""
+def load_sweep(spec: str | Path, *, max_cases: int = MAX_CASES, dtypes: list[str] | None = None) -> Sweep:
+    """Read, validate and expand ``spec`` (a YAML file, or a built-in name such as ``common``).
+    ``dtypes`` replaces the dtype grid of every entry that has one (a configuration matrix's axis)."""
     name, data = _read(spec)
     if not isinstance(data, dict):
         raise SweepError(f"{name}: expected a mapping with 'ops' and/or 'modules' lists, got {type(data).__name__}")
@@ -101,6 +102,8 @@ def load_sweep(spec: str | Path, *, max_cases: int = MAX_CASES) -> Sweep:
     total = 0
     for i, (key, item) in enumerate(entries, 1):
         entry = (_OpEntry if key == "ops" else _ModuleEntry)(name, i, item)
+        if dtypes:
+            entry.set_dtypes(dtypes)
         total += entry.count
         if total > max_cases:
             raise SweepError(f"{name}: entry {i} ({entry.title}): the spec expands to more than {max_cases} "
@@ -180,6 +183,17 @@ class _Entry:
     def _parse(self, item: Any) -> None:
         raise NotImplementedError
 
+    def set_dtypes(self, dtypes: list[str]) -> None:
+        """Replace the dtype grid (entries whose inputs all have a fixed dtype keep theirs)."""
+        if not self.has_grid:
+            return
+        try:
+            new = [_dtype(d, "dtypes") for d in dtypes]
+        except ValueError as e:
+            raise self.fail(str(e)) from None
+        self.count = self.count // len(self.dtypes) * len(new)
+        self.dtypes = new
+
     @property
     def where(self) -> str:
         return f"{self.spec_name}: entry {self.index} ({self.title})"
@@ -234,7 +248,8 @@ class _OpEntry(_Entry):
         self.dtypes = [_dtype(d, "dtypes") for d in _alternatives(item.get("dtypes", "float32"), "dtypes")]
         if all(i.dtype is not None for i in self.inputs.values()) and "dtypes" in item and len(self.dtypes) > 1:
             raise ValueError("'dtypes' given, but every input has a fixed dtype")
-        if not any(i.dtype is None for i in self.inputs.values()):
+        self.has_grid = any(i.dtype is None for i in self.inputs.values())
+        if not self.has_grid:
             self.dtypes = self.dtypes[:1]
         self.count = self.positions * len(self.dtypes) * math.prod(len(v) for v in self.args.values())
 
@@ -391,6 +406,7 @@ class _ModuleEntry(_Entry):
                              f"got {echo(raw_params)}")
         self.params = {str(k)[:64]: _range(v, f"params.{k}") for k, v in raw_params.items()}
         self.dtypes = [_dtype(d, "dtypes") for d in _alternatives(item.get("dtypes", "float32"), "dtypes")]
+        self.has_grid = True
         if any(getattr(torch, d).is_floating_point is False for d in self.dtypes):
             raise ValueError(f"dtypes: a module runs in a floating dtype, got {self.dtypes}")
         self.count = self.positions * len(self.dtypes) * math.prod(len(v) for v in self.init.values())
@@ -462,7 +478,8 @@ def write_sweep_dump(sweep: Sweep, folder: Path) -> Path:
 
 
 def replay_sweep(spec: str | Path, cfg: "ReplayConfig", *, max_cases: int = MAX_CASES,
-                 on_row: Callable[["MatrixRow"], None] | None = None) -> tuple[Sweep, "ReplayResult"]:
+                 on_row: Callable[["MatrixRow"], None] | None = None,
+                 dtypes: list[str] | None = None) -> tuple[Sweep, "ReplayResult"]:
     """Expand ``spec`` into ``cfg.out/spec-dump`` and replay that dump as configured; inputs are
     drawn from the spec's ranges (the random factory), modules built by the torch.nn factory."""
     from .runner import replay_dump
@@ -470,6 +487,6 @@ def replay_sweep(spec: str | Path, cfg: "ReplayConfig", *, max_cases: int = MAX_
     if cfg.factory == "load":
         raise SweepError(f"{spec}: a sweep has no saved tensors to load; its inputs are drawn at random "
                          "(drop --factory load)")
-    sweep = load_sweep(spec, max_cases=max_cases)
+    sweep = load_sweep(spec, max_cases=max_cases, dtypes=dtypes)
     folder = write_sweep_dump(sweep, Path(cfg.out) / "spec-dump")
     return sweep, replay_dump(folder, dataclasses.replace(cfg, factory="random", model=TORCH_NN), on_row)

@@ -41,6 +41,30 @@ class BackendAgreement:
     message: str | None = None
     status: ReplayStatus = ReplayStatus.OK  # OK, MISMATCH or SECONDARY_DIFFERS
     outputs: list[str] = field(default_factory=list)  # "agrees" / "differs: ..." per output index
+    mean_abs: float | None = None  # mean |got - ref| over every compared element
+    mean_rel: float | None = None  # mean |got - ref| / |ref| over the elements max_rel reads
+
+
+class _Means:
+    """Mean absolute and relative error over every compared element of every output."""
+
+    def __init__(self) -> None:
+        self.abs_sum = self.rel_sum = 0.0
+        self.n = self.n_rel = 0
+
+    def add(self, ref: torch.Tensor, got: torch.Tensor) -> None:
+        r, g = ref.detach().double().reshape(-1), got.detach().double().reshape(-1)
+        d = (g - r).abs()
+        finite = torch.isfinite(d)
+        self.abs_sum += float(d[finite].sum())
+        self.n += int(finite.sum())
+        big = (r.abs() > 1e-3 * float(r.pow(2).mean().sqrt())) & finite
+        self.rel_sum += float((d[big] / r[big].abs()).sum())
+        self.n_rel += int(big.sum())
+
+    @property
+    def values(self) -> tuple[float | None, float | None]:
+        return (self.abs_sum / self.n if self.n else None, self.rel_sum / self.n_rel if self.n_rel else None)
 
 
 def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: torch.dtype | None = None,
@@ -54,6 +78,7 @@ def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: t
     numeric_bad = False
     worst_abs = worst_rel = 0.0
     compared = False
+    means = _Means()
     for i in range(max(len(ref), len(got))):
         if i >= len(ref) or i >= len(got):
             notes.append(f"output {i}: only the {'backend' if i >= len(ref) else 'baseline'} returns it")
@@ -71,6 +96,8 @@ def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: t
         dtype = precision if precision is not None and r.dtype.is_floating_point else r.dtype
         v = noise.judge(g.to(r.dtype) if g.dtype != r.dtype else g, r, noise.assumed(dtype))
         compared = True
+        if r.is_floating_point():
+            means.add(r, g)
         if not v.ok and (ties := _ties_only(op, i, arguments, r, g)) is not None:
             notes.append(f"output {i}: agrees up to the order of ties ({ties} of {r.numel()} indices name "
                          "another of equal values)")  # a distance between indices is no error
@@ -95,7 +122,49 @@ def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: t
         status = ReplayStatus.MISMATCH
     ok = status == ReplayStatus.OK
     return BackendAgreement(ok, worst_abs if compared else None, worst_rel if compared else None,
-                            None if ok else "; ".join(notes), status, notes)
+                            None if ok else "; ".join(notes), status, notes, *means.values)
+
+
+def judge_int8(ref: list[torch.Tensor], got: list[torch.Tensor], allowed: list[float | None]) -> BackendAgreement:
+    """A quantized program's outputs against the float baseline: each float output's NSR within
+    the int8 budget ``allowed`` (``xray.replay.int8_budget``), other outputs exactly; the error
+    columns are measured as for floats."""
+    from ..numerics.quantization import nsr
+
+    notes, bad = [], False
+    worst_abs = worst_rel = 0.0
+    means = _Means()
+    if len(ref) != len(got):
+        return BackendAgreement(False, None, None, f"{len(got)} outputs, baseline has {len(ref)}",
+                                ReplayStatus.MISMATCH, [])
+    for i, (r, g) in enumerate(zip(ref, got)):
+        note = _layout_note(r, g)
+        if note:
+            notes.append(f"output {i}: {note}")
+            bad = True
+            continue
+        if not r.numel():
+            continue
+        budget = allowed[i] if i < len(allowed) else None
+        if budget is None or not r.is_floating_point():
+            same = bool(torch.equal(r, g.to(r.dtype)))
+            bad |= not same
+            notes.append(f"output {i}: {'agrees' if same else 'differs'} (exact)")
+            continue
+        means.add(r, g)
+        d = (g.double() - r.double()).abs()
+        worst_abs = max(worst_abs, float(d.max()))
+        big = r.abs() > 1e-3 * float(r.double().pow(2).mean().sqrt())
+        if bool(big.any()):
+            worst_rel = max(worst_rel, float((d[big] / r.double()[big].abs()).max()))
+        measured = nsr(r, g)
+        within = measured <= budget
+        bad |= not within
+        notes.append(f"output {i}: {'within' if within else 'beyond'} int8 (NSR {measured:.3g}, "
+                     f"budget {budget:.3g})")
+    status = ReplayStatus.MISMATCH if bad else ReplayStatus.OK
+    return BackendAgreement(not bad, worst_abs, worst_rel, "; ".join(notes) if bad else None, status, notes,
+                            *means.values)
 
 
 def _ties_only(op: str, i: int, arguments: Callable[[], Mapping[str, Any] | None] | None,
