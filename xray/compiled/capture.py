@@ -20,6 +20,7 @@ import torch
 
 from ..dump.stats import tensor_stats
 from .instrument import Instrumented, Launch, instrument
+from .source import call_source
 
 
 @dataclass
@@ -115,17 +116,6 @@ def _node_info(node: torch.fx.Node, seq_roots: dict[int, str] | None = None) -> 
                     tuple(val.shape) if isinstance(val, torch.Tensor) else None,
                     str(val.dtype) if isinstance(val, torch.Tensor) else None, node.meta.get("stack_trace") or "",
                     call_source(node))
-
-
-def call_source(node: torch.fx.Node) -> str:
-    """The node's call as Python source over its inputs' names (repros rebuild nodes from it once
-    the graph is gone); "" when it is no ATen op or ``getitem``."""
-    from .crash import literal
-
-    args = [literal(a, {}) for a in node.args] + [f"{k}={literal(v, {})}" for k, v in node.kwargs.items()]
-    target = f"torch.ops.{node.target}" if isinstance(node.target, torch._ops.OpOverload) else \
-        "operator.getitem" if node.target is operator.getitem else ""
-    return f"{target}({', '.join(args)})" if target else ""
 
 
 @dataclass

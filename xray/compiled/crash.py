@@ -87,22 +87,6 @@ def describe(error: BaseException, side: str, node: torch.fx.Node | None, graphs
     return crash
 
 
-def literal(value: Any, names: dict[str, str]) -> str:
-    """Python source for one argument of the node: a node is its input's name."""
-    if isinstance(value, torch.fx.Node):
-        return names.get(value.name, value.name)
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(literal(v, names) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
-    if isinstance(value, torch.device):
-        return f"torch.device({str(value)!r})"
-    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-        return str(value)
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
-        return f"float({str(value)!r})"
-    return repr(value)
-
-
 def make_tensor(shape: tuple, dtype: str, device: str = "cpu") -> str:
     shape = list(shape)
     if "float" in dtype or "complex" in dtype:
@@ -114,7 +98,7 @@ def make_tensor(shape: tuple, dtype: str, device: str = "cpu") -> str:
 
 def node_repro(node: torch.fx.Node, crash: Crash) -> str | None:
     """``repro_source`` for a node of a graph being lowered."""
-    from .capture import call_source
+    from .source import call_source
 
     vals = {n.name: n.meta.get("val") for n in node.all_input_nodes}
     if not all(isinstance(v, torch.Tensor) for v in vals.values()):
