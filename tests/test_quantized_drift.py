@@ -86,14 +86,6 @@ def test_the_cli_refuses_an_unknown_scheme_with_exit_2(tmp_path):
     assert "int8" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_replay_refuses_quant_on_one_op():
-    from xray.backends.base import BackendError
-    from xray.backends.registry import create
-
-    with pytest.raises(BackendError, match="whole models"):
-        create(ORT).export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
-
-
 # --- ONNX Runtime QDQ -------------------------------------------------------------------------
 
 def test_ort_int8_mlp_clean_layers_pass_and_a_wrong_weight_scale_is_named(tmp_path):

@@ -72,7 +72,7 @@ def test_a_random_op_with_a_wrong_layout_is_still_mismatch(dropout_dump):
 
     def row(*outputs: np.ndarray):
         res = JobResult(int(ReplayStatus.OK), outputs=[(str(a.dtype), a) for a in outputs], latency_ms=0.1)
-        return _row(rec, "b", res, baseline, False, lambda d: d, why)
+        return _row(rec, "onnxrt-cpu", res, baseline, False, lambda d: d, why)
 
     same = row(np.ones((3, 4), np.float32))
     assert ReplayStatus(same.status) == ReplayStatus.NONDETERMINISTIC and same.max_abs_err is None
