@@ -132,6 +132,9 @@ def test_layout_detector_on_permuted_pairs(tmp_path):
     m = _x(6, 6)
     assert find_layout(m, m.t().contiguous(), tol) == "permute(1, 0)"
     assert find_layout(m, _x(6, 6, seed=5), tol) is None
+    # values far below atol (a gradient of 1e-10): every permutation is "close", so none is a layout
+    tiny = _x(4, 16, 64) * 1e-10
+    assert find_layout(tiny, tiny * 1.01, Tolerance(1.3e-6, 1e-5)) is None
     a, b = _pair(tmp_path, [Op("aten.convolution.default", nchw)],
                  [Op("aten.convolution.default", nchw.permute(0, 2, 3, 1).contiguous())])
     row = compare_dumps(a, b).rows[0]
