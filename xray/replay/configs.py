@@ -61,18 +61,10 @@ class ConfigMatrix:
 def load_matrix(path: str | Path) -> ConfigMatrix:
     """Read and check a matrix file; every spec it makes is checked against the backends' options."""
     from ..backends.registry import UnknownBackendError, parse_spec
-    from .sweep_values import load_yaml
+    from .sweep_values import read_yaml_file
 
     name = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise MatrixSpecError(f"{name}: no such matrix file")
-    if p.stat().st_size > MAX_SPEC_BYTES:
-        raise MatrixSpecError(f"{name}: {p.stat().st_size} bytes; a matrix file is at most {MAX_SPEC_BYTES}")
-    try:
-        data = load_yaml(p.read_text(encoding="utf-8"))
-    except Exception as e:  # noqa: BLE001 - YAML, decoding: the reason is the message
-        raise MatrixSpecError(f"{name}: not a valid matrix (YAML): {' '.join(str(e).split())[:300]}") from None
+    data = read_yaml_file(path, "matrix", "matrix file", MatrixSpecError, MAX_SPEC_BYTES)
     if not isinstance(data, dict):
         raise MatrixSpecError(f"{name}: expected a mapping with keys {', '.join(KEYS)}")
     unknown = [k for k in data if k not in KEYS]

@@ -26,7 +26,8 @@ from ..dump.stats import tensor_stats
 from ..dump.tensorio import dtype_name
 from .nn_layers import _IDENT_RE, INIT_PREFIX, TORCH_NN, build_nn_module, nn_class
 from .sweep_values import (POSITIVE_RANGE, _alternatives, _dtype, _fmt, _Input, _is_plain, _keys,
-                           _meta, _number, _on_meta, load_yaml, _output_metas, _parse_input, _plain, _range, _short)
+                           _meta, _number, _on_meta, _output_metas, _parse_input, _plain, _range, _short,
+                           parse_yaml, read_yaml_file)
 
 if TYPE_CHECKING:
     from .matrix import MatrixRow, ReplayResult
@@ -120,26 +121,12 @@ def load_sweep(spec: str | Path, *, max_cases: int = MAX_CASES, dtypes: list[str
 
 
 def _read(spec: str | Path) -> tuple[str, Any]:
-    import yaml
-
-    if str(spec) in BUILTIN and not Path(spec).is_file():  # a file of that name wins over the built-in
-        name = str(spec)
+    name = str(spec)
+    if name in BUILTIN and not Path(spec).is_file():  # a file of that name wins over the built-in
         text = (resources.files("xray.replay") / "sweeps" / f"{spec}.yaml").read_text(encoding="utf-8")
-    else:
-        path = Path(spec)
-        name = str(spec)
-        if not path.is_file():
-            raise SweepError(f"{name}: no such spec file (built-in sweeps: {', '.join(BUILTIN)})")
-        if path.stat().st_size > MAX_SPEC_BYTES:
-            raise SweepError(f"{name}: {path.stat().st_size} bytes; a sweep spec is at most {MAX_SPEC_BYTES}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise SweepError(f"{name}: cannot read it as UTF-8 text: {e}") from None
-    try:
-        return name, load_yaml(text)  # safe_load's rules, sized first; never yaml.load: no python/object tags
-    except (yaml.YAMLError, RecursionError) as e:
-        raise SweepError(f"{name}: not a valid sweep (YAML): {' '.join(str(e).split())[:300]}") from None
+        return name, parse_yaml(text, name, "sweep", SweepError)
+    return name, read_yaml_file(spec, "sweep", "sweep spec", SweepError, MAX_SPEC_BYTES,
+                                missing=f" (built-in sweeps: {', '.join(BUILTIN)})")
 
 
 # -- op entries --------------------------------------------------------------------------------------

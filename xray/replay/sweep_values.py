@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,34 @@ DEFAULT_INT_RANGE = (0, 9)
 _INPUT_KEYS = ("shapes", "dtype", "range", "positive", "param")
 MAX_NODES = 1 << 18        # YAML values of one spec once its aliases are expanded (a billion laughs is 10^9)
 _FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # YAML 1.1 reads 1e-5 as text
+
+
+def read_yaml_file(path: str | Path, kind: str, what: str, error: type[Exception], max_bytes: int,
+                   missing: str = "") -> Any:
+    """A small YAML file a person wrote (a sweep spec, a matrix), read and parsed by ``load_yaml``:
+    every way it can be wrong (absent, too large, not UTF-8, not YAML) is ``error`` with one line
+    naming the file. ``kind`` names it in the YAML message ("sweep"), ``what`` in the size one
+    ("sweep spec"), ``missing`` is appended to "no such ... file"."""
+    name, p = str(path), Path(path)
+    if not p.is_file():
+        raise error(f"{name}: no such {kind} file{missing}")
+    if p.stat().st_size > max_bytes:
+        raise error(f"{name}: {p.stat().st_size} bytes; a {what} is at most {max_bytes}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{name}: cannot read it as UTF-8 text: {e}") from None
+    return parse_yaml(text, name, kind, error)
+
+
+def parse_yaml(text: str, name: str, kind: str, error: type[Exception]) -> Any:
+    """``load_yaml`` of a document named ``name``; a YAML error is ``error`` with one line."""
+    import yaml
+
+    try:
+        return load_yaml(text)  # safe_load's rules, sized first; never yaml.load: no python/object tags
+    except (yaml.YAMLError, RecursionError) as e:
+        raise error(f"{name}: not a valid {kind} (YAML): {' '.join(str(e).split())[:300]}") from None
 
 
 def load_yaml(text: str) -> Any:
