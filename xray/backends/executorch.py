@@ -73,21 +73,16 @@ class ExecuTorch(Backend):
     def _quantize_call(self, exported: torch.export.ExportedProgram, args: tuple, which: str | None,
                        facts: dict[str, Any]) -> torch.export.ExportedProgram:
         """PT2E int8 (XNNPACKQuantizer) of one call, calibrated on its own inputs, exported again."""
-        from .quantize import pt2e_int8
+        from .quantize import int8_or_float, pt2e_int8
         from .shapes import dynamic_shapes
 
         try:
             import executorch.kernels.quantized  # noqa: F401 - registers the quantized ops' out variants
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
-        try:
-            converted, _ = pt2e_int8(exported, args, {}, facts)
-        except BackendError:
-            if facts.get("quantize_nodes") != 0:
-                raise
-            facts["quantized"] = False
+        converted = int8_or_float(lambda: pt2e_int8(exported, args, {}, facts)[0], facts)
+        if converted is None:
             return exported
-        facts["quantized"] = True
         try:
             return torch.export.export(converted, args, dynamic_shapes=dynamic_shapes(converted, args, which),
                                        strict=False)

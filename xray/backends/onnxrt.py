@@ -67,7 +67,7 @@ class OnnxRuntime(Backend):
     def _quantize_call(self, proto: Any, args: tuple, facts: dict[str, Any]) -> Any:
         """``quantize_static`` of one call's model, calibrated on the call's own inputs; a model
         it quantizes nothing of stays float (``quantized`` False in the facts)."""
-        from .quantize import ort_int8
+        from .quantize import int8_or_float, ort_int8
 
         try:
             session = self._session(proto.SerializeToString())
@@ -75,15 +75,8 @@ class OnnxRuntime(Backend):
             raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         names = [i.name for i in session.get_inputs()]
         feed = {n: t.detach().contiguous().numpy() for n, t in zip(names, _match_inputs(names, list(args)))}
-        try:
-            quantized = ort_int8(proto, [feed], facts)
-        except BackendError:
-            if facts.get("quantize_nodes") != 0:
-                raise
-            facts["quantized"] = False
-            return proto
-        facts["quantized"] = True
-        return quantized
+        quantized = int8_or_float(lambda: ort_int8(proto, [feed], facts), facts)
+        return proto if quantized is None else quantized
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         import onnxruntime as ort

@@ -80,6 +80,21 @@ def pt2e_int8(source: torch.export.ExportedProgram, args: tuple, kwargs: dict,
     return converted, carries
 
 
+def int8_or_float(quantize, facts: dict[str, Any]) -> Any | None:
+    """``quantize()``'s int8 program, or None where the quantizer left the op alone (no quantize
+    node: it runs, and is judged, in float); ``facts["quantized"]`` says which. Any other failure
+    is raised."""
+    try:
+        out = quantize()
+    except BackendError:
+        if facts.get("quantize_nodes") != 0:
+            raise
+        facts["quantized"] = False
+        return None
+    facts["quantized"] = True
+    return out
+
+
 def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The XNNPACK quantizer's own preparation (scalars of ``add``/``mul`` made tensor
     attributes, so the quantizer can annotate them), on float ops only. ExecuTorch 1.5.1's
