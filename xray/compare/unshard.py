@@ -148,6 +148,7 @@ class UnshardedRun:
         self._data_parallel = False
         self.groups: dict[int, list[Record]] = {}  # rebuilt record's seq -> each rank's record of the call
         self._replaced: set[int] = set()  # rebuilt records whose outputs are the all-reduced gradients
+        self._rank_local: dict[tuple[int, int], tuple[bool, Any]] = {}  # (seq, output) -> (steps, errors)
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._cached_bytes = 0
         self._ids: list[Assembly] = []
@@ -201,11 +202,18 @@ class UnshardedRun:
         (``local.local_error``; a DTensor call's local kernel, on the rank's shards), output ``k``;
         None where one cannot be (nothing saved, a DTensor call whose local kernel is not one call
         of its op, a gradient the all-reduce averaged: no rank's call made the rebuilt value)."""
-        from .local import local_error
-
+        if (seq, k) in self._rank_local and (steps is False or self._rank_local[(seq, k)][0]):
+            return self._rank_local[(seq, k)][1]  # attribution measured it; blame_ranks reads it again
         group = self.groups.get(seq)
         if group is None or len(group) < 2 or seq in self._replaced:
             return None
+        errs = self._measure_ranks(group, k, steps)
+        self._rank_local[(seq, k)] = (steps, errs)
+        return errs
+
+    def _measure_ranks(self, group: list[Record], k: int, steps: bool) -> list[Any] | None:
+        from .local import local_error
+
         errs = []
         for dump, rec, kernels in zip(self.ranks, group, self._kernels):
             if rec.kernels:
