@@ -126,3 +126,39 @@ def test_the_sample_judge_is_the_saved_data_rule_over_arrays():
     assert got["verdict"].tolist() == [sample_judge.PASS, sample_judge.NAN_INF]
     one = sample_judge.judge_one((1.0, 2.0, 3.0), (1.0, 2.0, 3.5), 1.3e-6, 1e-5, 2.0, 3.0, rules)
     assert one[0] == sample_judge.FAIL and abs(one[1] - 0.5 / 3.0) < 1e-12 and one[2] == 1
+
+
+MUL = torch.ops.aten.mul.Tensor
+
+
+def _rms_norm_rows(tmp_path, wrong=None):
+    """An RMS norm after a bf16 matmul: ``y * rsqrt(mean(y^2))`` reads a (64, 1) tensor broadcast
+    over (64, 128), then ``* weight`` a (128,) one: neither is sampled whole (more than 32
+    elements), so only positions drawn axis by axis line their samples up with the output's."""
+    def record(folder, wrong=None, bf16=False):
+        torch.manual_seed(0)
+        x, w, g = torch.randn(64, 96), torch.randn(96, 128) / 10, torch.rand(128) + 0.5
+        with torch.no_grad(), wrong or contextlib.nullcontext(), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), \
+                xray.dump(dump_dir=folder, X_DEDUP=False, X_DUMP_NUM=1000, X_DEBUG=0x112) as d:
+            y = (x @ w).float()
+            (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)) * g
+        return d.folder
+
+    bench = _statistics_only(record(tmp_path / "bench"))
+    target = _statistics_only(record(tmp_path / "target", wrong, bf16=True))
+    rows, _ = compare_loaded(bench, target, Rules())
+    return [r for r in rows if r.bench_op == "aten.mul.Tensor"]
+
+
+def test_a_norm_scale_wrong_under_bf16_is_born_at_its_broadcast_mul(tmp_path):
+    """The first mul of an RMS norm 5 % wrong under bf16 noise, on statistics and samples alone:
+    recomputed on its inputs' samples (the (64, 1) rsqrt broadcast), it is born there; its
+    consumer, right on what it received, is never an origin. Clean, neither mul fails."""
+    calls = iter(range(2))
+    wrong = _Wrong(MUL, lambda t: t * 1.05 if next(calls, 1) == 0 else t)
+    first, second = _rms_norm_rows(tmp_path / "wrong", wrong)
+    assert first.status == "fail" and (first.origin, first.cause) == ("born", "local error"), first
+    assert "measured on the sample" in first.note and first.local_err > 0.04
+    assert second.origin != "born", second
+    assert all(r.status in ("pass", "warning") for r in _rms_norm_rows(tmp_path / "clean"))

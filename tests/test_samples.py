@@ -25,11 +25,34 @@ PATHS = {"record": ("0", "1", "0"), "python rows": ("1", "0", "0"), "native rows
 
 def test_positions_depend_on_the_shape_alone():
     # hard-coded: a change of the generator (seed, mixing, draw order) is a format change
-    assert positions((4, 6, 8)) == (4, 11, 16, 19, 20, 28, 29, 35, 36, 42, 45, 53, 57, 58, 59, 70, 71, 77, 80, 90,
-                                    99, 100, 105, 109, 110, 112, 125, 143, 150, 155, 157, 160)
+    assert positions((4, 6, 8)) == (134, 76, 55, 93, 97, 67, 160, 181, 184, 134, 123, 31, 50, 138, 58, 14, 145, 8,
+                                    151, 68, 181, 21, 100, 120, 73, 115, 180, 47, 42, 187, 14, 17)
     assert positions((3, 4)) == tuple(range(12))  # small tensors are sampled whole
     assert positions((6, 4, 8)) != positions((4, 6, 8))  # the shape, not only numel
-    assert len(set(positions((1000, 1000)))) == SAMPLE_SIZE
+    assert len(set(positions((1000, 1000)))) == SAMPLE_SIZE  # an axis of >= 32 gives distinct draws
+
+
+@pytest.mark.parametrize("shapes", [((2, 64, 128), (2, 64, 1)), ((2, 64, 128), (128,)), ((4, 8, 40, 40), (4, 1, 40, 40)),
+                                    ((4, 8, 40, 40), (1, 1, 1, 40)), ((300, 7), (300, 1))])
+def test_a_broadcast_inputs_draw_is_the_element_the_outputs_draw_reads(shapes):
+    out_shape, in_shape = shapes
+    x = torch.randn(in_shape, dtype=torch.float64)
+    out = x.expand(out_shape)
+    assert np.array_equal(take(out), take(x))  # draw j of the input is what draw j of the output reads
+    # and the positions are spread over the axes, not drawn along a diagonal
+    rows, cols = np.unravel_index(np.asarray(positions((1000, 1000))), (1000, 1000))
+    assert abs(np.corrcoef(rows, cols)[0, 1]) < 0.5
+
+
+def test_samples_drawn_otherwise_are_not_read(tmp_path):
+    with xray.dump(dump_dir=tmp_path / "d", X_DEBUG=0x102, X_DEDUP=False):
+        torch.randn(64, 64) * 2
+    folder = next((tmp_path / "d").iterdir())
+    assert any(m.sample for r in xray.load_dump(folder).records for _, m in r.output_tensors())
+    head = json.loads((folder / "dump.json").read_text())
+    del head["sample_positions"]  # a dump of an xray that drew its positions another way
+    (folder / "dump.json").write_text(json.dumps(head))
+    assert not any(m.sample for r in xray.load_dump(folder).records for _, m in r.output_tensors())
 
 
 def test_every_layout_samples_the_same_elements():

@@ -79,7 +79,10 @@ def test_statistics_only_noise_raises_no_fail_row(arch, noise, dump, tmp_path):
 
 
 @pytest.mark.parametrize("arch,fault,noise", [
-    ("mobilenet", Fault("aten.convolution.default", 30, "rel", 2e-2), "tf32"),  # deep: TF32's loss carried before it
+    pytest.param("mobilenet", Fault("aten.convolution.default", 30, "rel", 2e-2), "tf32", marks=pytest.mark.xfail(
+        strict=True, reason="deep: 29 TF32 convolutions before it leave its 64-element input 0.9 % off element by "
+        "element (its statistics 0.14 %): a 2 % error is within 3x of what its sampled inputs carry, on "
+        "statistics and samples alone (the previous sample draw happened to see 0.4 % there, and named it)")),
     ("qwen2", Fault("aten.mm.default", 5, "rel", 2e-2), "tf32"),
     # no noise: the convolutions after a 1e-3 bug jump as TF32's would, but the ones before it
     # were exact, so they never set a precision level that would hide it

@@ -39,6 +39,7 @@ from ..numerics.kernel_families import family_of
 from .entry_records import Entry
 from .local import LocalError, local_error, local_error_with, measurable
 from .sample_local import sample_local_error
+from .sample_verdicts import sample_decided
 from .matching import op_base
 from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
@@ -75,15 +76,18 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     floors = Floors(rules, run_math(getattr(target_dump, "header", None), devices, rules.tf32))
     floors.established = _mark_precision_loss(pending, rules, floors.math)
     _mark_outliers(pending, floors)
-    # A local error measured on a sample only makes a row born: one within its floor leaves the
-    # row to the statistics-only rules, which weigh the run's precision loss (it does not join
-    # the precision steps or the outliers above: 32 elements are not the call).
+    # A local error measured on a sample beyond its floor makes a row born; one within it only
+    # clears the sample's own verdict (_decide), the statistics are left to the statistics-only
+    # rules, which weigh the run's precision loss (it joins neither the precision steps nor the
+    # outliers above: 32 elements are not the call).
     for i, k, le in on_samples:
         p = pending[i]
         if floors.beyond(le, p.target.op, 1):
             r = p.rows[k]
             p.local[k], r.local_err, r.local_floor = le, le.local, le.floor
             r.note = "; ".join(x for x in (r.note, "local error measured on the sample") if x)
+        else:
+            p.sample_local[k] = le
     for p in pending:  # the device floor is what the row shows
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
@@ -969,6 +973,11 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
                       "no error born before it")
     elif "none" in causes:  # v1 dump: no data edges, the execution-order rule
         set_origin(r, "inherited", "inherited", f"input {causes['none'][0]} differs")
+    elif (on_sample := p.sample_local.get(k)) is not None and sample_decided(r):
+        # the sample alone failed it, and the op computed right on those very elements: what
+        # differs there came in with its inputs (bf16 noise a square doubles), it was not made here
+        downgrade(r, f"computed correctly on its sampled inputs (local error on the sample {on_sample.local:.3g}, "
+                     f"floor {on_sample.floor:.3g}): the sample's difference came in with its inputs")
     elif le is not None:
         why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g})"
         carried = _row_name(carried_precision) + "'s precision loss" if carried_precision else computed_region

@@ -25,7 +25,8 @@ class Pending:
     the PendingRun that keeps it. ``inputs``: (name, target meta, status, statistics error) of
     each input pair; ``local``, ``precision``, ``reduce``, ``outlier``, ``argument``: by output
     index, the local error, a consistent precision step, the reduction length, why far above its
-    kind, a differing argument; ``input_errors``: input name -> accumulated_err (data)."""
+    kind, a differing argument; ``sample_local``: a local error on the sample within its floor;
+    ``input_errors``: input name -> accumulated_err (data)."""
 
     __slots__ = ("run", "index", "bench", "target", "rows", "_inputs")
 
@@ -48,6 +49,12 @@ class Pending:
     @property
     def local(self) -> MutableMapping[int, LocalError]:
         return _Marks(self.run.marks["local"], self.index)
+
+    @property
+    def sample_local(self) -> MutableMapping[int, LocalError]:
+        """By output: a local error measured on the sample and within its floor (the op computed
+        right on its sampled inputs); one beyond it is ``local``."""
+        return _Marks(self.run.marks["sample_local"], self.index)
 
     @property
     def precision(self) -> MutableMapping[int, str]:
@@ -168,8 +175,8 @@ class PendingRun(Sequence):
         rows from ``pair_start``, ``pair_rows`` of them)."""
         self.ea, self.eb, self.comparer = ea, eb, comparer
         self.pairs, self.plan, self._rows = pairs, plan, rows
-        self.marks: dict[str, dict[int, dict]] = {k: {} for k in ("local", "precision", "reduce", "outlier",
-                                                                   "input_errors", "argument")}
+        self.marks: dict[str, dict[int, dict]] = {k: {} for k in ("local", "sample_local", "precision", "reduce",
+                                                                   "outlier", "input_errors", "argument")}
         self.decided = bytearray(len(rows))  # by row: ``argument`` was decided for it
         # the judged inputs: per pair a code into _kinds ((names, statuses)), and its errors at
         # _errors[_at[i]:...] (0.0 where none: _has False); array("i"): 4 bytes a pair, read

@@ -2,10 +2,11 @@
 
 A statistics-only record cannot be recomputed (local.py needs saved tensors), so it was blind to
 whether the op computed right on what it received. Where each sampled output element depends only
-on sampled input elements, it need not be: tensors of one shape are sampled at the same logical
-positions (xray.dump.samples), so a pointwise op (torch's ``Tag.pointwise``: add, mul, gelu,
-where...) or a cast whose tensor inputs have the output's shape, are 0-d, or are sampled whole
-(a bias of at most 32 elements, broadcast) gives its output's sample from its inputs' samples.
+on sampled input elements, it need not be: positions are drawn axis by axis, aligned as
+broadcasting aligns them (xray.dump.samples), so a pointwise op (torch's ``Tag.pointwise``: add,
+mul, gelu, where...) or a cast gives its output's sample from its inputs' samples, whether they
+have the output's shape or broadcast to it (a norm's ``x * rsqrt(var)``, a weight, a bias, a
+mask); 0-d inputs and inputs sampled whole (at most 32 elements) are broadcast as they are.
 The sampled values are re-run as 1-D tensors with the record's other arguments, in float64 and at
 the recorded dtypes, and measured as local.py measures saved tensors (``local.measure``, the
 same device floors); an error beyond its floor makes the row born, one within it leaves the row to
@@ -49,8 +50,10 @@ def elementwise(op: str) -> bool:
 
 def _input_values(meta: TensorMeta, shape: tuple[int, ...], where: np.ndarray) -> torch.Tensor:
     """``meta``'s values at the output's sampled positions ``where`` (row-major indices into
-    ``shape``): its own sample when it has the output's shape, a 0-d tensor as is, a tensor
-    sampled whole (at most SAMPLE_SIZE elements) broadcast; else _NotSampled."""
+    ``shape``): a 0-d tensor as is; a tensor sampled whole (at most SAMPLE_SIZE elements)
+    broadcast; else its own sample, when its shape broadcasts to the output's (positions are drawn
+    axis by axis, aligned as broadcasting aligns them: its j-th value is the one the output's j-th
+    reads, xray.dump.samples.positions); else _NotSampled."""
     sample = getattr(meta, "sample", None)
     dtype = dtype_from_name(meta.dtype)
     if sample is None or dtype.is_complex:
@@ -61,13 +64,14 @@ def _input_values(meta: TensorMeta, shape: tuple[int, ...], where: np.ndarray) -
         if len(values) != 1:
             raise _NotSampled
         return torch.tensor(values[0], dtype=torch.float64).to(dtype)
-    if mine == shape:
+    if len(mine) > len(shape) or any(a not in (1, b) for a, b in zip(mine[::-1], shape[::-1])):
+        raise _NotSampled
+    n = int(np.prod(mine))
+    if n > SAMPLE_SIZE:  # drawn, as the output was: value j is the one output draw j reads
         if len(values) != len(where):
             raise _NotSampled
         return torch.from_numpy(values.copy()).to(dtype)
-    n = int(np.prod(mine))
-    if n > SAMPLE_SIZE or len(values) != n or len(mine) > len(shape) \
-            or any(a not in (1, b) for a, b in zip(mine[::-1], shape[::-1])):
+    if len(values) != n:
         raise _NotSampled
     coords = np.unravel_index(where, shape) if shape else ()
     lead = len(shape) - len(mine)

@@ -28,11 +28,19 @@ _STATUS_OBJECTS = np.array([s.value for s in (PairStatus.PASS, PairStatus.WARNIN
                                               PairStatus.NAN_INF)], dtype=object)
 
 
+DECIDED = "the sample decided"
+
+
 def sample_note(code: int, beyond: int, k: int) -> str:
     """The note of a row whose sample decided its verdict (statistics agreed better)."""
     if code == sample_judge.NAN_INF:
-        return f"the sample decided: NaN/Inf on one side only among its {k} sampled elements"
-    return f"the sample decided: {beyond} of {k} sampled elements beyond their floor where the statistics agree"
+        return f"{DECIDED}: NaN/Inf on one side only among its {k} sampled elements"
+    return f"{DECIDED}: {beyond} of {k} sampled elements beyond their floor where the statistics agree"
+
+
+def sample_decided(row: Any) -> bool:
+    """Whether ``row``'s verdict is its sample's (``sample_note``): the statistics agreed."""
+    return any(part.startswith(DECIDED) for part in (row.note or "").split("; "))
 
 
 def sample_scale(bench: Any, target: Any) -> float:

@@ -18,6 +18,7 @@ from .columns import Columns, ColumnsError, RecordSequence, Refusal, StringTable
 from .errors import DumpFormatError, RefusedRecordsWarning, TruncatedDumpWarning
 from .index_file import IndexFile
 from .model import ECHO, FORMAT_NAME, FORMAT_VERSION, MAX_NAME, Record, TensorMeta, parse_json
+from .samples import usable as samples_usable
 from .tensorio import check_dataset, file_inside, open_dataset, read_dataset
 from .writer import INDEX, JOURNAL
 
@@ -26,6 +27,15 @@ __all__ = ["DumpFormatError", "RefusedRecordsWarning", "TraceDump", "TruncatedDu
 INDEX_NAME = re.compile(r"index-[A-Za-z0-9_.-]{1,200}\.h5")
 
 
+
+
+def _drop_samples(records: list[Record] | None, columns: Columns | None) -> None:
+    if columns is not None:
+        columns.sample_n = columns.sample = None
+    for r in records or ():
+        for _, m in (*r.input_tensors(), *r.output_tensors()):
+            if m.stats is not None:
+                m.stats.sample = None
 
 
 class TraceDump:
@@ -41,6 +51,8 @@ class TraceDump:
         self.folder = folder
         self._refused = refused or []
         self.header = header
+        if not samples_usable(header):  # drawn at other positions: comparing them compares other elements
+            _drop_samples(records, columns)
         self._records = records
         self._columns = columns
         self.complete = complete

@@ -16,8 +16,10 @@ caught with probability 1 - (1 - f)^k (k = 32: f = 10 % -> 97 %, f = 5 % -> 81 %
 a bug on a single element of a large tensor is seen by the statistics or by the consumers it
 feeds, rarely by the sample.
 
-The generator is splitmix64 over (seed, shape, draw), spelled out here so that every platform,
-numpy version and a future C or Triton gatherer draw the same positions: docs/format.md fixes it.
+The generator is splitmix64 over (seed, axis, size, draw), spelled out here so that every
+platform, numpy version and a future C or Triton gatherer draw the same positions:
+docs/format.md fixes it. A dump says which draw it used (header ``sample_positions``); samples of
+another draw are not read.
 """
 from __future__ import annotations
 
@@ -41,26 +43,65 @@ def _splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
+SCHEME = "per-axis"  # the header's SCHEME_KEY: how positions are drawn (docs/format.md, "Samples")
+SCHEME_KEY = "sample_positions"
+
+
+def _permutation(state: int, k: int) -> list[int]:
+    """0..k-1 shuffled (Fisher-Yates) by the splitmix64 stream from ``state``."""
+    out = list(range(k))
+    for i in range(k - 1, 0, -1):
+        state = _splitmix64(state)
+        j = state % (i + 1)
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def axis_draws(axis: int, size: int, k: int = SAMPLE_SIZE) -> tuple[int, ...]:
+    """Draw j's coordinate on an axis of ``size``, ``axis`` counted from the last (0 = the last):
+    one coordinate in each of k strata of the axis, the strata in an order shuffled by (axis,
+    size), so that two axes are not drawn along a diagonal. An axis of size >= k gets k distinct
+    coordinates; one of size 1 always 0 (the element a broadcast reads)."""
+    if size == 1:
+        return (0,) * k
+    state = _splitmix64(SEED ^ _splitmix64((axis << 48) ^ size))
+    order = _permutation(state, k)
+    draws = []
+    for j in range(k):
+        state = _splitmix64(state + j)
+        draws.append((order[j] * size + state % size) // k)
+    return tuple(draws)
+
+
 @functools.lru_cache(maxsize=4096)
 def positions(shape: tuple[int, ...], k: int = SAMPLE_SIZE) -> tuple[int, ...]:
-    """The sorted logical (row-major) indices sampled from a tensor of ``shape``: all of them
-    when it has at most ``k`` elements, else ``k`` distinct ones drawn by splitmix64 from the
-    seed and the shape."""
+    """The logical (row-major) indices sampled from a tensor of ``shape``, in draw order: all of
+    them when it has at most ``k`` elements, else k draws, each coordinate from ``axis_draws``
+    of its axis (counted from the last). Axes are aligned as broadcasting aligns them, so a
+    broadcast input's j-th draw is the element the output's j-th draw reads: an elementwise op's
+    sampled output is recomputed from its inputs' samples, whatever their shapes (a norm's
+    ``x * rsqrt(var)``, a bias, a mask). Two draws may meet on one element of a small tensor."""
     numel = 1
     for s in shape:
         numel *= int(s)
     if numel <= k:
         return tuple(range(numel))
-    state = SEED
-    for s in shape:
-        state = _splitmix64(state ^ int(s))
-    chosen: set[int] = set()
-    draw = 0
-    while len(chosen) < k:
-        state = _splitmix64(state + draw)
-        chosen.add(state % numel)
-        draw += 1
-    return tuple(sorted(chosen))
+    flat = [0] * k
+    stride = 1
+    for axis, size in enumerate(reversed(shape)):
+        size = int(size)
+        if size > 1:
+            for j, c in enumerate(axis_draws(axis, size, k)):
+                flat[j] += c * stride
+        stride *= size
+    return tuple(flat)
+
+
+def usable(header: dict) -> bool:
+    """Whether a dump's samples were drawn as this xray draws them (else they are left out when
+    it is read: comparing samples drawn at other positions would compare other elements)."""
+    return header.get(SCHEME_KEY) == SCHEME
 
 
 @functools.lru_cache(maxsize=4096)

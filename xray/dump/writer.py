@@ -34,6 +34,7 @@ from .columns import FOLD_DTYPE, NONE, UPDATE_DTYPE, Columns, ColumnsError, Stri
 from .critical import critical_section
 from .index_file import IndexFile, IndexSize, write_file, write_index_parts
 from .model import FORMAT_NAME, FORMAT_VERSION, Record
+from .samples import SCHEME as SAMPLE_SCHEME, SCHEME_KEY as SAMPLE_SCHEME_KEY
 from .tensorio import write_dataset
 
 JOURNAL = "journal.jsonl"  # the header line of an unfinished dump (its records are in chunk files)
@@ -100,6 +101,7 @@ class DumpWriter:
                  flush_seconds: float = 1.0, flush_bytes: int = FLUSH_BYTES) -> None:
         self.folder = Path(folder)
         self.header = dict(header, format=FORMAT_NAME, format_version=FORMAT_VERSION)
+        self.header[SAMPLE_SCHEME_KEY] = SAMPLE_SCHEME  # how its samples' positions were drawn
         self.flush_records = flush_records
         self.flush_seconds = flush_seconds
         self.flush_bytes = flush_bytes
