@@ -391,3 +391,25 @@ def test_a_norm_gradient_below_bf16s_rounding_of_its_terms_is_rounding_and_a_bug
     assert fault.hit
     fd = bug.summary.first_divergence
     assert fd is not None and fd["op"] == "aten.native_layer_norm_backward.default" and fd["origin"] == "born", fd
+
+
+@pytest.mark.slow  # an untuned transformers architecture recorded four times: about 20 s
+def test_cpmant_norm_scale_bug_under_bf16_is_born_at_its_broadcast_mul_and_its_noise_is_clean(tmp_path):
+    """CPM-Ant's own LayerNorm multiplies by ``rsqrt(var)`` of shape (batch, seq, 1), recorded with
+    statistics only by the defaults (layer 0 already saved that signature's tensors). A 5 % bug
+    there under bf16 autocast was missed: the rsqrt (40 elements) was not sampled whole, so
+    nothing was recomputed. Samples drawn axis by axis line it up with the output's: the local
+    error on the sample names the mul. The same samples see the bf16 rounding a square doubles in
+    its ``pow``, sampled where its statistics agree; the pow computed right on those elements, so
+    it received that difference (rule O11a): the clean run has no FAIL row."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    arch = zoo.register(zoo.Entry("cpmant", "CpmAntModel"))
+    o = run_scenario(Scenario("t/cpmant", "bug", arch, noise="bf16", fault=Fault("aten.mul.Tensor", 10, amount=5e-2),
+                              **RECORDER_DEFAULTS), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact and fd["origin"] == "born", fd
+    o = _zoo_noise_run("cpmant", "CpmAntModel", tmp_path)
+    assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
