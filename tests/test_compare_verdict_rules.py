@@ -299,3 +299,47 @@ def test_only_reshaped_records_is_no_match(tmp_path):
     x = _x(8, 32, 16)
     with __import__("pytest").raises(CompareInputError, match="could be matched"):
         _pair(tmp_path, [Op("aten.view.default", x)], [Op("aten.view.default", x.reshape(2, 4, 16, 32))])
+
+
+def _layer_norm_step(folder, dump_num: int):
+    """A layer norm's forward and backward, recorded with ``dump_num`` tensors a record: its
+    backward has six tensor inputs (grad, input, mean, rstd, weight, bias), the last one unsaved
+    under the default 5."""
+    import xray
+
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(64)
+    x = torch.randn(8, 64, requires_grad=True)
+    with xray.dump(dump_dir=folder, X_DEBUG=0x11A, X_DEDUP=False, X_DUMP_NUM=dump_num):
+        (norm(x) * torch.linspace(-1, 1, 64)).sum().backward()
+    return xray.load_dump(next(folder.iterdir()))
+
+
+def test_an_input_left_unsaved_counts_only_where_the_op_reads_its_values(tmp_path):
+    """X_DUMP_NUM spent before the last input: the call is re-run with that input drawn twice,
+    differently; a layer norm backward, which reads its bias for its shape only, gives the same
+    bits and gets a local error, measured as if the bias were saved. An add whose second operand
+    is unsaved reads it: no local error (never a verdict on values nobody saved), even where that
+    operand's statistics say "constant" (a mask of 0 and -inf: min = max = 0 over finite values)."""
+    from xray.compare.local import local_error
+
+    dump = _layer_norm_step(tmp_path / "ln", 5)
+    backward = next(r for r in dump.records if r.op == "aten.native_layer_norm_backward.default")
+    metas = [m for _, m in backward.input_tensors()]
+    assert len(metas) == 6 and metas[-1].data is None and all(m.data is not None for m in metas[:-1])
+    outputs = [m for _, m in backward.output_tensors()]
+    got = local_error(backward, dump, outputs[0], 0)
+    assert got is not None and got.local <= max(got.floor, 1e-6), got
+    full = _layer_norm_step(tmp_path / "all", 8)
+    again = next(r for r in full.records if r.op == "aten.native_layer_norm_backward.default")
+    assert local_error(again, full, list(m for _, m in again.output_tensors())[0], 0).local == got.local
+
+    import xray
+
+    mask = torch.zeros(8, 64).masked_fill(torch.rand(8, 64) < 0.3, -math.inf)
+    with xray.dump(dump_dir=tmp_path / "add", X_DEBUG=0x112, X_DEDUP=False, X_DUMP_NUM=1):
+        torch.randn(8, 64) + mask
+    dump = xray.load_dump(next((tmp_path / "add").iterdir()))
+    add = next(r for r in dump.records if r.op == "aten.add.Tensor")
+    assert [m.data is not None for _, m in add.input_tensors()] == [True, False]
+    assert local_error(add, dump, next(m for _, m in add.output_tensors()), 0) is None

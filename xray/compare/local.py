@@ -17,7 +17,7 @@ import torch
 
 from ..dump.model import Record, TensorMeta, iter_tensors
 from ..dump.tensorio import dtype_from_name
-from ..ops.rebuild import build_call, check_call, check_outputs, named_args
+from ..ops.rebuild import build_call, check_call, check_outputs, load_tensor, named_args, rebuild_with
 from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
@@ -49,9 +49,42 @@ def _blocked(record: Record) -> str | None:
     return nondeterministic(record)
 
 
-def _tensors_saved(record: Record) -> bool:
-    metas = list(record.input_tensors())
-    return all(m.data is not None and m.numel <= MAX_NUMEL for _, m in metas)
+def _tensors_saved(record: Record) -> bool | None:
+    """True: every input tensor saved; None: some, not all (X_DUMP_NUM spent: a layer norm
+    backward has six); False: none, or one too large to recompute."""
+    metas = [m for _, m in record.input_tensors()]
+    if any(m.numel > MAX_NUMEL for m in metas):
+        return False
+    saved = sum(m.data is not None for m in metas)
+    return True if saved == len(metas) else None if saved else False
+
+
+def _with_unsaved_drawn(record: Record, dump: Any, seed: int) -> tuple:
+    """``build_call(record, dump)`` with every unsaved input tensor drawn at random (normal
+    values, or 0/1), independently of its statistics: a constant's statistics (an attention mask
+    of 0 and -inf reads min = max = 0) would draw the same tensor twice."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def tensor(meta: TensorMeta) -> torch.Tensor:
+        if meta.data is not None:
+            return load_tensor(meta, dump)
+        dtype = dtype_from_name(meta.dtype)
+        shape = tuple(meta.shape)
+        if dtype.is_floating_point or dtype.is_complex:
+            return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+        return torch.randint(0, 2, shape, generator=gen).to(dtype)
+
+    return rebuild_with(record, tensor)
+
+
+def _unsaved_unread(record: Record, dump: Any, k: int) -> tuple | None:
+    """The call rebuilt with its unsaved inputs drawn at random, when output ``k`` is the same
+    whatever they hold: two independent draws give the same bits (a layer norm's backward reads
+    its bias for its shape only; a kernel that reads the values cannot pass this). Else None."""
+    calls = [_with_unsaved_drawn(record, dump, seed) for seed in (1, 2)]
+    first, second = (runner(record.op, *call, k)(lambda t: t) for call in calls)
+    same = first is not None and second is not None and first.shape == second.shape and torch.equal(first, second)
+    return calls[0] if same else None
 
 
 def _convert(v: Any, fn, copy: bool = False) -> Any:
@@ -140,7 +173,8 @@ def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
 
 def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps: bool = True) -> LocalError | None:
     """Local error of output ``k`` (its meta ``output``) of ``record``, or None when the call
-    cannot be rebuilt safely from saved tensors. A constant output recorded with statistics only
+    cannot be rebuilt safely from saved tensors (an input left unsaved counts only where the
+    output does not read its values: ``_unsaved_unread``). A constant output recorded with statistics only
     (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
     its every value.
 
@@ -150,12 +184,16 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     own = getattr(dump, "own_local_error", None)
     if own is not None and (got := own(record, k, steps=steps)) is not None:
         return got
-    if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or not _tensors_saved(record):
+    saved = _tensors_saved(record)
+    if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or saved is False:
         return None
     try:
-        check_call(record, dump, factory="load")
+        check_call(record, dump, factory="load" if saved else "auto")
         check_outputs(record)  # an edited size or repeat count would compute (in float64) what was never recorded
-        func, args, kwargs = build_call(record, dump, factory="load")
+        call = build_call(record, dump, factory="load") if saved else _unsaved_unread(record, dump, k)
+        if call is None:  # some inputs unsaved, and read
+            return None
+        func, args, kwargs = call
         run, target = runner(record.op, func, args, kwargs, k), _target_values(dump, output)
         if selection_of(record.op, k) is not None:
             return _selection_error(record.op, k, named_args(func, args, kwargs), run, target)

@@ -326,6 +326,16 @@ def build_call(record: Record, dump: Dump, *, factory: str = "auto", seed: int =
                                                                device=device, ignored=ignored))
 
 
+def rebuild_with(record: Record, tensor: Callable[[TensorMeta], torch.Tensor]) -> tuple[torch._ops.OpOverload, tuple, dict]:
+    """(op, args, kwargs) of ``record`` on CPU, each tensor argument made by ``tensor(meta)``."""
+    return _call(record, lambda v, ignored: _walk(v, tensor, "cpu"))
+
+
+def load_tensor(meta: TensorMeta, dump: Dump) -> torch.Tensor:
+    """A saved tensor argument as ``build_call`` loads it (checked against its meta, at its stride)."""
+    return _tensor(meta, dump, "load", None, torch.device("cpu"))
+
+
 def check_call(record: Record, dump: Dump, *, factory: str = "auto") -> None:
     """Raise what ``build_call`` would for ``record``, without reading or generating tensor data.
 
