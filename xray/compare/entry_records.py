@@ -32,11 +32,14 @@ class Entry:
     (name, TensorMeta) lists of outputs and inputs built when read (Entries' cache). Equal to
     any Entry of the same position: two reads of one entry may be two objects."""
 
-    __slots__ = ("_entries", "pos", "path")
+    __slots__ = ("_entries", "pos")
 
     def __init__(self, entries: Entries, pos: int) -> None:
         self._entries, self.pos = entries, pos
-        self.path = entries.table.path_text[pos]
+
+    @property
+    def path(self) -> str:
+        return self._entries.table.path_text[self.pos]
 
     @property
     def table(self) -> EntryTable:
@@ -110,8 +113,8 @@ class Entries(Sequence):
         self.capacity = max(CACHE if capacity is None else capacity, 2 * BLOCK)
         self._cache: dict[int, _Built] = {}  # in order of last read: the first is evicted
         self._kept: dict[int, _Built] = {}  # the first HOLD entries to read, once built
+        self._to_keep: set[int] = set()  # those entries' positions
         self._ahead = np.zeros(0, dtype=np.int32)
-        self._last_kept = -1  # the last of those entries' position (-1: none)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -121,7 +124,7 @@ class Entries(Sequence):
             if not isinstance(pos, (int, np.integer)):
                 raise TypeError("Entries are read by position")
             pos = int(pos)
-        if not 0 <= pos < len(self.table):
+        if not 0 <= pos < len(self.table.row):
             raise IndexError(pos)
         return Entry(self, pos)
 
@@ -131,7 +134,7 @@ class Entries(Sequence):
         them are kept once built (a few tens of MB); a run with more suspect entries builds the
         others again in each pass that reads them."""
         self._ahead = positions
-        self._last_kept = int(positions[min(HOLD, len(positions)) - 1]) if HOLD > 0 and len(positions) else -1
+        self._to_keep = set(positions[:max(HOLD, 0)].tolist())
 
     def built(self, pos: int) -> _Built:
         got = self._kept.get(pos)
@@ -140,18 +143,11 @@ class Entries(Sequence):
         got = self._cache.pop(pos, None)
         if got is None:
             got = self._build(pos)
-            if self._keeps(pos):
+            if pos in self._to_keep:
                 self._kept[pos] = got
                 return got
         self._cache[pos] = got  # now the last read
         return got
-
-    def _keeps(self, pos: int) -> bool:
-        """Whether ``pos`` is one of the first ``HOLD`` entries to read."""
-        if pos > self._last_kept:
-            return False
-        j = int(np.searchsorted(self._ahead, pos))
-        return j < len(self._ahead) and self._ahead[j] == pos
 
     def _build(self, pos: int) -> _Built:
         ahead, cache = self._ahead, self._cache
@@ -165,7 +161,7 @@ class Entries(Sequence):
         except ValueError:  # ColumnsError too: a bad record is reported when it is read, not before
             block, records = [pos], [source.record(int(rows[pos]))]
         for p, record in zip(block[1:], records[1:]):
-            (self._kept if self._keeps(p) else cache)[p] = _Built(record)
+            (self._kept if p in self._to_keep else cache)[p] = _Built(record)
         while len(cache) >= self.capacity:
             del cache[next(iter(cache))]
         return _Built(records[0])
