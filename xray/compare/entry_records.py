@@ -22,7 +22,7 @@ from ..dump.columns import DIRECTIONS, KINDS
 from .entry_table import EntryTable
 
 CACHE = 1024  # Records kept per side: the block being read, and a pass's look-backs to producers
-HOLD = 16384  # the first this many entries to read, a side keeps (~40 MB): each is built once
+HOLD = 16384  # the first this many entries to read, a side keeps (~45 MB): each is built once
 BLOCK = 256  # entries built per miss on the entries attribution reads next
 
 
