@@ -22,6 +22,7 @@ import numpy as np
 
 from ..dump.dump_columns import DumpColumns
 from ..dump.model import TensorMeta
+from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from ..ops.nondeterminism import _op_kind, nondeterministic
 from .causality import attribute
@@ -76,7 +77,8 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     skip_kernel_specific(rows)
     matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows, comparer)
     _return_freed_memory()  # matches_of's temporaries: attribution's failing rows come on top
-    attribute(ea, eb, suspect, comparer, rules, target, matches)
+    with no_cyclic_gc():  # each suspect pair's Records, built and dropped pass after pass: acyclic
+        attribute(ea, eb, suspect, comparer, rules, target, matches)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals

@@ -5,9 +5,11 @@ Why: attribution (causality.py) and the random-op check read the Records of the 
 only, pass after pass; on a run that diverged early that is every entry. A Record costs ~2 KB,
 so a million held at once cost gigabytes: the last ``CACHE`` read are kept, a miss builds again.
 A miss on an entry attribution will read (``read_ahead``) builds the next ``BLOCK`` of them in
-one gather from the columns, half the cost of one at a time; up to ``HOLD`` entries to read are
-all kept, so a run with few suspect pairs builds each Record once (tools/bench_bigdump.py
---failing).
+one gather from the columns, half the cost of one at a time. The first ``HOLD`` entries to read
+are kept once built, the rest pass through the cache: a pass that sweeps more entries than a
+cache holds would evict each before the next pass reads it again, so a run with up to ``HOLD``
+suspect pairs builds each Record once, and a larger one builds again only the entries past them
+(tools/bench_bigdump.py --failing).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..dump.columns import DIRECTIONS, KINDS
 from .entry_table import EntryTable
 
 CACHE = 1024  # Records kept per side: the block being read, and a pass's look-backs to producers
-HOLD = 16384  # up to this many entries to read, a side keeps them all (~40 MB): each is built once
+HOLD = 16384  # the first this many entries to read, a side keeps (~45 MB): each is built once
 BLOCK = 256  # entries built per miss on the entries attribution reads next
 
 
@@ -30,11 +32,14 @@ class Entry:
     (name, TensorMeta) lists of outputs and inputs built when read (Entries' cache). Equal to
     any Entry of the same position: two reads of one entry may be two objects."""
 
-    __slots__ = ("_entries", "pos", "path")
+    __slots__ = ("_entries", "pos")
 
     def __init__(self, entries: Entries, pos: int) -> None:
         self._entries, self.pos = entries, pos
-        self.path = entries.table.path_text[pos]
+
+    @property
+    def path(self) -> str:
+        return self._entries.table.path_text[self.pos]
 
     @property
     def table(self) -> EntryTable:
@@ -101,12 +106,14 @@ class _Built:
 
 class Entries(Sequence):
     """A table's entries by position (a new light Entry per read), their Records in a cache of
-    the ``capacity`` last read."""
+    the ``capacity`` last read, besides those of the first ``HOLD`` entries to read (kept)."""
 
     def __init__(self, table: EntryTable, capacity: int | None = None) -> None:
         self.table = table
         self.capacity = max(CACHE if capacity is None else capacity, 2 * BLOCK)
         self._cache: dict[int, _Built] = {}  # in order of last read: the first is evicted
+        self._kept: dict[int, _Built] = {}  # the first HOLD entries to read, once built
+        self._to_keep: set[int] = set()  # those entries' positions
         self._ahead = np.zeros(0, dtype=np.int32)
 
     def __len__(self) -> int:
@@ -117,23 +124,28 @@ class Entries(Sequence):
             if not isinstance(pos, (int, np.integer)):
                 raise TypeError("Entries are read by position")
             pos = int(pos)
-        if not 0 <= pos < len(self.table):
+        if not 0 <= pos < len(self.table.row):
             raise IndexError(pos)
         return Entry(self, pos)
 
     def read_ahead(self, positions: np.ndarray) -> None:
         """The positions attribution will read, in the order it reads them (ascending): a miss on
-        one of them builds it and the next ``BLOCK - 1`` in one gather. Up to ``HOLD`` of them
-        are all kept (a few tens of MB): only a run with more suspect entries builds a Record again
-        in each pass that reads it."""
+        one of them builds it and the next ``BLOCK - 1`` in one gather. The first ``HOLD`` of
+        them are kept once built (a few tens of MB); a run with more suspect entries builds the
+        others again in each pass that reads them."""
         self._ahead = positions
-        if len(self._ahead) <= HOLD:
-            self.capacity = max(self.capacity, len(self._ahead) + CACHE)
+        self._to_keep = set(positions[:max(HOLD, 0)].tolist())
 
     def built(self, pos: int) -> _Built:
+        got = self._kept.get(pos)
+        if got is not None:
+            return got
         got = self._cache.pop(pos, None)
         if got is None:
             got = self._build(pos)
+            if pos in self._to_keep:
+                self._kept[pos] = got
+                return got
         self._cache[pos] = got  # now the last read
         return got
 
@@ -142,14 +154,14 @@ class Entries(Sequence):
         j = int(np.searchsorted(ahead, pos))
         block = [pos]
         if j < len(ahead) and ahead[j] == pos:
-            block += [p for p in ahead[j + 1:j + BLOCK].tolist() if p not in cache]
+            block += [p for p in ahead[j + 1:j + BLOCK].tolist() if p not in cache and p not in self._kept]
         source, rows = self.table.source, self.table.row
         try:
             records = source.records_at(rows[block])
         except ValueError:  # ColumnsError too: a bad record is reported when it is read, not before
             block, records = [pos], [source.record(int(rows[pos]))]
         for p, record in zip(block[1:], records[1:]):
-            cache[p] = _Built(record)
+            (self._kept if p in self._to_keep else cache)[p] = _Built(record)
         while len(cache) >= self.capacity:
             del cache[next(iter(cache))]
         return _Built(records[0])

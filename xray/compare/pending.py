@@ -175,6 +175,10 @@ class PendingRun(Sequence):
         rows from ``pair_start``, ``pair_rows`` of them)."""
         self.ea, self.eb, self.comparer = ea, eb, comparer
         self.pairs, self.plan, self._rows = pairs, plan, rows
+        # pair i's entries and rows, read as Python ints pass after pass: array("q"), 8 bytes each
+        self._pa, self._pb, self._start, self._count = (
+            array("q", np.asarray(column, dtype=np.int64)[pairs].tobytes())
+            for column in (plan.pa, plan.pb, plan.pair_start, plan.pair_rows))
         self.marks: dict[str, dict[int, dict]] = {k: {} for k in ("local", "sample_local", "precision", "reduce",
                                                                    "outlier", "input_errors", "argument")}
         self.decided = bytearray(len(rows))  # by row: ``argument`` was decided for it
@@ -198,10 +202,8 @@ class PendingRun(Sequence):
         if not -n <= i < n:
             raise IndexError(i)
         i %= n
-        start, count = self.row_span(i)
-        p = self.pairs.item(i)
-        return Pending(self, i, self.ea[self.plan.pa.item(p)], self.eb[self.plan.pb.item(p)],
-                       self._rows[start:start + count])
+        start = self._start[i]
+        return Pending(self, i, self.ea[self._pa[i]], self.eb[self._pb[i]], self._rows[start:start + self._count[i]])
 
     def __iter__(self) -> Iterator[Pending]:
         for i in range(len(self)):
@@ -209,8 +211,7 @@ class PendingRun(Sequence):
 
     def row_span(self, i: int) -> tuple[int, int]:
         """(first row, number of rows) of pair ``i``."""
-        p = self.pairs.item(i)
-        return self.plan.pair_start.item(p), self.plan.pair_rows.item(p)
+        return self._start[i], self._count[i]
 
     def row_of(self, i: int, k: Any) -> int | None:
         """The row number of pair ``i``'s output ``k``, or None when it has no such row."""

@@ -173,6 +173,7 @@ class Columns:
         self._shapes: dict[int, tuple[int, ...]] = {}
         self._stacks: dict[int, list[tuple[str, str]]] = {}
         self._call_stacks: dict[int, list[str]] = {}
+        self._names: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -397,6 +398,13 @@ class Columns:
             got = self._shapes[i] = parse_dims(self.strings[i])
         return got
 
+    def name(self, i: int, what: str) -> str:
+        """String ``i`` as a name (an op, a module path, a dtype, a device), checked once."""
+        got = self._names.get(i)
+        if got is None:
+            got = self._names[i] = checked_name(self.strings[i], what)
+        return got
+
     def skeleton(self, i: int) -> tuple[dict, int]:
         """(template, number of tensors) of skeleton string ``i``: the template holds the decoded
         non-tensor values, and ``MARK`` where each tensor goes, in the order of the tensor rows."""
@@ -435,9 +443,9 @@ class Columns:
             source = "input"
         else:
             source = f"{SRC_KINDS[src_kind]}:{strings[src_name]}"
-        return TensorMeta(shape=self.shape(shape), dtype=checked_name(strings[dtype], "tensor dtype"),
+        return TensorMeta(shape=self.shape(shape), dtype=self.name(dtype, "tensor dtype"),
                           stride=None if stride < 0 else self.shape(stride), storage_offset=offset,
-                          device=checked_name(strings[device], "tensor device"), requires_grad=bool(requires_grad),
+                          device=self.name(device, "tensor device"), requires_grad=bool(requires_grad),
                           stats=stats, data=None if data < 0 else strings[data], source=source,
                           note=None if note < 0 else strings[note])
 
@@ -495,10 +503,9 @@ class Columns:
         if n_tensors != end - begin:
             raise ColumnsError(f"its skeleton holds {n_tensors} tensors, its rows {end - begin}")
         metas = iter([self._meta(t, begin + k) for k, t in enumerate(tensor_rows)])
-        strings = self.strings
         rec = Record(
-            seq=seq, kind=KINDS[kind], op=checked_name(strings[op], "op"), direction=DIRECTIONS[direction],
-            module=None if module < 0 else checked_name(strings[module], "module"),
+            seq=seq, kind=KINDS[kind], op=self.name(op, "op"), direction=DIRECTIONS[direction],
+            module=None if module < 0 else self.name(module, "module"),
             module_stack=[] if module_stack < 0 else self._frames(module_stack),
             inputs={k: fill(v, metas) for k, v in template["inputs"].items()},
             outputs=[fill(v, metas) for v in template["outputs"]],

@@ -270,6 +270,7 @@ FAMILIES: tuple[Family, ...] = (
 _BY_OP: dict[str, Family] = {m: f for f in FAMILIES for m in f.members}
 
 
+@lru_cache(maxsize=4096)  # read per row by attribution's rules: a few hundred ops
 def packet(op: str) -> str:
     """``aten.addmm.default`` and ``aten.copy_.default`` -> ``aten.addmm``, ``aten.copy``."""
     parts = op.split(".")
