@@ -131,12 +131,15 @@ def signature_key(op: OpInfo, args: tuple, kwargs: dict) -> tuple:
     return tuple(parts)
 
 
-def dedup_key(signature: tuple, frames: list) -> tuple:
-    """De-dup's identity of a call: its signature in the innermost module running it (None
-    outside any). Each module keeps a record of each signature it calls, so a fault in layer 17
-    of 32 has a record of its own; that module's later calls (the next step, the next token)
-    fold into it. The C path (_fastpath.c: dedup_key) builds the same key."""
-    return (signature, frames[-1][0] if frames else None)
+def dedup_key(signature: tuple, frames: list, roles: tuple) -> tuple:
+    """De-dup's identity of a call: its signature, the innermost module running it (None outside
+    any) and the roles of its tensor arguments (Producers.roles: which op, or a parameter, a
+    buffer, a model input, produced each). Each module keeps a record of each signature it calls
+    with each kind of inputs, so a fault in layer 17 of 32 has a record of its own, and so has a
+    ``masked_fill`` after a softmax beside one of the same shapes before it; later calls (the
+    next step, the next token) fold into it. Roles name kinds of producers, not calls, so a
+    loop's later steps still fold. The C path (_fastpath.c: dedup_key) builds the same key."""
+    return (signature, frames[-1][0] if frames else None, roles)
 
 
 def _key(a: Any) -> Any:
