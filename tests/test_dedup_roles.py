@@ -116,6 +116,19 @@ def test_a_tf32_pair_recorded_with_the_defaults_has_no_fail(tmp_path):
     assert len(after_softmax) == 4 and all(r.status != "fail" for r in after_softmax)
 
 
+def test_outputs_of_one_call_have_a_role_each_and_a_tensor_lists_items_one(tmp_path):
+    """An op's outputs mean different things (an attention backward's grad_k and grad_v), so each
+    is a role of its own; the items of one Tensor[] output (unbind's slices) share theirs."""
+    x = torch.randn(4, 6)
+    with xray.dump(dump_dir=tmp_path, X_DUMP_NUM=0):
+        lo, hi = torch.aminmax(x, dim=0)
+        lo.exp(), hi.exp()
+        for row in x.unbind(0):
+            row.exp()
+    exps = [r for r in xray.load_dump(tmp_path).records if r.op == "aten.exp.default"]
+    assert [r.count for r in exps] == [1, 1, 4]
+
+
 class Cell(torch.nn.Module):
     def __init__(self, dim: int = 8) -> None:
         super().__init__()

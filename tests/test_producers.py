@@ -218,7 +218,7 @@ def test_producer_map_keeps_nothing_alive_and_survives_id_reuse():
     producers = Producers()
     base = torch.randn(3)
     t = base.view(3)
-    producers.produced(7, "aten.view.default", t)
+    producers.produced(7, ("aten.view.default",), t)
     assert producers.source_of(t) == "op:7:0"
     ref, old_id = torch.utils.weak.WeakRef(t), id(t)
     del t
@@ -239,12 +239,12 @@ def test_producer_map_keeps_nothing_alive_and_survives_id_reuse():
 def test_data_swap_and_module_state_names():
     producers = Producers()
     x = torch.randn(3)
-    producers.produced(1, "aten.split.Tensor", [x])
+    producers.produced(1, ("aten.split.Tensor",), [x])
     x.data = torch.randn(3)  # no ATen call: the old producer no longer holds
     assert producers.source_of(x) == "input"
     lin = torch.nn.Linear(2, 2)
     producers.name_state(lin.weight, "param", "lin.weight")
-    producers.produced(9, "aten._foreach_add_.List", [lin.weight])  # an in-place update (optimizer step) keeps the name
+    producers.produced(9, ("aten._foreach_add_.List",), [lin.weight])  # an in-place update (optimizer step) keeps the name
     assert producers.source_of(lin.weight) == "param:lin.weight"
 
 
@@ -324,9 +324,9 @@ def test_journal_of_a_v3_dump_keeps_sources(tmp_path):
 def test_dead_outputs_are_swept_so_the_map_follows_live_tensors():
     producers = Producers()
     keep = torch.randn(2)
-    producers.produced(0, "aten.randn.default", keep)
+    producers.produced(0, ("aten.randn.default",), keep)
     for seq in range(1, 20001):
-        producers.produced(seq, "aten.empty.memory_format", torch.empty(1))  # dies at once
+        producers.produced(seq, ("aten.empty.memory_format",), torch.empty(1))  # dies at once
     assert len(producers._by_id) <= 8192
     assert producers.source_of(keep) == "op:0:0"
 

@@ -55,7 +55,7 @@ static PyObject *s_shape, *s_dtype, *s_stride, *s_device, *s_data_ptr, *s_versio
     *s_skeleton, *s_roles, *s_names, *s_f,
     *s_name_attr, *s_is_neg, *s_builder, *s_row_lists, *s_flush, *s_flush_records, *s_flush_seconds,
     *s_last_flush, *s_writer, *s_folds, *s_folds_flush, *s_folds_full, *s_unwritten_buffers, *s_wrote_through,
-    *s_name, *s_input;
+    *s_input;
 
 static PyObject *FALLBACK; /* FastPath.on_op's answer: Python takes this call, nothing was done */
 
@@ -99,7 +99,7 @@ static PyTypeObject RowCallType = {
  * table only remembers them: the OpInfo, whether this path takes the op's calls at all, and
  * which of the statistics cache's rules apply (cache_rules.py). */
 typedef struct {
-    PyObject *func, *info, *name; /* the OpOverload, its OpInfo (encode.op_info) and the OpInfo's name */
+    PyObject *func, *info, *roles; /* the OpOverload, its OpInfo (encode.op_info) and the OpInfo's roles */
     int common, view, preserving, mutates, writes;
 } OpFacts;
 
@@ -144,7 +144,7 @@ static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; i < self->ops_cap; i++) {
         Py_VISIT(self->ops[i].func);
         Py_VISIT(self->ops[i].info);
-        Py_VISIT(self->ops[i].name);
+        Py_VISIT(self->ops[i].roles);
     }
     return 0;
 }
@@ -156,7 +156,7 @@ static int fp_clear(FastPath *self) {
     for (Py_ssize_t i = 0; i < self->ops_cap; i++) {
         Py_CLEAR(self->ops[i].func);
         Py_CLEAR(self->ops[i].info);
-        Py_CLEAR(self->ops[i].name);
+        Py_CLEAR(self->ops[i].roles);
     }
     self->ops_len = 0;
     return 0;
@@ -412,16 +412,19 @@ static OpFacts *op_facts(FastPath *self, PyObject *func) {
     int flags[5];
     for (int i = 0; i < 5; i++)
         flags[i] = PyObject_IsTrue(PyTuple_GET_ITEM(facts, i + 1));
-    PyObject *info = PyTuple_GET_ITEM(facts, 0), *name = PyObject_GetAttr(info, s_name);
-    OpFacts f = {func, Py_NewRef(info), name, flags[0], flags[1], flags[2], flags[3], flags[4]};
+    PyObject *info = PyTuple_GET_ITEM(facts, 0), *roles = PyObject_GetAttr(info, s_roles);
+    OpFacts f = {func, Py_NewRef(info), roles, flags[0], flags[1], flags[2], flags[3], flags[4]};
     Py_DECREF(facts);
     if (PyErr_Occurred() || f.common < 0 || f.view < 0 || f.preserving < 0 || f.mutates < 0 || f.writes < 0) {
-        Py_DECREF(f.info), Py_XDECREF(f.name);
+        Py_DECREF(f.info), Py_XDECREF(f.roles);
         return NULL;
     }
-    if (!PyUnicode_CheckExact(name)) { /* a role: an atom, so the producers' entries stay untracked */
-        Py_DECREF(f.info), Py_DECREF(f.name);
-        PyErr_SetString(PyExc_TypeError, "xray fast path: an OpInfo's name is not a str");
+    int strs = PyTuple_CheckExact(roles) && PyTuple_GET_SIZE(roles) > 0;
+    for (Py_ssize_t i = 0; strs && i < PyTuple_GET_SIZE(roles); i++)
+        strs = PyUnicode_CheckExact(PyTuple_GET_ITEM(roles, i));
+    if (!strs) { /* atoms, so the producers' entries stay untracked */
+        Py_DECREF(f.info), Py_DECREF(f.roles);
+        PyErr_SetString(PyExc_TypeError, "xray fast path: an OpInfo's roles are not a tuple of str");
         return NULL;
     }
     Py_INCREF(func);
@@ -1077,7 +1080,7 @@ fail:
 }
 
 /* -- after the call: data edges ----------------------------------------------------------------- */
-/* Producers._produce: the tensor t now holds output k of call seq, a call of the op named role. */
+/* Producers._produce: the tensor t now holds output k of call seq, in role (an OpInfo.roles item). */
 static int produce(FastPath *self, PyObject *by_id, PyObject *t, PyObject *seq, PyObject *k, PyObject *role) {
     PyObject *id = PyLong_FromVoidPtr(t), *ptr = NULL, *ref = NULL, *fresh = NULL;
     int r = -1;
@@ -1103,8 +1106,8 @@ done:
     return r;
 }
 
-/* Producers.produced: one plain tensor, or a list/tuple of plain tensors and non-tensors, here;
- * anything else in Python. */
+/* Producers.produced: one plain tensor, or a list/tuple of plain tensors and non-tensors, here
+ * (item i in role op->roles[i], or roles[0] past them: a Tensor[] result); anything else in Python. */
 static int produced(FastPath *self, OpFacts *op, PyObject *seq, PyObject *out) {
     int simple = is_plain(self, out);
     if (!simple && (PyTuple_CheckExact(out) || PyList_CheckExact(out))) {
@@ -1115,7 +1118,7 @@ static int produced(FastPath *self, OpFacts *op, PyObject *seq, PyObject *out) {
         }
     }
     if (!simple) {
-        PyObject *argv[] = {seq, op->name, out};
+        PyObject *argv[] = {seq, op->roles, out};
         return done_with(PyObject_Vectorcall(self->py_produced, argv, 3, NULL));
     }
     int single = is_plain(self, out), r = 0;
@@ -1124,11 +1127,12 @@ static int produced(FastPath *self, OpFacts *op, PyObject *seq, PyObject *out) {
         PyObject *o = single ? out : PySequence_Fast_GET_ITEM(out, i);
         if (!is_plain(self, o))
             continue;
+        PyObject *role = PyTuple_GET_ITEM(op->roles, i < PyTuple_GET_SIZE(op->roles) ? i : 0);
         PyObject *by_id = PyObject_GetAttr(self->producers, s_by_id); /* each time: a sweep replaces it */
         PyObject *index = by_id ? PyLong_FromSsize_t(k++) : NULL;
         if (index != NULL && !PyDict_Check(by_id))
             PyErr_SetString(PyExc_RuntimeError, "xray fast path: Producers._by_id is not a dict");
-        r = index != NULL && PyDict_Check(by_id) ? produce(self, by_id, o, seq, index, op->name) : -1;
+        r = index != NULL && PyDict_Check(by_id) ? produce(self, by_id, o, seq, index, role) : -1;
         Py_XDECREF(by_id), Py_XDECREF(index);
     }
     return r;
@@ -1588,7 +1592,7 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
             if ((out = run_op(func, args, kwargs)) != NULL
                 && (produced(self, op, seq, out) < 0
                     || (op->mutates && done_with(PyObject_CallMethodObjArgs(self->producers, s_wrote_through, seq,
-                                                                             op->name, out, NULL)) < 0))
+                                                                             op->roles, out, NULL)) < 0))
                 && fail(self) < 0)
                 Py_CLEAR(out);
             goto cleanup;
@@ -1658,7 +1662,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         {&s_is_neg, "is_neg"}, {&s_builder, "_builder"}, {&s_row_lists, "row_lists"}, {&s_flush, "flush"},
         {&s_flush_records, "flush_records"}, {&s_flush_seconds, "flush_seconds"}, {&s_last_flush, "_last_flush"},
         {&s_writer, "writer"}, {&s_folds, "folds"}, {&s_folds_flush, "folds_flush"}, {&s_folds_full, "folds_full"},
-        {&s_unwritten_buffers, "unwritten_buffers"}, {&s_wrote_through, "wrote_through"}, {&s_name, "name"},
+        {&s_unwritten_buffers, "unwritten_buffers"}, {&s_wrote_through, "wrote_through"},
         {&s_input, "input"}, /* producers.INPUT_ROLE */
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)

@@ -36,6 +36,10 @@ class OpInfo:
     # are final (a Work, or a tensor that wait_tensor completes)
     collective: bool = False
     written_results: tuple[str, ...] = ()
+    # The role of each recorded output in a consumer's de-dup key (Producers.roles): the op's
+    # name for the first, "<name>:<i>" for output i (an attention backward's grad_k is not its
+    # grad_v); a Tensor[] output's items all take their output's (unbind's slices are one role).
+    roles: tuple[str, ...] = ()
 
     @property
     def writes(self) -> bool:
@@ -75,8 +79,10 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
     view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
     written = mutates if not schema.returns else ()
-    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates,
-                  len(schema.returns) or len(written), defaults, view, _is_collective(str(func)), written)
+    name, returns = str(func), len(schema.returns) or len(written)
+    roles = tuple(name if i == 0 else f"{name}:{i}" for i in range(max(returns, 1)))
+    return OpInfo(name, names, mutates, packet in _SAME_VALUES and not mutates,
+                  returns, defaults, view, _is_collective(name), written, roles)
 
 
 # Functional collectives' helpers that exchange nothing (wait_tensor completes one).

@@ -19,7 +19,7 @@ is the view's ``_base`` (the root of its views), not an intermediate view of it.
 updates it (an optimizer step, running statistics): to compare runs, a parameter is the edge.
 
 Each entry also keeps its producer's *role*, what de-dup keys a call by (``roles``): the producing
-op's ``OpInfo``, or "param"/"buffer".
+op's name (with its output's index past the first: ``OpInfo.roles``), or "param"/"buffer".
 
 xray/record/_fastpath.c mirrors ``entry_of``, ``produced`` and ``roles`` for the recorder's common call, on
 this same table (it reads ``_by_id`` afresh each time: a sweep replaces it): a change to these
@@ -40,7 +40,7 @@ from .sharded import is_dtensor
 # ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
 # order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
 # (weakref to the tensor, seq or "param:..."/"buffer:...", k, data_ptr, role): one flat tuple;
-# role: the producing call's OpInfo, or "param"/"buffer"
+# role: an ``OpInfo.roles`` item (the producing op's name), or "param"/"buffer"
 _Entry = tuple
 # the role of a tensor no entry names (a model input, or made where the recorder did not see)
 INPUT_ROLE = "input"
@@ -95,7 +95,7 @@ class Producers:
 
     def roles(self, args: tuple, kwargs: dict) -> tuple:
         """What produced each tensor argument, in argument order (a list's items, keyword values
-        after): its op's OpInfo, "param", "buffer" or "input". Part of a call's de-dup identity
+        after): its op's name (``OpInfo.roles``), "param", "buffer" or "input". Part of a call's de-dup identity
         (encode.dedup_key): a kind of producer, not a call, so a loop's later steps still fold.
         Hot under de-dup (every call), so plain tensors are looked up inline."""
         roles: list = []
@@ -118,31 +118,33 @@ class Producers:
             for x in a:
                 self._roles(x, roles)
 
-    def produced(self, seq: int, op: Any, out: Any, writes: bool = False) -> None:
-        """The output tensors of call ``seq`` of ``op`` (its OpInfo; its raw result) now hold its
-        values; ``writes`` (an in-place or ``out=`` call): so do the bases of those that are views
-        (``wrote_through``). Hot: runs for every call, de-duplicated ones included, so exact types
-        are tried first."""
+    def produced(self, seq: int, roles: tuple[str, ...], out: Any, writes: bool = False) -> None:
+        """The output tensors of call ``seq`` (its raw result) now hold its values, each in its
+        role (its op's ``OpInfo.roles``: item i of a tuple result takes ``roles[i]``, a Tensor[]
+        result's items ``roles[0]``); ``writes`` (an in-place or ``out=`` call): so do the bases
+        of those that are views (``wrote_through``). Hot: runs for every call, de-duplicated ones
+        included, so exact types are tried first."""
         kind = type(out)
         if kind in _PLAIN:
-            self._produce(out, seq, 0, op)
+            self._produce(out, seq, 0, roles[0])
         elif kind is tuple or kind is list:
             k = 0
-            for o in out:
+            for i, o in enumerate(out):
+                role = roles[i] if i < len(roles) else roles[0]
                 if type(o) in _PLAIN or isinstance(o, torch.Tensor):
-                    self._produce(o, seq, k, op)
+                    self._produce(o, seq, k, role)
                     k += 1
                 elif isinstance(o, (list, tuple)):
                     for x in o:
                         if isinstance(x, torch.Tensor):
-                            self._produce(x, seq, k, op)
+                            self._produce(x, seq, k, role)
                             k += 1
         elif isinstance(out, torch.Tensor):  # a subclass
-            self._produce(out, seq, 0, op)
+            self._produce(out, seq, 0, roles[0])
         if writes:
-            self.wrote_through(seq, op, out)
+            self.wrote_through(seq, roles, out)
 
-    def wrote_through(self, seq: int, op: Any, out: Any) -> None:
+    def wrote_through(self, seq: int, roles: tuple[str, ...], out: Any) -> None:
         """Call ``seq`` wrote its results (in-place, ``out=``; ``produced`` came first): each one
         that is a view names the call as its base's producer too, under the view's index ``k``."""
         kind = type(out)
@@ -151,9 +153,9 @@ class Producers:
         for k, view in enumerate(flat):  # k counts output tensors as ``produced`` does
             base = getattr(view, "_base", None)
             if base is not None and type(base) in _PLAIN:
-                self._produce(base, seq, k, op)
+                self._produce(base, seq, k, roles[0])
 
-    def _produce(self, t: torch.Tensor, seq: int, k: int, op: Any) -> None:
+    def _produce(self, t: torch.Tensor, seq: int, k: int, role: str) -> None:
         by_id = self._by_id
         key = id(t)
         entry = by_id.get(key)
@@ -163,7 +165,7 @@ class Producers:
             ptr = t.data_ptr()
         except RuntimeError:  # see _data_ptr
             ptr = None
-        by_id[key] = (weakref.ref(t), seq, k, ptr, op)
+        by_id[key] = (weakref.ref(t), seq, k, ptr, role)
         if len(by_id) > self._sweep_at:
             self._sweep()
 

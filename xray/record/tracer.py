@@ -266,7 +266,7 @@ class Recorder:
         bound = bind_inputs(info, args, kwargs) if info.written_results or info.writes else None
         if info.written_results:
             out = recorded_result(info, out, bound)
-        self.producers.produced(rec.seq, info, out, writes=bool(info.mutates))
+        self.producers.produced(rec.seq, info.roles, out, writes=bool(info.mutates))
         if info.writes:  # its local kernels wrote the shards; the DTensors' own entries go too
             forget_written(self._stats, info, bound)
         if self.meta_on or self.stats_on:
@@ -313,7 +313,7 @@ class Recorder:
             return
         if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
             info = op_info(func)
-            self.producers.produced(pending, info, out, writes=bool(info.mutates))
+            self.producers.produced(pending, info.roles, out, writes=bool(info.mutates))
         else:
             self._after(pending, args, out)
 
@@ -423,7 +423,7 @@ class Recorder:
             call = pending
             if call.info.written_results:
                 out = recorded_result(call.info, out, bind_inputs(call.info, call.args, call.kwargs))
-            self.producers.produced(call.seq, call.info, out, writes=bool(call.info.mutates))
+            self.producers.produced(call.seq, call.info.roles, out, writes=bool(call.info.mutates))
             self.rows.after(call, out)
             self.records_written += 1
             self._folds_into(call.signature, call.seq, call.info.writes)
@@ -431,7 +431,7 @@ class Recorder:
         rec, info, key, budget, bound = pending
         if info.written_results:
             out = recorded_result(info, out, bound)
-        self.producers.produced(rec.seq, info, out, writes=bool(info.mutates))
+        self.producers.produced(rec.seq, info.roles, out, writes=bool(info.mutates))
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
             wait_collective(outs)
