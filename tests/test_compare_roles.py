@@ -1,9 +1,10 @@
 """Compare pairs calls by the role they play, on models the project never saw.
 
-- De-dup folds calls by signature, and a signature includes dtypes: a parallel residual
-  (GPT-NeoX, Phi, codegen: ``x + attn(ln1(x)) + mlp(ln2(x))``) keeps its two adds in one fp32
-  record but in two under bf16 autocast. Compare pairs the record with the add whose data edges
-  it shares (matching.py, ``Roles``), never with the other.
+- A parallel residual (GPT-NeoX, Phi, codegen: ``x + attn(ln1(x)) + mlp(ln2(x))``): two adds of
+  one fp32 signature in one module, fed by different producers, so de-dup keeps a record of each
+  (encode.dedup_key's roles); under bf16 autocast their signatures differ too. Where the two sides
+  fold differently, compare pairs a record with the call whose data edges it shares (matching.py,
+  ``Roles``), never with another.
 - The first divergence: NaN/Inf on one side only (an fp16 overflow) that ran before the row
   otherwise picked is named instead (divergence.py).
 """
@@ -51,9 +52,9 @@ def neox(tmp_path_factory):
 
 
 def test_parallel_residual_fp32_against_bf16_has_no_fail(neox):
-    """The fp32 record of layer 0's residual adds stands for both (one signature); the bf16 side
-    has two (bf16 + bf16, then + the fp32 residual). Paired by output dtype, the record met the
-    second add: 2 FAIL rows on a clean forward."""
+    """Layer 0's residual adds: two fp32 records (one signature, other producers) against two
+    bf16 ones (bf16 + bf16, then + the fp32 residual), each paired with its own: no FAIL row on a
+    clean forward."""
     model, ids, folder, bench = neox
     result = compare_dumps(bench, record_forward(model, folder / "bf16", ids, autocast=True))
     assert not _fails(result), [(r.target_op, r.module, r.cause) for r in _fails(result)]
@@ -61,9 +62,8 @@ def test_parallel_residual_fp32_against_bf16_has_no_fail(neox):
 
 @pytest.mark.parametrize("call, layer, which", [(4, 0, 1), (7, 1, 0)])
 def test_a_fault_in_a_residual_add_is_named(neox, call, layer, which):
-    """add.Tensor calls 3, 4 and 7, 8 are the two layers' residual adds. A spike in call 4 (no
-    bench record of its own: folded) is named through what reads it; one in call 7 was hidden
-    behind the false FAIL of layer 0, named as the first divergence."""
+    """add.Tensor calls 3, 4 and 7, 8 are the two layers' residual adds: a spike in either layer's
+    is named as the first divergence (the faulty call, or the call it reached first)."""
     model, ids, folder, bench = neox
     fault = CorruptCall("aten.add.Tensor", call, spike(8.0))
     target = record_forward(model, folder / f"bug{call}", ids, fault=fault, autocast=True)

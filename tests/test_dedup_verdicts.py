@@ -33,10 +33,11 @@ def test_tf32_pair_recorded_with_dedup_has_no_fail(arch, tmp_path):
 
 
 def test_a_bug_in_a_folded_call_still_fails_and_names_its_seq(tmp_path):
-    """add #6 (layer 0's second residual add) is folded into the first one's record (one
-    signature in one module): it has no record of its own, and fp32 on both sides shows no
-    precision to carry, so what it feeds fails."""
-    s = Scenario("t/folded", "bug", "llama-sdpa", fault=Fault("aten.add.Tensor", 6), dedup=True)
+    """add #12 (layer 1's second residual add) is folded into the first one's record (one
+    signature in one module, fed by the same kinds of producers: a residual add's output and a
+    projection's view): it has no record of its own, and fp32 on both sides shows no precision to
+    carry, so what it feeds fails. (Layer 0's first add reads the embedding: two records there.)"""
+    s = Scenario("t/folded", "bug", "llama-sdpa", fault=Fault("aten.add.Tensor", 12), dedup=True)
     o = run_scenario(s, tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     fd = o.summary["first_divergence"]
@@ -88,16 +89,17 @@ def test_statistics_only_tf32_with_dedup_is_clean_where_tf32_is_declared_and_a_b
 
 
 def test_a_folded_producer_is_named_by_the_record_it_was_folded_into(tmp_path):
-    """GPT-2's add #13 (layer 1's second residual add) is folded into the first one's record:
-    one signature in one module. The dump's folds table names that record, and the call is the
-    first divergence's culprit (culprit_target_seq), though its row is inherited."""
-    s = Scenario("t/gpt2", "bug", "gpt2", fault=Fault("aten.add.Tensor", 13), dedup=True)
+    """GPT-2's cat #3 (layer 1's value joined to its empty cache) is folded into the key's record:
+    one signature in one module, fed the same way (split's items share a role). The dump's folds
+    table names that record, and the call is the first divergence's culprit (culprit_target_seq),
+    though its row is inherited."""
+    s = Scenario("t/gpt2", "bug", "gpt2", fault=Fault("aten.cat.default", 3), dedup=True)
     o = run_scenario(s, tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     fd = o.summary["first_divergence"]
     m = re.search(r"op seq (\d+) .*a call of (\S+), folded into its record seq (\d+) \((\S+)\)", fd["culprit"])
     assert m is not None, fd["culprit"]
-    assert m[2] == "aten.add.Tensor" and m[4] == "transformer.h.1", fd["culprit"]
+    assert m[2] == "aten.cat.default" and m[4] == "transformer.h.1.attn", fd["culprit"]
     assert int(m[3]) < int(m[1]) == fd["culprit_target_seq"] and o.exact, fd["culprit"]
 
 

@@ -114,6 +114,42 @@ def test_odd_ops_give_the_same_records(config, tmp_path, monkeypatch):
     assert_same(all_paths(odd_ops, tmp_path, monkeypatch, **CONFIGS[config]), 30)
 
 
+class _Roles(torch.nn.Module):
+    """Calls whose de-dup key differs by their inputs' roles only (encode.dedup_key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 0.5))
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        s = torch.masked_fill(x, x > 1, torch.scalar_tensor(-1.0))  # fed by an input
+        s = torch.masked_fill(s.exp(), s > 1, torch.scalar_tensor(0.0))  # the same signature, fed by exp
+        w = self.lin.weight * self.scale  # a parameter, a buffer
+        v = x * self.scale  # an input, a buffer: one signature with ``w``'s, another role
+        c = torch.cat([h, s.tanh()], dim=0)  # a Tensor[] argument's items
+        lo, hi = torch.aminmax(x, dim=0)  # two outputs of one call: two roles
+        d = lo.exp() * hi.exp()
+        return torch.add(v, w, alpha=2.0) + torch.where(c[:4] > 0, c[4:], other=h) + h + d
+
+
+def roles_and_loops(net: torch.nn.Module) -> None:
+    """One module's calls of one signature fed by different producers, a recurrence (its state is
+    the last step's output), and a tensor whose storage was swapped (``.data``: an input again)."""
+    x, h = torch.linspace(-2, 2, 16).reshape(4, 4), torch.zeros(4, 4)
+    for _ in range(4):
+        h = net(x, h).tanh()
+    h.data = torch.linspace(-1, 1, 16).reshape(4, 4)
+    net(x, h)
+
+
+@pytest.mark.parametrize("config", ["meta+stats, dedup", "stacks + dedup"])
+def test_dedup_roles_give_the_same_records(config, tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    net = _Roles()
+    assert_same(all_paths(lambda: roles_and_loops(net), tmp_path, monkeypatch, **CONFIGS[config]), 20)
+
+
 def _statistics_cases() -> list[torch.Tensor]:
     """Tensors whose statistics take each branch of the one-pass formula and of its fallbacks:
     contiguous, strided, broadcast and 0-d; every native dtype and others; constants; a mean far

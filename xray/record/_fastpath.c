@@ -54,7 +54,8 @@ static PyObject *s_shape, *s_dtype, *s_stride, *s_device, *s_data_ptr, *s_versio
     *s_dirty, *s_writes, *s_seq, *s_op_calls, *s_records_written, *s_failed, *s_by_id, *s_sweep_at, *s_op,
     *s_skeleton, *s_roles, *s_names, *s_f,
     *s_name_attr, *s_is_neg, *s_builder, *s_row_lists, *s_flush, *s_flush_records, *s_flush_seconds,
-    *s_last_flush, *s_writer, *s_folds, *s_folds_flush, *s_folds_full, *s_unwritten_buffers, *s_wrote_through;
+    *s_last_flush, *s_writer, *s_folds, *s_folds_flush, *s_folds_full, *s_unwritten_buffers, *s_wrote_through,
+    *s_input;
 
 static PyObject *FALLBACK; /* FastPath.on_op's answer: Python takes this call, nothing was done */
 
@@ -98,7 +99,7 @@ static PyTypeObject RowCallType = {
  * table only remembers them: the OpInfo, whether this path takes the op's calls at all, and
  * which of the statistics cache's rules apply (cache_rules.py). */
 typedef struct {
-    PyObject *func, *info; /* the OpOverload and its OpInfo (encode.op_info) */
+    PyObject *func, *info, *roles; /* the OpOverload, its OpInfo (encode.op_info) and the OpInfo's roles */
     int common, view, preserving, mutates, writes;
 } OpFacts;
 
@@ -143,6 +144,7 @@ static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; i < self->ops_cap; i++) {
         Py_VISIT(self->ops[i].func);
         Py_VISIT(self->ops[i].info);
+        Py_VISIT(self->ops[i].roles);
     }
     return 0;
 }
@@ -154,6 +156,7 @@ static int fp_clear(FastPath *self) {
     for (Py_ssize_t i = 0; i < self->ops_cap; i++) {
         Py_CLEAR(self->ops[i].func);
         Py_CLEAR(self->ops[i].info);
+        Py_CLEAR(self->ops[i].roles);
     }
     self->ops_len = 0;
     return 0;
@@ -409,10 +412,19 @@ static OpFacts *op_facts(FastPath *self, PyObject *func) {
     int flags[5];
     for (int i = 0; i < 5; i++)
         flags[i] = PyObject_IsTrue(PyTuple_GET_ITEM(facts, i + 1));
-    OpFacts f = {func, Py_NewRef(PyTuple_GET_ITEM(facts, 0)), flags[0], flags[1], flags[2], flags[3], flags[4]};
+    PyObject *info = PyTuple_GET_ITEM(facts, 0), *roles = PyObject_GetAttr(info, s_roles);
+    OpFacts f = {func, Py_NewRef(info), roles, flags[0], flags[1], flags[2], flags[3], flags[4]};
     Py_DECREF(facts);
     if (PyErr_Occurred() || f.common < 0 || f.view < 0 || f.preserving < 0 || f.mutates < 0 || f.writes < 0) {
-        Py_DECREF(f.info);
+        Py_DECREF(f.info), Py_XDECREF(f.roles);
+        return NULL;
+    }
+    int strs = PyTuple_CheckExact(roles) && PyTuple_GET_SIZE(roles) > 0;
+    for (Py_ssize_t i = 0; strs && i < PyTuple_GET_SIZE(roles); i++)
+        strs = PyUnicode_CheckExact(PyTuple_GET_ITEM(roles, i));
+    if (!strs) { /* atoms, so the producers' entries stay untracked */
+        Py_DECREF(f.info), Py_DECREF(f.roles);
+        PyErr_SetString(PyExc_TypeError, "xray fast path: an OpInfo's roles are not a tuple of str");
         return NULL;
     }
     Py_INCREF(func);
@@ -514,8 +526,44 @@ fail:
     return NULL;
 }
 
-/* encode.dedup_key: (signature, the innermost module's path or None); the forward stack, as
- * this path takes forward calls only. NULL without error where the call has no signature. */
+static PyObject *data_ptr(PyObject *t);
+static int producer_entry(FastPath *self, PyObject *t, PyObject *id, PyObject *ptr, PyObject **entry);
+
+/* Producers.roles: the role of each tensor in a (a list's items too) appended to roles: its
+ * producer entry's, or "input" without one. 0, or -1 on error. */
+static int add_roles(FastPath *self, PyObject *a, PyObject *roles) {
+    if (is_plain(self, a)) {
+        PyObject *id = PyLong_FromVoidPtr(a), *ptr = id ? data_ptr(a) : NULL, *entry = NULL;
+        int r = ptr == NULL || producer_entry(self, a, id, ptr, &entry) < 0
+                    ? -1 : PyList_Append(roles, entry ? PyTuple_GET_ITEM(entry, 4) : s_input);
+        Py_XDECREF(id), Py_XDECREF(ptr), Py_XDECREF(entry);
+        return r;
+    }
+    if (PyList_CheckExact(a) || PyTuple_CheckExact(a))
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a); i++)
+            if (add_roles(self, PySequence_Fast_GET_ITEM(a, i), roles) < 0)
+                return -1;
+    return 0;
+}
+
+/* Producers.roles: what produced each tensor argument, positional then keyword (new reference). */
+static PyObject *roles_of(FastPath *self, PyObject *args, PyObject *kwargs) {
+    PyObject *roles = PyList_New(0), *name, *value;
+    for (Py_ssize_t i = 0; roles != NULL && i < PyTuple_GET_SIZE(args); i++)
+        if (add_roles(self, PyTuple_GET_ITEM(args, i), roles) < 0)
+            Py_CLEAR(roles);
+    Py_ssize_t pos = 0;
+    while (roles != NULL && PyDict_Next(kwargs, &pos, &name, &value))
+        if (add_roles(self, value, roles) < 0)
+            Py_CLEAR(roles);
+    PyObject *out = roles ? PyList_AsTuple(roles) : NULL;
+    Py_XDECREF(roles);
+    return out;
+}
+
+/* encode.dedup_key: (signature, the innermost module's path or None, the arguments' roles); the
+ * forward stack, as this path takes forward calls only. NULL without error where the call has
+ * no signature, or a TypeError or RuntimeError came up (recorder._before: recorded, never folded). */
 static PyObject *dedup_key(FastPath *self, OpFacts *op, PyObject *args, PyObject *kwargs) {
     PyObject *signature = signature_key(self, op, args, kwargs);
     if (signature == NULL)
@@ -527,8 +575,11 @@ static PyObject *dedup_key(FastPath *self, OpFacts *op, PyObject *args, PyObject
         PyErr_SetString(PyExc_RuntimeError, "xray fast path: a module frame is not a (path, class) pair");
         return NULL;
     }
-    PyObject *key = PyTuple_Pack(2, signature, frame ? PyTuple_GET_ITEM(frame, 0) : Py_None);
-    Py_DECREF(signature);
+    PyObject *roles = roles_of(self, args, kwargs);
+    PyObject *key = roles ? PyTuple_Pack(3, signature, frame ? PyTuple_GET_ITEM(frame, 0) : Py_None, roles) : NULL;
+    Py_DECREF(signature), Py_XDECREF(roles);
+    if (key == NULL && (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_RuntimeError)))
+        PyErr_Clear();
     return key;
 }
 
@@ -896,7 +947,7 @@ static int producer_entry(FastPath *self, PyObject *t, PyObject *id, PyObject *p
         goto done;
     }
     Py_INCREF(hit); /* held: Python code may run below */
-    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 4 || weak_target(PyTuple_GET_ITEM(hit, 0)) != t) {
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 5 || weak_target(PyTuple_GET_ITEM(hit, 0)) != t) {
         Py_DECREF(hit);
         r = 0;
         goto done;
@@ -1029,8 +1080,8 @@ fail:
 }
 
 /* -- after the call: data edges ----------------------------------------------------------------- */
-/* Producers._produce: the tensor t now holds output k of call seq. */
-static int produce(FastPath *self, PyObject *by_id, PyObject *t, PyObject *seq, PyObject *k) {
+/* Producers._produce: the tensor t now holds output k of call seq, in role (an OpInfo.roles item). */
+static int produce(FastPath *self, PyObject *by_id, PyObject *t, PyObject *seq, PyObject *k, PyObject *role) {
     PyObject *id = PyLong_FromVoidPtr(t), *ptr = NULL, *ref = NULL, *fresh = NULL;
     int r = -1;
     if (id == NULL)
@@ -1038,13 +1089,13 @@ static int produce(FastPath *self, PyObject *by_id, PyObject *t, PyObject *seq, 
     PyObject *entry = PyDict_GetItemWithError(by_id, id);
     if (entry == NULL && PyErr_Occurred())
         goto done;
-    if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 4 &&
+    if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 5 &&
         PyUnicode_CheckExact(PyTuple_GET_ITEM(entry, 1)) && weak_target(PyTuple_GET_ITEM(entry, 0)) == t) {
         r = 0; /* module state mutated in place keeps its name */
         goto done;
     }
     if ((ptr = data_ptr(t)) == NULL || (ref = weak_ref(t)) == NULL ||
-        (fresh = untracked(PyTuple_Pack(4, ref, seq, k, ptr))) == NULL || PyDict_SetItem(by_id, id, fresh) < 0)
+        (fresh = untracked(PyTuple_Pack(5, ref, seq, k, ptr, role))) == NULL || PyDict_SetItem(by_id, id, fresh) < 0)
         goto done;
     Py_ssize_t sweep_at = int_attr(self->producers, s_sweep_at);
     if (sweep_at == -1 && PyErr_Occurred())
@@ -1055,9 +1106,9 @@ done:
     return r;
 }
 
-/* Producers.produced: one plain tensor, or a list/tuple of plain tensors and non-tensors, here;
- * anything else in Python. */
-static int produced(FastPath *self, PyObject *seq, PyObject *out) {
+/* Producers.produced: one plain tensor, or a list/tuple of plain tensors and non-tensors, here
+ * (item i in role op->roles[i], or roles[0] past them: a Tensor[] result); anything else in Python. */
+static int produced(FastPath *self, OpFacts *op, PyObject *seq, PyObject *out) {
     int simple = is_plain(self, out);
     if (!simple && (PyTuple_CheckExact(out) || PyList_CheckExact(out))) {
         simple = 1;
@@ -1067,8 +1118,8 @@ static int produced(FastPath *self, PyObject *seq, PyObject *out) {
         }
     }
     if (!simple) {
-        PyObject *argv[] = {seq, out};
-        return done_with(PyObject_Vectorcall(self->py_produced, argv, 2, NULL));
+        PyObject *argv[] = {seq, op->roles, out};
+        return done_with(PyObject_Vectorcall(self->py_produced, argv, 3, NULL));
     }
     int single = is_plain(self, out), r = 0;
     Py_ssize_t n = single ? 1 : PySequence_Fast_GET_SIZE(out), k = 0;
@@ -1076,11 +1127,12 @@ static int produced(FastPath *self, PyObject *seq, PyObject *out) {
         PyObject *o = single ? out : PySequence_Fast_GET_ITEM(out, i);
         if (!is_plain(self, o))
             continue;
+        PyObject *role = PyTuple_GET_ITEM(op->roles, i < PyTuple_GET_SIZE(op->roles) ? i : 0);
         PyObject *by_id = PyObject_GetAttr(self->producers, s_by_id); /* each time: a sweep replaces it */
         PyObject *index = by_id ? PyLong_FromSsize_t(k++) : NULL;
         if (index != NULL && !PyDict_Check(by_id))
             PyErr_SetString(PyExc_RuntimeError, "xray fast path: Producers._by_id is not a dict");
-        r = index != NULL && PyDict_Check(by_id) ? produce(self, by_id, o, seq, index) : -1;
+        r = index != NULL && PyDict_Check(by_id) ? produce(self, by_id, o, seq, index, role) : -1;
         Py_XDECREF(by_id), Py_XDECREF(index);
     }
     return r;
@@ -1289,7 +1341,7 @@ static int finish(FastPath *self, OpFacts *op, RowCall *call, PyObject *out, PyO
     PyObject *key = PyTuple_Pack(2, call->key, result_part), *plan = NULL, *ids = NULL;
     PyObject *pop = NULL, *skeleton = NULL, *roles = NULL, *names = NULL, *record = NULL;
     int r = -1;
-    if (key == NULL || produced(self, call->seq, out) < 0)
+    if (key == NULL || produced(self, op, call->seq, out) < 0)
         goto done;
     if ((plan = PyDict_GetItemWithError(self->plans, key)) != NULL) {
         Py_INCREF(plan);
@@ -1538,9 +1590,9 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
                 goto failed_before;
             /* Producers.produced, then wrote_through for a writing call (a base written through a view) */
             if ((out = run_op(func, args, kwargs)) != NULL
-                && (produced(self, seq, out) < 0
+                && (produced(self, op, seq, out) < 0
                     || (op->mutates && done_with(PyObject_CallMethodObjArgs(self->producers, s_wrote_through, seq,
-                                                                             out, NULL)) < 0))
+                                                                             op->roles, out, NULL)) < 0))
                 && fail(self) < 0)
                 Py_CLEAR(out);
             goto cleanup;
@@ -1611,6 +1663,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         {&s_flush_records, "flush_records"}, {&s_flush_seconds, "flush_seconds"}, {&s_last_flush, "_last_flush"},
         {&s_writer, "writer"}, {&s_folds, "folds"}, {&s_folds_flush, "folds_flush"}, {&s_folds_full, "folds_full"},
         {&s_unwritten_buffers, "unwritten_buffers"}, {&s_wrote_through, "wrote_through"},
+        {&s_input, "input"}, /* producers.INPUT_ROLE */
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)

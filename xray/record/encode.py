@@ -36,6 +36,10 @@ class OpInfo:
     # are final (a Work, or a tensor that wait_tensor completes)
     collective: bool = False
     written_results: tuple[str, ...] = ()
+    # The role of each recorded output in a consumer's de-dup key (Producers.roles): the op's
+    # name for the first, "<name>:<i>" for output i (an attention backward's grad_k is not its
+    # grad_v); a Tensor[] output's items all take their output's (unbind's slices are one role).
+    roles: tuple[str, ...] = ()
 
     @property
     def writes(self) -> bool:
@@ -75,8 +79,10 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
     view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
     written = mutates if not schema.returns else ()
-    return OpInfo(str(func), names, mutates, packet in _SAME_VALUES and not mutates,
-                  len(schema.returns) or len(written), defaults, view, _is_collective(str(func)), written)
+    name, returns = str(func), len(schema.returns) or len(written)
+    roles = tuple(name if i == 0 else f"{name}:{i}" for i in range(max(returns, 1)))
+    return OpInfo(name, names, mutates, packet in _SAME_VALUES and not mutates,
+                  returns, defaults, view, _is_collective(name), written, roles)
 
 
 # Functional collectives' helpers that exchange nothing (wait_tensor completes one).
@@ -131,12 +137,15 @@ def signature_key(op: OpInfo, args: tuple, kwargs: dict) -> tuple:
     return tuple(parts)
 
 
-def dedup_key(signature: tuple, frames: list) -> tuple:
-    """De-dup's identity of a call: its signature in the innermost module running it (None
-    outside any). Each module keeps a record of each signature it calls, so a fault in layer 17
-    of 32 has a record of its own; that module's later calls (the next step, the next token)
-    fold into it. The C path (_fastpath.c: dedup_key) builds the same key."""
-    return (signature, frames[-1][0] if frames else None)
+def dedup_key(signature: tuple, frames: list, roles: tuple) -> tuple:
+    """De-dup's identity of a call: its signature, the innermost module running it (None outside
+    any) and the roles of its tensor arguments (Producers.roles: which op, or a parameter, a
+    buffer, a model input, produced each). Each module keeps a record of each signature it calls
+    with each kind of inputs, so a fault in layer 17 of 32 has a record of its own, and so has a
+    ``masked_fill`` after a softmax beside one of the same shapes before it; later calls (the
+    next step, the next token) fold into it. Roles name kinds of producers, not calls, so a
+    loop's later steps still fold. The C path (_fastpath.c: dedup_key) builds the same key."""
+    return (signature, frames[-1][0] if frames else None, roles)
 
 
 def _key(a: Any) -> Any:

@@ -18,7 +18,10 @@ the last writer, and what it wrote (precision lost upstream) is carried through;
 is the view's ``_base`` (the root of its views), not an intermediate view of it. Module state keeps its name even when an in-place call
 updates it (an optimizer step, running statistics): to compare runs, a parameter is the edge.
 
-xray/record/_fastpath.c mirrors ``entry_of`` and ``produced`` for the recorder's common call, on
+Each entry also keeps its producer's *role*, what de-dup keys a call by (``roles``): the producing
+op's name (with its output's index past the first: ``OpInfo.roles``), or "param"/"buffer".
+
+xray/record/_fastpath.c mirrors ``entry_of``, ``produced`` and ``roles`` for the recorder's common call, on
 this same table (it reads ``_by_id`` afresh each time: a sweep replaces it): a change to these
 rules is a change there too; tests/test_record_rows.py compares the two. (``wrote_through`` runs
 in Python only: the C path hands every writing call's result to Python, and calls this method
@@ -36,7 +39,11 @@ from .sharded import is_dtensor
 
 # ``k`` counts the call's output tensors in order, a Tensor[] output's items one by one (the
 # order of Record.output_tensors()); non-tensor outputs (None, numbers) are skipped.
-_Entry = tuple  # (weakref to the tensor, seq or "param:..."/"buffer:...", k, data_ptr): one flat tuple
+# (weakref to the tensor, seq or "param:..."/"buffer:...", k, data_ptr, role): one flat tuple;
+# role: an ``OpInfo.roles`` item (the producing op's name), or "param"/"buffer"
+_Entry = tuple
+# the role of a tensor no entry names (a model input, or made where the recorder did not see)
+INPUT_ROLE = "input"
 
 
 def _data_ptr(t: torch.Tensor) -> int | None:
@@ -66,7 +73,7 @@ class Producers:
 
     def entry_of(self, t: torch.Tensor) -> _Entry | None:
         """The live entry naming ``t``'s producer (its ``[1]``: a seq, or "param:..."/"buffer:...";
-        its ``[2]``: the output index), or None when ``t`` is a model input."""
+        its ``[2]``: the output index; its ``[4]``: the role), or None when ``t`` is a model input."""
         entry = self._by_id.get(id(t))
         if entry is None or entry[0]() is not t:
             return None
@@ -86,30 +93,58 @@ class Producers:
             return -1, -1
         return entry[1], entry[2]
 
-    def produced(self, seq: int, out: Any, writes: bool = False) -> None:
-        """The output tensors of call ``seq`` (its raw result) now hold its values; ``writes``
-        (an in-place or ``out=`` call): so do the bases of those that are views (``wrote_through``).
-        Hot: runs for every call, de-duplicated ones included, so exact types are tried first."""
+    def roles(self, args: tuple, kwargs: dict) -> tuple:
+        """What produced each tensor argument, in argument order (a list's items, keyword values
+        after): its op's name (``OpInfo.roles``), "param", "buffer" or "input". Part of a call's de-dup identity
+        (encode.dedup_key): a kind of producer, not a call, so a loop's later steps still fold.
+        Hot under de-dup (every call), so plain tensors are looked up inline."""
+        roles: list = []
+        for a in args:
+            if type(a) in _PLAIN:
+                entry = self.entry_of(a)
+                roles.append(INPUT_ROLE if entry is None else entry[4])
+            elif type(a) is list or type(a) is tuple or isinstance(a, torch.Tensor):
+                self._roles(a, roles)
+        if kwargs:
+            for a in kwargs.values():
+                self._roles(a, roles)
+        return tuple(roles)
+
+    def _roles(self, a: Any, roles: list) -> None:
+        if isinstance(a, torch.Tensor):
+            entry = self.entry_of(a)
+            roles.append(INPUT_ROLE if entry is None else entry[4])
+        elif type(a) is list or type(a) is tuple:
+            for x in a:
+                self._roles(x, roles)
+
+    def produced(self, seq: int, roles: tuple[str, ...], out: Any, writes: bool = False) -> None:
+        """The output tensors of call ``seq`` (its raw result) now hold its values, each in its
+        role (its op's ``OpInfo.roles``: item i of a tuple result takes ``roles[i]``, a Tensor[]
+        result's items ``roles[0]``); ``writes`` (an in-place or ``out=`` call): so do the bases
+        of those that are views (``wrote_through``). Hot: runs for every call, de-duplicated ones
+        included, so exact types are tried first."""
         kind = type(out)
         if kind in _PLAIN:
-            self._produce(out, seq, 0)
+            self._produce(out, seq, 0, roles[0])
         elif kind is tuple or kind is list:
             k = 0
-            for o in out:
+            for i, o in enumerate(out):
+                role = roles[i] if i < len(roles) else roles[0]
                 if type(o) in _PLAIN or isinstance(o, torch.Tensor):
-                    self._produce(o, seq, k)
+                    self._produce(o, seq, k, role)
                     k += 1
                 elif isinstance(o, (list, tuple)):
                     for x in o:
                         if isinstance(x, torch.Tensor):
-                            self._produce(x, seq, k)
+                            self._produce(x, seq, k, role)
                             k += 1
         elif isinstance(out, torch.Tensor):  # a subclass
-            self._produce(out, seq, 0)
+            self._produce(out, seq, 0, roles[0])
         if writes:
-            self.wrote_through(seq, out)
+            self.wrote_through(seq, roles, out)
 
-    def wrote_through(self, seq: int, out: Any) -> None:
+    def wrote_through(self, seq: int, roles: tuple[str, ...], out: Any) -> None:
         """Call ``seq`` wrote its results (in-place, ``out=``; ``produced`` came first): each one
         that is a view names the call as its base's producer too, under the view's index ``k``."""
         kind = type(out)
@@ -118,9 +153,9 @@ class Producers:
         for k, view in enumerate(flat):  # k counts output tensors as ``produced`` does
             base = getattr(view, "_base", None)
             if base is not None and type(base) in _PLAIN:
-                self._produce(base, seq, k)
+                self._produce(base, seq, k, roles[0])
 
-    def _produce(self, t: torch.Tensor, seq: int, k: int) -> None:
+    def _produce(self, t: torch.Tensor, seq: int, k: int, role: str) -> None:
         by_id = self._by_id
         key = id(t)
         entry = by_id.get(key)
@@ -130,7 +165,7 @@ class Producers:
             ptr = t.data_ptr()
         except RuntimeError:  # see _data_ptr
             ptr = None
-        by_id[key] = (weakref.ref(t), seq, k, ptr)
+        by_id[key] = (weakref.ref(t), seq, k, ptr, role)
         if len(by_id) > self._sweep_at:
             self._sweep()
 
@@ -145,7 +180,7 @@ class Producers:
             return
         entry = self._by_id.get(id(t))
         if entry is None or entry[1] != src or entry[0]() is not t or entry[3] != _data_ptr(t):
-            self._by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t))
+            self._by_id[id(t)] = (weakref.ref(t), src, 0, _data_ptr(t), "param" if src.startswith("param:") else "buffer")
 
     def _sweep(self) -> None:
         self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}

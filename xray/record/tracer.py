@@ -119,7 +119,7 @@ class Recorder:
         self._passing = None  # the DTensor op handed on to DTensor's own dispatch (on_dtensor_op)
         # where and why recording stopped (dump.json summary.stopped), None while it runs
         self.stopped: dict | None = None
-        # (signature, module) -> the count of the record its calls fold into (dedup_key)
+        # (signature, module, roles) -> the count of the record its calls fold into (dedup_key)
         self._seen: dict[tuple, Fold] = {}
         # signatures whose first record copied its tensors (X_DUMP_NUM): later records of them,
         # in other modules, keep statistics only
@@ -266,7 +266,7 @@ class Recorder:
         bound = bind_inputs(info, args, kwargs) if info.written_results or info.writes else None
         if info.written_results:
             out = recorded_result(info, out, bound)
-        self.producers.produced(rec.seq, out, writes=bool(info.mutates))
+        self.producers.produced(rec.seq, info.roles, out, writes=bool(info.mutates))
         if info.writes:  # its local kernels wrote the shards; the DTensors' own entries go too
             forget_written(self._stats, info, bound)
         if self.meta_on or self.stats_on:
@@ -312,7 +312,8 @@ class Recorder:
         if pending is None:
             return
         if type(pending) is int:  # folded by de-dup: no record, but it produced its outputs
-            self.producers.produced(pending, out, writes=bool(op_info(func).mutates))
+            info = op_info(func)
+            self.producers.produced(pending, info.roles, out, writes=bool(info.mutates))
         else:
             self._after(pending, args, out)
 
@@ -337,7 +338,7 @@ class Recorder:
         key = None
         if self.dedup:
             try:
-                key = dedup_key(signature_key(info, args, kwargs), frames)
+                key = dedup_key(signature_key(info, args, kwargs), frames, self.producers.roles(args, kwargs))
                 seen = self._seen.get(key)
             except (TypeError, RuntimeError):  # a symbolic or missing size: recorded, never folded
                 key = seen = None
@@ -371,8 +372,9 @@ class Recorder:
     def tensor_budget(self, key: tuple | None) -> int:
         """X_DUMP_NUM for a new record (so many of its inputs, and so many of its outputs: an
         SDPA backward's six inputs must not leave its gradients unsaved); 0 where de-dup already copied the tensors of its
-        signature's first record (one module's), so that another module's call of it keeps its
-        statistics only: tensors cost what every layer's would, statistics little. (The C path
+        signature's first record (one module's, with one set of input roles), so that its other
+        records (other modules', other roles') keep statistics only: tensors cost what every
+        layer's would, statistics little. (The C path
         takes no call while X_DUMP_NUM is set, so only this path copies tensors.)"""
         return self.config.dump_num if key is None or key[0] not in self._saved else 0
 
@@ -421,7 +423,7 @@ class Recorder:
             call = pending
             if call.info.written_results:
                 out = recorded_result(call.info, out, bind_inputs(call.info, call.args, call.kwargs))
-            self.producers.produced(call.seq, out, writes=bool(call.info.mutates))
+            self.producers.produced(call.seq, call.info.roles, out, writes=bool(call.info.mutates))
             self.rows.after(call, out)
             self.records_written += 1
             self._folds_into(call.signature, call.seq, call.info.writes)
@@ -429,7 +431,7 @@ class Recorder:
         rec, info, key, budget, bound = pending
         if info.written_results:
             out = recorded_result(info, out, bound)
-        self.producers.produced(rec.seq, out, writes=bool(info.mutates))
+        self.producers.produced(rec.seq, info.roles, out, writes=bool(info.mutates))
         outs = list(out) if info.returns > 1 else [out]
         if info.collective:
             wait_collective(outs)
