@@ -380,8 +380,10 @@ def test_a_norm_gradient_below_bf16s_rounding_of_its_terms_is_rounding_and_a_bug
     bench = _training_step(model, x, tmp_path / "fp32", bf16=False)
     clean = compare_dumps(bench, _training_step(model, x, tmp_path / "bf16", bf16=True))
     assert clean.summary.failed == 0 and clean.summary.first_divergence is None, clean.summary.first_divergence
+    # it did differ: judged, not passed; recomputed (its bias, past X_DUMP_NUM, is read for its
+    # shape only: local._unsaved_unread), else held to bf16's rounding of its terms
     assert any(r.target_op == "aten.native_layer_norm_backward.default" and r.status == "warning"
-               and "rounding" in r.note for r in clean.rows)  # it did differ: judged, not passed
+               and ("rounding" in r.note or "computed correctly on its inputs" in r.note) for r in clean.rows)
 
     def wrong(t: torch.Tensor) -> torch.Tensor:  # 10 % of the incoming gradient's size, added
         return t + 0.1 * t.new_full(t.shape, 1.0 / t.shape[-1] ** 0.5 / 8)
