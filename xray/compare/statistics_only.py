@@ -191,7 +191,8 @@ def cancellation(p: Pending, k: int) -> float:
     sum over tokens, a norm's mean of centred values). A matmul's terms are its two multiplied
     inputs' products (K of them, ``reduction_length``); a reduction's or a sum of two tensors' are
     its inputs (``summed_terms``); a fused attention backward's, its chained products
-    (``attention_backward_terms``); any other op's output is its inputs' size: 1."""
+    (``attention_backward_terms``); a norm backward's input gradient, its scaled gradient
+    (``norm_backward_terms``); any other op's output is its inputs' size: 1."""
     e = p.target
     out = e.outputs[k][1] if k < len(e.outputs) else None
     st = getattr(out, "stats", None)
@@ -204,6 +205,8 @@ def cancellation(p: Pending, k: int) -> float:
         terms = math.sqrt(reduction_length(e.record, k)) * _rms(a.stats) * _rms(b.stats)
     elif (attention := attention_backward_terms(e, k)) is not None:
         terms = attention
+    elif (norm := norm_backward_terms(e, k)) is not None:
+        terms = norm
     elif (summed := summed_terms(e, k)) is not None:
         terms = math.sqrt(summed[1]) * max(_rms(m.stats) for m in summed[0])
         if packet(e.op) in _AVERAGES:  # a mean's terms are each 1/n of what it reads
@@ -244,6 +247,25 @@ def attention_backward_terms(e: Entry, k: int) -> float | None:
     if k == 1:
         return abs(scale) * d_p * _rms(q.stats) * math.sqrt(length) / keys
     return _rms(d_out.stats) * math.sqrt(length) / keys
+
+
+def norm_backward_terms(e: Entry, k: int) -> float | None:
+    """The size a norm backward's input gradient (output 0) would have if its terms did not cancel,
+    from its inputs' statistics; None when not such a call or a statistic is missing.
+
+    With x̂ = (x - mean)·rstd, the input gradient is rstd·(w·g - mean(w·g) - x̂·mean(w·g·x̂)): its
+    terms are rstd·w·g an element, and the two means take away what g shares with 1 and x̂. A
+    gradient that is mostly along them (an embedding's norm, whose rstd is ~60) cancels to ~1/30
+    of its terms under a bf16 training step, and its relative error grows as much."""
+    if k != 0 or _CANCELLING.get(packet(e.op)) != "grad_out":  # (a batch norm backward has no rstd)
+        return None
+    named = dict(e.inputs)
+    grad, rstd, weight = named.get("grad_out"), named.get("rstd"), named.get("weight")
+    if any(m is None or getattr(m, "stats", None) is None or m.stats.mean is None for m in (grad, rstd)):
+        return None
+    scale = _rms(weight.stats) if weight is not None and getattr(weight, "stats", None) is not None \
+        and weight.stats.mean is not None else 1.0
+    return _rms(grad.stats) * _rms(rstd.stats) * scale
 
 
 # Fused attention backwards (dQ, dK, dV first): CPU's flash, CUDA's flash, efficient and cuDNN
