@@ -444,3 +444,41 @@ def test_a_generated_test_of_onednns_rnn_layer_leaves_its_workspace_out(tmp_path
     op = torch.ops.aten.mkldnn_rnn_layer.default
     check = OpCheck("t_rnn_layer", tmp_path, device="cpu")
     assert check.check(op, x, *w, h, c, False, [], 2, 48, 1, True, False, True, True).is_pass
+
+
+_OFFS = torch.tensor([3, 8, 8, 16], dtype=torch.int32)  # four groups, one of them empty
+
+
+@pytest.mark.parametrize("a_shape,b_shape,offs", [
+    ((16, 16), (4, 16, 8), _OFFS),  # an MoE's tokens sorted by expert, each expert's weight
+    ((4, 8, 16), (4, 16, 8), None),  # a batch
+    ((4, 8, 16), (16, 16), _OFFS),  # groups along b's columns
+    ((8, 16), (16, 8), _OFFS),  # groups along the shared dimension: the experts' weight gradients
+], ids=["2d-3d", "3d-3d", "3d-2d", "2d-2d"])
+def test_grouped_mm_reference_reproduces_the_kernel_and_recomputes_it_in_float64(a_shape, b_shape, offs, tmp_path):
+    """``_grouped_mm`` refuses float64, so an MoE's expert matmuls had no local error: a 1 % bug
+    in one, in a backward, passed as "within the accumulation-order bound" with every tensor
+    saved (Mellum, the sweep's first run). Its family's reference is one matmul per group."""
+    from xray.compare.local import local_error
+
+    torch.manual_seed(0)
+    a, b = torch.randn(a_shape), torch.randn(b_shape).transpose(-1, -2).contiguous().transpose(-1, -2)
+    got = torch._grouped_mm(a, b, offs=offs)
+    ref = reference_of("aten._grouped_mm.default")({"self": a.double(), "mat2": b.double(), "offs": offs})
+    assert ref.shape == got.shape and torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+    def record(folder, scale):
+        class Wrong(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                return out * scale if func is torch.ops.aten._grouped_mm.default else out
+
+        with Wrong(), xray.dump(dump_dir=folder, X_DEBUG=0x102, X_DEDUP=False):
+            torch._grouped_mm(a, b, offs=offs)
+        dump = xray.load_dump(next(folder.iterdir()))
+        return dump, next(r for r in dump.records if r.op == "aten._grouped_mm.default")
+
+    for scale, wrong in ((1.0, False), (1.01, True)):
+        dump, rec = record(tmp_path / str(scale), scale)
+        le = local_error(rec, dump, next(m for _, m in rec.output_tensors()), 0)
+        assert le is not None and (le.local > 1e-3) == wrong, le

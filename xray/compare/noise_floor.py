@@ -30,7 +30,7 @@ from ..numerics.rules import eps
 from ..numerics.kernel_families import family_of, packet
 
 # ops whose inputs a TF32 (or reduced-precision) matmul path rounds
-_MATMUL_LIKE = frozenset(("aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.einsum", "aten.tensordot"))
+_MATMUL_LIKE = frozenset(("aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.einsum", "aten.tensordot", "aten._grouped_mm"))
 _MATMUL_FAMILIES = frozenset(("linear", "matmul", "scaled_dot_product_attention", "attention_forward_bmhk"))
 TF32 = "tf32/fp16"
 

@@ -187,6 +187,30 @@ def _rms_norm(v: dict[str, Any]) -> torch.Tensor:
     return F.rms_norm(v["input"], list(v["normalized_shape"]), v.get("weight"), v.get("eps"))
 
 
+def _grouped_mm(v: dict[str, Any]) -> torch.Tensor:
+    """``torch._grouped_mm`` as one matmul per group (it refuses float64): ``offs`` ends each
+    group along a's rows (2-D a, 3-D b: an MoE's experts), b's columns (3-D a, 2-D b) or the
+    shared dimension (2-D a and b: their weight gradients); 3-D a and b are a batch."""
+    a, b, offs, bias = v["self"], v["mat2"], v.get("offs"), v.get("bias")
+    if a.dim() == 3 and b.dim() == 3:
+        out = torch.bmm(a, b)
+    else:
+        if offs is None:
+            raise ValueError("grouped mm of a 2-D operand without offs")
+        ends = [int(x) for x in offs.tolist()]
+        spans = list(zip([0] + ends[:-1], ends))
+        if a.dim() == 2 and b.dim() == 3:
+            out = torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(spans)], 0)
+        elif a.dim() == 3 and b.dim() == 2:
+            out = torch.cat([a[g] @ b[:, s:e] for g, (s, e) in enumerate(spans)], 1)
+        else:
+            out = torch.stack([a[:, s:e] @ b[s:e] for s, e in spans])
+    if bias is not None:
+        out = out + bias
+    out_dtype = v.get("out_dtype")
+    return out.to(out_dtype) if out_dtype is not None and out.dtype != torch.float64 else out
+
+
 @dataclass(frozen=True)
 class Family:
     """``members``: op names without overload (``aten.addmm``); ``primary``: how many leading
@@ -264,6 +288,8 @@ FAMILIES: tuple[Family, ...] = (
     # kernel, _addmm_activation, likewise: its output is the activation's)
     Family("linear", _aten("linear", "addmm")),
     Family("matmul", _aten("mm", "matmul")),
+    # an MoE's experts in one call; a closed form, as its kernel takes no float64
+    Family("grouped_mm", _aten("_grouped_mm"), reference=_grouped_mm, public=False),
     Family("copy", _aten("_to_copy", "copy", "to", "_copy_from", "_copy_from_and_resize")),
 )
 
