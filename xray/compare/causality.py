@@ -596,7 +596,7 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
 
 def _folded_sum(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str | None:
     """Input ``name`` comes from folded call ``seq``, a sum whose argument a recorded call made
-    (through folded views) and carries precision loss: ``statistics_only.folded_sum``'s reason
+    (through folded views; or a call folded into that record) and carries precision loss: ``statistics_only.folded_sum``'s reason
     when the sum's difference between the runs, at that argument's magnitude, is within the
     factor of that loss; else None. Needs the dump's folds table."""
     fold = graph.fold_of(seq) if isinstance(seq, int) else None
@@ -604,6 +604,10 @@ def _folded_sum(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str
     if rep is None or fold[1] < 0:
         return None
     kind, row = graph.source_kind(Source("op", seq=fold[1], index=fold[2]))
+    if kind == "unrecorded" and (argument_fold := graph.fold_of(fold[1])) is not None:
+        # the argument's call was folded too: its record (one signature, module and input roles:
+        # a call like it) stands for it, as the recorded calls stand for their folds
+        kind, row = graph.source_kind(Source("op", seq=argument_fold[0], index=fold[2]))
     if kind != "settled" or row.status not in (PairStatus.PASS.value, PairStatus.WARNING.value):
         return None
     carried = row.accumulated_err if row.accumulated_err is not None else row.stats_err
