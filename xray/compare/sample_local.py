@@ -23,7 +23,7 @@ from ..dump.model import Record, TensorMeta
 from ..dump.samples import SAMPLE_SIZE, positions
 from ..dump.tensorio import dtype_from_name
 from ..ops.nondeterminism import nondeterministic
-from ..ops.rebuild import _call as _rebuild_call, _walk, resolve_op
+from ..ops.rebuild import rebuild_with, resolve_op
 from .local import LocalError, measure, runner
 
 # ops that move or cast each element on its own but carry no pointwise tag
@@ -98,8 +98,7 @@ def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError
         where = np.asarray(positions(shape), dtype=np.int64)
         if len(where) != len(target):
             return None
-        func, args, kwargs = _rebuild_call(record, lambda v, ignored: _walk(
-            v, lambda m: _input_values(m, shape, where), "cpu"))
+        func, args, kwargs = rebuild_with(record, lambda m: _input_values(m, shape, where))
         run = runner(record.op, func, args, kwargs, k)
         # the target's sampled values in its dtype (a sample holds them exactly); no precision
         # steps: an error on 32 elements only makes a row born (causality.attribute)
