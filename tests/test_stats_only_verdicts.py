@@ -426,3 +426,20 @@ def test_a_norm_backward_that_cancels_is_judged_at_its_terms_size(tmp_path):
     grown by that cancellation, what its incoming gradient carries explains it."""
     o = _zoo_noise_run("modernvbert", "ModernVBertModel", tmp_path, backward=True)
     assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
+
+
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about 10 s
+def test_a_call_the_bench_folded_is_judged_on_its_own_local_error(tmp_path):
+    """CWM's attention clones two tensors of one shape: the fp32 bench folds the second call into
+    the first's record, the bf16 target (one input bf16, one fp32 under autocast) keeps two. A 5 %
+    bug in the second was never judged: a target record with no partner was only "unmatched".
+    Its local error needs no partner: wrong on its own inputs, it is born there."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    arch = zoo.register(zoo.Entry("cwm", "CwmModel"))
+    o = run_scenario(Scenario("t/cwm", "bug", arch, noise="bf16", fault=Fault("aten.clone.default", 1, amount=5e-2),
+                              **RECORDER_DEFAULTS), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact and fd["origin"] == "born", fd

@@ -78,7 +78,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows, comparer)
     _return_freed_memory()  # matches_of's temporaries: attribution's failing rows come on top
     with no_cyclic_gc():  # each suspect pair's Records, built and dropped pass after pass: acyclic
-        attribute(ea, eb, suspect, comparer, rules, target, matches)
+        attribute(ea, eb, suspect, comparer, rules, target, matches, rows)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals
