@@ -150,7 +150,10 @@ def _judge_what_the_bench_folded(rows: Sequence[CompareRow], graph: "_Graph", fl
     """A target record the bench folded into a record of another signature (under autocast a
     call's dtype changes its de-dup key, so the fp32 bench folds two calls the bf16 target keeps
     apart) has no partner to compare with; its local error needs none. Wrong on its own inputs
-    (saved tensors, or its sample), it is born there: an unmatched row, otherwise never judged."""
+    (saved tensors, or its sample), it is born there: an unmatched row, otherwise never judged.
+    Nothing to do (and no pass over the rows) where neither side folded a call."""
+    if graph.call_counts() is None:
+        return
     for r in rows:
         if r.status != PairStatus.UNMATCHED.value or r.bench_seq is not None or r.target_seq is None:
             continue
@@ -163,9 +166,10 @@ def _judge_what_the_bench_folded(rows: Sequence[CompareRow], graph: "_Graph", fl
         meta = e.outputs[k][1]
         le = local_error(e.record, graph.dump, meta, k) if meta.data is not None \
             else sample_local_error(e.record, meta, k)
-        if le is None or not floors.beyond(le, e.op, reduction_length(e.record, k)):
+        floor = floors.floor(le, e.op, reduction_length(e.record, k)) if le is not None else None
+        if floor is None or le.local <= floor:
             continue
-        r.status, r.local_err, r.local_floor = PairStatus.FAIL.value, le.local, floors.floor(le, e.op, reduction_length(e.record, k))
+        r.status, r.local_err, r.local_floor = PairStatus.FAIL.value, le.local, floor
         set_origin(r, "born", "local error", "this op, on its own inputs: recorded on the target only, the bench "
                    "de-duplicated its call into a record of another signature")
 
@@ -298,16 +302,22 @@ class _Graph:
         de-duplicated, and the bench ran that op exactly as many times as the target. De-dup
         keys a call by its arguments' strides and dtypes too, so a device that lays a tensor out
         its own way (channels-last where the CPU is contiguous) records a call the bench folded."""
+        calls = self.call_counts()
+        if calls is None or e.kind != "op":
+            return False
+        bench, target = calls
+        return bench.get(e.op, 0) == target.get(e.op, -1)
+
+    def call_counts(self) -> tuple[dict, dict] | None:
+        """Each side's calls per op, folded ones included; None where neither side folded any
+        (or a side has no columns): then no record is a call the other side folded."""
         if self._calls is False:
             from ..dump.column_scan import native_columns, op_call_counts
 
             sides = [native_columns(d) if d is not None else None for d in (self.bench_dump, self.dump)]
             folded = any(c is not None and len(c.records) and bool((c.records["count"] > 1).any()) for c in sides)
             self._calls = None if None in sides or not folded else tuple(op_call_counts(c) for c in sides)
-        if self._calls is None or e.kind != "op":
-            return False
-        bench, target = self._calls
-        return bench.get(e.op, 0) == target.get(e.op, -1)
+        return self._calls
 
     @property
     def folds_per_module(self) -> bool:
