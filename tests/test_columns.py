@@ -3,6 +3,7 @@ opens without reading its tables, filters run on the columns, and a killed proce
 chunks (de-duplicated counts included) rebuild the same records."""
 from __future__ import annotations
 
+import collections
 import json
 import signal
 import subprocess
@@ -122,14 +123,16 @@ def test_killed_process_journal_chunks_keep_counts(tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     (folder,) = list(tmp_path.iterdir())
     snapshot = xray.load_dump(folder)  # dump.json names the index end_dump(clear_context=False) wrote
-    counts = {r.op: r.count for r in snapshot.records}
+    counts = collections.Counter()
+    for r in snapshot.records:  # the first tanh reads a factory's output, the others mul's: two records
+        counts[r.op] += r.count
     assert counts["aten.tanh.default"] == 30 and counts["aten.mul.Tensor"] == 30
     (folder / "dump.json").unlink()  # as if the process had died before that snapshot too
     with pytest.warns(TruncatedDumpWarning, match="not finalised"):
         partial = xray.load_dump(folder)
     ops = [r.op for r in partial.records]
     assert "aten.cos.default" in ops and len([o for o in ops if o == "aten.zeros.default"]) >= 12
-    assert {r.op: r.count for r in partial.records}["aten.tanh.default"] == 30
+    assert sum(r.count for r in partial.records if r.op == "aten.tanh.default") == 30
 
 
 def test_rewrite_as_json_keeps_every_record(llama_dump, tmp_path):

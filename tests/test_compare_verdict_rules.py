@@ -343,3 +343,30 @@ def test_an_input_left_unsaved_counts_only_where_the_op_reads_its_values(tmp_pat
     add = next(r for r in dump.records if r.op == "aten.add.Tensor")
     assert [m.data is not None for _, m in add.input_tensors()] == [True, False]
     assert local_error(add, dump, next(m for _, m in add.output_tensors()), 0) is None
+
+
+def test_an_unsaved_input_is_known_when_constant_and_read_when_zeros_change_the_output(tmp_path):
+    """float16 ``1 + t1 / t2`` with a tiny t1 (an AdamW update whose denominator underflowed):
+    random values of t2 round away, so two random draws agree; zeros give Inf, so the unsaved t2
+    is read and there is no local error. A t2 whose statistics say "all zeros" is known whole: the
+    call is re-run on it and the Inf it makes is computed right on its inputs."""
+    import xray
+    from xray.compare.local import local_error
+
+    ones = torch.ones(64, dtype=torch.float16)
+    tiny = torch.full((64,), 1e-7).half()  # a subnormal: any random denominator rounds it away
+    some_zeros = torch.rand(64).masked_fill(torch.rand(64) < 0.5, 0).half()
+    for name, denominator in (("read", some_zeros), ("known", torch.zeros(64, dtype=torch.float16))):
+        with xray.dump(dump_dir=tmp_path / name, X_DEBUG=0x112, X_DEDUP=False, X_DUMP_NUM=2):
+            torch.addcdiv(ones, tiny, denominator)
+    for name in ("read", "known"):
+        dump = xray.load_dump(next((tmp_path / name).iterdir()))
+        call = next(r for r in dump.records if r.op == "aten.addcdiv.default")
+        assert [m.data is not None for _, m in call.input_tensors()] == [True, True, False]
+        output = next(m for _, m in call.output_tensors())
+        assert output.data is not None and output.stats.posinf + output.stats.neginf > 0
+        got = local_error(call, dump, output, 0)
+        if name == "read":
+            assert got is None
+        else:
+            assert got is not None and got.local == 0.0, got

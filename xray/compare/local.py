@@ -49,27 +49,38 @@ def _blocked(record: Record) -> str | None:
     return nondeterministic(record)
 
 
+def _known(meta: TensorMeta) -> bool:
+    """Whether an input's values are known: saved, or a finite constant its statistics hold whole."""
+    return meta.data is not None or constant_value(meta) is not None
+
+
 def _tensors_saved(record: Record) -> bool | None:
-    """True: every input tensor saved; None: some, not all (X_DUMP_NUM spent: a layer norm
-    backward has six); False: none, or one too large to recompute."""
+    """True: every input tensor known (saved, or a constant: an AdamW denominator of float16
+    zeros); None: some, not all (X_DUMP_NUM spent: a layer norm backward has six); False: none,
+    or one too large to recompute."""
     metas = [m for _, m in record.input_tensors()]
     if any(m.numel > MAX_NUMEL for m in metas):
         return False
-    saved = sum(m.data is not None for m in metas)
-    return True if saved == len(metas) else None if saved else False
+    known = sum(_known(m) for m in metas)
+    return True if known == len(metas) else None if known else False
 
 
-def _with_unsaved_drawn(record: Record, dump: Any, seed: int) -> tuple:
-    """``build_call(record, dump)`` with every unsaved input tensor drawn at random (normal
-    values, or 0/1), independently of its statistics: a constant's statistics (an attention mask
-    of 0 and -inf reads min = max = 0) would draw the same tensor twice."""
-    gen = torch.Generator().manual_seed(seed)
+def _rebuilt(record: Record, dump: Any, draw: int | None) -> tuple:
+    """``build_call(record, dump)`` with a constant input filled with its one value, and every other
+    unsaved input drawn: ``draw`` None leaves none (all known), 0 fills zeros, a seed draws normal
+    values (or 0/1) independently of its statistics."""
+    gen = torch.Generator().manual_seed(draw or 0)
 
     def tensor(meta: TensorMeta) -> torch.Tensor:
         if meta.data is not None:
             return load_tensor(meta, dump)
-        dtype = dtype_from_name(meta.dtype)
-        shape = tuple(meta.shape)
+        dtype, shape = dtype_from_name(meta.dtype), tuple(meta.shape)
+        if (value := constant_value(meta)) is not None:
+            return torch.full(shape, value, dtype=dtype)
+        if draw is None:
+            raise ValueError(f"input of {record.op} unsaved")
+        if not draw:
+            return torch.zeros(shape, dtype=dtype)
         if dtype.is_floating_point or dtype.is_complex:
             return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
         return torch.randint(0, 2, shape, generator=gen).to(dtype)
@@ -78,12 +89,13 @@ def _with_unsaved_drawn(record: Record, dump: Any, seed: int) -> tuple:
 
 
 def _unsaved_unread(record: Record, dump: Any, k: int) -> tuple | None:
-    """The call rebuilt with its unsaved inputs drawn at random, when output ``k`` is the same
-    whatever they hold: two independent draws give the same bits (a layer norm's backward reads
-    its bias for its shape only; a kernel that reads the values cannot pass this). Else None."""
-    calls = [_with_unsaved_drawn(record, dump, seed) for seed in (1, 2)]
-    first, second = (runner(record.op, *call, k)(lambda t: t) for call in calls)
-    same = first is not None and second is not None and first.shape == second.shape and torch.equal(first, second)
+    """The call rebuilt with its unknown inputs drawn, when output ``k`` is the same whatever they
+    hold: zeros and two independent random draws give the same bits (a layer norm's backward reads
+    its bias for its shape only). A kernel that reads them cannot pass this, not even where random
+    values round away (``x + t1 / t2`` in float16 with tiny t1: zeros give Inf). Else None."""
+    calls = [_rebuilt(record, dump, draw) for draw in (1, 2, 0)]
+    first, *others = (runner(record.op, *call, k)(lambda t: t) for call in calls)
+    same = first is not None and all(o is not None and o.shape == first.shape and torch.equal(o, first) for o in others)
     return calls[0] if same else None
 
 
@@ -188,10 +200,12 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or saved is False:
         return None
     try:
-        check_call(record, dump, factory="load" if saved else "auto")
+        every_saved = all(m.data is not None for _, m in record.input_tensors())
+        check_call(record, dump, factory="load" if every_saved else "auto")
         check_outputs(record)  # an edited size or repeat count would compute (in float64) what was never recorded
-        call = build_call(record, dump, factory="load") if saved else _unsaved_unread(record, dump, k)
-        if call is None:  # some inputs unsaved, and read
+        call = (build_call(record, dump, factory="load") if every_saved else _rebuilt(record, dump, None) if saved
+                else _unsaved_unread(record, dump, k))
+        if call is None:  # some inputs unknown, and read
             return None
         func, args, kwargs = call
         run, target = runner(record.op, func, args, kwargs, k), _target_values(dump, output)
