@@ -235,6 +235,29 @@ def test_an_inserted_target_only_op_that_changes_values_is_the_origin_even_withi
     assert cast.summary.first_divergence is None
 
 
+def test_an_inserted_round_trip_through_bf16_is_held_to_bf16_rounding(tmp_path):
+    """A bf16 autocast backward casts a float32 gradient to bfloat16 and back (AIMv2's RMSNorm):
+    the producer looks through the widening cast to the narrowing one, so the change across both
+    is bfloat16's rounding, not float32's. A 10 % scale on that edge is still the origin."""
+    x, res = _x(8, 64), 100 * _x(8, 64, seed=3)
+    h = x.relu()
+
+    def target(narrowed: torch.Tensor):
+        widened = narrowed.float()
+        return [Op("aten.relu.default", h, inputs={"self": x}, sources={"self": "input"}, save_inputs=True),
+                Op("aten._to_copy.default", narrowed, inputs={"self": h}, sources={"self": "op:0:0"}, save_inputs=True),
+                Op("aten._to_copy.default", widened, inputs={"self": narrowed}, sources={"self": "op:1:0"},
+                   save_inputs=True),
+                Op("aten.add.Tensor", widened + res, inputs={"self": widened, "other": res}, save_inputs=True,
+                   sources={"self": "op:2:0", "other": "input"})]
+    bench = [Op("aten.relu.default", h, inputs={"self": x}, sources={"self": "input"}, save_inputs=True),
+             Op("aten.add.Tensor", h + res, inputs={"self": h, "other": res}, save_inputs=True,
+                sources={"self": "op:0:0", "other": "input"})]
+    assert _pair(tmp_path / "cast", bench, target(h.bfloat16())).summary.first_divergence is None
+    fd = _pair(tmp_path / "bug", bench, target((h * 1.1).bfloat16())).summary.first_divergence
+    assert fd is not None and fd["cause"] == "target-only op" and fd["culprit_target_seq"] == 1, fd
+
+
 def test_an_integer_result_right_on_its_inputs_is_not_born(tmp_path):
     """Pooling indices or an argmax flip when near-equal inputs move by rounding (bf16 upstream):
     recomputed on the target's own inputs they are right, so not a bug; a wrong one still is."""

@@ -443,3 +443,19 @@ def test_a_call_the_bench_folded_is_judged_on_its_own_local_error(tmp_path):
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     fd = o.summary["first_divergence"]
     assert o.exact and fd["origin"] == "born", fd
+
+
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about 20 s
+def test_a_gradient_cast_to_bf16_and_back_is_held_to_bf16_rounding(tmp_path):
+    """AIMv2's RMSNorm returns ``weight * h.to(input_dtype)``: under a bf16 training step its
+    backward casts the float32 gradient to bfloat16 and back, two calls the float32 bench never
+    makes. The widening cast is looked through to the narrowing one, so the change across both is
+    bfloat16's rounding; it was held to float32's and called a target-only op, born in the norm
+    (every call recorded, the sweep's first run)."""
+    from accuracy import zoo
+
+    arch = zoo.register(zoo.Entry("aimv2_vision_model", "Aimv2VisionModel"))
+    o = run_scenario(Scenario("t/aimv2", "noise", arch, noise="bf16", backward=True, dedup=False, dump_num=None),
+                     tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..dump.model import Scalar, Source, TensorMeta
-from ..dump.tensorio import dtype_name
+from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
@@ -1172,9 +1172,11 @@ def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: A
         if not (before.is_floating_point() and after.is_floating_point()):
             continue
         change = normwise_error(after, before.to(after.dtype).to(torch.float64))
-        allowed = rules.local_factor * eps(after.dtype)
+        # the values passed through op's output dtype too (a bf16 cast, widened back: producer looks through that)
+        coarsest = max([after.dtype] + [dtype_from_name(m.dtype) for _, m in op.outputs], key=eps)
+        allowed = rules.local_factor * eps(coarsest)
         if change > allowed:
-            return op, f"changed its input by {change:.3g}, beyond {dtype_name(after.dtype)} rounding ({allowed:.3g})"
+            return op, f"changed its input by {change:.3g}, beyond {dtype_name(coarsest)} rounding ({allowed:.3g})"
     return None
 
 
