@@ -67,8 +67,8 @@ class Roles:
 
     ``bench``: per bench entry, the target partners (from a first alignment) of the recorded calls
     its inputs came from; ``target``: per target entry, the recorded, matched calls its inputs
-    came from (-1: none, an input no op made, made by a folded call, or by an unmatched one, such
-    as a cast only one side inserts). A pair whose two sides both know a producer but share none
+    came from (-1: none, an input no op made, or made by a folded call; an unmatched producer, such
+    as a cast only one side inserts, is looked through to its own: ``_through_unmatched``). A pair whose two sides both know a producer but share none
     reads other values: other roles, never paired."""
 
     def __init__(self, bench: np.ndarray, target: np.ndarray) -> None:
@@ -119,13 +119,33 @@ def producers(t: EntryTable) -> np.ndarray:
     return out
 
 
+LINEAGE_HOPS = 4  # unmatched producers looked through, at most, to a matched one
+
+
+def _through_unmatched(prod: np.ndarray, matched: np.ndarray) -> np.ndarray:
+    """``prod`` with each unmatched producer replaced by its own first producer, up to
+    LINEAGE_HOPS times, then -1 where still unmatched. A call only one side runs (a cast autocast
+    inserts; a sum the other side folded into a record of its twin) passes its input's role on:
+    the bf16 target's second gradient sum, kept apart while the fp32 bench folds it, still reads
+    the key's gradient, not the value's. ``matched`` has one extra False at index -1."""
+    out = prod.copy()
+    for _ in range(LINEAGE_HOPS):
+        unmatched = (out >= 0) & ~matched[out]
+        if not unmatched.any():
+            break
+        out[unmatched] = prod[out[unmatched], 0]
+    return np.where(matched[out], out, -1)
+
+
 def roles(prod_a: np.ndarray, prod_b: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> Roles:
     """Roles after a first alignment (``pa[k]`` paired with ``pb[k]``)."""
     partner = np.full(len(prod_a) + 1, -1, dtype=np.int64)  # index -1 (no producer) reads -1
     partner[pa] = pb
+    matched_a = np.zeros(len(prod_a) + 1, dtype=bool)
+    matched_a[pa] = True
     matched_b = np.zeros(len(prod_b) + 1, dtype=bool)
     matched_b[pb] = True
-    return Roles(partner[prod_a], np.where(matched_b[prod_b], prod_b, -1))
+    return Roles(partner[_through_unmatched(prod_a, matched_a)], _through_unmatched(prod_b, matched_b))
 
 
 def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice, role: Roles | None = None) -> np.ndarray:
