@@ -17,8 +17,8 @@ from ..dump.model import TensorMeta
 from ..dump.protocol import Dump
 from ..dump.tensorio import dtype_from_name
 from ..numerics import sample_judge, stats_judge
-from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, merge, rmse_partial,
-                                stats_rms)
+from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, compute_dtype, finish, infinity_stand_in,
+                                merge, rmse_partial, stats_rms)
 from ..numerics.rules import Rules, Tolerance
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
 from .result import CompareRow, PairStatus
@@ -82,11 +82,12 @@ class PairComparer:
         return out if math.isfinite(out) else 0.0
 
     def data_metrics(self, bm: TensorMeta, tm: TensorMeta, tol: Tolerance):
-        cd = compute_dtype(dtype_from_name(bm.dtype), dtype_from_name(tm.dtype))
-        floor = tol.floor(self.scale(bm, tm, cd))
+        bd, td = dtype_from_name(bm.dtype), dtype_from_name(tm.dtype)
+        cd = compute_dtype(bd, td)
+        floor, stand_in = tol.floor(self.scale(bm, tm, cd)), infinity_stand_in(bd, td)
         total = Partial()
         for a, b in _zip_chunks(iter_chunks(self.bench, bm), iter_chunks(self.target, tm)):
-            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work, floor))
+            total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work, floor, stand_in))
             nbytes = a.numel() * a.element_size() + b.numel() * b.element_size()
             self.bytes += nbytes
             if self.bar is not None:
@@ -219,7 +220,8 @@ class PairComparer:
         got = stats_judge.judge(stats_judge.columns_of([bm.stats for _, bm, _, _, _ in pairs]),
                                 stats_judge.columns_of([tm.stats for _, _, tm, _, _ in pairs]),
                                 np.array([tol.rtol for *_, tol, _ in pairs]),
-                                np.array([tol.atol for *_, tol, _ in pairs]), self.rules)
+                                np.array([tol.atol for *_, tol, _ in pairs]), self.rules,
+                                np.array([stand_in_of(bm.dtype, tm.dtype) for _, bm, tm, _, _ in pairs]))
         for (row, bm, tm, _, _), code, err in zip(pairs, got["verdict"].tolist(), got["stats_err"].tolist()):
             row.status, row.stats_err = stats_judge.VERDICT_TEXT[code], err
             row.mode, row.numel = "stats", bm.numel
@@ -247,7 +249,8 @@ class PairComparer:
                 np.array([len(bm.sample) for _, bm, _, _, _ in group]), np.array([len(tm.sample) for _, _, tm, _, _ in group]),
                 np.array([tol.rtol for *_, tol, _ in group]), np.array([tol.atol for *_, tol, _ in group]),
                 np.array([sample_scale(bm.stats, tm.stats) for _, bm, tm, _, _ in group]),
-                np.array([sample_peak(bm.stats) for _, bm, _, _, _ in group]), self.rules)
+                np.array([sample_peak(bm.stats) for _, bm, _, _, _ in group]), self.rules,
+                np.array([stand_in_of(bm.dtype, tm.dtype) for _, bm, tm, _, _ in group]))
             for (row, _, tm, _, notes), code, err, beyond in zip(group, got["verdict"].tolist(),
                                                                  got["sample_err"].tolist(), got["not_close"].tolist()):
                 row.sample_err = err
@@ -316,6 +319,13 @@ def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, tar
     if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
         tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
     return tol
+
+
+def stand_in_of(bench_dtype: str, target_dtype: str) -> float:
+    """``metrics.infinity_stand_in`` of two dtype names, NaN where none (an array's "none")."""
+    db, dt = torch_dtype(bench_dtype), torch_dtype(target_dtype)
+    got = infinity_stand_in(db, dt) if db is not None and dt is not None else None
+    return math.nan if got is None else got
 
 
 def dtype_note(bench_dtype: str, target_dtype: str) -> str:

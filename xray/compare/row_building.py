@@ -15,7 +15,7 @@ from ..dump.model import UNWRITTEN, unwritten
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from .entry_table import CHUNK, EntryTable, Vocab, gather, objects, take
-from .pair_judge import dtype_note, same_layout
+from .pair_judge import dtype_note, same_layout, stand_in_of
 from .result import CompareRow, PairStatus
 from .row_plan import RowPlan
 from .sample_verdicts import judge_samples, sample_decides, sample_note, worse_of
@@ -87,8 +87,9 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     b = {k: ta.stat(k, ao) for k in keys}
     t = {k: tb.stat(k, bo) for k in keys}
     rtol, atol = rtol_of[inv].astype(np.float64), atol_of[inv].astype(np.float64)
-    judged = judge_stats(b, t, rtol, atol, rules)
-    sample = judge_samples(ta, tb, ao, bo, b, t, rtol, atol, rules)
+    stand_in = np.array([stand_in_of(vocab.dtype[db], vocab.dtype[dt]) for db, dt in pairs], dtype=np.float64)[inv]
+    judged = judge_stats(b, t, rtol, atol, rules, stand_in)
+    sample = judge_samples(ta, tb, ao, bo, b, t, rtol, atol, rules, stand_in)
     status, stats_err, decided = worse_of(judged, sample, sample_decides(tb, eb))
 
     def put(name: str, values: np.ndarray) -> None:

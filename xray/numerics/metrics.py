@@ -91,11 +91,28 @@ class Workspace:
         return [b[:n] for b in bufs]
 
 
+def infinity_stand_in(bench_dtype: torch.dtype, target_dtype: torch.dtype) -> float | None:
+    """The magnitude from which a finite value stands for infinity: the top binade of the wider
+    of two float dtypes, where ``finfo.min`` as a mask's fill lives (-3.40e38 in float32, past
+    bfloat16's -3.39e38, so a bf16 run holds it as -Inf, the correct rounding of that value; a
+    score plus it stays -3.40e38 in float32 and is -Inf on a side that read -Inf). Only where that
+    binade is out of computed values' reach (a range of at least float32's): float16's top binade
+    (32768 to 65504) is reached by activations, and its overflow stays a NaN/Inf mismatch, as does
+    any computed overflow into float16 (65504 is far below a float32 stand-in). None otherwise."""
+    if not (bench_dtype.is_floating_point and target_dtype.is_floating_point):
+        return None
+    widest = max(torch.finfo(bench_dtype).max, torch.finfo(target_dtype).max)
+    return widest / 2 if widest >= torch.finfo(torch.float32).max else None
+
+
 def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance,
-                  work: Workspace | None = None, floor: float | None = None) -> Partial:
+                  work: Workspace | None = None, floor: float | None = None,
+                  stand_in: float | None = None) -> Partial:
     """Partial sums of two 1-D real chunks of equal length (the bench is the reference).
 
     ``floor`` is the absolute floor of an element (``tol.floor(scale)``); None uses ``tol.atol``.
+    ``stand_in`` (``infinity_stand_in``): a finite value at least this large where the other side
+    holds an Inf of its sign agrees with it.
     """
     atol = tol.atol if floor is None else floor
     if bench.numel() == 0:
@@ -106,7 +123,7 @@ def chunk_partial(bench: torch.Tensor, target: torch.Tensor, tol: Tolerance,
     fb, ft = torch.isfinite(bench), torch.isfinite(target)
     if bool(fb.all()) and bool(ft.all()):  # finite but overflowed in float32: scaled float64
         return _scaled_sums(bench, target, tol.rtol, atol)
-    return _nonfinite_partial(bench, target, fb, ft, tol.rtol, atol)
+    return _nonfinite_partial(bench, target, fb, ft, tol.rtol, atol, stand_in)
 
 
 def _sums(bench: torch.Tensor, target: torch.Tensor, rtol: float, atol: float,
@@ -158,11 +175,14 @@ def _scaled_sums(bench: torch.Tensor, target: torch.Tensor, rtol: float, atol: f
 
 
 def _nonfinite_partial(bench: torch.Tensor, target: torch.Tensor, fb: torch.Tensor, ft: torch.Tensor,
-                       rtol: float, atol: float) -> Partial:
+                       rtol: float, atol: float, stand_in: float | None = None) -> Partial:
     both = fb & ft
     nan_b, nan_t = torch.isnan(bench), torch.isnan(target)
     # Equal non-finite values (NaN with NaN, +Inf with +Inf) agree: attention masks hold -inf.
     same_nonfinite = (~fb & ~ft) & ((nan_b & nan_t) | (bench == target))
+    if stand_in is not None:  # -3.40e38 on one side, -Inf on the other: one mask value
+        same_nonfinite |= ((fb & torch.isinf(target) & (bench.abs() >= stand_in))
+                           | (ft & torch.isinf(bench) & (target.abs() >= stand_in))) & (bench.sign() == target.sign())
     mismatch = int((~both & ~same_nonfinite).sum())
     p = _scaled_sums(bench[both], target[both], rtol, atol) if bool(both.any()) else Partial()
     p.numel = bench.numel()

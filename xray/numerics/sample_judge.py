@@ -21,12 +21,13 @@ NOT_JUDGED = -1  # no sample on one side, or samples of different lengths
 
 
 def judge(b: np.ndarray, t: np.ndarray, nb: np.ndarray, nt: np.ndarray, rtol: np.ndarray, atol: np.ndarray,
-          scale: np.ndarray, peak: np.ndarray, rules: Rules) -> dict[str, np.ndarray]:
+          scale: np.ndarray, peak: np.ndarray, rules: Rules, stand_in: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Verdict codes (``PASS`` ... ``NAN_INF``, ``NOT_JUDGED``) and ``sample_err`` per pair.
 
     ``b``, ``t``: float64 (pairs x k) samples, the first ``nb``/``nt`` of each row valid;
     ``scale``: the RMS the element floor scales with (the larger side's, as for saved data);
-    ``peak``: the bench's largest magnitude (stats_err's unit; NaN: the sample's own)."""
+    ``peak``: the bench's largest magnitude (stats_err's unit; NaN: the sample's own);
+    ``stand_in``: ``metrics.infinity_stand_in`` per pair (NaN: none), as saved data uses it."""
     m, k = b.shape if b.ndim == 2 else (len(rtol), 0)
     nb, nt = np.asarray(nb, dtype=np.int64), np.asarray(nt, dtype=np.int64)
     judged = (nb == nt) & (nb > 0)
@@ -35,6 +36,10 @@ def judge(b: np.ndarray, t: np.ndarray, nb: np.ndarray, nt: np.ndarray, rtol: np
         fb, ft = np.isfinite(b), np.isfinite(t)
         both = valid & fb & ft
         same = valid & ~fb & ~ft & ((np.isnan(b) & np.isnan(t)) | (b == t))  # equal NaN/±Inf agree (masks)
+        if stand_in is not None:  # -3.40e38 on one side, -Inf on the other: one mask value
+            si = np.asarray(stand_in, dtype=np.float64)[:, None]
+            held = (fb & np.isinf(t) & (np.abs(b) >= si)) | (ft & np.isinf(b) & (np.abs(t) >= si))
+            same |= valid & held & (np.sign(b) == np.sign(t))
         mismatch = (valid & ~both & ~same).sum(axis=1)
         bz, tz = np.where(both, b, 0.0), np.where(both, t, 0.0)
         # scaled by the row's largest magnitude: squares of 1e200 stay finite

@@ -29,12 +29,16 @@ def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def judge(b: dict[str, np.ndarray], t: dict[str, np.ndarray], rtol: np.ndarray, atol: np.ndarray,
-          rules: Rules) -> dict[str, np.ndarray]:
+          rules: Rules, stand_in: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Verdict codes (``PASS`` ... ``NAN_INF``), ``stats_err`` and ``within`` per pair.
 
     ``b`` and ``t`` hold arrays per statistic (``min`` ... ``std``, ``nan``, ``inf``) and a
     boolean ``has_<stat>`` per statistic (a statistic the recorder could not take, as for
-    an empty or non-float tensor); ``rtol``/``atol`` are each pair's tolerance."""
+    an empty or non-float tensor); ``rtol``/``atol`` are each pair's tolerance. ``stand_in``:
+    each pair's ``metrics.infinity_stand_in`` (NaN: none). Where one side's range reaches it and
+    the other side has more Infs (a float32 ``finfo.min`` mask that bf16 holds as -Inf), the
+    statistics mix mask values with data and cannot be compared: the pair passes on them, its
+    ``stats_err`` NaN, and its sample (which holds each element) judges it."""
     lo, hi = np.abs(b["min"]), np.abs(b["max"])
     has_lo, has_hi = b["has_min"], b["has_max"]
     scale = np.where(has_lo, np.where(has_hi, _pymax(lo, hi), lo), np.where(has_hi, hi, 0.0))
@@ -53,7 +57,19 @@ def judge(b: dict[str, np.ndarray], t: dict[str, np.ndarray], rtol: np.ndarray, 
     exact = (rtol == 0) & (atol == 0)
     verdict = np.where(within <= 1.0, PASS, np.where(exact, FAIL, np.where(within <= rules.stats_warn_factor, WARNING, FAIL)))
     verdict[(b["nan"] != t["nan"]) | (b["inf"] != t["inf"])] = NAN_INF
+    if stand_in is not None:
+        masked = _holds_stand_ins(b, t, stand_in)
+        verdict[masked] = PASS
+        stats_err = np.where(masked, np.nan, stats_err)
     return {"verdict": verdict, "stats_err": stats_err, "within": within}
+
+
+def _holds_stand_ins(b: dict[str, np.ndarray], t: dict[str, np.ndarray], stand_in: np.ndarray) -> np.ndarray:
+    """Pairs whose extra Infs on one side are the other side's infinity stand-ins (``judge``)."""
+    def reaches(side: dict) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return (side["has_min"] & (side["min"] <= -stand_in)) | (side["has_max"] & (side["max"] >= stand_in))
+    return (b["nan"] == t["nan"]) & (((t["inf"] > b["inf"]) & reaches(b)) | ((b["inf"] > t["inf"]) & reaches(t)))
 
 
 def columns_of(stats: Sequence[Any]) -> dict[str, np.ndarray]:
