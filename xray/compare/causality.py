@@ -454,7 +454,7 @@ class _Graph:
             return False
         measured = False
         for k, (_, meta) in enumerate(op.outputs):
-            if meta.data is None:
+            if not measurable(meta):  # saved, a constant, or a recorded self-check
                 continue
             le = local_error(op.record, self.dump, meta, k)
             if le is None:
@@ -1021,6 +1021,12 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g})"
         carried = _row_name(carried_precision) + "'s precision loss" if carried_precision else computed_region
         downgrade(r, why + (f"; carries {carried}" if carried else ""))
+    elif carried_precision is not None and statistics_only.unmeasured(r) \
+            and r.stats_err > floors.rules.precision_factor * _carried_in(p, k, 0.0):
+        # far beyond what its inputs carry: the statistics-only rules weigh that jump against the
+        # run's precision level (an optimizer step on TF32 gradients, 2e-2 from 5e-4: a bug)
+        set_origin(r, "inherited", "inherited", f"carries {_row_name(carried_precision)}'s precision loss, "
+                                                "and more (local error not measured)")
     elif carried_precision is not None:
         downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
     elif computed_region is not None:

@@ -10,6 +10,7 @@ change would make, so a consistent precision loss can be told from a bug.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..dump.tensorio import dtype_from_name
 from ..ops.rebuild import build_call, check_call, check_outputs, load_tensor, named_args, rebuild_with
 from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
-from ..numerics.rules import PRECISION_STEPS, round_mantissa
+from ..numerics.rules import PRECISION_STEPS, eps, round_mantissa
 from ..numerics.kernel_families import primary_outputs, reference_of
 from ..numerics.selections import differing_picks, selection_of
 from ..record.encode import bind_inputs, op_info, recorded_result
@@ -173,8 +174,23 @@ def constant_value(output: TensorMeta) -> float | None:
 
 
 def measurable(output: TensorMeta) -> bool:
-    """Whether ``local_error`` can judge this output: its data saved, or a constant (above)."""
-    return output.data is not None or constant_value(output) is not None
+    """Whether ``local_error`` can judge this output: its data saved, a constant (above), or a
+    matmul's recorded self-check (``checked_error``)."""
+    return output.data is not None or constant_value(output) is not None or checked_error(output) is not None
+
+
+def checked_error(output: TensorMeta) -> LocalError | None:
+    """A matmul output's recorded self-check as its local error (xray/record/self_check.py:
+    Freivalds' estimate of its normwise error against its own inputs, taken on its device), for
+    a call compare cannot re-run: its inputs kept with statistics only. Its floor is the output's
+    own rounding (unit roundoff / sqrt(3), the normwise error of rounding uniformly); the
+    accumulation bound and the precision steps it measured (TF32's, bf16's) are the Floors'."""
+    check = output.check
+    if not check or not math.isfinite(check[0]):
+        return None
+    dtype = dtype_from_name(output.dtype)
+    steps = {name: v for name, v in zip(PRECISION_STEPS, check[1:]) if math.isfinite(v)}
+    return LocalError(check[0], eps(dtype) / 2 / math.sqrt(3), dtype, steps)
 
 
 def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
@@ -197,6 +213,8 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     if own is not None and (got := own(record, k, steps=steps)) is not None:
         return got
     saved = _tensors_saved(record)
+    if saved is not True and (checked := checked_error(output)) is not None:
+        return checked
     if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or saved is False:
         return None
     try:

@@ -415,9 +415,11 @@ def _run_level(pending: list[Pending], f: float, floors: Floors, kind_errors: An
             # jumps beyond the factor of what its inputs carry (TF32-like math rounds at every one)
             fresh = unmeasured(r) and (r.origin == "born" and r.cause == "local error" or r.cause == "inherited"
                                        and inputs is not None and r.stats_err > f * inputs and matmul_like)
-            # a warning on agreeing inputs shows the same rounding, only smaller (q and k beside v)
-            shows = r.status == PairStatus.WARNING.value and not r.cause and r.mode == "stats" and bool(r.stats_err) \
-                and inputs is None and r.local_err is None and matmul_like
+            # a warning on agreeing inputs shows the same rounding, only smaller (q and k beside v); so
+            # does a matmul whose recorded self-check measured precision loss (record/self_check.py)
+            shows = r.status == PairStatus.WARNING.value and r.mode == "stats" and bool(r.stats_err) and matmul_like \
+                and (not r.cause and inputs is None and r.local_err is None
+                     or r.cause == PRECISION and r.local_err is not None)
             if fresh or shows:
                 calls = kinds.setdefault((p.target.op, p.target.record.direction), {})
                 seq = p.target.record.seq

@@ -8,6 +8,7 @@ over already made (``add_rows``), and shares the skeleton and name logic (``skel
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from typing import Any, Iterable
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from .columns import (DIRECTIONS, INPUT, KINDS, NONE, OUTPUT, PARAM, RECORD_DTYPE, SRC_BUFFER, SRC_INPUT, SRC_NONE,
                       SRC_OP, SRC_PARAM, TENSOR_DTYPE, Columns, Table)
-from .model import SAMPLE_SIZE, Record, Scalar, Source, TensorMeta, value_to_json
+from .model import CHECK_SIZE, SAMPLE_SIZE, Record, Scalar, Source, TensorMeta, value_to_json
 from .stats import NO_STATS, row_of_stats
 from .strings import StringTable
 
@@ -49,6 +50,7 @@ class ColumnBuilder:
         self._roles: list[int] = []
         self._names: list[int] = []
         self._extras: dict[int, tuple[int, int]] = {}  # tensor index -> (data, note), where either is set
+        self._checks: dict[int, Any] = {}  # tensor index -> a matmul output's self-check (a tuple, or deferred)
         self._skeletons: dict[tuple, int] = {}  # skeleton key -> string id
         self._stacks: dict[tuple, int] = {}  # module stack -> string id
 
@@ -57,15 +59,19 @@ class ColumnBuilder:
 
     def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
                  roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None,
-                 data: dict[int, int] | None = None) -> None:
+                 data: dict[int, int] | None = None, checks: dict[int, tuple[float, ...]] | None = None) -> None:
         """One record already as cells: ``record`` holds RECORD_DTYPE's fields up to ``t_begin``;
         the tensor lists are parallel; ``notes`` and ``data`` map a tensor's position to its
-        note's and its saved data reference's string."""
+        note's and its saved data reference's string, ``checks`` to its self-check."""
         try:
             if notes or data:
                 base = len(self._layouts)
                 for i in {*(notes or ()), *(data or ())}:
                     self._extras[base + i] = ((data or {}).get(i, NONE), (notes or {}).get(i, NONE))
+            if checks:
+                base = len(self._layouts)
+                for i, check in checks.items():
+                    self._checks[base + i] = check
             self._layouts += layouts
             self._stats += stats
             self._sources += sources
@@ -99,6 +105,8 @@ class ColumnBuilder:
             del cells_list[cells:]
         for i in [i for i in self._extras if i >= cells]:
             del self._extras[i]
+        for i in [i for i in self._checks if i >= cells]:
+            del self._checks[i]
 
     def _add(self, rec: Record) -> None:
         s = self.strings
@@ -154,6 +162,8 @@ class ColumnBuilder:
         if meta.data is not None or meta.note is not None:
             self._extras[len(self._layouts)] = (NONE if meta.data is None else intern(meta.data),
                                                 NONE if meta.note is None else intern(meta.note))
+        if meta.stats is not None and meta.stats.check:
+            self._checks[len(self._layouts)] = meta.stats.check
         self._layouts.append((intern(meta.dtype), intern(shape_text(meta.shape)),
                               NONE if stride is None else intern(shape_text(stride)), meta.storage_offset,
                               intern(meta.device), meta.requires_grad))
@@ -188,8 +198,24 @@ class ColumnBuilder:
         for i, (d, n) in self._extras.items():
             data[i], note[i] = d, n
         tensors["data"], tensors["note"] = data, note
+        check = None
+        checks = {i: resolved(values) for i, values in self._checks.items()}  # deferred ones read now
+        if any(values is not None for values in checks.values()):
+            check = np.full((len(self._layouts), CHECK_SIZE), np.nan)
+            for i, values in checks.items():
+                if values is not None:
+                    check[i] = values
         return Columns(Table(RECORD_DTYPE, records), Table(TENSOR_DTYPE, {n: tensors[n] for n in TENSOR_DTYPE.names}),
-                       self.strings, sample_n=sample_n, sample=sample)
+                       self.strings, sample_n=sample_n, sample=sample, check=check)
+
+
+def resolved(check: Any) -> tuple[float, ...] | None:
+    """A self-check as the index keeps it (docs/format.md, "Self-checks"): a deferred one (the
+    recorder's device tensor, read at the flush with the queued statistics) read now; None where
+    its residual is NaN (the call could not be checked)."""
+    if hasattr(check, "tolist"):
+        check = tuple(check.tolist())
+    return None if not check or math.isnan(check[0]) else tuple(check)
 
 
 def sample_columns(stats: list[tuple]) -> tuple[list[tuple], np.ndarray | None, np.ndarray | None]:

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .errors import ColumnsError
-from .model import DTYPE_NAMES, SAMPLE_SIZE, Record, Stats, TensorMeta, echo
+from .model import CHECK_SIZE, DTYPE_NAMES, SAMPLE_SIZE, Record, Stats, TensorMeta, echo
 from .skeleton import (MARK, check_shape, checked_name, fill, marks, parse_dims, parse_frames, parse_skeleton,
                        parse_text_list)
 from .strings import NONE, StringTable
@@ -139,6 +139,10 @@ class Table:
 def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
     """Chunks built against one shared string table, in order, as one index."""
     folds = [p.folds for p in parts if len(p.folds)]
+    check = None
+    if any(p.check is not None for p in parts):  # chunks without self-checks: rows of none
+        check = np.concatenate([np.full((len(p.tensors), CHECK_SIZE), np.nan) if p.check is None else p.check
+                                for p in parts])
     sample_n = sample = None
     if any(p.sample_n is not None for p in parts):  # chunks without samples: rows of none
         sample_n = np.concatenate([np.zeros(len(p.tensors), np.uint8) if p.sample_n is None else p.sample_n
@@ -147,7 +151,7 @@ def concat(parts: Sequence["Columns"], strings: StringTable) -> "Columns":
                                  for p in parts])
     return Columns(Table.concat(RECORD_DTYPE, [p.records for p in parts]),
                    Table.concat(TENSOR_DTYPE, [p.tensors for p in parts]), strings,
-                   np.concatenate(folds) if folds else None, sample_n=sample_n, sample=sample)
+                   np.concatenate(folds) if folds else None, sample_n=sample_n, sample=sample, check=check)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,13 +162,17 @@ class Columns:
     """A dump's index as columns; ``record(i)`` materialises one ``Record``."""
 
     def __init__(self, records: Table, tensors: Table, strings: StringTable, folds: np.ndarray | None = None, *,
-                 sample_n: np.ndarray | None = None, sample: np.ndarray | None = None) -> None:
+                 sample_n: np.ndarray | None = None, sample: np.ndarray | None = None,
+                 check: np.ndarray | None = None) -> None:
         self.records, self.tensors, self.strings = records, tensors, strings
         self.folds = np.zeros(0, FOLD_DTYPE) if folds is None else folds  # FOLD_DTYPE rows, by seq
         # Each tensor row's sample (docs/format.md, "Samples"), both None when the dump has none:
         # ``sample_n`` (uint8) how many values, ``sample`` (float64, rows x SAMPLE_SIZE) the values,
         # row j's at sample[j, :sample_n[j]] (the rest 0), at samples.positions(shape)'s elements.
         self.sample_n, self.sample = sample_n, sample
+        # Each tensor row's self-check (docs/format.md, "Self-checks"), None when the dump has
+        # none: float64, rows x CHECK_SIZE, NaN where a row has none (every row but matmul outputs).
+        self.check = check
         self.where = ""  # the index file, for error messages
         self.refused: list[Refusal] = []  # records validate() left out, and why
         self.folds_refused = 0  # fold rows validate() left out
@@ -240,6 +248,8 @@ class Columns:
                     raise ColumnsError(f"column {name!r} is missing or is not {dtype[name]} of {len(table)} rows")
         if (self.sample_n is None) != (self.sample is None):
             raise ColumnsError("sample columns: 'sample_n' and 'sample' come together")
+        if self.check is not None and (self.check.dtype != np.float64 or self.check.shape != (len(t), CHECK_SIZE)):
+            raise ColumnsError(f"column 'check' is not float64 of {len(t)} rows x {CHECK_SIZE}")
         if self.sample_n is not None:
             n, s = self.sample_n, self.sample
             if n.dtype != np.uint8 or n.ndim != 1 or len(n) != len(t):
@@ -308,6 +318,8 @@ class Columns:
                 at_least(t[name], 0, f"tensor {name}", on_tensors=True)
             refuse_tensors(np.isin(t["src_kind"], (SRC_PARAM, SRC_BUFFER)) & (t["src_name"] < 0),
                            "a param/buffer source without a name")
+            if self.check is not None:
+                refuse_tensors(~np.isnan(self.check[:, 0]) & (t["has_stats"] == 0), "a self-check without statistics")
             if self.sample_n is not None:
                 n = self.sample_n.astype(np.int64)
                 refuse_tensors(n > np.minimum(np.maximum(t["numel"], 0), SAMPLE_SIZE),
@@ -357,6 +369,8 @@ class Columns:
         records, tensors = r.take(keep), t.take(kept_t)
         if self.sample_n is not None:
             self.sample_n, self.sample = self.sample_n[kept_t], self.sample[kept_t]
+        if self.check is not None:
+            self.check = self.check[kept_t]
         sizes = (records["t_end"] - records["t_begin"]).astype(np.int64)
         records.columns["t_end"] = np.cumsum(sizes)
         records.columns["t_begin"] = records["t_end"] - sizes
@@ -434,6 +448,8 @@ class Columns:
                           nan, posinf, neginf, numel)
             if self.sample_n is not None and self.sample_n[j]:
                 stats.sample = tuple(self.sample[j, :self.sample_n[j]].tolist())
+            if self.check is not None and not np.isnan(self.check[j, 0]):
+                stats.check = tuple(self.check[j].tolist())
         strings = self.strings
         if src_kind == SRC_NONE:
             source = None

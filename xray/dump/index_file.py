@@ -9,8 +9,9 @@ one per column: a file costs ~1 ms to write whatever its size, which matters at 
 (``Columns.validate``). A journal chunk has the same datasets for the records of one flush, only
 the strings new since the chunk before, and an ``updates`` table (de-duplicated records whose
 count grew). Both may hold a ``folds`` table: the calls de-dup folded, one row each
-(``columns.FOLD_DTYPE``), and the tensor rows' samples (``sample_n``, ``sample``, attribute
-``sample_size``): optional, a dump without them reads as before.
+(``columns.FOLD_DTYPE``), the tensor rows' samples (``sample_n``, ``sample``, attribute
+``sample_size``) and self-checks (``check``: CHECK_SIZE float64 a row, NaN where none): optional,
+a dump without them reads as before.
 
 Files are built in memory and written with plain file I/O under a temporary name, then renamed:
 a file on disk is always whole, and a full disk raises OSError instead of crashing HDF5. A
@@ -30,7 +31,7 @@ import numpy as np
 
 from .columns import (FOLD_DTYPE, RECORD_DTYPE, TENSOR_DTYPE, UPDATE_DTYPE, Columns, ColumnsError, StringTable, Table,
                       concat)
-from .model import SAMPLE_SIZE
+from .model import CHECK_SIZE, SAMPLE_SIZE
 from .errors import DumpFormatError
 from .tensorio import file_inside, open_dataset
 
@@ -40,9 +41,10 @@ LAYOUT_VERSION = 1
 
 def write_file(path: Path, records: Table, tensors: Table, blob: np.ndarray, ends: np.ndarray,
                attrs: dict, updates: np.ndarray | None = None, folds: np.ndarray | None = None,
-               samples: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+               samples: tuple[np.ndarray, np.ndarray] | None = None, checks: np.ndarray | None = None) -> None:
     """Write one index or chunk file atomically (tmp + rename); OSError on failure, no file left.
-    ``samples``: the tensor rows' (sample_n, sample) columns, where the records have them."""
+    ``samples``: the tensor rows' (sample_n, sample) columns, where the records have them;
+    ``checks``: their self-check column, where any has one."""
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as f:
         f.attrs["layout"] = LAYOUT
@@ -62,6 +64,8 @@ def write_file(path: Path, records: Table, tensors: Table, blob: np.ndarray, end
             f.attrs["sample_size"] = SAMPLE_SIZE
             f.create_dataset("sample_n", data=np.ascontiguousarray(samples[0], dtype=np.uint8))
             f.create_dataset("sample", data=np.ascontiguousarray(samples[1], dtype="<f8").reshape(-1))
+        if checks is not None:
+            f.create_dataset("check", data=np.ascontiguousarray(checks, dtype="<f8").reshape(-1))
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as out:
@@ -109,6 +113,7 @@ class IndexSize:
     tensors: int
     folds: int
     samples: bool  # any part has samples: the others' rows get none (sample_n 0)
+    checks: bool = False  # any part has self-checks: the others' rows get none (NaN)
 
 
 BATCH_ROWS = 1 << 16  # rows (records, tensors, folds) gathered before a write: under 26 MB with samples
@@ -118,7 +123,7 @@ def write_index(path: Path, columns: Columns) -> None:
     """Write ``columns`` as an index file (``write_index_parts`` of one part)."""
     write_index_parts(path, [columns], columns.strings,
                       IndexSize(len(columns.records), len(columns.tensors), len(columns.folds),
-                                columns.sample_n is not None))
+                                columns.sample_n is not None, columns.check is not None))
 
 
 def write_index_parts(path: Path, parts: Iterable[Columns], strings: StringTable, size: IndexSize) -> None:
@@ -184,6 +189,8 @@ def _write_parts(out: _Sink, path: Path, parts: Iterable[Columns], strings: Stri
             f.attrs["sample_size"] = SAMPLE_SIZE
             sample_n = f.create_dataset("sample_n", shape=(size.tensors,), dtype=np.uint8)
             sample = f.create_dataset("sample", shape=(size.tensors * SAMPLE_SIZE,), dtype="<f8")
+        if size.checks:
+            check = f.create_dataset("check", shape=(size.tensors * CHECK_SIZE,), dtype="<f8", fillvalue=np.nan)
         at = {"records": 0, "tensors": 0, "folds": 0}
         for batch in _batches(parts, strings):
             _put_rows(sinks["records"], batch.records, at["records"], size.records)
@@ -194,6 +201,9 @@ def _write_parts(out: _Sink, path: Path, parts: Iterable[Columns], strings: Stri
                 first, n = at["tensors"], len(batch.tensors)
                 sample_n[first:first + n] = batch.sample_n
                 sample[first * SAMPLE_SIZE:(first + n) * SAMPLE_SIZE] = batch.sample.reshape(-1)
+            if size.checks and batch.check is not None:
+                first, n = at["tensors"], len(batch.tensors)
+                check[first * CHECK_SIZE:(first + n) * CHECK_SIZE] = batch.check.reshape(-1)
             for name, table in (("records", batch.records), ("tensors", batch.tensors), ("folds", batch.folds)):
                 at[name] += len(table)
         if (at["records"], at["tensors"], at["folds"]) != (size.records, size.tensors, size.folds):
@@ -289,6 +299,9 @@ class IndexFile:
             rows = len(columns.tensors)
             columns.sample_n = self.array("sample_n", np.dtype(np.uint8), expect=rows)
             columns.sample = self.array("sample", np.dtype("<f8"), expect=rows * SAMPLE_SIZE).reshape(rows, SAMPLE_SIZE)
+        if "check" in self.file:  # optional, but never of another shape: the whole index is refused
+            rows = len(columns.tensors)
+            columns.check = self.array("check", np.dtype("<f8"), expect=rows * CHECK_SIZE).reshape(rows, CHECK_SIZE)
         return columns
 
     def strings(self) -> StringTable:

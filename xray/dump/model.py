@@ -170,6 +170,10 @@ class Stats:
     # cached with them; in JSON it is the tensor's "sample" key (TensorMeta.sample). Left out of
     # ==, as the statistics of two runs are compared by tools, not by equality.
     sample: tuple[float, ...] | None = field(default=None, compare=False)
+    # A matmul output's self-check (xray/record/self_check.py): its normwise error against its
+    # own inputs, estimated by Freivalds' check, then each precision step's (NaN: not measured);
+    # CHECK_SIZE values, or None. In JSON the tensor's "check" key.
+    check: tuple[float, ...] | None = field(default=None, compare=False)
 
     @property
     def inf(self) -> int:
@@ -207,6 +211,17 @@ class Stats:
 
 
 SAMPLE_SIZE = 32  # values per tensor sample at most (xray/dump/samples.py; the index's sample_size)
+CHECK_SIZE = 3  # a self-check's values: the residual, then the "tf32/fp16" and "bf16" steps'
+
+
+def _check(v: Any) -> tuple[float, ...]:
+    """A tensor's JSON "check": CHECK_SIZE numbers (non-finite ones as the format's strings)."""
+    items = _list(v, "tensor check")
+    if len(items) != CHECK_SIZE:
+        raise ValueError(f"tensor check has {len(items)} values (it has {CHECK_SIZE})")
+    if any(type(x) is bool or not isinstance(x, (int, float, str)) for x in items):
+        raise ValueError(f"a check value must be a number, got {echo(items)}")
+    return tuple(decode_float(x) for x in items)
 
 
 def _sample(v: Any, limit: int) -> tuple[float, ...]:
@@ -278,6 +293,11 @@ class TensorMeta:
         travels with the statistics (no statistics, no sample)."""
         return None if self.stats is None else self.stats.sample
 
+    @property
+    def check(self) -> tuple[float, ...] | None:
+        """A matmul output's recorded self-check (Stats.check), or None."""
+        return None if self.stats is None else self.stats.check
+
     @sample.setter
     def sample(self, values: tuple[float, ...] | None) -> None:
         if self.stats is None:
@@ -299,6 +319,8 @@ class TensorMeta:
             d["stats"] = self.stats.to_json()
             if self.stats.sample:
                 d["sample"] = [encode_float(v) for v in self.stats.sample]
+            if self.stats.check:
+                d["check"] = [encode_float(v) for v in self.stats.check]
         if self.data is not None:
             d["data"] = self.data
         if self.source is not None:
@@ -326,6 +348,10 @@ class TensorMeta:
             if stats is None:
                 raise ValueError("tensor sample without statistics")
             stats.sample = _sample(d["sample"], min(math.prod(shape), SAMPLE_SIZE)) or None
+        if d.get("check") is not None:
+            if stats is None:
+                raise ValueError("tensor check without statistics")
+            stats.check = _check(d["check"])
         return cls(
             shape=shape,
             dtype=dtype,

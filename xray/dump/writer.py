@@ -94,6 +94,7 @@ class _Part:
     tensors: int
     folds: int
     samples: bool
+    checks: bool = False
 
 
 class DumpWriter:
@@ -163,11 +164,11 @@ class DumpWriter:
 
     def add_rows(self, record: tuple, layouts: list[tuple], stats: list, sources: list[tuple],
                  roles: tuple[int, ...], names: tuple[int, ...], notes: dict[int, int] | None = None,
-                 data: dict[int, int] | None = None) -> None:
+                 data: dict[int, int] | None = None, checks: dict[int, tuple[float, ...]] | None = None) -> None:
         """A record already as index cells (ColumnBuilder.add_rows): the recorder's row path. Its
         common call in C (xray/record/_fastpath.c) appends the same cells to the builder's
         ``row_lists`` itself and applies ``_maybe_flush``'s rule: change both together."""
-        self._builder.add_rows(record, layouts, stats, sources, roles, names, notes, data)
+        self._builder.add_rows(record, layouts, stats, sources, roles, names, notes, data, checks)
         self._maybe_flush()
 
     def count_changed(self, fold: "Fold") -> None:
@@ -323,7 +324,7 @@ class DumpWriter:
         part = None
         if chunk is not None:
             part = _Part(None, chunk, len(chunk.records), len(chunk.tensors), len(chunk.folds),
-                         chunk.sample_n is not None)
+                         chunk.sample_n is not None, chunk.check is not None)
             self._parts.append(part)
         self._unjournaled = None if to_disk else chunk
         if to_disk and (chunk is not None or updates):
@@ -346,10 +347,10 @@ class DumpWriter:
         if self._tensors:
             attrs["segment"] = self._segment_name()  # written after this chunk: its tensors may lag
         self._last_chunk = (self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates, chunk.folds,
-                            chunk.samples())
+                            chunk.samples(), chunk.check)
         try:
             write_file(self.folder / name, chunk.records, chunk.tensors, blob, ends, attrs, updates=updates,
-                       folds=chunk.folds, samples=chunk.samples())
+                       folds=chunk.folds, samples=chunk.samples(), checks=chunk.check)
         except OSError as e:
             raise DumpWriteError(f"cannot write to dump folder {self.folder}: {e.strerror or e}") from e
         self._chunk += 1
@@ -361,10 +362,11 @@ class DumpWriter:
         without their references to it (``_forget_segment`` dropped them), where the disk lets it."""
         if self._last_chunk is None or "segment" not in self._last_chunk[5]:
             return
-        path, records, tensors, blob, ends, attrs, updates, folds, samples = self._last_chunk
+        path, records, tensors, blob, ends, attrs, updates, folds, samples, checks = self._last_chunk
         attrs = {k: v for k, v in attrs.items() if k != "segment"}
         try:
-            write_file(path, records, tensors, blob, ends, attrs, updates=updates, folds=folds, samples=samples)
+            write_file(path, records, tensors, blob, ends, attrs, updates=updates, folds=folds, samples=samples,
+                       checks=checks)
         except OSError:
             pass  # the chunk keeps naming the missing segment: a reader finds the tensors missing
         self._last_chunk = None
@@ -393,7 +395,7 @@ class DumpWriter:
 
     def _index_size(self) -> IndexSize:
         return IndexSize(self._rows, self._tensor_rows, sum(p.folds for p in self._parts),
-                         any(p.samples for p in self._parts))
+                         any(p.samples for p in self._parts), any(p.checks for p in self._parts))
 
     def _final_counts(self) -> dict[int, tuple[int, int]]:
         return {seq: (f.count, f.last) for seq, f in self._touched.items()}

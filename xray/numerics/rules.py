@@ -132,12 +132,9 @@ def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
 
     x = t.to(torch.float32).contiguous()
     drop = 23 - bits
-    u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    sign, mag = u & 0x80000000, u & 0x7FFFFFFF
-    mag = ((mag + (1 << (drop - 1)) - 1 + ((mag >> drop) & 1)) >> drop) << drop  # nearest, ties to even
-    u = sign | mag
-    out = torch.where(u >= 1 << 31, u - (1 << 32), u).to(torch.int32).view(torch.float32)
-    return torch.where(torch.isfinite(x), out, x).to(torch.float64)
+    u = x.view(torch.int32)  # the sign bit takes no carry short of the NaN patterns, left below as they were
+    rounded = (u + ((1 << (drop - 1)) - 1) + ((u >> drop) & 1)) & -(1 << drop)  # nearest, ties to even
+    return torch.where(torch.isfinite(x), rounded.view(torch.float32), x).to(torch.float64)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
 from ..dump.model import TensorMeta, value_to_json
 from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, stable_repr, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
+from .self_check import OPS as CHECKED_OPS, self_check
 from .unwritten import UNWRITTEN, allocates
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
@@ -317,9 +318,15 @@ class RowPath:
             ids = self._frame_ids(frames)
         seq = call.seq
         stack = NONE if not call.stack else self.intern(json.dumps(call.stack, separators=(",", ":")))
+        checks = None
+        if self.stats_on and info.name in CHECKED_OPS and first_out not in (call.notes or ()):
+            check = self_check(info.name, bind_inputs(info, call.args, call.kwargs), out,
+                               defer=out.device.type != "cpu")  # read at the flush, with the queued statistics
+            checks = None if check is None else {first_out: check}
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),
-                             call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes, call.data)
+                             call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes, call.data,
+                             checks)
 
     def _save(self, call: RowCall, prefix: str, live: dict, first: int, budget: int) -> int:
         """Copy up to ``budget`` of the call's tensors (``live``: its inputs by name, or its
@@ -454,8 +461,10 @@ def op_facts(func) -> tuple:
     whether it may write (de-dup's folded calls then count as writes)). A collective waits for
     its Work and forgets every argument: the general path's."""
     info = op_info(func)
-    # an allocation starts tracking uninitialised memory (unwritten.py): Python's
-    return (info, not info.collective and not allocates(func), info.view, info.stats_preserving, bool(info.mutates), info.writes)
+    # an allocation starts tracking uninitialised memory (unwritten.py), a matmul's output gets its
+    # self-check (self_check.py): Python's
+    takes = not info.collective and not allocates(func) and info.name not in CHECKED_OPS
+    return (info, takes, info.view, info.stats_preserving, bool(info.mutates), info.writes)
 
 
 def native_path(recorder):

@@ -29,6 +29,7 @@ from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
                      dedup_key, signature_key, tensor_meta, unsupported)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
+from .self_check import OPS as CHECKED_OPS, self_check
 from .modules import ModuleStack
 from .producers import Producers
 from .unwritten import UNWRITTEN, Unwritten
@@ -443,6 +444,9 @@ class Recorder:
             rec.outputs = [encode_value(v, self._meta) for v in outs]
             if info.view and self.stats_on:
                 cache_view_outputs(self._stats, args, _described(outs, rec.outputs))
+            first = rec.outputs[0] if rec.outputs else None
+            if self.stats_on and info.name in CHECKED_OPS and type(first) is TensorMeta and first.stats is not None:
+                first.stats.check = self_check(info.name, bound, outs[0])
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         self._folds_into(key, rec.seq, info.writes)

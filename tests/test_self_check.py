@@ -1,0 +1,180 @@
+"""A matmul's or convolution's self-check at record time (xray/record/self_check.py): Freivalds'
+estimate of its normwise error against its own inputs, kept on its output's statistics, so that
+a record with statistics only still has a local error. Its values, its trip through the dump,
+and the verdict it gives a bug that statistics alone could not place."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import xray
+from xray.compare import compare_dumps
+from xray.dump.model import TensorMeta
+from xray.record.encode import bind_inputs, op_info
+from xray.record.self_check import _signs, self_check
+
+MM, ADDMM, BADDBMM = torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default
+CONV = torch.ops.aten.convolution.default
+
+
+def _check(func, args, kwargs=None, scale: float = 1.0):
+    info = op_info(func)
+    return self_check(info.name, bind_inputs(info, args, kwargs or {}), func(*args, **(kwargs or {})) * scale)
+
+
+def _normwise(func, args, kwargs=None, scale: float = 1.0) -> float:
+    out = func(*args, **(kwargs or {})) * scale
+    exact = func(*[a.double() if isinstance(a, torch.Tensor) else a for a in args], **(kwargs or {}))
+    return float((out.double() - exact).norm() / out.double().norm())
+
+
+@pytest.mark.parametrize("func,args,kwargs", [
+    (MM, (torch.randn(64, 512), torch.randn(512, 96)), {}),
+    (ADDMM, (torch.randn(96), torch.randn(64, 512), torch.randn(512, 96)), {"beta": 0.5, "alpha": 2.0}),
+    (BADDBMM, (torch.randn(4, 16, 8), torch.randn(4, 16, 64), torch.randn(4, 64, 8)), {"alpha": 0.25}),
+    (CONV, (torch.randn(2, 16, 12, 12), torch.randn(32, 16, 3, 3), torch.randn(32), [1, 1], [1, 1], [1, 1], False,
+            [0, 0], 1), {}),
+    (CONV, (torch.randn(2, 16, 12, 12), torch.randn(16, 1, 3, 3), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 16),
+     {}),  # depthwise
+    (CONV, (torch.randn(2, 8, 50), torch.randn(4, 8, 5), None, [1], [2], [1], False, [0], 1), {}),
+], ids=["mm", "addmm", "baddbmm", "conv2d", "depthwise", "conv1d"])
+def test_the_residual_reads_the_outputs_normwise_error(func, args, kwargs):
+    """Right: float32's rounding (1e-7), and no precision step measured (none needed). Scaled by
+    1 %: about 1e-2, as the normwise error is (the estimate's spread: about 10 %, far below the
+    factors compare's floors use), with the TF32 and bf16 steps of float32 operands measured:
+    their unit roundoffs' order."""
+    torch.manual_seed(0)
+    right = _check(func, args, kwargs)
+    assert right is not None and right[0] < 2e-6 and math.isnan(right[1]) and math.isnan(right[2]), right
+    wrong = _check(func, args, kwargs, scale=1.01)
+    assert 0.5 < wrong[0] / _normwise(func, args, kwargs, scale=1.01) < 2.0, wrong
+    assert 1e-4 < wrong[1] < 2e-3 and 5e-4 < wrong[2] < 1e-2, wrong
+
+
+def test_a_tf32_product_reads_as_its_step():
+    """Operands rounded to TF32's 10 bits below the recorder (a GPU's TF32 matmul): the residual
+    is the TF32 step itself, which compare allows where the run's math did TF32."""
+    from xray.numerics.rules import round_mantissa
+
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 512), torch.randn(512, 96)
+    tf32 = (round_mantissa(a, 10) @ round_mantissa(b, 10)).float()
+    got = self_check("aten.mm.default", {"self": a, "mat2": b}, tf32)
+    assert 0.8 < got[0] / got[1] < 1.25 and got[2] > 3 * got[1], got
+
+
+def test_bf16_rounding_against_a_five_percent_bug():
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 512).bfloat16(), torch.randn(512, 96).bfloat16()
+    right, wrong = _check(MM, (a, b)), _check(MM, (a, b), scale=1.05)
+    assert right[0] < 4e-3 and math.isnan(right[1]) and math.isnan(right[2])  # steps: float32 operands only
+    assert 3e-2 < wrong[0] < 8e-2
+
+
+def test_an_output_near_orthogonal_to_r_is_still_read_at_its_own_size():
+    """B's columns projected off r, so C r = 0: divided by |C r| the residual of a 1e-3 error
+    would be unbounded; divided by |C|, it is 1e-3."""
+    torch.manual_seed(0)
+    r = _signs(96, 1)[:, 0]  # 64 rows: one vector
+    a, b = torch.randn(64, 512, dtype=torch.float64), torch.randn(512, 96, dtype=torch.float64)
+    b = (b - (b @ r)[:, None] * r[None, :] / 96).float()
+    a = a.float()
+    c = a @ b
+    assert float((c.double() @ r).norm()) < 1e-5 * float(c.norm())
+    wrong = c + 1e-3 * float(c.pow(2).mean().sqrt()) * torch.randn(c.shape)  # normwise 1e-3
+    got = self_check("aten.mm.default", {"self": a, "mat2": b}, wrong)[0]
+    assert 5e-4 < got < 2e-3, got
+
+
+def test_what_it_does_not_check():
+    assert _check(CONV, (torch.randn(2, 16, 8, 8), torch.randn(32, 4, 3, 3), None, [1, 1], [1, 1], [1, 1], False,
+                         [0, 0], 4)) is None  # grouped, not depthwise
+    assert _check(MM, (torch.ones(4, 4, dtype=torch.int64), torch.ones(4, 4, dtype=torch.int64))) is None
+    assert self_check("aten.add.Tensor", {}, torch.ones(3)) is None
+    inf = torch.randn(8, 8)
+    inf[0, 0] = math.inf
+    assert _check(MM, (inf, torch.randn(8, 8))) is None
+
+
+class _Scaled(TorchDispatchMode):
+    """Scales the ``call``-th output of ``op`` by ``factor``, below the recorder."""
+
+    def __init__(self, op, call: int, factor: float) -> None:
+        super().__init__()
+        self.op, self.call, self.factor, self.seen = op, call, factor, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is self.op:
+            self.seen += 1
+            if self.seen - 1 == self.call:
+                return out * self.factor
+        return out
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.GELU(), torch.nn.Flatten(),
+                               torch.nn.Linear(16 * 8 * 8, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
+                               torch.nn.GELU(), torch.nn.Linear(64, 10))
+
+
+def _record(folder, bf16: bool = False, wrong: TorchDispatchMode | None = None, **flags):
+    net, x = _net(), torch.randn(4, 3, 8, 8)
+    with wrong or contextlib.nullcontext(), torch.autocast("cpu", torch.bfloat16, enabled=bf16), \
+            xray.dump(dump_dir=folder, **flags) as d:  # the fault below the recorder: the op's own output
+        net(x).float().pow(2).mean().backward()
+    return d.folder
+
+
+@pytest.mark.parametrize("flags", [{}, {"X_DUMP_NUM": 0}, {"X_DEDUP": False}], ids=["defaults", "stats", "every"])
+def test_every_matmul_and_convolution_output_carries_its_check_through_the_dump(tmp_path, flags):
+    dump = xray.load_dump(_record(tmp_path / "d", X_DEBUG=0x11A, **flags))
+    checked = [r for r in dump.records if r.op in ("aten.addmm.default", "aten.mm.default", "aten.convolution.default")]
+    assert {r.direction for r in checked} == {"forward", "backward"}
+    for r in checked:
+        out = next(m for _, m in r.output_tensors())
+        assert out.check is not None and out.check[0] < 1e-5 and len(out.check) == 3, (r.name, out.check)
+    # the JSON form keeps it, and refuses one of another length
+    meta = next(m for _, m in checked[0].output_tensors())
+    again = TensorMeta.from_json(json.loads(json.dumps(meta.to_json())))
+    assert json.dumps(again.check) == json.dumps(meta.check)  # (NaN: steps not measured)
+    bad = {**meta.to_json(), "check": [0.0, 1.0]}
+    with pytest.raises(ValueError, match="check has 2 values"):
+        TensorMeta.from_json(bad)
+
+
+def test_a_bf16_gradient_bug_recorded_with_statistics_only_is_born_at_its_matmul(tmp_path):
+    """fp32 against bf16 autocast, statistics only (X_DUMP_NUM=0): 5 % on the second Linear's
+    weight gradient (a backward mm). Its statistics move as bf16's own noise does downstream; its
+    self-check reads 5e-2 where bf16 rounds at 2e-3: born there. The clean pair has no FAIL row."""
+    flags = {"X_DUMP_NUM": 0, "X_DEBUG": 0x11A}
+    bench = _record(tmp_path / "bench", **flags)
+    clean = compare_dumps(bench, _record(tmp_path / "clean", bf16=True, **flags))
+    assert not [r for r in clean.rows if r.status in ("fail", "nan/inf")]
+    wrong = _Scaled(MM, 2, 1.05)  # backward mms in order: fc3's grads (2), then fc2's input gradient
+    result = compare_dumps(bench, _record(tmp_path / "bug", bf16=True, wrong=wrong, **flags))
+    fd = result.summary.first_divergence
+    assert fd is not None and fd["op"] == "aten.mm.default" and fd["origin"] == "born", fd
+    assert fd["cause"] == "local error" and 3e-2 < fd["local_err"] < 8e-2, fd
+
+
+def test_a_deferred_check_reads_as_the_immediate_one():
+    """On an accelerator the check stays a device tensor until the flush reads it with the queued
+    statistics (no host synchronisation at the call); read, it is the same check, its steps
+    measured. A call that cannot be checked reads as none."""
+    from xray.dump.column_builder import resolved
+
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 512), torch.randn(512, 96)
+    out = (a @ b) * 1.01
+    now = self_check("aten.mm.default", {"self": a, "mat2": b}, out)
+    later = self_check("aten.mm.default", {"self": a, "mat2": b}, out, defer=True)
+    assert isinstance(later, torch.Tensor) and resolved(later) == now
+    zero = self_check("aten.mm.default", {"self": a, "mat2": torch.zeros(512, 96)}, torch.zeros(64, 96), defer=True)
+    assert resolved(zero) is None

@@ -1,0 +1,163 @@
+"""A linear op's self-check at record time: its local error without saving its tensors.
+
+A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
+convolution's sampled output elements each read a whole row, column or window that the samples
+do not hold. Freivalds' check needs neither: contract the output's feature dimension with a
+random vector r of +-1. For a matmul ``C = A @ B``, ``C r`` and ``A (B r)`` agree up to
+rounding; for a convolution, ``sum_c r_c y_c`` and one convolution with the weight ``sum_c r_c
+w_c`` (one output channel) do. ``|C r - A (B r)| / |C|`` estimates the normwise error ``|C - AB|
+/ |C|`` (over r, the numerator's mean square is exactly ``|C - AB|``'s, Frobenius). Divided by
+``|C|`` itself, not by ``|C r|``: a gradient whose rows happen to be near orthogonal to r
+(TIPSv2's value projection: ``|C r|`` 50x below its expectation) would read 7 % for 0.14 %. An
+output of few rows (a batch of 4) takes several vectors, so that at least ``DEGREES`` products
+are summed: with one vector and 4 rows, a 5 % error read 1 %.
+
+It costs a read of the operands and the output and products with a few output features, against
+the op's full cost: a 5 % bug in a bf16 layer's gradient reads 5e-2 where bf16's own rounding
+reads 2e-3, whatever its statistics say. It runs in float32 (float64 for float64 operands): its
+own rounding, a sum of K products' and one of N outputs', stays within the accumulation bound
+compare allows the kernel (``Floors.accumulation``), and a copy of a weight in float64 would cost
+a third of the product it checks. Where the residual is beyond that bound, the reduced-precision
+steps (float32 operands rounded to 10 and 7 mantissa bits: what TF32 or bf16 math would make)
+are measured the same way, so compare can tell TF32 from a bug (docs/format.md, "Self-checks").
+Computed below the dispatcher on the call's own device, on copies: the user's tensors and
+numbers are untouched. (tools/bench_record.py measures what it costs a recording.)
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import torch
+
+from ..dump.model import CHECK_SIZE
+from ..numerics.rules import PRECISION_STEPS, round_mantissa
+
+assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precision step's (NaN: not measured)
+
+MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
+OPS = frozenset(MATMULS + ("aten.convolution.default",))
+SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
+DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
+MAX_VECTORS = 16
+# The reference in terms of the operands (A, B; or input, weight), each passed through ``fn``
+Reference = Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+
+
+@functools.lru_cache(maxsize=256)
+def _signs(n: int, k: int = 1) -> torch.Tensor:
+    """``k`` vectors of +-1 of length ``n`` as the columns of an (n, k) matrix (CPU, float64),
+    the same on every run and platform."""
+    gen = torch.Generator().manual_seed(SEED ^ n)
+    return torch.randint(0, 2, (n, k), generator=gen, dtype=torch.int64).to(torch.float64) * 2 - 1
+
+
+def _vectors(rows: int) -> int:
+    """How many vectors an output of ``rows`` rows (products per vector) is checked with."""
+    return min(MAX_VECTORS, max(1, -(-DEGREES // max(1, rows))))
+
+
+def _wide(device: torch.device, *operands: torch.Tensor) -> torch.dtype:
+    """float64 for float64 operands where the device has it (CPU, CUDA), else float32."""
+    wide = any(t.dtype == torch.float64 for t in operands if isinstance(t, torch.Tensor))
+    return torch.float64 if wide and device.type in ("cpu", "cuda", "xpu") else torch.float32
+
+
+def _plain(t: Any) -> bool:
+    """A dense floating tensor: a plain one or a Parameter (a weight), not a subclass that dispatches."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided and t.is_floating_point()
+
+
+def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
+    """(got, reference, operands) of ``out = beta * input + alpha * A @ B``, contracted over
+    the output's last dimension."""
+    if name in ("aten.mm.default", "aten.bmm.default"):
+        added, a, b, beta, alpha = None, bound.get("self"), bound.get("mat2"), 0.0, 1.0
+    else:
+        beta, alpha = bound.get("beta", 1), bound.get("alpha", 1)
+        if not all(type(x) in (int, float) for x in (beta, alpha)):
+            return None
+        a, b = (bound.get("mat1"), bound.get("mat2")) if name == "aten.addmm.default" else \
+            (bound.get("batch1"), bound.get("batch2"))
+        added, beta, alpha = bound.get("self"), float(beta), float(alpha)
+    if not (_plain(a) and _plain(b)) or (beta != 0 and not _plain(added)):
+        return None
+    k = _vectors(out.numel() // max(1, out.shape[-1]))
+    r = _signs(out.shape[-1], k).to(out.device, wide)  # (n, k): bmm's batches too
+    base = beta * (added.to(wide).expand(out.shape) @ r) if beta != 0 else 0.0
+
+    def reference(fn):
+        return base + alpha * (fn(a).to(wide) @ (fn(b).to(wide) @ r))
+    return (out.to(wide) @ r), reference, (a, b), k
+
+
+def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
+    """(got, reference, operands) of a convolution (not transposed; one group, or depthwise),
+    contracted over its output channels: a convolution with one output channel."""
+    x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
+    groups = bound.get("groups", 1)
+    if not (_plain(x) and _plain(w)) or bound.get("transposed") or (bias is not None and not _plain(bias)) \
+            or type(groups) is not int or out.dim() < 3:
+        return None
+    if groups not in (1, out.shape[1]) or (groups > 1 and w.shape[1] != 1):
+        return None  # grouped, not depthwise: the contraction would cost the whole convolution
+    k = _vectors(out.numel() // max(1, out.shape[1]))
+    r = _signs(out.shape[1], k).to(out.device, wide)  # (channels, k)
+    spatial = "".join("xyz"[:out.dim() - 2])
+    args = [bound.get(name) for name in ("stride", "padding", "dilation")]
+    base = (bias.to(wide)[:, None] * r).sum(0).view(1, k, *([1] * (out.dim() - 2))) if bias is not None else 0.0
+
+    def contract(y):  # (N, C, ...) -> (N, k, ...): the output channels against each vector
+        if k == 1:  # the common case, a multiply and a sum (einsum would permute the whole output)
+            return (y * r.view(1, -1, *([1] * (out.dim() - 2)))).sum(1, keepdim=True)
+        return torch.einsum(f"nc{spatial},ck->nk{spatial}", y, r)
+
+    def reference(fn):
+        xw, ww = fn(x).to(wide), fn(w).to(wide)
+        if groups == 1:
+            weights = torch.einsum("c...,ck->k...", ww, r)  # k convolutions of one output channel each
+            return torch.ops.aten.convolution.default(xw, weights, None, *args, False, bound.get("output_padding"), 1) + base
+        y = torch.ops.aten.convolution.default(xw, ww, None, *args, False, bound.get("output_padding"), groups)
+        return contract(y) + base  # depthwise: as cheap as reading its output
+    return contract(out.to(wide)), reference, (x, w), k
+
+
+def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
+    """(residual, step residuals...) of a matmul's or convolution's output (``bound``: its
+    arguments by schema name), or None when the call is not one this checks (another op, a
+    subclass, sparse or quantized tensors, a grouped or transposed convolution, a non-finite or
+    all-zero output) or the check cannot run.
+
+    ``defer`` (an accelerator's call): the values as a tensor on the output's device, NaN where
+    a tuple would be None, read with the batched statistics at the next flush, so that the check
+    adds no host synchronisation; its steps are then always measured (cheap there)."""
+    if name not in OPS or not _plain(out) or out.numel() == 0:
+        return None
+    try:
+        with torch.no_grad():
+            wide = _wide(out.device, out, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
+            got = _convolution(bound, out, wide) if name == "aten.convolution.default" else \
+                _matmul(name, bound, out, wide)
+            if got is None:
+                return None
+            got_r, reference, operands, k = got
+            exact = reference(lambda t: t)
+            scale = torch.linalg.vector_norm(out.to(wide)) * math.sqrt(k)  # |C R|'s expectation, R's k columns
+            finite = torch.isfinite(got_r).all() & torch.isfinite(exact).all() & torch.isfinite(scale) & (scale > 0)
+            nan = torch.full((), math.nan, dtype=wide, device=out.device)
+            residual = torch.where(finite, torch.linalg.vector_norm(got_r - exact) / scale, nan)
+            steps = [nan] * len(PRECISION_STEPS)
+            terms = operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
+            bound_of_sums = 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, terms))
+            if all(t.dtype == torch.float32 for t in operands) and (defer or float(residual) > bound_of_sums):
+                for i, bits in enumerate(PRECISION_STEPS.values()):
+                    rounded = reference(lambda t, b=bits: round_mantissa(t, b))
+                    steps[i] = torch.where(finite, torch.linalg.vector_norm(rounded - exact) / scale, nan)
+            values = torch.stack([residual, *steps]).to(torch.float64)
+            if defer:
+                return values
+            got_values = values.tolist()
+            return None if math.isnan(got_values[0]) else tuple(got_values)
+    except (RuntimeError, TypeError, ValueError, IndexError):  # an unusual device, layout or argument: none
+        return None
