@@ -496,6 +496,10 @@ def _same_values_by_statistics(op: Entry) -> bool:
 
 
 MAX_REGION = 64  # target-only ops judged one by one behind one input; a longer region stays the origin
+# What an input may carry for "its output moves at most a few times as much" to hold: the first
+# order of small perturbations. Beyond it a square or a quotient moves its output without bound (a
+# key bias's gradient, 0 in exact arithmetic and rounding noise on both runs, then Adam's g * g).
+LINEAR_REGIME = 0.1
 
 
 def _cast_of(op: Entry) -> str | None:
@@ -1022,7 +1026,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         carried = _row_name(carried_precision) + "'s precision loss" if carried_precision else computed_region
         downgrade(r, why + (f"; carries {carried}" if carried else ""))
     elif carried_precision is not None and statistics_only.unmeasured(r) \
-            and r.stats_err > floors.rules.precision_factor * _carried_in(p, k, 0.0):
+            and r.stats_err > floors.rules.precision_factor * (carried := _carried_in(p, k, 0.0)) \
+            and carried < LINEAR_REGIME:
         # far beyond what its inputs carry: the statistics-only rules weigh that jump against the
         # run's precision level (an optimizer step on TF32 gradients, 2e-2 from 5e-4: a bug)
         set_origin(r, "inherited", "inherited", f"carries {_row_name(carried_precision)}'s precision loss, "
