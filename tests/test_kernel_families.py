@@ -482,3 +482,22 @@ def test_grouped_mm_reference_reproduces_the_kernel_and_recomputes_it_in_float64
         dump, rec = record(tmp_path / str(scale), scale)
         le = local_error(rec, dump, next(m for _, m in rec.output_tensors()), 0)
         assert le is not None and (le.local > 1e-3) == wrong, le
+
+
+def test_a_transposed_convolution_has_a_local_error(tmp_path):
+    """A transposed convolution (an upsampler) is its own float64 reference: it was refused, so a
+    TF32 run's upsampler, with no local error, was born on "inputs agree" (Nemotron's
+    transcriber, the sweep's first run)."""
+    import xray
+    from xray.compare.local import local_error
+
+    torch.manual_seed(0)
+    up = torch.nn.ConvTranspose1d(32, 16, 2, stride=2)
+    x = torch.randn(1, 32, 8)
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=False, X_DUMP_NUM=100) as d:
+        up(x)
+    dump = xray.load_dump(d.folder)
+    conv = next(r for r in dump.records if r.op == "aten.convolution.default")
+    out = next(m for _, m in conv.output_tensors())
+    got = local_error(conv, dump, out, 0)
+    assert got is not None and got.local <= 8 * got.floor + 1e-6, got

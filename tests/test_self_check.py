@@ -42,7 +42,8 @@ def _normwise(func, args, kwargs=None, scale: float = 1.0) -> float:
     (CONV, (torch.randn(2, 16, 12, 12), torch.randn(16, 1, 3, 3), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 16),
      {}),  # depthwise
     (CONV, (torch.randn(2, 8, 50), torch.randn(4, 8, 5), None, [1], [2], [1], False, [0], 1), {}),
-], ids=["mm", "addmm", "baddbmm", "conv2d", "depthwise", "conv1d"])
+    (CONV, (torch.randn(2, 32, 8), torch.randn(32, 16, 2), torch.randn(16), [2], [0], [1], True, [0], 1), {}),
+], ids=["mm", "addmm", "baddbmm", "conv2d", "depthwise", "conv1d", "transposed"])
 def test_the_residual_reads_the_outputs_normwise_error(func, args, kwargs):
     """Right: float32's rounding (1e-7), and no precision step measured (none needed). Scaled by
     1 %: about 1e-2, as the normwise error is (the estimate's spread: about 10 %, far below the

@@ -93,14 +93,14 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tup
 
 
 def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of a convolution (not transposed; one group, or depthwise),
-    contracted over its output channels: a convolution with one output channel."""
+    """(got, reference, operands) of a convolution (one group, or depthwise; transposed: one
+    group), contracted over its output channels: a convolution with one output channel."""
     x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
-    groups = bound.get("groups", 1)
-    if not (_plain(x) and _plain(w)) or bound.get("transposed") or (bias is not None and not _plain(bias)) \
-            or type(groups) is not int or out.dim() < 3:
+    groups, transposed = bound.get("groups", 1), bool(bound.get("transposed"))
+    if not (_plain(x) and _plain(w)) or (bias is not None and not _plain(bias)) or type(groups) is not int \
+            or out.dim() < 3:
         return None
-    if groups not in (1, out.shape[1]) or (groups > 1 and w.shape[1] != 1):
+    if groups not in (1, out.shape[1]) or (groups > 1 and (transposed or w.shape[1] != 1)):
         return None  # grouped, not depthwise: the contraction would cost the whole convolution
     k = _vectors(out.numel() // max(1, out.shape[1]))
     r = _signs(out.shape[1], k).to(out.device, wide)  # (channels, k)
@@ -115,9 +115,10 @@ def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | N
 
     def reference(fn):
         xw, ww = fn(x).to(wide), fn(w).to(wide)
-        if groups == 1:
-            weights = torch.einsum("c...,ck->k...", ww, r)  # k convolutions of one output channel each
-            return torch.ops.aten.convolution.default(xw, weights, None, *args, False, bound.get("output_padding"), 1) + base
+        if groups == 1:  # k convolutions of one output channel each (a transposed weight: (in, out, ...))
+            weights = torch.einsum("ic...,ck->ik...", ww, r) if transposed else torch.einsum("c...,ck->k...", ww, r)
+            return torch.ops.aten.convolution.default(xw, weights, None, *args, transposed,
+                                                      bound.get("output_padding"), 1) + base
         y = torch.ops.aten.convolution.default(xw, ww, None, *args, False, bound.get("output_padding"), groups)
         return contract(y) + base  # depthwise: as cheap as reading its output
     return contract(out.to(wide)), reference, (x, w), k
