@@ -179,3 +179,19 @@ def test_a_deferred_check_reads_as_the_immediate_one():
     assert isinstance(later, torch.Tensor) and resolved(later) == now
     zero = self_check("aten.mm.default", {"self": a, "mat2": torch.zeros(512, 96)}, torch.zeros(64, 96), defer=True)
     assert resolved(zero) is None
+
+
+def test_a_bug_in_an_autocast_cast_is_born_at_the_cast(tmp_path):
+    """A bf16 autocast target casts each Linear's float32 input to bfloat16, a call the float32
+    bench never makes (an unmatched row). 5 % on one of those casts moves every consumer within
+    bf16's band, so no consumer fails; the cast's own local error (saved tensors, or its sample
+    with statistics only) is 5e-2 against bf16's rounding: born there."""
+    cast = torch.ops.aten._to_copy.default
+    for name, flags in (("every", {"X_DEDUP": False, "X_DUMP_NUM": 1000}), ("stats", {"X_DUMP_NUM": 0})):
+        flags = {**flags, "X_DEBUG": 0x112}
+        bench = _record(tmp_path / name / "bench", **flags)
+        clean = compare_dumps(bench, _record(tmp_path / name / "clean", bf16=True, **flags))
+        assert not [r for r in clean.rows if r.status in ("fail", "nan/inf")], name
+        bug = compare_dumps(bench, _record(tmp_path / name / "bug", bf16=True, wrong=_Scaled(cast, 4, 1.05), **flags))
+        fd = bug.summary.first_divergence
+        assert fd is not None and fd["target_op"] == "aten._to_copy.default" and fd["origin"] == "born", (name, fd)

@@ -143,35 +143,33 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     # a module whose ops were recorded is judged by them (_modules_follow_their_ops), not as a kind
     statistics_only.kind_outliers((p for p in pending if p.target.kind != "module" or not _ops_inside(p.target, eb, True)),
                                   rules, index.kind_errors)
-    _judge_what_the_bench_folded(every_row, graph, floors)
+    _judge_the_target_only(every_row, graph, floors)
 
 
-def _judge_what_the_bench_folded(rows: Sequence[CompareRow], graph: "_Graph", floors: Floors) -> None:
-    """A target record the bench folded into a record of another signature (under autocast a
-    call's dtype changes its de-dup key, so the fp32 bench folds two calls the bf16 target keeps
-    apart) has no partner to compare with; its local error needs none. Wrong on its own inputs
-    (saved tensors, or its sample), it is born there: an unmatched row, otherwise never judged.
-    Nothing to do (and no pass over the rows) where neither side folded a call."""
-    if graph.call_counts() is None:
-        return
+def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: Floors) -> None:
+    """A target record with no partner (a cast autocast inserts, a kernel the bench ran another
+    way, a call the bench folded into a record of another signature) has nothing to compare with;
+    its local error needs nothing. Wrong on its own inputs (saved tensors, its self-check, or its
+    sample), it is born there: an unmatched row, otherwise judged only through a consumer that
+    fails, and a 5 % bug in a bf16 autocast cast leaves every consumer within bf16's band."""
     for r in rows:
         if r.status != PairStatus.UNMATCHED.value or r.bench_seq is not None or r.target_seq is None:
             continue
         e = graph.by_seq.get(r.target_seq)
-        if e is None or e.kind != "op" or not graph.folded_on_the_bench(e):
+        if e is None or e.kind != "op":
             continue
         k = next((i for i, (name, _) in enumerate(e.outputs) if name == r.tensor), None)
         if k is None:
             continue
         meta = e.outputs[k][1]
-        le = local_error(e.record, graph.dump, meta, k) if meta.data is not None \
-            else sample_local_error(e.record, meta, k)
+        le = local_error(e.record, graph.dump, meta, k) if measurable(meta) else sample_local_error(e.record, meta, k)
         floor = floors.floor(le, e.op, reduction_length(e.record, k)) if le is not None else None
         if floor is None or le.local <= floor:
             continue
         r.status, r.local_err, r.local_floor = PairStatus.FAIL.value, le.local, floor
-        set_origin(r, "born", "local error", "this op, on its own inputs: recorded on the target only, the bench "
-                   "de-duplicated its call into a record of another signature")
+        why = ("the bench de-duplicated its call into a record of another signature"
+               if graph.call_counts() is not None and graph.folded_on_the_bench(e) else "the bench has no such call")
+        set_origin(r, "born", "local error", f"this op, on its own inputs: recorded on the target only, {why}")
 
 
 def _modules_follow_their_ops(pending: list[Pending], eb: Sequence[Entry], graph: _Graph) -> None:
