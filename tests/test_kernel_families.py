@@ -250,10 +250,8 @@ def test_a_fused_rms_norm_kernel_at_real_size_is_clean_and_its_bug_is_named_with
     fused = [r for r in result.rows if r.target_op == "aten._fused_rms_norm.default"]
     assert len(fused) == 2 * 3 and {r.status for r in fused} == {"unmatched"}  # 3 norms, out and rstd each
     fd = compare_dumps(bench, faulty).summary.first_divergence
-    assert fd["cause"] == "target-only op" and "aten._fused_rms_norm.default" in fd["culprit"]
-    assert "wrong on its own inputs" in fd["culprit"]
     (seq,) = [r.seq for r in xray.load_dump(faulty).records if r.op == "aten._fused_rms_norm.default"][1:2]
-    assert fd["culprit_target_seq"] == seq
+    _born_at_the_kernel(fd, "aten._fused_rms_norm.default", seq)
 
 
 def test_a_generated_test_of_a_closed_form_family_runs_the_devices_own_kernel(tmp_path):
@@ -300,6 +298,14 @@ class _Head(torch.nn.Module):
     def forward(self, x):
         x = x.transpose(1, 2)
         return torch.relu(self.proj(x.contiguous() if self.contiguous else x) + 1.0)
+
+
+def _born_at_the_kernel(fd: dict | None, op: str, seq: int | None = None) -> None:
+    """The target's own kernel (no partner on the bench) is the first divergence, wrong on its
+    own inputs (causality._judge_the_target_only)."""
+    assert fd is not None and fd["target_op"] == op and fd["origin"] == "born", fd
+    assert fd["cause"] == "local error" and "on its own inputs" in fd["culprit"], fd
+    assert seq is None or fd["target_seq"] == seq, fd
 
 
 def _linear_ops(folder):
@@ -397,8 +403,7 @@ def test_a_cudnn_rnn_kernel_compares_clean_against_onednns_layers_and_its_bug_is
     assert fault.hit
     fd = compare_dumps(bench, faulty, rules=rules).summary.first_divergence
     (seq,) = [r.seq for r in xray.load_dump(faulty).records if r.op == op][:1]
-    assert fd["cause"] == "target-only op" and "wrong on its own inputs" in fd["culprit"], fd
-    assert fd["culprit_target_seq"] == seq, fd
+    _born_at_the_kernel(fd, op, seq)
 
 
 class _LargeLSTM(torch.nn.Module):
@@ -427,7 +432,8 @@ def test_a_cudnn_lstm_at_real_size_is_clean_and_its_bug_is_named(tmp_path):
     fault = CorruptCall("aten._cudnn_rnn.default", 0, relative(2e-2))
     faulty = _record_lm("lstm-lm", tmp_path / "faulty", kernel=True, fault=fault, lm=_LargeLSTM)
     fd = compare_dumps(bench, faulty, rules=rules).summary.first_divergence
-    assert fault.hit and fd["cause"] == "target-only op" and "_cudnn_rnn" in fd["culprit"], fd
+    assert fault.hit
+    _born_at_the_kernel(fd, "aten._cudnn_rnn.default")
 
 
 def test_a_generated_test_of_onednns_rnn_layer_leaves_its_workspace_out(tmp_path):

@@ -199,7 +199,7 @@ class ColumnBuilder:
             data[i], note[i] = d, n
         tensors["data"], tensors["note"] = data, note
         check = None
-        checks = {i: resolved(values) for i, values in self._checks.items()}  # deferred ones read now
+        checks = resolved_all(self._checks)  # deferred ones read now, one read per device
         if any(values is not None for values in checks.values()):
             check = np.full((len(self._layouts), CHECK_SIZE), np.nan)
             for i, values in checks.items():
@@ -207,6 +207,22 @@ class ColumnBuilder:
                     check[i] = values
         return Columns(Table(RECORD_DTYPE, records), Table(TENSOR_DTYPE, {n: tensors[n] for n in TENSOR_DTYPE.names}),
                        self.strings, sample_n=sample_n, sample=sample, check=check)
+
+
+def resolved_all(checks: dict[int, Any]) -> dict[int, tuple[float, ...] | None]:
+    """``resolved`` of every check, the deferred ones (device tensors) stacked and read back once
+    per device: a flush reads the host once for them all, as for the queued statistics."""
+    out = {i: resolved(v) for i, v in checks.items() if not hasattr(v, "tolist")}
+    by_device: dict[Any, list[int]] = {}
+    for i, v in checks.items():
+        if hasattr(v, "tolist"):
+            by_device.setdefault(v.device, []).append(i)
+    for rows in by_device.values():
+        import torch
+
+        for i, values in zip(rows, torch.stack([checks[i] for i in rows]).tolist()):
+            out[i] = resolved(tuple(values))
+    return out
 
 
 def resolved(check: Any) -> tuple[float, ...] | None:

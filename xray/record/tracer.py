@@ -11,6 +11,8 @@ runs with dispatch modes disabled, so it never records itself and never disturbs
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import traceback
 import warnings
@@ -445,8 +447,10 @@ class Recorder:
             if info.view and self.stats_on:
                 cache_view_outputs(self._stats, args, _described(outs, rec.outputs))
             first = rec.outputs[0] if rec.outputs else None
-            if self.stats_on and info.name in CHECKED_OPS and type(first) is TensorMeta and first.stats is not None:
-                first.stats.check = self_check(info.name, bound, outs[0])
+            if self.stats_on and info.name in CHECKED_OPS and type(first) is TensorMeta and type(first.stats) is Stats \
+                    and self.cpu_sync and outs[0].is_cpu:  # (a deferred Stats is filled at the flush: none then)
+                # a copy: the cache hands this Stats on to the views of the output
+                first.stats = dataclasses.replace(first.stats, check=self_check(info.name, bound, outs[0]))
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         self._folds_into(key, rec.seq, info.writes)
