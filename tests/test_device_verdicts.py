@@ -273,9 +273,9 @@ def test_fused_vs_math_attention_at_real_size_is_clean_and_a_bug_inside_is_named
         warnings.simplefilter("ignore")
         fd = compare_dumps(b, t2, progress=False).summary.first_divergence
     assert fd is not None and fd["origin"] == "born"
-    # the bmm has no bench counterpart: the first divergence is where its output is consumed,
-    # naming it as the target-only op that brought the error in
-    assert fd["cause"] == "target-only op" and fd["culprit_target_seq"] == _nth_seq(t2, "aten.bmm.default", 1), fd
+    # the bmm has no bench counterpart: it is judged on its own inputs, and born there
+    assert fd["cause"] == "local error" and fd["target_op"] == "aten.bmm.default", fd
+    assert fd["target_seq"] == _nth_seq(t2, "aten.bmm.default", 1), fd
 
 
 # -- math settings and device floors ------------------------------------------------------------------
