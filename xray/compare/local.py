@@ -173,10 +173,14 @@ def constant_value(output: TensorMeta) -> float | None:
     return st.min if st.min == st.max else None
 
 
+def _recomputable(output: TensorMeta) -> bool:
+    """Whether a recomputation has the target's values to measure: saved, or a constant (above)."""
+    return output.data is not None or constant_value(output) is not None
+
+
 def measurable(output: TensorMeta) -> bool:
-    """Whether ``local_error`` can judge this output: its data saved, a constant (above), or a
-    matmul's recorded self-check (``checked_error``)."""
-    return output.data is not None or constant_value(output) is not None or checked_error(output) is not None
+    """Whether ``local_error`` can judge this output: recomputable, or with a recorded self-check."""
+    return _recomputable(output) or checked_error(output) is not None
 
 
 def checked_error(output: TensorMeta) -> LocalError | None:
@@ -204,7 +208,8 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     cannot be rebuilt safely from saved tensors (an input left unsaved counts only where the
     output does not read its values: ``_unsaved_unread``). A constant output recorded with statistics only
     (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
-    its every value.
+    its every value. A matmul or convolution whose inputs are not all known, or whose recomputation
+    cannot run, is judged by its recorded self-check (``checked_error``).
 
     A dump that is several runs put back together (a sharded run, ``unshard.UnshardedRun``) says
     itself what its calls computed on their inputs (``own_local_error``): each rank's call on the
@@ -212,10 +217,17 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     own = getattr(dump, "own_local_error", None)
     if own is not None and (got := own(record, k, steps=steps)) is not None:
         return got
-    saved = _tensors_saved(record)
-    if saved is not True and (checked := checked_error(output)) is not None:
+    saved, checked = _tensors_saved(record), checked_error(output)
+    if saved is not True and checked is not None:  # measured on the device, on every input
         return checked
-    if not measurable(output) or output.numel > MAX_NUMEL or _blocked(record) or saved is False:
+    got = _recomputed(record, dump, output, k, saved, steps)
+    return got if got is not None else checked  # a reference that refuses these inputs: the check
+
+
+def _recomputed(record: Record, dump: Any, output: TensorMeta, k: int, saved: bool | None,
+                steps: bool) -> LocalError | None:
+    """``local_error`` by re-running the call on CPU (float64 and the target's dtype), or None."""
+    if not _recomputable(output) or output.numel > MAX_NUMEL or _blocked(record) or saved is False:
         return None
     try:
         every_saved = all(m.data is not None for _, m in record.input_tensors())

@@ -7,6 +7,7 @@ float64 errors come here.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable, Iterator
 
@@ -321,6 +322,7 @@ def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, tar
     return tol
 
 
+@functools.lru_cache(maxsize=256)
 def stand_in_of(bench_dtype: str, target_dtype: str) -> float:
     """``metrics.infinity_stand_in`` of two dtype names, NaN where none (an array's "none")."""
     db, dt = torch_dtype(bench_dtype), torch_dtype(target_dtype)

@@ -212,16 +212,18 @@ class ColumnBuilder:
 def resolved_all(checks: dict[int, Any]) -> dict[int, tuple[float, ...] | None]:
     """``resolved`` of every check, the deferred ones (device tensors) stacked and read back once
     per device: a flush reads the host once for them all, as for the queued statistics."""
-    out = {i: resolved(v) for i, v in checks.items() if not hasattr(v, "tolist")}
-    by_device: dict[Any, list[int]] = {}
+    out, by_device = {}, {}
     for i, v in checks.items():
         if hasattr(v, "tolist"):
             by_device.setdefault(v.device, []).append(i)
-    for rows in by_device.values():
-        import torch
+        else:
+            out[i] = resolved(v)
+    if by_device:
+        import torch  # (deferred checks exist only where the recorder, and so torch, runs)
 
-        for i, values in zip(rows, torch.stack([checks[i] for i in rows]).tolist()):
-            out[i] = resolved(tuple(values))
+        for rows in by_device.values():
+            for i, values in zip(rows, torch.stack([checks[i] for i in rows]).tolist()):
+                out[i] = resolved(tuple(values))
     return out
 
 

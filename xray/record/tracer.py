@@ -12,7 +12,6 @@ runs with dispatch modes disabled, so it never records itself and never disturbs
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import traceback
 import warnings
