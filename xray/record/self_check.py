@@ -53,6 +53,12 @@ def _signs(n: int, k: int = 1) -> torch.Tensor:
     return torch.randint(0, 2, (n, k), generator=gen, dtype=torch.int64).to(torch.float64) * 2 - 1
 
 
+@functools.lru_cache(maxsize=256)
+def _signs_on(n: int, k: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``_signs`` where the check runs: converted once per width, device and dtype, not per call."""
+    return _signs(n, k).to(device, dtype)
+
+
 def _vectors(rows: int) -> int:
     """How many vectors an output of ``rows`` rows (products per vector) is checked with."""
     return min(MAX_VECTORS, max(1, -(-DEGREES // max(1, rows))))
@@ -84,8 +90,11 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tup
     if not (_plain(a) and _plain(b)) or (beta != 0 and not _plain(added)):
         return None
     k = _vectors(out.numel() // max(1, out.shape[-1]))
-    r = _signs(out.shape[-1], k).to(out.device, wide)  # (n, k): bmm's batches too
-    base = beta * (added.to(wide).expand(out.shape) @ r) if beta != 0 else 0.0
+    r = _signs_on(out.shape[-1], k, out.device, wide)  # (n, k): bmm's batches too
+    base = 0.0
+    if beta != 0:  # a bias of the output's width broadcasts after the product; another shape, expanded first
+        added = added.to(wide)
+        base = beta * ((added if added.shape[-1] == out.shape[-1] else added.expand(out.shape)) @ r)
 
     def reference(fn):
         return base + alpha * (fn(a).to(wide) @ (fn(b).to(wide) @ r))
@@ -103,7 +112,7 @@ def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | N
     if groups not in (1, out.shape[1]) or (groups > 1 and (transposed or w.shape[1] != 1)):
         return None  # grouped, not depthwise: the contraction would cost the whole convolution
     k = _vectors(out.numel() // max(1, out.shape[1]))
-    r = _signs(out.shape[1], k).to(out.device, wide)  # (channels, k)
+    r = _signs_on(out.shape[1], k, out.device, wide)  # (channels, k)
     spatial = "".join("xyz"[:out.dim() - 2])
     args = [bound.get(name) for name in ("stride", "padding", "dilation")]
     base = (bias.to(wide)[:, None] * r).sum(0).view(1, k, *([1] * (out.dim() - 2))) if bias is not None else 0.0
@@ -144,21 +153,27 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
                 return None
             got_r, reference, operands, k = got
             exact = reference(lambda t: t)
-            scale = torch.linalg.vector_norm(out.to(wide)) * math.sqrt(k)  # |C R|'s expectation, R's k columns
-            finite = torch.isfinite(got_r).all() & torch.isfinite(exact).all() & torch.isfinite(scale) & (scale > 0)
-            nan = torch.full((), math.nan, dtype=wide, device=out.device)
-            residual = torch.where(finite, torch.linalg.vector_norm(got_r - exact) / scale, nan)
-            steps = [nan] * len(PRECISION_STEPS)
+            # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
+            norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.linalg.vector_norm(out.to(wide))])
+            step_ops = all(t.dtype == torch.float32 for t in operands)
+            if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
+                norms = norms.to(torch.float64)
+                scale = norms[1] * math.sqrt(k)
+                usable = torch.isfinite(norms).all() & (scale > 0)
+                steps = [torch.linalg.vector_norm(reference(lambda t, b=bits: round_mantissa(t, b)) - exact)
+                         .to(torch.float64) / scale if step_ops else scale * math.nan for bits in PRECISION_STEPS.values()]
+                values = torch.stack([norms[0] / scale, *steps])
+                return torch.where(usable, values, torch.full_like(values, math.nan))
+            error, scale = norms.tolist()  # one read
+            scale *= math.sqrt(k)
+            if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
+                return None
+            residual, steps = error / scale, [math.nan] * len(PRECISION_STEPS)
             terms = operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
-            bound_of_sums = 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, terms))
-            if all(t.dtype == torch.float32 for t in operands) and (defer or float(residual) > bound_of_sums):
+            if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, terms)):  # the sums' bound
                 for i, bits in enumerate(PRECISION_STEPS.values()):
                     rounded = reference(lambda t, b=bits: round_mantissa(t, b))
-                    steps[i] = torch.where(finite, torch.linalg.vector_norm(rounded - exact) / scale, nan)
-            values = torch.stack([residual, *steps]).to(torch.float64)
-            if defer:
-                return values
-            got_values = values.tolist()
-            return None if math.isnan(got_values[0]) else tuple(got_values)
+                    steps[i] = float(torch.linalg.vector_norm(rounded - exact)) / scale
+            return (residual, *steps)
     except (RuntimeError, TypeError, ValueError, IndexError):  # an unusual device, layout or argument: none
         return None
