@@ -44,6 +44,7 @@ from .matching import op_base
 from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
+from .reordered_sums import reordered_sum
 from .pending import FAILING, PRECISION, SUSPECT, Pending, PendingRun, agreement, downgrade, row_inputs, set_origin
 from .result import RANDOM_DRAWS, CompareRow, PairStatus
 
@@ -92,7 +93,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
     graph = _Graph(index, floors, target_dump, getattr(comparer, "bench", None),
-                   (ea, eb) if _module_dump(eb) else ((), ()))
+                   (ea, eb) if _module_dump(eb) else ((), ()), bench_entries=ea)
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
@@ -262,7 +263,7 @@ class _Graph:
     """Target records by seq, and which of them are matched (with their rows)."""
 
     def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None, bench_dump: Any = None,
-                 entries: tuple[Any, Any] = ((), ())) -> None:
+                 entries: tuple[Any, Any] = ((), ()), bench_entries: Any = ()) -> None:
         self.by_seq = index.by_seq
         self.around = index.around
         self._folds: Any = False  # (columns, rows, first_seq, last_seq) of records with folded calls
@@ -274,6 +275,7 @@ class _Graph:
         self.floors, self.dump, self.bench_dump = floors, dump, bench_dump
         self._entries = entries  # (bench, target) entries: module forward calls are looked up there
         self._forward: list[dict] | None = None
+        self._bench, self._bench_pos = bench_entries, None  # bench seq -> position (bench_output)
         self._within: dict[tuple[int, bool], bool | None] = {}  # (target pos, substituted) -> verdict
         # target pos -> why a target-only op fails its judgement: a substituted kernel wrong on its
         # inputs, or an op that could not be judged (_unmeasured_why)
@@ -293,6 +295,18 @@ class _Graph:
                 rows = np.flatnonzero(r["count"] > 1)
                 self._folds = (columns, rows, r["first_seq"][rows], r["last_seq"][rows])
         return self._folds
+
+    def bench_output(self, row: CompareRow) -> Any:
+        """The bench's TensorMeta of a matched row's output, or None."""
+        bench = self._bench
+        if row.bench_seq is None or not len(bench) or not row.tensor.startswith("out"):
+            return None
+        if self._bench_pos is None:
+            self._bench_pos = bench.table.seq_index()
+        pos = self._bench_pos.pos(row.bench_seq)
+        outputs = bench[pos].outputs if pos is not None else ()
+        k = int(row.tensor[3:]) if row.tensor[3:].isdigit() else len(outputs)
+        return outputs[k][1] if k < len(outputs) else None
 
     def folded_on_the_bench(self, e: Entry) -> bool:
         """Whether a target op record with no bench partner is a call the bench folded into a
@@ -953,6 +967,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             kind, detail = graph.judge_target_only(e, _substituted(p, name, graph))
             if kind == "computed":
                 computed_region = computed_region or detail
+                continue
+            if kind == "target-only" and (summed := reordered_sum(graph, e, p, k, name)) is not None:
+                computed_region = computed_region or summed
                 continue
             if kind == "target-only" and graph.folded_on_the_bench(e):  # not judged right on its own
                 kind, detail = "unrecorded", e.record.seq
