@@ -195,3 +195,53 @@ def test_a_bug_in_an_autocast_cast_is_born_at_the_cast(tmp_path):
         bug = compare_dumps(bench, _record(tmp_path / name / "bug", bf16=True, wrong=_Scaled(cast, 4, 1.05), **flags))
         fd = bug.summary.first_divergence
         assert fd is not None and fd["target_op"] == "aten._to_copy.default" and fd["origin"] == "born", (name, fd)
+
+
+SUM = torch.ops.aten.sum.dim_IntList
+
+
+def test_a_sums_check_reads_its_error_against_its_terms():
+    """A sum's check recomputes it whole: 5 % reads 5e-2; a sum that cancels (rows centred on
+    their mean) reads its rounding at its terms' scale, not 100 % of its own tiny output."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, 256)
+    assert 4e-2 < _check(SUM, (x, [2], True), scale=1.05)[0] < 6e-2
+    centred = x - x.mean(2, keepdim=True)
+    assert _check(SUM, (centred, [2], True))[0] < 2 * torch.finfo(torch.float32).eps * 16
+    assert _check(torch.ops.aten.mean.dim, (x.bfloat16(), [-1], True))[0] < torch.finfo(torch.bfloat16).eps
+
+
+def test_a_bf16_sum_bug_recorded_with_statistics_only_is_born_at_the_sum(tmp_path):
+    """fp32 against bf16 autocast, statistics only: 5 % on a Linear's bias gradient (the sum over
+    the batch of its output gradient). Its statistics stay within bf16's band; its check reads
+    5e-2: born at the sum."""
+    flags = {"X_DUMP_NUM": 0, "X_DEBUG": 0x11A}
+    bench = _record(tmp_path / "bench", **flags)
+    result = compare_dumps(bench, _record(tmp_path / "bug", bf16=True, wrong=_Scaled(SUM, 1, 1.05), **flags))
+    fd = result.summary.first_divergence
+    assert fd is not None and fd["op"] == "aten.sum.dim_IntList" and fd["origin"] == "born", fd
+    assert fd["cause"] == "local error" and 3e-2 < fd["local_err"] < 8e-2, fd
+
+
+@pytest.mark.slow
+def test_a_layer_norms_row_sums_under_bf16_training_are_no_fail(tmp_path):
+    """LongT5's bf16 training step with the recorder's defaults: a T5 norm's backward sums a
+    gradient that is the rounding of a cancelling sum; that sum moved 1.2x its size between the
+    runs and read as born, "local error not measured" (3 FAIL rows). Its check says it computed
+    right on its inputs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy import zoo
+    from accuracy.runner import run_scenario
+    from accuracy.scenario import Scenario
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    entry = next((x for x in zoo.listed() if x.model_type == "longt5"), None)
+    if entry is None:
+        pytest.skip("this transformers has no LongT5")
+    s = Scenario("t/longt5", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]

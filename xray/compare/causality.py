@@ -619,7 +619,8 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
         return None
     # beyond the level (or no level yet: nothing before it showed precision loss): still rounding
     # where the folded call is a sum that cancels what its recorded argument carries
-    through = _folded_sum(graph, p, name, seq, f) if err > f * seen.level else ""
+    through = (_folded_sum(graph, p, name, seq, f) or _folded_cast(graph, p, name, seq, f)) \
+        if err > f * seen.level else ""
     if through is None:
         return None
     if p.local.get(k) is not None or (is_value_preserving(p.target.op) and not r.layout):
@@ -643,6 +644,35 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
     return (f"carries a difference from op seq {seq}, {unseen} (de-duplicated): {name}'s error {err:.3g} "
             f"is within {f:g}x the precision loss calls before it show ({seen.level:.3g}), and {how}; "
             "record with X_DEDUP=0 to judge that call")
+
+
+def _folded_cast(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str | None:
+    """Input ``name`` comes from folded call ``seq``, a cast of a matched record's output (the
+    folds table names it): the reason when the input's difference is within ``f`` x what that
+    output carries plus the cast's rounding, measured alike (saved data against data,
+    statistics and samples against theirs); else None. A bf16 run casts a layer norm's input
+    gradient, the rounding of a sum that cancels, to bfloat16: it differs by 27 % there, as
+    it already did before the cast."""
+    fold = graph.fold_of(seq) if isinstance(seq, int) else None
+    rep = graph.by_seq.get(fold[0]) if fold is not None else None
+    if rep is None or fold[1] < 0 or not is_cast(rep.op) or not rep.outputs:
+        return None
+    kind, row = graph.source_kind(Source("op", seq=fold[1], index=fold[2]))
+    if kind != "settled" or row.status not in (PairStatus.PASS.value, PairStatus.WARNING.value):
+        return None
+    if name in p.input_errors:
+        err, carried = p.input_errors[name], row.accumulated_err
+    else:
+        err = next((e for n, _, _, e in row_inputs(p, 0) if n == name), None)
+        carried = max((e for e in (row.stats_err, row.sample_err) if e is not None), default=None)
+    try:
+        rounding = float(torch.finfo(dtype_from_name(rep.outputs[0][1].dtype)).eps)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if err is None or carried is None or not math.isfinite(carried) or err > f * (carried + rounding):
+        return None
+    return (f"a cast of {_row_name(row)}, whose difference ({err:.3g}) is within {f:g}x what that output "
+            f"carries ({carried:.3g}) and the cast's rounding")
 
 
 def _folded_sum(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str | None:

@@ -1,4 +1,5 @@
-"""A linear op's self-check at record time: its local error without saving its tensors.
+"""A linear op's self-check at record time (a matmul, a convolution, a sum or mean): its local
+error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
 convolution's sampled output elements each read a whole row, column or window that the samples
@@ -37,7 +38,8 @@ from ..numerics.rules import PRECISION_STEPS, round_mantissa
 assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precision step's (NaN: not measured)
 
 MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
-OPS = frozenset(MATMULS + ("aten.convolution.default",))
+SUMS = ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
+OPS = frozenset(MATMULS + ("aten.convolution.default",) + SUMS)
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
@@ -133,6 +135,26 @@ def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | N
     return contract(out.to(wide)), reference, (x, w), k
 
 
+def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
+    """(got, reference, operands) of a sum or mean over some dimensions: recomputed whole (one
+    read of its input, as the call's own), and measured against the larger of its output's and
+    its terms' norms: the rounding of a sum that cancels (a bias gradient, a norm backward's
+    row sums) is its terms' eps, not its output's."""
+    x = bound.get("self")
+    if not _plain(x) or x.dim() == 0 and name.endswith(".dim"):
+        return None
+    dim = bound.get("dim")
+    dims = list(range(x.dim())) if not dim else [d % max(1, x.dim()) for d in dim]
+    mean = name.startswith("aten.mean")
+
+    def reference(fn):
+        v = fn(x).to(wide)
+        return (v.mean(dims) if mean else v.sum(dims)).reshape(out.shape)
+    count = max(1, x.numel() // max(1, out.numel()))
+    terms = torch.linalg.vector_norm(x.to(wide)) / (count if mean else 1)
+    return out.to(wide), reference, (x,), 1, terms
+
+
 def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
     """(residual, step residuals...) of a matmul's or convolution's output (``bound``: its
     arguments by schema name), or None when the call is not one this checks (another op, a
@@ -148,14 +170,15 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
         with torch.no_grad():
             wide = _wide(out.device, out, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
             got = _convolution(bound, out, wide) if name == "aten.convolution.default" else \
-                _matmul(name, bound, out, wide)
+                _sum(name, bound, out, wide) if name in SUMS else _matmul(name, bound, out, wide)
             if got is None:
                 return None
-            got_r, reference, operands, k = got
+            got_r, reference, operands, k, *terms = got
             exact = reference(lambda t: t)
             # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
-            norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.linalg.vector_norm(out.to(wide))])
-            step_ops = all(t.dtype == torch.float32 for t in operands)
+            size = torch.linalg.vector_norm(out.to(wide))
+            norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.maximum(size, *terms) if terms else size])
+            step_ops = name not in SUMS and all(t.dtype == torch.float32 for t in operands)
             if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
                 norms = norms.to(torch.float64)
                 scale = norms[1] * math.sqrt(k)
