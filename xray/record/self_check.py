@@ -136,23 +136,36 @@ def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | N
 
 
 def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of a sum or mean over some dimensions: recomputed whole (one
-    read of its input, as the call's own), and measured against the larger of its output's and
-    its terms' norms: the rounding of a sum that cancels (a bias gradient, a norm backward's
-    row sums) is its terms' eps, not its output's."""
+    """(got, reference, operands) of a sum or mean over some dimensions: recomputed whole by
+    another kernel (a product with a vector of ones where the summed dimensions are a contiguous
+    tensor's last ones, else a float64 reduction where the device has it: a float32 reduction
+    would be the very kernel it checks, and would agree with a device's wrong one), and measured
+    against the larger of its output's and its terms' norms: the rounding of a sum that cancels
+    (a bias gradient, a norm backward's row sums) is its terms' eps, not its output's."""
     x = bound.get("self")
     if not _plain(x) or x.dim() == 0 and name.endswith(".dim"):
         return None
     dim = bound.get("dim")
-    dims = list(range(x.dim())) if not dim else [d % max(1, x.dim()) for d in dim]
-    mean = name.startswith("aten.mean")
-
-    def reference(fn):
-        v = fn(x).to(wide)
-        return (v.mean(dims) if mean else v.sum(dims)).reshape(out.shape)
+    dims = sorted(range(x.dim()) if not dim else {d % max(1, x.dim()) for d in dim})
     count = max(1, x.numel() // max(1, out.numel()))
-    terms = torch.linalg.vector_norm(x.to(wide)) / (count if mean else 1)
+    scale = 1.0 / count if name.startswith("aten.mean") else 1.0
+    if x.is_contiguous() and dims == list(range(x.dim() - len(dims), x.dim())):
+        v = x.to(wide).reshape(-1, count)
+        made = v @ _ones_on(count, x.device, wide)
+    else:
+        exact = torch.float64 if out.device.type in ("cpu", "cuda", "xpu") else wide
+        v = x.to(exact)
+        made = v.sum(dims)
+    terms = torch.linalg.vector_norm(v).to(wide) * scale
+
+    def reference(_fn):  # its precision steps are never measured (a sum has no TF32 step)
+        return (made * scale).reshape(out.shape).to(wide)
     return out.to(wide), reference, (x,), 1, terms
+
+
+@functools.lru_cache(maxsize=64)
+def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.ones(n, device=device, dtype=dtype)
 
 
 def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
