@@ -240,3 +240,22 @@ def test_a_folded_cast_of_a_recorded_output_carries_that_outputs_difference(tmp_
     o = run_scenario(s, tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
+
+
+@pytest.mark.slow
+def test_a_birth_the_last_rules_may_settle_does_not_stop_carrying_precision_through_folds(tmp_path):
+    """Muse-Spark's bf16 training step with the recorder's defaults: an attention backward whose
+    outputs were saved but not all its inputs (X_DUMP_NUM) fails first with nothing recomputed, a
+    birth the rules run last settle as precision loss. It counted as an origin already, so a
+    rotary backward's add fed by a folded call was left an inherited FAIL (3 rows) instead of
+    carrying the precision calls before it showed."""
+    from accuracy import zoo  # noqa: E402
+    from accuracy.scenarios import RECORDER_DEFAULTS  # noqa: E402
+
+    entry = next((x for x in zoo.listed() if x.model_type == "muse_spark_text"), None)
+    if entry is None:
+        pytest.skip("this transformers has no Muse-Spark")
+    s = Scenario("t/muse", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]

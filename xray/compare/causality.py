@@ -130,10 +130,10 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 _decide(r, p, k, graph, floors, born_seen, seen)
                 if r.cause == "inherited" and r.culprit_target_seq is None:
                     inherited.add(p, k, born_seen, seen)
-                # a statistics row born with nothing recomputed is provisional: the statistics
-                # rules (run last) may find it precision loss
+                # a row born with nothing recomputed (statistics only, or outputs saved past
+                # X_DUMP_NUM's inputs) is provisional: the rules run last may find it precision loss
                 if r.origin == "born" and p.target.kind == "op" and not (
-                        r.cause == "local error" and statistics_only.unmeasured(r)):
+                        r.cause == "local error" and r.local_err is None):
                     seen.origin = True
                 seen.add(r)
     _modules_follow_their_ops(pending, eb, graph)
