@@ -320,8 +320,10 @@ class RowPath:
         stack = NONE if not call.stack else self.intern(json.dumps(call.stack, separators=(",", ":")))
         checks = None
         if self.stats_on and info.name in CHECKED_OPS and first_out not in (call.notes or ()):
-            deferred = not (out.is_cpu and self.recorder.cpu_sync)  # as its statistics: read at the flush
-            check = self_check(info.name, bind_inputs(info, call.args, call.kwargs), out, defer=deferred)
+            first = out[0] if info.returns > 1 else out  # (a norm backward's input gradient)
+            check = None if not isinstance(first, torch.Tensor) else self_check(
+                info.name, bind_inputs(info, call.args, call.kwargs), first,
+                defer=not (first.is_cpu and self.recorder.cpu_sync))  # as its statistics: read at the flush
             checks = None if check is None else {first_out: check}
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),

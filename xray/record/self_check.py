@@ -1,5 +1,5 @@
-"""A linear op's self-check at record time (a matmul, a convolution, a sum or mean): its local
-error without saving its tensors.
+"""A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a layer
+norm's backward): its local error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
 convolution's sampled output elements each read a whole row, column or window that the samples
@@ -39,7 +39,8 @@ assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precisi
 
 MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
 SUMS = ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
-OPS = frozenset(MATMULS + ("aten.convolution.default",) + SUMS)
+NORM_BACKWARD = "aten.native_layer_norm_backward.default"
+OPS = frozenset(MATMULS + ("aten.convolution.default", NORM_BACKWARD) + SUMS)
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
@@ -163,6 +164,29 @@ def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple 
     return out.to(wide), reference, (x,), 1, terms
 
 
+def _layer_norm_backward(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
+    """(got, reference, operands) of a layer norm backward's input gradient, from its formula in
+    pointwise ops and means (not the fused kernel it checks): ``rstd (wg - mean(wg) - xhat
+    mean(wg xhat))`` with ``wg`` the weighted output gradient and ``xhat`` the normalised input,
+    measured against the larger of its output's norm and ``rstd wg``'s (its terms': what it
+    subtracts cancels)."""
+    g, x, mean, rstd, w = (bound.get(n) for n in ("grad_out", "input", "mean", "rstd", "weight"))
+    shape = bound.get("normalized_shape")
+    if not all(_plain(t) for t in (g, x, mean, rstd)) or (w is not None and not _plain(w)) or not shape \
+            or tuple(out.shape) != tuple(x.shape):
+        return None
+    axes = tuple(range(x.dim() - len(shape), x.dim()))
+    gw, xw, rw = g.to(wide), x.to(wide), rstd.to(wide)
+    xhat = (xw - mean.to(wide)) * rw
+    wg = gw * w.to(wide) if w is not None else gw
+    made = rw * (wg - wg.mean(axes, keepdim=True) - xhat * (wg * xhat).mean(axes, keepdim=True))
+    terms = torch.linalg.vector_norm(rw * wg)
+
+    def reference(_fn):  # no precision steps: a norm has no TF32 step
+        return made
+    return out.to(wide), reference, (g, x), 1, terms
+
+
 @functools.lru_cache(maxsize=64)
 def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.ones(n, device=device, dtype=dtype)
@@ -183,15 +207,16 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
         with torch.no_grad():
             wide = _wide(out.device, out, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
             got = _convolution(bound, out, wide) if name == "aten.convolution.default" else \
-                _sum(name, bound, out, wide) if name in SUMS else _matmul(name, bound, out, wide)
+                _sum(name, bound, out, wide) if name in SUMS else \
+                _layer_norm_backward(bound, out, wide) if name == NORM_BACKWARD else _matmul(name, bound, out, wide)
             if got is None:
                 return None
-            got_r, reference, operands, k, *terms = got
+            got_r, reference, operands, k, *of_terms = got
             exact = reference(lambda t: t)
             # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
             size = torch.linalg.vector_norm(out.to(wide))
-            norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.maximum(size, *terms) if terms else size])
-            step_ops = name not in SUMS and all(t.dtype == torch.float32 for t in operands)
+            norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.maximum(size, *of_terms) if of_terms else size])
+            step_ops = name in MATMULS + ("aten.convolution.default",) and all(t.dtype == torch.float32 for t in operands)
             if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
                 norms = norms.to(torch.float64)
                 scale = norms[1] * math.sqrt(k)
