@@ -294,3 +294,56 @@ def test_a_bf16_layer_norm_backward_bug_recorded_with_statistics_only_is_born_th
     wrong = _Scaled(LN_BACKWARD, 0, 1.10)
     fd = compare_dumps(bench, record(tmp_path / "bug", wrong)).summary.first_divergence
     assert fd is not None and fd["op"] == "aten.native_layer_norm_backward.default" and fd["origin"] == "born", fd
+
+
+SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+SDPA_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+@pytest.mark.parametrize("heads,causal,masked", [(4, False, False), (2, True, False), (4, False, True)],
+                         ids=["plain", "grouped-causal", "masked"])
+def test_a_fused_attentions_check_reads_its_error_from_the_math_form(heads, causal, masked):
+    """Forward output and backward query gradient against softmax(scale q k^T + mask) v and its
+    gradient: float32 reads its rounding, 5 % reads 5e-2 forward and above 3e-2 backward
+    (measured against its terms before the softmax's row sums cancel)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 16, 32), torch.randn(2, heads, 16, 32), torch.randn(2, heads, 16, 32)
+    mask = torch.randn(16, 16) if masked else None
+    full_k, full_v = (t.repeat_interleave(4 // heads, 1) for t in (k, v))
+    out, lse = SDPA(q, full_k, full_v, 0.0, causal, attn_mask=mask)
+    forward = (q, k, v, 0.0, causal)
+    assert _check(SDPA, forward, {"attn_mask": mask})[0] < 1e-6
+    assert 4e-2 < _check(SDPA, forward, {"attn_mask": mask}, scale=1.05)[0] < 6e-2
+    g = torch.randn_like(out)
+    backward = (g, q, k, v, out, lse, 0.0, causal)
+    info = op_info(SDPA_BACKWARD)
+    gq = SDPA_BACKWARD(g, q, full_k, full_v, out, lse, 0.0, causal, attn_mask=mask)[0]
+    bound = bind_inputs(info, backward, {"attn_mask": mask})
+    assert self_check(info.name, bound, gq)[0] < 1e-6
+    assert 3e-2 < self_check(info.name, bound, gq * 1.05)[0] < 6e-2
+    dropped = bind_inputs(op_info(SDPA), (q, k, v, 0.1, causal), {"attn_mask": mask})
+    assert self_check(op_info(SDPA).name, dropped, out) is None  # dropout: its draws are not in the arguments
+
+
+@pytest.mark.slow
+def test_a_cross_attention_backward_that_cancels_is_no_fail_under_bf16_training(tmp_path):
+    """Cohere-ASR's bf16 training step with the recorder's defaults: a cross-attention's query
+    gradient is 1e-7 of its output gradient (the softmax's row sums cancel it), statistics only,
+    every input agreeing: born, 11 FAIL rows. Its check, from the math form, says the fused kernel
+    computed right on its inputs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy import zoo
+    from accuracy.runner import run_scenario
+    from accuracy.scenario import Scenario
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    entry = next((x for x in zoo.listed() if x.model_type == "cohere_asr"), None)
+    if entry is None:
+        pytest.skip("this transformers has no Cohere-ASR")
+    s = Scenario("t/cohere_asr", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]

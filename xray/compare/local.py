@@ -203,13 +203,15 @@ def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
     return torch.full(tuple(output.shape), constant_value(output), dtype=dtype_from_name(output.dtype))
 
 
-def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps: bool = True) -> LocalError | None:
+def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps: bool = True,
+                checked: bool = True) -> LocalError | None:
     """Local error of output ``k`` (its meta ``output``) of ``record``, or None when the call
     cannot be rebuilt safely from saved tensors (an input left unsaved counts only where the
     output does not read its values: ``_unsaved_unread``). A constant output recorded with statistics only
     (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
     its every value. A matmul or convolution whose inputs are not all known, or whose recomputation
-    cannot run, is judged by its recorded self-check (``checked_error``).
+    cannot run, is judged by its recorded self-check (``checked_error``; not where ``checked`` is
+    False: a call re-run with other arguments than those it was checked with).
 
     A dump that is several runs put back together (a sharded run, ``unshard.UnshardedRun``) says
     itself what its calls computed on their inputs (``own_local_error``): each rank's call on the
@@ -217,11 +219,11 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     own = getattr(dump, "own_local_error", None)
     if own is not None and (got := own(record, k, steps=steps)) is not None:
         return got
-    saved, checked = _tensors_saved(record), checked_error(output)
-    if saved is not True and checked is not None:  # measured on the device, on every input
-        return checked
+    saved, check = _tensors_saved(record), checked_error(output) if checked else None
+    if saved is not True and check is not None:  # measured on the device, on every input
+        return check
     got = _recomputed(record, dump, output, k, saved, steps)
-    return got if got is not None else checked  # a reference that refuses these inputs: the check
+    return got if got is not None else check  # a reference that refuses these inputs: the check
 
 
 def _recomputed(record: Record, dump: Any, output: TensorMeta, k: int, saved: bool | None,
@@ -316,4 +318,5 @@ def local_error_with(record: Record, dump: Any, output: TensorMeta, k: int, argu
     if taken and arguments_dump is None:
         return None
     call = dataclasses.replace(record, inputs={**record.inputs, **arguments})
-    return local_error(call, _Sides(dump, arguments_dump, taken), output, k, steps=False)
+    # (never the recorded self-check: it was measured with the target's own arguments)
+    return local_error(call, _Sides(dump, arguments_dump, taken), output, k, steps=False, checked=False)

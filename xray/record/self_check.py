@@ -1,5 +1,5 @@
 """A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a layer
-norm's backward): its local error without saving its tensors.
+norm's backward, a fused attention): its local error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
 convolution's sampled output elements each read a whole row, column or window that the samples
@@ -40,7 +40,13 @@ assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precisi
 MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
 SUMS = ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
 NORM_BACKWARD = "aten.native_layer_norm_backward.default"
-OPS = frozenset(MATMULS + ("aten.convolution.default", NORM_BACKWARD) + SUMS)
+# fused attention kernels (CPU's, CUDA's flash, memory-efficient and cuDNN ones): the first output
+# is the attention's output (forward) or the query's gradient (backward)
+ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_flash_attention.default",
+             "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_cudnn_attention.default")
+ATTENTION_BACKWARD = tuple(name.replace(".default", "_backward.default") for name in ATTENTION)
+OPS = frozenset(MATMULS + ("aten.convolution.default", NORM_BACKWARD) + SUMS + ATTENTION + ATTENTION_BACKWARD)
+STEPPED = frozenset(MATMULS + ("aten.convolution.default",) + ATTENTION + ATTENTION_BACKWARD)  # TF32 and bf16 steps
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
@@ -187,6 +193,53 @@ def _layer_norm_backward(bound: dict, out: torch.Tensor, wide: torch.dtype) -> t
     return out.to(wide), reference, (g, x), 1, terms
 
 
+def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
+    """(got, reference, operands) of a fused attention's output, or its backward's query
+    gradient, from the math form (``softmax(scale q k^T + mask) v`` and its gradient, in
+    ``wide``): other kernels than the fused one it checks; its precision steps round q, k, v (and
+    the output gradient). Grouped heads repeat the keys and values; a call with dropout is not
+    checked (its draws are not in the arguments). The
+    backward is measured against the larger of its output's norm and its terms' (``scale dS k``
+    before the softmax's row sums cancel)."""
+    q, k, v = (bound.get(n) for n in ("query", "key", "value"))
+    mask = bound.get("attn_mask", bound.get("attn_bias"))
+    if not all(_plain(t) for t in (q, k, v)) or (mask is not None and not _plain(mask) and mask.dtype != torch.bool) \
+            or bound.get("dropout_p", 0.0) or q.dim() != 4 or q.shape[-3] % k.shape[-3] \
+            or tuple(out.shape) != tuple(q.shape if name in ATTENTION_BACKWARD else (*q.shape[:-1], v.shape[-1])):
+        return None
+    scale = bound.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    g = bound.get("grad_out", bound.get("grad_out_"))
+    if name in ATTENTION_BACKWARD and not _plain(g):
+        return None
+    causal, terms = bool(bound.get("is_causal")), []
+
+    def compute(fn):  # fn: the precision steps' rounding of the operands (TF32's, bf16's)
+        qw, kw, vw = (fn(t).to(wide) for t in (q, k, v))
+        if k.shape[-3] != q.shape[-3]:
+            kw, vw = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (kw, vw))
+        scores = (qw @ kw.transpose(-2, -1)) * scale
+        if causal:
+            keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+            scores = scores.masked_fill(~keep, -math.inf)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
+        probs = torch.softmax(scores, -1)
+        if name in ATTENTION:
+            return probs @ vw
+        gw = fn(g).to(wide)
+        dprobs = gw @ vw.transpose(-2, -1)
+        rows = (gw * (probs @ vw)).sum(-1, keepdim=True)
+        if not terms:  # its terms before the softmax's row sums cancel
+            terms.append(torch.linalg.vector_norm(((probs * dprobs) @ kw) * scale))
+        return ((probs * (dprobs - rows)) @ kw) * scale
+    exact = [compute(lambda t: t)]  # (it fills terms) the check's first call, for the exact reference
+
+    def reference(fn):
+        return exact.pop() if exact else compute(fn)
+    return out.to(wide), reference, (q, k, v), 1, *terms
+
+
 @functools.lru_cache(maxsize=64)
 def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.ones(n, device=device, dtype=dtype)
@@ -208,7 +261,9 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
             wide = _wide(out.device, out, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
             got = _convolution(bound, out, wide) if name == "aten.convolution.default" else \
                 _sum(name, bound, out, wide) if name in SUMS else \
-                _layer_norm_backward(bound, out, wide) if name == NORM_BACKWARD else _matmul(name, bound, out, wide)
+                _layer_norm_backward(bound, out, wide) if name == NORM_BACKWARD else \
+                _attention(name, bound, out, wide) if name in ATTENTION + ATTENTION_BACKWARD else \
+                _matmul(name, bound, out, wide)
             if got is None:
                 return None
             got_r, reference, operands, k, *of_terms = got
@@ -216,7 +271,7 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
             # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
             size = torch.linalg.vector_norm(out.to(wide))
             norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.maximum(size, *of_terms) if of_terms else size])
-            step_ops = name in MATMULS + ("aten.convolution.default",) and all(t.dtype == torch.float32 for t in operands)
+            step_ops = name in STEPPED and all(t.dtype == torch.float32 for t in operands)
             if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
                 norms = norms.to(torch.float64)
                 scale = norms[1] * math.sqrt(k)
