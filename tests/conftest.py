@@ -129,3 +129,27 @@ def record_forward(model, folder: Path, ids: torch.Tensor, fault: TorchDispatchM
                 xray.dump(dump_dir=folder, **dump_options) as d:
             model(ids)
     return d.folder
+
+
+def sweep_noise_run(model_type: str, tmp_path: Path, defaults: bool = True, noise: str = "bf16",
+                    backward: bool = True):
+    """The architecture sweep's noise-only run of one transformers model (tools/accuracy: fp32
+    bench against ``noise`` on the target), with the recorder's defaults or every call recorded;
+    skipped where the installed transformers has no such model. Returns the Outcome, checked to
+    have run without a crash or a harness error."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy import zoo
+    from accuracy.runner import run_scenario
+    from accuracy.scenario import Scenario
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    entry = next((x for x in zoo.listed() if x.model_type == model_type), None)
+    if entry is None:
+        pytest.skip(f"this transformers has no {model_type}")
+    flags = RECORDER_DEFAULTS if defaults else {"dedup": False, "dump_num": None}
+    o = run_scenario(Scenario(f"t/{model_type}", "noise", zoo.register(entry), noise=noise, backward=backward,
+                              **flags), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    return o

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import sweep_noise_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -230,15 +231,7 @@ def test_a_folded_cast_of_a_recorded_output_carries_that_outputs_difference(tmp_
     the runs) cast to bfloat16 by a call de-dup folded. The view that reads it differs by as
     much; the folds table names the norm's recorded output as the cast's argument, and the view's
     difference is within what that output carries (causality._folded_cast): no FAIL row (4 before)."""
-    from accuracy import zoo  # noqa: E402
-    from accuracy.scenarios import RECORDER_DEFAULTS  # noqa: E402
-
-    entry = next((x for x in zoo.listed() if x.model_type == "bart"), None)
-    if entry is None:
-        pytest.skip("this transformers has no BART")
-    s = Scenario("t/bart", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
-    o = run_scenario(s, tmp_path)
-    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    o = sweep_noise_run("bart", tmp_path)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
 
 
@@ -249,13 +242,5 @@ def test_a_birth_the_last_rules_may_settle_does_not_stop_carrying_precision_thro
     birth the rules run last settle as precision loss. It counted as an origin already, so a
     rotary backward's add fed by a folded call was left an inherited FAIL (3 rows) instead of
     carrying the precision calls before it showed."""
-    from accuracy import zoo  # noqa: E402
-    from accuracy.scenarios import RECORDER_DEFAULTS  # noqa: E402
-
-    entry = next((x for x in zoo.listed() if x.model_type == "muse_spark_text"), None)
-    if entry is None:
-        pytest.skip("this transformers has no Muse-Spark")
-    s = Scenario("t/muse", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
-    o = run_scenario(s, tmp_path)
-    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    o = sweep_noise_run("muse_spark_text", tmp_path)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]

@@ -7,33 +7,19 @@ an add of its own, which the float32 run folds into one chain. Its gradients are
 sums that cancel, so the reordered sum moved them by 3,600x their size: a false FAIL, "target-only
 op", with every call recorded (sweep shard 29).
 """
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import sweep_noise_run
 
 import xray
 from xray.compare import compare_dumps
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from accuracy import zoo  # noqa: E402
-from accuracy.runner import run_scenario  # noqa: E402
-from accuracy.scenario import Scenario  # noqa: E402
 
 FAILING = ("fail", "nan/inf")
 
 
 @pytest.mark.slow
 def test_a_bf16_training_step_that_reorders_a_gradient_sum_has_no_fail_row(tmp_path):
-    entry = next((x for x in zoo.listed() if x.model_type == "neomme"), None)
-    if entry is None:
-        pytest.skip("this transformers has no NeoMME")
-    arch = zoo.register(entry)
-    s = Scenario("t/neomme", "noise", arch, noise="bf16", backward=True, dedup=False, dump_num=None)
-    o = run_scenario(s, tmp_path)
-    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    o = sweep_noise_run("neomme", tmp_path, defaults=False)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
 
 

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from conftest import sweep_noise_run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import xray
@@ -231,21 +232,7 @@ def test_a_layer_norms_row_sums_under_bf16_training_are_no_fail(tmp_path):
     gradient that is the rounding of a cancelling sum; that sum moved 1.2x its size between the
     runs and read as born, "local error not measured" (3 FAIL rows). Its check says it computed
     right on its inputs."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from accuracy import zoo
-    from accuracy.runner import run_scenario
-    from accuracy.scenario import Scenario
-    from accuracy.scenarios import RECORDER_DEFAULTS
-
-    entry = next((x for x in zoo.listed() if x.model_type == "longt5"), None)
-    if entry is None:
-        pytest.skip("this transformers has no LongT5")
-    s = Scenario("t/longt5", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
-    o = run_scenario(s, tmp_path)
-    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    o = sweep_noise_run("longt5", tmp_path)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
 
 
@@ -331,19 +318,5 @@ def test_a_cross_attention_backward_that_cancels_is_no_fail_under_bf16_training(
     gradient is 1e-7 of its output gradient (the softmax's row sums cancel it), statistics only,
     every input agreeing: born, 11 FAIL rows. Its check, from the math form, says the fused kernel
     computed right on its inputs."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from accuracy import zoo
-    from accuracy.runner import run_scenario
-    from accuracy.scenario import Scenario
-    from accuracy.scenarios import RECORDER_DEFAULTS
-
-    entry = next((x for x in zoo.listed() if x.model_type == "cohere_asr"), None)
-    if entry is None:
-        pytest.skip("this transformers has no Cohere-ASR")
-    s = Scenario("t/cohere_asr", "noise", zoo.register(entry), noise="bf16", backward=True, **RECORDER_DEFAULTS)
-    o = run_scenario(s, tmp_path)
-    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    o = sweep_noise_run("cohere_asr", tmp_path)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]

@@ -402,10 +402,13 @@ class _Graph:
     def target_only_origin(self, e: Entry) -> tuple[str, Any]:
         """A target-only op is the origin unless a failing matched record feeds it (walked back
         through chains of target-only ops)."""
-        kind, detail, _ = self._region(e)
+        kind, detail, _ = self.region(e)
         return kind, detail
 
-    def _region(self, e: Entry) -> tuple[str, Any, Sequence[Entry]]:
+    def region(self, e: Entry) -> tuple[str, Any, Sequence[Entry]]:
+        """The target-only ops behind ``e`` (itself included), walked back to matched records:
+        ("failing", row, ops) at the first failing one met, else ("target-only", e, ops). Not
+        cached: a producer's row may settle after a consumer asked (``_decide_again``)."""
         seen, todo, ops = set(), [e], []
         while todo:
             cur = todo.pop()
@@ -438,7 +441,7 @@ class _Graph:
         error against its device floor. Otherwise the ops were inserted on an edge both runs
         share: only value-preserving ops and casts that change nothing beyond their dtype's
         rounding are harmless (an inserted ``x * 1.001`` computes right, and is the bug)."""
-        kind, detail, ops = self._region(e)
+        kind, detail, ops = self.region(e)
         if kind == "failing" or self.floors is None or self.dump is None or len(ops) > MAX_REGION:
             return kind, detail
         casts, unmeasured = [], False
@@ -619,7 +622,7 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
         return None
     # beyond the level (or no level yet: nothing before it showed precision loss): still rounding
     # where the folded call is a sum that cancels what its recorded argument carries
-    through = (_folded_sum(graph, p, name, seq, f) or _folded_cast(graph, p, name, seq, f)) \
+    through = (_folded_sum(graph, p, name, seq, f) or _folded_cast(graph, p, k, name, seq, f)) \
         if err > f * seen.level else ""
     if through is None:
         return None
@@ -646,8 +649,8 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
             "record with X_DEDUP=0 to judge that call")
 
 
-def _folded_cast(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str | None:
-    """Input ``name`` comes from folded call ``seq``, a cast of a matched record's output (the
+def _folded_cast(graph: _Graph, p: Pending, k: int, name: str, seq: Any, f: float) -> str | None:
+    """Input ``name`` (of output ``k``) comes from folded call ``seq``, a cast of a matched record's output (the
     folds table names it): the reason when the input's difference is within ``f`` x what that
     output carries plus the cast's rounding, measured alike (saved data against data,
     statistics and samples against theirs); else None. A bf16 run casts a layer norm's input
@@ -663,7 +666,7 @@ def _folded_cast(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> st
     if name in p.input_errors:
         err, carried = p.input_errors[name], row.accumulated_err
     else:
-        err = next((e for n, _, _, e in row_inputs(p, 0) if n == name), None)
+        err = next((e for n, _, _, e in row_inputs(p, k) if n == name), None)
         carried = max((e for e in (row.stats_err, row.sample_err) if e is not None), default=None)
     try:
         rounding = float(torch.finfo(dtype_from_name(rep.outputs[0][1].dtype)).eps)

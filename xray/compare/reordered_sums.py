@@ -21,6 +21,7 @@ from ..dump.tensorio import dtype_from_name
 from ..numerics.rules import eps
 from .op_classes import is_cast, is_value_preserving
 from .pending import Pending, row_inputs
+from .sample_verdicts import sample_peak
 
 SUMS = frozenset({"aten.add.Tensor", "aten.sub.Tensor"})
 
@@ -30,7 +31,7 @@ def reordered_sum(graph: Any, e: Any, p: Pending, k: int, name: str) -> str | No
     not make, its difference: every one adds, subtracts, casts or moves values, every tensor they
     read was made by a matched record (a term), and the difference at ``name`` is within the sum
     of the terms' differences and the adds' rounding. None when any of that fails."""
-    kind, _, ops = graph._region(e)
+    kind, _, ops = graph.region(e)
     if kind != "target-only" or not ops:
         return None
     terms, sums, units = [], 0, []
@@ -58,9 +59,9 @@ def reordered_sum(graph: Any, e: Any, p: Pending, k: int, name: str) -> str | No
     carried = [_carried(graph, row) for row, _ in terms]
     if arrived is None or None in carried:
         return None
-    rounding = sums * max(units) * sum(_largest(m) for _, m in terms)
+    rounding = sums * max(units) * sum(sample_peak(m.stats) for _, m in terms)
     bound = sum(carried) + rounding
-    if arrived > bound:
+    if not (math.isfinite(arrived) and math.isfinite(bound)) or arrived > bound:  # (NaN: a peak not recorded)
         return None
     return (f"{len(ops)} target-only op(s) from {e.name} back only add and cast {len(terms)} matched "
             f"record(s)' values: their difference at {name} ({arrived:.3g}) is within what those carry "
@@ -83,14 +84,6 @@ def _unit(meta: TensorMeta) -> float:
         return 0.0
 
 
-def _largest(meta: Any) -> float:
-    """max |value| from the statistics (0 where there are none)."""
-    st = getattr(meta, "stats", None)
-    if st is None or st.min is None or st.max is None:
-        return 0.0
-    return max(abs(st.min), abs(st.max))
-
-
 def _arrived(p: Pending, k: int, name: str) -> float | None:
     """Input ``name``'s largest difference between the runs, in its own units: its error
     (relative to the bench's largest magnitude: data where judged so, else its statistics')
@@ -99,7 +92,7 @@ def _arrived(p: Pending, k: int, name: str) -> float | None:
     if err is None:
         err = next((stat for n, _, _, stat in row_inputs(p, k) if n == name), None)
     bench = dict(p.bench.inputs).get(name)
-    return None if err is None or bench is None or not math.isfinite(err) else err * _largest(bench)
+    return None if err is None or bench is None or not math.isfinite(err) else err * sample_peak(bench.stats)
 
 
 def _carried(graph: Any, row: Any) -> float | None:
@@ -107,4 +100,4 @@ def _carried(graph: Any, row: Any) -> float | None:
     data, statistics and sample) times the bench's largest magnitude."""
     errors = [x for x in (row.accumulated_err, row.stats_err, row.sample_err) if x is not None and math.isfinite(x)]
     bench = graph.bench_output(row)
-    return None if not errors or bench is None else max(errors) * _largest(bench)
+    return None if not errors or bench is None else max(errors) * sample_peak(bench.stats)
