@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -46,12 +46,26 @@ ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._
              "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_cudnn_attention.default")
 ATTENTION_BACKWARD = tuple(name.replace(".default", "_backward.default") for name in ATTENTION)
 OPS = frozenset(MATMULS + ("aten.convolution.default", NORM_BACKWARD) + SUMS + ATTENTION + ATTENTION_BACKWARD)
-STEPPED = frozenset(MATMULS + ("aten.convolution.default",) + ATTENTION + ATTENTION_BACKWARD)  # TF32 and bf16 steps
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
 # The reference in terms of the operands (A, B; or input, weight), each passed through ``fn``
 Reference = Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+
+
+class Check(NamedTuple):
+    """What a checked op's branch gives ``self_check``: its output contracted (``got``), the
+    exact reference contracted alike, the reference with its operands rounded (``stepped``: for
+    the precision steps; None where it has none), the operands, the vectors' count ``k``, and
+    its terms' norm where the residual is measured against the larger of it and the output's
+    (a sum that cancels), else None."""
+
+    got: torch.Tensor
+    exact: torch.Tensor
+    stepped: Reference | None
+    operands: tuple
+    k: int
+    terms: torch.Tensor | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -84,8 +98,8 @@ def _plain(t: Any) -> bool:
     return type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided and t.is_floating_point()
 
 
-def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of ``out = beta * input + alpha * A @ B``, contracted over
+def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of ``out = beta * input + alpha * A @ B``, contracted over
     the output's last dimension."""
     if name in ("aten.mm.default", "aten.bmm.default"):
         added, a, b, beta, alpha = None, bound.get("self"), bound.get("mat2"), 0.0, 1.0
@@ -107,11 +121,11 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tup
 
     def reference(fn):
         return base + alpha * (fn(a).to(wide) @ (fn(b).to(wide) @ r))
-    return (out.to(wide) @ r), reference, (a, b), k
+    return Check(out.to(wide) @ r, reference(_same), reference, (a, b), k)
 
 
-def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of a convolution (one group, or depthwise; transposed: one
+def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of a convolution (one group, or depthwise; transposed: one
     group), contracted over its output channels: a convolution with one output channel."""
     x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
     groups, transposed = bound.get("groups", 1), bool(bound.get("transposed"))
@@ -139,11 +153,11 @@ def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | N
                                                       bound.get("output_padding"), 1) + base
         y = torch.ops.aten.convolution.default(xw, ww, None, *args, False, bound.get("output_padding"), groups)
         return contract(y) + base  # depthwise: as cheap as reading its output
-    return contract(out.to(wide)), reference, (x, w), k
+    return Check(contract(out.to(wide)), reference(_same), reference, (x, w), k)
 
 
-def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of a sum or mean over some dimensions: recomputed whole by
+def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of a sum or mean over some dimensions: recomputed whole by
     another kernel (a product with a vector of ones where the summed dimensions are a contiguous
     tensor's last ones, else a float64 reduction where the device has it: a float32 reduction
     would be the very kernel it checks, and would agree with a device's wrong one), and measured
@@ -163,15 +177,12 @@ def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple 
         exact = torch.float64 if out.device.type in ("cpu", "cuda", "xpu") else wide
         v = x.to(exact)
         made = v.sum(dims)
-    terms = torch.linalg.vector_norm(v).to(wide) * scale
-
-    def reference(_fn):  # its precision steps are never measured (a sum has no TF32 step)
-        return (made * scale).reshape(out.shape).to(wide)
-    return out.to(wide), reference, (x,), 1, terms
+    terms = torch.linalg.vector_norm(v).to(wide) * scale  # (no precision steps: a sum has no TF32 step)
+    return Check(out.to(wide), (made * scale).reshape(out.shape).to(wide), None, (x,), 1, terms)
 
 
-def _layer_norm_backward(bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of a layer norm backward's input gradient, from its formula in
+def _layer_norm_backward(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of a layer norm backward's input gradient, from its formula in
     pointwise ops and means (not the fused kernel it checks): ``rstd (wg - mean(wg) - xhat
     mean(wg xhat))`` with ``wg`` the weighted output gradient and ``xhat`` the normalised input,
     measured against the larger of its output's norm and ``rstd wg``'s (its terms': what it
@@ -186,15 +197,12 @@ def _layer_norm_backward(bound: dict, out: torch.Tensor, wide: torch.dtype) -> t
     xhat = (xw - mean.to(wide)) * rw
     wg = gw * w.to(wide) if w is not None else gw
     made = rw * (wg - wg.mean(axes, keepdim=True) - xhat * (wg * xhat).mean(axes, keepdim=True))
-    terms = torch.linalg.vector_norm(rw * wg)
-
-    def reference(_fn):  # no precision steps: a norm has no TF32 step
-        return made
-    return out.to(wide), reference, (g, x), 1, terms
+    terms = torch.linalg.vector_norm(rw * wg)  # (no precision steps: a norm has no TF32 step)
+    return Check(out.to(wide), made, None, (g, x), 1, terms)
 
 
-def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> tuple | None:
-    """(got, reference, operands) of a fused attention's output, or its backward's query
+def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of a fused attention's output, or its backward's query
     gradient, from the math form (``softmax(scale q k^T + mask) v`` and its gradient, in
     ``wide``): other kernels than the fused one it checks; its precision steps round q, k, v (and
     the output gradient). Grouped heads repeat the keys and values; a call with dropout is not
@@ -212,9 +220,9 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     g = bound.get("grad_out", bound.get("grad_out_"))
     if name in ATTENTION_BACKWARD and not _plain(g):
         return None
-    causal, terms = bool(bound.get("is_causal")), []
+    causal = bool(bound.get("is_causal"))
 
-    def compute(fn):  # fn: the precision steps' rounding of the operands (TF32's, bf16's)
+    def compute(fn):  # (reference, its terms' norm); fn: the steps' rounding of the operands
         qw, kw, vw = (fn(t).to(wide) for t in (q, k, v))
         if k.shape[-3] != q.shape[-3]:
             kw, vw = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (kw, vw))
@@ -226,18 +234,18 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
             scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
         probs = torch.softmax(scores, -1)
         if name in ATTENTION:
-            return probs @ vw
+            return probs @ vw, None
         gw = fn(g).to(wide)
         dprobs = gw @ vw.transpose(-2, -1)
         rows = (gw * (probs @ vw)).sum(-1, keepdim=True)
-        if not terms:  # its terms before the softmax's row sums cancel
-            terms.append(torch.linalg.vector_norm(((probs * dprobs) @ kw) * scale))
-        return ((probs * (dprobs - rows)) @ kw) * scale
-    exact = [compute(lambda t: t)]  # (it fills terms) the check's first call, for the exact reference
+        terms = torch.linalg.vector_norm(((probs * dprobs) @ kw) * scale)  # before the row sums cancel
+        return ((probs * (dprobs - rows)) @ kw) * scale, terms
+    exact, terms = compute(_same)
+    return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms)
 
-    def reference(fn):
-        return exact.pop() if exact else compute(fn)
-    return out.to(wide), reference, (q, k, v), 1, *terms
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 @functools.lru_cache(maxsize=64)
@@ -246,10 +254,10 @@ def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
-    """(residual, step residuals...) of a matmul's or convolution's output (``bound``: its
-    arguments by schema name), or None when the call is not one this checks (another op, a
-    subclass, sparse or quantized tensors, a grouped or transposed convolution, a non-finite or
-    all-zero output) or the check cannot run.
+    """(residual, step residuals...) of a checked op's first output (``bound``: its arguments by
+    schema name), or None when the call is not one this checks (another op, a subclass, sparse or
+    quantized tensors, a grouped convolution, attention with dropout, a non-finite or all-zero
+    output) or the check cannot run.
 
     ``defer`` (an accelerator's call): the values as a tensor on the output's device, NaN where
     a tuple would be None, read with the batched statistics at the next flush, so that the check
@@ -266,12 +274,12 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
                 _matmul(name, bound, out, wide)
             if got is None:
                 return None
-            got_r, reference, operands, k, *of_terms = got
-            exact = reference(lambda t: t)
+            got_r, exact, reference, operands, k, of_terms = got
             # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
             size = torch.linalg.vector_norm(out.to(wide))
-            norms = torch.stack([torch.linalg.vector_norm(got_r - exact), torch.maximum(size, *of_terms) if of_terms else size])
-            step_ops = name in STEPPED and all(t.dtype == torch.float32 for t in operands)
+            norms = torch.stack([torch.linalg.vector_norm(got_r - exact),
+                                 size if of_terms is None else torch.maximum(size, of_terms)])
+            step_ops = reference is not None and all(t.dtype == torch.float32 for t in operands)
             if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
                 norms = norms.to(torch.float64)
                 scale = norms[1] * math.sqrt(k)
@@ -285,8 +293,8 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
             if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
                 return None
             residual, steps = error / scale, [math.nan] * len(PRECISION_STEPS)
-            terms = operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
-            if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, terms)):  # the sums' bound
+            summed = operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
+            if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, summed)):  # the sums' bound
                 for i, bits in enumerate(PRECISION_STEPS.values()):
                     rounded = reference(lambda t, b=bits: round_mantissa(t, b))
                     steps[i] = float(torch.linalg.vector_norm(rounded - exact)) / scale
