@@ -184,8 +184,8 @@ def measurable(output: TensorMeta) -> bool:
 
 
 def checked_error(output: TensorMeta) -> LocalError | None:
-    """A matmul output's recorded self-check as its local error (xray/record/self_check.py:
-    Freivalds' estimate of its normwise error against its own inputs, taken on its device), for
+    """A checked op's recorded self-check as its local error (xray/record/self_check.py: its
+    normwise error against its own inputs, taken on its device), for
     a call compare cannot re-run: its inputs kept with statistics only. Its floor is the output's
     own rounding (unit roundoff / sqrt(3), the normwise error of rounding uniformly); the
     accumulation bound and the precision steps it measured (TF32's, bf16's) are the Floors'."""
@@ -209,7 +209,7 @@ def local_error(record: Record, dump: Any, output: TensorMeta, k: int, *, steps:
     cannot be rebuilt safely from saved tensors (an input left unsaved counts only where the
     output does not read its values: ``_unsaved_unread``). A constant output recorded with statistics only
     (``finfo(float16).min`` made by ``scalar_tensor``) is judged from its statistics: they hold
-    its every value. A matmul or convolution whose inputs are not all known, or whose recomputation
+    its every value. A checked op (a matmul, a sum...) whose inputs are not all known, or whose recomputation
     cannot run, is judged by its recorded self-check (``checked_error``; not where ``checked`` is
     False: a call re-run with other arguments than those it was checked with).
 

@@ -50,7 +50,7 @@ class ColumnBuilder:
         self._roles: list[int] = []
         self._names: list[int] = []
         self._extras: dict[int, tuple[int, int]] = {}  # tensor index -> (data, note), where either is set
-        self._checks: dict[int, Any] = {}  # tensor index -> a matmul output's self-check (a tuple, or deferred)
+        self._checks: dict[int, Any] = {}  # tensor index -> a checked op's self-check (a tuple, or deferred)
         self._skeletons: dict[tuple, int] = {}  # skeleton key -> string id
         self._stacks: dict[tuple, int] = {}  # module stack -> string id
 

@@ -170,8 +170,9 @@ class Stats:
     # cached with them; in JSON it is the tensor's "sample" key (TensorMeta.sample). Left out of
     # ==, as the statistics of two runs are compared by tools, not by equality.
     sample: tuple[float, ...] | None = field(default=None, compare=False)
-    # A matmul output's self-check (xray/record/self_check.py): its normwise error against its
-    # own inputs, estimated by Freivalds' check, then each precision step's (NaN: not measured);
+    # A checked op's self-check (xray/record/self_check.py: a matmul's, convolution's, sum's,
+    # layer norm backward's or fused attention's): its normwise error against its own inputs,
+    # then each precision step's (NaN: not measured);
     # CHECK_SIZE values, or None. In JSON the tensor's "check" key.
     check: tuple[float, ...] | None = field(default=None, compare=False)
 
@@ -295,7 +296,7 @@ class TensorMeta:
 
     @property
     def check(self) -> tuple[float, ...] | None:
-        """A matmul output's recorded self-check (Stats.check), or None."""
+        """A checked op's recorded self-check (Stats.check), or None."""
         return None if self.stats is None else self.stats.check
 
     @sample.setter
