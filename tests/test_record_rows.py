@@ -30,6 +30,8 @@ CONFIGS = {
     "backward + modules": dict(X_DEBUG=0x11a, X_DEDUP=False, X_DUMP_NUM=0),
     # what the row path took from the Record path: saved tensors, Python stacks, bare records
     "saved tensors": dict(X_DEBUG=0x102, X_DEDUP=False, X_DUMP_NUM=2),
+    # begin_dump()'s defaults: the C path takes the calls de-dup folds, Python the new records
+    "the defaults": dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=5),
     "stacks + dedup": dict(X_DEBUG=0x106, X_DEDUP=True, X_DUMP_NUM=0),
     "neither meta nor stats": dict(X_DEBUG=0x008, X_DEDUP=False, X_DUMP_NUM=0),
 }
@@ -45,8 +47,8 @@ def check_path(recorder, path: str, **kw) -> None:
     """The recorder took the path it was asked for (the C path needs META and STATS)."""
     assert (recorder.rows is not None) == (path != "record")
     debug = kw.get("X_DEBUG", 0x102)
-    # the C path: META and STATS, no saved tensors and no Python stacks
-    common = (debug & 0x106) == 0x102 and not kw.get("X_DUMP_NUM", 0)
+    # the C path: META and STATS, no Python stacks, and no saved tensors unless de-dup folds calls
+    common = (debug & 0x106) == 0x102 and (not kw.get("X_DUMP_NUM", 0) or kw.get("X_DEDUP", False))
     assert (recorder.native is not None) == (path == "native rows" and NATIVE and common)
 
 
@@ -148,7 +150,7 @@ def roles_and_loops(net: torch.nn.Module) -> None:
     net(x, h)
 
 
-@pytest.mark.parametrize("config", ["meta+stats, dedup", "stacks + dedup"])
+@pytest.mark.parametrize("config", ["meta+stats, dedup", "stacks + dedup", "the defaults"])
 def test_dedup_roles_give_the_same_records(config, tmp_path, monkeypatch):
     torch.manual_seed(0)
     net = _Roles()
@@ -200,7 +202,8 @@ def test_an_op_that_raises_gives_the_same_records(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup", "backward + modules"])
+@pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup", "backward + modules",
+                                    "the defaults"])
 def test_llama_training_step_gives_the_same_records(config, llama, tokens, tmp_path, monkeypatch):
     def step():
         out = llama(tokens)
@@ -211,7 +214,7 @@ def test_llama_training_step_gives_the_same_records(config, llama, tokens, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup"])
+@pytest.mark.parametrize("config", ["meta+stats, no dedup", "meta+stats, dedup", "the defaults"])
 def test_llama_inference_gives_the_same_records(config, llama, tokens, tmp_path, monkeypatch):
     """Repeated forwards under no_grad and inference_mode: what the C path takes nearly alone."""
     def forwards():

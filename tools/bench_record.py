@@ -12,7 +12,9 @@ what the dispatch path costs without building columns or writing files (docs/per
 Those rows time one forward per dump session (folder set-up and end_dump included). The "per
 forward in a session" rows time forwards inside one long session, as a training or eval loop
 records them: median and mean (the mean carries periodic flushes and garbage collection); the
-inference_mode row runs both sides under ``torch.inference_mode()`` instead of ``no_grad``.
+inference_mode row runs both sides under ``torch.inference_mode()`` instead of ``no_grad``. The
+defaults' row records as ``begin_dump()`` does (de-dup, X_DUMP_NUM=5); the floor row is a
+dispatch mode that only runs each op, what any recorder built on one pays first.
 
     python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
 
@@ -44,6 +46,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import xray  # noqa: E402
 from xray.demo.models import bench_llama, token_batch  # noqa: E402
@@ -174,6 +177,26 @@ def steady_ratios(model, ids, root: Path, kw: dict, repeats: int) -> tuple[float
             recorded = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
         medians.append(statistics.median(recorded) / statistics.median(eager))
         means.append(statistics.mean(recorded) / statistics.mean(eager))
+    return statistics.median(medians), statistics.median(means)
+
+
+class OnlyRuns(TorchDispatchMode):
+    """A dispatch mode that runs each op and records nothing: what any recorder built on a
+    Python ``TorchDispatchMode`` pays before it does anything (the floor under every row)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def floor_ratios(model, ids, repeats: int) -> tuple[float, float]:
+    """steady_ratios for OnlyRuns: its median and mean per forward against eager's."""
+    medians, means = [], []
+    for _ in range(repeats):
+        eager = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+        with OnlyRuns():
+            dispatched = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+        medians.append(statistics.median(dispatched) / statistics.median(eager))
+        means.append(statistics.mean(dispatched) / statistics.mean(eager))
     return statistics.median(medians), statistics.median(means)
 
 
@@ -439,7 +462,13 @@ def main(argv=None) -> int:
             rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
                          f"{size / 2**20:.2f}"])
             results.append({"config": label, "ratio": r, **summary, "bytes": size})
+        median, mean = floor_ratios(model, ids, args.repeats)
+        rows.append(["a dispatch mode that only runs the op (the floor)", f"{median:.2f}x (mean {mean:.2f}x)",
+                     "", "", "", ""])
+        results.append({"config": "floor", "ratio": median, "mean_ratio": mean})
         for label, kw, mode, native in (
+                ("the defaults (dedup, X_DUMP_NUM=5), per forward in a session", CONFIGS[1][1], torch.no_grad,
+                 "1"),
                 ("0x102 dedup, per forward in a session", CONFIGS[0][1], torch.no_grad, "1"),
                 ("0x102 no dedup, per forward in a session", CONFIGS[3][1], torch.no_grad, "1"),
                 ("0x102 no dedup, per forward, inference_mode", CONFIGS[3][1], torch.inference_mode, "1"),
@@ -477,6 +506,8 @@ def main(argv=None) -> int:
                    "0x102 dedup, tracer only": "dump_ratio_dedup_tracer", "0x102 no dedup, tracer only":
                    "dump_ratio_nodedup_tracer",
                    "msprobe mix": "msprobe_mix_ratio",
+                   "the defaults (dedup, X_DUMP_NUM=5), per forward in a session": "session_ratio_defaults",
+                   "floor": "session_ratio_floor",
                    "0x102 dedup, per forward in a session": "session_ratio_dedup",
                    "0x102 no dedup, per forward in a session": "session_ratio_nodedup",
                    "0x102 no dedup, per forward, inference_mode": "session_ratio_nodedup_inference",

@@ -96,11 +96,12 @@ static PyTypeObject RowCallType = {
 
 /* -- per-op facts, keyed by the OpOverload's address (held, so never reused) --------------- */
 /* Worked out once per op in Python (rows.op_facts), where every rule they carry lives; this
- * table only remembers them: the OpInfo, whether this path takes the op's calls at all, and
- * which of the statistics cache's rules apply (cache_rules.py). */
+ * table only remembers them: the OpInfo, whether this path takes the op's calls at all
+ * (``common``), whether it also takes those that make a new record (``records``; else only the
+ * calls de-dup folds), and which of the statistics cache's rules apply (cache_rules.py). */
 typedef struct {
     PyObject *func, *info, *roles; /* the OpOverload, its OpInfo (encode.op_info) and the OpInfo's roles */
-    int common, view, preserving, mutates, writes;
+    int common, records, view, preserving, mutates, writes;
 } OpFacts;
 
 /* -- FastPath ------------------------------------------------------------------------------ */
@@ -400,22 +401,24 @@ static OpFacts *op_facts(FastPath *self, PyObject *func) {
                 self->ops[op_slot(self, old[j].func)] = old[j];
         PyMem_Free(old);
     }
-    PyObject *facts = call1(self->op_facts, func); /* (info, common, view, preserving, mutates, writes) */
+    /* (info, common, records, view, preserving, mutates, writes) */
+    PyObject *facts = call1(self->op_facts, func);
     if (facts == NULL)
         return NULL;
-    if (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 6) {
+    if (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 7) {
         Py_DECREF(facts);
-        PyErr_SetString(PyExc_TypeError, "xray fast path: op_facts gives (info, common, view, preserving, "
-                                         "mutates, writes)");
+        PyErr_SetString(PyExc_TypeError, "xray fast path: op_facts gives (info, common, records, view, "
+                                         "preserving, mutates, writes)");
         return NULL;
     }
-    int flags[5];
-    for (int i = 0; i < 5; i++)
+    int flags[6];
+    for (int i = 0; i < 6; i++)
         flags[i] = PyObject_IsTrue(PyTuple_GET_ITEM(facts, i + 1));
     PyObject *info = PyTuple_GET_ITEM(facts, 0), *roles = PyObject_GetAttr(info, s_roles);
-    OpFacts f = {func, Py_NewRef(info), roles, flags[0], flags[1], flags[2], flags[3], flags[4]};
+    OpFacts f = {func, Py_NewRef(info), roles, flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]};
     Py_DECREF(facts);
-    if (PyErr_Occurred() || f.common < 0 || f.view < 0 || f.preserving < 0 || f.mutates < 0 || f.writes < 0) {
+    if (PyErr_Occurred() || f.common < 0 || f.records < 0 || f.view < 0 || f.preserving < 0 || f.mutates < 0
+        || f.writes < 0) {
         Py_DECREF(f.info), Py_XDECREF(f.roles);
         return NULL;
     }
@@ -1536,7 +1539,7 @@ static int python_call(FastPath *self, OpFacts **op, PyObject *func, PyObject *a
         PyErr_Clear(); /* Python's op_facts says what is wrong, on its path */
         return 1;
     }
-    if (!(*op)->common)
+    if (!(*op)->common || (!(*op)->records && !self->dedup))
         return 1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
         int s = supported(self, PyTuple_GET_ITEM(args, i), 0);
@@ -1566,26 +1569,32 @@ static PyObject *fp_on_op(FastPath *self, PyObject *const *argv, Py_ssize_t narg
     int theirs = python_call(self, &op, func, args, kwargs);
     if (theirs != 0) /* an Exception here: Python's path meets the same problem and says so */
         return theirs < 0 && to_python() < 0 ? NULL : Py_NewRef(FALLBACK);
-    /* From here on the call is ours: Recorder._before */
-    PyObject *seq = NULL, *signature = NULL, *out = NULL;
+    /* From here on the call is ours (Recorder._before), unless it would make a new record of an
+     * op whose records Python makes: the de-dup key, which changes nothing, says which */
+    PyObject *seq = NULL, *signature = NULL, *out = NULL, *seen = NULL;
     RowCall *call = NULL;
-    if (bump(self, s_op_calls, NULL) < 0 || bump(self, s_seq, &seq) < 0)
-        goto failed_before;
     if (self->dedup) {
         signature = dedup_key(self, op, args, kwargs);
         if (signature == NULL && PyErr_Occurred())
             goto failed_before;
-        PyObject *seen = signature ? PyDict_GetItemWithError(self->seen, signature) : NULL;
+        seen = signature ? PyDict_GetItemWithError(self->seen, signature) : NULL;
         if (seen == NULL && PyErr_Occurred()) { /* as signature_key: recorded, never folded */
             if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_RuntimeError))
                 goto failed_before;
             PyErr_Clear();
             Py_CLEAR(signature);
         }
+        Py_XINCREF(seen); /* held: Python code runs below */
+        if (seen == NULL && !op->records) {
+            Py_XDECREF(signature);
+            return Py_NewRef(FALLBACK);
+        }
+    }
+    if (bump(self, s_op_calls, NULL) < 0 || bump(self, s_seq, &seq) < 0)
+        goto failed_before;
+    if (self->dedup) {
         if (seen != NULL) { /* folded into an earlier record: only counted, and its outputs produced */
-            Py_INCREF(seen);
             int r = fold(self, seen, seq, args);
-            Py_DECREF(seen);
             if (r < 0)
                 goto failed_before;
             /* Producers.produced, then wrote_through for a writing call (a base written through a view) */
@@ -1614,7 +1623,7 @@ failed_before:
     if (fail(self) == 0)
         out = run_op(func, args, kwargs);
 cleanup:
-    Py_XDECREF(seq), Py_XDECREF(signature), Py_XDECREF(call);
+    Py_XDECREF(seq), Py_XDECREF(signature), Py_XDECREF(seen), Py_XDECREF(call);
     return out;
 }
 

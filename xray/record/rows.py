@@ -25,6 +25,7 @@ are the ones these methods make, each op's facts are ``op_facts``' (the rules st
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
@@ -455,30 +456,35 @@ def wait_collective(outs: list) -> None:
 _TENSOR_TYPE = torch.Tensor
 
 
-def op_facts(func) -> tuple:
+def op_facts(func, records: bool = True) -> tuple:
     """What the C path needs to know of an op, worked out once per op here, where the rules
-    live: (its OpInfo, whether the C path takes its calls, and whether each of the statistics
-    cache's rules applies: ``cache_view_outputs`` (a view), ``reuse_input_stats`` (keeps its
-    input's values), ``forget_written`` (an in-place call: its result goes to Python), and
-    whether it may write (de-dup's folded calls then count as writes)). A collective waits for
-    its Work and forgets every argument: the general path's."""
+    live: (its OpInfo, whether the C path takes its calls that de-dup folds, whether it takes
+    those that make a new record (never where the session's ``records`` is False: X_DUMP_NUM's
+    tensors are copied in Python), and whether each of the statistics cache's rules applies:
+    ``cache_view_outputs`` (a view), ``reuse_input_stats`` (keeps its input's values),
+    ``forget_written`` (an in-place call: its result goes to Python), and whether it may write
+    (de-dup's folded calls then count as writes)). A collective waits for its Work and forgets
+    every argument: the general path's."""
     info = op_info(func)
-    # an allocation starts tracking uninitialised memory (unwritten.py), a matmul's output gets its
-    # self-check (self_check.py): Python's
-    takes = not info.collective and not allocates(func) and info.name not in CHECKED_OPS
-    return (info, takes, info.view, info.stats_preserving, bool(info.mutates), info.writes)
+    # an allocation starts tracking uninitialised memory (unwritten.py): Python's, folded or not
+    takes = not info.collective and not allocates(func)
+    # a checked op's new record gets its self-check (self_check.py) in Python; its folded calls
+    # take none, so the C path counts them as it counts any other op's
+    records = records and takes and info.name not in CHECKED_OPS
+    return (info, takes, records, info.view, info.stats_preserving, bool(info.mutates), info.writes)
 
 
 def native_path(recorder):
     """The C path over ``recorder``'s row path, or None: not built, switched off
     (``XRAY_NATIVE_ROWS=0``), or a configuration it does not take (it needs META and STATS, the
-    row path's one-step case, and leaves saved tensors and Python stacks to Python). Every piece of state it shares is handed over here; besides, it
+    row path's one-step case, and leaves Python stacks to Python). Under X_DUMP_NUM it takes only
+    the calls de-dup folds, which copy no tensor; so without de-dup it takes none. Every piece of state it shares is handed over here; besides, it
     reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
     its instance dict) and its ``unwritten_buffers`` (while not empty, Python takes every call), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
     the writer's ``_builder``/``_last_flush``/``flush_records``/``flush_seconds``, and the fields
     of ``Plan`` and ``Fold``; each op's facts come from ``op_facts``."""
     rows = recorder.rows
-    if (_fastpath is None or rows is None or not rows._fast or rows.dump_num or recorder.stack_on
+    if (_fastpath is None or rows is None or not rows._fast or (rows.dump_num and not recorder.dedup) or recorder.stack_on
             or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
         return None
     import time
@@ -494,7 +500,7 @@ def native_path(recorder):
             devices=rows._devices,
             cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
             src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
-            fold_type=Fold, op_facts=op_facts, compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
+            fold_type=Fold, op_facts=functools.partial(op_facts, records=not rows.dump_num), compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
             graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
             py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,
             py_after=recorder._after, py_fail=recorder._fail, py_add_rows=writer.add_rows,
