@@ -118,3 +118,17 @@ def test_a_dropped_mask_at_a_real_size(tmp_path):
     b = _record(tmp_path / "b", lambda: F.scaled_dot_product_attention(q, k, v) * 2)
     r = compare_dumps(a, b)
     assert r.summary.first_divergence["cause"] == "argument" and r.summary.verdict_kind == "bug", r.summary.verdict
+
+
+
+
+@pytest.mark.slow
+def test_an_index_list_with_a_dimension_taken_whole_is_the_same_argument(tmp_path):
+    """Switch Transformers under TF32 with the recorder's defaults: its experts gather their
+    tokens with ``x[:, idx]``, ``index`` with indices [None, idx] on both sides. The None items
+    are equal; they were read as an argument that "differs: bench none, target none", 7 FAIL
+    rows in a noise-only run."""
+    from conftest import sweep_noise_run
+
+    o = sweep_noise_run("switch_transformers", tmp_path, noise="tf32", backward=False)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]

@@ -879,7 +879,11 @@ _ABSENT = _Absent()
 
 
 def _tensor_argument_differs(b: Any, t: Any) -> str | None:
-    """How a tensor argument differs in kind or shape (its values are judged as an input), or None."""
+    """How a tensor argument differs in kind or shape (its values are judged as an input), or None.
+    In a list, items that hold no tensor on either side (``index``'s None for a dimension taken
+    whole) are the same where they are equal."""
+    if not (_holds_tensor(b) or _holds_tensor(t)):
+        return None if b == t else f"bench {_described(b)}, target {_described(t)}"
     if not (_holds_tensor(b) and _holds_tensor(t)):
         return f"bench {_described(b)}, target {_described(t)}"
     if isinstance(b, (list, tuple)) != isinstance(t, (list, tuple)):
