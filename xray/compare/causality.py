@@ -965,13 +965,13 @@ def _shown(v: Any) -> str:
 
 
 def _carried_in(p: Pending, k: int, at_least: float) -> float:
-    """The largest error any disagreeing input of output ``k`` carries in (on data where it was
-    judged so, ``Pending.input_errors``, else on statistics), grown by its sum's cancellation
-    (``statistics_only.cancellation``, as ``carried_error``): a norm's mean of a residual stream
-    that nearly cancels moves more, relative to itself, than the stream it averages."""
-    errors = [p.input_errors.get(name, stat) for name, _, status, stat in row_inputs(p, k)
-              if status not in (PairStatus.PASS.value, PairStatus.SKIP.value)]
-    return max([at_least] + [e for e in errors if e is not None]) * statistics_only.cancellation(p, k)
+    """The largest error any disagreeing input of output ``k`` carries in, at least ``at_least``
+    (``statistics_only.carried_error``: on data where it was judged so, else on statistics or its
+    sample), grown by its sum's cancellation: a norm's mean of a residual stream that nearly
+    cancels moves more, relative to itself, than the stream it averages."""
+    carried = statistics_only.carried_error(p, k, disagreeing=True)
+    error, grown = carried if carried is not None else (0.0, statistics_only.cancellation(p, k))
+    return max(at_least, error) * grown
 
 
 def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, born_seen: bool,

@@ -171,16 +171,19 @@ def summed_terms(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[An
     return (ins, max(1, biggest // max(1, out.numel))) if out.numel < biggest else None
 
 
-def carried_error(p: Pending, k: int) -> tuple[float, float] | None:
+def carried_error(p: Pending, k: int, disagreeing: bool = False) -> tuple[float, float] | None:
     """What the inputs of ``p`` carry into its output ``k`` (None: none was judged): (the largest
     input error, the factor its sum's cancellation grows it by). An input's error is its saved
     data's where it was judged so (``Pending.input_errors``), else the larger of its statistics'
     and its sample's, which its statistics can hide (a gradient through relu's mask, a third of it
-    flipped, keeps them). In the unit of a row's ``stats_err`` and ``accumulated_err``: the
-    largest difference over the bench's largest magnitude."""
+    flipped, keeps them; a slice of half a tensor differs by more on statistics than the whole
+    whose elements it keeps). In the unit of a row's ``stats_err`` and ``accumulated_err``: the
+    largest difference over the bench's largest magnitude. ``disagreeing``: inputs that passed
+    (or were skipped) carry nothing in."""
     bench = dict(p.bench.inputs)
-    errors = [max(e, _sample_err(bench.get(name), meta)) for name, meta, _, stat in row_inputs(p, k)
-              if (e := p.input_errors.get(name, stat)) is not None]
+    errors = [max(e, _sample_err(bench.get(name), meta)) for name, meta, status, stat in row_inputs(p, k)
+              if (e := p.input_errors.get(name, stat)) is not None
+              and not (disagreeing and status in (PairStatus.PASS.value, PairStatus.SKIP.value))]
     return (max(errors), cancellation(p, k)) if errors else None
 
 
