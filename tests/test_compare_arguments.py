@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import sweep_noise_run
 
 import xray
 from xray.compare import compare_dumps
@@ -128,7 +129,5 @@ def test_an_index_list_with_a_dimension_taken_whole_is_the_same_argument(tmp_pat
     tokens with ``x[:, idx]``, ``index`` with indices [None, idx] on both sides. The None items
     are equal; they were read as an argument that "differs: bench none, target none", 7 FAIL
     rows in a noise-only run."""
-    from conftest import sweep_noise_run
-
     o = sweep_noise_run("switch_transformers", tmp_path, noise="tf32", backward=False)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import sweep_noise_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -486,7 +487,5 @@ def test_a_slice_is_weighed_against_its_inputs_sample_not_its_statistics_alone(t
     more", an inherited FAIL with 21 rows behind it (the sweep's first run). Its input's sample
     differs by 2.8e-4, elementwise, as the sample of the slice (3.6e-4): what the query carries
     in is the larger of its statistics' and its sample's error (``carried_error``)."""
-    from conftest import sweep_noise_run
-
     o = sweep_noise_run("qwen3_vl_vision", tmp_path, noise="tf32", backward=False)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]

@@ -164,20 +164,28 @@ def _msprobe_child(level: str, repeats: int) -> int:
 STEADY_FORWARDS = 20  # forwards per block in the steady-state rows
 
 
-def steady_ratios(model, ids, root: Path, kw: dict, repeats: int) -> tuple[float, float]:
-    """Per-forward cost inside one long recording session (a training or eval loop): blocks of
-    STEADY_FORWARDS eager forwards alternate with one session of as many recorded ones. Returns
-    the median over blocks of (median recorded forward / median eager forward), and the same for
-    means: the mean carries the periodic flushes and any garbage collection they set off."""
+def steady_ratios(model, ids, repeats: int, session) -> tuple[float, float]:
+    """Per-forward cost inside one long session (a training or eval loop): blocks of
+    STEADY_FORWARDS eager forwards alternate with one ``with session():`` of as many forwards.
+    Returns the median over blocks of (median forward in the session / median eager forward),
+    and the same for means: the mean carries the periodic flushes and any garbage collection
+    they set off."""
     medians, means = [], []
     for _ in range(repeats):
         eager = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
-        shutil.rmtree(root, ignore_errors=True)
-        with xray.dump(dump_dir=root, **kw):
-            recorded = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
-        medians.append(statistics.median(recorded) / statistics.median(eager))
-        means.append(statistics.mean(recorded) / statistics.mean(eager))
+        with session():
+            inside = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+        medians.append(statistics.median(inside) / statistics.median(eager))
+        means.append(statistics.mean(inside) / statistics.mean(eager))
     return statistics.median(medians), statistics.median(means)
+
+
+def recording(root: Path, kw: dict):
+    """A session for steady_ratios: a fresh dump into ``root`` with the dump kwargs ``kw``."""
+    def session():
+        shutil.rmtree(root, ignore_errors=True)
+        return xray.dump(dump_dir=root, **kw)
+    return session
 
 
 class OnlyRuns(TorchDispatchMode):
@@ -186,18 +194,6 @@ class OnlyRuns(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
-
-
-def floor_ratios(model, ids, repeats: int) -> tuple[float, float]:
-    """steady_ratios for OnlyRuns: its median and mean per forward against eager's."""
-    medians, means = [], []
-    for _ in range(repeats):
-        eager = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
-        with OnlyRuns():
-            dispatched = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
-        medians.append(statistics.median(dispatched) / statistics.median(eager))
-        means.append(statistics.mean(dispatched) / statistics.mean(eager))
-    return statistics.median(medians), statistics.median(means)
 
 
 DEVICE_CONFIGS = [  # (label, dump kwargs or None for eager)
@@ -462,7 +458,7 @@ def main(argv=None) -> int:
             rows.append([label, f"{r:.2f}x", summary["op_calls"], summary["records"], summary["tensors_saved"],
                          f"{size / 2**20:.2f}"])
             results.append({"config": label, "ratio": r, **summary, "bytes": size})
-        median, mean = floor_ratios(model, ids, args.repeats)
+        median, mean = steady_ratios(model, ids, args.repeats, OnlyRuns)
         rows.append(["a dispatch mode that only runs the op (the floor)", f"{median:.2f}x (mean {mean:.2f}x)",
                      "", "", "", ""])
         results.append({"config": "floor", "ratio": median, "mean_ratio": mean})
@@ -478,7 +474,7 @@ def main(argv=None) -> int:
             os.environ["XRAY_NATIVE_ROWS"] = native
             try:
                 with mode():  # inference tensors carry no version counter: their own cache rule
-                    median, mean = steady_ratios(model, ids, tmp / "steady", kw, args.repeats)
+                    median, mean = steady_ratios(model, ids, args.repeats, recording(tmp / "steady", kw))
             finally:  # the caller's setting back, for the rows that follow
                 if previous is None:
                     os.environ.pop("XRAY_NATIVE_ROWS")

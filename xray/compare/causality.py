@@ -969,8 +969,7 @@ def _carried_in(p: Pending, k: int, at_least: float) -> float:
     (``statistics_only.carried_error``: on data where it was judged so, else on statistics or its
     sample), grown by its sum's cancellation: a norm's mean of a residual stream that nearly
     cancels moves more, relative to itself, than the stream it averages."""
-    carried = statistics_only.carried_error(p, k, disagreeing=True)
-    error, grown = carried if carried is not None else (0.0, statistics_only.cancellation(p, k))
+    error, grown = statistics_only.carried_error(p, k, disagreeing=True) or (0.0, statistics_only.cancellation(p, k))
     return max(at_least, error) * grown
 
 

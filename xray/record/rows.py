@@ -478,14 +478,14 @@ def native_path(recorder):
     """The C path over ``recorder``'s row path, or None: not built, switched off
     (``XRAY_NATIVE_ROWS=0``), or a configuration it does not take (it needs META and STATS, the
     row path's one-step case, and leaves Python stacks to Python). Under X_DUMP_NUM it takes only
-    the calls de-dup folds, which copy no tensor; so without de-dup it takes none. Every piece of state it shares is handed over here; besides, it
-    reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
+    the calls de-dup folds, which copy no tensor; so without de-dup it takes none. Every piece of
+    state it shares is handed over here; besides, it reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
     its instance dict) and its ``unwritten_buffers`` (while not empty, Python takes every call), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
     the writer's ``_builder``/``_last_flush``/``flush_records``/``flush_seconds``, and the fields
     of ``Plan`` and ``Fold``; each op's facts come from ``op_facts``."""
     rows = recorder.rows
-    if (_fastpath is None or rows is None or not rows._fast or (rows.dump_num and not recorder.dedup) or recorder.stack_on
-            or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
+    if (_fastpath is None or rows is None or not rows._fast or (rows.dump_num and not recorder.dedup)
+            or recorder.stack_on or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
         return None
     import time
 
@@ -500,7 +500,8 @@ def native_path(recorder):
             devices=rows._devices,
             cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
             src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
-            fold_type=Fold, op_facts=functools.partial(op_facts, records=not rows.dump_num), compute=cache.compute, len_modes=torch._C._len_torch_dispatch_stack,
+            fold_type=Fold, op_facts=functools.partial(op_facts, records=not rows.dump_num), compute=cache.compute,
+            len_modes=torch._C._len_torch_dispatch_stack,
             graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
             py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,
             py_after=recorder._after, py_fail=recorder._fail, py_add_rows=writer.add_rows,
