@@ -131,3 +131,15 @@ def test_an_index_list_with_a_dimension_taken_whole_is_the_same_argument(tmp_pat
     rows in a noise-only run."""
     o = sweep_noise_run("switch_transformers", tmp_path, noise="tf32", backward=False)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
+
+
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about 15 s
+def test_an_argument_the_op_only_writes_is_not_paired_with_one_the_other_op_reads(tmp_path):
+    """I-JEPA's embeddings hand their input gradient on through ``copy_(new_empty_strided(...), g)``
+    in fp32 and through ``_to_copy(g, bfloat16)`` under autocast. Paired by name, the bench's
+    ``self`` (the empty buffer, which copy_ only writes) stood for the target's ``self`` (the
+    gradient it casts): the inputs read "unknown", and the row, which carries its input's
+    precision loss, stayed a FAIL with no origin (the sweep's first run). An argument the op
+    never reads is none of its inputs (``op_classes.overwritten_inputs``)."""
+    o = sweep_noise_run("ijepa", tmp_path, noise="bf16", backward=True)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]

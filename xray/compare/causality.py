@@ -1031,8 +1031,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
         set_origin(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
-    elif le is None and statistics_only.holds_rounding(p, k, floors.rules.precision_factor, both=True):
-        # (a data row too: X_DUMP_NUM saves outputs, but an input past the budget leaves nothing recomputed)
+    elif statistics_only.holds_rounding(p, k, floors.rules.precision_factor, both=True):
+        # (a data row too; with its local error measured, it computed right on its inputs: a wrong
+        # one is born above)
         # whatever its inputs carry: a sum that cancels to its rounding on both sides shows none of it
         downgrade(r, "0 in exact arithmetic: its values are the rounding of a sum that cancels, no larger than that "
                      "rounding on either side (nothing recomputed)")

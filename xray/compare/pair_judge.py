@@ -22,6 +22,7 @@ from ..numerics.metrics import (Partial, Workspace, as_real, chunk_partial, comp
                                 merge, rmse_partial, stats_rms)
 from ..numerics.rules import Rules, Tolerance
 from .layout import MAX_NUMEL, could_be_permuted, find_layout
+from .op_classes import overwritten_inputs
 from .result import CompareRow, PairStatus
 from .sample_verdicts import may_decide, sample_note, sample_peak, sample_scale
 from .stream import iter_chunks
@@ -278,7 +279,9 @@ class PairComparer:
         later: list = []
         judged = []
         for a, b, errors in pairs:
-            tb, tt = dict(a.inputs), dict(b.inputs)
+            # an argument the op only writes whole (copy_'s self) is none of its inputs: a bench
+            # copy_(buffer, src) reads what the target's _to_copy(self) reads, src
+            tb, tt = (_read_inputs(e) for e in (a, b))
             names = [n for n in tt if n in tb]
             sides = [(n, tb[n], tt[n]) for n in names] if names else \
                 [(nt, mb, mt) for (nb, mb), (nt, mt) in zip(tb.items(), tt.items())]
@@ -293,6 +296,12 @@ class PairComparer:
                               if r.mode == "data" and r.accumulated_err is not None)
             out.append([(n, tm, r.status, r.stats_err if r.mode == "stats" else None) for n, tm, r in rows])
         return out
+
+
+def _read_inputs(e: Any) -> dict[str, Any]:
+    """An entry's inputs by name, less those its op never reads (``overwritten_inputs``)."""
+    unread = overwritten_inputs(e.op)
+    return {n: m for n, m in e.inputs if n not in unread}
 
 
 def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Tolerance | None:
