@@ -38,6 +38,7 @@ from ..numerics.math_settings import run_math
 from ..numerics.kernel_families import family_of
 from .entry_records import Entry
 from .local import LocalError, local_error, local_error_with, measurable
+from .moved_values import moved_local_error
 from .sample_local import sample_local_error
 from .sample_verdicts import sample_decided
 from .matching import op_base
@@ -68,7 +69,8 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 le = local_error(b.record, target_dump, b.outputs[k][1], k) \
                     if r.mode == "data" or measurable(b.outputs[k][1]) else None
                 if le is None and r.mode == "stats":
-                    if (on_sample := sample_local_error(b.record, b.outputs[k][1], k)) is not None:
+                    meta = b.outputs[k][1]
+                    if (on_sample := _unsaved_local_error(b.record, meta, k)) is not None:
                         on_samples.append((p.index, k, on_sample))
                 if le is not None:
                     p.local[k] = le
@@ -147,6 +149,14 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     _judge_the_target_only(every_row, graph, floors)
 
 
+def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
+    """Output ``k``'s local error where its tensors were not saved: recomputed on its inputs'
+    samples (an elementwise op), or, for an op that only moves values, its statistics against
+    its input's (moved_values.py)."""
+    on_sample = sample_local_error(record, meta, k)
+    return on_sample if on_sample is not None else moved_local_error(record, meta, k)
+
+
 def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: Floors) -> None:
     """A target record with no partner (a cast autocast inserts, a kernel the bench ran another
     way, a call the bench folded into a record of another signature) has nothing to compare with;
@@ -163,7 +173,7 @@ def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: 
         if k is None:
             continue
         meta = e.outputs[k][1]
-        le = local_error(e.record, graph.dump, meta, k) if measurable(meta) else sample_local_error(e.record, meta, k)
+        le = local_error(e.record, graph.dump, meta, k) if measurable(meta) else _unsaved_local_error(e.record, meta, k)
         floor = floors.floor(le, e.op, reduction_length(e.record, k)) if le is not None else None
         if floor is None or le.local <= floor:
             continue

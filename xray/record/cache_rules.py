@@ -29,14 +29,25 @@ def forget_written(cache: StatsCache, info, bound: dict[str, Any]) -> None:
         cache.forget_all(bound.get(name))
 
 
+def same_values(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether ``dst``, the result of an op that keeps its input's values
+    (``info.stats_preserving``), provably holds ``src``'s elements, so that ``src``'s statistics
+    describe it: the same dtype and as many elements, and either its view (the same data
+    pointer: these ops never move the offset) or of the same shape (a copy; its sample, drawn at
+    the input's positions, shows a wrong one: compare.sample_local). A reshaping op whose result
+    is new memory (a view kernel that copies, a wrong one) gets statistics of its own, which
+    compare holds against its input's (compare.sample_local.moved_local_error)."""
+    return src.dtype == dst.dtype and src.numel() == dst.numel() and (
+        src.shape == dst.shape or src.data_ptr() == dst.data_ptr())
+
+
 def reuse_input_stats(cache: StatsCache, info, args: tuple, out: Any, known: Any) -> None:
-    """The first output holds the first input's values (``info.stats_preserving``): cache the
-    statistics the input was described with (``known``; None: ask the cache, which reduces a
-    parameter again, since parameters are never cached) for it."""
+    """The first output holds the first input's values (``info.stats_preserving``, ``same_values``):
+    cache the statistics the input was described with (``known``; None: ask the cache, which
+    reduces a parameter again, since parameters are never cached) for it."""
     src = args[0] if args else None
     dst = out[0] if info.returns > 1 else out
-    if (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype == dst.dtype
-            and src.numel() == dst.numel()):
+    if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and same_values(src, dst):
         cache.put(dst, cache.resample(cache.get(src) if known is None else known, dst))
 
 

@@ -37,7 +37,7 @@ from ..dump.column_builder import shape_text, skeleton_of, source_cells, stack_t
 from ..dump.columns import DIRECTIONS, NONE, SRC_INPUT, SRC_NONE, SRC_OP
 from ..dump.stats import NO_STATS
 from ..dump.tensorio import dtype_name
-from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats
+from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats, same_values
 from ..dump.model import TensorMeta, value_to_json
 from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, stable_repr, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
@@ -202,7 +202,7 @@ class RowPath:
             ptr = t.data_ptr()
             layout = self._layout(t)
             if (info.stats_preserving and type(first) in _PLAIN and not (call.notes and 0 in call.notes)
-                    and first.dtype == t.dtype and first.numel() == t.numel()):
+                    and same_values(first, t)):
                 stats = cache.resample(call.stats[0], t)  # the same values, at t's own sample positions
             else:
                 stats = cache.compute(t)

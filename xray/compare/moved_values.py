@@ -1,0 +1,60 @@
+"""Local error of an op that only moves values, from its own record's statistics.
+
+A view, a reshape or a copy (the recorder's ``stats_preserving`` ops) holds exactly its input's
+elements, so its output's statistics are its input's: the same minimum, maximum, mean and spread
+(float64 sums of one multiset, in another order). The recorder hands the input's statistics on
+only where that is proven (``record.cache_rules.same_values``: the result is a view of the input,
+or a copy of its shape, whose sample compare recomputes elementwise); a reshaping result in new
+memory gets statistics of its own. Where those differ from its input's, the op changed what it
+moved, whatever the other run did: a within-run measure, blind to the noise two runs carry, so a
+5 % bug in a bf16 reshape is seen where the two runs' statistics differ by more than that.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..dump.model import Record, Stats, TensorMeta
+from ..dump.tensorio import dtype_from_name
+from ..ops.rebuild import resolve_op
+from ..record.encode import op_info
+from .local import LocalError
+
+_COUNTS = ("nan", "posinf", "neginf", "numel")
+
+
+def _first_input(record: Record) -> TensorMeta | None:
+    meta = next(iter(record.inputs.values()), None)
+    return meta if type(meta) is TensorMeta else None
+
+
+def _moves_values(op: str) -> bool:
+    try:
+        return op_info(resolve_op(op)).stats_preserving
+    except Exception:  # noqa: BLE001 -- a module name, an unknown or refused op
+        return False
+
+
+def moved_local_error(record: Record, output: TensorMeta, k: int) -> LocalError | None:
+    """Output 0 of a value-moving ``record`` (meta ``output``) against its first input, by their
+    statistics: the largest difference of min/max/mean/std over the output's RMS (1 where their
+    non-finite or element counts differ); None for any other op, output or dtype pair, or where
+    either has no statistics. Its floor is 0: moving values makes no error of its own."""
+    src = _first_input(record) if k == 0 and record.kind == "op" else None
+    if src is None or src.dtype != output.dtype or not _moves_values(record.op):
+        return None
+    a, b = src.stats, output.stats
+    if type(a) is not Stats or type(b) is not Stats or a.mean is None or b.mean is None:
+        return None
+    try:
+        dtype = dtype_from_name(output.dtype)
+    except (ValueError, TypeError):
+        return None
+    if any(getattr(a, c) != getattr(b, c) for c in _COUNTS):
+        return LocalError(1.0, 0.0, dtype)
+    scale = math.hypot(b.mean, b.std or 0.0)
+    diff = max(abs(getattr(a, c) - getattr(b, c)) for c in ("min", "max", "mean", "std")
+               if getattr(a, c) is not None and getattr(b, c) is not None)
+    if not math.isfinite(diff):
+        return None
+    return LocalError(diff / scale if scale > 0 else float(diff > 0), 0.0, dtype)
