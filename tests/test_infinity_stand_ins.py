@@ -77,3 +77,29 @@ def test_a_stand_in_is_the_top_binade_of_a_range_computed_values_do_not_reach():
         stats_judge.PASS
     assert stats_verdict(Stats(-5.0, 7e4, 1e4, 2e4, numel=10), Stats(-5.0, 2.0, 0.1, 2.0, posinf=1, numel=10)) == \
         stats_judge.NAN_INF
+
+
+def test_a_bug_in_masked_scores_is_judged_at_the_scores_magnitude_not_the_fills(tmp_path):
+    """Scores + mask, 1 % off in float32 with every tensor saved: the row's absolute floor came
+    from its RMS, which the -3.4e38 fill made 1e38, so every score passed (the sweep's VaultGemma,
+    a 1e-2 bug in its masked add named nowhere). Values that stand for infinity are left out of
+    the scale; the bug is born at that add."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from accuracy.faults import CorruptCall, relative
+
+    torch.manual_seed(0)
+    model, x = MaskedAttention(), torch.randn(2, 32, 64)
+    keep = torch.ones(32, 32, dtype=torch.bool).tril()
+    flags = {"X_DEDUP": False, "X_DUMP_NUM": 100}
+    fault = CorruptCall("aten.add.Tensor", 0, relative(1e-2))
+    folders = []
+    for name, mode in (("clean", None), ("bug", fault)):
+        with torch.no_grad(), mode or torch.no_grad(), xray.dump(dump_dir=tmp_path / name, **flags) as d:
+            model(x, keep)
+        folders.append(d.folder)
+    assert fault.hit
+    fd = compare_dumps(*folders).summary.first_divergence
+    assert fd is not None and fd["op"] == "aten.add.Tensor" and fd["origin"] == "born", fd

@@ -67,18 +67,24 @@ class PairComparer:
         return dtype_tolerance(self.rules, self.floor, bm.dtype, tm.dtype)
 
     # -- data ------------------------------------------------------------------------------
-    def scale(self, bm: TensorMeta, tm: TensorMeta, cd: torch.dtype) -> float:
+    def scale(self, bm: TensorMeta, tm: TensorMeta, stand_in: float | None = None) -> float:
         """The RMS the absolute floor scales with: the larger side's, from statistics when
-        recorded, else from one pass over the data."""
-        rb, rt = stats_rms(bm.stats), stats_rms(tm.stats)
-        if rb is not None and rt is not None and math.isfinite(rb) and math.isfinite(rt):
+        recorded, else from one pass over the data. Values that stand for infinity (``stand_in``:
+        a mask's ``finfo.min`` fill, which the other side may hold as -Inf) are no magnitude the
+        computed values have: where a side's statistics reach them, the pass leaves them out, or a
+        1 % error in the scores beside a mask would be judged at 1e38."""
+        stats = (bm.stats, tm.stats)
+        rb, rt = (stats_rms(st) for st in stats)
+        filled = stand_in is not None and any(
+            st is not None and max(abs(st.min or 0.0), abs(st.max or 0.0)) >= stand_in for st in stats)
+        if rb is not None and rt is not None and math.isfinite(rb) and math.isfinite(rt) and not filled:
             return max(rb, rt)
         out = 0.0
         for dump, meta in ((self.bench, bm), (self.target, tm)):
             ss = n = 0
             for c in iter_chunks(dump, meta):
                 c = as_real(c, torch.float64)
-                c = c[torch.isfinite(c)]
+                c = c[torch.isfinite(c) & (c.abs() < stand_in)] if filled else c[torch.isfinite(c)]
                 ss, n = ss + float(torch.dot(c, c)), n + c.numel()
             out = max(out, math.sqrt(ss / n) if n else 0.0)
         return out if math.isfinite(out) else 0.0
@@ -86,7 +92,8 @@ class PairComparer:
     def data_metrics(self, bm: TensorMeta, tm: TensorMeta, tol: Tolerance):
         bd, td = dtype_from_name(bm.dtype), dtype_from_name(tm.dtype)
         cd = compute_dtype(bd, td)
-        floor, stand_in = tol.floor(self.scale(bm, tm, cd)), infinity_stand_in(bd, td)
+        stand_in = infinity_stand_in(bd, td)
+        floor = tol.floor(self.scale(bm, tm, stand_in))
         total = Partial()
         for a, b in _zip_chunks(iter_chunks(self.bench, bm), iter_chunks(self.target, tm)):
             total = merge(total, chunk_partial(as_real(a, cd), as_real(b, cd), tol, self.work, floor, stand_in))
