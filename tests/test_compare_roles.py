@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import record_forward
+from conftest import record_forward, sweep_noise_run
 
 from xray.compare import compare_dumps
 
@@ -121,3 +121,15 @@ def test_fp16_overflow_first_divergence_is_at_the_first_inf(tmp_path):
     first_inf = min(r.target_seq for r in result.rows if r.status == "nan/inf")
     fd = result.summary.first_divergence
     assert fd is not None and fd["target_seq"] <= first_inf and fd["cause"], fd
+
+
+@pytest.mark.slow  # an untuned transformers architecture recorded twice: about 10 s
+def test_roles_refuse_a_pair_only_on_arguments_both_sides_know(tmp_path):
+    """ESM-C's attention with the defaults, fp32 against bf16 autocast: de-dup folds the key's
+    rotary chain into the query's records, so the bench knows its attention's query producer and
+    the target, whose query reaches it through a folded cast, knows its value's. "Both know a
+    producer and share none" refused the pair: every attention was left unmatched on both sides,
+    a blind spot for any bug in it. Producers are now compared where both sides know the same
+    argument's; here none is, so the attentions pair and every bench record is matched."""
+    o = sweep_noise_run("esmc", tmp_path, noise="bf16", backward=False)
+    assert o.summary["unmatched_bench"] == 0 and o.summary["failed"] == 0, o.summary

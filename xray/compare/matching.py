@@ -63,37 +63,48 @@ ROLE_ROUNDS = 3  # alignments redone with roles at most
 
 
 class Roles:
-    """The recorded producers of each entry's inputs, as entry positions of the other side.
+    """The recorded producers of each entry's tensor inputs, by argument position, as entry
+    positions of the other side.
 
     ``bench``: per bench entry, the target partners (from a first alignment) of the recorded calls
     its inputs came from; ``target``: per target entry, the recorded, matched calls its inputs
-    came from (-1: none, an input no op made, or made by a folded call; an unmatched producer, such
-    as a cast only one side inserts, is looked through to its own: ``_through_unmatched``). A pair whose two sides both know a producer but share none
-    reads other values: other roles, never paired."""
+    came from (-1: none known at that position: an input no op made, a parameter, or one made by
+    a folded call; an unmatched producer, such as a cast only one side inserts, is looked through
+    to its own: ``_through_unmatched``). A pair is refused only on evidence: where both sides know
+    the producers of some arguments and, over those arguments, share none, the two calls read
+    other values (other roles). De-dup leaves each side knowing other arguments (the bench its
+    query's producer, the target its value's): that is no evidence."""
 
     def __init__(self, bench: np.ndarray, target: np.ndarray) -> None:
         self.bench, self.target = bench, target
 
     def relation(self, ia, ib, pairwise: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(shared, refused): a matrix over bench rows ``ia`` x target rows ``ib``, or with
-        ``pairwise`` one value per pair (``ia[k]``, ``ib[k]``)."""
+        ``pairwise`` one value per pair (``ia[k]``, ``ib[k]``). Producers are compared as sets
+        (an add's arguments may come in either order); refusal reads only the positions both
+        sides know."""
         a, b = self.bench[ia], self.target[ib]
         if not pairwise:
             a, b = a[:, None, :], b[None, :, :]
+        both = (a >= 0) & (b >= 0)
         shared = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=bool)
+        shared_known = shared.copy()
         for k in range(a.shape[-1]):
             for m in range(b.shape[-1]):
-                shared |= (a[..., k] >= 0) & (a[..., k] == b[..., m])
-        refused = (a >= 0).any(-1) & (b >= 0).any(-1) & ~shared
+                same = (a[..., k] >= 0) & (a[..., k] == b[..., m])
+                shared |= same
+                shared_known |= same & both[..., k] & both[..., m]
+        refused = both.any(-1) & ~shared_known
         return shared, refused
 
 
 def producers(t: EntryTable) -> np.ndarray:
-    """(entries x PRODUCERS) positions of the recorded op entries whose outputs each op entry
-    reads, -1 where fewer. A call de-dup folded has no entry (its seq has no record): unknown."""
+    """(entries x PRODUCERS): per op entry, the position of the recorded op entry whose output
+    its j-th tensor input reads, -1 where none is known (a parameter, a model input, a call de-dup
+    folded: its seq has no record) or past its PRODUCERS first inputs."""
     out = np.full((len(t), PRODUCERS), -1, dtype=np.int64)
     tensors = t.columns.tensors
-    rows = np.flatnonzero((tensors["role"] == INPUT) & (tensors["src_kind"] == SRC_OP))
+    rows = np.flatnonzero(tensors["role"] == INPUT)
     if not len(rows) or not len(t):
         return out
     entry_of_row = np.full(len(t.columns.records), -1, dtype=np.int64)
@@ -102,38 +113,47 @@ def producers(t: EntryTable) -> np.ndarray:
     order = np.argsort(t.seq, kind="stable")
     sorted_seq = t.seq[order]
     at = np.minimum(np.searchsorted(sorted_seq, tensors["src_seq"][rows]), len(t) - 1)
-    found = sorted_seq[at] == tensors["src_seq"][rows]
+    found = (sorted_seq[at] == tensors["src_seq"][rows]) & (tensors["src_kind"][rows] == SRC_OP)
     producer = np.where(found, order[at], -1)
-    keep = (consumer >= 0) & (producer >= 0)
+    keep = consumer >= 0
     consumer, producer = consumer[keep], producer[keep]
-    keep = (t.kind[consumer] != MODULE) & (t.kind[producer] != MODULE)
+    keep = t.kind[consumer] != MODULE
     consumer, producer = consumer[keep], producer[keep]
     if not len(consumer):
         return out
+    producer = np.where((producer >= 0) & (t.kind[np.maximum(producer, 0)] != MODULE), producer, -1)
     by = np.argsort(consumer, kind="stable")
     consumer, producer = consumer[by], producer[by]
     first = np.searchsorted(consumer, consumer)  # each consumer's first row
-    rank = np.arange(len(consumer)) - first
-    keep = rank < PRODUCERS
-    out[consumer[keep], rank[keep]] = producer[keep]
+    position = np.arange(len(consumer)) - first
+    keep = position < PRODUCERS
+    out[consumer[keep], position[keep]] = producer[keep]
     return out
 
 
 LINEAGE_HOPS = 4  # unmatched producers looked through, at most, to a matched one
 
 
+def _first_known(prod: np.ndarray) -> np.ndarray:
+    """Per entry, its first known producer (-1: none); index -1 reads -1."""
+    known = prod >= 0
+    first = np.where(known.any(-1), prod[np.arange(len(prod)), known.argmax(-1)], -1)
+    return np.append(first, -1)
+
+
 def _through_unmatched(prod: np.ndarray, matched: np.ndarray) -> np.ndarray:
-    """``prod`` with each unmatched producer replaced by its own first producer, up to
+    """``prod`` with each unmatched producer replaced by its own first known producer, up to
     LINEAGE_HOPS times, then -1 where still unmatched. A call only one side runs (a cast autocast
     inserts; a sum the other side folded into a record of its twin) passes its input's role on:
     the bf16 target's second gradient sum, kept apart while the fp32 bench folds it, still reads
     the key's gradient, not the value's. ``matched`` has one extra False at index -1."""
+    first = _first_known(prod)
     out = prod.copy()
     for _ in range(LINEAGE_HOPS):
         unmatched = (out >= 0) & ~matched[out]
         if not unmatched.any():
             break
-        out[unmatched] = prod[out[unmatched], 0]
+        out[unmatched] = first[out[unmatched]]
     return np.where(matched[out], out, -1)
 
 
