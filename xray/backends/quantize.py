@@ -245,32 +245,39 @@ def _ort_int4(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, 
 
 
 def _gemm_as_matmul(proto: Any) -> Any:
-    """Each plain ``Gemm(A, B, C)`` (no transposes, alpha = beta = 1; the exporter's ``addmm``
-    with its weight folded) as ``MatMul(A, B) -> Add(C)``: ``MatMulNBitsQuantizer`` quantizes
-    MatMul only. The Add keeps the Gemm's output name and metadata."""
-    from onnx import helper
+    """Each ``Gemm(A, B, C)`` with a constant ``B`` (no ``transA``, alpha = beta = 1: the
+    exporter's ``addmm``, or a ``linear`` with ``transB``) as ``MatMul(A, B') -> Add(C)``, ``B'``
+    the weight as ``(in, out)``: ``MatMulNBitsQuantizer`` quantizes MatMul only. The node that
+    produces the Gemm's output keeps its name and metadata."""
+    from onnx import helper, numpy_helper
 
     model = copy.deepcopy(proto)
     g = model.graph
-    inits = {i.name for i in g.initializer}
+    inits = {i.name: i for i in g.initializer}
     nodes = []
     for n in g.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        plain = (not attrs.get("transA") and not attrs.get("transB") and attrs.get("alpha", 1.0) == 1.0
-                 and attrs.get("beta", 1.0) == 1.0)
+        plain = not attrs.get("transA") and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
         if n.op_type != "Gemm" or not plain or n.input[1] not in inits:
             nodes.append(n)
             continue
+        weight = n.input[1]
+        if attrs.get("transB"):
+            weight = f"{n.input[1]}__t"
+            if weight not in inits:
+                flipped = np.ascontiguousarray(numpy_helper.to_array(inits[n.input[1]]).T)
+                inits[weight] = numpy_helper.from_array(flipped, weight)
+                g.initializer.append(inits[weight])
         product = f"{n.output[0]}__matmul"
-        mm = helper.make_node("MatMul", list(n.input[:2]), [product], name=f"{n.name}__matmul")
+        mm = helper.make_node("MatMul", [n.input[0], weight], [product], name=f"{n.name}__matmul")
+        last = mm
         nodes.append(mm)
         if len(n.input) > 2 and n.input[2]:
-            add = helper.make_node("Add", [product, n.input[2]], list(n.output), name=f"{n.name}__add")
-            add.metadata_props.extend(copy.deepcopy(list(n.metadata_props)))
-            nodes.append(add)
+            last = helper.make_node("Add", [product, n.input[2]], list(n.output), name=f"{n.name}__add")
+            nodes.append(last)
         else:
             mm.output[0] = n.output[0]
-            mm.metadata_props.extend(copy.deepcopy(list(n.metadata_props)))
+        last.metadata_props.extend(copy.deepcopy(list(n.metadata_props)))
     del g.node[:]
     g.node.extend(nodes)
     return model

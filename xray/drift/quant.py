@@ -137,6 +137,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
     local_budgets: dict[str, dict[str, Any]] = {}
     weights = {s.arg.name for s in program.graph_signature.input_specs
                if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+    parameters = set(weights)  # parameters and their views only (``weights`` also takes what is computed from them)
     for node in program.graph.nodes:
         if node.op == "placeholder":
             f = placeholders.get(node.name)
@@ -164,11 +165,13 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
                 ins = [(a * gain, e * gain, p) for a, e, p in ins[:1]]
         if all(i.name in weights for i in inputs) and inputs:
             weights.add(node.name)  # a view of a weight (its transpose) is still a weight
+        if inputs and kind in _VIEWS and all(i.name in parameters for i in inputs):
+            parameters.add(node.name)
         if kind in qn.WEIGHTED:
             local = _local_budget(node, kind, f, eager, placeholders, kinds, sch)
             if local is not None:
                 local_budgets[node.name] = {"layer": layer_of_node.get(node.name, "<root>"), **local}
-        own = sch.output_nsr(f) + sch.input_nsr(kind, _activation_values(inputs, weights, eager, placeholders))
+        own = sch.output_nsr(f) + sch.input_nsr(kind, _activation_values(inputs, parameters, eager, placeholders))
         gain = _elementwise_gain(node, kind, f, inputs, ins, eager, placeholders)
         inherited = qn.combine(kind, [(a, p) for a, _, p in ins], power, gain)
         expected = qn.combine(kind, [(e, p) for _, e, p in ins], power, gain)
@@ -245,12 +248,13 @@ def _output_of(values: Any, index: Any) -> torch.Tensor | None:
     return None
 
 
-def _activation_values(inputs: list[torch.fx.Node], weights: set[str], eager: dict[str, list[torch.Tensor]],
+def _activation_values(inputs: list[torch.fx.Node], params: set[str], eager: dict[str, list[torch.Tensor]],
                        placeholders: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The float values of an op's inputs that are not weights (what a dynamic kernel rounds)."""
+    """The float values of an op's inputs that are not parameters or views of one (what a dynamic
+    kernel rounds; an embedding's output, computed from a weight alone, is an activation)."""
     out = []
     for i in inputs:
-        if i.name in weights:
+        if i.name in params:
             continue
         v = placeholders.get(i.name) if i.op == "placeholder" else _first_tensor(eager.get(i.name))
         if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -302,6 +306,7 @@ def _replayed_nsr(node: torch.fx.Node, f: torch.Tensor, inputs: list[torch.fx.No
 
 
 _TRANSPOSES = frozenset({"permute", "t", "transpose"})
+_VIEWS = _TRANSPOSES | {"view", "reshape", "_unsafe_view", "expand", "unsqueeze", "squeeze", "clone", "_to_copy"}
 
 
 def _elementwise_gain(node: torch.fx.Node, kind: str, f: torch.Tensor, inputs: list[torch.fx.Node],
