@@ -300,16 +300,35 @@ def local_margin(predicted: float, spread: float | None) -> float:
     return max(LOCAL_MARGIN, 1.0 + LOCAL_Z * spread / predicted)
 
 
-def weight_rounding_variance(w: torch.Tensor, sch: Scheme | None = None) -> torch.Tensor:
-    """Per element of ``w``: the variance of the scheme's symmetric weight rounding over its group.
+def round_weights(w: torch.Tensor, sch: Scheme | None = None, scale: float = 1.0) -> torch.Tensor:
+    """``w`` rounded to the scheme's grid (dequantized): symmetric per output channel (dim 0;
+    int8 by default), ``[-levels, levels] * s_c``; or in groups of ``weight_group`` along the
+    input dimension, ``[-levels, levels - 1] * s_g`` with the group's largest magnitude at
+    ``-levels`` (ONNX Runtime's blockwise int4: the other sign clips at ``levels - 1``; the last
+    group zero-padded). ``scale``: the steps read that many times too large (a wrong scale)."""
+    sch = sch or SCHEMES["int8"]
+    f = w.detach().double()
+    flat = f.reshape(f.shape[0], -1)
+    if sch.weight_group is None:
+        step = flat.abs().amax(dim=1, keepdim=True) / sch.weight_levels
+        step = torch.where(step > 0, step, torch.ones_like(step))
+        q = torch.clamp(torch.round(flat / step), -sch.weight_levels, sch.weight_levels)
+        return (q * step * scale).reshape(f.shape)
+    k, g = flat.shape[1], sch.weight_group
+    groups = torch.nn.functional.pad(flat, (0, -k % g)).reshape(flat.shape[0], -1, g)
+    peak = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # signed: it lands on -levels
+    step = torch.where(peak != 0, -peak / sch.weight_levels, torch.ones_like(peak))
+    q = torch.clamp(torch.round(groups / step), -sch.weight_levels, sch.weight_levels - 1) * step * scale
+    return q.reshape(flat.shape[0], -1)[:, :k].reshape(f.shape)
 
-    Per output channel (dim 0; int8 by default): ``s_c^2 / 12``, ``s_c = max|W_c| / levels``, the
-    uniform model (the grid covers the channel's range). In groups of ``weight_group`` along the
-    input dimension (int4; the last group zero-padded, as ONNX Runtime's blockwise quantizer pads
-    it): the grid ``[-levels, levels - 1] * s_g`` puts the group's largest magnitude at
-    ``-levels``, so values of the other sign beyond ``(levels - 0.5) s_g`` clip, and 16 levels
-    leave that no small part (1.15x the uniform model on nn.Linear's weights, measured): the
-    variance is the group's mean square rounding error on that grid, from its float values."""
+
+def weight_rounding_variance(w: torch.Tensor, sch: Scheme | None = None) -> torch.Tensor:
+    """Per element of ``w``: the variance of the scheme's weight rounding (``round_weights``).
+
+    Per output channel: ``s_c^2 / 12``, the uniform model (the grid covers the channel's range).
+    In groups (int4): the group's mean square rounding error, from its float values: 16 levels
+    clip the other sign's top half step, no small part (1.15x the uniform model on nn.Linear's
+    weights, measured)."""
     sch = sch or SCHEMES["int8"]
     f = w.detach().double()
     flat = f.reshape(f.shape[0], -1)
@@ -317,11 +336,8 @@ def weight_rounding_variance(w: torch.Tensor, sch: Scheme | None = None) -> torc
         steps = flat.abs().amax(dim=1, keepdim=True) / sch.weight_levels
         return (steps ** 2 / 12.0).expand_as(flat).reshape(f.shape)
     k, g = flat.shape[1], sch.weight_group
-    groups = torch.nn.functional.pad(flat, (0, -k % g)).reshape(flat.shape[0], -1, g)
-    peak = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # signed: it lands on -levels
-    step = torch.where(peak != 0, -peak / sch.weight_levels, torch.ones_like(peak))
-    q = torch.clamp(torch.round(groups / step), -sch.weight_levels, sch.weight_levels - 1) * step
-    var = (q - groups).pow(2).mean(dim=2, keepdim=True).expand_as(groups)
+    err = torch.nn.functional.pad((round_weights(flat, sch) - flat).pow(2), (0, -k % g))
+    var = err.reshape(flat.shape[0], -1, g).mean(dim=2, keepdim=True).expand(-1, -1, g)
     return var.reshape(flat.shape[0], -1)[:, :k].reshape(f.shape)
 
 
