@@ -62,9 +62,9 @@ def test_int4_weight_rounding_is_onnx_runtimes_blockwise_grid():
     err = (deq - w.double()).pow(2)
     var = qn.weight_rounding_variance(w, qn.SCHEMES["int4"])
     per_block = torch.nn.functional.pad(err, (0, blocks * 32 - k)).reshape(n, blocks, 32).sum(-1)
-    predicted = torch.nn.functional.pad(var, (0, blocks * 32 - k)).reshape(n, blocks, 32)[..., 0] * 32
-    predicted[:, -1] = var[:, -1] * 32  # the padded last block: its zeros round exactly
-    assert torch.allclose(per_block[:, :-1], predicted[:, :-1], rtol=1e-6)
+    real = torch.tensor([32, 32, k - 64], dtype=torch.float64)  # the last block: 16 weights, zero-padded
+    predicted = torch.nn.functional.pad(var, (0, blocks * 32 - k)).reshape(n, blocks, 32)[..., 0] * real
+    assert torch.allclose(per_block, predicted, rtol=1e-6)  # every block, the short one too
     uniform = (w.abs().reshape(n, -1).amax(1, keepdim=True) / 8) ** 2 / 12  # per channel, no clipping
     assert float(var.mean()) > float(uniform.mean())  # smaller groups, but clipping: not the uniform model
 
@@ -72,17 +72,19 @@ def test_int4_weight_rounding_is_onnx_runtimes_blockwise_grid():
 def test_dynamic_int8_rounds_a_products_activations_and_leaves_outputs_float():
     x = torch.relu(torch.randn(16, 64, generator=torch.Generator().manual_seed(0)))
     dyn, static, int4 = qn.SCHEMES["int8-dynamic"], qn.SCHEMES["int8"], qn.SCHEMES["int4"]
-    assert dyn.input_nsr("addmm", [x]) == pytest.approx(qn.activation_nsr(x))  # (max - min) / 255 per tensor
-    assert dyn.input_nsr("relu", [x]) == 0.0 and dyn.input_nsr("mul", [x]) == 0.0
-    assert dyn.output_nsr(x) == 0.0 and int4.output_nsr(x) == 0.0 and int4.input_nsr("mm", [x]) == 0.0
+    assert dyn.input_nsr("addmm", [(x, x)]) == pytest.approx(qn.activation_nsr(x))  # (max - min) / 255 per tensor
+    assert dyn.input_nsr("relu", [(x, x)]) == 0.0 and dyn.input_nsr("mul", [(x, x)]) == 0.0
+    assert dyn.output_nsr(x) == 0.0 and int4.output_nsr(x) == 0.0 and int4.input_nsr("mm", [(x, x)]) == 0.0
+    # the step is the received input's: behind a faulty layer (its input 1.5x) the rounding is 2.25x
+    assert dyn.input_nsr("mm", [(x, 1.5 * x)]) == pytest.approx(2.25 * qn.activation_nsr(x))
     assert static.output_nsr(x) == qn.activation_nsr(x)
     # what dynamic rounding does to an input is what the rule says (the uniform model, 30% either
     # way); on a ReLU output it is half of it: its exact zeros round to themselves
     y = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
     step = qn.activation_step(y)
-    assert 0.7 < qn.nsr(y, torch.round(y / step) * step) / dyn.input_nsr("mm", [y]) < 1.3
+    assert 0.7 < qn.nsr(y, torch.round(y / step) * step) / dyn.input_nsr("mm", [(y, y)]) < 1.3
     step = qn.activation_step(x)
-    assert 0.35 < qn.nsr(x, torch.round(x / step) * step) / dyn.input_nsr("mm", [x]) < 0.65
+    assert 0.35 < qn.nsr(x, torch.round(x / step) * step) / dyn.input_nsr("mm", [(x, x)]) < 0.65
 
 
 def test_a_float_op_may_move_by_float32_error_only():
@@ -130,15 +132,21 @@ def test_a_scheme_a_flow_does_not_run_is_one_line():
 
 # --- ONNX Runtime -----------------------------------------------------------------------------
 
-@SLOW
-def test_ort_dynamic_int8_and_int4_mlp_clean_pass_and_a_wrong_weight_scale_is_named(tmp_path):
-    model, args = ex.tiny_mlp()
-    bad_dyn, bad_int4 = DYN + ",threads=1", INT4 + ",threads=1"  # second names: one clean run, one with the bug
+def _ort_schemes(model, args, layer: str, tmp_path):
+    """Both ONNX Runtime schemes, each clean and with ``layer``'s weight scales 1.5x (a second
+    backend name for the same flow), in one drift run: (result, dyn, dyn faulty, int4, int4 faulty)."""
+    bad_dyn, bad_int4 = DYN + ",threads=1", INT4 + ",threads=1"
     r = xray.drift(model, args, [DYN, bad_dyn, INT4, bad_int4], tmp_path,
-                   edits={b: ex.onnx_weight_scale_fault("fc2", 1.5) for b in (bad_dyn, bad_int4)})
+                   edits={b: ex.onnx_weight_scale_fault(layer, 1.5) for b in (bad_dyn, bad_int4)})
     dyn, dyn_bad, int4, int4_bad = r.backends
     _clean(dyn, "int8-dynamic")
     _clean(int4, "int4")
+    return r, dyn, dyn_bad, int4, int4_bad
+
+
+@SLOW
+def test_ort_dynamic_int8_and_int4_mlp_clean_pass_and_a_wrong_weight_scale_is_named(tmp_path):
+    r, dyn, dyn_bad, int4, int4_bad = _ort_schemes(*ex.tiny_mlp(), "fc2", tmp_path)
     assert dyn.facts["quant"].startswith("int8-dynamic onnxruntime quantize_dynamic")
     assert int4.facts["quant"].startswith("int4 onnxruntime MatMulNBitsQuantizer") and int4.facts["quantize_nodes"] == 4
     # dynamic int8 rounds only the linears' inputs: ~40 dB; int4's 16 levels cost ~20 dB more
@@ -148,20 +156,14 @@ def test_ort_dynamic_int8_and_int4_mlp_clean_pass_and_a_wrong_weight_scale_is_na
     _named(int4_bad, "fc2", "int4")
     from xray.drift.report import terminal_report
 
-    text = terminal_report(r)
+    text = terminal_report(r)  # the verdict names the scheme: the faulty run's line, the clean run's table row
     assert "beyond int4 quantization: fc2" in text and "none beyond int4 quantization" in text
 
 
 @SLOW
 def test_ort_dynamic_int8_and_int4_bert_name_a_wrong_scale_in_one_dense_layer(tmp_path):
-    model, args = ex.tiny_bert()
     layer = "encoder.layer.1.intermediate.dense"
-    bad_dyn, bad_int4 = DYN + ",threads=1", INT4 + ",threads=1"
-    r = xray.drift(model, args, [DYN, bad_dyn, INT4, bad_int4], tmp_path,
-                   edits={b: ex.onnx_weight_scale_fault(layer, 1.5) for b in (bad_dyn, bad_int4)})
-    dyn, dyn_bad, int4, int4_bad = r.backends
-    _clean(dyn, "int8-dynamic")
-    _clean(int4, "int4")
+    _, dyn, dyn_bad, int4, int4_bad = _ort_schemes(*ex.tiny_bert(), layer, tmp_path)
     assert dyn.facts["quantize_nodes"] == 12 and int4.facts["quantize_nodes"] == 12  # 2 layers x 6 linears
     _named(dyn_bad, layer, "int8-dynamic")
     _named(int4_bad, layer, "int4")

@@ -154,16 +154,19 @@ def test_int4_and_dynamic_int8_verdicts_come_from_their_own_steps():
     assert not judge_quantized(ref, [wrong], dyn, "int8-dynamic").ok
 
 
+LINEAR_OP = """\
+    ops:
+      - op: aten.linear.default
+        inputs:
+          input: [[8, 64]]
+          weight: {shapes: [[32, 64]], param: true}
+          bias: {shapes: [[32]], param: true}
+    """
+
+
 @pytest.mark.slow  # real ONNX Runtime and ExecuTorch: one op x 8 configurations (~40 s CPU)
 def test_matrix_runs_on_real_backends_one_row_per_op_and_configuration(tmp_path, capsys):
-    spec = _file(tmp_path, """\
-        ops:
-          - op: aten.linear.default
-            inputs:
-              input: [[8, 64]]
-              weight: {shapes: [[32, 64]], param: true}
-              bias: {shapes: [[32]], param: true}
-        """, "ops.yaml")
+    spec = _file(tmp_path, LINEAR_OP, "ops.yaml")
     matrix = _file(tmp_path, """\
         flows: [onnxrt-cpu, executorch-xnnpack]
         dtypes: [float32]
@@ -212,14 +215,7 @@ def test_dtype_column_reads_a_modules_parameters_when_its_inputs_are_indices(tmp
 
 @pytest.mark.slow  # real ONNX Runtime and ExecuTorch: one op x 3 configurations
 def test_matrix_runs_the_dynamic_and_int4_schemes_and_judges_each_by_its_budget(tmp_path, capsys):
-    spec = _file(tmp_path, """\
-        ops:
-          - op: aten.linear.default
-            inputs:
-              input: [[8, 64]]
-              weight: {shapes: [[32, 64]], param: true}
-              bias: {shapes: [[32]], param: true}
-        """, "ops.yaml")
+    spec = _file(tmp_path, LINEAR_OP, "ops.yaml")
     matrix = _file(tmp_path, """\
         flows: [onnxrt-cpu]
         dtypes: [float32]

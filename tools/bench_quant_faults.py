@@ -67,12 +67,14 @@ def _xnnpack(scheme: str) -> list[str]:
     return [f"executorch-xnnpack:quant={scheme}", f"executorch-xnnpack:quant={scheme},partitioner=xnnpack"]
 
 
-# Per flow: its scheme, the cases it takes, and its backend names: the first is the flow; the
-# others spell the same flow again, so cases that share a float model run in one drift call.
-FLOWS = {"ort": ("int8", CASES, _ort("int8")), "xnnpack": ("int8", CASES, _xnnpack("int8")),
-         "ort-dynamic": ("int8-dynamic", CASES[:2], _ort("int8-dynamic")),
-         "xnnpack-dynamic": ("int8-dynamic", CASES[:2], _xnnpack("int8-dynamic")),
-         "ort-int4": ("int4", CASES[:2], _ort("int4"))}
+WEIGHTED = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)
+# Per flow: its scheme, the cases it takes, its backend names (the first is the flow; the others
+# spell the same flow again, so cases that share a float model run in one drift call), and the
+# layers its scheme quantizes (ONNX Runtime's dynamic and int4 quantizers take MatMul only).
+FLOWS = {"ort": ("int8", CASES, _ort("int8"), WEIGHTED), "xnnpack": ("int8", CASES, _xnnpack("int8"), WEIGHTED),
+         "ort-dynamic": ("int8-dynamic", CASES[:2], _ort("int8-dynamic"), (torch.nn.Linear,)),
+         "xnnpack-dynamic": ("int8-dynamic", CASES[:2], _xnnpack("int8-dynamic"), WEIGHTED),
+         "ort-int4": ("int4", CASES[:2], _ort("int4"), (torch.nn.Linear,))}
 DEFAULT_FLOWS = ("ort", "xnnpack")
 
 
@@ -108,9 +110,8 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
     "llama": _llama, "bert": _bert, "vit": _vit, "resnet": _resnet, "whisper": _whisper}
 
 
-def weight_layers(model: torch.nn.Module) -> list[str]:
-    """Layers a static int8 flow quantizes with a weight: Linear and Conv modules."""
-    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)
+def weight_layers(model: torch.nn.Module, kinds: tuple = WEIGHTED) -> list[str]:
+    """Layers a flow quantizes with a weight (static int8: Linear and Conv modules)."""
     return [name for name, m in model.named_modules() if name and isinstance(m, kinds)]
 
 
@@ -189,8 +190,14 @@ def plan(model_name: str, flows: list[str], rng: random.Random) -> list[dict[str
     for case in CASES:
         layer = None if case == "clean" else rng.choice(layers)
         for flow in flows:
-            if case in FLOWS[flow][1]:
-                checks.append({"model": model_name, "flow": flow, "case": case, "layer": layer})
+            if case not in FLOWS[flow][1]:
+                continue
+            mine = weight_layers(model, FLOWS[flow][3])
+            # a layer the scheme leaves float has no scale to get wrong: drawn again among the
+            # scheme's own, by a draw of its own (the shared sequence stays as it is)
+            redraw = layer is not None and layer not in mine
+            chosen = random.Random(f"{model_name}:{case}:{layer}").choice(mine) if redraw else layer
+            checks.append({"model": model_name, "flow": flow, "case": case, "layer": chosen})
     return checks
 
 

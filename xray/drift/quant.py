@@ -1,16 +1,18 @@
 """Per-layer quantization error of a quantized drift run against the float eager reference.
 
 Every captured node gets its accumulated error (relative L2 error and SQNR against eager) and
-an int8 budget (``xray.numerics.quantization``): what its inputs brought, as measured where the
-backend captured them (the op replayed on their captured values, where it replays), plus what its
-own int8 rounding should add. A node over budget is "beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
-where the excess is born is beyond, the layers after it carry it within their budgets.
+a budget under the run's scheme (``xray.numerics.quantization``): what its inputs brought, as
+measured where the backend captured them (the op replayed on their captured values, where it
+replays), plus what its own rounding should add. A node over budget is "beyond <scheme>"; since
+the budget starts from the measured inputs, only the layer where the excess is born is beyond,
+the layers after it carry it within their budgets.
 
 Where the backend also runs each layer fed float inputs (ONNX Runtime's isolated run), every
 weighted op (``mm``, ``addmm``, ``convolution`` on a parameter) is judged a second time, alone:
-its local noise, the kernel's known rounding of its input taken out, against what per-channel int8
-rounding of its weights and of its output predicts (``quantization.weight_error_alone``). That catches what
-the accumulated budget's margin hides: one per-tensor weight scale where per-channel was meant.
+its local noise, the kernel's known rounding of its input taken out, against what the scheme's
+rounding of its weights (and, static int8, of its output) predicts (``quantization.weight_error_alone``).
+That catches what the accumulated budget's margin hides: one per-tensor weight scale where
+per-channel was meant.
 """
 from __future__ import annotations
 
@@ -171,7 +173,8 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
             local = _local_budget(node, kind, f, eager, placeholders, kinds, sch)
             if local is not None:
                 local_budgets[node.name] = {"layer": layer_of_node.get(node.name, "<root>"), **local}
-        own = sch.output_nsr(f) + sch.input_nsr(kind, _activation_values(inputs, parameters, eager, placeholders))
+        acts = _activation_values(inputs, parameters, eager, placeholders, measured_nodes)
+        own = sch.output_nsr(f) + sch.input_nsr(kind, acts)
         gain = _elementwise_gain(node, kind, f, inputs, ins, eager, placeholders)
         inherited = qn.combine(kind, [(a, p) for a, _, p in ins], power, gain)
         expected = qn.combine(kind, [(e, p) for _, e, p in ins], power, gain)
@@ -249,16 +252,19 @@ def _output_of(values: Any, index: Any) -> torch.Tensor | None:
 
 
 def _activation_values(inputs: list[torch.fx.Node], params: set[str], eager: dict[str, list[torch.Tensor]],
-                       placeholders: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The float values of an op's inputs that are not parameters or views of one (what a dynamic
-    kernel rounds; an embedding's output, computed from a weight alone, is an activation)."""
+                       placeholders: dict[str, torch.Tensor],
+                       measured: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(float value, the value the backend computed where it was captured, else the float one) of
+    each of an op's inputs that is not a parameter or a view of one: what a dynamic kernel rounds
+    (an embedding's output, computed from a weight alone, is an activation)."""
     out = []
     for i in inputs:
         if i.name in params:
             continue
         v = placeholders.get(i.name) if i.op == "placeholder" else _first_tensor(eager.get(i.name))
         if isinstance(v, torch.Tensor) and v.is_floating_point():
-            out.append(v)
+            got = measured.get(i.name)
+            out.append((v, got if isinstance(got, torch.Tensor) and got.shape == v.shape else v))
     return out
 
 

@@ -85,12 +85,18 @@ class Scheme:
         """The NSR rounding an op's output adds (static int8 stores every output as int8)."""
         return activation_nsr(f) if self.activations == "static" else 0.0
 
-    def input_nsr(self, kind: str, activations: list[torch.Tensor]) -> float:
-        """The NSR a product's run-time rounding of its activation inputs adds (dynamic int8:
-        ``(max - min) / 255`` per tensor from the input itself; relative errors of factors add)."""
+    def input_nsr(self, kind: str, activations: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """The NSR a product's run-time rounding of its activation inputs adds, given (float value,
+        value the kernel received) pairs: dynamic int8 picks ``(max - min) / 255`` per tensor from
+        the input it receives (behind a faulty layer, a wider one), against the float input's
+        signal; relative errors of factors add."""
         if self.activations != "dynamic" or kind not in MATMULS:
             return 0.0
-        return sum(activation_nsr(a) for a in activations)
+        out = 0.0
+        for f, got in activations:
+            power = float(f.detach().double().pow(2).mean()) if f.numel() else 0.0
+            out += activation_step(got) ** 2 / 12.0 / power if power > 0 else 0.0
+        return out
 
     @property
     def float_noise(self) -> float:
@@ -326,7 +332,8 @@ def weight_rounding_variance(w: torch.Tensor, sch: Scheme | None = None) -> torc
     """Per element of ``w``: the variance of the scheme's weight rounding (``round_weights``).
 
     Per output channel: ``s_c^2 / 12``, the uniform model (the grid covers the channel's range).
-    In groups (int4): the group's mean square rounding error, from its float values: 16 levels
+    In groups (int4): the group's mean square rounding error over its weights (not the zero
+    padding of a last, short group), from its float values: 16 levels
     clip the other sign's top half step, no small part (1.15x the uniform model on nn.Linear's
     weights, measured)."""
     sch = sch or SCHEMES["int8"]
@@ -336,8 +343,9 @@ def weight_rounding_variance(w: torch.Tensor, sch: Scheme | None = None) -> torc
         steps = flat.abs().amax(dim=1, keepdim=True) / sch.weight_levels
         return (steps ** 2 / 12.0).expand_as(flat).reshape(f.shape)
     k, g = flat.shape[1], sch.weight_group
-    err = torch.nn.functional.pad((round_weights(flat, sch) - flat).pow(2), (0, -k % g))
-    var = err.reshape(flat.shape[0], -1, g).mean(dim=2, keepdim=True).expand(-1, -1, g)
+    err = torch.nn.functional.pad((round_weights(flat, sch) - flat).pow(2), (0, -k % g)).reshape(flat.shape[0], -1, g)
+    real = torch.nn.functional.pad(torch.ones(k, dtype=f.dtype), (0, -k % g)).reshape(-1, g).sum(dim=1)
+    var = (err.sum(dim=2) / real).unsqueeze(2).expand(-1, -1, g)  # over its real weights, not the padding
     return var.reshape(flat.shape[0], -1)[:, :k].reshape(f.shape)
 
 

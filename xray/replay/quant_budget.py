@@ -33,7 +33,7 @@ def allowed_nsr(module: torch.nn.Module, inputs: tuple, outputs: list[torch.Tens
     brought += [(q.weight_nsr(w, sch), float(w.detach().double().pow(2).mean()))
                 for w in [*module.parameters(), *module.buffers()] if w.is_floating_point() and w.dim() >= 2]
     kind = op_kind(module)
-    own_in = sch.input_nsr(kind, acts)
+    own_in = sch.input_nsr(kind, [(t, t) for t in acts])
     out = []
     for y in outputs:
         if not y.is_floating_point() or not y.numel():
