@@ -163,8 +163,8 @@ def _quantize_weights(model: Any, scheme: str) -> tuple[Any, dict[str, Any]]:
         raise BackendError(ReplayStatus.EXPORT_FAIL, f"coremltools linear_quantize_weights ({scheme}): no weight "
                            "was quantized")
     how = f"{scheme} coremltools linear_quantize_weights ({_WEIGHT_CONFIG[scheme]['granularity']}, symmetric)"
-    return quantized, {"quant": how, "quantized_weights": len(found), "quantized_dtypes": sorted(set(found)),
-                       "quantize_s": round(time.perf_counter() - start, 4)}
+    return quantized, {"quant": how, "quantized": True, "quantized_weights": len(found),
+                       "quantized_dtypes": sorted(set(found)), "quantize_s": round(time.perf_counter() - start, 4)}
 
 
 def quantized_weights(model: Any) -> list[str]:
