@@ -73,14 +73,14 @@ class ExecuTorch(Backend):
     def _quantize_call(self, exported: torch.export.ExportedProgram, args: tuple, which: str | None,
                        facts: dict[str, Any]) -> torch.export.ExportedProgram:
         """PT2E (XNNPACKQuantizer, the ``quant`` scheme) of one call, run on its own inputs, exported again."""
-        from .quantize import int8_or_float, pt2e_quantize
+        from .quantize import quantized_or_float, pt2e_quantize
         from .shapes import dynamic_shapes
 
         try:
             import executorch.kernels.quantized  # noqa: F401 - registers the quantized ops' out variants
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
-        converted = int8_or_float(lambda: pt2e_quantize(exported, args, {}, facts, self.options["quant"])[0], facts)
+        converted = quantized_or_float(lambda: pt2e_quantize(exported, args, {}, facts, self.options["quant"])[0], facts)
         if converted is None:
             return exported
         try:

@@ -68,7 +68,7 @@ class OnnxRuntime(Backend):
     def _quantize_call(self, proto: Any, args: tuple, facts: dict[str, Any]) -> Any:
         """The scheme's quantization of one call's model (static int8: calibrated on the call's own
         inputs); a model it quantizes nothing of stays float (``quantized`` False in the facts)."""
-        from .quantize import int8_or_float, ort_quantize
+        from .quantize import quantized_or_float, ort_quantize
 
         try:
             session = self._session(proto.SerializeToString())
@@ -76,7 +76,7 @@ class OnnxRuntime(Backend):
             raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         names = [i.name for i in session.get_inputs()]
         feed = {n: t.detach().contiguous().numpy() for n, t in zip(names, _match_inputs(names, list(args)))}
-        quantized = int8_or_float(lambda: ort_quantize(proto, [feed], facts, self.options["quant"]), facts)
+        quantized = quantized_or_float(lambda: ort_quantize(proto, [feed], facts, self.options["quant"]), facts)
         return proto if quantized is None else quantized
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:

@@ -98,8 +98,8 @@ def pt2e_quantize(source: torch.export.ExportedProgram, args: tuple, kwargs: dic
     return converted, carries
 
 
-def int8_or_float(quantize, facts: dict[str, Any]) -> Any | None:
-    """``quantize()``'s int8 program, or None where the quantizer left the op alone (no quantize
+def quantized_or_float(quantize, facts: dict[str, Any]) -> Any | None:
+    """``quantize()``'s quantized program, or None where the quantizer left the op alone (no quantize
     node: it runs, and is judged, in float); ``facts["quantized"]`` says which. Any other failure
     is raised."""
     try:
