@@ -71,8 +71,19 @@ def test_a_layer_norm_raises_the_nsr_it_is_fed_by_its_mean():
 def test_an_unknown_scheme_is_refused_before_any_work(tmp_path):
     from xray.backends.registry import UnknownBackendError
 
-    with pytest.raises(UnknownBackendError, match=r"quant='int4' is not supported; quant takes int8"):
-        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["onnxrt-cpu:quant=int4"], tmp_path)
+    with pytest.raises(UnknownBackendError, match=r"quant='int3' is not supported; quant takes int8, int8-dynamic, int4$"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["onnxrt-cpu:quant=int3"], tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_scheme_a_backend_does_not_run_is_refused_naming_the_ones_it_does(tmp_path):
+    from xray.backends.registry import UnknownBackendError
+
+    with pytest.raises(UnknownBackendError, match=r"'executorch-xnnpack': quant='int4' is not supported; "
+                                                  r"quant takes int8, int8-dynamic$"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["executorch-xnnpack:quant=int4"], tmp_path)
+    with pytest.raises(UnknownBackendError, match=r"quant takes int8-weights, int4$"):
+        xray.drift(torch.nn.Linear(2, 2), (torch.randn(1, 2),), ["coreml:quant=int8"], tmp_path)
     assert not any(tmp_path.iterdir())
 
 
@@ -319,11 +330,11 @@ class _IndexedLinear(torch.nn.Module):
 
 @SLOW
 def test_pt2e_int8_keeps_integer_index_arithmetic_integer():
-    from xray.backends.quantize import pt2e_int8
+    from xray.backends.quantize import pt2e_quantize
 
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
     source = torch.export.export(_IndexedLinear().eval(), (x,))
     facts: dict = {}
-    converted, _ = pt2e_int8(source, (x,), {}, facts)
+    converted, _ = pt2e_quantize(source, (x,), {}, facts)
     assert facts["quantize_nodes"] > 0
     assert qn.sqnr_db(qn.nsr(source.module()(x), converted(x))) > 25  # int8 of one small layer: ~35 dB

@@ -62,7 +62,9 @@ BAD = {
     "unknown key": ("flows: [onnxrt-cpu]\nshape: [batch]\n", "unknown key 'shape'"),
     "no flows": ("shapes: [batch]\n", "'flows' lists the backend presets"),
     "bad shapes": ("flows: [onnxrt-cpu]\nshapes: [dynamic]\n", "shapes: 'dynamic' is not one of static, batch, seq"),
-    "bad quant": ("flows: [onnxrt-cpu]\nquant: [int4]\n", "quant: 'int4' is not one of none, int8"),
+    "bad quant": ("flows: [onnxrt-cpu]\nquant: [int3]\n", "quant: 'int3' is not one of none, int8, int8-dynamic, int4"),
+    "a scheme the flow does not run": ("flows: [executorch-xnnpack]\nquant: [int4]\n",
+                                       "quant='int4' is not supported; quant takes int8, int8-dynamic"),
     "bad threads": ("flows: [onnxrt-cpu]\nthreads: [0]\n", "threads: a list of positive integers"),
     "flow without the option": ("flows: [torch-cpu]\nshapes: [batch]\n", "backend 'torch-cpu' takes no option 'dynamic'"),
     "unknown flow": ("flows: [tensorrt]\n", "unknown backend 'tensorrt'"),
@@ -97,9 +99,9 @@ def _fake_int8(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_int8_verdict_passes_correct_rounding_and_fails_a_wrong_weight_scale():
-    from xray.replay.int8_budget import allowed_nsr
+    from xray.replay.quant_budget import allowed_nsr
     from xray.replay.opmodule import op_module
-    from xray.replay.tolerance import judge_int8
+    from xray.replay.tolerance import judge_quantized
 
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(16, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32, generator=g)
@@ -110,21 +112,61 @@ def test_int8_verdict_passes_correct_rounding_and_fails_a_wrong_weight_scale():
     w_int8 = torch.clamp(torch.round(w / step), -127, 127)
     right = _fake_int8(torch.nn.functional.linear(_fake_int8(x), w_int8 * step, b))
     wrong = _fake_int8(torch.nn.functional.linear(_fake_int8(x), w_int8 * step * 1.05, b))  # a scale 5 % off
-    ok, bad = judge_int8(ref, [right], allowed), judge_int8(ref, [wrong], allowed)
+    ok, bad = judge_quantized(ref, [right], allowed), judge_quantized(ref, [wrong], allowed)
     assert ok.ok and ok.mean_rel is not None and ok.max_abs > 0, ok.message
     assert not bad.ok and "beyond int8" in bad.message, bad.outputs
 
 
+def test_int4_and_dynamic_int8_verdicts_come_from_their_own_steps():
+    """A linear under int4 weight-only (float activations) and dynamic int8 (its input rounded at
+    run time, its output float): correct rounding passes, a weight scale 20% off does not, and
+    static int8's budget would pass int4's error (that is why each scheme has its own)."""
+    from xray.numerics.quantization import SCHEMES, weight_rounding_variance
+    from xray.replay.opmodule import op_module
+    from xray.replay.quant_budget import allowed_nsr
+    from xray.replay.tolerance import judge_quantized
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(16, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32, generator=g)
+    module, inputs, _ = op_module(torch.ops.aten.linear.default, (x, w, b), {}, [False, True, True])
+    ref = [module(*inputs)[0]]
+    blocks = w.reshape(32, 2, 32)
+    peak = blocks.gather(2, blocks.abs().argmax(2, keepdim=True))
+    step = -peak / 8  # ONNX Runtime's symmetric int4: the largest magnitude at -8
+    w4 = (torch.clamp(torch.round(blocks / step), -8, 7) * step).reshape(32, 64)
+    assert torch.allclose((w4 - w).pow(2).reshape(32, 2, 32).mean(-1),
+                          weight_rounding_variance(w, SCHEMES["int4"]).reshape(32, 2, 32)[..., 0].float())
+    int4 = allowed_nsr(module, inputs, ref, "int4")
+    right = torch.nn.functional.linear(x, w4, b)
+    wrong = torch.nn.functional.linear(x, w4 * 1.2, b)
+    assert judge_quantized(ref, [right], int4, "int4").ok
+    bad = judge_quantized(ref, [wrong], int4, "int4")
+    assert not bad.ok and "beyond int4" in bad.message
+    assert not judge_quantized(ref, [right], allowed_nsr(module, inputs, ref, "int8")).ok  # int8's is too tight
+
+    sx = (float(x.max()) - float(x.min())) / 255
+    sw = w.abs().amax(1, keepdim=True) / 127
+    w8 = torch.round(w / sw) * sw
+    dyn = allowed_nsr(module, inputs, ref, "int8-dynamic")
+    right = torch.nn.functional.linear(torch.round(x / sx) * sx, w8, b)
+    wrong = torch.nn.functional.linear(torch.round(x / sx) * sx, w8 * 1.2, b)
+    assert judge_quantized(ref, [right], dyn, "int8-dynamic").ok
+    assert not judge_quantized(ref, [wrong], dyn, "int8-dynamic").ok
+
+
+LINEAR_OP = """\
+    ops:
+      - op: aten.linear.default
+        inputs:
+          input: [[8, 64]]
+          weight: {shapes: [[32, 64]], param: true}
+          bias: {shapes: [[32]], param: true}
+    """
+
+
 @pytest.mark.slow  # real ONNX Runtime and ExecuTorch: one op x 8 configurations (~40 s CPU)
 def test_matrix_runs_on_real_backends_one_row_per_op_and_configuration(tmp_path, capsys):
-    spec = _file(tmp_path, """\
-        ops:
-          - op: aten.linear.default
-            inputs:
-              input: [[8, 64]]
-              weight: {shapes: [[32, 64]], param: true}
-              bias: {shapes: [[32]], param: true}
-        """, "ops.yaml")
+    spec = _file(tmp_path, LINEAR_OP, "ops.yaml")
     matrix = _file(tmp_path, """\
         flows: [onnxrt-cpu, executorch-xnnpack]
         dtypes: [float32]
@@ -169,3 +211,26 @@ def test_dtype_column_reads_a_modules_parameters_when_its_inputs_are_indices(tmp
             dtypes: [float16]
         """, "e.yaml")
     assert _dtype_of(load_sweep(spec).records()[0]) == "float16"
+
+
+@pytest.mark.slow  # real ONNX Runtime and ExecuTorch: one op x 3 configurations
+def test_matrix_runs_the_dynamic_and_int4_schemes_and_judges_each_by_its_budget(tmp_path, capsys):
+    spec = _file(tmp_path, LINEAR_OP, "ops.yaml")
+    matrix = _file(tmp_path, """\
+        flows: [onnxrt-cpu]
+        dtypes: [float32]
+        quant: [int8-dynamic, int4]
+        """)
+    out = tmp_path / "out"
+    rc = replay_main(["--spec", str(spec), "--matrix", str(matrix), "-b", "executorch-xnnpack:quant=int8-dynamic",
+                      "--out", str(out), "--repeats", "1", "-q"])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(out / "matrix.csv")
+    configs = df[df.backend != "torch-cpu"]
+    assert set(configs.quant) == {"int8-dynamic", "int4"} and len(configs) == 3
+    assert (configs.status == "OK").all(), configs[["backend", "status", "error"]].to_string()
+    facts = {b: json.loads(f) for b, f in zip(configs.backend, configs.facts)}
+    assert all(f["quantized"] and f["quantize_nodes"] > 0 for f in facts.values())
+    assert {f["quant_scheme"] for f in facts.values()} == {"int8-dynamic", "int4"}
+    int4 = configs[configs.quant == "int4"].max_rel_err.max()
+    assert int4 > configs[configs.quant == "int8-dynamic"].max_rel_err.max()  # 16 levels cost more than 256

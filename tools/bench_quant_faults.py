@@ -1,10 +1,13 @@
-"""Quantization bugs injected into real int8 flows: does ``xray drift``'s int8 report name the layer?
+"""Quantization bugs injected into real quantization flows: does ``xray drift``'s report name the layer?
 
 Five real models with random weights, built from small configs, no downloads: a transformers
 Llama decoder, a BERT encoder, a ViT, a ResNet (transformers) and a Whisper audio encoder. Each
-runs through the two static int8 flows as their authors run them (``onnxrt-cpu:quant=int8``:
-ONNX Runtime ``quantize_static`` QDQ; ``executorch-xnnpack:quant=int8``: PT2E with the XNNPACK
-quantizer, lowered to XNNPACK), calibrated on the run's own input, in four cases:
+runs through the flows as their authors run them: static int8 (``ort``: ``onnxrt-cpu:quant=int8``,
+ONNX Runtime ``quantize_static`` QDQ; ``xnnpack``: ``executorch-xnnpack:quant=int8``, PT2E with the
+XNNPACK quantizer, lowered to XNNPACK), calibrated on the run's own input; dynamic int8 linear
+(``ort-dynamic``: ``quantize_dynamic``; ``xnnpack-dynamic``: the XNNPACK quantizer's dynamic
+config); int4 weight-only (``ort-int4``: ``MatMulNBits``, blocks of 32). In four cases (the new
+schemes take the first two: per-tensor against per-channel is a static int8 question):
 
 - ``clean``: no bug; every layer should be within int8 (anything beyond is a false alarm);
 - ``wrong_scale``: one random layer's weight scales 1.5x too large after calibration;
@@ -15,17 +18,18 @@ quantizer, lowered to XNNPACK), calibrated on the run's own input, in four cases
   the rest of the layer.
 
 Graded on ``drift``'s quant report: ``exact`` when the bug's layer is the report's worst layer
-and beyond int8; ``beyond, not worst`` when it is beyond but another layer is worse; ``missed``
-when it is within int8 (or not exposed at all); ``false alarms`` counts the *other* layers
-beyond int8. ``effect`` is how much the bug raises the layer's weight rounding noise (NSR of the
-deployed weight over what per-channel int8 gives, from the float weights): a per-tensor bug on
-a layer whose channels share one range costs nothing and cannot be seen.
+and beyond its scheme's budget; ``beyond, not worst`` when it is beyond but another layer is
+worse; ``missed`` when it is within (or not exposed at all); ``false alarms`` counts the *other*
+layers beyond. ``effect`` is how much the bug raises the layer's weight rounding noise (NSR of the
+deployed weight over what the scheme's correct rounding gives, from the float weights): a
+per-tensor bug on a layer whose channels share one range costs nothing and cannot be seen.
 
 Cases that share a float model run in one ``xray.drift`` call (one export, one eager
 reference), each under its own backend name (``threads=N`` / ``partitioner=xnnpack`` spell the
 same flow). A flow that fails on a model is reported with its stage and error, never skipped.
 
-    python tools/bench_quant_faults.py [--models llama,bert,vit,resnet,whisper] [--flows ort,xnnpack]
+    python tools/bench_quant_faults.py [--models llama,bert,vit,resnet,whisper]
+                                       [--flows ort,xnnpack,ort-dynamic,xnnpack-dynamic,ort-int4]
                                        [--seed 0] [--out bench-quant.json]
 """
 from __future__ import annotations
@@ -53,11 +57,25 @@ from xray.drift import examples as ex  # noqa: E402
 CASES = ("clean", "wrong_scale", "per_tensor", "outlier")
 SCALE_FACTOR = 1.5
 OUTLIER_FACTOR = 20.0
-# Backend names per flow: the first is the flow; the others spell the same flow again, so cases
-# that share a float model run in one drift call.
-FLOWS = {"ort": ["onnxrt-cpu:quant=int8", "onnxrt-cpu:quant=int8,threads=1", "onnxrt-cpu:quant=int8,threads=2",
-                 "onnxrt-cpu:quant=int8,threads=3"],
-         "xnnpack": ["executorch-xnnpack:quant=int8", "executorch-xnnpack:quant=int8,partitioner=xnnpack"]}
+
+
+def _ort(scheme: str) -> list[str]:
+    return [f"onnxrt-cpu:quant={scheme}", *(f"onnxrt-cpu:quant={scheme},threads={n}" for n in (1, 2, 3))]
+
+
+def _xnnpack(scheme: str) -> list[str]:
+    return [f"executorch-xnnpack:quant={scheme}", f"executorch-xnnpack:quant={scheme},partitioner=xnnpack"]
+
+
+WEIGHTED = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)
+# Per flow: its scheme, the cases it takes, its backend names (the first is the flow; the others
+# spell the same flow again, so cases that share a float model run in one drift call), and the
+# layers its scheme quantizes (ONNX Runtime's dynamic and int4 quantizers take MatMul only).
+FLOWS = {"ort": ("int8", CASES, _ort("int8"), WEIGHTED), "xnnpack": ("int8", CASES, _xnnpack("int8"), WEIGHTED),
+         "ort-dynamic": ("int8-dynamic", CASES[:2], _ort("int8-dynamic"), (torch.nn.Linear,)),
+         "xnnpack-dynamic": ("int8-dynamic", CASES[:2], _xnnpack("int8-dynamic"), WEIGHTED),
+         "ort-int4": ("int4", CASES[:2], _ort("int4"), (torch.nn.Linear,))}
+DEFAULT_FLOWS = ("ort", "xnnpack")
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -92,9 +110,8 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
     "llama": _llama, "bert": _bert, "vit": _vit, "resnet": _resnet, "whisper": _whisper}
 
 
-def weight_layers(model: torch.nn.Module) -> list[str]:
-    """Layers a static int8 flow quantizes with a weight: Linear and Conv modules."""
-    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)
+def weight_layers(model: torch.nn.Module, kinds: tuple = WEIGHTED) -> list[str]:
+    """Layers a flow quantizes with a weight (static int8: Linear and Conv modules)."""
     return [name for name, m in model.named_modules() if name and isinstance(m, kinds)]
 
 
@@ -137,29 +154,29 @@ def add_outlier(model: torch.nn.Module, layer: str, factor: float = OUTLIER_FACT
 
 
 def fault_edit(flow: str, case: str, layer: str):
+    onnx = flow.startswith("ort")
     if case == "wrong_scale":
-        return ex.onnx_weight_scale_fault(layer, SCALE_FACTOR) if flow == "ort" else ex.pt2e_weight_scale_fault(layer, SCALE_FACTOR)
+        return (ex.onnx_weight_scale_fault if onnx else ex.pt2e_weight_scale_fault)(layer, SCALE_FACTOR)
     if case in ("per_tensor", "outlier"):
-        return onnx_per_tensor_fault(layer) if flow == "ort" else ex.pt2e_per_tensor_fault(layer)
+        return onnx_per_tensor_fault(layer) if onnx else ex.pt2e_per_tensor_fault(layer)
     return None
 
 
-def effect(model: torch.nn.Module, case: str, layer: str | None) -> float | None:
-    """How many times the bug raises ``layer``'s weight rounding noise over per-channel int8."""
+def effect(model: torch.nn.Module, case: str, layer: str | None, scheme: str = "int8") -> float | None:
+    """How many times the bug raises ``layer``'s weight rounding noise over the scheme's correct rounding."""
     if layer is None:
         return None
     from xray.numerics import quantization as qn
 
     w = model.get_submodule(layer).weight.detach().double()
     flat = w.reshape(w.shape[0], -1)
-    per_channel = flat.abs().amax(dim=1, keepdim=True) / 127
+    sch = qn.scheme(scheme)
+    good = qn.round_weights(flat, sch)
     if case == "wrong_scale":
-        step = per_channel * SCALE_FACTOR
-        got = torch.clamp(torch.round(flat / per_channel), -127, 127) * step
+        got = qn.round_weights(flat, sch, scale=SCALE_FACTOR)
     else:
         step = flat.abs().max() / 127
         got = torch.clamp(torch.round(flat / step), -127, 127) * step
-    good = torch.clamp(torch.round(flat / per_channel), -127, 127) * per_channel
     return qn.nsr(flat, got) / max(qn.nsr(flat, good), 1e-30)
 
 
@@ -173,7 +190,14 @@ def plan(model_name: str, flows: list[str], rng: random.Random) -> list[dict[str
     for case in CASES:
         layer = None if case == "clean" else rng.choice(layers)
         for flow in flows:
-            checks.append({"model": model_name, "flow": flow, "case": case, "layer": layer})
+            if case not in FLOWS[flow][1]:
+                continue
+            mine = weight_layers(model, FLOWS[flow][3])
+            # a layer the scheme leaves float has no scale to get wrong: drawn again among the
+            # scheme's own, by a draw of its own (the shared sequence stays as it is)
+            redraw = layer is not None and layer not in mine
+            chosen = random.Random(f"{model_name}:{case}:{layer}").choice(mine) if redraw else layer
+            checks.append({"model": model_name, "flow": flow, "case": case, "layer": chosen})
     return checks
 
 
@@ -189,8 +213,8 @@ def run_model(model_name: str, checks: list[dict[str, Any]], workdir: Path) -> N
             batch = []
             for c in list(pending):
                 k = used.get(c["flow"], 0)
-                if k < len(FLOWS[c["flow"]]):
-                    c["backend"] = FLOWS[c["flow"]][k]
+                if k < len(FLOWS[c["flow"]][2]):
+                    c["backend"] = FLOWS[c["flow"]][2][k]
                     used[c["flow"]] = k + 1
                     batch.append(c)
                     pending.remove(c)
@@ -202,7 +226,7 @@ def _drift_call(model_name: str, outlier_layer: str | None, batch: list[dict[str
     if outlier_layer is not None:
         add_outlier(model, outlier_layer)
     for c in batch:
-        c["effect"] = effect(model, c["case"], c["layer"])
+        c["effect"] = effect(model, c["case"], c["layer"], FLOWS[c["flow"]][0])
     edits = {}
     for c in batch:
         if c["layer"] is not None:
@@ -228,7 +252,7 @@ def _drift_call(model_name: str, outlier_layer: str | None, batch: list[dict[str
 
 def grade(check: dict[str, Any], quant: dict[str, Any]) -> None:
     layers = {lr["layer"]: lr for lr in quant["layers"]}
-    beyond = [name for name, lr in layers.items() if lr["verdict"] == "beyond int8"]
+    beyond = [name for name, lr in layers.items() if lr["verdict"].startswith("beyond")]
     bug = check["layer"]
     worst = quant["worst"][0] if quant["worst"] else None
     check.update(layers=len(layers), beyond=beyond, worst=worst, output_sqnr_db=quant["output_sqnr_db"])
@@ -245,7 +269,7 @@ def grade(check: dict[str, Any], quant: dict[str, Any]) -> None:
     check["false_alarms"] = len([b for b in beyond if b != bug])
     if row is None:
         check["outcome"] = "missed (not exposed)"
-    elif row["verdict"] != "beyond int8":
+    elif not row["verdict"].startswith("beyond"):
         check["outcome"] = "missed"
     elif worst == bug:
         check["outcome"] = "exact"
@@ -277,6 +301,14 @@ def table(checks: list[dict[str, Any]]) -> str:
 
 
 def totals(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts over ``checks``, and the same per flow."""
+    out = _counts(checks)
+    flows = dict.fromkeys(c["flow"] for c in checks)
+    out["by_flow"] = {f: _counts([c for c in checks if c["flow"] == f]) for f in flows}
+    return out
+
+
+def _counts(checks: list[dict[str, Any]]) -> dict[str, Any]:
     ran = [c for c in checks if "outcome" in c]
     faults = [c for c in ran if c["case"] != "clean"]
     out = {"checks": len(checks), "ran": len(ran), "failed_to_run": len(checks) - len(ran),
@@ -293,7 +325,7 @@ def totals(checks: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--flows", default=",".join(FLOWS))
+    p.add_argument("--flows", default=",".join(DEFAULT_FLOWS), help=f"any of {', '.join(FLOWS)}")
     p.add_argument("--seed", type=int, default=0, help="draws the faulted layers")
     p.add_argument("--out", default=None, help="write the checks and totals as JSON here")
     a = p.parse_args(argv)

@@ -9,7 +9,7 @@ import torch
 
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 from .executorch_debug import count_nodes, run_whole_model
-from .quantize import QUANT_OPTION, SCHEMES
+from .quantize import PT2E_SCHEMES, quant_option
 from .shapes import DIMS, DYNAMIC_OPTION
 
 
@@ -17,9 +17,9 @@ class ExecuTorch(Backend):
     """Options: ``partitioner`` ("xnnpack" or None for the portable kernels)."""
 
     kind = "executorch"
-    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels", "quant": QUANT_OPTION,
+    OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels", "quant": quant_option(PT2E_SCHEMES),
                "dynamic": DYNAMIC_OPTION, "threads": "threads of ExecuTorch's threadpool (XNNPACK; default: its own)"}
-    OPTION_CHOICES = {"quant": (None, *SCHEMES), "dynamic": (None, *DIMS)}
+    OPTION_CHOICES = {"quant": (None, *PT2E_SCHEMES), "dynamic": (None, *DIMS)}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -37,7 +37,7 @@ class ExecuTorch(Backend):
         raise BackendError(ReplayStatus.LOWER_FAIL, f"unknown ExecuTorch partitioner {name!r} (known: xnnpack, None)")
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
-        """torch.export (``dynamic``: a symbolic batch or seq dimension) -> (``quant``: PT2E int8
+        """torch.export (``dynamic``: a symbolic batch or seq dimension) -> (``quant``: PT2E
         calibrated on ``args``, float where the quantizer annotates nothing) -> lowered ``.pte``."""
         from executorch.exir import to_edge_transform_and_lower
 
@@ -72,22 +72,23 @@ class ExecuTorch(Backend):
 
     def _quantize_call(self, exported: torch.export.ExportedProgram, args: tuple, which: str | None,
                        facts: dict[str, Any]) -> torch.export.ExportedProgram:
-        """PT2E int8 (XNNPACKQuantizer) of one call, calibrated on its own inputs, exported again."""
-        from .quantize import int8_or_float, pt2e_int8
+        """PT2E (XNNPACKQuantizer, the ``quant`` scheme) of one call, run on its own inputs, exported again."""
+        from .quantize import quantized_or_float, pt2e_quantize
         from .shapes import dynamic_shapes
 
         try:
             import executorch.kernels.quantized  # noqa: F401 - registers the quantized ops' out variants
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
-        converted = int8_or_float(lambda: pt2e_int8(exported, args, {}, facts)[0], facts)
+        converted = quantized_or_float(lambda: pt2e_quantize(exported, args, {}, facts, self.options["quant"])[0], facts)
         if converted is None:
             return exported
         try:
             return torch.export.export(converted, args, dynamic_shapes=dynamic_shapes(converted, args, which),
                                        strict=False)
         except Exception as e:  # noqa: BLE001
-            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export of the int8 program: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export of the quantized program: "
+                               f"{short_error(e)}") from e
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
         from executorch.runtime import Runtime
@@ -122,11 +123,11 @@ class ExecuTorch(Backend):
         ``edit`` gets the edge program manager after partitioning, before ``to_executorch``:
         on the portable preset every weight is still a graph constant there; under XNNPACK the
         delegated linear layers' weights are already inside the delegate blobs. With
-        ``quant=int8`` it gets the converted PT2E module (after calibration) instead, and
+        ``quant`` it gets the converted PT2E module (after calibration) instead, and
         ``source`` = (the program before decompositions, the model's args, kwargs) is what is
         quantized and calibrated."""
         if self.options.get("quant") is not None and self.options.get("partitioner") not in (None, "xnnpack"):
-            raise BackendError(ReplayStatus.LOWER_FAIL, "quant=int8 lowers with XNNPACK or the portable kernels only")
+            raise BackendError(ReplayStatus.LOWER_FAIL, "quant lowers with XNNPACK or the portable kernels only")
         return run_whole_model(program, args, self._partitioners(),
                                self.options.get("partitioner") or "portable", edit=edit,
                                quant=self.options.get("quant"), source=source)

@@ -53,8 +53,8 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
     """Lower ``program`` (edge, partitioners, ``edit``, to_executorch), run it once with ETDump and
     a debug buffer, and map the logged outputs back to ``program``'s node names.
 
-    ``quant="int8"``: ``source`` = (the program before core-ATen decompositions, the model's args,
-    kwargs) is quantized with PT2E (``quantize.pt2e_int8``, calibrated on those), ``edit`` gets the
+    ``quant`` (a PT2E scheme): ``source`` = (the program before core-ATen decompositions, the model's args,
+    kwargs) is quantized with PT2E (``quantize.pt2e_quantize``, run on those), ``edit`` gets the
     converted module, and
     the quantized program is lowered instead; its values map back through the source's node names."""
     from executorch.exir import to_edge_transform_and_lower
@@ -63,23 +63,24 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
     via: tuple[int, dict[str, list[str]]] | None = None
     lowered = program
     if quant is not None:
-        from .quantize import pt2e_int8, source_to_reference
+        from .quantize import pt2e_quantize, source_to_reference
 
         if source is None:
-            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant=int8 needs the program before decompositions (source)")
+            raise BackendError(ReplayStatus.EXPORT_FAIL, "quant needs the program before decompositions (source)")
         try:
             import executorch.kernels.quantized  # noqa: F401 - registers the quantized ops' out variants
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
         source_program, call_args, call_kwargs = source
-        converted, carries = pt2e_int8(source_program, call_args, call_kwargs, facts)
+        converted, carries = pt2e_quantize(source_program, call_args, call_kwargs, facts, quant)
         if edit is not None:
             converted = edit(converted) or converted
             edit = None
         try:
             lowered = torch.export.export(converted, tuple(call_args), dict(call_kwargs), strict=False)
         except Exception as e:  # noqa: BLE001
-            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export of the int8 program: {short_error(e)}") from e
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"torch.export of the quantized program: "
+                               f"{short_error(e)}") from e
         to_ref = source_to_reference(program)
         via = (id(converted.graph), {name: to_ref.get(src, []) for name, src in carries.items()})
     start = time.perf_counter()

@@ -14,7 +14,7 @@ import torch
 
 from ..dump.tensorio import from_numpy
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
-from .quantize import QUANT_OPTION, SCHEMES
+from .quantize import ORT_SCHEMES, quant_option
 from .shapes import DIMS, DYNAMIC_OPTION
 
 
@@ -26,9 +26,9 @@ class OnnxRuntime(Backend):
                "provider": "ONNX Runtime execution provider (default CPUExecutionProvider)",
                "threads": "intra-op threads (default 1)",
                "optimize": "true: let the exporter optimise the graph (whole-model runs)",
-               "quant": QUANT_OPTION + " (quantize_static, QDQ)",
+               "quant": quant_option(ORT_SCHEMES),
                "dynamic": DYNAMIC_OPTION}
-    OPTION_CHOICES = {"quant": (None, *SCHEMES), "dynamic": (None, *DIMS)}
+    OPTION_CHOICES = {"quant": (None, *ORT_SCHEMES), "dynamic": (None, *DIMS)}
 
     def versions(self) -> dict[str, str]:
         import onnxscript
@@ -48,7 +48,8 @@ class OnnxRuntime(Backend):
 
     def export(self, module: torch.nn.Module, args: tuple) -> Artifact:
         """The ONNX model of one call (with ``dynamic``: a symbolic batch or seq dimension; with
-        ``quant``: ``quantize_static`` calibrated on ``args``, float where it quantizes nothing)."""
+        ``quant``: the scheme's ONNX Runtime flow, static int8 calibrated on ``args``, float where
+        it quantizes nothing)."""
         from .shapes import describe, dynamic_shapes
 
         start = time.perf_counter()
@@ -65,9 +66,9 @@ class OnnxRuntime(Backend):
         return Artifact(data=data, suffix=".onnx", facts=facts)
 
     def _quantize_call(self, proto: Any, args: tuple, facts: dict[str, Any]) -> Any:
-        """``quantize_static`` of one call's model, calibrated on the call's own inputs; a model
-        it quantizes nothing of stays float (``quantized`` False in the facts)."""
-        from .quantize import int8_or_float, ort_int8
+        """The scheme's quantization of one call's model (static int8: calibrated on the call's own
+        inputs); a model it quantizes nothing of stays float (``quantized`` False in the facts)."""
+        from .quantize import quantized_or_float, ort_quantize
 
         try:
             session = self._session(proto.SerializeToString())
@@ -75,7 +76,7 @@ class OnnxRuntime(Backend):
             raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         names = [i.name for i in session.get_inputs()]
         feed = {n: t.detach().contiguous().numpy() for n, t in zip(names, _match_inputs(names, list(args)))}
-        quantized = int8_or_float(lambda: ort_int8(proto, [feed], facts), facts)
+        quantized = quantized_or_float(lambda: ort_quantize(proto, [feed], facts, self.options["quant"]), facts)
         return proto if quantized is None else quantized
 
     def load(self, artifact: Artifact, module: torch.nn.Module, args: tuple) -> Runner:
@@ -179,16 +180,16 @@ class OnnxRuntime(Backend):
         return proto, plan
 
     def _quantize(self, proto: Any, program: torch.export.ExportedProgram, args: tuple) -> Any:
-        """``quantize_static`` (QDQ int8), calibrated on the run's own inputs."""
+        """The scheme's quantization (``quantize.ort_quantize``; static int8 calibrated on the run's own inputs)."""
         from . import onnx_capture
-        from .quantize import ort_int8
+        from .quantize import ort_quantize
 
         try:
             session = self._session(proto.SerializeToString())
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         feeds = [onnx_capture.feed(session, program, args)]
-        return ort_int8(proto, feeds, self._quant_facts)
+        return ort_quantize(proto, feeds, self._quant_facts, self.options["quant"])
 
     def run_isolated(self, program: torch.export.ExportedProgram, args: tuple,
                      reference: dict[str, list[torch.Tensor]], *,

@@ -1,6 +1,8 @@
-"""Static int8 quantization flows, as their authors run them: PT2E with ExecuTorch's XNNPACK
-quantizer (``executorch-*:quant=int8``) and ONNX Runtime's ``quantize_static`` in QDQ format
-(``onnxrt-cpu:quant=int8``). Both calibrate on the inputs drift runs the model on.
+"""Quantization flows, as their authors run them: PT2E with ExecuTorch's XNNPACK quantizer
+(``executorch-*:quant=int8|int8-dynamic``) and ONNX Runtime's ``quantize_static`` in QDQ format,
+``quantize_dynamic`` and the blockwise ``MatMulNBitsQuantizer`` (``onnxrt-cpu:quant=int8|int8-dynamic|int4``).
+Static int8 calibrates on the inputs drift runs the model on; the others need no calibration.
+Core ML's weight quantization lives with its backend (``coreml.py``).
 
 Each flow keeps the quantized graph's values tied to the float reference program's nodes: a
 quantize -> dequantize pair after a node stands for that node (its dequantized value is what
@@ -15,31 +17,44 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..numerics.quantization import SCHEMES as RULES
 from .base import BackendError, ReplayStatus, short_error
 
-SCHEMES = ("int8",)
-QUANT_OPTION = "int8: static int8 (per-channel symmetric weights, per-tensor activations), calibrated on the run's inputs"
+SCHEMES = tuple(RULES)  # every scheme's name; each backend runs the ones below
+ORT_SCHEMES = ("int8", "int8-dynamic", "int4")
+PT2E_SCHEMES = ("int8", "int8-dynamic")
+COREML_SCHEMES = ("int8-weights", "int4")
 
 _Q_OPS = ("quantize_per_tensor", "quantize_per_channel")
 _FUSED_ACTIVATIONS = ("Relu", "Clip")
 _DQ_OPS = ("dequantize_per_tensor", "dequantize_per_channel")
 
 
-def check_scheme(value: Any) -> str:
-    if value not in SCHEMES:
-        raise BackendError(ReplayStatus.EXPORT_FAIL, f"quant={value!r} is not a known scheme (known: {', '.join(SCHEMES)})")
+def quant_option(schemes: tuple[str, ...]) -> str:
+    """The ``quant`` option's help: each scheme a backend runs and what it rounds."""
+    return "; ".join(f"{s}: {RULES[s].summary}" for s in schemes)
+
+
+def check_scheme(value: Any, schemes: tuple[str, ...] = SCHEMES) -> str:
+    """``value`` if it is one of ``schemes``, else one line naming them."""
+    if value not in schemes:
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"quant={value!r} is not a scheme this flow runs "
+                           f"(it runs: {', '.join(schemes)})")
     return value
 
 
 # --- PT2E (ExecuTorch) ---------------------------------------------------------------------
 
-def pt2e_int8(source: torch.export.ExportedProgram, args: tuple, kwargs: dict,
-              facts: dict[str, Any]) -> tuple[torch.fx.GraphModule, dict[str, str]]:
+def pt2e_quantize(source: torch.export.ExportedProgram, args: tuple, kwargs: dict, facts: dict[str, Any],
+                  scheme: str = "int8") -> tuple[torch.fx.GraphModule, dict[str, str]]:
     """``source`` (the program before core-ATen decompositions: the quantizer annotates
-    ``aten.linear``/``aten.conv2d``) prepared with the XNNPACK quantizer (static, per-channel
-    symmetric int8 weights), calibrated on ``args``, converted. Returns the converted module and
-    converted node name -> the source node whose value it carries (a node itself, or the
-    dequantize of a quantize -> dequantize pair after it)."""
+    ``aten.linear``/``aten.conv2d``) prepared with the XNNPACK quantizer (per-channel symmetric
+    int8 weights; ``int8``: static activations, ``int8-dynamic``: ``is_dynamic``, activations
+    quantized at run time), run on ``args`` (static: its calibration), converted. Returns the
+    converted module and converted node name -> the source node whose value it carries (a node
+    itself, or the dequantize of a static quantize -> dequantize pair after it)."""
+    check_scheme(scheme, PT2E_SCHEMES)
+    dynamic = scheme == "int8-dynamic"
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer, get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -50,12 +65,12 @@ def pt2e_int8(source: torch.export.ExportedProgram, args: tuple, kwargs: dict,
 
     start = time.perf_counter()
     try:
-        quantizer = _Quantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        quantizer = _Quantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic))
         prepared = prepare_pt2e(source.module(), quantizer)
         prepared(*args, **kwargs)  # calibration: the observers see the run's own inputs
         converted = convert_pt2e(prepared)
     except Exception as e:  # noqa: BLE001 - the quantizer's error is the result
-        raise BackendError(ReplayStatus.EXPORT_FAIL, f"PT2E int8 (XNNPACKQuantizer): {short_error(e)}") from e
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"PT2E {scheme} (XNNPACKQuantizer): {short_error(e)}") from e
     facts["quantize_s"] = round(time.perf_counter() - start, 4)
     names = {n.name for n in source.graph.nodes}
     carries: dict[str, str] = {}
@@ -67,21 +82,24 @@ def pt2e_int8(source: torch.export.ExportedProgram, args: tuple, kwargs: dict,
         if op in _DQ_OPS:
             counts["dq"] += 1
             q = node.args[0] if node.args else None
-            if isinstance(q, torch.fx.Node) and _op(q) in _Q_OPS and q.args and isinstance(q.args[0], torch.fx.Node):
+            # a dynamic pair (its scale a node: chosen at run time) rounds inside the kernel that
+            # reads it; the value itself stays float, and is its own node's
+            if (isinstance(q, torch.fx.Node) and _op(q) in _Q_OPS and q.args and isinstance(q.args[0], torch.fx.Node)
+                    and not isinstance(q.args[1], torch.fx.Node)):
                 if q.args[0].name in names:
                     carries[node.name] = q.args[0].name
         elif op in _Q_OPS:
             counts["q"] += 1
-    facts.update(quant="int8 PT2E XNNPACKQuantizer (static, per-channel weights)", calibration_batches=1,
-                 quantize_nodes=counts["q"], dequantize_nodes=counts["dq"])
+    facts.update(quant=f"{scheme} PT2E XNNPACKQuantizer ({'dynamic' if dynamic else 'static'}, per-channel weights)",
+                 calibration_batches=0 if dynamic else 1, quantize_nodes=counts["q"], dequantize_nodes=counts["dq"])
     if not counts["q"]:
-        raise BackendError(ReplayStatus.EXPORT_FAIL, "PT2E int8: the XNNPACK quantizer annotated no op of this model "
-                           "(it quantizes linear, conv, add, mul, cat, pooling)")
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"PT2E {scheme}: the XNNPACK quantizer annotated no op of this "
+                           "model (it quantizes linear, conv, add, mul, cat, pooling; dynamic: linear)")
     return converted, carries
 
 
-def int8_or_float(quantize, facts: dict[str, Any]) -> Any | None:
-    """``quantize()``'s int8 program, or None where the quantizer left the op alone (no quantize
+def quantized_or_float(quantize, facts: dict[str, Any]) -> Any | None:
+    """``quantize()``'s quantized program, or None where the quantizer left the op alone (no quantize
     node: it runs, and is judged, in float); ``facts["quantized"]`` says which. Any other failure
     is raised."""
     try:
@@ -137,14 +155,46 @@ def source_to_reference(program: torch.export.ExportedProgram) -> dict[str, list
     return out
 
 
-# --- ONNX Runtime QDQ ----------------------------------------------------------------------
+# --- ONNX Runtime ---------------------------------------------------------------------------
 
-def ort_int8(proto: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> Any:
-    """``proto`` quantized by ``onnxruntime.quantization.quantize_static`` (QDQ, int8 activations
-    and per-channel int8 weights), calibrated on ``feeds``; then each activation's Q -> DQ pair
-    is made to carry the value's name (see ``_dq_carries_name``)."""
+def ort_quantize(proto: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any], scheme: str = "int8") -> Any:
+    """``proto`` quantized by ONNX Runtime's own tool for ``scheme`` (weight transposes folded
+    first, see ``_fold_weight_transposes``): ``int8``: ``quantize_static`` (QDQ, per-tensor int8
+    activations calibrated on ``feeds``, per-channel int8 weights), each activation's Q -> DQ pair
+    then carrying the value's name (``_dq_carries_name``); ``int8-dynamic``: ``quantize_dynamic``
+    (MatMul as DynamicQuantizeLinear -> MatMulInteger, per-channel int8 weights); ``int4``:
+    ``MatMulNBitsQuantizer`` (MatMulNBits, symmetric int4 weights in blocks of 32, float
+    activations). The nodes that replace an exported node carry its metadata (``_restamp``)."""
+    check_scheme(scheme, ORT_SCHEMES)
+    start = time.perf_counter()
+    folded = _fold_weight_transposes(proto)
+    flow = {"int8": _ort_static, "int8-dynamic": _ort_dynamic, "int4": _ort_int4}[scheme]
+    try:
+        quantized, what, counted = flow(folded, feeds, facts)
+    except BackendError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the quantizer's error is the result
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"onnxruntime {scheme} quantization: {short_error(e)}") from e
+    if scheme != "int8":
+        _restamp(folded, quantized)
+    ops = [n.op_type for n in quantized.graph.node]
+    facts.update(quant=f"{scheme} onnxruntime {what}", quantize_nodes=ops.count(counted),
+                 dequantize_nodes=ops.count("DequantizeLinear"), quantize_s=round(time.perf_counter() - start, 4))
+    if not ops.count(counted):
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"onnxruntime {scheme}: {what} quantized no op of this model")
+    return quantized
+
+
+def _saved(model: Any, tmp: str, name: str) -> str:
+    import onnx
+
+    path = f"{tmp}/{name}"
+    onnx.save(model, path)
+    return path
+
+
+def _ort_static(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> tuple[Any, str, str]:
     import tempfile
-    from pathlib import Path
 
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
@@ -156,26 +206,104 @@ def ort_int8(proto: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, An
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self._it, None)
 
-    start = time.perf_counter()
-    folded = _fold_weight_transposes(proto)
     with tempfile.TemporaryDirectory(prefix="xray-qdq-") as tmp:
-        src, dst = Path(tmp, "float.onnx"), Path(tmp, "int8.onnx")
-        onnx.save(folded, str(src))
-        try:
-            quantize_static(str(src), str(dst), _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                            extra_options={"QDQKeepRemovableActivations": True})
-        except Exception as e:  # noqa: BLE001
-            raise BackendError(ReplayStatus.EXPORT_FAIL, f"onnxruntime quantize_static: {short_error(e)}") from e
-        quantized = onnx.load(str(dst))
-    pairs = _dq_carries_name(quantized)
-    ops = [n.op_type for n in quantized.graph.node]
-    facts.update(quant="int8 onnxruntime quantize_static (QDQ, per-channel weights)", calibration_batches=len(feeds),
-                 quantize_nodes=ops.count("QuantizeLinear"), dequantize_nodes=ops.count("DequantizeLinear"),
-                 quantized_activations=pairs, quantize_s=round(time.perf_counter() - start, 4))
-    if not ops.count("QuantizeLinear"):
-        raise BackendError(ReplayStatus.EXPORT_FAIL, "quantize_static quantized no tensor of this model")
-    return quantized
+        dst = f"{tmp}/int8.onnx"
+        quantize_static(_saved(folded, tmp, "float.onnx"), dst, _Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        extra_options={"QDQKeepRemovableActivations": True})
+        quantized = onnx.load(dst)
+    facts.update(quantized_activations=_dq_carries_name(quantized), calibration_batches=len(feeds))
+    return quantized, "quantize_static (QDQ, per-channel weights)", "QuantizeLinear"
+
+
+def _ort_dynamic(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> tuple[Any, str, str]:
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="xray-dyn-") as tmp:
+        dst = f"{tmp}/int8.onnx"
+        quantize_dynamic(_saved(folded, tmp, "float.onnx"), dst, op_types_to_quantize=["MatMul"], per_channel=True,
+                         weight_type=QuantType.QInt8)
+        quantized = onnx.load(dst)
+    return quantized, "quantize_dynamic (MatMulInteger, per-channel weights)", "DynamicQuantizeLinear"
+
+
+# ONNX Runtime's int4 blocks: 32 weights share a scale (the scheme's ``weight_group``)
+INT4_BLOCK = 32
+
+
+def _ort_int4(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> tuple[Any, str, str]:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    split = _gemm_as_matmul(folded)
+    # accuracy_level unset: the kernel computes in float32 (weight-only; 4 would round activations)
+    quantizer = MatMulNBitsQuantizer(split, bits=4, block_size=INT4_BLOCK, is_symmetric=True)
+    quantizer.process()
+    return quantizer.model.model, f"MatMulNBitsQuantizer (int4, blocks of {INT4_BLOCK}, symmetric)", "MatMulNBits"
+
+
+def _gemm_as_matmul(proto: Any) -> Any:
+    """Each ``Gemm(A, B, C)`` with a constant ``B`` (no ``transA``, alpha = beta = 1: the
+    exporter's ``addmm``, or a ``linear`` with ``transB``) as ``MatMul(A, B') -> Add(C)``, ``B'``
+    the weight as ``(in, out)``: ``MatMulNBitsQuantizer`` quantizes MatMul only. The node that
+    produces the Gemm's output keeps its name and metadata."""
+    from onnx import helper, numpy_helper
+
+    model = copy.deepcopy(proto)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    nodes = []
+    for n in g.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        plain = not attrs.get("transA") and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
+        if n.op_type != "Gemm" or not plain or n.input[1] not in inits:
+            nodes.append(n)
+            continue
+        weight = n.input[1]
+        if attrs.get("transB"):
+            weight = f"{n.input[1]}__t"
+            if weight not in inits:
+                flipped = np.ascontiguousarray(numpy_helper.to_array(inits[n.input[1]]).T)
+                inits[weight] = numpy_helper.from_array(flipped, weight)
+                g.initializer.append(inits[weight])
+        product = f"{n.output[0]}__matmul"
+        mm = helper.make_node("MatMul", [n.input[0], weight], [product], name=f"{n.name}__matmul")
+        last = mm
+        nodes.append(mm)
+        if len(n.input) > 2 and n.input[2]:
+            last = helper.make_node("Add", [product, n.input[2]], list(n.output), name=f"{n.name}__add")
+            nodes.append(last)
+        else:
+            mm.output[0] = n.output[0]
+        last.metadata_props.extend(copy.deepcopy(list(n.metadata_props)))
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def _restamp(original: Any, quantized: Any) -> None:
+    """Metadata for the nodes a quantizer added: the node now producing a value an original node
+    produced gets that node's (the exporter's stamp ties a value to its program node,
+    ``onnx_capture``), then each helper whose readers all carry one stamp gets theirs (the
+    DynamicQuantizeLinear, MatMulInteger and scale Mul of a layer belong to that layer)."""
+    stamps = {o: n.metadata_props for n in original.graph.node for o in n.output if len(n.metadata_props)}
+    for n in quantized.graph.node:
+        source = next((stamps[o] for o in n.output if o in stamps), None)
+        if not len(n.metadata_props) and source is not None:
+            n.metadata_props.extend(copy.deepcopy(list(source)))
+    readers: dict[str, list[Any]] = {}
+    for n in quantized.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    for n in reversed(list(quantized.graph.node)):
+        if len(n.metadata_props):
+            continue
+        after = [r for o in n.output for r in readers.get(o, [])]
+        found = {tuple((p.key, p.value) for p in r.metadata_props) for r in after}
+        if len(found) == 1 and all(len(r.metadata_props) for r in after):
+            n.metadata_props.extend(copy.deepcopy(list(after[0].metadata_props)))
 
 
 def _fold_weight_transposes(proto: Any) -> Any:

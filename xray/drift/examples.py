@@ -153,23 +153,38 @@ def _layer_of_onnx_node(node) -> str:
 
 
 def onnx_weight_scale_fault(layer: str, factor: float = 1.5):
-    """An ``edit`` for ``onnxrt-cpu:quant=int8``: the DequantizeLinear of ``layer``'s int8 weight
-    reads scales ``factor`` times too large (a wrong weight scale shipped after calibration)."""
+    """An ``edit`` for ``onnxrt-cpu:quant=...``: ``layer``'s quantized weight reads scales ``factor``
+    times too large (a wrong weight scale shipped after quantization), whatever the scheme
+    (``onnx_weight_scales_of``)."""
 
     def edit(proto):
         import numpy as np
         from onnx import numpy_helper
 
-        hit = 0
-        for dq, inits in onnx_dequantizers_of(proto, layer):
-            scale = inits[dq.input[1]]
+        scales = onnx_weight_scales_of(proto, layer)
+        if not scales:
+            raise KeyError(f"no quantized weight of layer {layer!r} in the ONNX graph")
+        for scale in scales:
             a = numpy_helper.to_array(scale) * np.asarray(factor, dtype=np.float32)
             scale.CopyFrom(numpy_helper.from_array(a.astype(np.float32), scale.name))
-            hit += 1
-        if not hit:
-            raise KeyError(f"no quantized weight of layer {layer!r} in the ONNX graph")
 
     return edit
+
+
+def onnx_weight_scales_of(proto, layer: str) -> list:
+    """The scale initializers of ``layer``'s quantized weights: a static QDQ graph's weight (and
+    int32 bias) DequantizeLinear scales, a dynamic MatMulInteger's weight scale (the float
+    initializer its scale Mul reads), a MatMulNBits's block scales."""
+    inits = {i.name: i for i in proto.graph.initializer}
+    found = [inits[dq.input[1]] for dq, _ in onnx_dequantizers_of(proto, layer)]
+    for n in proto.graph.node:
+        if _layer_of_onnx_node(n) != layer:
+            continue
+        if n.op_type == "MatMulNBits":
+            found.append(inits[n.input[2]])
+        elif n.op_type == "Mul" and any(i.endswith("_scale") and i in inits for i in n.input):
+            found += [inits[i] for i in n.input if i in inits and inits[i].data_type == 1]
+    return found
 
 
 def onnx_dequantizers_of(proto, layer: str, weight_only: bool = False):

@@ -1,16 +1,18 @@
 """Per-layer quantization error of a quantized drift run against the float eager reference.
 
 Every captured node gets its accumulated error (relative L2 error and SQNR against eager) and
-an int8 budget (``xray.numerics.quantization``): what its inputs brought, as measured where the
-backend captured them (the op replayed on their captured values, where it replays), plus what its
-own int8 rounding should add. A node over budget is "beyond int8 quantization"; since the budget starts from the measured inputs, only the layer
-where the excess is born is beyond, the layers after it carry it within their budgets.
+a budget under the run's scheme (``xray.numerics.quantization``): what its inputs brought, as
+measured where the backend captured them (the op replayed on their captured values, where it
+replays), plus what its own rounding should add. A node over budget is "beyond <scheme>"; since
+the budget starts from the measured inputs, only the layer where the excess is born is beyond,
+the layers after it carry it within their budgets.
 
 Where the backend also runs each layer fed float inputs (ONNX Runtime's isolated run), every
 weighted op (``mm``, ``addmm``, ``convolution`` on a parameter) is judged a second time, alone:
-its local noise, the kernel's known rounding of its input taken out, against what per-channel int8
-rounding of its weights and of its output predicts (``quantization.weight_error_alone``). That catches what
-the accumulated budget's margin hides: one per-tensor weight scale where per-channel was meant.
+its local noise, the kernel's known rounding of its input taken out, against what the scheme's
+rounding of its weights (and, static int8, of its output) predicts (``quantization.weight_error_alone``).
+That catches what the accumulated budget's margin hides: one per-tensor weight scale where
+per-channel was meant.
 """
 from __future__ import annotations
 
@@ -24,7 +26,16 @@ import torch
 
 from ..numerics import quantization as qn
 
-WITHIN, BEYOND = "within int8", "beyond int8"
+def verdicts(scheme: str) -> tuple[str, str]:
+    """("within <scheme>", "beyond <scheme>"): the verdict names a layer's budget by its scheme."""
+    return f"within {scheme}", f"beyond {scheme}"
+
+
+WITHIN, BEYOND = verdicts("int8")
+
+
+def _beyond(row: dict[str, Any]) -> bool:
+    return str(row.get("verdict", "")).startswith("beyond")
 
 # The CSV columns (``DIR/quant-<backend>.csv``), declared once.
 QUANT_COLUMNS = ["layer", "captured", "verdict", "sqnr_db", "rel_err", "added_nsr", "cost_db", "local_sqnr_db",
@@ -116,6 +127,8 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
     from torch.export.graph_signature import InputKind
 
     kinds = {s.arg.name: s.kind for s in program.graph_signature.input_specs}
+    sch = qn.scheme(scheme)
+    within_label, beyond_label = verdicts(scheme)
     # node -> (NSR allowed to reach it, NSR expected to reach it, its signal power); a captured
     # node carries its measured NSR as both
     carried: dict[str, tuple[float, float, float]] = {}
@@ -126,13 +139,14 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
     local_budgets: dict[str, dict[str, Any]] = {}
     weights = {s.arg.name for s in program.graph_signature.input_specs
                if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+    parameters = set(weights)  # parameters and their views only (``weights`` also takes what is computed from them)
     for node in program.graph.nodes:
         if node.op == "placeholder":
             f = placeholders.get(node.name)
             if not isinstance(f, torch.Tensor) or not f.is_floating_point():
                 continue
             power = float(f.detach().double().pow(2).mean()) if f.numel() else 0.0
-            own = qn.activation_nsr(f) if kinds.get(node.name) == InputKind.USER_INPUT else qn.weight_nsr(f)
+            own = sch.output_nsr(f) if kinds.get(node.name) == InputKind.USER_INPUT else qn.weight_nsr(f, sch)
             carried[node.name] = (qn.MARGIN * own, own, power)
             continue
         if node.op != "call_function":
@@ -153,11 +167,14 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
                 ins = [(a * gain, e * gain, p) for a, e, p in ins[:1]]
         if all(i.name in weights for i in inputs) and inputs:
             weights.add(node.name)  # a view of a weight (its transpose) is still a weight
+        if inputs and kind in _VIEWS and all(i.name in parameters for i in inputs):
+            parameters.add(node.name)
         if kind in qn.WEIGHTED:
-            local = _local_budget(node, kind, f, eager, placeholders, kinds)
+            local = _local_budget(node, kind, f, eager, placeholders, kinds, sch)
             if local is not None:
                 local_budgets[node.name] = {"layer": layer_of_node.get(node.name, "<root>"), **local}
-        own = qn.activation_nsr(f)
+        acts = _activation_values(inputs, parameters, eager, placeholders, measured_nodes)
+        own = sch.output_nsr(f) + sch.input_nsr(kind, acts)
         gain = _elementwise_gain(node, kind, f, inputs, ins, eager, placeholders)
         inherited = qn.combine(kind, [(a, p) for a, _, p in ins], power, gain)
         expected = qn.combine(kind, [(e, p) for _, e, p in ins], power, gain)
@@ -168,7 +185,8 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
             params = [(0.0, 0.0, c[2]) if i.name in measured_nodes else c for i, c in zip(inputs, ins)]
             inherited = max(inherited, replayed + qn.combine(kind, [(a, p) for a, _, p in params], power))
             expected = max(expected, replayed + qn.combine(kind, [(e, p) for _, e, p in params], power))
-        budget = qn.Budget(inherited=inherited, expected_inherited=expected, own=own, step=qn.activation_step(f))
+        budget = qn.Budget(inherited=inherited, expected_inherited=expected, own=own, step=qn.activation_step(f),
+                           float_noise=sch.float_noise)
         inherited = budget.expected_inherited
         got = _first_tensor(captured.get(node.name))
         if got is None and kind == "getitem" and inputs and inputs[0].name in measured_nodes:
@@ -181,11 +199,11 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
         measured_nodes[node.name] = got
         judged += 1
         name = layer_of_node.get(node.name, "<root>")
-        row = layers.setdefault(name, QuantLayer(name))
+        row = layers.setdefault(name, QuantLayer(name, verdict=within_label))
         row.captured += 1
         ok = qn.within(measured, budget)
         if not ok:
-            row.verdict = BEYOND
+            row.verdict = beyond_label
         added = max(measured - inherited, 0.0)
         row.added_nsr = max(row.added_nsr, added)
         sq = qn.sqnr_db(measured)
@@ -218,11 +236,11 @@ def _rank(layers: list[dict[str, Any]]) -> tuple[list[str], str | None]:
     """(the three worst layers, the first beyond int8 in execution order). Worst: layers beyond
     int8 first, furthest beyond first; then the rest by the NSR they added themselves."""
     def key(lr: dict[str, Any]) -> tuple:
-        beyond = lr["verdict"] == BEYOND
+        beyond = _beyond(lr)
         return (not beyond, -_num(lr.get("excess") or 0.0) if beyond else 0.0, -lr["added_nsr"])
 
-    worst = [lr["layer"] for lr in sorted(layers, key=key) if lr["verdict"] == BEYOND or lr["added_nsr"] > 0][:3]
-    first = next((lr["layer"] for lr in layers if lr["verdict"] == BEYOND), None)
+    worst = [lr["layer"] for lr in sorted(layers, key=key) if _beyond(lr) or lr["added_nsr"] > 0][:3]
+    first = next((lr["layer"] for lr in layers if _beyond(lr)), None)
     return worst, first
 
 
@@ -231,6 +249,23 @@ def _output_of(values: Any, index: Any) -> torch.Tensor | None:
         v = values[index]
         return v if isinstance(v, torch.Tensor) else None
     return None
+
+
+def _activation_values(inputs: list[torch.fx.Node], params: set[str], eager: dict[str, list[torch.Tensor]],
+                       placeholders: dict[str, torch.Tensor],
+                       measured: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(float value, the value the backend computed where it was captured, else the float one) of
+    each of an op's inputs that is not a parameter or a view of one: what a dynamic kernel rounds
+    (an embedding's output, computed from a weight alone, is an activation)."""
+    out = []
+    for i in inputs:
+        if i.name in params:
+            continue
+        v = placeholders.get(i.name) if i.op == "placeholder" else _first_tensor(eager.get(i.name))
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            got = measured.get(i.name)
+            out.append((v, got if isinstance(got, torch.Tensor) and got.shape == v.shape else v))
+    return out
 
 
 def _replayed_nsr(node: torch.fx.Node, f: torch.Tensor, inputs: list[torch.fx.Node],
@@ -277,6 +312,7 @@ def _replayed_nsr(node: torch.fx.Node, f: torch.Tensor, inputs: list[torch.fx.No
 
 
 _TRANSPOSES = frozenset({"permute", "t", "transpose"})
+_VIEWS = _TRANSPOSES | {"view", "reshape", "_unsafe_view", "expand", "unsqueeze", "squeeze", "clone", "_to_copy"}
 
 
 def _elementwise_gain(node: torch.fx.Node, kind: str, f: torch.Tensor, inputs: list[torch.fx.Node],
@@ -301,9 +337,10 @@ def _elementwise_gain(node: torch.fx.Node, kind: str, f: torch.Tensor, inputs: l
 
 
 def _local_budget(node: torch.fx.Node, kind: str, f: torch.Tensor, eager: dict[str, list[torch.Tensor]],
-                  placeholders: dict[str, torch.Tensor], kinds: dict[str, Any]) -> dict[str, Any] | None:
-    """What a weighted op's own int8 rounding predicts for its local error, or None when it reads
-    no parameter (an attention ``mm`` of two activations) or its operands cannot be read."""
+                  placeholders: dict[str, torch.Tensor], kinds: dict[str, Any],
+                  sch: qn.Scheme) -> dict[str, Any] | None:
+    """What a weighted op's own rounding (the scheme's) predicts for its local error, or None when
+    it reads no parameter (an attention ``mm`` of two activations) or its operands cannot be read."""
     from torch.export.graph_signature import InputKind
 
     if kind == "convolution":
@@ -328,7 +365,8 @@ def _local_budget(node: torch.fx.Node, kind: str, f: torch.Tensor, eager: dict[s
         # the input's rounding counts even when it is fed float: ONNX Runtime's isolated run was
         # measured to requantize a float input before its int8 kernel (fc2 of tiny_mlp: its local
         # noise is that of x rounded at its own step, not of x)
-        w_noise, x_noise = qn.local_noise_power(kind, xv, weight, conv_args, input_step=qn.activation_step(xv))
+        w_noise, x_noise = qn.local_noise_power(kind, xv, weight, conv_args, input_step=qn.activation_step(xv),
+                                                sch=sch)
     except Exception:  # noqa: BLE001 - an op whose operands do not fit the model is not judged alone
         return None
     return {"input": x.name, "input_user": user, "weight": w.name, "kind": kind, "conv_args": list(conv_args),
@@ -367,39 +405,43 @@ def _judge_local(report: dict[str, Any], isolated: dict[str, list[Any]], eager: 
     its float range gives. Where the operands cannot be read, the input's rounding is predicted
     as noise at its per-tensor step instead."""
     rows = {lr["layer"]: lr for lr in report["layers"]}
+    sch = qn.scheme(report["scheme"])
     for node, b in (report.get("local_budgets") or {}).items():
         g, f = _first_tensor(isolated.get(node)), _first_tensor(eager.get(node))
         if g is None or f is None or tuple(g.shape) != tuple(f.shape) or not g.is_floating_point():
             continue
         if not b["input_user"] and b["input"] not in isolated:
             continue  # its input was not fed float: what it inherited is mixed into its local error
-        step = qn.grid_step(g)
-        if step is None and g.numel() <= 256:
+        step = qn.grid_step(g) if sch.activations == "static" else None  # other schemes' outputs stay float
+        if step is None and g.numel() <= 256 and sch.activations == "static":
             step = b["float_step"]
         rounding = (step or 0.0) ** 2 / 12.0 * g.numel()
         err = g.detach().double() - f.detach().double()
         noise, predicted = float(err.pow(2).sum()), b["weight_noise"] + b["input_noise"] + rounding
         x = placeholders.get(b["input"]) if b["input_user"] else _first_tensor(eager.get(b["input"]))
         w = placeholders.get(b.get("weight", ""))
+        spread = None
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
             try:
                 noise, weight_noise, b["input_rounding"] = qn.weight_error_alone(
-                    b["kind"], err, x, w, tuple(b["conv_args"]), b["input_step"])
+                    b["kind"], err, x, w, tuple(b["conv_args"]), b["input_step"], sch)
                 predicted = weight_noise + rounding
+                spread = qn.prediction_spread(b["kind"], x, w, sch)
             except (RuntimeError, ValueError):  # operands that do not fit: the input's rounding as noise
                 pass
         ratio = noise / predicted if predicted > 0 else (math.inf if noise > 0 else 0.0)
-        b["measured_noise"], b["output_step"], b["ratio"] = noise, step, _finite(ratio)
+        margin = qn.local_margin(predicted, spread)
+        b["measured_noise"], b["output_step"], b["ratio"], b["margin"] = noise, step, _finite(ratio), margin
         row = rows.get(b["layer"])
         if row is None:
             continue
         if row.get("local_ratio") is None or ratio > _num(row["local_ratio"]):
             row["local_ratio"] = _finite(ratio)
-        if ratio > qn.LOCAL_MARGIN:
-            excess = ratio / qn.LOCAL_MARGIN
-            if row["verdict"] != BEYOND or excess > _num(row.get("excess") or 0.0):
+        if ratio > margin:
+            excess = ratio / margin
+            if not _beyond(row) or excess > _num(row.get("excess") or 0.0):
                 row["excess"], row["node"] = _finite(excess), node
-            row["verdict"] = BEYOND
+            row["verdict"] = verdicts(report["scheme"])[1]
     report["worst"], report["first_beyond"] = _rank(report["layers"])
 
 

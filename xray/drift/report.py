@@ -82,7 +82,7 @@ def quant_table(b: BackendDrift, limit: int = 40) -> str:
     text = tabulate(rows, headers=headers, tablefmt="simple")
     if len(q.get("layers", [])) > limit:
         text += f"\n... {len(q['layers']) - limit} more layers in drift.json"
-    beyond = [lr["layer"] for lr in q.get("layers", []) if lr["verdict"] != "within int8"]
+    beyond = [lr["layer"] for lr in q.get("layers", []) if lr["verdict"].startswith("beyond")]
     text += (f"\n{q.get('scheme')}: output SQNR {num(q.get('output_sqnr_db'))} dB; costs most: "
              f"{', '.join(q.get('worst') or []) or 'none'}; beyond {q.get('scheme')} quantization: "
              f"{', '.join(beyond) if beyond else 'none'}")

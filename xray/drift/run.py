@@ -48,7 +48,7 @@ class BackendDrift:
     compare: dict[str, Any] = field(default_factory=dict)  # compare's totals
     output_err: float | None = None  # the deployed run's outputs: max |backend - program| / max |program|
     layers: list[LayerRow] = field(default_factory=list)
-    # a quantized backend (``quant=int8``): per-layer error against float eager and the int8
+    # a quantized backend (``quant=<scheme>``): per-layer error against float eager and the scheme's
     # verdict (``drift.quant``); compare's float rows are kept beside it
     quant: dict[str, Any] | None = None
 
@@ -231,7 +231,7 @@ def _dynamic(b: BackendDrift, name: str, model: torch.nn.Module, args: tuple, kw
 
 def _quant(b: BackendDrift, backend: Any, ref: Reference, eager: Any, capture: ModelCapture, out: Path,
            name: str) -> None:
-    """The quantized run's per-layer error and int8 verdict (``drift.quant``), and its CSV."""
+    """The quantized run's per-layer error and its scheme's verdict (``drift.quant``), and its CSV."""
     from .quant import quant_report
 
     t0 = time.perf_counter()
@@ -240,8 +240,8 @@ def _quant(b: BackendDrift, backend: Any, ref: Reference, eager: Any, capture: M
     report = quant_report(ref.program, ref.values, ref.placeholders, capture.values, layer_of_node,
                           str(backend.options["quant"]), outputs=(capture.outputs, ref.outputs))
     b.quant = report.to_json()
-    b.notes.append("quantized run: compare's float rules are expected to fail it; the int8 verdict is the "
-                   "quantization table (budget: int8 rounding of each tensor, from its float values)")
+    b.notes.append(f"quantized run: compare's float rules are expected to fail it; the {report.scheme} verdict is "
+                   "the quantization table (budget: the scheme's rounding of each tensor, from its float values)")
     b.seconds["quant"] = time.perf_counter() - t0
 
 

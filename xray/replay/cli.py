@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --spec: refuse a sweep that expands to more than N combinations (default 2000)")
     p.add_argument("--matrix", metavar="MATRIX.yaml",
                    help="a configuration matrix: flows (backend presets) x dtypes x shapes (static, batch, seq) "
-                        "x quant (none, int8) x threads; see docs/replay.md, Configuration matrix")
+                        "x quant (none, int8, int8-dynamic, int4) x threads; see docs/replay.md, Configuration matrix")
     p.add_argument("-b", "--backend", action="append", default=[], metavar="PRESET",
                    help="backend preset to replay on (repeatable)")
     p.add_argument("--baseline", default="torch-cpu", metavar="PRESET", help="reference backend (default torch-cpu)")

@@ -5,7 +5,7 @@ sweep: common                                  # what to replay (a sweep spec; -
 flows: [onnxrt-cpu, executorch-xnnpack]        # lowering flow / partitioner: backend presets, options allowed
 dtypes: [float32, float16]                     # the sweep's dtype grid, for every entry that has one
 shapes: [static, batch]                        # static, batch (dim 0 symbolic) or seq (dim 1 symbolic)
-quant: [none, int8]
+quant: [none, int8, int8-dynamic, int4]            # quantization schemes (docs/quantization.md)
 threads: [1, 2]                                # intra-op threads (ONNX Runtime, ExecuTorch's threadpool)
 ```
 
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..dump.model import echo
+from ..numerics.quantization import SCHEMES
 
 SHAPES = {"static": None, "batch": "batch", "seq": "seq"}
-QUANT = {"none": None, "int8": "int8"}
+QUANT = {"none": None, **{s: s for s in SCHEMES}}  # a flow that does not run a scheme is refused by its backend
 KEYS = ("sweep", "flows", "dtypes", "shapes", "quant", "threads")
 MAX_SPEC_BYTES = 1 << 16
 # The configuration columns of the support matrix (``matrix.MATRIX_COLUMNS``).

@@ -236,10 +236,12 @@ def execute(job: Job, ctx: JobContext) -> JobResult:
     result = JobResult(int(ReplayStatus.OK), None, outputs=_arrays(outputs), inputs=input_metas, facts=facts,
                        latency_ms=statistics.median(times) if times else None, cached=cached)
     if facts.get("quantized"):
-        from .int8_budget import allowed_nsr
+        from .quant_budget import allowed_nsr
 
         with torch.no_grad():
-            facts["int8_allowed_nsr"] = allowed_nsr(module, inputs, list(flatten_tensors(module(*inputs))))
+            facts["quant_scheme"] = backend.options.get("quant")
+            facts["quant_allowed_nsr"] = allowed_nsr(module, inputs, list(flatten_tensors(module(*inputs))),
+                                                     facts["quant_scheme"])
     if facts.get("dynamic"):
         _second_size(result, module, inputs, runner)
     return result

@@ -32,7 +32,7 @@ from .matrix import MatrixWriter, ReplayResult, MatrixRow
 from .nn_layers import TORCH_NN
 from .output import ReplayDumpWriter
 from .configs import config_of
-from .tolerance import judge_backend, judge_int8, judge_layout
+from .tolerance import judge_backend, judge_layout, judge_quantized
 
 
 # Ops that compute nothing a backend could get wrong: tracing and autograd bookkeeping that
@@ -323,10 +323,10 @@ def _row(rec: Record, spec: str, res: JobResult, baseline_out: dict, is_baseline
 
 def _judge(rec: Record, res: JobResult, ref: list[torch.Tensor], got: list[torch.Tensor],
            precision_of: Callable[[torch.dtype], torch.dtype], arguments: Callable[[], dict | None] | None):
-    """A quantized program by its int8 budget (``int8_budget``), any other by the float rule."""
-    allowed = res.facts.get("int8_allowed_nsr")
+    """A quantized program by its scheme's budget (``quant_budget``), any other by the float rule."""
+    allowed = res.facts.get("quant_allowed_nsr")
     if allowed is not None:
-        return judge_int8(ref, got, allowed)
+        return judge_quantized(ref, got, allowed, res.facts.get("quant_scheme") or "int8")
     dtype = ref[0].dtype if ref else torch.float32
     return judge_backend(ref, got, precision_of(dtype) if dtype.is_floating_point else None, op=rec.op,
                          arguments=arguments)

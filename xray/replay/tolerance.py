@@ -125,9 +125,10 @@ def judge_backend(ref: list[torch.Tensor], got: list[torch.Tensor], precision: t
                             None if ok else "; ".join(notes), status, notes, *means.values)
 
 
-def judge_int8(ref: list[torch.Tensor], got: list[torch.Tensor], allowed: list[float | None]) -> BackendAgreement:
+def judge_quantized(ref: list[torch.Tensor], got: list[torch.Tensor], allowed: list[float | None],
+                    scheme: str = "int8") -> BackendAgreement:
     """A quantized program's outputs against the float baseline: each float output's NSR within
-    the int8 budget ``allowed`` (``xray.replay.int8_budget``), other outputs exactly; the error
+    its scheme's budget ``allowed`` (``xray.replay.quant_budget``), other outputs exactly; the error
     columns are measured as for floats."""
     from ..numerics.quantization import nsr
 
@@ -160,7 +161,7 @@ def judge_int8(ref: list[torch.Tensor], got: list[torch.Tensor], allowed: list[f
         measured = nsr(r, g)
         within = measured <= budget
         bad |= not within
-        notes.append(f"output {i}: {'within' if within else 'beyond'} int8 (NSR {measured:.3g}, "
+        notes.append(f"output {i}: {'within' if within else 'beyond'} {scheme} (NSR {measured:.3g}, "
                      f"budget {budget:.3g})")
     status = ReplayStatus.MISMATCH if bad else ReplayStatus.OK
     return BackendAgreement(not bad, worst_abs, worst_rel, "; ".join(notes) if bad else None, status, notes,
