@@ -228,6 +228,10 @@ class Family:
     # a member's argument name -> the family's for it (a CUDA attention kernel's attn_bias is the
     # CPU kernel's attn_mask; cudnn's epsilon is eps): compare's argument check reads both sides so
     aliases: tuple[tuple[str, str], ...] = ()
+    # outputs that are the kernel's own bytes (an RNN's workspace: uninitialised where inference
+    # has nothing to keep for a backward): never compared, even against the same kernel; the
+    # backward that reads them is
+    workspace: tuple[int, ...] = ()
 
     def argument_names(self, inputs: dict) -> dict:
         """``inputs`` (by schema name) under the family's names for them."""
@@ -273,10 +277,10 @@ FAMILIES: tuple[Family, ...] = (
         primary=1, reference=_conv),
     # CUDA runs a whole multi-layer RNN as one _cudnn_rnn (output, h_n, c_n, then its workspace
     # and weight buffer), where CPU runs mkldnn_rnn_layer per layer or matmuls per step
-    Family("rnn", _aten("_cudnn_rnn", "miopen_rnn"), primary=3, reference=_rnn),
+    Family("rnn", _aten("_cudnn_rnn", "miopen_rnn"), primary=3, reference=_rnn, workspace=(3,)),
     Family("rnn_backward", _aten("_cudnn_rnn_backward", "miopen_rnn_backward"), reference=_rnn_backward),
     # oneDNN's one-layer kernel: output, h_n, c_n, then its workspace (the kernel's own bytes)
-    Family("rnn_layer", _aten("mkldnn_rnn_layer"), primary=3),
+    Family("rnn_layer", _aten("mkldnn_rnn_layer"), primary=3, workspace=(3,)),
     Family("layer_norm", _aten("native_layer_norm", "layer_norm", "_fused_layer_norm"), primary=1,
            reference=_layer_norm),
     Family("rms_norm", _aten("rms_norm", "_fused_rms_norm"), primary=1, reference=_rms_norm),
@@ -357,10 +361,12 @@ def kernel_specific(bench_op: str, target_op: str, tensor: str, shapes: tuple | 
     fb, ft = family_of(bench_op), family_of(target_op)
     if fb is None or fb is not ft or fb.primary is None:
         return None
+    m = _OUT_INDEX.match(tensor or "")
+    if m is not None and int(m.group(1)) in fb.workspace:
+        return f"the kernel's own bytes ({fb.name}'s workspace, which its backward reads): not compared"
     same_op = packet(bench_op) == packet(target_op)
     if same_op and (shapes is None or shapes[0] == shapes[1]):
         return None
-    m = _OUT_INDEX.match(tensor or "")
     if m is None or int(m.group(1)) < fb.primary:
         return None
     if same_op:
