@@ -14,6 +14,7 @@ the statistics-only rules (causality.attribute).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -107,4 +108,36 @@ def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError
     except _NotSampled:
         return None
     except Exception:  # noqa: BLE001 -- any op may refuse these inputs or float64: no local error then
+        return None
+
+
+def carried_on_sample(bench: Record, target: Record, output: TensorMeta, k: int) -> float | None:
+    """What output ``k`` (the target's meta ``output``) of an elementwise op differs by through its
+    inputs alone: the op run in float64 on the bench's input samples and on the target's, at the
+    output's sampled positions; their largest difference over the first's largest magnitude (a
+    row's ``stats_err`` unit). A nonlinear op moves an error between elements: ``rsqrt`` of a
+    norm's variance turns its smallest value, whose relative error is the largest, into its
+    output's peak, so what its input carries measured at the input's peak says too little. None
+    where the samples cannot give it (another op or kind, inputs not sampled, a random op)."""
+    if bench.kind != "op" or target.kind != "op" or bench.op != target.op or nondeterministic(target):
+        return None
+    try:
+        func = resolve_op(target.op)
+        if not _elementwise(func, target.op):
+            return None
+        shape = tuple(output.shape)
+        where = np.asarray(positions(shape), dtype=np.int64)
+        values = []
+        for record in (bench, target):
+            f, args, kwargs = rebuild_with(record, lambda m: _input_values(m, shape, where))
+            got = runner(record.op, f, args, kwargs, k)(lambda t: t.to(torch.float64) if t.is_floating_point() else t)
+            if got is None or got.numel() != len(where):
+                return None
+            values.append(got.reshape(-1).to(torch.float64))
+        peak = float(values[0].abs().max()) if values[0].numel() else 0.0
+        diff = float((values[1] - values[0]).abs().max()) if values[0].numel() else 0.0
+        return diff / peak if peak > 0 and math.isfinite(diff) else None
+    except _NotSampled:
+        return None
+    except Exception:  # noqa: BLE001 -- any op may refuse these inputs or float64
         return None

@@ -19,6 +19,7 @@ from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.kernel_families import packet
 from ..numerics.selections import selection_of
 from ..numerics import sample_judge
+from .sample_local import carried_on_sample
 from ..numerics.rules import PRECISION_STEPS, Rules
 from .entry_records import Entry
 from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like, is_rnn, reduction_length
@@ -184,7 +185,15 @@ def carried_error(p: Pending, k: int, disagreeing: bool = False) -> tuple[float,
     errors = [max(e, _sample_err(bench.get(name), meta)) for name, meta, status, stat in row_inputs(p, k)
               if (e := p.input_errors.get(name, stat)) is not None
               and not (disagreeing and status in (PairStatus.PASS.value, PairStatus.SKIP.value))]
-    return (max(errors), cancellation(p, k)) if errors else None
+    if not errors:
+        return None
+    grown = cancellation(p, k)
+    # an elementwise op's inputs' sampled differences pushed through the op itself, exactly: a
+    # nonlinear op (rsqrt, a square) moves error between elements, which the inputs' own errors,
+    # at their peak, cannot say
+    through = carried_on_sample(p.bench.record, p.target.record, p.target.outputs[k][1], k) \
+        if k < len(p.target.outputs) else None
+    return (max(max(errors), (through or 0.0) / grown), grown)
 
 
 def cancellation(p: Pending, k: int) -> float:
