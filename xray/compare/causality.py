@@ -479,9 +479,10 @@ class _Graph:
             return False
         measured = False
         for k, (_, meta) in enumerate(op.outputs):
-            if not measurable(meta):  # saved, a constant, or a recorded self-check
-                continue
-            le = local_error(op.record, self.dump, meta, k)
+            # saved, a constant, or a recorded self-check; else (a kernel the bench ran too) its
+            # sample or what it moved
+            le = local_error(op.record, self.dump, meta, k) if measurable(meta) \
+                else _unsaved_local_error(op.record, meta, k) if substituted else None
             if le is None:
                 continue
             measured = True
@@ -1010,7 +1011,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             continue
         if kind == "target-only":
             e = detail
-            kind, detail = graph.judge_target_only(e, _substituted(p, name, graph))
+            # a call the bench ran too (folded into a record of another signature) is not an
+            # inserted op: its own local error judges it, as a substituted kernel's does
+            kind, detail = graph.judge_target_only(e, _substituted(p, name, graph) or graph.folded_on_the_bench(e))
             if kind == "computed":
                 computed_region = computed_region or detail
                 continue
