@@ -12,12 +12,13 @@ moved, whatever the other run did: a within-run measure, blind to the noise two 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.tensorio import dtype_from_name
+from ..numerics.metrics import stats_rms
 from ..ops.rebuild import resolve_op
 from ..record.encode import op_info
+from . import statistics_only
 from .local import LocalError
 
 _COUNTS = ("nan", "posinf", "neginf", "numel")
@@ -52,9 +53,7 @@ def moved_local_error(record: Record, output: TensorMeta, k: int) -> LocalError 
         return None
     if any(getattr(a, c) != getattr(b, c) for c in _COUNTS):
         return LocalError(1.0, 0.0, dtype)
-    scale = math.hypot(b.mean, b.std or 0.0)
-    diff = max(abs(getattr(a, c) - getattr(b, c)) for c in ("min", "max", "mean", "std")
-               if getattr(a, c) is not None and getattr(b, c) is not None)
+    scale, diff = stats_rms(b) or 0.0, statistics_only.stats_difference(a, b)
     if not math.isfinite(diff):
         return None
     return LocalError(diff / scale if scale > 0 else float(diff > 0), 0.0, dtype)

@@ -57,6 +57,12 @@ class Pending:
         return _Marks(self.run.marks["sample_local"], self.index)
 
     @property
+    def carried_on_sample(self) -> MutableMapping[int, float | None]:
+        """By output: what its inputs' sampled differences make through the op
+        (``sample_local.carried_on_sample``), measured once: the rules read it row after row."""
+        return _Marks(self.run.marks["carried_on_sample"], self.index)
+
+    @property
     def precision(self) -> MutableMapping[int, str]:
         return _Marks(self.run.marks["precision"], self.index)
 
@@ -180,7 +186,8 @@ class PendingRun(Sequence):
             array("q", np.asarray(column, dtype=np.int64)[pairs].tobytes())
             for column in (plan.pa, plan.pb, plan.pair_start, plan.pair_rows))
         self.marks: dict[str, dict[int, dict]] = {k: {} for k in ("local", "sample_local", "precision", "reduce",
-                                                                   "outlier", "input_errors", "argument")}
+                                                                   "outlier", "input_errors", "argument",
+                                                                   "carried_on_sample")}
         self.decided = bytearray(len(rows))  # by row: ``argument`` was decided for it
         # the judged inputs: per pair a code into _kinds ((names, statuses)), and its errors at
         # _errors[_at[i]:...] (0.0 where none: _has False); array("i"): 4 bytes a pair, read

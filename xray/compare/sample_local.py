@@ -84,6 +84,18 @@ def _flat(out: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if out is None or out.numel() != n else out.reshape(-1)
 
 
+def _sampled_run(record: Record, shape: tuple[int, ...], k: int):
+    """(``runner``'s run of output ``k`` of an elementwise ``record`` on its inputs' sampled
+    values, at the positions an output of ``shape`` is sampled at; how many there are), or None
+    for another op. Raises _NotSampled where an input's sample does not hold them."""
+    func = resolve_op(record.op)
+    if not _elementwise(func, record.op):
+        return None
+    where = np.asarray(positions(shape), dtype=np.int64)
+    func, args, kwargs = rebuild_with(record, lambda m: _input_values(m, shape, where))
+    return runner(record.op, func, args, kwargs, k), len(where)
+
+
 def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError | None:
     """Local error of output ``k`` (meta ``output``) of an elementwise ``record``, recomputed on
     its inputs' samples; None where the sample cannot give it (another kind of op, an input whose
@@ -92,15 +104,10 @@ def sample_local_error(record: Record, output: TensorMeta, k: int) -> LocalError
     if record.kind != "op" or not target or nondeterministic(record):
         return None
     try:
-        func = resolve_op(record.op)
-        if not _elementwise(func, record.op):
+        sampled = _sampled_run(record, tuple(output.shape), k)
+        if sampled is None or sampled[1] != len(target):
             return None
-        shape = tuple(output.shape)
-        where = np.asarray(positions(shape), dtype=np.int64)
-        if len(where) != len(target):
-            return None
-        func, args, kwargs = rebuild_with(record, lambda m: _input_values(m, shape, where))
-        run = runner(record.op, func, args, kwargs, k)
+        run = sampled[0]
         # the target's sampled values in its dtype (a sample holds them exactly); no precision
         # steps: an error on 32 elements only makes a row born (causality.attribute)
         got = torch.tensor(target, dtype=torch.float64).to(dtype_from_name(output.dtype))
@@ -122,16 +129,11 @@ def carried_on_sample(bench: Record, target: Record, output: TensorMeta, k: int)
     if bench.kind != "op" or target.kind != "op" or bench.op != target.op or nondeterministic(target):
         return None
     try:
-        func = resolve_op(target.op)
-        if not _elementwise(func, target.op):
-            return None
-        shape = tuple(output.shape)
-        where = np.asarray(positions(shape), dtype=np.int64)
         values = []
         for record in (bench, target):
-            f, args, kwargs = rebuild_with(record, lambda m: _input_values(m, shape, where))
-            got = runner(record.op, f, args, kwargs, k)(lambda t: t.to(torch.float64) if t.is_floating_point() else t)
-            if got is None or got.numel() != len(where):
+            sampled = _sampled_run(record, tuple(output.shape), k)
+            got = None if sampled is None else sampled[0](lambda t: t.to(torch.float64) if t.is_floating_point() else t)
+            if got is None or got.numel() != sampled[1]:
                 return None
             values.append(got.reshape(-1).to(torch.float64))
         peak = float(values[0].abs().max()) if values[0].numel() else 0.0

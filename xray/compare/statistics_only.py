@@ -191,9 +191,11 @@ def carried_error(p: Pending, k: int, disagreeing: bool = False) -> tuple[float,
     # an elementwise op's inputs' sampled differences pushed through the op itself, exactly: a
     # nonlinear op (rsqrt, a square) moves error between elements, which the inputs' own errors,
     # at their peak, cannot say
-    through = carried_on_sample(p.bench.record, p.target.record, p.target.outputs[k][1], k) \
-        if k < len(p.target.outputs) else None
-    return (max(max(errors), (through or 0.0) / grown), grown)
+    marks = p.carried_on_sample
+    if k not in marks:
+        marks[k] = carried_on_sample(p.bench.record, p.target.record, p.target.outputs[k][1], k) \
+            if k < len(p.target.outputs) else None
+    return (max(max(errors), (marks[k] or 0.0) / grown), grown)
 
 
 def cancellation(p: Pending, k: int) -> float:
