@@ -308,15 +308,21 @@ class _Graph:
 
     def bench_output(self, row: CompareRow) -> Any:
         """The bench's TensorMeta of a matched row's output, or None."""
-        bench = self._bench
-        if row.bench_seq is None or not len(bench) or not row.tensor.startswith("out"):
+        if row.bench_seq is None or not row.tensor.startswith("out"):
             return None
-        if self._bench_pos is None:
-            self._bench_pos = bench.table.seq_index()
-        pos = self._bench_pos.pos(row.bench_seq)
-        outputs = bench[pos].outputs if pos is not None else ()
+        e = self.bench_entry(row.bench_seq)
+        outputs = e.outputs if e is not None else ()
         k = int(row.tensor[3:]) if row.tensor[3:].isdigit() else len(outputs)
         return outputs[k][1] if k < len(outputs) else None
+
+    def bench_entry(self, seq: int) -> Entry | None:
+        """The bench's record ``seq``, or None."""
+        if not len(self._bench):
+            return None
+        if self._bench_pos is None:
+            self._bench_pos = self._bench.table.seq_index()
+        pos = self._bench_pos.pos(seq)
+        return self._bench[pos] if pos is not None else None
 
     def folded_on_the_bench(self, e: Entry) -> bool:
         """Whether a target op record with no bench partner is a call the bench folded into a
@@ -633,8 +639,8 @@ def _carried_from_unrecorded(r: CompareRow, p: Pending, k: int, name: str, seq: 
         return None
     # beyond the level (or no level yet: nothing before it showed precision loss): still rounding
     # where the folded call is a sum that cancels what its recorded argument carries
-    through = (_folded_sum(graph, p, name, seq, f) or _folded_cast(graph, p, k, name, seq, f)) \
-        if err > f * seen.level else ""
+    through = (_folded_sum(graph, p, name, seq, f) or _folded_cast(graph, p, k, name, seq, f)
+               or _folded_product(graph, p, name, seq, f)) if err > f * seen.level else ""
     if through is None:
         return None
     if p.local.get(k) is not None or (is_value_preserving(p.target.op) and not r.layout):
@@ -712,6 +718,24 @@ def _folded_sum(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str
     if carried is None or arg is None or b is None or t is None:
         return None
     return statistics_only.folded_sum(rep, carried, arg.stats, b.stats, t.stats, f)
+
+
+def _folded_product(graph: _Graph, p: Pending, name: str, seq: Any, f: float) -> str | None:
+    """Input ``name`` comes from folded call ``seq``, a product whose first factor a recorded
+    call made on the target (the folds table names it), and whose counterpart the bench recorded
+    (the bench's producer of the same input, the same op): ``statistics_only.folded_product``'s
+    reason, from that factor's statistics on both sides; else None."""
+    fold = graph.fold_of(seq) if isinstance(seq, int) else None
+    rep = graph.by_seq.get(fold[0]) if fold is not None else None
+    made = graph.by_seq.get(fold[1]) if rep is not None and fold[1] >= 0 else None
+    b_in, t_in = (dict(e.inputs).get(name) for e in (p.bench, p.target))
+    src = _op_source(b_in)
+    theirs = graph.bench_entry(src.seq) if made is not None and src is not None else None
+    if theirs is None or theirs.op != rep.op or fold[2] >= len(made.outputs):
+        return None
+    arg_b = next((m for _, m in theirs.inputs if isinstance(m, TensorMeta)), None)
+    arg_t = made.outputs[fold[2]][1]
+    return statistics_only.folded_product(rep, *(getattr(m, "stats", None) for m in (arg_b, arg_t, b_in, t_in)), f)
 
 
 def _folded_where(graph: _Graph, seq: int) -> str:

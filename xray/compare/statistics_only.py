@@ -347,6 +347,31 @@ def folded_sum(rep: Entry, carried: float, arg: Any, out_b: Any, out_t: Any, fac
             f"its argument carries ({carried:.3g})")
 
 
+_PRODUCTS = frozenset(("aten.mul.Tensor", "aten.div.Tensor"))
+
+
+def folded_product(rep: Entry, arg_b: Any, arg_t: Any, out_b: Any, out_t: Any, factor: float) -> str | None:
+    """A call de-dup folded into ``rep``'s record, a product (``mul``/``div``: the relative errors
+    of its factors add), judged by its first factor, the one the folds table names: ``arg_b`` and
+    ``arg_t`` are that factor's statistics on each side, ``out_b``/``out_t`` the product's, seen
+    where a recorded call reads it. The reason when the product's relative difference between the
+    runs is within ``factor`` x its first factor's; else None. The other factor is not known, so
+    it can only add: a difference beyond the first factor's stays unexplained. A norm backward's
+    gradient times ``rstd``, folded into the forward's ``x * rstd``, carries the rounding of the
+    gradient sum that cancels before it."""
+    if rep.op not in _PRODUCTS or any(s is None or s.mean is None for s in (arg_b, arg_t, out_b, out_t)):
+        return None
+    scale_arg, scale_out = max(_rms(arg_b), _rms(arg_t)), max(_rms(out_b), _rms(out_t))
+    if not (scale_arg > 0 and scale_out > 0):
+        return None
+    carried = stats_difference(arg_b, arg_t) / scale_arg
+    moved = stats_difference(out_b, out_t) / scale_out
+    if not (math.isfinite(carried) and math.isfinite(moved)) or moved > factor * carried:
+        return None
+    return (f"a product whose relative difference ({moved:.3g}) is within {factor:g}x what its first factor "
+            f"carries ({carried:.3g})")
+
+
 def holds_rounding(p: Pending, k: int, factor: float, both: bool = False) -> bool:
     """Whether output ``k`` is 0 at the precision the two runs are compared at, judged on
     statistics: a sum's (``summed_terms``; any output of a norm's or softmax's backward) whose
