@@ -153,3 +153,10 @@ def sweep_noise_run(model_type: str, tmp_path: Path, defaults: bool = True, nois
                               **flags), tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     return o
+
+
+@pytest.fixture
+def one_record_per_key(monkeypatch):
+    """De-dup with one record per key (X_DEDUP_RECORDS=1): every later call of a key folds, as
+    the tests of folding itself need (the default gives each key two records first)."""
+    monkeypatch.setenv("X_DEDUP_RECORDS", "1")

@@ -84,6 +84,7 @@ def _calls(dump, op: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.usefixtures("one_record_per_key")
 def test_calls_of_one_signature_fed_by_different_producers_keep_a_record_each(native, tmp_path, monkeypatch):
     """With the recorder's defaults (X_DEDUP=1; the C path with X_DUMP_NUM=0): each attention's
     two masked_fills and each block's two adds are two records, not one."""
@@ -116,6 +117,7 @@ def test_a_tf32_pair_recorded_with_the_defaults_has_no_fail(tmp_path):
     assert len(after_softmax) == 4 and all(r.status != "fail" for r in after_softmax)
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_outputs_of_one_call_have_a_role_each_and_a_tensor_lists_items_one(tmp_path):
     """An op's outputs mean different things (an attention backward's grad_k and grad_v), so each
     is a role of its own; the items of one Tensor[] output (unbind's slices) share theirs."""

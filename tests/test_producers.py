@@ -196,6 +196,7 @@ def test_list_outputs_are_numbered_item_by_item(tmp_path):
     assert [r.inputs["self"].source for r in sums] == [f"op:{split.seq}:{k}" for k in range(3)]
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_dedup_folded_calls_still_produce_under_their_own_seq(tmp_path):
     x = torch.randn(3)
 
@@ -352,6 +353,7 @@ def test_buffers_updated_in_place_keep_their_names(tmp_path):
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.usefixtures("one_record_per_key")
 def test_a_folded_call_keeps_its_record_and_its_first_arguments_producer(native, tmp_path, monkeypatch):
     """De-dup writes no record of a folded call; the folds table keeps the record it was folded
     into and where its first argument came from, so compare follows a data edge through a folded
@@ -376,6 +378,7 @@ def test_a_folded_call_keeps_its_record_and_its_first_arguments_producer(native,
     assert dump.columns.fold_of(s_t) == (t0, s_exp, 0) and dump.columns.fold_of(t0) is None
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_hostile_fold_rows_are_left_out_and_the_dump_opens(tmp_path):
     """A fold row that cannot be true (a record that is not there, a producer that ran after the
     call, a negative seq) is left out and counted; the records open, and `xray info` says so.

@@ -61,6 +61,7 @@ def test_real_llama_records_every_op_resolvably_and_bitwise_transparently(llama,
     assert ("model.layers.0", "LlamaDecoderLayer") in q_proj[0].module_stack
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_dedup_collapses_repeated_signatures_and_keeps_counts(llama, tokens, tmp_path):
     """De-dup keeps a record per signature per module: the second forward folds whole, and
     layer 1 keeps records of its own (a fault there is named, not folded into layer 0's)."""
@@ -106,6 +107,7 @@ def test_dedup_copies_a_signatures_tensors_once(llama, tokens, tmp_path):
     assert {key(r) for r in ops} == set(with_data)  # every signature has its tensors once
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_calls_with_a_generator_argument_dedup_into_one_record(tmp_path):
     """A Generator's repr holds its address; keyed by it, every randn(generator=g) was a new
     signature (one record and one plan per call)."""
@@ -357,6 +359,7 @@ def test_misuse_gives_clear_errors_and_never_breaks_forward(tmp_path):
     assert torch.equal(torch.ones(2) * 3, torch.full((2,), 3.0))
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_clear_context_false_resumes_the_same_dump(tmp_path):
     folder = xray.begin_dump(dump_dir=tmp_path, X_DEDUP=True)
     torch.ones(3) * 2

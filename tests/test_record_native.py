@@ -33,7 +33,8 @@ def count_python_calls(monkeypatch) -> dict[str, int]:
 
 @pytest.mark.parametrize("dedup", [False, True])
 def test_a_llama_forward_runs_on_the_c_path(dedup, llama, tokens, tmp_path, monkeypatch):
-    """Once the first forward has interned its texts, the calls of a no_grad forward are taken
+    """Once the first forward has interned its texts (under de-dup, once each key has its
+    records: two forwards), the calls of a no_grad forward are taken
     in C, statistics included: the speed of full recording rests on it. A checked op's new
     record is Python's, for its self-check (xray/record/self_check.py): a few per layer, each a
     real product. Its calls that de-dup folds take no check, and are C's like any other."""
@@ -53,7 +54,8 @@ def test_a_llama_forward_runs_on_the_c_path(dedup, llama, tokens, tmp_path, monk
     assert CountMatmuls.n > 0
     monkeypatch.delenv("XRAY_NATIVE_ROWS", raising=False)
     with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEDUP=dedup, X_DUMP_NUM=0) as session:
-        llama(tokens)
+        for _ in range(session.recorder.config.dedup_records if dedup else 1):  # each key's records made
+            llama(tokens)
         calls = count_python_calls(monkeypatch)
         before = (session.recorder.op_calls, session.recorder.native.reductions)
         llama(tokens)

@@ -309,6 +309,7 @@ def test_inference_tensor_written_while_paused_is_reduced_again(tmp_path):
     assert _input_stats(xray.load_dump(tmp_path), "aten.sum.default") == [(0.0, 5.0), (0.0, 10.0)]
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_dedup_counts_survive_flushes_and_a_crash(tmp_path):
     """A folded call only bumps its record's count; each flush writes the counts that grew since
     the one before (journal updates), and the final index has them all."""
@@ -356,6 +357,7 @@ def test_other_values_give_the_same_records(config, tmp_path, monkeypatch):
     assert_same(all_paths(other_values, tmp_path, monkeypatch, **CONFIGS[config]), 6)
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_folds_survive_flushes_and_a_crash(tmp_path):
     """Folded calls are kept in memory until a flush; a long run of them (no new record to flush
     them) flushes at ``folds_flush``, so a kill loses at most that many, and the chunks read back."""

@@ -84,6 +84,7 @@ def test_a_random_op_with_a_wrong_layout_is_still_mismatch(dropout_dump):
         assert ReplayStatus(bad.status) == ReplayStatus.MISMATCH and what in bad.error and "values not compared" in bad.error
 
 
+@pytest.mark.usefixtures("one_record_per_key")
 def test_which_recorded_calls_are_random(tmp_path):
     """Tagged ops are random unless their recorded arguments draw nothing; empty* is uninitialized
     (no tag marks it); a zero-size output has no values to differ."""

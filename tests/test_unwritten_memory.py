@@ -154,6 +154,7 @@ def test_out_buffer_is_unwritten_until_the_call_writes_it(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["native", "python", "record"])
+@pytest.mark.usefixtures("one_record_per_key")
 def test_slice_copies_on_every_record_path(path, tmp_path, monkeypatch):
     """The C path (which leaves tracked calls to Python), the Python row path and the Record
     path write the same notes and edges; the second slice, taken after the first copy, still

@@ -111,7 +111,7 @@ typedef struct {
     PyObject *rdict, *cache, *producers, *entries, *seen, *stack, *plans, *frame_ids, *dims, *dtypes,
         *state, *devices;
     PyObject *cpu, *keyed, *tensor_mark, *input_source, *no_source, *src_op, *none_id, *forward, *zero, *one;
-    PyObject *tensor_type, *param_type, *fold_type, *op_facts, *compute, *len_modes, *graph_task;
+    PyObject *tensor_type, *param_type, *folds_into, *op_facts, *compute, *len_modes, *graph_task;
     /* Python's own steps, for everything that is not the common case */
     PyObject *py_tensor, *py_layout, *py_plan, *py_state_cells, *py_frame_ids, *py_after, *py_fail, *py_add_rows,
         *py_count_changed, *py_sweep, *py_wrote, *py_produced, *py_producers_sweep;
@@ -132,7 +132,7 @@ typedef struct {
 #define FP_OBJECTS(X)                                                                                      \
     X(rdict) X(cache) X(producers) X(entries) X(seen) X(stack) X(plans) X(frame_ids) X(dims)    \
     X(dtypes) X(devices) X(state) X(cpu) X(keyed) X(tensor_mark) X(input_source) X(no_source) X(src_op) X(none_id)      \
-    X(forward) X(zero) X(one) X(tensor_type) X(param_type) X(fold_type) X(op_facts) X(compute) X(len_modes)   \
+    X(forward) X(zero) X(one) X(tensor_type) X(param_type) X(folds_into) X(op_facts) X(compute) X(len_modes)   \
     X(graph_task) X(py_tensor) X(py_layout) X(py_plan) X(py_state_cells) X(py_frame_ids) X(py_after)         \
     X(py_fail) X(py_add_rows) X(py_count_changed) X(py_sweep) X(py_wrote) X(py_produced)                     \
     X(py_producers_sweep) X(native_kinds) X(strided) X(writer) X(monotonic) X(builder) X(lists)             \
@@ -174,7 +174,7 @@ static void fp_dealloc(FastPath *self) {
 static const char *const init_names[] = {
     "recorder", "cache", "producers", "entries", "seen", "stack", "plans", "frame_ids", "dims", "dtypes", "state",
     "cpu", "keyed", "tensor_mark", "input_source", "no_source", "src_op", "none_id", "forward", "tensor_type",
-    "param_type", "fold_type", "op_facts", "compute", "len_modes", "graph_task", "py_tensor", "py_layout",
+    "param_type", "folds_into", "op_facts", "compute", "len_modes", "graph_task", "py_tensor", "py_layout",
     "py_plan", "py_state_cells", "py_frame_ids", "py_after", "py_fail", "py_add_rows", "py_count_changed",
     "py_sweep", "py_wrote", "py_produced", "py_producers_sweep", "native_kinds", "strided", "writer",
     "monotonic", "resample", "sample_offsets", "devices"};
@@ -186,7 +186,7 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
         &recorder, &self->cache, &self->producers, &self->entries, &self->seen, &self->stack, &self->plans,
         &self->frame_ids, &self->dims, &self->dtypes, &self->state, &self->cpu, &self->keyed, &self->tensor_mark,
         &self->input_source, &self->no_source, &self->src_op, &self->none_id, &self->forward, &self->tensor_type,
-        &self->param_type, &self->fold_type, &self->op_facts, &self->compute, &self->len_modes, &self->graph_task,
+        &self->param_type, &self->folds_into, &self->op_facts, &self->compute, &self->len_modes, &self->graph_task,
         &self->py_tensor, &self->py_layout, &self->py_plan, &self->py_state_cells, &self->py_frame_ids,
         &self->py_after, &self->py_fail, &self->py_add_rows, &self->py_count_changed, &self->py_sweep,
         &self->py_wrote, &self->py_produced, &self->py_producers_sweep, &self->native_kinds, &self->strided,
@@ -1385,14 +1385,10 @@ static int finish(FastPath *self, OpFacts *op, RowCall *call, PyObject *out, PyO
                                     skeleton));
     if (record == NULL || add_rows(self, record, call, roles, names) < 0 || bump(self, s_records_written, NULL) < 0)
         goto done;
-    if (call->signature != Py_None) {
-        PyObject *fold_args[] = {call->seq, op->writes ? Py_True : Py_False};
-        PyObject *f = PyObject_Vectorcall(self->fold_type, fold_args, 2, NULL);
-        if (f == NULL || PyDict_SetItem(self->seen, call->signature, f) < 0) {
-            Py_XDECREF(f);
+    if (call->signature != Py_None) { /* Recorder._folds_into: whether later calls fold into this record */
+        PyObject *fold_args[] = {call->signature, call->seq, op->writes ? Py_True : Py_False};
+        if (done_with(PyObject_Vectorcall(self->folds_into, fold_args, 3, NULL)) < 0)
             goto done;
-        }
-        Py_DECREF(f);
     }
     r = 0;
 done:

@@ -40,6 +40,7 @@ def _env_int(name: str, value: str) -> int:
 class DumpConfig:
     debug: DebugFlags = DEFAULT_DEBUG
     dedup: bool = True
+    dedup_records: int = 2  # records per de-dup key before its calls fold (Recorder._folds_into)
     dump_num: int = 5
     dump_dir: Path = Path("xray_debug")
     stack_depth: int = 8
@@ -64,6 +65,10 @@ class DumpConfig:
         if dump_dir is None and "X_DUMP_DIR" in env:
             dump_dir = env["X_DUMP_DIR"]
         given = dict(extra)  # anything left None takes the dataclass default, spelled once above
+        if "dedup_records" not in given and "X_DEDUP_RECORDS" in env:
+            given["dedup_records"] = _env_int("X_DEDUP_RECORDS", env["X_DEDUP_RECORDS"])
+        if int(given.get("dedup_records", 1)) < 1:
+            raise ValueError(f"dedup_records (X_DEDUP_RECORDS) must be >= 1, got {given['dedup_records']}")
         if "flush_bytes" not in given and "X_FLUSH_BYTES" in env:
             given["flush_bytes"] = _env_int("X_FLUSH_BYTES", env["X_FLUSH_BYTES"])
         if int(given.get("flush_bytes", 1)) <= 0:
@@ -91,4 +96,5 @@ class DumpConfig:
                "flags": [f.name for f in DebugFlags if self.debug & f]}
         if self.dedup:  # a call folds into a record of its signature in its own module (encode.dedup_key)
             out["dedup_scope"] = "module"
+            out["dedup_records"] = self.dedup_records
         return out

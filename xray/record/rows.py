@@ -482,7 +482,8 @@ def native_path(recorder):
     state it shares is handed over here; besides, it reads by name the recorder's ``seq``, ``op_calls``, ``records_written`` and ``failed`` (in
     its instance dict) and its ``unwritten_buffers`` (while not empty, Python takes every call), ``Producers._by_id``/``_sweep_at``, ``StatsCache._sweep_at``/``writes``,
     the writer's ``_builder``/``_last_flush``/``flush_records``/``flush_seconds``, and the fields
-    of ``Plan`` and ``Fold``; each op's facts come from ``op_facts``."""
+    of ``Plan`` and ``Fold``; each op's facts come from ``op_facts``, and whether a new record's later
+    calls fold into it from ``Recorder._folds_into``."""
     rows = recorder.rows
     if (_fastpath is None or rows is None or not rows._fast or (rows.dump_num and not recorder.dedup)
             or recorder.stack_on or os.environ.get(NATIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off")):
@@ -490,7 +491,7 @@ def native_path(recorder):
     import time
 
     from ..dump import samples, stats
-    from ..dump.writer import DumpWriter, Fold
+    from ..dump.writer import DumpWriter
     cache, producers, writer = recorder._stats, recorder.producers, recorder.writer
     try:
         return _fastpath.FastPath(
@@ -500,7 +501,7 @@ def native_path(recorder):
             devices=rows._devices,
             cpu=rows._cpu, keyed=_KEYED, tensor_mark=_TENSOR, input_source=_INPUT_SOURCE, no_source=_NO_SOURCE,
             src_op=SRC_OP, none_id=NONE, forward=_FORWARD, tensor_type=torch.Tensor, param_type=torch.nn.Parameter,
-            fold_type=Fold, op_facts=functools.partial(op_facts, records=not rows.dump_num), compute=cache.compute,
+            folds_into=recorder._folds_into, op_facts=functools.partial(op_facts, records=not rows.dump_num), compute=cache.compute,
             len_modes=torch._C._len_torch_dispatch_stack,
             graph_task=torch._C._current_graph_task_id, py_tensor=rows._tensor, py_layout=rows._layout,
             py_plan=rows._plan, py_state_cells=rows._state_cells, py_frame_ids=rows._frame_ids,

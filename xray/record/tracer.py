@@ -123,6 +123,7 @@ class Recorder:
         self.stopped: dict | None = None
         # (signature, module, roles) -> the count of the record its calls fold into (dedup_key)
         self._seen: dict[tuple, Fold] = {}
+        self._records_of: dict[tuple, int] = {}  # keys with fewer than dedup_records records: how many
         # signatures whose first record copied its tensors (X_DUMP_NUM): later records of them,
         # in other modules, keep statistics only
         self._saved: set[tuple] = set()
@@ -381,11 +382,20 @@ class Recorder:
         return self.config.dump_num if key is None or key[0] not in self._saved else 0
 
     def _folds_into(self, key: tuple | None, seq: int, writes: bool) -> None:
-        """A new record of de-dup key ``key``: later calls of it fold into it."""
-        if key is not None:
+        """A new record of de-dup key ``key``: the key's first ``dedup_records`` calls each get a
+        record, and later calls fold into the last of them. A call de-dup folds is seen only
+        through its consumers; a second record of each key (a layer's second residual add, the
+        second step's call) lets compare judge a fault there on its own inputs. A training loop's
+        steady state still folds every call. (The C path asks here too.)"""
+        if key is None:
+            return
+        made = self._records_of.pop(key, 0) + 1
+        if made >= self.config.dedup_records:
             self._seen[key] = Fold(seq, writes)
-            if self.config.dump_num:  # (tensor_budget's question; none without X_DUMP_NUM)
-                self._saved.add(key[0])
+        else:
+            self._records_of[key] = made
+        if self.config.dump_num:  # (tensor_budget's question; none without X_DUMP_NUM)
+            self._saved.add(key[0])
 
     def _unseen_write(self, func) -> None:
         """A call that is not described may still write a tensor: inference tensors, cached
