@@ -33,9 +33,10 @@ from .lazy_matches import matches_of
 from .matching import align_tables
 from .op_classes import skip_kernel_specific
 from .pair_judge import PairComparer, progress_bar, torch_dtype
-from .result import CompareRow
+from .result import CompareRow, PairStatus
 from .row_building import judge_the_rest, make_rows
 from .row_plan import RowPlan
+from .sample_verdicts import MOVED_CHANGED, moved_and_changed
 from .stat_verdicts import covered_by_stats, tolerances
 
 
@@ -67,6 +68,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     _return_freed_memory()
     rows = make_rows(rank, ta, tb, plan, fast, tols, rules, vocab)
     random_rows = judge_the_rest(ta, tb, plan, fast, rows, comparer, random_of, refs)
+    _suspect_moves_that_changed(tb, plan, rows)
     refs = None  # the reference run's table
     comparer.bar.close()
     for t in (ta, tb):
@@ -82,6 +84,22 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
     return rows, totals
+
+
+def _suspect_moves_that_changed(tb: EntryTable, plan: RowPlan, rows: list[CompareRow]) -> None:
+    """Passing rows of a target op that only moves values, whose sample differs from its input's
+    within the target run (``sample_verdicts.moved_and_changed``), become warnings: attribution
+    then measures their local error, and a wrong one fails. A passing row is otherwise never
+    looked at again, however its own input shows it changed values."""
+    at = np.flatnonzero((plan.cat == 2) & (plan.ao >= 0) & (plan.bo >= 0))
+    if not len(at):
+        return
+    changed = moved_and_changed(tb, plan.b[at], plan.bo[at])
+    for i in at[changed].tolist():
+        r = rows[i]
+        if r.status == PairStatus.PASS.value:
+            r.status = PairStatus.WARNING.value
+            r.note = "; ".join(x for x in (r.note, MOVED_CHANGED) if x)
 
 
 def _reference_outputs(ta: EntryTable, tr: EntryTable, codes: Codes) -> Callable[[int, int], TensorMeta | None]:

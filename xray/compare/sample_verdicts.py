@@ -130,3 +130,56 @@ def worse_of(judged: dict[str, np.ndarray], sample: dict[str, np.ndarray] | None
         decided &= may
     status = np.where(decided, _STATUS_OBJECTS[np.maximum(sample["verdict"], 0)], judged["status"])
     return status, np.where(decided, np.fmax(judged["stats_err"], sample["sample_err"]), judged["stats_err"]), decided
+
+
+# Ops whose output element at an index is their first argument's element at that index, where
+# the two have one shape (a clone, a view of the same shape, a cast to the same dtype). Left
+# out: ops that move elements to other indices (transpose, permute, diagonal, as_strided) and
+# ``copy``, whose first argument is the one it overwrites.
+_MOVES_IN_PLACE = frozenset(f"aten.{n}" for n in (
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "alias", "clone", "contiguous", "detach", "expand",
+    "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
+    "split_with_sizes", "chunk", "unbind", "view_as", "lift_fresh", "lift_fresh_copy", "_unsafe_split",
+    "unsafe_split", "_unsafe_split_with_sizes", "unsafe_split_with_sizes", "repeat", "cat", "stack",
+    "expand_copy", "view_copy", "unsqueeze_copy", "squeeze_copy", "alias_copy", "detach_copy", "slice_copy",
+    "select_copy", "split_copy", "_to_copy", "to"))
+
+MOVED_CHANGED = "it only moves values, yet its sampled elements differ from its input's in the target run"
+
+
+@functools.lru_cache(maxsize=1024)
+def moves_in_place(op: str) -> bool:
+    """``_MOVES_IN_PLACE`` for one op name."""
+    from ..numerics.kernel_families import packet
+
+    return bool(op) and packet(op) in _MOVES_IN_PLACE
+
+
+def moved_and_changed(t: EntryTable, entries: np.ndarray, outs: np.ndarray) -> np.ndarray:
+    """Whether each output ``outs`` (of entries ``entries``) of an op that only moves values
+    differs, on its sample, from its first input of the same shape and dtype within the one run.
+    The sampled positions come from the shape alone, so such a move that changed no value leaves
+    the two samples equal, bit for bit (NaN included). A 5 % bug in a bf16 clone stays within
+    bf16's band against a float32 bench, yet its own input shows that the clone made it: such a
+    row is suspect, and attribution recomputes its local error on the sample."""
+    changed = np.zeros(len(outs), dtype=bool)
+    cols = t.columns
+    if cols.sample is None or cols.sample_n is None or t.op is None or not len(outs):
+        return changed
+    tensors = cols.tensors
+    from ..dump.columns import INPUT
+
+    moves = t.codes.lut("op", moves_in_place, dtype=bool)[t.op[entries]]
+    out_rows = t.out[outs[moves]].astype(np.int64)
+    record = tensors["record"]
+    first = np.searchsorted(record, record[out_rows], side="left")  # each record's rows: inputs first
+    n = cols.sample_n
+    same = (tensors["role"][first] == INPUT) & (first != out_rows) \
+        & (tensors["shape"][first] == tensors["shape"][out_rows]) & (tensors["dtype"][first] == tensors["dtype"][out_rows]) \
+        & (n[first] == n[out_rows]) & (n[out_rows] > 0)
+    a, b = cols.sample[first[same]], cols.sample[out_rows[same]]
+    width = np.arange(a.shape[1])[None, :] < n[out_rows[same]][:, None]
+    differs = ((a != b) & ~(np.isnan(a) & np.isnan(b)) & width).any(axis=1)
+    where = np.flatnonzero(moves)[same]
+    changed[where[differs]] = True
+    return changed
