@@ -215,3 +215,21 @@ def test_xnnpack_keep_float_leaves_the_module_unannotated(tmp_path):
     assert b.facts["kept_float"] == ["fc2"] and b.quant["output_sqnr_db"] > RECOVERED_DB
     r = xray.drift(model, args, ["executorch-xnnpack:quant=int8,keep_float=fc9"], tmp_path / "missing")
     assert r.backends[0].status == "EXPORT_FAIL" and "no module named 'fc9'" in r.backends[0].error
+
+
+def test_the_search_runs_few_sets_and_keeps_only_what_the_target_needs():
+    runs = []
+
+    def ok(layers):  # the target holds when b and e are float
+        runs.append(sorted(layers))
+        return {"b", "e"} <= set(layers)
+
+    from xray.drift.keep_float import Trials, Trial, shortest
+
+    log = []
+    trial = Trials(lambda layers: Trial(layers, meets=ok(layers)), log, {})
+    assert shortest(list("abcdefgh"), trial) == ["b", "e"]
+    assert len(runs) == len({frozenset(r) for r in runs}) == len(log)  # no set run twice
+    assert runs[:4] == [["a"], ["a", "b"], ["a", "b", "c", "d"], ["a", "b", "c", "d", "e", "f", "g", "h"]]
+    assert shortest(list("ab"), Trials(lambda layers: Trial(layers, meets=False), [], {})) is None
+    assert shortest([], trial) is None

@@ -4,9 +4,10 @@ target, every candidate set verified by a real run of the backend with those lay
 The candidates are drift's layers: those beyond the scheme first (furthest first), then by what
 their quantization costs locally: the larger of the layer's measured SQNR fed float inputs (the
 isolated run) and what the scheme's rounding of its weights predicts from the float values (the
-layers hidden inside a delegate have only that). Prefixes of that ranking are tried at sizes 1,
-2, 4... until one meets the target, then ``xray fix``'s bisection and pruning
-(``explain.search``) find the shortest prefix and drop what it does not need; a set is run once.
+layers hidden inside a delegate have only that). As ``xray fix`` searches its fp32 islands,
+prefixes of that ranking are tried, at sizes 1, 2, 4... until one meets the target, a bisection
+finds the shortest, and each layer it holds is dropped, last ranked first, where the target
+holds without it; a set is run once.
 
 A run re-quantizes the model with the backend's ``keep_float`` option (each quantizer's own
 exclusion) and runs it whole. The target: by default, drift judges no layer of that run beyond
@@ -30,6 +31,8 @@ TRIAL_COLUMNS = ["trial", "layers", "count", "param_share", "output_sqnr_db", "r
 # How far down the ranking the search looks (a prefix of 16 is 5 doublings).
 MAX_LAYERS = 16
 ROOT = "<root>"  # ops in the model's own forward: no module name to keep float
+# A layer whose quantization costs less than this NSR (float32 arithmetic, 120 dB) is not quantized.
+_FLOOR = qn.FLOAT_NSR
 
 
 class SuggestError(ValueError):
@@ -113,18 +116,16 @@ def ranking(quant: dict[str, Any], base: tuple[str, ...] = ()) -> list[str]:
     (``base``) and layers whose quantization costs nothing measurable are left out."""
     rows = {lr["layer"]: lr for lr in quant.get("layers", [])}
     cost = local_cost(quant)
-    names = [n for n in dict.fromkeys([*rows, *cost]) if n != ROOT and n not in base]
+    beyond = {n for n, lr in rows.items() if str(lr.get("verdict", "")).startswith("beyond")}
+    names = [n for n in dict.fromkeys([*rows, *cost]) if n != ROOT and n not in base
+             and (n in beyond or cost.get(n, 0.0) > _FLOOR)]
 
     def key(name: str) -> tuple:
-        row = rows.get(name) or {}
-        beyond = str(row.get("verdict", "")).startswith("beyond")
-        return (not beyond, -(_num(row.get("excess")) or 0.0) if beyond else 0.0, -cost.get(name, 0.0))
+        if name in beyond:
+            return (0, -(_num(rows[name].get("excess")) or 0.0))
+        return (1, -cost.get(name, 0.0))
 
-    return [n for n in sorted(names, key=key) if key(n)[0] is False or cost.get(n, 0.0) > _FLOOR]
-
-
-# A layer whose quantization costs less than this NSR (float32 arithmetic, 120 dB) is not quantized.
-_FLOOR = qn.FLOAT_NSR
+    return sorted(names, key=key)
 
 
 def local_cost(quant: dict[str, Any]) -> dict[str, float]:
@@ -143,36 +144,57 @@ def local_cost(quant: dict[str, Any]) -> dict[str, float]:
 
 
 class Trials:
-    """Runs the backend once per distinct set of float layers; the score is <= 1 where it meets
-    the target (the form ``explain.search``'s bisection and pruning take)."""
+    """Runs the backend once per distinct set of float layers: does it meet the target?"""
 
     def __init__(self, run: Callable[[list[str]], Trial], log: list[Trial], params: dict[str, int]) -> None:
         self.run, self.log, self.params, self.seen = run, log, params, {}
 
-    def __call__(self, layers: list[str]) -> float:
+    def __call__(self, layers: list[str]) -> bool:
         key = frozenset(layers)
         if key not in self.seen:
             trial = self.run(list(layers))
             trial.params_float = params_in(layers, self.params)
             self.log.append(trial)
             self.seen[key] = trial
-        return 0.0 if self.seen[key].meets else 2.0
+        return self.seen[key].meets
 
     def result(self, layers: list[str]) -> Trial:
         return self.seen[frozenset(layers)]
 
 
+def shortest(ranked: list[str], ok: Callable[[list[str]], bool]) -> list[str] | None:
+    """The fewest of ``ranked`` that ``ok``: prefixes of 1, 2, 4... layers until one is, a
+    bisection between it and the last that was not, then each layer dropped (last ranked first)
+    that ``ok`` holds without. None: not even all of them."""
+    lo, hi = 0, min(1, len(ranked))  # the prefix of lo layers does not meet it (0: drift's own run)
+    while hi and not ok(ranked[:hi]):
+        if hi == len(ranked):
+            return None
+        lo, hi = hi, min(2 * hi, len(ranked))
+    if not hi:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(ranked[:mid]) else (mid, hi)
+    kept = ranked[:hi]
+    for name in reversed(ranked[:hi]):
+        rest = [n for n in kept if n != name]
+        if rest and ok(rest):
+            kept = rest
+    return kept
+
+
 def suggest(backend: str, quant: dict[str, Any], run: Callable[[list[str]], Trial], params: dict[str, int],
             target_sqnr: float | None = None, base: tuple[str, ...] = (), max_layers: int = MAX_LAYERS) -> FloatSuggestion:
-    """The fewest layers of ``quant``'s ranking to keep float (module docstring); ``run(layers)``
-    runs the backend with ``base`` + those layers kept float and judges it (``judge``)."""
-    from ..explain.search import _prune, _shortest_prefix
-
+    """The fewest layers of ``quant``'s ranking to keep float (module docstring). ``run(layers)``
+    runs the backend with ``base`` (the spec's own ``keep_float``) and ``layers`` kept float, and
+    measures it (the quant report where there is no target SQNR); ``params``: qualified parameter
+    name -> elements."""
     started = time.perf_counter()
     scheme = quant["scheme"]
     result = FloatSuggestion(backend, scheme, target_words(scheme, target_sqnr), target_sqnr,
                              params_total=sum(params.values()))
-    before = Trial([], quant.get("output_sqnr_db"))
+    before = Trial([], _num(quant.get("output_sqnr_db")))
     before.rel_err = rel_err(before.output_sqnr_db)
     before.beyond = [lr["layer"] for lr in quant.get("layers", []) if str(lr["verdict"]).startswith("beyond")]
     before.excess = max((_num(lr.get("excess")) or 0.0 for lr in quant.get("layers", [])), default=0.0)
@@ -185,6 +207,9 @@ def suggest(backend: str, quant: dict[str, Any], run: Callable[[list[str]], Tria
                             f"{' ...' if len(hidden) > 4 else ''}): drift cannot judge them beyond {scheme}; "
                             "--target-sqnr DB searches by the output instead")
     if before.meets:
+        if target_sqnr is None and before.output_sqnr_db is not None:
+            result.notes.append(f"the output's {before.output_sqnr_db:.3g} dB is within what {scheme} rounding of "
+                                "these float values explains; --target-sqnr DB asks for more")
         result.found, result.after = True, before
         result.seconds = round(time.perf_counter() - started, 2)
         return result
@@ -192,18 +217,11 @@ def suggest(backend: str, quant: dict[str, Any], run: Callable[[list[str]], Tria
     if len(ranked) > max_layers:
         result.notes.append(f"searched the first {max_layers} of {len(ranked)} ranked layers")
     result.ranked = ranked = ranked[:max_layers]
-    if ROOT in (before.beyond or []):
-        result.notes.append(f"{ROOT} (ops of the model's own forward) is beyond {scheme}: no module name keeps it float")
+    if ROOT in (before.beyond or []) and target_sqnr is None:
+        result.notes.append(f"{ROOT} (ops of the model's own forward) is beyond {scheme}: no module name keeps it "
+                            "float, and the target asks it of the modules only")
     trial = Trials(run, result.trials, params)
-    size, chosen = 1, None
-    while ranked:
-        size = min(size, len(ranked))
-        if trial(ranked[:size]) <= 1.0:
-            chosen = _prune(_shortest_prefix(ranked[:size], trial, 1.0), trial, 1.0)
-            break
-        if size == len(ranked):
-            break
-        size *= 2
+    chosen = shortest(ranked, trial)
     if chosen is None:
         result.notes.append(f"no set of the {len(ranked)} ranked layers meets the target" if ranked
                             else "no layer of this run can be kept float")
@@ -232,7 +250,7 @@ def meets(trial: Trial, target_sqnr: float | None) -> bool:
         return False
     if target_sqnr is not None:
         return trial.output_sqnr_db is not None and trial.output_sqnr_db >= target_sqnr
-    return trial.beyond is not None and not trial.beyond
+    return trial.beyond is not None and not [n for n in trial.beyond if n != ROOT]
 
 
 def rel_err(sqnr_db: float | None) -> float | None:
