@@ -391,13 +391,14 @@ def suggest_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--flows", default=",".join(DEFAULT_FLOWS), help=f"any of {', '.join(FLOWS)}")
+    p.add_argument("--flows", default=None, help=f"any of {', '.join(FLOWS)} (default {','.join(DEFAULT_FLOWS)}; "
+                                                 f"with --suggest {','.join(SUGGEST_FLOWS)})")
     p.add_argument("--seed", type=int, default=0, help="draws the faulted layers")
     p.add_argument("--out", default=None, help="write the checks and totals as JSON here")
     p.add_argument("--suggest", action="store_true", help="run --suggest-float at real size (SUGGEST_MODELS)")
     a = p.parse_args(argv)
     if a.suggest:
-        flows = a.flows.split(",") if a.flows != ",".join(DEFAULT_FLOWS) else list(SUGGEST_FLOWS)
+        flows = a.flows.split(",") if a.flows else list(SUGGEST_FLOWS)
         unknown = [f for f in flows if f not in FLOWS]
         if unknown:
             p.error(f"unknown flows: {', '.join(unknown)} (flows: {', '.join(FLOWS)})")
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(a.out).write_text(json.dumps({"rows": rows, "seconds": round(time.perf_counter() - start)}, indent=1,
                                               default=str))
         return 0
-    models, flows = a.models.split(","), a.flows.split(",")
+    models, flows = a.models.split(","), (a.flows or ",".join(DEFAULT_FLOWS)).split(",")
     unknown = [m for m in models if m not in MODELS] + [f for f in flows if f not in FLOWS]
     if unknown:
         p.error(f"unknown: {', '.join(unknown)} (models: {', '.join(MODELS)}; flows: {', '.join(FLOWS)})")
