@@ -31,6 +31,15 @@ same flow). A flow that fails on a model is reported with its stage and error, n
     python tools/bench_quant_faults.py [--models llama,bert,vit,resnet,whisper]
                                        [--flows ort,xnnpack,ort-dynamic,xnnpack-dynamic,ort-int4]
                                        [--seed 0] [--out bench-quant.json]
+
+``--suggest`` runs ``xray drift --suggest-float`` at real size instead (``SUGGEST_MODELS``: an MLP
+1024 wide on 512 tokens): the clean model (by default, no layer beyond the scheme: nothing should
+be kept float), then the model with one layer's int8 weights ruined by an outlier column that
+reads a dead unit (``examples.dead_unit_outlier``), searched by the output with the target the
+clean run's output SQNR less ``TARGET_MARGIN_DB``; it prints what was kept float, the measured
+output SQNR before and after, the verification runs and the time.
+
+    python tools/bench_quant_faults.py --suggest [--flows ort,ort-dynamic,ort-int4,xnnpack] [--out F]
 """
 from __future__ import annotations
 
@@ -322,14 +331,87 @@ def _counts(checks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# --- --suggest: which layers to keep float, verified by runs, at real size ---------------------
+
+# model -> (builder, (the layer ruined, the layer whose dead unit it reads))
+SUGGEST_MODELS: dict[str, tuple[Callable[[], tuple[torch.nn.Module, tuple]], tuple[str, str]]] = {
+    "mlp-1024": (lambda: ex.tiny_mlp(hidden=1024, batch=512), ("fc2", "fc1"))}
+SUGGEST_FLOWS = ("ort", "ort-dynamic", "ort-int4", "xnnpack")
+# The faulty model's target: its clean version's output SQNR on the same flow, less this much
+# (the dead unit changes the model a little; what is asked is the clean flow's quality back).
+TARGET_MARGIN_DB = 3.0
+
+
+def suggest_rows(model_name: str, flows: list[str], workdir: Path) -> list[dict[str, Any]]:
+    """One row per (flow, case): the clean model by default target, the faulty one by default and by
+    the clean output less ``TARGET_MARGIN_DB``."""
+    build, (layer, producer) = SUGGEST_MODELS[model_name]
+    specs = {f: FLOWS[f][2][0] for f in flows}
+    rows: list[dict[str, Any]] = []
+
+    def run(model, args, names, case, target=None):
+        start = time.perf_counter()
+        out = Path(tempfile.mkdtemp(prefix=f"{model_name}-", dir=workdir))
+        result = xray.drift(model, args, [specs[f] for f in names], out, suggest_float=True, target_sqnr=target)
+        seconds = round((time.perf_counter() - start) / len(names), 1)
+        for f, b in zip(names, result.backends):
+            row = {"model": model_name, "flow": f, "case": case, "seconds": seconds, "status": b.status}
+            rows.append(row)
+            if b.status != "OK":
+                row["error"] = b.error[:200]
+                continue
+            s = b.quant["keep_float"]
+            row.update(target=s["target"], found=s["found"], kept=s["layers"], share=s["param_share"],
+                       before_db=s["before"]["output_sqnr_db"], runs=len(s["trials"]), search_s=s["seconds"],
+                       after_db=(s["after"] or {}).get("output_sqnr_db"), beyond=s["before"]["beyond"])
+        return result
+
+    model, args = build()
+    clean = run(model, args, flows, "clean")
+    model = ex.dead_unit_outlier(build()[0], layer, producer)
+    run(model, args, flows, f"outlier in {layer}")
+    for f, b in zip(flows, clean.backends):
+        if b.status == "OK" and isinstance(b.quant["output_sqnr_db"], float):
+            run(model, args, [f], f"outlier in {layer}", round(b.quant["output_sqnr_db"] - TARGET_MARGIN_DB, 1))
+    return rows
+
+
+def suggest_table(rows: list[dict[str, Any]]) -> str:
+    from tabulate import tabulate
+
+    return tabulate([[r["model"], r["flow"], r["case"], r.get("target", r.get("error", r["status"])),
+                      "+".join(r.get("kept") or []) or ("-" if r.get("found") else "not found"),
+                      _fmt(100 * r["share"] if "share" in r else None) + ("%" if "share" in r else ""),
+                      _fmt(r.get("before_db")), _fmt(r.get("after_db")), r.get("runs", ""), _fmt(r.get("search_s")),
+                      r["seconds"]] for r in rows],
+                    headers=["model", "flow", "case", "target", "kept float", "params", "output dB before",
+                             "after", "runs", "search s", "drift s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--flows", default=",".join(DEFAULT_FLOWS), help=f"any of {', '.join(FLOWS)}")
+    p.add_argument("--flows", default=None, help=f"any of {', '.join(FLOWS)} (default {','.join(DEFAULT_FLOWS)}; "
+                                                 f"with --suggest {','.join(SUGGEST_FLOWS)})")
     p.add_argument("--seed", type=int, default=0, help="draws the faulted layers")
     p.add_argument("--out", default=None, help="write the checks and totals as JSON here")
+    p.add_argument("--suggest", action="store_true", help="run --suggest-float at real size (SUGGEST_MODELS)")
     a = p.parse_args(argv)
-    models, flows = a.models.split(","), a.flows.split(",")
+    if a.suggest:
+        flows = a.flows.split(",") if a.flows else list(SUGGEST_FLOWS)
+        unknown = [f for f in flows if f not in FLOWS]
+        if unknown:
+            p.error(f"unknown flows: {', '.join(unknown)} (flows: {', '.join(FLOWS)})")
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="bench-suggest-") as tmp:
+            rows = [r for m in SUGGEST_MODELS for r in suggest_rows(m, flows, Path(tmp))]
+        print(suggest_table(rows))
+        print(f"{time.perf_counter() - start:.0f} s")
+        if a.out:
+            Path(a.out).write_text(json.dumps({"rows": rows, "seconds": round(time.perf_counter() - start)}, indent=1,
+                                              default=str))
+        return 0
+    models, flows = a.models.split(","), (a.flows or ",".join(DEFAULT_FLOWS)).split(",")
     unknown = [m for m in models if m not in MODELS] + [f for f in flows if f not in FLOWS]
     if unknown:
         p.error(f"unknown: {', '.join(unknown)} (models: {', '.join(MODELS)}; flows: {', '.join(FLOWS)})")

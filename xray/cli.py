@@ -205,6 +205,7 @@ def _export_json(args) -> int:
 
 def _drift(args) -> int:
     from .backends.registry import UnknownBackendError
+    from .drift.keep_float import SuggestError, check_request
     from .drift.load import ModelSpecError, load_model
     from .drift.reference import ReferenceError
     from .drift.report import terminal_report
@@ -217,11 +218,13 @@ def _drift(args) -> int:
 
         for name in args.backend or []:  # refused before the model is even built
             parse_spec(name)
+        check_request(args.backend or ["onnxrt-cpu"], args.suggest_float, args.target_sqnr)
         check_outputs(Path(args.out), args.backend or ["onnxrt-cpu"])
         model, margs, mkwargs = load_model(args.model)
         result = drift(model, margs, args.backend or ["onnxrt-cpu"], Path(args.out), kwargs=mkwargs,
-                       progress=lambda s: print(f"xray drift: {s}", file=sys.stderr, flush=True))
-    except (ModelSpecError, ReferenceError, UnknownBackendError, OutputFolderError) as e:
+                       progress=lambda s: print(f"xray drift: {s}", file=sys.stderr, flush=True),
+                       suggest_float=args.suggest_float, target_sqnr=args.target_sqnr)
+    except (ModelSpecError, ReferenceError, UnknownBackendError, OutputFolderError, SuggestError) as e:
         print(f"xray drift: {one_line(e)}", file=sys.stderr)
         return 2
     print(terminal_report(result, layers=not args.no_layers))
@@ -273,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="backend preset, repeatable (default onnxrt-cpu); name:key=value overrides options")
     drift.add_argument("--out", default="xray-drift", help="output folder (default: xray-drift)")
     drift.add_argument("--no-layers", action="store_true", help="print the backend table only, no per-layer tables")
+    drift.add_argument("--suggest-float", action="store_true",
+                       help="quantized backends: the fewest layers to keep in float for no layer to be beyond the "
+                            "scheme (or for --target-sqnr), each candidate set verified by a run")
+    drift.add_argument("--target-sqnr", type=float, default=None, metavar="DB",
+                       help="with --suggest-float: every output's SQNR against float eager must reach DB")
     cross = sub.add_parser("cross-rank", help="check that what must agree across a run's ranks does",
                            description="Within one multi-rank run, compare across ranks the values that must agree "
                                        "(all-reduce, broadcast and all-gather results, replicated DTensors) and name "

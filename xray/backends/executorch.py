@@ -9,7 +9,7 @@ import torch
 
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
 from .executorch_debug import count_nodes, run_whole_model
-from .quantize import PT2E_SCHEMES, quant_option
+from .quantize import KEEP_FLOAT_OPTION, PT2E_SCHEMES, float_layers, quant_option
 from .shapes import DIMS, DYNAMIC_OPTION
 
 
@@ -18,7 +18,7 @@ class ExecuTorch(Backend):
 
     kind = "executorch"
     OPTIONS = {"partitioner": "xnnpack, or none for the portable kernels", "quant": quant_option(PT2E_SCHEMES),
-               "dynamic": DYNAMIC_OPTION, "threads": "threads of ExecuTorch's threadpool (XNNPACK; default: its own)"}
+               "keep_float": KEEP_FLOAT_OPTION, "dynamic": DYNAMIC_OPTION, "threads": "threads of ExecuTorch's threadpool (XNNPACK; default: its own)"}
     OPTION_CHOICES = {"quant": (None, *PT2E_SCHEMES), "dynamic": (None, *DIMS)}
 
     def versions(self) -> dict[str, str]:
@@ -130,7 +130,8 @@ class ExecuTorch(Backend):
             raise BackendError(ReplayStatus.LOWER_FAIL, "quant lowers with XNNPACK or the portable kernels only")
         return run_whole_model(program, args, self._partitioners(),
                                self.options.get("partitioner") or "portable", edit=edit,
-                               quant=self.options.get("quant"), source=source)
+                               quant=self.options.get("quant"), source=source,
+                               keep_float=float_layers(self.options.get("keep_float")))
 
 
 def delegation(gm: torch.fx.GraphModule) -> dict[str, Any]:

@@ -49,13 +49,13 @@ class _Logged:
 
 def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitioners: list, preset: str, *,
                     edit: Callable[[Any], Any] | None = None, quant: str | None = None,
-                    source: tuple | None = None) -> ModelCapture:
+                    source: tuple | None = None, keep_float: tuple[str, ...] = ()) -> ModelCapture:
     """Lower ``program`` (edge, partitioners, ``edit``, to_executorch), run it once with ETDump and
     a debug buffer, and map the logged outputs back to ``program``'s node names.
 
     ``quant`` (a PT2E scheme): ``source`` = (the program before core-ATen decompositions, the model's args,
-    kwargs) is quantized with PT2E (``quantize.pt2e_quantize``, run on those), ``edit`` gets the
-    converted module, and
+    kwargs) is quantized with PT2E (``quantize.pt2e_quantize``, run on those, ``keep_float`` modules
+    left float), ``edit`` gets the converted module, and
     the quantized program is lowered instead; its values map back through the source's node names."""
     from executorch.exir import to_edge_transform_and_lower
 
@@ -72,7 +72,7 @@ def run_whole_model(program: torch.export.ExportedProgram, args: tuple, partitio
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"ExecuTorch quantized kernels: {short_error(e)}") from e
         source_program, call_args, call_kwargs = source
-        converted, carries = pt2e_quantize(source_program, call_args, call_kwargs, facts, quant)
+        converted, carries = pt2e_quantize(source_program, call_args, call_kwargs, facts, quant, keep_float)
         if edit is not None:
             converted = edit(converted) or converted
             edit = None

@@ -14,7 +14,7 @@ import torch
 
 from ..dump.tensorio import from_numpy
 from .base import Artifact, Backend, BackendError, ModelCapture, Runner, ReplayStatus, short_error
-from .quantize import ORT_SCHEMES, quant_option
+from .quantize import KEEP_FLOAT_OPTION, ORT_SCHEMES, quant_option
 from .shapes import DIMS, DYNAMIC_OPTION
 
 
@@ -27,6 +27,7 @@ class OnnxRuntime(Backend):
                "threads": "intra-op threads (default 1)",
                "optimize": "true: let the exporter optimise the graph (whole-model runs)",
                "quant": quant_option(ORT_SCHEMES),
+               "keep_float": KEEP_FLOAT_OPTION,
                "dynamic": DYNAMIC_OPTION}
     OPTION_CHOICES = {"quant": (None, *ORT_SCHEMES), "dynamic": (None, *DIMS)}
 
@@ -109,11 +110,14 @@ class OnnxRuntime(Backend):
     def _session(self, model: bytes):
         import onnxruntime as ort
 
+        from .quantize import ORT_FLOAT_KEEPING, float_layers
+
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = int(self.options.get("threads", 1))
         provider = self.options.get("provider", "CPUExecutionProvider")
-        return ort.InferenceSession(model, opts, providers=[provider])
+        disabled = list(ORT_FLOAT_KEEPING) if float_layers(self.options.get("keep_float")) else []
+        return ort.InferenceSession(model, opts, providers=[provider], disabled_optimizers=disabled)
 
     def run_model(self, program: torch.export.ExportedProgram, args: tuple, *,
                   edit: Callable[[Any], Any] | None = None) -> ModelCapture:
@@ -182,14 +186,15 @@ class OnnxRuntime(Backend):
     def _quantize(self, proto: Any, program: torch.export.ExportedProgram, args: tuple) -> Any:
         """The scheme's quantization (``quantize.ort_quantize``; static int8 calibrated on the run's own inputs)."""
         from . import onnx_capture
-        from .quantize import ort_quantize
+        from .quantize import float_layers, ort_quantize
 
         try:
             session = self._session(proto.SerializeToString())
         except Exception as e:  # noqa: BLE001
             raise BackendError(ReplayStatus.LOWER_FAIL, f"onnxruntime could not load the model: {short_error(e)}") from e
         feeds = [onnx_capture.feed(session, program, args)]
-        return ort_quantize(proto, feeds, self._quant_facts, self.options["quant"])
+        return ort_quantize(proto, feeds, self._quant_facts, self.options["quant"],
+                            float_layers(self.options.get("keep_float")))
 
     def run_isolated(self, program: torch.export.ExportedProgram, args: tuple,
                      reference: dict[str, list[torch.Tensor]], *,

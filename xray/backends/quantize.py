@@ -7,6 +7,11 @@ Core ML's weight quantization lives with its backend (``coreml.py``).
 Each flow keeps the quantized graph's values tied to the float reference program's nodes: a
 quantize -> dequantize pair after a node stands for that node (its dequantized value is what
 the next layer reads), so drift compares what the deployed model carries between layers.
+
+``keep_float`` (module names) leaves layers unquantized with each library's own mechanism: ONNX
+Runtime's ``nodes_to_exclude`` (the ONNX nodes the exporter scoped under those modules), the
+XNNPACK quantizer's filter function (``get_module_name_filter``, the test its per-module
+configuration uses).
 """
 from __future__ import annotations
 
@@ -35,6 +40,24 @@ def quant_option(schemes: tuple[str, ...]) -> str:
     return "; ".join(f"{s}: {RULES[s].summary}" for s in schemes)
 
 
+KEEP_FLOAT_OPTION = ("modules the quantizer leaves in float, '+' between names (e.g. fc2+layers.0.mlp); "
+                     "a module's submodules stay float with it")
+
+
+def float_layers(value: Any) -> tuple[str, ...]:
+    """The ``keep_float`` option as module names (a '+'-separated string, or a sequence); a
+    module named by a number (a Sequential's ``0``) arrives parsed as one."""
+    if value is None or value == "":
+        return ()
+    names = value.split("+") if isinstance(value, str) else [value] if isinstance(value, (int, float)) else value
+    return tuple(dict.fromkeys(str(n).strip() for n in names if str(n).strip()))
+
+
+def _no_such_layers(missing: list[str], where: str) -> BackendError:
+    return BackendError(ReplayStatus.EXPORT_FAIL, f"keep_float: no module named {', '.join(map(repr, missing))} "
+                        f"in {where} (name modules as model.named_modules() does)")
+
+
 def check_scheme(value: Any, schemes: tuple[str, ...] = SCHEMES) -> str:
     """``value`` if it is one of ``schemes``, else one line naming them."""
     if value not in schemes:
@@ -46,13 +69,14 @@ def check_scheme(value: Any, schemes: tuple[str, ...] = SCHEMES) -> str:
 # --- PT2E (ExecuTorch) ---------------------------------------------------------------------
 
 def pt2e_quantize(source: torch.export.ExportedProgram, args: tuple, kwargs: dict, facts: dict[str, Any],
-                  scheme: str = "int8") -> tuple[torch.fx.GraphModule, dict[str, str]]:
+                  scheme: str = "int8", keep_float: tuple[str, ...] = ()) -> tuple[torch.fx.GraphModule, dict[str, str]]:
     """``source`` (the program before core-ATen decompositions: the quantizer annotates
     ``aten.linear``/``aten.conv2d``) prepared with the XNNPACK quantizer (per-channel symmetric
     int8 weights; ``int8``: static activations, ``int8-dynamic``: ``is_dynamic``, activations
     quantized at run time), run on ``args`` (static: its calibration), converted. Returns the
     converted module and converted node name -> the source node whose value it carries (a node
-    itself, or the dequantize of a static quantize -> dequantize pair after it)."""
+    itself, or the dequantize of a static quantize -> dequantize pair after it). ``keep_float``:
+    modules the quantizer annotates nothing in (``_float_filter``)."""
     check_scheme(scheme, PT2E_SCHEMES)
     dynamic = scheme == "int8-dynamic"
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -66,9 +90,14 @@ def pt2e_quantize(source: torch.export.ExportedProgram, args: tuple, kwargs: dic
     start = time.perf_counter()
     try:
         quantizer = _Quantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic))
-        prepared = prepare_pt2e(source.module(), quantizer)
+        module = source.module()
+        if keep_float:
+            quantizer.set_filter_function(_float_filter(module, keep_float))
+        prepared = prepare_pt2e(module, quantizer)
         prepared(*args, **kwargs)  # calibration: the observers see the run's own inputs
         converted = convert_pt2e(prepared)
+    except BackendError:
+        raise
     except Exception as e:  # noqa: BLE001 - the quantizer's error is the result
         raise BackendError(ReplayStatus.EXPORT_FAIL, f"PT2E {scheme} (XNNPACKQuantizer): {short_error(e)}") from e
     facts["quantize_s"] = round(time.perf_counter() - start, 4)
@@ -92,10 +121,34 @@ def pt2e_quantize(source: torch.export.ExportedProgram, args: tuple, kwargs: dic
             counts["q"] += 1
     facts.update(quant=f"{scheme} PT2E XNNPACKQuantizer ({'dynamic' if dynamic else 'static'}, per-channel weights)",
                  calibration_batches=0 if dynamic else 1, quantize_nodes=counts["q"], dequantize_nodes=counts["dq"])
-    if not counts["q"]:
+    if keep_float:
+        facts["kept_float"] = list(keep_float)
+        inside = _float_filter(converted, keep_float)
+        missed = [n.name for n in converted.graph.nodes if n.op == "call_function" and not inside(n)
+                  and _op(n) in ("linear", "conv1d", "conv2d") and len(n.args) > 1
+                  and isinstance(n.args[1], torch.fx.Node) and _op(n.args[1]) in _DQ_OPS]
+        if missed:
+            raise BackendError(ReplayStatus.EXPORT_FAIL, f"keep_float: PT2E {scheme} quantized the weights of "
+                               f"{', '.join(missed)} although their modules were excluded")
+    if not counts["q"] and not keep_float:  # every layer kept float is a float model, asked for
         raise BackendError(ReplayStatus.EXPORT_FAIL, f"PT2E {scheme}: the XNNPACK quantizer annotated no op of this "
                            "model (it quantizes linear, conv, add, mul, cat, pooling; dynamic: linear)")
     return converted, carries
+
+
+def _float_filter(module: torch.fx.GraphModule, keep: tuple[str, ...]):
+    """The XNNPACK quantizer's filter function (it annotates only the nodes it accepts) refusing
+    every node inside a ``keep`` module, by torchao's own test of a node's module
+    (``get_module_name_filter``: the names on its ``nn_module_stack``, submodules included).
+    ``set_module_name(name, None)`` would say the same, but the quantizer asserts a config there."""
+    from torchao.quantization.pt2e.quantizer import get_module_name_filter
+
+    inside = [get_module_name_filter(name) for name in keep]
+    nodes = [n for n in module.graph.nodes if n.op == "call_function"]
+    missing = [name for name, f in zip(keep, inside) if not any(f(n) for n in nodes)]
+    if missing:
+        raise _no_such_layers(missing, "the exported program")
+    return lambda n: not any(f(n) for f in inside)
 
 
 def quantized_or_float(quantize, facts: dict[str, Any]) -> Any | None:
@@ -157,30 +210,39 @@ def source_to_reference(program: torch.export.ExportedProgram) -> dict[str, list
 
 # --- ONNX Runtime ---------------------------------------------------------------------------
 
-def ort_quantize(proto: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any], scheme: str = "int8") -> Any:
+def ort_quantize(proto: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any], scheme: str = "int8",
+                 keep_float: tuple[str, ...] = ()) -> Any:
     """``proto`` quantized by ONNX Runtime's own tool for ``scheme`` (weight transposes folded
     first, see ``_fold_weight_transposes``): ``int8``: ``quantize_static`` (QDQ, per-tensor int8
     activations calibrated on ``feeds``, per-channel int8 weights), each activation's Q -> DQ pair
     then carrying the value's name (``_dq_carries_name``); ``int8-dynamic``: ``quantize_dynamic``
     (MatMul as DynamicQuantizeLinear -> MatMulInteger, per-channel int8 weights); ``int4``:
     ``MatMulNBitsQuantizer`` (MatMulNBits, symmetric int4 weights in blocks of 32, float
-    activations). The nodes that replace an exported node carry its metadata (``_restamp``)."""
+    activations). The nodes that replace an exported node carry its metadata (``_restamp``).
+    ``keep_float``: modules whose ONNX nodes each quantizer is told to exclude (``onnx_nodes_in``)."""
     check_scheme(scheme, ORT_SCHEMES)
     start = time.perf_counter()
     folded = _fold_weight_transposes(proto)
     flow = {"int8": _ort_static, "int8-dynamic": _ort_dynamic, "int4": _ort_int4}[scheme]
+    exclude = onnx_nodes_in(folded, keep_float)
+    if keep_float:
+        facts.update(kept_float=list(keep_float), excluded_nodes=len(exclude))
     try:
-        quantized, what, counted = flow(folded, feeds, facts)
+        quantized, what, counted = flow(folded, feeds, facts, exclude)
     except BackendError:
         raise
     except Exception as e:  # noqa: BLE001 - the quantizer's error is the result
         raise BackendError(ReplayStatus.EXPORT_FAIL, f"onnxruntime {scheme} quantization: {short_error(e)}") from e
+    quantized_anyway = _not_left_float(folded, quantized, exclude)
+    if quantized_anyway:
+        raise BackendError(ReplayStatus.EXPORT_FAIL, f"keep_float: onnxruntime {scheme} quantized "
+                           f"{', '.join(quantized_anyway)} although it was excluded")
     if scheme != "int8":
         _restamp(folded, quantized)
     ops = [n.op_type for n in quantized.graph.node]
     facts.update(quant=f"{scheme} onnxruntime {what}", quantize_nodes=ops.count(counted),
                  dequantize_nodes=ops.count("DequantizeLinear"), quantize_s=round(time.perf_counter() - start, 4))
-    if not ops.count(counted):
+    if not ops.count(counted) and not keep_float:  # every layer kept float is a float model, asked for
         raise BackendError(ReplayStatus.EXPORT_FAIL, f"onnxruntime {scheme}: {what} quantized no op of this model")
     return quantized
 
@@ -193,7 +255,63 @@ def _saved(model: Any, tmp: str, name: str) -> str:
     return path
 
 
-def _ort_static(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> tuple[Any, str, str]:
+# ONNX Runtime's session optimizer WeightBiasQuantization quantizes the float weight of a Gemm or
+# Conv read from a per-tensor DequantizeLinear whose output path reaches a QuantizeLinear, per
+# tensor: a layer excluded from quantize_static between quantized layers would run int8 again,
+# with one scale (an outlier's). Sessions of a model with layers kept float disable it; a
+# deployment of that model must too (``InferenceSession(..., disabled_optimizers=[...])``).
+ORT_FLOAT_KEEPING = ("WeightBiasQuantization",)
+
+# The exporter's record of the modules a node was traced in: ['', 'encoder', ..., 'encoder.layer.0.output.dense', 'addmm']
+ONNX_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def onnx_nodes_in(model: Any, modules: tuple[str, ...]) -> list[str]:
+    """The names of the ONNX nodes the exporter traced inside any of ``modules`` (or their
+    submodules); a module with no node is refused (``BackendError``)."""
+    import ast
+
+    found: dict[str, list[str]] = {m: [] for m in modules}
+    if not modules:
+        return []
+    for n in model.graph.node:
+        scopes = next((p.value for p in n.metadata_props if p.key == ONNX_SCOPES), None)
+        if scopes is None:
+            continue
+        inside = set(ast.literal_eval(scopes)[:-1])  # the last entry names the node itself
+        for m in modules:
+            if m in inside:
+                found[m].append(n.name)
+    missing = [m for m, names in found.items() if not names]
+    if missing:
+        raise _no_such_layers(missing, "the exported ONNX graph")
+    return list(dict.fromkeys(name for names in found.values() for name in names))
+
+
+_WEIGHTED_ONNX = ("Gemm", "MatMul", "Conv")
+
+
+def _not_left_float(folded: Any, quantized: Any, exclude: list[str]) -> list[str]:
+    """The excluded weighted nodes a quantizer quantized anyway: each must still run, under its
+    name or the name of the MatMul a Gemm is split into, reading no DequantizeLinear weight (a
+    node reading two activations may read a dequantized one: its neighbours quantize it)."""
+    nodes = {n.name: n for n in quantized.graph.node}
+    producer = {o: n for n in quantized.graph.node for o in n.output}
+    weights = {i.name for i in folded.graph.initializer}
+    missed = []
+    for n in folded.graph.node:
+        if n.name not in exclude or n.op_type not in _WEIGHTED_ONNX or len(n.input) < 2 or n.input[1] not in weights:
+            continue
+        kept = [nodes[m] for m in (n.name, f"{n.name}_MatMul", f"{n.name}__matmul")
+                if m in nodes and nodes[m].op_type in _WEIGHTED_ONNX]
+        if not kept or any(getattr(producer.get(i), "op_type", "") == "DequantizeLinear" for k in kept
+                           for i in k.input[1:2]):
+            missed.append(n.name)
+    return missed
+
+
+def _ort_static(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any],
+                exclude: list[str]) -> tuple[Any, str, str]:
     import tempfile
 
     import onnx
@@ -210,22 +328,26 @@ def _ort_static(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str
         dst = f"{tmp}/int8.onnx"
         quantize_static(_saved(folded, tmp, "float.onnx"), dst, _Reader(), quant_format=QuantFormat.QDQ,
                         per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        extra_options={"QDQKeepRemovableActivations": True})
+                        nodes_to_exclude=exclude, extra_options={"QDQKeepRemovableActivations": True})
         quantized = onnx.load(dst)
     facts.update(quantized_activations=_dq_carries_name(quantized), calibration_batches=len(feeds))
     return quantized, "quantize_static (QDQ, per-channel weights)", "QuantizeLinear"
 
 
-def _ort_dynamic(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> tuple[Any, str, str]:
+def _ort_dynamic(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any],
+                 exclude: list[str]) -> tuple[Any, str, str]:
     import tempfile
 
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # quantize_dynamic splits a Gemm into "<gemm>_MatMul" (+ Add) before quantizing
+    # (``ONNXModel.replace_gemm_with_matmul``): an excluded Gemm is excluded under that name too
+    exclude = [*exclude, *(f"{name}_MatMul" for name in exclude)]
     with tempfile.TemporaryDirectory(prefix="xray-dyn-") as tmp:
         dst = f"{tmp}/int8.onnx"
         quantize_dynamic(_saved(folded, tmp, "float.onnx"), dst, op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8)
+                         weight_type=QuantType.QInt8, nodes_to_exclude=exclude)
         quantized = onnx.load(dst)
     return quantized, "quantize_dynamic (MatMulInteger, per-channel weights)", "DynamicQuantizeLinear"
 
@@ -234,12 +356,15 @@ def _ort_dynamic(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[st
 INT4_BLOCK = 32
 
 
-def _ort_int4(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any]) -> tuple[Any, str, str]:
+def _ort_int4(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any],
+              exclude: list[str]) -> tuple[Any, str, str]:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     split = _gemm_as_matmul(folded)
+    # an excluded Gemm is excluded as the MatMul it is split into (``_gemm_as_matmul`` names it)
+    exclude = [*exclude, *(f"{name}__matmul" for name in exclude)]
     # accuracy_level unset: the kernel computes in float32 (weight-only; 4 would round activations)
-    quantizer = MatMulNBitsQuantizer(split, bits=4, block_size=INT4_BLOCK, is_symmetric=True)
+    quantizer = MatMulNBitsQuantizer(split, bits=4, block_size=INT4_BLOCK, is_symmetric=True, nodes_to_exclude=exclude)
     quantizer.process()
     return quantizer.model.model, f"MatMulNBitsQuantizer (int4, blocks of {INT4_BLOCK}, symmetric)", "MatMulNBits"
 

@@ -248,6 +248,21 @@ def pt2e_per_tensor_fault(layer: str):
     return edit
 
 
+def dead_unit_outlier(model: torch.nn.Module, layer: str, producer: str, unit: int = 0,
+                      factor: float = 50.0) -> torch.nn.Module:
+    """One Linear whose int8 weights are ruined while its float output is not: ``producer``'s
+    output ``unit`` dies (weights x0.01, bias -1: the ReLU after it gives 0 on every input) and
+    ``layer``'s weights reading that unit are set to ``factor`` x the layer's largest. Float
+    multiplies the outliers by zeros; per-channel int8 takes every row's step from its outlier,
+    and most of the row rounds to 0. Kept in float, the layer is exact again."""
+    src, dst = model.get_submodule(producer), model.get_submodule(layer)
+    with torch.no_grad():
+        src.weight[unit] *= 0.01
+        src.bias[unit] = -1.0
+        dst.weight[:, unit] = factor * float(dst.weight.abs().max())
+    return model
+
+
 def spread_channels(model: torch.nn.Module, layer: str, factor: float = 30.0, channels: int = 2) -> torch.nn.Module:
     """Scale the first ``channels`` output channels of ``layer``'s weight by ``factor`` (in the float
     model): channel ranges that differ widely, which per-channel int8 handles and per-tensor does not."""

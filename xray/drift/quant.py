@@ -39,7 +39,7 @@ def _beyond(row: dict[str, Any]) -> bool:
 
 # The CSV columns (``DIR/quant-<backend>.csv``), declared once.
 QUANT_COLUMNS = ["layer", "captured", "verdict", "sqnr_db", "rel_err", "added_nsr", "cost_db", "local_sqnr_db",
-                 "local_ratio", "excess", "rms_steps", "allowed_steps", "expected_sqnr_db", "node"]
+                 "local_ratio", "excess", "rms_steps", "allowed_steps", "expected_sqnr_db", "node", "keep_float"]
 
 
 @dataclass
@@ -73,6 +73,9 @@ class QuantReport:
     nodes_judged: int = 0
     # weighted op -> what its own rounding predicts when it is fed float inputs (``_local_budget``)
     local_budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # per user output: the NSR it may carry (allowed) and the model's expectation; where nothing was
+    # captured (``captured={}``) this is the scheme's prediction from the float values alone
+    output_budgets: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"scheme": self.scheme, "worst": self.worst, "first_beyond": self.first_beyond,
@@ -154,7 +157,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
         f = _first_tensor(eager.get(node.name))
         if f is None or not f.is_floating_point():
             continue
-        power = float(f.double().pow(2).mean()) if f.numel() else 0.0
+        power = float(f.detach().double().pow(2).mean()) if f.numel() else 0.0
         kind = _kind(node)
         inputs = [i for i in _float_inputs(node) if i.name in carried]
         ins = [carried[i.name] for i in inputs]
@@ -221,6 +224,11 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
             row.allowed_steps = (math.sqrt(budget.allowed * power) / budget.step) if budget.step > 0 else None
             row.expected_sqnr_db = qn.sqnr_db(budget.expected)
     ordered = list(layers.values())
+    from torch.export.graph_signature import OutputKind
+
+    output_budgets = [{"node": s.arg.name, "allowed_nsr": carried[s.arg.name][0], "expected_nsr": carried[s.arg.name][1]}
+                      for s in program.graph_signature.output_specs
+                      if s.kind == OutputKind.USER_OUTPUT and getattr(s.arg, "name", None) in carried]
     worst, first = _rank([asdict(lr) for lr in ordered])
     out_sqnr = None
     if outputs is not None:
@@ -229,7 +237,7 @@ def quant_report(program: torch.export.ExportedProgram, eager: dict[str, list[to
         if pairs:
             out_sqnr = min(qn.sqnr_db(qn.nsr(w, g.reshape(w.shape))) for w, g in pairs)
     return QuantReport(scheme=scheme, layers=ordered, worst=worst, first_beyond=first, output_sqnr_db=out_sqnr,
-                       nodes_judged=judged, local_budgets=local_budgets)
+                       nodes_judged=judged, local_budgets=local_budgets, output_budgets=output_budgets)
 
 
 def _rank(layers: list[dict[str, Any]]) -> tuple[list[str], str | None]:
@@ -371,7 +379,7 @@ def _local_budget(node: torch.fx.Node, kind: str, f: torch.Tensor, eager: dict[s
         return None
     return {"input": x.name, "input_user": user, "weight": w.name, "kind": kind, "conv_args": list(conv_args),
             "input_step": qn.activation_step(xv), "weight_noise": w_noise, "input_noise": x_noise,
-            "float_step": qn.activation_step(f), "elements": f.numel()}
+            "float_step": qn.activation_step(f), "elements": f.numel(), "signal": float(f.detach().double().pow(2).sum())}
 
 
 def local_sqnr(report: dict[str, Any], isolated: dict[str, list[Any]], eager: dict[str, list[torch.Tensor]],

@@ -89,6 +89,42 @@ def quant_table(b: BackendDrift, limit: int = 40) -> str:
     return text
 
 
+KEEP_FLOAT_HEADERS = ["run", "kept float", "params", "output SQNR dB", "rel err", "beyond", "meets target", "seconds"]
+
+
+def keep_float_text(s: dict, limit: int = 20) -> str:
+    """``--suggest-float``: the layers to keep float, the measured output before and after, and
+    every verification run (drift's own run first)."""
+    def num(v: object) -> str:
+        return v if isinstance(v, str) else _g(v)  # type: ignore[arg-type]
+
+    total = s.get("params_total") or 0
+    runs = [s["before"], *s["trials"]]
+    rows = [[i if i else "drift's run", "+".join(t["layers"]) or "(none)",
+             f"{100 * t['params_float'] / total:.1f}%" if total else "", num(t["output_sqnr_db"]), num(t["rel_err"]),
+             "not judged" if t["beyond"] is None else ", ".join(t["beyond"]) or "none", "yes" if t["meets"] else "no",
+             num(t["seconds"]) if i else ""] for i, t in enumerate(runs[:limit])]
+    before, after = s["before"], s.get("after")
+    head = f"keep float ({s['target']}): "
+    if s["found"] and not s["layers"]:
+        head += (f"nothing: the {s['scheme']} run already meets the target (output SQNR "
+                 f"{num(before['output_sqnr_db'])} dB)")
+    elif s["found"]:
+        n = len(s["layers"])
+        head += (f"{', '.join(s['layers'])} ({n} layer{'s' if n > 1 else ''}, {100 * s['param_share']:.1f}% of the "
+                 f"parameters): output SQNR {num(before['output_sqnr_db'])} -> {num(after['output_sqnr_db'])} dB, "
+                 f"rel err {num(before['rel_err'])} -> {num(after['rel_err'])}; verified by "
+                 f"{len(s['trials'])} run{'s' if len(s['trials']) > 1 else ''} ({s['seconds']:.1f} s)\n"
+                 f"   run it: -b '{s['rerun']}'")
+    else:
+        best = f"; best run: {'+'.join(after['layers'])} at {num(after['output_sqnr_db'])} dB" if after else ""
+        head += f"not found in {len(s['trials'])} runs ({s['seconds']:.1f} s){best}"
+    text = head + "\n" + tabulate(rows, headers=KEEP_FLOAT_HEADERS, tablefmt="simple")
+    if len(runs) > limit:
+        text += f"\n... {len(runs) - limit} more runs in drift.json"
+    return text + "".join(f"\n   note: {n}" for n in s.get("notes", []))
+
+
 def failure_text(b: BackendDrift, out: object, width: int = 100) -> str:
     """A failed backend's error, whole, wrapped to the terminal; where its traceback is."""
     from .logfile import LOG_NAME
@@ -117,6 +153,8 @@ def terminal_report(result: DriftResult, layers: bool = True) -> str:
             lines.append(f"   note: {note}")
         if b.quant is not None:
             lines.append(quant_table(b))
+            if b.quant.get("keep_float"):
+                lines.append(keep_float_text(b.quant["keep_float"]))
         elif layers and b.layers:
             lines.append(layer_table(b))
     lines.append("")

@@ -83,16 +83,21 @@ class DriftResult:
 def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple[str, ...] = ("onnxrt-cpu",),
           out: str | Path = "xray-drift", *, kwargs: dict | None = None,
           edits: dict[str, Callable[[Any], Any]] | None = None, progress: Callable[[str], None] | None = None,
-          ) -> DriftResult:
+          suggest_float: bool = False, target_sqnr: float | None = None) -> DriftResult:
     """Run ``model`` whole on each backend and say where each one starts to drift from eager.
 
     ``edits`` maps a backend name to a function given that backend's own program before it runs
     (``Backend.run_model``'s ``edit``): tests inject faults into the deployed graph this way.
+    ``suggest_float``: for each quantized backend, the fewest layers to keep float for its run to
+    meet ``target_sqnr`` (dB, every output) or, without one, to have no layer beyond its scheme,
+    each candidate set verified by a run (``drift.keep_float``).
     """
     from ..backends.registry import parse_spec
+    from .keep_float import check_request
 
     for name in backends:  # replay's check: an unknown preset is refused before any export
         parse_spec(name)
+    check_request(backends, suggest_float, target_sqnr)
     out = Path(out)
     check_outputs(out, backends)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +119,8 @@ def drift(model: torch.nn.Module, example_args: Any, backends: list[str] | tuple
     try:
         for name in backends:
             say(f"backend {name}")
-            result.backends.append(_one_backend(name, ref, eager, out, (edits or {}).get(name)))
+            suggest = _Suggest(target_sqnr, say) if suggest_float else None
+            result.backends.append(_one_backend(name, ref, eager, out, (edits or {}).get(name), suggest))
             _dynamic(result.backends[-1], name, model, args, kwargs or {}, out)
             # written after every backend: a backend that takes the process down keeps the others' results
             write_text(out / "drift.json", json.dumps(result.to_json(), indent=1, default=str))
@@ -149,7 +155,16 @@ def _no_kv_cache(model: Any, kwargs: dict) -> Iterator[list[str]]:
         config.use_cache = True
 
 
-def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callable | None) -> BackendDrift:
+@dataclass
+class _Suggest:
+    """A ``--suggest-float`` request: its target (None: no layer beyond the scheme) and where to say progress."""
+
+    target_sqnr: float | None
+    say: Callable[[str], None]
+
+
+def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callable | None,
+                 suggest: _Suggest | None = None) -> BackendDrift:
     """Run, map, write and compare one backend; a failure is its stage and error."""
     from ..backends.registry import create
 
@@ -189,11 +204,73 @@ def _one_backend(name: str, ref: Reference, eager: Any, out: Path, edit: Callabl
     if type(backend).run_isolated is not Backend.run_isolated:
         with into_log(log, f"backend {name}, isolated run"):
             _isolated(b, backend, ref, edit, layer_of)
+    if b.quant is not None and suggest is not None:
+        _suggest_float(b, name, ref, eager, out, edit, suggest)
     if b.quant is not None:
         from .quant import write_quant_csv
 
         write_quant_csv(b.quant, out / f"quant-{_safe(name)}.csv")
     return b
+
+
+def _suggest_float(b: BackendDrift, name: str, ref: Reference, eager: Any, out: Path, edit: Callable | None,
+                   request: _Suggest) -> None:
+    """The layers to keep float (``keep_float.suggest``), each set run by ``_float_trial``; into
+    ``b.quant["keep_float"]`` and ``DIR/keep-float-<backend>.csv``."""
+    from ..backends.quantize import float_layers
+    from ..backends.registry import parse_spec
+    from .keep_float import suggest, write_trials_csv
+
+    t0 = time.perf_counter()
+    base = float_layers(parse_spec(name)[1].get("keep_float"))
+    params = {key.split(":", 1)[1]: ref.placeholders[ph].numel() for key, ph in ref.state.items()
+              if key.startswith("param:") and isinstance(ref.placeholders.get(ph), torch.Tensor)}
+
+    def run(layers: list[str]):
+        request.say(f"backend {name}: keep float {'+'.join(layers)}")
+        return _float_trial(name, [*base, *layers], layers, ref, eager, out, edit, request.target_sqnr)
+
+    found = suggest(name, b.quant, run, params, request.target_sqnr, base).to_json()
+    b.quant["keep_float"] = found
+    for row in b.quant["layers"]:
+        if found["found"] and row["layer"] in found["layers"]:
+            row["keep_float"] = True
+    write_trials_csv(found, out / f"keep-float-{_safe(name)}.csv")
+    b.seconds["suggest_float"] = time.perf_counter() - t0
+
+
+def _float_trial(name: str, keep: list[str], layers: list[str], ref: Reference, eager: Any, out: Path,
+                 edit: Callable | None, target_sqnr: float | None):
+    """One verification run: the backend with ``keep`` float, run whole as drift runs it (same
+    program, inputs, calibration and ``edit``); without a target SQNR, judged by the quant report
+    (and the isolated run's local verdicts, where the backend has one) as drift's own run is."""
+    from ..backends.registry import create
+    from .keep_float import Trial, meets, output_sqnr, rel_err, spec_with
+
+    t0 = time.perf_counter()
+    spec = spec_with(name, keep)
+    probe = BackendDrift(backend=spec)
+    trial = Trial(layers)
+    log = out / LOG_NAME
+    with into_log(log, f"backend {spec} (--suggest-float)"):
+        backend = create(spec)
+        capture = _run_backend(probe, backend, ref, edit, log)
+        if capture is not None and target_sqnr is None:
+            _quant(probe, backend, ref, eager, capture, out, spec)
+            if type(backend).run_isolated is not Backend.run_isolated:
+                _isolated(probe, backend, ref, edit, {r.seq: r.module or "<root>" for r in eager.records})
+    if capture is None:
+        trial.error = f"{probe.status}: {probe.error}"
+    else:
+        trial.output_sqnr_db = output_sqnr(capture.outputs, ref.outputs)
+        trial.rel_err = rel_err(trial.output_sqnr_db)
+        if probe.quant is not None:
+            rows = probe.quant["layers"]
+            trial.beyond = [lr["layer"] for lr in rows if str(lr["verdict"]).startswith("beyond")]
+            trial.excess = max((float(lr.get("excess") or 0.0) for lr in rows), default=0.0)
+    trial.meets = meets(trial, target_sqnr)
+    trial.seconds = round(time.perf_counter() - t0, 2)
+    return trial
 
 
 def _dynamic(b: BackendDrift, name: str, model: torch.nn.Module, args: tuple, kwargs: dict, out: Path) -> None:
