@@ -257,3 +257,25 @@ def test_a_folded_product_carries_what_its_first_factor_carries(tmp_path):
     carry that difference (causality._folded_product): no FAIL row (1 before; 22 a version earlier)."""
     o = sweep_noise_run("glm4", tmp_path)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
+
+
+@pytest.mark.slow
+def test_a_bug_in_a_keys_second_call_is_judged_on_its_own_inputs(tmp_path):
+    """Qwen3.5's linear attention, fp32, training step, recorded with the defaults: a 1e-2 bug in
+    the norm backward's ``mul.Scalar`` that is its key's second call. With one record per key it
+    was folded, and compare could only name a folded call after it in the same module (3 folded
+    calls on the way, none seen by a recorded consumer). De-dup now gives each key two records
+    (``DumpConfig.dedup_records``), so the call is recorded and named by its own local error."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    entry = next((x for x in zoo.listed() if x.model_type == "qwen3_5"), None)
+    if entry is None:
+        pytest.skip("this transformers has no qwen3_5")
+    s = Scenario("t/qwen3_5", "bug", zoo.register(entry), backward=True,
+                 fault=Fault("aten.mul.Scalar", 16, "rel", 1e-2, "backward"), **RECORDER_DEFAULTS)
+    o = run_scenario(s, tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact, fd
+    assert (fd["origin"], fd["cause"]) == ("born", "local error"), fd
