@@ -28,6 +28,7 @@ import torch
 from ..numerics.math_settings import RunMath
 from ..numerics.rules import eps
 from ..numerics.kernel_families import family_of, packet
+from .op_classes import is_gather
 
 # ops whose inputs a TF32 (or reduced-precision) matmul path rounds
 _MATMUL_LIKE = frozenset(("aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.einsum", "aten.tensordot", "aten._grouped_mm"))
@@ -65,14 +66,16 @@ def is_rnn(op: str) -> bool:
 
 def reduction_length(record: Any, k: int) -> int:
     """How many terms each element of output ``k`` sums (an estimate from the shapes): K of a
-    matmul, the key length times head size of attention, a convolution's fan-in, else the
-    largest input's size over the output's."""
+    matmul, the key length times head size of attention, a convolution's fan-in, 1 for a gather (an
+    embedding reads one row of its table), else the largest input's size over the output's."""
     metas = [m for _, m in record.input_tensors() if m.shape is not None]
     outs = [m for _, m in record.output_tensors()]
     if not metas or k >= len(outs):
         return 1
     op = record.op
     try:
+        if is_gather(op):
+            return 1
         if is_convolution(op):
             w = metas[1]
             return max(1, math.prod(w.shape[1:]))

@@ -2,6 +2,8 @@
 
 - Value-preserving ops (views, transposes, reshapes, clones, detach, expand, same-dtype copies)
   move numbers without computing: they are never where an error is born on their own.
+- Gathers (an embedding, ``index_select``, ``gather``) copy each output element from one input
+  element chosen by an index: no arithmetic, so nothing summed, however much larger the table.
 - A cast to a lower precision loses precision by design: labelled with its class, never a bug.
 - Discontinuous ops (masks, indices, comparisons, sorting) turn a tiny input difference into a
   whole-unit output difference where the input lies at the decision boundary: there a
@@ -65,6 +67,17 @@ def overwritten_inputs(op: str) -> frozenset[str]:
     if len(parts) > 2 and parts[2].startswith("out"):
         written.add("out")
     return frozenset(written)
+
+
+# Ops whose output elements are each one element of their first tensor argument, picked by an index
+# tensor: an embedding's row lookup, index_select, gather. (Not embedding_bag: it sums a bag.)
+GATHERS = frozenset(f"aten.{n}" for n in (
+    "embedding", "index_select", "gather", "index", "_unsafe_index", "take", "take_along_dim", "masked_select"))
+
+
+def is_gather(op: str) -> bool:
+    """Copies each output element from one input element an index picks: sums nothing."""
+    return bool(op) and packet(op) in GATHERS
 
 
 def is_value_preserving(op: str) -> bool:

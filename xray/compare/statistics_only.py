@@ -23,7 +23,7 @@ from .sample_local import carried_on_sample
 from ..numerics.rules import PRECISION_STEPS, Rules
 from .entry_records import Entry
 from .noise_floor import TF32, Floors, far_above, is_convolution, is_matmul_like, is_rnn, reduction_length
-from .op_classes import is_value_preserving
+from .op_classes import is_gather, is_value_preserving
 from .pending import FAILING, PRECISION, Pending, agreement, downgrade, input_error, row_inputs, set_origin
 from .result import CompareRow, PairStatus
 
@@ -155,8 +155,10 @@ def summed_terms(e: Entry, k: int, gradient_rows: bool = False) -> tuple[list[An
     reduction (fewer elements than its largest input), a sum of two tensors, and with
     ``gradient_rows`` any output of a norm's or softmax's backward (the rows of its incoming
     gradient, over its last dimension). A norm's backward sums that gradient alone. Not a
-    matmul or convolution, nor an item of a list result (a multi-tensor op's or a split's)."""
-    if k >= len(e.outputs) or is_matmul_like(e.op) or is_convolution(e.op) or is_rnn(e.op) or "." in e.outputs[k][0]:
+    matmul or convolution, nor a gather (an embedding's lookup: fewer elements than its table, but
+    each copied), nor an item of a list result (a multi-tensor op's or a split's)."""
+    if k >= len(e.outputs) or is_matmul_like(e.op) or is_convolution(e.op) or is_rnn(e.op) or is_gather(e.op) \
+            or "." in e.outputs[k][0]:
         return None
     out = e.outputs[k][1]
     grad = _CANCELLING.get(packet(e.op))
