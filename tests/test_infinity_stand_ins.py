@@ -103,3 +103,28 @@ def test_a_bug_in_masked_scores_is_judged_at_the_scores_magnitude_not_the_fills(
     assert fault.hit
     fd = compare_dumps(*folders).summary.first_divergence
     assert fd is not None and fd["op"] == "aten.add.Tensor" and fd["origin"] == "born", fd
+
+
+def test_a_statistics_only_rows_sample_is_judged_at_its_values_not_the_fills():
+    """A masked score recorded with statistics only: its RMS and peak from the statistics are the
+    fill's (1e38), so any finite element passed. Where the bench's statistics reach a stand-in,
+    the sample's elements below it set the scale and the peak (sample_judge._without_stand_ins):
+    a 5 % bug in the finite part is beyond its floor (a uniform scaling is spread like rounding:
+    a warning, which attribution then weighs), with its sample_err at the scores' magnitude, and
+    bf16-like rounding of it still passes."""
+    si = np.array([infinity_stand_in(torch.float32, torch.float32)])
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal(16)
+    bench = np.concatenate([np.full(16, FILL), scores])
+    rms_stats = float(np.sqrt(np.mean(bench ** 2)))  # what the statistics give: the fill's
+
+    def verdict(target):
+        got = sample_judge.judge(np.array([bench]), np.array([target]), np.array([32]), np.array([32]),
+                                 np.array([1.6e-2]), np.array([1e-5]), np.array([rms_stats]),
+                                 np.array([abs(FILL)]), Rules(), si)
+        return int(got["verdict"][0]), float(got["sample_err"][0])
+
+    code, err = verdict(np.concatenate([np.full(16, FILL), scores * 1.05]))
+    assert code in (sample_judge.WARNING, sample_judge.FAIL) and 0.01 < err < 0.1, (code, err)
+    rounded = torch.tensor(scores, dtype=torch.float32).to(torch.bfloat16).double().numpy()
+    assert verdict(np.concatenate([np.full(16, FILL), rounded]))[0] == sample_judge.PASS

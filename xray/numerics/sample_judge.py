@@ -40,6 +40,7 @@ def judge(b: np.ndarray, t: np.ndarray, nb: np.ndarray, nt: np.ndarray, rtol: np
             si = np.asarray(stand_in, dtype=np.float64)[:, None]
             held = (fb & np.isinf(t) & (np.abs(b) >= si)) | (ft & np.isinf(b) & (np.abs(t) >= si))
             same |= valid & held & (np.sign(b) == np.sign(t))
+            scale, peak = _without_stand_ins(b, t, valid & fb & ft, si, scale, peak)
         mismatch = (valid & ~both & ~same).sum(axis=1)
         bz, tz = np.where(both, b, 0.0), np.where(both, t, 0.0)
         # scaled by the row's largest magnitude: squares of 1e200 stay finite
@@ -67,6 +68,26 @@ def judge(b: np.ndarray, t: np.ndarray, nb: np.ndarray, nt: np.ndarray, rtol: np
     verdict = np.where(judged, verdict, NOT_JUDGED)
     return {"verdict": verdict, "sample_err": np.where(judged, sample_err, np.nan), "not_close": not_close,
             "judged": judged}
+
+
+def _without_stand_ins(b: np.ndarray, t: np.ndarray, both: np.ndarray, si: np.ndarray, scale: np.ndarray,
+                       peak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``scale`` and ``peak`` where the bench's statistics reach a value that stands for infinity
+    (a mask's ``finfo.min`` fill): the RMS and the bench's largest magnitude of the sampled elements
+    below it, which are the tensor's values; elsewhere as given. From statistics, a masked score's
+    RMS is the fill's, 1e38, and every element of its finite part passes whatever it holds (as
+    ``PairComparer.scale`` leaves stand-ins out of saved data's RMS)."""
+    peak = np.asarray(peak, dtype=np.float64)
+    filled = np.isfinite(si[:, 0]) & (peak >= si[:, 0])
+    if not filled.any():
+        return scale, peak
+    keep = both & (np.abs(b) < si) & (np.abs(t) < si)
+    count = keep.sum(axis=1)
+    squares = np.where(keep, np.maximum(b * b, t * t), 0.0).sum(axis=1)
+    rms = np.sqrt(squares / np.maximum(count, 1))
+    top = np.where(keep, np.abs(b), 0.0).max(axis=1, initial=0.0)
+    use = filled & (count > 0)
+    return np.where(use, rms, scale), np.where(use, top, peak)
 
 
 def judge_one(bench: tuple[float, ...] | None, target: tuple[float, ...] | None, rtol: float, atol: float,
