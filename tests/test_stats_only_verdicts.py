@@ -527,3 +527,14 @@ def test_a_call_the_bench_folded_into_another_signature_is_judged_on_its_own_sam
     kernel's does."""
     o = sweep_noise_run("minimax", tmp_path, noise="bf16", backward=True)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
+
+
+@pytest.mark.slow
+def test_a_bias_gradient_zero_in_exact_arithmetic_sums_what_its_terms_carry(tmp_path):
+    """PoolFormer's bf16 training step, every call recorded: its token mixer (a pooling minus its
+    input) ignores a shift of each channel, so each group norm's bias gradient is 0 in exact
+    arithmetic. The bench's cancels to float32 rounding; the target's sums the differences its
+    incoming gradient carries from the bf16 blocks, 3e4 times the bench's value. Both are 0 at
+    what their terms hold (statistics_only._within_rounding): no FAIL row (4 before)."""
+    o = sweep_noise_run("poolformer", tmp_path, defaults=False, noise="bf16", backward=True)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]
