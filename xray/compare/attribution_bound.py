@@ -2,20 +2,20 @@
 ``ATTRIBUTED`` failing rows in the target's execution order; later ones keep their status and
 metrics, with a note saying they were not attributed.
 
-Why: attribution's rules run per suspect row in Python (causality.py, ~0.3 ms a row with its
-Records), so a run that diverged at its first op, where every row fails, took minutes at a
-million rows against seconds for an identical pair. The first divergence is among the earliest
-failing rows, and it is what the verdict names; every row after it inherits or repeats it.
+Why: attribution's rules run per suspect row in Python (causality.py, 0.3-0.5 ms a failing row
+with its Records), so a run that diverged at its first op, where every row fails, takes minutes
+at a million rows against seconds for an identical pair. What the verdict names is the first
+divergence, among the earliest failing rows; the rows after it inherit or repeat it.
 
-``ATTRIBUTED`` (result.py) is 16384 because that many failing rows (and the suspect pairs up to the last of
-them) is what Entries keeps the Records of (entry_records.HOLD: each built once, ~45 MiB a
-side), and attributing them costs ~5 s: a 1M-record all-failing compare stays within 3x an
-identical pair's time and under 2 GB (tools/bench_bigdump.py --failing, docs/benchmarks.md).
-A run with no more failing rows than that is attributed in full, as before.
+``ATTRIBUTED`` (result.py) is 16384: the suspect entries Entries keeps the Records of
+(entry_records.HOLD, ~45 MiB a side), so each is built once, and attributing them takes ~5 s,
+so a 1M-record all-failing compare stays within 3x an identical pair's time and under 2 GB
+(tools/bench_bigdump.py --failing, docs/benchmarks.md). A run with no more failing rows than
+that is attributed in full.
 
-The rules that weigh a kind over the run (precision steps, outliers) see the attributed pairs,
-as if the recording had ended after them. When none of those rows is born, the first divergence
-may lie later: every pair is then attributed, so the verdict never depends on the bound.
+The first divergence is always among the rows attributed: when none of them is born (they all
+settle as precision loss, say), every pair is attributed. The rules that weigh a kind over the
+run (precision steps, outliers) see the pairs attributed, as if the recording ended after them.
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def attribute_first(ea: Entries, eb: Entries, pairs: np.ndarray, failing: np.nda
                     rows: list[CompareRow], comparer: Any, rules: Any, target: Any, matches: Matches,
                     first: int | None = ATTRIBUTED) -> int:
     """Attribute the suspect ``pairs`` (target order; ``failing``: the failing rows of each) up
-    to the one holding the ``first``-th failing row, or every pair (``first`` None, or no more
-    failing rows than that). Returns how many failing rows were left unattributed."""
+    to the one holding the ``first``-th failing row (at least the first), or every pair
+    (``first`` None, no more failing rows than that, or none of them born). Returns how many
+    failing rows were left unattributed."""
     cut = len(pairs) if first is None else _cut(failing, first)
     if cut == len(pairs):
         attribute(ea, eb, suspect_run(ea, eb, pairs, plan, rows, comparer), comparer, rules, target, matches, rows)
