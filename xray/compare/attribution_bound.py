@@ -26,6 +26,7 @@ import numpy as np
 
 from .causality import Matches, attribute
 from .entry_records import Entries
+from .entry_table import CHUNK
 from .lazy_matches import suspect_run
 from .pending import FAILING
 from .result import ATTRIBUTED, COMPARE_COLUMNS, CompareRow
@@ -57,10 +58,11 @@ def attribute_first(ea: Entries, eb: Entries, pairs: np.ndarray, failing: np.nda
     saved = None
     left = int(failing[cut:].sum())
     note = not_attributed(first, left)
-    for i in _rows_of(pairs[cut:], plan).tolist():
-        r = rows[i]
-        if r.status in FAILING:
-            r.note = f"{r.note}; {note}" if r.note else note
+    for lo in range(cut, len(pairs), CHUNK):  # a million row numbers as Python ints would be ~40 MB
+        for i in _rows_of(pairs[lo:lo + CHUNK], plan).tolist():
+            r = rows[i]
+            if r.status in FAILING:
+                r.note = f"{r.note}; {note}" if r.note else note
     return left
 
 
