@@ -30,8 +30,11 @@ all 1M records. ``--ranks 1`` writes one 1M-record rank instead (issue 21's "ope
 bench's x1.5 (parameters and model inputs agree: a run that diverged at its first op, so every
 later row fails and attribution reads every pair), copies the bench as an identical target, and
 compares both in fresh processes: wall time, CPU time and peak RSS side by side, with ratios.
+Attribution runs for the first xray.compare.ATTRIBUTED failing rows (``--attribute-all``: every
+row, what the bound saves).
 
     python tools/bench_bigdump.py --failing --ranks 1 [--records 1000000] [--keep | --existing]
+                                  [--attribute-all]
 
 Compare on the 2-core reference machine: JSON index (format v2) 368 s at 4.3 GiB peak RSS (8 ranks),
 336 s at 12.8 GiB (1 rank), 23 s at 100k records; columnar index (v3) read as columns by compare,
@@ -512,17 +515,19 @@ def step_open(root: Path) -> dict:
             "records_seconds": t_records, "distinct_op_module": len(seen)}
 
 
-def step_compare(root: Path, against: str = "target") -> dict:
+def step_compare(root: Path, against: str = "target", attribute_all: bool = False) -> dict:
     from xray.compare import compare_dumps
 
     t0 = time.perf_counter()
-    result = compare_dumps(root / "bench", root / against, progress=False)
+    kw = {"attribute_first": None} if attribute_all else {}
+    result = compare_dumps(root / "bench", root / against, progress=False, **kw)
     seconds = time.perf_counter() - t0
     s = result.summary
     fd = s.first_divergence or {}
     return {"seconds": seconds, "rows": s.rows, "matched": s.matched, "bench_records": s.bench_records,
             "statuses": result.status_counts(), "first_divergence": {k: fd.get(k) for k in ("rank", "bench", "op",
-                                                                                           "status", "origin")}}
+                                                                                           "status", "origin")},
+            "verdict": f"{s.verdict_kind}: {s.verdict}"}
 
 
 def step_generate(root: Path, side: str, records: int, ranks: int) -> dict:
@@ -536,7 +541,7 @@ def child(args) -> None:
     if args.step == "generate":
         out = step_generate(root, args.side, args.records, args.ranks)
     elif args.step == "compare":
-        out = step_compare(root, args.side or "target")
+        out = step_compare(root, args.side or "target", args.attribute_all)
     else:
         out = {"raw": step_raw, "open": step_open}[args.step.removesuffix("-nogc")](root)
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -586,7 +591,8 @@ def main_failing(args) -> None:
         shutil.copytree(root / "bench", root / "identical")  # the same records: every row passes
         os.sync()
     try:
-        got = {side: collect(spawn(args, "compare", "--side", side), side) for side in ("identical", "failing")}
+        every = ("--attribute-all",) if args.attribute_all else ()
+        got = {side: collect(spawn(args, "compare", "--side", side, *every), side) for side in ("identical", "failing")}
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -597,6 +603,7 @@ def main_failing(args) -> None:
     print(f"\n{same['rows']:,} rows over {args.ranks} rank(s); identical: {same['statuses']}; "
           f"failing (op outputs x{FAIL_FACTOR}): {fail['statuses']}")
     print(tabulate(rows, headers=["", "identical", "all failing", "ratio"], tablefmt="github"))
+    print(f"failing: {fail['verdict']}")
     scale = TARGET_RECORDS / max(same["bench_records"], 1)
     print(f"goals at {TARGET_RECORDS:,} records: time ratio <= 3x ({fail['seconds'] / same['seconds']:.2f}x here), "
           f"peak < {TARGET_COMPARE_MIB} MiB ({fail['peak_rss_MiB']:,.0f} MiB here"
@@ -618,6 +625,9 @@ def main() -> None:
                     help="compare the bench with an identical copy and with a target whose every op output is "
                          f"scaled x{FAIL_FACTOR} (every row fails), side by side")
     ap.add_argument("--existing", action="store_true", help="with --failing: reuse the dumps left in --dir")
+    ap.add_argument("--attribute-all", action="store_true",
+                    help="with --failing: attribute every failing row (compare_dumps(attribute_first=None)), not "
+                         "only the first xray.compare.ATTRIBUTED")
     ap.add_argument("--step", help=argparse.SUPPRESS)
     ap.add_argument("--side", help=argparse.SUPPRESS)
     args = ap.parse_args()

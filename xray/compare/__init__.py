@@ -13,7 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from .result import COMPARE_COLUMNS, RANDOM_DRAWS, CompareResult, CompareRow, PairStatus, Summary
+from .result import ATTRIBUTED, COMPARE_COLUMNS, RANDOM_DRAWS, CompareResult, CompareRow, PairStatus, Summary
 from .verdict import settle_verdict
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ __all__ = ["compare_dumps", "CompareResult", "CompareInputError", "CompareRow", 
 
 def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules: Rules | None = None,
                   reference: str | os.PathLike | None = None, progress: bool | None = None,
-                  threads: int | None = 1, statistics_only: bool = False, ignore_step: bool = False) -> CompareResult:
+                  threads: int | None = 1, statistics_only: bool = False, ignore_step: bool = False,
+                  attribute_first: int | None = ATTRIBUTED) -> CompareResult:
     """Compare ``target`` against the trusted ``bench``.
 
     Either side may be a trace folder, its dump.json, a module-level .h5, or a folder of
@@ -37,6 +38,9 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     what a statistics-only recording of the same runs would be told, without reading the data.
     ``ignore_step`` pairs the two dumps' steps in order whatever their numbers (a run dumped at
     step 0 against one dumped at step 3); records otherwise pair only within one step.
+    ``attribute_first``: failing rows of a rank attributed (origin, cause, culprit), the earliest
+    in execution order first; later ones keep status and metrics, noted as not attributed (None:
+    every row, slower where most rows fail; the verdict is the same: attribution_bound.py).
     Raises CompareInputError when the inputs are unusable.
     """
     import torch
@@ -45,13 +49,14 @@ def compare_dumps(bench: str | os.PathLike, target: str | os.PathLike, *, rules:
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, previous)))
     try:
-        return _compare(bench, target, rules, reference, progress, statistics_only, ignore_step)
+        return _compare(bench, target, rules, reference, progress, statistics_only, ignore_step, attribute_first)
     finally:
         torch.set_num_threads(previous)
 
 
 def _compare(bench, target, rules: Rules | None, reference, progress: bool | None,
-             statistics_only: bool = False, ignore_step: bool = False) -> CompareResult:
+             statistics_only: bool = False, ignore_step: bool = False,
+             attribute_first: int | None = ATTRIBUTED) -> CompareResult:
     from ..numerics.rules import Rules
     from .divergence import first_divergence
     from .engine import compare_loaded
@@ -95,7 +100,8 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
                                     "the rank order counts records, not calls: record with X_DEDUP=0")
         try:
             rank_rows, totals = compare_loaded(db, dt, rules, rank=label, reference=dr, progress=progress,
-                                               statistics_only=statistics_only, ignore_step=ignore_step)
+                                               statistics_only=statistics_only, ignore_step=ignore_step,
+                                               attributed=attribute_first)
             if sharded:
                 from .unshard import blame_ranks
 
@@ -114,6 +120,8 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
             raise CompareInputError(f"{empty}: no record with an output tensor to compare "
                                     "(dump with X_DEBUG META|STATS, the default 0x102)")
         _nonfinite_warnings(rank_rows, label, summary.warnings)
+        if totals.get("unattributed"):
+            summary.warnings.append(_unattributed_note(totals["unattributed"], attribute_first, label))
         _step_notes(steps, totals, label, pb, pt, summary.warnings, ignore_step)
         _data_warnings(rank_rows, totals, label, pb, pt, summary.warnings)
         step = optimizer_note(rank_rows, label)
@@ -381,3 +389,10 @@ def _nonfinite_warnings(rows: list[CompareRow], label: str, notes: list[str]) ->
         if counted and all((getattr(r, f"{side}_nan") or 0) + (getattr(r, f"{side}_inf") or 0) >= r.numel
                            for r in counted):
             notes.append(f"{side}{where}: every compared tensor is entirely NaN/Inf; the run itself is broken")
+
+
+def _unattributed_note(left: int, first: int, label: str) -> str:
+    where = f" ({label})" if label else ""
+    return (f"target{where}: attribution ran for the first {first} failing rows in execution order; {left} later "
+            "failing rows keep status and metrics, with origin and cause left empty: pass --attribute-all "
+            "(compare_dumps(..., attribute_first=None)) to attribute every row")

@@ -9,6 +9,7 @@ import sys
 
 from ..console import closed_pipe_is_quiet
 from ..numerics.rules import Rules, parse_tolerance_arg
+from .result import ATTRIBUTED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-step", action="store_true",
                    help="pair the two dumps' steps in order, whatever their numbers (a run dumped at step 0 "
                         "against one dumped at step 3); records otherwise pair only within one step")
+    p.add_argument("--attribute-all", action="store_true",
+                   help="attribute (origin, cause, culprit) every failing row, not only the first "
+                        f"{ATTRIBUTED} in execution order: slower where most rows fail (the verdict is the same)")
     p.add_argument("--worst", type=int, default=10, help="rows in the terminal's worst-rows table")
     p.add_argument("--threads", type=int, default=1, help="torch threads while comparing (default %(default)s; "
                    "0 keeps torch's setting)")
@@ -76,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(args.out_csv, args.summary_json, args.html)
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
                                progress=False if args.no_progress else None, threads=args.threads or None,
-                               statistics_only=args.statistics_only, ignore_step=args.ignore_step)
+                               statistics_only=args.statistics_only, ignore_step=args.ignore_step,
+                               attribute_first=None if args.attribute_all else ATTRIBUTED)
         write_csv(result, args.out_csv)
         if args.summary_json:
             write_summary_json(result, args.summary_json)

@@ -11,7 +11,7 @@ suspect pairs attribution walks from (causality.py, through Entries and a lazy `
 The steps, in order, freeing memory between them: entry_table.py (entries as arrays),
 matching.py (which entries match), row_plan.py (the rows they make), stat_verdicts.py (the numpy
 judge), row_building.py (CompareRows), entry_records.py and lazy_matches.py (what attribution
-reads).
+reads), attribution_bound.py (which failing rows it attributes).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from ..dump.model import TensorMeta
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from ..ops.nondeterminism import _op_kind, nondeterministic
-from .causality import attribute
+from .attribution_bound import attribute_first
 from .divergence import inside
 from .entry_records import Entries
 from .entry_table import MODULE, Codes, EntryTable, Vocab
@@ -33,7 +33,7 @@ from .lazy_matches import matches_of
 from .matching import align_tables
 from .op_classes import skip_kernel_specific
 from .pair_judge import PairComparer, progress_bar, torch_dtype
-from .result import CompareRow, PairStatus
+from .result import ATTRIBUTED, CompareRow, PairStatus
 from .row_building import judge_the_rest, make_rows
 from .row_plan import RowPlan
 from .sample_verdicts import MOVED_CHANGED, moved_and_changed
@@ -42,12 +42,14 @@ from .stat_verdicts import covered_by_stats, tolerances
 
 def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", reference: Any = None,
                    progress: bool | None = None, statistics_only: bool = False,
-                   ignore_step: bool = False) -> tuple[list[CompareRow], dict]:
+                   ignore_step: bool = False, attributed: int | None = ATTRIBUTED) -> tuple[list[CompareRow], dict]:
     """Rows (target-only entries before each matched pair, then bench-only ones, then the pair's
     outputs) and per-dump totals for one pair of loaded dumps. ``reference``: a loaded float64
     run of the bench, matched to the bench as the target is (torch._dynamo's rule on data pairs).
     ``statistics_only``: saved tensors are left unread, every pair judged on its statistics.
-    ``ignore_step``: steps pair in order, whatever their numbers (``EntryTable``)."""
+    ``ignore_step``: steps pair in order, whatever their numbers (``EntryTable``). ``attributed``:
+    failing rows attributed, the earliest first (None: all; attribution_bound.py); the totals
+    count the others as ``unattributed``."""
     started = time.perf_counter()
     codes = Codes()
     ta, tb = (EntryTable(DumpColumns(d, statistics_only), codes, ignore_step=ignore_step) for d in (bench, target))
@@ -77,12 +79,15 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     plan.trim()
     _return_freed_memory()
     skip_kernel_specific(rows)
-    matches, suspect = matches_of(ta, tb, ea, eb, plan, rows, random_rows, comparer)
+    matches, suspect, failing = matches_of(ta, tb, ea, eb, plan, rows, random_rows)
     _return_freed_memory()  # matches_of's temporaries: attribution's failing rows come on top
     with no_cyclic_gc():  # each suspect pair's Records, built and dropped pass after pass: acyclic
-        attribute(ea, eb, suspect, comparer, rules, target, matches, rows)
+        unattributed = attribute_first(ea, eb, suspect, failing, plan, rows, comparer, rules, target, matches,
+                                       attributed)
     totals = {"bench_records": len(ta), "target_records": len(tb), "matched": len(pa), "anchors": anchors,
               "bytes_compared": comparer.bytes, "seconds": round(time.perf_counter() - started, 3)}
+    if unattributed:
+        totals["unattributed"] = unattributed
     return rows, totals
 
 

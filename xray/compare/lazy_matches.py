@@ -16,15 +16,16 @@ from ..numerics.stats_judge import stats_error
 from .causality import Matches
 from .entry_table import CHUNK, MODULE, EntryTable
 from .entry_records import Entries, Entry
-from .pending import SUSPECT, PendingRun
+from .pending import FAILING, SUSPECT, PendingRun
 from .result import CompareRow, PairStatus
 from .row_plan import RowPlan
 
 
 def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: RowPlan,
-               rows: list[CompareRow], random_rows: list[int], comparer: Any) -> tuple[Matches, PendingRun]:
-    """causality's look-ups over every matched pair, and the pairs it starts from (those with a
-    suspect row, in target order), without building an Entry for the others."""
+               rows: list[CompareRow], random_rows: list[int]) -> tuple[Matches, np.ndarray, np.ndarray]:
+    """causality's look-ups over every matched pair, the pairs it starts from (those with a
+    suspect row, in target order) and the number of failing rows of each, without building an
+    Entry for the others."""
     pair_of_b = np.full(len(tb), -1, dtype=np.int32)
     pair_of_b[plan.pb] = np.arange(len(plan.pb))
     pair_of_a = np.full(len(ta), -1, dtype=np.int32)
@@ -53,15 +54,14 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
         p = -1 if pos is None else int(pair_of_a[pos])
         return None if p < 0 else eb[int(plan.pb[p])]
 
-    bad = np.zeros(len(rows), dtype=bool)
+    grade = np.zeros(len(rows), dtype=np.int8)  # 1: suspect, 2: failing
     for lo in range(0, len(rows), CHUNK):
-        bad[lo:lo + CHUNK] = [r.status in SUSPECT for r in rows[lo:lo + CHUNK]]
-    suspect_pairs = np.unique(plan.pair[bad & (plan.cat == 2)]).astype(np.int32)
-    del bad
+        grade[lo:lo + CHUNK] = [_GRADE.get(r.status, 0) for r in rows[lo:lo + CHUNK]]
+    matched = plan.cat == 2
+    suspect_pairs = np.unique(plan.pair[(grade > 0) & matched]).astype(np.int32)
     suspect_pairs = suspect_pairs[np.argsort(plan.pb[suspect_pairs], kind="stable")]  # target order
-    ea.read_ahead(np.sort(plan.pa[suspect_pairs]))
-    eb.read_ahead(plan.pb[suspect_pairs])
-    suspect = PendingRun(ea, eb, suspect_pairs, plan, rows, comparer)
+    failing = np.bincount(plan.pair[(grade == 2) & matched], minlength=len(plan.pa))[suspect_pairs]
+    del grade, matched
     # every row judge_the_rest skipped as random is one causality's _random finds
     random_pos = int(plan.b[random_rows].min()) if random_rows else len(tb)
 
@@ -96,7 +96,20 @@ def matches_of(ta: EntryTable, tb: EntryTable, ea: Entries, eb: Entries, plan: R
         return [wanted[kind(pos, r)] for pos, r in candidates]
 
     return Matches(by_seq=_ByPos(by_seq), rows_of=_ByPos(rows_of), target_of=_ByPos(target_of),
-                   random_pos=random_pos, made=_LazyMade(tb, eb), kind_errors=kind_errors, around=around), suspect
+                   random_pos=random_pos, made=_LazyMade(tb, eb), kind_errors=kind_errors, around=around), \
+        suspect_pairs, failing
+
+
+_GRADE = {s: 2 if s in FAILING else 1 for s in SUSPECT}
+
+
+def suspect_run(ea: Entries, eb: Entries, pairs: np.ndarray, plan: RowPlan, rows: list[CompareRow],
+                comparer: Any) -> PendingRun:
+    """The PendingRun attribution reads over ``pairs`` (target order), the Records of their
+    entries read ahead in that order."""
+    ea.read_ahead(np.sort(plan.pa[pairs]))
+    eb.read_ahead(plan.pb[pairs])
+    return PendingRun(ea, eb, pairs, plan, rows, comparer)
 
 
 class _Population(Sequence):

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import entry_records
 from .entry_records import Entry
 from .local import LocalError
 from .op_classes import is_multi_tensor
@@ -171,7 +172,9 @@ class PendingRun(Sequence):
     early every pair is suspect. Objects per pair (two Entries with their Records, the inputs'
     TensorMetas, six dicts) held for the whole attribution were ~6 KB a row, 7.5 GB for a million;
     here a pair is a few array elements, and its Records come from Entries' bounded cache.
-    The inputs of ``JUDGED`` pairs at a time are judged in one numpy call (PairComparer)."""
+    The Pendings of as many pairs as Entries keeps the Records of (``entry_records.HOLD``) are
+    kept once made (~0.3 KB each): the passes read each pair about twelve times. The inputs of ``JUDGED`` pairs at a time are judged in one numpy call
+    (PairComparer)."""
 
     JUDGED = 256
 
@@ -198,6 +201,7 @@ class PendingRun(Sequence):
         self._at = array("i", [0]) * len(pairs)
         self._errors = array("d")
         self._has = bytearray()
+        self._kept: list[Pending | None] = [None] * min(len(pairs), max(entry_records.HOLD, 0))
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -209,6 +213,14 @@ class PendingRun(Sequence):
         if not -n <= i < n:
             raise IndexError(i)
         i %= n
+        if i < len(self._kept):
+            p = self._kept[i]
+            if p is None:
+                p = self._kept[i] = self._make(i)
+            return p
+        return self._make(i)
+
+    def _make(self, i: int) -> Pending:
         start = self._start[i]
         return Pending(self, i, self.ea[self._pa[i]], self.eb[self._pb[i]], self._rows[start:start + self._count[i]])
 

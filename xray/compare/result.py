@@ -15,6 +15,11 @@ from typing import Any
 RANDOM_DRAWS = "values not compared: made from random draws that differ between the runs"
 
 
+# Failing rows attributed (origin, cause, culprit), the earliest in execution order first: later
+# ones keep status and metrics only (attribution_bound.py says why this many)
+ATTRIBUTED = 16384
+
+
 class PairStatus(str, enum.Enum):
     """Outcome of one compared tensor pair. The rules are ``xray.numerics.rules.Rules`` (docs/compare.md)."""
 
