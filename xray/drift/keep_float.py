@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..numerics import quantization as qn
+from .quant import _finite, _num
 
 # The trial CSV (``DIR/keep-float-<backend>.csv``), declared once: the drift run itself first.
 TRIAL_COLUMNS = ["trial", "layers", "count", "param_share", "output_sqnr_db", "rel_err", "beyond", "meets_target",
@@ -94,20 +95,6 @@ class FloatSuggestion:
         d = asdict(self)
         d["param_share"] = round(self.param_share, 6)
         return _finite(d)
-
-
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    return v
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, str) else v
 
 
 def ranking(quant: dict[str, Any], base: tuple[str, ...] = ()) -> list[str]:

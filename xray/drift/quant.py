@@ -85,8 +85,13 @@ class QuantReport:
 
 
 def _finite(v: Any) -> Any:
+    """JSON has no Infinity: non-finite numbers, in dicts and lists too, are written as strings."""
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
     return v
 
 
