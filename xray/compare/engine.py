@@ -64,7 +64,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     comparer = PairComparer(bench, target, rules, reference, floor)
     random_of = _random_of(ta, ea)
     for t in (ta, tb):
-        t.trim("group", "path", "call_index")  # op: until rows are judged (sample_verdicts reads it)
+        t.trim("group", "path", "call_index", "args")  # op: until rows are judged (sample_verdicts reads it)
     comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
     fast = covered_by_stats(ta, tb, plan, random_of, vocab)
     _return_freed_memory()

@@ -118,6 +118,9 @@ class EntryTable:
         self.module_text = _per_id(module_ids, module, object)  # as recorded, for Record.name
         self.path_text = _per_id(module_ids, lambda i: normalize_path(module(i)), object)
         self.path = _per_id(module_ids, lambda i: codes.code("path", normalize_path(module(i))), np.int32)
+        # non-tensor arguments (the skeleton's text: tensors are placeholders), equal across sides
+        # where the texts are: what tells a slice of start 0 from its twin of start 1 (matching.py)
+        self.args = _per_id(r["skeleton"][self.row], lambda i: codes.code("args", s[i]), np.int32)
         # kind, direction and step in one comparable integer (step >= -1)
         self.group = ((step + 1) * 2 + self.direction) * 2 + self.kind
         # Outputs keep codes only (dtype, shape: shared; names: this table's); statistics are read

@@ -10,7 +10,10 @@ Two calls pair only if they play one role: where both read values of recorded ca
 matched, they must share one such producer (``Roles``). De-dup makes this needed: a signature
 includes dtypes, so one side may fold two calls of a module into one record (fp32: both residual
 adds of a parallel-residual block) where the other keeps both (bf16 autocast); op, shape and path
-cannot say which of the two the record stands for, its data edges can.
+cannot say which of the two the record stands for, its data edges can. Where a call's non-tensor
+arguments tell it from its twins (the two strided slices of a rotary half, start 0 and start 1),
+they name its role as directly, and overrule producers whose own pairing, among de-dup's records
+of a key, may be the wrong twin's (``told_apart``).
 """
 from __future__ import annotations
 
@@ -60,6 +63,19 @@ class Features:
 PRODUCERS = 4  # producers kept per entry (its first tensor inputs'): enough to tell roles apart
 ROLE_BONUS = 2.0  # a pair that shares a producer; as much as an equal module path
 ROLE_ROUNDS = 3  # alignments redone with roles at most
+ARGS_BONUS = 2.0  # equal non-tensor arguments; as much as an equal module path
+
+
+def told_apart(f: "Features", window: slice) -> np.ndarray:
+    """Per entry of ``window``: whether a twin in it (same op and output shape) has other
+    non-tensor arguments, so that the arguments themselves say which call this is."""
+    op, shape, args = f.op[window], f.shape[window], f.args[window]
+    if not len(op):
+        return np.zeros(0, dtype=bool)
+    twins = np.unique(np.stack([op, shape]), axis=1, return_inverse=True)[1].reshape(-1)
+    calls = np.unique(np.stack([op, shape, args]), axis=1, return_inverse=True)[1].reshape(-1)
+    kinds = np.bincount(twins[np.unique(calls, return_index=True)[1]], minlength=twins.max() + 1)
+    return kinds[twins] > 1
 
 
 class Roles:
@@ -187,11 +203,14 @@ def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice, role: Roles |
     # Ops pair only when their output shapes are equal or permuted: a view (8,32,16) and one
     # (2,4,16,32) hold the same count but are different tensors.
     ok = group & op_ok & (perm_eq | (mod & path_eq))
+    args_eq = eq(fa.args, fb.args)
     score = (8.0 * op_eq + 4.0 * (op_ok & ~op_eq) + 4.0 * eq(fa.shape, fb.shape) + 2.0 * perm_eq
-             + 1.0 * numel_eq + 1.0 * eq(fa.dtype, fb.dtype) + 2.0 * path_eq + 2.0 * path_sim)
+             + 1.0 * numel_eq + 1.0 * eq(fa.dtype, fb.dtype) + 2.0 * path_eq + 2.0 * path_sim
+             + ARGS_BONUS * args_eq)
     if role is not None:
         shared, refused = role.relation(ia, ib)
-        ok &= ~refused
+        named = args_eq & op_eq & told_apart(fa, ia)[:, None] & told_apart(fb, ib)[None, :]
+        ok &= ~refused | named
         score = score + ROLE_BONUS * shared
     return np.where(ok, score, -1.0)
 
@@ -337,7 +356,7 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
             perm=np.array([codes.code("perms", p) for p in primary(perm_of[t.out_shape])], dtype=np.int64),
             numel=np.array([codes.code("numels", n) for n in primary(numel_of[t.out_shape])], dtype=np.int64),
             dtype=np.array([codes.code("dtypes", d) for d in primary(t.out_dtype)], dtype=np.int64),
-            module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
+            args=t.args, module=t.kind == MODULE, paths=t.path_text.tolist(), ops=t.op_text.tolist()))
     alignment = align_features(feats[0], feats[1], keys[0], keys[1])
     pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
     # Roles: a pair whose calls read other recorded values (a record that stands for another call
