@@ -21,10 +21,13 @@ import pytest
 
 import xray
 from xray.compare import COMPARE_COLUMNS, compare_dumps
+from xray.compare import cli, distributed
 from xray.compare.distributed import global_rank, merge_csv
 from xray.compare.sync_points import SyncPoint, collective_seqs, divergence_order, is_collective, sync_point
 from xray.compare.report import write_csv
 from xray.dump.model import Record
+
+from test_compare_attribution_bound import N, _chain
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).parent / "scripts" / "dist_fault_dump.py"
@@ -237,3 +240,39 @@ def test_without_torchrun_one_process_compares_every_pair(dumps, single, tmp_pat
     missing = subprocess.run([sys.executable, "-m", "xray.compare", str(tmp_path / "nothing"), str(dumps[1]), str(out)],
                              capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
     assert missing.returncode == 2 and "nothing: no such file or folder" in missing.stderr
+
+
+@pytest.mark.parametrize("torchrun_env", [False, True], ids=["one_process", "rank_job"])
+def test_the_rank_compare_attributes_every_row_when_asked(tmp_path, monkeypatch, capsys, torchrun_env):
+    """python -m xray.compare takes xray-compare's --attribute-all: by default a rank pair whose
+    rows all fail is attributed up to the bound and says how many rows were left; with it, every
+    row. rank_job: run() in this process, a gloo world of one, as under torchrun."""
+    bench, target = _chain(tmp_path / "bench" / "rank_0"), _chain(tmp_path / "target" / "rank_0", 1.5)
+    monkeypatch.setattr(cli, "ATTRIBUTED", 10)  # the default bound, small enough for this pair
+    if torchrun_env:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    else:
+        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+            monkeypatch.delenv(k, raising=False)
+    for flags, unattributed in (([], N - 10), (["--attribute-all"], 0)):
+        out = tmp_path / f"out{len(flags)}"
+        assert distributed.main([str(bench.parent), str(target.parent), str(out), *flags]) == 0
+        log = capsys.readouterr().out
+        rows = read_rows(out / ("rank_0.csv" if torchrun_env else "compare.csv"))
+        assert [r["status"] for r in rows] == ["fail"] * N
+        assert sum(r["note"].startswith("not attributed") for r in rows) == unattributed
+        assert sum(not r["cause"] for r in rows) == unattributed
+        summary = json.loads((out / "summary.json").read_text())
+        (totals,) = summary["ranks"].values()  # one rank pair (a world of one leaves it unnamed)
+        assert totals.get("unattributed", 0) == unattributed
+        told = [w for w in summary["warnings"] if "--attribute-all" in w]
+        if unattributed:
+            assert len(told) == 1 and f"first 10 failing rows" in told[0]
+            assert f"{unattributed} later failing rows" in told[0]
+            assert f"warning: {told[0]}" in log  # the terminal report says so, as xray-compare's does
+        else:
+            assert told == [] and "not attributed" not in log

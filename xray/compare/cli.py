@@ -64,6 +64,13 @@ def rules_from_args(args: argparse.Namespace) -> Rules:
     return rules
 
 
+def attribute_first_from_args(args: argparse.Namespace) -> int | None:
+    """The failing rows to attribute that --attribute-all asks for (None: every row), as
+    ``compare_dumps(attribute_first=...)`` takes it: one reading for xray-compare and
+    python -m xray.compare."""
+    return None if args.attribute_all else ATTRIBUTED
+
+
 @closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
                                progress=False if args.no_progress else None, threads=args.threads or None,
                                statistics_only=args.statistics_only, ignore_step=args.ignore_step,
-                               attribute_first=None if args.attribute_all else ATTRIBUTED)
+                               attribute_first=attribute_first_from_args(args))
         write_csv(result, args.out_csv)
         if args.summary_json:
             write_summary_json(result, args.summary_json)

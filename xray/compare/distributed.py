@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from ..console import closed_pipe_is_quiet
 from .pairing import global_rank
-from .result import CompareResult, CompareRow, Summary
+from .result import ATTRIBUTED, CompareResult, CompareRow, Summary
 from .sync_points import SyncPoint, divergence_order
 from .verdict import settle_verdict
 
@@ -52,9 +52,11 @@ def rank_unit(path: str | os.PathLike, rank: int, world_size: int, side: str, no
 
 def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: str | os.PathLike, rank: int,
                  world_size: int, *, rules=None, reference: str | os.PathLike | None = None, threads: int | None = 1,
-                 worst: int = 10, ignore_step: bool = False) -> dict[str, Any]:
+                 worst: int = 10, ignore_step: bool = False,
+                 attribute_first: int | None = ATTRIBUTED) -> dict[str, Any]:
     """Compare ``rank``'s pair from local disk, write ``OUT/rank_<r>.csv`` and return what rank 0
-    needs to report (no rows: totals, first divergence, warnings and the worst few rows)."""
+    needs to report (no rows: totals, first divergence, warnings and the worst few rows).
+    ``attribute_first``: as ``compare_dumps``'s (None: every failing row is attributed)."""
     from . import CompareInputError, compare_dumps
     from .report import worst_rows, write_csv
 
@@ -64,7 +66,7 @@ def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: s
         name_b, pb = rank_unit(bench, rank, world_size, "bench", notes)
         name_t, pt = rank_unit(target, rank, world_size, "target", notes)
         result = compare_dumps(pb, pt, rules=rules, reference=reference, progress=False, threads=threads,
-                               ignore_step=ignore_step)
+                               ignore_step=ignore_step, attribute_first=attribute_first)
         label = next(iter(result.summary.ranks), "")
         if not label and world_size > 1:  # a pair not named rank_<r> on both sides
             label = name_b if name_b == name_t else f"{name_b}|{name_t}"
@@ -162,7 +164,8 @@ def run(args: argparse.Namespace, rules) -> int:
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         payload = compare_rank(args.bench, args.target, out_dir, rank, world, rules=rules, reference=args.reference,
-                               threads=args.threads or None, worst=args.worst, ignore_step=args.ignore_step)
+                               threads=args.threads or None, worst=args.worst, ignore_step=args.ignore_step,
+                               attribute_first=args.attribute_first)
         try:
             from .pairing import dump_units
 
@@ -217,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "rows are on a filesystem it sees) and prints which rank diverged first. Without torchrun: one "
                     "process compares every rank pair, like xray-compare.",
         epilog="Compare options (--tol, --warn-cosine, --stats-warn-factor, --fp64-multiplier, --reference, "
-               "--threads, --worst) are xray-compare's. Exit status: 0 when every rank compared, 2 when an input is "
-               "unusable (torchrun itself then exits 1). docs/compare.md, 'Comparing where the dumps live'.")
+               "--threads, --worst, --ignore-step, --attribute-all) are xray-compare's (xray-compare --help). "
+               "Exit status: 0 when every rank compared, 2 when an input is unusable (torchrun itself then exits "
+               "1). docs/compare.md, 'Comparing where the dumps live'.")
     p.add_argument("bench", help="trusted dumps: the job's folder of rank_<r>/ dumps, or this node's")
     p.add_argument("target", help="dumps to check, the same way")
     p.add_argument("out_dir", help="folder for rank_<r>.csv (each rank, on its node) and summary.json (rank 0)")
@@ -230,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 @closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     from ..quiet import one_line, quiet_third_party
-    from .cli import build_parser as compare_parser, rules_from_args
+    from .cli import attribute_first_from_args, build_parser as compare_parser, rules_from_args
 
     args, rest = build_parser().parse_known_args(argv)
     # One parser for the compare options of both entries: xray-compare's.
@@ -247,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.reference, args.threads, args.worst, args.ignore_step = opts.reference, opts.threads, opts.worst, \
         opts.ignore_step
+    args.attribute_first = attribute_first_from_args(opts)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return run(args, rules)
     return single_process(args, rules)
@@ -261,7 +266,8 @@ def single_process(args: argparse.Namespace, rules) -> int:
     out_dir = Path(args.out_dir)
     try:
         result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
-                               threads=args.threads or None, ignore_step=args.ignore_step)
+                               threads=args.threads or None, ignore_step=args.ignore_step,
+                               attribute_first=args.attribute_first)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_csv(result, out_dir / MERGED_CSV)
         write_summary_json(result, out_dir / SUMMARY_JSON)
