@@ -276,3 +276,38 @@ def test_the_rank_compare_attributes_every_row_when_asked(tmp_path, monkeypatch,
             assert f"warning: {told[0]}" in log  # the terminal report says so, as xray-compare's does
         else:
             assert told == [] and "not attributed" not in log
+
+
+@pytest.mark.parametrize("torchrun_env", [False, True], ids=["one_process", "rank_job"])
+def test_the_rank_compare_takes_xray_compares_statistics_only(tmp_path, monkeypatch, torchrun_env):
+    """--statistics-only reaches each rank pair's compare (it was parsed and dropped): the rows
+    are xray-compare's own with the flag, saved tensors left unread."""
+    import torch
+    from conftest import record_forward
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)), torch.randn(4, 64)
+    bench = tmp_path / "bench" / "rank_0"
+    shutil.move(record_forward(model, tmp_path / "recorded" / "bench", x), bench.parent.mkdir() or bench)
+    with torch.no_grad():
+        model[2].weight.mul_(1.01)
+    target = tmp_path / "target" / "rank_0"
+    shutil.move(record_forward(model, tmp_path / "recorded" / "target", x), target.parent.mkdir() or target)
+    if torchrun_env:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    else:
+        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+            monkeypatch.delenv(k, raising=False)
+    modes = {}
+    for flags in ([], ["--statistics-only"]):
+        assert cli.main([str(bench), str(target), str(tmp_path / "one.csv"), "--no-progress", *flags]) == 0
+        out = tmp_path / f"out{len(flags)}"
+        assert distributed.main([str(bench.parent), str(target.parent), str(out), *flags]) == 0
+        got = [r["mode"] for r in read_rows(out / ("rank_0.csv" if torchrun_env else "compare.csv"))]
+        assert got == [r["mode"] for r in read_rows(tmp_path / "one.csv")]
+        modes[bool(flags)] = got
+    assert modes[True] != modes[False], modes  # the flag changes how rows are judged here

@@ -64,11 +64,12 @@ def rules_from_args(args: argparse.Namespace) -> Rules:
     return rules
 
 
-def attribute_first_from_args(args: argparse.Namespace) -> int | None:
-    """The failing rows to attribute that --attribute-all asks for (None: every row), as
-    ``compare_dumps(attribute_first=...)`` takes it: one reading for xray-compare and
-    python -m xray.compare."""
-    return None if args.attribute_all else ATTRIBUTED
+def compare_options(args: argparse.Namespace) -> dict:
+    """``compare_dumps``'s keyword arguments that xray-compare's options give (rules apart:
+    ``rules_from_args``): one reading for xray-compare and python -m xray.compare."""
+    return dict(reference=args.reference, threads=args.threads or None, statistics_only=args.statistics_only,
+                ignore_step=args.ignore_step, attribute_first=None if args.attribute_all else ATTRIBUTED,
+                progress=False if args.no_progress else None)
 
 
 @closed_pipe_is_quiet
@@ -85,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rules = rules_from_args(args)
         check_writable(args.out_csv, args.summary_json, args.html)
-        result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
-                               progress=False if args.no_progress else None, threads=args.threads or None,
-                               statistics_only=args.statistics_only, ignore_step=args.ignore_step,
-                               attribute_first=attribute_first_from_args(args))
+        result = compare_dumps(args.bench, args.target, rules=rules, **compare_options(args))
         write_csv(result, args.out_csv)
         if args.summary_json:
             write_summary_json(result, args.summary_json)

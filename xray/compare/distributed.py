@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from ..console import closed_pipe_is_quiet
 from .pairing import global_rank
-from .result import ATTRIBUTED, CompareResult, CompareRow, Summary
+from .result import CompareResult, CompareRow, Summary
 from .sync_points import SyncPoint, divergence_order
 from .verdict import settle_verdict
 
@@ -51,12 +51,11 @@ def rank_unit(path: str | os.PathLike, rank: int, world_size: int, side: str, no
 
 
 def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: str | os.PathLike, rank: int,
-                 world_size: int, *, rules=None, reference: str | os.PathLike | None = None, threads: int | None = 1,
-                 worst: int = 10, ignore_step: bool = False,
-                 attribute_first: int | None = ATTRIBUTED) -> dict[str, Any]:
+                 world_size: int, *, rules=None, worst: int = 10, **options: Any) -> dict[str, Any]:
     """Compare ``rank``'s pair from local disk, write ``OUT/rank_<r>.csv`` and return what rank 0
     needs to report (no rows: totals, first divergence, warnings and the worst few rows).
-    ``attribute_first``: as ``compare_dumps``'s (None: every failing row is attributed)."""
+    ``options``: ``compare_dumps``'s (reference, threads, statistics_only, ignore_step,
+    attribute_first); a rank never draws a progress bar."""
     from . import CompareInputError, compare_dumps
     from .report import worst_rows, write_csv
 
@@ -65,8 +64,7 @@ def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: s
         notes: list[str] = []
         name_b, pb = rank_unit(bench, rank, world_size, "bench", notes)
         name_t, pt = rank_unit(target, rank, world_size, "target", notes)
-        result = compare_dumps(pb, pt, rules=rules, reference=reference, progress=False, threads=threads,
-                               ignore_step=ignore_step, attribute_first=attribute_first)
+        result = compare_dumps(pb, pt, rules=rules, **{"threads": 1, **options, "progress": False})
         label = next(iter(result.summary.ranks), "")
         if not label and world_size > 1:  # a pair not named rank_<r> on both sides
             label = name_b if name_b == name_t else f"{name_b}|{name_t}"
@@ -163,9 +161,8 @@ def run(args: argparse.Namespace, rules) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        payload = compare_rank(args.bench, args.target, out_dir, rank, world, rules=rules, reference=args.reference,
-                               threads=args.threads or None, worst=args.worst, ignore_step=args.ignore_step,
-                               attribute_first=args.attribute_first)
+        payload = compare_rank(args.bench, args.target, out_dir, rank, world, rules=rules, worst=args.worst,
+                               **args.compare)
         try:
             from .pairing import dump_units
 
@@ -234,13 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
 @closed_pipe_is_quiet
 def main(argv: list[str] | None = None) -> int:
     from ..quiet import one_line, quiet_third_party
-    from .cli import attribute_first_from_args, build_parser as compare_parser, rules_from_args
+    from .cli import build_parser as compare_parser, compare_options, rules_from_args
 
     args, rest = build_parser().parse_known_args(argv)
     # One parser for the compare options of both entries: xray-compare's.
     opts = compare_parser().parse_args([args.bench, args.target, os.path.join(args.out_dir, MERGED_CSV), *rest])
-    if opts.html or opts.summary_json:
-        print("python -m xray.compare: error: the report goes to OUT/ (summary.json); --html and --summary-json "
+    if opts.html or opts.summary_json or opts.tests:
+        print("python -m xray.compare: error: the report goes to OUT/ (summary.json); --html, --summary-json and --tests "
               "are xray-compare's", file=sys.stderr)
         return 2
     quiet_third_party()
@@ -249,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"python -m xray.compare: error: {one_line(e)}", file=sys.stderr)
         return 2
-    args.reference, args.threads, args.worst, args.ignore_step = opts.reference, opts.threads, opts.worst, \
-        opts.ignore_step
-    args.attribute_first = attribute_first_from_args(opts)
+    args.worst, args.compare = opts.worst, compare_options(opts)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return run(args, rules)
     return single_process(args, rules)
@@ -265,9 +260,7 @@ def single_process(args: argparse.Namespace, rules) -> int:
 
     out_dir = Path(args.out_dir)
     try:
-        result = compare_dumps(args.bench, args.target, rules=rules, reference=args.reference,
-                               threads=args.threads or None, ignore_step=args.ignore_step,
-                               attribute_first=args.attribute_first)
+        result = compare_dumps(args.bench, args.target, rules=rules, **args.compare)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_csv(result, out_dir / MERGED_CSV)
         write_summary_json(result, out_dir / SUMMARY_JSON)
