@@ -9,7 +9,8 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 - ``bf16``, ``bf16-train``: fp32 against bf16 autocast, forward and forward + backward;
 - ``tf32``: fp32 against emulated TF32 (matmul operands rounded to 10 bits, below the recorder);
 - ``fault``: K random single-call faults per precision and direction (a random op kind, a random
-  call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward), graded exact / module /
+  call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward; ``--fault-kind few``: three
+  elements doubled instead, a sparse bug), graded exact / module /
   wrong / missed by each side's own trace. A fault that moves the final output (the gradients,
   for a backward fault) by less than the run's own precision (bf16: what bf16 itself moves it;
   fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times).
@@ -45,7 +46,10 @@ from tabulate import tabulate  # noqa: E402
 
 SCENARIOS = ("identical", "identical-train", "bf16", "bf16-train", "tf32", "fault")
 RECORDINGS = ("defaults", "every call")
-FAULT_AMOUNT = {"fp32": 1e-2, "bf16": 5e-2}
+# per fault kind (accuracy.scenario.CORRUPTIONS) and precision: "rel" scales every element (a
+# kernel computing at lower precision); "few" doubles three elements, plus their tensor's mean
+# magnitude (a tail or an index bug: a few values wrong, the rest right)
+FAULT_AMOUNTS = {"rel": {"fp32": 1e-2, "bf16": 5e-2}, "few": {"fp32": 1.0, "bf16": 1.0}}
 FP32_FLOOR = 1e-6  # relative change of the final output a fp32 run cannot tell from its own rounding
 DRAWS = 3  # draws per fault slot before giving up on finding one that moves the final output
 FAILING = ("fail", "nan/inf")
@@ -134,10 +138,11 @@ def _relative(a, b) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
-def pick_faults(arch: str, k: int, seed: int, trainable: bool) -> list[dict]:
-    """K faults per precision and direction: a random op kind, then a random call of it; each
-    with the change it makes to the final output and that run's own precision."""
-    from accuracy.faults import CorruptCall, relative
+def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel") -> list[dict]:
+    """K faults of ``kind`` per precision and direction: a random op kind, then a random call of
+    it; each with the change it makes to the final output and that run's own precision."""
+    from accuracy.faults import CorruptCall
+    from accuracy.scenario import CORRUPTIONS
 
     rng = random.Random(seed)
     out = []
@@ -166,7 +171,8 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool) -> list[dict]:
                         break
                     op = rng.choice(kinds)
                     call = rng.choice(calls.eligible[(op, direction)])
-                    fault = CorruptCall(op, call, relative(FAULT_AMOUNT[precision]), direction)
+                    amount = FAULT_AMOUNTS[kind][precision]
+                    fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction)
                     try:
                         effect = _relative(_final(arch, precision, backward, [fault]), clean[backward])
                     except Exception as e:  # noqa: BLE001 - a corrupted value the model cannot run on
@@ -175,7 +181,7 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool) -> list[dict]:
                     else:
                         fault_error = None
                     f = {"precision": precision, "direction": direction, "op": op, "call": call, "slot": slot,
-                         "draw": draw, "amount": FAULT_AMOUNT[precision], "effect": effect,
+                         "draw": draw, "kind": kind, "amount": amount, "effect": effect,
                          "floor": floor[backward], "fired": fault.hit, "error": fault_error}
                     f["left_out"] = (None if fault.hit and not effect <= floor[backward] and not fault_error
                                      else "did not fire" if not fault.hit else fault_error or "below the run's precision")
@@ -218,7 +224,7 @@ def _capture_first_fail() -> dict:
     return last
 
 
-def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit) -> None:
+def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_kind: str = "rel") -> None:
     """Every chosen scenario of one model, each recording; one JSON line per scenario, then the model's."""
     import torch
 
@@ -243,7 +249,7 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit) -> None
         pass
     params = sum(p.numel() for p in model.parameters())
     no_backward = _trainable(arch)
-    faults = pick_faults(arch, k, seed ^ zlib.crc32(entry.model_type.encode()), no_backward is None) \
+    faults = pick_faults(arch, k, seed ^ zlib.crc32(entry.model_type.encode()), no_backward is None, fault_kind) \
         if "fault" in chosen else []
     last = _capture_first_fail()
     recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
@@ -262,7 +268,7 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit) -> None
                 if f["left_out"]:
                     emit({**line, "verdict": "left out"})
                     continue
-                kw = {**kw, "fault": Fault(f["op"], f["call"], "rel", f["amount"], f["direction"])}
+                kw = {**kw, "fault": Fault(f["op"], f["call"], f.get("kind", "rel"), f["amount"], f["direction"])}
             s = Scenario(name=f"{arch}/{recording}/{name}", cls=name, arch=arch, **kw, **flags)
             last.clear()
             o = run_scenario(s)
@@ -308,7 +314,7 @@ def worker(args) -> int:
         for name in args.models.split(","):
             print(f"BEGIN {name}", flush=True)
             try:
-                sweep_model(entries[name], chosen, args.faults, args.seed, emit)
+                sweep_model(entries[name], chosen, args.faults, args.seed, emit, args.fault_kind)
             except Exception as e:  # noqa: BLE001 - one model's failure must not lose the others
                 emit({"kind": "model", "model": name, "family": name, "status": "error",
                       "reason": f"{type(e).__name__}: {e}"[:300]})
@@ -355,7 +361,8 @@ def supervise(todo: list[str], args) -> None:
     log = open(Path(str(args.out) + ".log"), "a")
     while todo:
         cmd = [sys.executable, __file__, "--worker", "--out", str(args.out), "--models", ",".join(todo),
-               "--scenarios", args.scenarios, "--faults", str(args.faults), "--seed", str(args.seed)]
+               "--scenarios", args.scenarios, "--faults", str(args.faults), "--seed", str(args.seed),
+               "--fault-kind", args.fault_kind]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         current, began, first, budget = None, time.monotonic(), None, args.timeout
         for line in _lines(proc, lambda: current is not None and time.monotonic() - began > budget):
@@ -466,6 +473,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, help="at most this many models (after sharding)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="a subset of " + ",".join(SCENARIOS))
     ap.add_argument("--faults", type=int, default=2, help="K: faults per precision and direction")
+    ap.add_argument("--fault-kind", choices=sorted(FAULT_AMOUNTS), default="rel",
+                    help="rel: every element of the call's output off by 1e-2 (fp32) or 5e-2 (bf16); "
+                         "few: three elements doubled (a sparse bug)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per model")
     ap.add_argument("--report", type=Path, nargs="*", help="print the table of these JSON-lines files and exit")
