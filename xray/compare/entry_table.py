@@ -161,8 +161,8 @@ class EntryTable:
         self.module_text = None  # read only here
 
     def trim(self, *names: str) -> None:
-        """Drop arrays as soon as nothing reads them: alignment reads group, op, path and call
-        index; row building output names, dtypes, shapes and seq values; attribution, which runs
+        """Drop arrays as soon as nothing reads them: alignment reads group, op, path, call index
+        and arguments; row building output names, dtypes, shapes and seq values; attribution, which runs
         last while every row is held, only kind, op and path texts, names, seqs and output rows."""
         for name in names:
             setattr(self, name, None)
