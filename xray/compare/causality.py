@@ -1469,11 +1469,14 @@ def _decide_again(inherited: Iterable[tuple], graph: "_Graph", floors: Floors) -
 
 
 def _producers_settled(p: Pending, k: int, graph: "_Graph") -> bool:
-    """No disagreeing input of output ``k`` comes from a failing row any more."""
+    """No disagreeing input of output ``k`` comes from a failing row any more. A row made from
+    random draws that differ (skipped) is settled too: decided again, a row that also reads it is
+    skipped as made from them, not left inherited from a producer since found precision loss."""
     for name, meta, status, _ in row_inputs(p, k):
         if status in (PairStatus.PASS.value, PairStatus.SKIP.value) or name.startswith(("param:", "forward_params.")):
             continue
-        if graph.producer(meta, p.target.record.seq)[0] == "failing":
+        kind, detail = graph.producer(meta, p.target.record.seq)
+        if kind == "failing" and not _random(detail):
             return False
     return True
 
