@@ -46,6 +46,7 @@ from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
 from .reordered_sums import reordered_sum
+from .unseen_inputs import unseen_input_difference
 from .pending import FAILING, PRECISION, SUSPECT, Pending, PendingRun, agreement, downgrade, row_inputs, set_origin
 from .result import RANDOM_DRAWS, CompareRow, PairStatus
 
@@ -1110,6 +1111,11 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         # differs there came in with its inputs (bf16 noise a square doubles), it was not made here
         downgrade(r, f"computed correctly on its sampled inputs (local error on the sample {on_sample.local:.3g}, "
                      f"floor {on_sample.floor:.3g}): the sample's difference came in with its inputs")
+    elif le is not None and (unseen := unseen_input_difference(
+            p, k, _row_error(r), max(r.local_floor or 0.0, le.local), floors.rules.precision_factor,
+            graph.by_seq.get)) is not None:
+        set_origin(r, "inherited", "inherited", unseen[0])
+        r.culprit_target_seq = unseen[1]
     elif le is not None:
         why = f"computed correctly on its inputs (local error {le.local:.3g}, floor {r.local_floor:.3g})"
         carried = _row_name(carried_precision) + "'s precision loss" if carried_precision else computed_region
@@ -1278,6 +1284,11 @@ def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: A
         if change > allowed:
             return op, f"changed its input by {change:.3g}, beyond {dtype_name(coarsest)} rounding ({allowed:.3g})"
     return None
+
+
+def _row_error(r: CompareRow) -> float | None:
+    """The largest difference a row measured: on data, statistics or its sample."""
+    return max((e for e in (r.rel_rmse, r.stats_err, r.sample_err) if e is not None), default=None)
 
 
 def _source(meta: Any) -> Source | None:

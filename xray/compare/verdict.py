@@ -71,8 +71,8 @@ def verdict_of(summary) -> Verdict:
     detail = f"{fd.get('cause') or ''}: {fd.get('culprit') or ''}".strip(": ")
     if fd.get("origin") != "born":
         return Verdict(CANNOT_TELL, f"the first failing row, {where}, inherits an error whose origin the dumps "
-                                    f"cannot place ({fd.get('origin')}); record every call (X_DEDUP=0) and its "
-                                    f"tensors (X_DUMP_NUM) to find it")
+                                    f"cannot place ({fd.get('culprit') or fd.get('origin')}); record every call "
+                                    "(X_DEDUP=0) and its tensors (X_DUMP_NUM) to find it")
     if any(marker in detail for marker in _UNJUDGED):
         return Verdict(CANNOT_TELL, f"the error appears at {where}, but the op that made it was not judged: "
                                     f"{detail}")

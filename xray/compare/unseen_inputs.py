@@ -1,0 +1,94 @@
+"""A difference that came in through inputs whose records show none.
+
+A failing row whose op computed right on its own inputs is normally precision loss: it carries
+what its inputs carry. That needs its inputs to carry something. Where every tensor input agrees
+with the bench on all it recorded (statistics and sampled elements, bit for bit) and the output
+still differs far beyond what two right kernels can differ on equal inputs (its local floor),
+the inputs cannot have been equal: they differ in elements their records do not measure.
+
+Which records measure less than their tensors: a copy whose statistics the recorder handed on
+from its input (``record.cache_rules.same_values``: a clone, a contiguous copy, a cast to its own
+dtype: the statistics are its input's, only its sample is its own), so a bug in a few of its
+elements is seen only if the sample draws one. Up the chain of value-moving ops behind the
+inputs, the nearest such copy is named; views share their input's memory and cannot be wrong.
+Three wrong elements in a clone of 256 (a sparse kernel bug) were called precision loss at the
+matmul reading it, in a float32 pair whose every other row was bit-equal.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..dump.model import Source
+from ..numerics.selections import selection_of
+from .op_classes import is_value_preserving
+from .pending import Pending, row_inputs
+from .statistics_only import _sample_err
+
+MAX_CHAIN = 64  # value-moving ops looked through behind one input
+UNSEEN_FACTOR = 10.0  # how far beyond its local floor (times the precision factor) the row must differ
+# ops that write their input's values into new memory (a view shares its input's and cannot be wrong)
+_COPIES = ("aten.clone", "aten.contiguous", "aten._to_copy", "aten.to", "aten.lift_fresh_copy", "aten.copy",
+           "aten._copy_from")
+
+
+def unseen_input_difference(p: Pending, k: int, row_err: float | None, floor: float, factor: float,
+                            by_seq: Callable[[int], Any]) -> tuple[str, int | None] | None:
+    """(why, the seq of the copy named or None) where output ``k`` of ``p`` differs by
+    ``row_err`` (its largest measured difference), beyond ``UNSEEN_FACTOR`` x ``factor`` x
+    ``floor`` (its local floor, or its local error if larger), while every tensor input agrees on
+    its statistics and sample exactly; else None. ``by_seq``: a target seq's Entry, or None."""
+    if row_err is None or not row_err > UNSEEN_FACTOR * factor * floor or not _floating(p, k) \
+            or selection_of(p.target.op, k) is not None:
+        return None  # (a selection's indices may differ on equal inputs: ties broken another way)
+    bench = dict(p.bench.inputs)
+    sources = []
+    for name, meta, _, stat in row_inputs(p, k):
+        if getattr(meta, "stats", None) is None and getattr(meta, "shape", None) is None:
+            continue  # not a tensor
+        error = p.input_errors.get(name, stat)
+        if error is None or error != 0 or _sample_err(bench.get(name), meta) != 0:
+            return None  # an input shows a difference (or was not judged): the usual rules weigh it
+        sources.append(_seq_of(meta))
+    if not sources:
+        return None
+    copy = next((seq for seq in (_nearest_copy(s, by_seq) for s in sources) if seq is not None), None)
+    why = (f"its inputs agree with the bench on every statistic and sampled element and it computed right on "
+           f"them, yet its output differs by {row_err:.3g} (beyond {UNSEEN_FACTOR * factor * floor:.3g}): an input "
+           "differs where its record does not show it")
+    if copy is not None:
+        entry = by_seq(copy)
+        return why + f"; nearest copy whose statistics are its input's: {entry.record.op} (seq {copy})", copy
+    return why + " (elements its sample missed)", None
+
+
+def _floating(p: Pending, k: int) -> bool:
+    meta = p.target.outputs[k][1] if k < len(p.target.outputs) else None
+    return str(getattr(meta, "dtype", "")).startswith(("float", "bfloat", "complex"))
+
+
+def _seq_of(meta: Any) -> int | None:
+    try:
+        src = Source.parse(getattr(meta, "source", None))
+    except ValueError:
+        return None
+    return src.seq if src is not None and src.kind == "op" else None
+
+
+def _nearest_copy(seq: int | None, by_seq: Callable[[int], Any]) -> int | None:
+    """Up the chain of value-moving ops from the call ``seq`` made: the nearest copy."""
+    for _ in range(MAX_CHAIN):
+        e = by_seq(seq) if seq is not None else None
+        if e is None or e.kind != "op" or not is_value_preserving(e.op) or not e.inputs:
+            return None
+        if e.op.startswith(_COPIES) and _same_statistics(e):
+            return seq
+        seq = _seq_of(e.inputs[0][1])
+    return None
+
+
+def _same_statistics(e: Any) -> bool:
+    """Its output's statistics are its first input's (handed on by the recorder)."""
+    out, first = e.outputs[0][1] if e.outputs else None, e.inputs[0][1]
+    a, b = getattr(out, "stats", None), getattr(first, "stats", None)
+    return a is not None and b is not None and a.mean is not None and \
+        all(getattr(a, f) == getattr(b, f) for f in ("min", "max", "mean", "std", "numel"))
