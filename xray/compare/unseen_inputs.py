@@ -25,6 +25,7 @@ from .pending import Pending, row_inputs
 from .statistics_only import _sample_err
 
 MAX_CHAIN = 64  # value-moving ops looked through behind one input
+STATS_RTOL = 1e-5  # a float32 sum of one multiset in another order: ~1e-7 of its scale
 UNSEEN_FACTOR = 10.0  # how far beyond its local floor (times the precision factor) the row must differ
 # ops that write their input's values into new memory (a view shares its input's and cannot be wrong)
 _COPIES = ("aten.clone", "aten.contiguous", "aten._to_copy", "aten.to", "aten.lift_fresh_copy", "aten.copy",
@@ -40,6 +41,12 @@ def unseen_input_difference(p: Pending, k: int, row_err: float | None, floor: fl
     if row_err is None or not row_err > UNSEEN_FACTOR * factor * floor or not _floating(p, k) \
             or selection_of(p.target.op, k) is not None:
         return None  # (a selection's indices may differ on equal inputs: ties broken another way)
+    blind = _blind_input(p, k, by_seq)
+    if blind is not None:
+        entry = by_seq(blind)
+        return (f"it moved its input's values right, yet its own statistics are not its input's: the input's "
+                f"record does not describe its values; nearest copy whose statistics are its input's: "
+                f"{entry.record.op} (seq {blind})"), blind
     bench = dict(p.bench.inputs)
     sources = []
     for name, meta, _, stat in row_inputs(p, k):
@@ -59,6 +66,32 @@ def unseen_input_difference(p: Pending, k: int, row_err: float | None, floor: fl
         entry = by_seq(copy)
         return why + f"; nearest copy whose statistics are its input's: {entry.record.op} (seq {copy})", copy
     return why + " (elements its sample missed)", None
+
+
+def _blind_input(p: Pending, k: int, by_seq: Callable[[int], Any]) -> int | None:
+    """A value-moving op of one shape (a same-shape view, expand or copy) whose output's
+    statistics, measured, differ from those its input was recorded with: it holds its input's
+    elements, so the input's record does not describe them. Its statistics were handed on along
+    a chain of copies; the nearest copy in it (its seq) changed what it copied. None otherwise."""
+    e = p.target
+    if k != 0 or not e.inputs or not e.outputs or not is_value_preserving(e.op):
+        return None
+    src, out = e.inputs[0][1], e.outputs[0][1]
+    if getattr(src, "shape", None) != getattr(out, "shape", None) or getattr(src, "dtype", None) != out.dtype:
+        return None
+    a, b = getattr(src, "stats", None), getattr(out, "stats", None)
+    if a is None or b is None or a.mean is None or b.mean is None or _agree(a, b):
+        return None
+    return _nearest_copy(_seq_of(src), by_seq)
+
+
+def _agree(a: Any, b: Any) -> bool:
+    """Statistics of one multiset of values: the same extremes and counts; mean and spread within
+    the rounding of a float32 sum taken in another order."""
+    if any(getattr(a, f) != getattr(b, f) for f in ("min", "max", "numel", "nan", "posinf", "neginf")):
+        return False
+    scale = max(abs(a.mean), a.std or 0.0, abs(a.min or 0.0), abs(a.max or 0.0))
+    return abs(a.mean - b.mean) <= STATS_RTOL * scale and abs((a.std or 0.0) - (b.std or 0.0)) <= STATS_RTOL * scale
 
 
 def _floating(p: Pending, k: int) -> bool:
