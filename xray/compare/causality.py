@@ -46,6 +46,7 @@ from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
 from .reordered_sums import reordered_sum
+from .summed_means import summed_mean_error
 from .unseen_inputs import unseen_input_difference
 from .pending import FAILING, PRECISION, SUSPECT, Pending, PendingRun, agreement, downgrade, row_inputs, set_origin
 from .result import RANDOM_DRAWS, CompareRow, PairStatus
@@ -153,9 +154,12 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
 def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     """Output ``k``'s local error where its tensors were not saved: recomputed on its inputs'
     samples (an elementwise op), or, for an op that only moves values, its statistics against
-    its input's (moved_values.py)."""
+    its input's (moved_values.py); a sum's means that do not add up (summed_means.py) win over
+    a sample that missed the elements that made them."""
     on_sample = sample_local_error(record, meta, k)
-    return on_sample if on_sample is not None else moved_local_error(record, meta, k)
+    on_sample = on_sample if on_sample is not None else moved_local_error(record, meta, k)
+    summed = summed_mean_error(record, meta, k)
+    return summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
 
 
 def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: Floors) -> None:
