@@ -13,6 +13,10 @@ elements is seen only if the sample draws one. Up the chain of value-moving ops 
 inputs, the nearest such copy is named; views share their input's memory and cannot be wrong.
 Three wrong elements in a clone of 256 (a sparse kernel bug) were called precision loss at the
 matmul reading it, in a float32 pair whose every other row was bit-equal.
+
+The same contradiction shows within one run where a consumer measures what the copy handed on:
+a same-shape move (an expand of its input's shape, whose data X_DUMP_NUM saved) that moved its
+values right, yet whose own statistics are not those its input was recorded with.
 """
 from __future__ import annotations
 
@@ -28,8 +32,8 @@ MAX_CHAIN = 64  # value-moving ops looked through behind one input
 STATS_RTOL = 1e-5  # a float32 sum of one multiset in another order: ~1e-7 of its scale
 UNSEEN_FACTOR = 10.0  # how far beyond its local floor (times the precision factor) the row must differ
 # ops that write their input's values into new memory (a view shares its input's and cannot be wrong)
-_COPIES = ("aten.clone", "aten.contiguous", "aten._to_copy", "aten.to", "aten.lift_fresh_copy", "aten.copy",
-           "aten._copy_from")
+_COPIES = frozenset(("aten.clone", "aten.contiguous", "aten._to_copy", "aten.to", "aten.lift_fresh_copy", "aten.copy",
+                     "aten.copy_", "aten._copy_from"))
 
 
 def unseen_input_difference(p: Pending, k: int, row_err: float | None, floor: float, factor: float,
@@ -113,7 +117,7 @@ def _nearest_copy(seq: int | None, by_seq: Callable[[int], Any]) -> int | None:
         e = by_seq(seq) if seq is not None else None
         if e is None or e.kind != "op" or not is_value_preserving(e.op) or not e.inputs:
             return None
-        if e.op.startswith(_COPIES) and _same_statistics(e):
+        if ".".join(e.op.split(".")[:2]) in _COPIES and _same_statistics(e):
             return seq
         seq = _seq_of(e.inputs[0][1])
     return None
