@@ -242,6 +242,18 @@ def test_without_torchrun_one_process_compares_every_pair(dumps, single, tmp_pat
     assert missing.returncode == 2 and "nothing: no such file or folder" in missing.stderr
 
 
+def _world_of_one(monkeypatch, torchrun_env: bool) -> None:
+    """torchrun's variables for a gloo world of one (run() in this process), or none of them
+    (one process compares every pair)."""
+    if torchrun_env:
+        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                     ("MASTER_PORT", str(_free_port()))):
+            monkeypatch.setenv(k, v)
+    else:
+        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+            monkeypatch.delenv(k, raising=False)
+
+
 @pytest.mark.parametrize("torchrun_env", [False, True], ids=["one_process", "rank_job"])
 def test_the_rank_compare_attributes_every_row_when_asked(tmp_path, monkeypatch, capsys, torchrun_env):
     """python -m xray.compare takes xray-compare's --attribute-all: by default a rank pair whose
@@ -249,15 +261,7 @@ def test_the_rank_compare_attributes_every_row_when_asked(tmp_path, monkeypatch,
     row. rank_job: run() in this process, a gloo world of one, as under torchrun."""
     bench, target = _chain(tmp_path / "bench" / "rank_0"), _chain(tmp_path / "target" / "rank_0", 1.5)
     monkeypatch.setattr(cli, "ATTRIBUTED", 10)  # the default bound, small enough for this pair
-    if torchrun_env:
-        monkeypatch.setenv("RANK", "0")
-        monkeypatch.setenv("LOCAL_RANK", "0")
-        monkeypatch.setenv("WORLD_SIZE", "1")
-        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    else:
-        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
-            monkeypatch.delenv(k, raising=False)
+    _world_of_one(monkeypatch, torchrun_env)
     for flags, unattributed in (([], N - 10), (["--attribute-all"], 0)):
         out = tmp_path / f"out{len(flags)}"
         assert distributed.main([str(bench.parent), str(target.parent), str(out), *flags]) == 0
@@ -293,15 +297,7 @@ def test_the_rank_compare_takes_xray_compares_statistics_only(tmp_path, monkeypa
         model[2].weight.mul_(1.01)
     target = tmp_path / "target" / "rank_0"
     shutil.move(record_forward(model, tmp_path / "recorded" / "target", x), target.parent.mkdir() or target)
-    if torchrun_env:
-        monkeypatch.setenv("RANK", "0")
-        monkeypatch.setenv("LOCAL_RANK", "0")
-        monkeypatch.setenv("WORLD_SIZE", "1")
-        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    else:
-        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
-            monkeypatch.delenv(k, raising=False)
+    _world_of_one(monkeypatch, torchrun_env)
     modes = {}
     for flags in ([], ["--statistics-only"]):
         assert cli.main([str(bench), str(target), str(tmp_path / "one.csv"), "--no-progress", *flags]) == 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..dump.model import Source
+from ..dump.tensorio import dtype_from_name
 from ..numerics.selections import selection_of
 from .op_classes import is_value_preserving
 from .pending import Pending, row_inputs
@@ -100,7 +101,10 @@ def _agree(a: Any, b: Any) -> bool:
 
 def _floating(p: Pending, k: int) -> bool:
     meta = p.target.outputs[k][1] if k < len(p.target.outputs) else None
-    return str(getattr(meta, "dtype", "")).startswith(("float", "bfloat", "complex"))
+    try:
+        return dtype_from_name(meta.dtype).is_floating_point
+    except (AttributeError, ValueError, TypeError):
+        return False
 
 
 def _seq_of(meta: Any) -> int | None:
