@@ -16,7 +16,10 @@ inference_mode row runs both sides under ``torch.inference_mode()`` instead of `
 defaults' row records as ``begin_dump()`` does (de-dup, X_DUMP_NUM=5); the floor row is a
 dispatch mode that only runs each op, what any recorder built on one pays first.
 
-    python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json]
+Then the same per-forward rows at a real size (hidden 1024, 1x512 tokens; ``--no-real-size``
+skips them): there each op does enough work that the per-call costs are a small share.
+
+    python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json] [--no-real-size]
 
 ``--device DEV`` (cuda, xpu, mps, cpu...) measures issue 30's table instead: a Llama with hidden
 1024, 8 layers, 16 heads (8 KV), 4x512 tokens (``--small``: hidden 256, 2 layers, 2x128, for a
@@ -164,17 +167,17 @@ def _msprobe_child(level: str, repeats: int) -> int:
 STEADY_FORWARDS = 20  # forwards per block in the steady-state rows
 
 
-def steady_ratios(model, ids, repeats: int, session) -> tuple[float, float]:
+def steady_ratios(model, ids, repeats: int, session, forwards: int = STEADY_FORWARDS) -> tuple[float, float]:
     """Per-forward cost inside one long session (a training or eval loop): blocks of
-    STEADY_FORWARDS eager forwards alternate with one ``with session():`` of as many forwards.
+    ``forwards`` eager forwards alternate with one ``with session():`` of as many forwards.
     Returns the median over blocks of (median forward in the session / median eager forward),
     and the same for means: the mean carries the periodic flushes and any garbage collection
     they set off."""
     medians, means = [], []
     for _ in range(repeats):
-        eager = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+        eager = [time_eager(model, ids) for _ in range(forwards)]
         with session():
-            inside = [time_eager(model, ids) for _ in range(STEADY_FORWARDS)]
+            inside = [time_eager(model, ids) for _ in range(forwards)]
         medians.append(statistics.median(inside) / statistics.median(eager))
         means.append(statistics.mean(inside) / statistics.mean(eager))
     return statistics.median(medians), statistics.median(means)
@@ -194,6 +197,28 @@ class OnlyRuns(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
+
+
+REAL_SIZE = dict(hidden=1024, batch=1, seq=512, forwards=6)  # the benchmark model's proportions at a real width
+
+
+def real_size_rows(repeats: int, root: Path) -> list[dict]:
+    """The per-forward rows at a real size: the benchmark Llama at hidden 1024 (16 heads, 8 KV,
+    MLP 2752, 4 layers) on 1x512 tokens, where each op does enough work that the per-call costs
+    (dispatch, description, a self-check's fixed part) are a small share: the floor, the defaults,
+    de-dup without tensors and every call, each beside eager in blocks of ``forwards``."""
+    model = bench_llama(hidden=REAL_SIZE["hidden"])
+    ids = token_batch(batch=REAL_SIZE["batch"], seq=REAL_SIZE["seq"], vocab=1000)
+    n, results = REAL_SIZE["forwards"], []
+    with torch.no_grad():
+        model(ids)
+        eager_ms = statistics.median(time_eager(model, ids) for _ in range(3)) * 1e3
+        median, mean = steady_ratios(model, ids, repeats, OnlyRuns, n)
+        results.append({"config": "floor", "ratio": median, "mean_ratio": mean, "eager_ms": eager_ms})
+        for label, kw in (("defaults", CONFIGS[1][1]), ("dedup", CONFIGS[0][1]), ("every call", CONFIGS[3][1])):
+            median, mean = steady_ratios(model, ids, repeats, recording(root, kw), n)
+            results.append({"config": label, "ratio": median, "mean_ratio": mean})
+    return results
 
 
 DEVICE_CONFIGS = [  # (label, dump kwargs or None for eager)
@@ -433,6 +458,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="with --device: a model small enough for a CPU")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--no-real-size", action="store_true", help="skip the rows at a real size (hidden 1024, 512 tokens)")
     ap.add_argument("--msprobe-level", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -494,6 +520,13 @@ def main(argv=None) -> int:
           f"eager forward {eager_ms:.1f} ms (median of {args.repeats} interleaved runs per row)")
     print(tabulate(rows, headers=["configuration", "vs eager", "op calls", "records", "tensors saved",
                                   "dump MiB"], tablefmt="github"))
+    real = [] if args.no_real_size else real_size_rows(args.repeats, tmp / "real")
+    if real:
+        print(f"\nAt a real size: the same Llama at hidden {REAL_SIZE['hidden']}, 4 layers, "
+              f"{REAL_SIZE['batch']}x{REAL_SIZE['seq']} tokens, eager forward {real[0]['eager_ms']:.0f} ms; "
+              f"per forward in a session, blocks of {REAL_SIZE['forwards']}")
+        print(tabulate([[r["config"], f"{r['ratio']:.2f}x (mean {r['mean_ratio']:.2f}x)"] for r in real],
+                       headers=["configuration", "vs eager"], tablefmt="github"))
     if args.json:
         headline = {"eager_ms": eager_ms, "configs": results}
         for r in results:
@@ -511,6 +544,7 @@ def main(argv=None) -> int:
                    "0x102 no dedup, per forward, Python row path": "session_ratio_nodedup_python"}.get(r["config"])
             if key:
                 headline[key] = r["ratio"]
+        headline["real_size"] = real
         Path(args.json).write_text(json.dumps(headline, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -37,18 +37,27 @@ from ..numerics.rules import PRECISION_STEPS, round_mantissa
 
 assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precision step's (NaN: not measured)
 
-MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
+# Under inference_mode (no autograd key) a dispatch mode sees composite ops whole: linear, matmul,
+# conv2d and scaled_dot_product_attention are recorded, not the mm, convolution or fused kernel
+# they become elsewhere; they are checked alike.
+MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default",
+           "aten.linear.default", "aten.matmul.default")
+CONVOLUTIONS = ("aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default")
 SUMS = ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
 NORM_BACKWARD = "aten.native_layer_norm_backward.default"
 # fused attention kernels (CPU's, CUDA's flash, memory-efficient and cuDNN ones): the first output
 # is the attention's output (forward) or the query's gradient (backward)
-ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_flash_attention.default",
-             "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_cudnn_attention.default")
-ATTENTION_BACKWARD = tuple(name.replace(".default", "_backward.default") for name in ATTENTION)
-OPS = frozenset(MATMULS + ("aten.convolution.default", NORM_BACKWARD) + SUMS + ATTENTION + ATTENTION_BACKWARD)
+FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
+                   "aten._scaled_dot_product_flash_attention.default",
+                   "aten._scaled_dot_product_efficient_attention.default",
+                   "aten._scaled_dot_product_cudnn_attention.default")
+ATTENTION = FUSED_ATTENTION + ("aten.scaled_dot_product_attention.default",)
+ATTENTION_BACKWARD = tuple(name.replace(".default", "_backward.default") for name in FUSED_ATTENTION)
+OPS = frozenset(MATMULS + CONVOLUTIONS + (NORM_BACKWARD,) + SUMS + ATTENTION + ATTENTION_BACKWARD)
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
+QUERY_ROWS = 16  # a fused attention's query rows checked per batch and head, at least (``_query_rows``)
 # The reference in terms of the operands (A, B; or input, weight), each passed through ``fn``
 Reference = Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
 
@@ -58,7 +67,8 @@ class Check(NamedTuple):
     exact reference contracted alike, the reference with its operands rounded (``stepped``: for
     the precision steps; None where it has none), the operands, the vectors' count ``k``, and
     its terms' norm where the residual is measured against the larger of it and the output's
-    (a sum that cancels), else None."""
+    (a sum that cancels), else None. ``part``: True where ``got`` is a part of the output itself
+    (a fused attention's checked query rows), whose own norm is then the output's."""
 
     got: torch.Tensor
     exact: torch.Tensor
@@ -66,6 +76,7 @@ class Check(NamedTuple):
     operands: tuple
     k: int
     terms: torch.Tensor | None = None
+    part: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -103,6 +114,13 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Che
     the output's last dimension."""
     if name in ("aten.mm.default", "aten.bmm.default"):
         added, a, b, beta, alpha = None, bound.get("self"), bound.get("mat2"), 0.0, 1.0
+    elif name == "aten.matmul.default":  # (a vector operand: none)
+        added, a, b, beta, alpha = None, bound.get("self"), bound.get("other"), 0.0, 1.0
+        if not (_plain(a) and _plain(b)) or a.dim() < 2 or b.dim() < 2:
+            return None
+    elif name == "aten.linear.default":  # input @ weight^T + bias
+        w, added = bound.get("weight"), bound.get("bias")
+        a, b, beta, alpha = bound.get("input"), w.t() if _plain(w) and w.dim() == 2 else None, float(added is not None), 1.0
     else:
         beta, alpha = bound.get("beta", 1), bound.get("alpha", 1)
         if not all(type(x) in (int, float) for x in (beta, alpha)):
@@ -120,13 +138,22 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Che
         base = beta * ((added if added.shape[-1] == out.shape[-1] else added.expand(out.shape)) @ r)
 
     def reference(fn):
-        return base + alpha * (fn(a).to(wide) @ (fn(b).to(wide) @ r))
+        product = fn(a).to(wide) @ (fn(b).to(wide) @ r)
+        return product if beta == 0 and alpha == 1 else base + alpha * product  # (mm's, bmm's: no more ops)
     return Check(out.to(wide) @ r, reference(_same), reference, (a, b), k)
 
 
-def _convolution(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+def _convolution(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
     """The ``Check`` of a convolution (one group, or depthwise; transposed: one
-    group), contracted over its output channels: a convolution with one output channel."""
+    group), contracted over its output channels: a convolution with one output channel. A
+    composite ``conv1d/2d/3d`` is ``convolution`` with ``transposed`` False (string padding: none)."""
+    if name != "aten.convolution.default":
+        spatial = out.dim() - 2
+        spread = {key: [v] * spatial if type(v) is int else v for key, v in
+                  ((key, bound.get(key, 1 if key != "padding" else 0)) for key in ("stride", "padding", "dilation"))}
+        if isinstance(spread["padding"], str) or spatial < 1:
+            return None
+        bound = {**bound, **spread, "transposed": False, "output_padding": [0] * spatial}
     x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
     groups, transposed = bound.get("groups", 1), bool(bound.get("transposed"))
     if not (_plain(x) and _plain(w)) or (bias is not None and not _plain(bias)) or type(groups) is not int \
@@ -221,14 +248,21 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     if name in ATTENTION_BACKWARD and not _plain(g):
         return None
     causal = bool(bound.get("is_causal"))
+    rows = _query_rows(q.shape[-2], q.shape[0] * q.shape[1], q.device)
+    if rows is not None:  # every batch's and head's same query rows (their output's, their gradient's)
+        q, out = q.index_select(-2, rows), out.index_select(-2, rows)
+        g = g.index_select(-2, rows) if g is not None else None
+        if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask.index_select(-2, rows)
+    positions = rows if rows is not None else torch.arange(q.shape[-2], device=q.device)
 
     def compute(fn):  # (reference, its terms' norm); fn: the steps' rounding of the operands
         qw, kw, vw = (fn(t).to(wide) for t in (q, k, v))
         if k.shape[-3] != q.shape[-3]:
             kw, vw = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (kw, vw))
         scores = (qw @ kw.transpose(-2, -1)) * scale
-        if causal:
-            keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        if causal:  # top-left aligned, as the fused kernels: query i sees keys 0..i
+            keep = torch.arange(scores.shape[-1], device=scores.device) <= positions[:, None]
             scores = scores.masked_fill(~keep, -math.inf)
         if mask is not None:
             scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
@@ -237,15 +271,33 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
             return probs @ vw, None
         gw = fn(g).to(wide)
         dprobs = gw @ vw.transpose(-2, -1)
-        rows = (gw * (probs @ vw)).sum(-1, keepdim=True)
+        dots = (gw * (probs @ vw)).sum(-1, keepdim=True)
         terms = torch.linalg.vector_norm(((probs * dprobs) @ kw) * scale)  # before the row sums cancel
-        return ((probs * (dprobs - rows)) @ kw) * scale, terms
+        return ((probs * (dprobs - dots)) @ kw) * scale, terms
     exact, terms = compute(_same)
-    return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms)
+    return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms, part=rows is not None)
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+@functools.lru_cache(maxsize=256)
+def _query_rows(length: int, groups: int, device: torch.device) -> torch.Tensor | None:
+    """The query rows a fused attention of ``length`` queries, ``groups`` batches x heads, is
+    checked on: ``QUERY_ROWS`` of them (more where few groups would sum under ``DEGREES`` rows),
+    drawn from the shape alone, so that both runs check the same rows; None: all of them.
+
+    A query row's output (and its gradient) reads its own query and every key and value, so a
+    subset is checked exactly at a subset's cost: the math form materialises a length x length
+    score matrix per head, which at 512 tokens costs three times the fused kernel it checks. An
+    error in every row (a wrong scale, a dropped or shifted mask, a wrong kernel) is read whole;
+    one in a few rows only is seen where it touches a checked row."""
+    rows = max(QUERY_ROWS, -(-DEGREES // max(1, groups)))
+    if rows >= length:
+        return None
+    gen = torch.Generator().manual_seed(SEED ^ length)
+    return torch.randperm(length, generator=gen)[:rows].sort().values.to(device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -267,16 +319,16 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
     try:
         with torch.no_grad():
             wide = _wide(out.device, out, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
-            got = _convolution(bound, out, wide) if name == "aten.convolution.default" else \
+            got = _convolution(name, bound, out, wide) if name in CONVOLUTIONS else \
                 _sum(name, bound, out, wide) if name in SUMS else \
                 _layer_norm_backward(bound, out, wide) if name == NORM_BACKWARD else \
                 _attention(name, bound, out, wide) if name in ATTENTION + ATTENTION_BACKWARD else \
                 _matmul(name, bound, out, wide)
             if got is None:
                 return None
-            got_r, exact, reference, operands, k, of_terms = got
+            got_r, exact, reference, operands, k, of_terms, part = got
             # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
-            size = torch.linalg.vector_norm(out.to(wide))
+            size = torch.linalg.vector_norm(got_r if part else out.to(wide))
             norms = torch.stack([torch.linalg.vector_norm(got_r - exact),
                                  size if of_terms is None else torch.maximum(size, of_terms)])
             step_ops = reference is not None and all(t.dtype == torch.float32 for t in operands)
