@@ -17,10 +17,13 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 
 Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
 model runs in a worker process under a time budget (``--timeout``). torchvision's models are
-listed where torchvision is installed.
+listed where torchvision is installed. ``--inference`` runs every forward-only scenario (and
+the runs that pick and grade its faults) under ``torch.inference_mode``, where a dispatch mode
+sees composite ops whole (``linear``, ``scaled_dot_product_attention``) instead of the kernels
+they become under autograd.
 
     python tools/sweep_architectures.py --out sweep.jsonl [--shard 1/2] [--models llama,gpt2]
-        [--scenarios identical,bf16] [--faults 2] [--limit 20] [--timeout 60]
+        [--scenarios identical,bf16] [--faults 2] [--limit 20] [--timeout 60] [--inference]
     python tools/sweep_architectures.py --report sweep-1.jsonl sweep-2.jsonl   # the table only
 """
 from __future__ import annotations
@@ -112,6 +115,9 @@ class _Calls:
         self.mode = Mode()
 
 
+INFERENCE = False  # --inference: every forward-only run under torch.inference_mode, faults picked there too
+
+
 def _final(arch: str, precision: str, backward: bool, modes: list = ()):
     """The run's final output, flattened in fp32: the model's first output, or every gradient."""
     import torch
@@ -121,6 +127,8 @@ def _final(arch: str, precision: str, backward: bool, modes: list = ()):
     a = ARCHS[arch]
     model, x = a.build(), a.inputs()
     with ExitStack() as stack:
+        if INFERENCE and not backward:
+            stack.enter_context(torch.inference_mode())
         for m in modes:
             stack.enter_context(m)
         with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext():
@@ -269,7 +277,8 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
                     emit({**line, "verdict": "left out"})
                     continue
                 kw = {**kw, "fault": Fault(f["op"], f["call"], f.get("kind", "rel"), f["amount"], f["direction"])}
-            s = Scenario(name=f"{arch}/{recording}/{name}", cls=name, arch=arch, **kw, **flags)
+            s = Scenario(name=f"{arch}/{recording}/{name}", cls=name, arch=arch, **kw, **flags,
+                         inference=INFERENCE and not kw.get("backward"))
             last.clear()
             o = run_scenario(s)
             runs += 1
@@ -300,10 +309,12 @@ def _verdict(line: dict, o) -> str:
 def worker(args) -> int:
     """Run the named models in order, appending JSON lines to --out; BEGIN/END lines on stdout
     let the supervisor time each model."""
+    global INFERENCE
     warnings.simplefilter("ignore")
     import torch
 
     torch.set_num_threads(1)
+    INFERENCE = args.inference
     entries = {e.model_type: e for e in listed()}
     chosen = tuple(args.scenarios.split(","))
     with open(args.out, "a") as out:
@@ -362,7 +373,7 @@ def supervise(todo: list[str], args) -> None:
     while todo:
         cmd = [sys.executable, __file__, "--worker", "--out", str(args.out), "--models", ",".join(todo),
                "--scenarios", args.scenarios, "--faults", str(args.faults), "--seed", str(args.seed),
-               "--fault-kind", args.fault_kind]
+               "--fault-kind", args.fault_kind] + (["--inference"] if args.inference else [])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         current, began, first, budget = None, time.monotonic(), None, args.timeout
         for line in _lines(proc, lambda: current is not None and time.monotonic() - began > budget):
@@ -476,6 +487,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fault-kind", choices=sorted(FAULT_AMOUNTS), default="rel",
                     help="rel: every element of the call's output off by 1e-2 (fp32) or 5e-2 (bf16); "
                          "few: three elements doubled (a sparse bug)")
+    ap.add_argument("--inference", action="store_true",
+                    help="forward-only runs under torch.inference_mode (composite ops such as linear and "
+                         "scaled_dot_product_attention reach the recorder whole); training steps as before")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per model")
     ap.add_argument("--report", type=Path, nargs="*", help="print the table of these JSON-lines files and exit")

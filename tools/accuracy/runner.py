@@ -158,6 +158,8 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
         if noisy and s.noise == "threads":
             torch.set_num_threads(1 if threads > 1 else 2)
             stack.callback(torch.set_num_threads, threads)
+        if s.inference:  # (entered before the recorder: its session sees the forward as the user's eval would)
+            stack.enter_context(torch.inference_mode())
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if noisy and s.noise == "bf16" else nullcontext()
         if noisy and s.noise == "math-sdpa":
             from torch.nn.attention import SDPBackend, sdpa_kernel

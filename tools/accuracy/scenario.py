@@ -57,6 +57,7 @@ class Scenario:
     dump: str = "trace"  # "trace" (begin_dump), "module" (PrecisionDebugger), "module+aten"
     data: bool = True  # save tensors (else statistics only)
     backward: bool = False  # run loss.backward() and record backward ops
+    inference: bool = False  # both runs' forwards under torch.inference_mode (composite ops recorded whole)
     optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
     dedup: bool = False  # both runs recorded with the recorder's default X_DEDUP=True
     dump_num: int | None = None  # X_DUMP_NUM where data is saved (None: every tensor of a call)
