@@ -271,7 +271,8 @@ def test_the_rank_compare_attributes_every_row_when_asked(tmp_path, monkeypatch,
         assert sum(r["note"].startswith("not attributed") for r in rows) == unattributed
         assert sum(not r["cause"] for r in rows) == unattributed
         summary = json.loads((out / "summary.json").read_text())
-        (totals,) = summary["ranks"].values()  # one rank pair (a world of one leaves it unnamed)
+        (label, totals), = summary["ranks"].items()  # one rank pair
+        assert label == "rank_0", label  # a world of one names its pair as any job does
         assert totals.get("unattributed", 0) == unattributed
         told = [w for w in summary["warnings"] if "--attribute-all" in w]
         if unattributed:
@@ -307,3 +308,18 @@ def test_the_rank_compare_takes_xray_compares_statistics_only(tmp_path, monkeypa
         assert got == [r["mode"] for r in read_rows(tmp_path / "one.csv")]
         modes[bool(flags)] = got
     assert modes[True] != modes[False], modes  # the flag changes how rows are judged here
+
+
+def test_each_ranks_warnings_name_it_in_the_jobs_report(tmp_path, monkeypatch):
+    """Two rank pairs whose rows all fail past the attribution bound each warn so; the job's
+    report says which rank each warning is from."""
+    monkeypatch.setattr(cli, "ATTRIBUTED", 10)
+    payloads = []
+    for rank in (0, 1):
+        bench = _chain(tmp_path / "bench" / f"rank_{rank}")
+        target = _chain(tmp_path / "target" / f"rank_{rank}", 1.5)
+        payloads.append(distributed.compare_rank(bench.parent, target.parent, tmp_path, rank, 2, attribute_first=10))
+    assert all(p["error"] is None and p["summary"]["warnings"] for p in payloads)
+    merged = distributed.merge_summaries("bench", "target", payloads)
+    told = [w for w in merged.warnings if "--attribute-all" in w]
+    assert [w.split(":")[0] for w in told] == ["rank_0", "rank_1"], merged.warnings

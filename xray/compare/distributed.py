@@ -66,8 +66,8 @@ def compare_rank(bench: str | os.PathLike, target: str | os.PathLike, out_dir: s
         name_t, pt = rank_unit(target, rank, world_size, "target", notes)
         result = compare_dumps(pb, pt, rules=rules, **{"threads": 1, **options, "progress": False})
         label = next(iter(result.summary.ranks), "")
-        if not label and world_size > 1:  # a pair not named rank_<r> on both sides
-            label = name_b if name_b == name_t else f"{name_b}|{name_t}"
+        if not label:  # a pair not named rank_<r> on both sides; in a world of one, the job's one rank
+            label = (name_b if name_b == name_t else f"{name_b}|{name_t}") if world_size > 1 else f"rank_{rank}"
             _relabel(result, label)
         result.summary.warnings[:0] = notes
         csv_path = Path(out_dir).resolve() / f"rank_{rank}.csv"
@@ -118,7 +118,8 @@ def merge_summaries(bench: str, target: str, payloads: Sequence[Mapping[str, Any
         s.dedup += part["dedup"]
         s.unrecorded_backward += part.get("unrecorded_backward") or []
         s.stopped += part.get("stopped") or []
-        s.warnings += part["warnings"]
+        # each rank's own warnings name it, where the job has several
+        s.warnings += part["warnings"] if len(payloads) == 1 else [f"{p['label']}: {w}" for w in part["warnings"]]
         s.seconds = max(s.seconds, part["seconds"])
     s.match_pct = match_pct(s.matched, s.bench_records, s.target_records)
     s.divergence_order = divergence_order({label: SyncPoint(**r["sync"]) for label, r in s.ranks.items()
