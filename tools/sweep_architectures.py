@@ -17,7 +17,10 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 
 Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
 model runs in a worker process under a time budget (``--timeout``). torchvision's models are
-listed where torchvision is installed. ``--inference`` runs every forward-only scenario (and
+listed where torchvision is installed. Every run seeds torch's global RNG alike before its
+forward (``accuracy.runner.RUN_SEED``), so models that draw random numbers (ViT-MAE's masking,
+Switch Transformers' router jitter, HRM's initial state) are compared as a user who seeds both
+runs would. ``--inference`` runs every forward-only scenario (and
 the runs that pick and grade its faults) under ``torch.inference_mode``, where a dispatch mode
 sees composite ops whole (``linear``, ``scaled_dot_product_attention``) instead of the kernels
 they become under autograd.
@@ -123,6 +126,7 @@ def _final(arch: str, precision: str, backward: bool, modes: list = ()):
     import torch
 
     from accuracy.archs import ARCHS
+    from accuracy.runner import RUN_SEED
 
     a = ARCHS[arch]
     model, x = a.build(), a.inputs()
@@ -131,6 +135,7 @@ def _final(arch: str, precision: str, backward: bool, modes: list = ()):
             stack.enter_context(torch.inference_mode())
         for m in modes:
             stack.enter_context(m)
+        torch.manual_seed(RUN_SEED)  # random ops draw as in the recorded runs
         with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext():
             y = model(**x)[0]
             if backward:

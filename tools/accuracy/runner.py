@@ -141,6 +141,9 @@ def _debug(s: Scenario) -> int:
     return 0x102 | (0x008 if s.backward else 0)
 
 
+RUN_SEED = 0  # the global RNG's seed at each recorded forward, the same on both sides
+
+
 def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes: list) -> Path:
     """One recorded run; ``modes`` are entered before the recorder (they sit below it)."""
     inputs = _inputs(s, side)
@@ -166,6 +169,9 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
             kernel = sdpa_kernel([SDPBackend.MATH])
         else:
             kernel = nullcontext()
+        # both runs draw the same random numbers (a model's random masking, router jitter or
+        # initial state), as a user comparing two runs seeds both: compare's "cannot tell" otherwise
+        torch.manual_seed(RUN_SEED)
         if s.dump == "trace":
             saved = TENSORS_PER_RECORD if s.dump_num is None else s.dump_num
             xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=s.dedup, X_DUMP_NUM=saved if s.data else 0,
