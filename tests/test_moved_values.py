@@ -78,3 +78,73 @@ def test_a_clean_bf16_run_has_no_view_born(tmp_path):
     bench = record_forward(model, tmp_path / "fp32", x, X_DUMP_NUM=0)
     result = compare_dumps(bench, record_forward(model, tmp_path / "bf16", x, autocast=True, X_DUMP_NUM=0))
     assert result.summary.failed == 0, result.summary.first_divergence
+
+
+CLONE = "aten.clone.default"
+
+
+class _Transposing(torch.nn.Module):
+    """A linear whose result is transposed and made contiguous (a clone: a copy kernel) before
+    the next layer reads it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)
+
+    def forward(self, x):
+        h = self.a(x).transpose(0, 1).contiguous()
+        return self.b(torch.nn.functional.gelu(h.transpose(0, 1)))
+
+
+def _off_sample(t: torch.Tensor) -> torch.Tensor:
+    """Three elements doubled, none of them at the sample's positions: a sparse copy bug the
+    sample cannot see."""
+    from xray.dump.samples import positions
+
+    t = t.clone()
+    drawn = set(positions(tuple(t.shape)))
+    for i in [i for i in range(7, t.numel(), 4099) if i not in drawn][:3]:
+        t.view(-1)[i] *= 2
+    return t
+
+
+def _x256():
+    return torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_copy_gets_statistics_of_its_own_on_every_recording_path(path, tmp_path, monkeypatch):
+    """A clone is a kernel that can be wrong: its statistics are measured, not handed on from its
+    input, so three wrong elements its sample missed still show (its maximum and spread move); a
+    clean clone's are its input's, within the rounding of summing in another order."""
+    use_path(monkeypatch, path)
+    for wrong in (False, True):
+        fault = CorruptCall(CLONE, 0, _off_sample if wrong else (lambda t: t))
+        folder = record_forward(_Transposing(), tmp_path / f"d{wrong}", _x256(), fault=fault, X_DEDUP=False,
+                                X_DUMP_NUM=0)
+        with xray.load_dump(folder) as d:
+            (clone,) = [r for r in d.records if r.op == CLONE]
+            src, out = clone.inputs["self"].stats, clone.outputs[0].stats
+        assert out.sample is not None and src.sample is not None
+        if wrong:
+            assert out.std > src.std * (1 + 1e-5) and out.mean != src.mean
+        else:
+            assert (out.min, out.max) == (src.min, src.max)
+            # (float32 partial sums in another order: 5e-8 of the spread here, against compare's 1e-5)
+            assert abs(out.mean - src.mean) < 1e-6 * src.std and out.std == pytest.approx(src.std, rel=1e-6)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_a_sparse_bug_in_a_copy_its_sample_missed_is_born_at_the_copy(tmp_path, autocast):
+    """Statistics only: an fp32 bench against an fp32 or bf16 autocast target whose clone doubles
+    three elements its sample does not draw. The clone's own statistics differ from its input's
+    within the target run: born there. Before, fp32 named the gelu reading it and bf16 found no
+    divergence. The clean pair has no FAIL row."""
+    bench = record_forward(_Transposing(), tmp_path / "fp32", _x256(), X_DUMP_NUM=0)
+    clean = record_forward(_Transposing(), tmp_path / "clean", _x256(), autocast=autocast, X_DUMP_NUM=0)
+    assert compare_dumps(bench, clean).summary.failed == 0
+    target = record_forward(_Transposing(), tmp_path / "bug", _x256(), fault=CorruptCall(CLONE, 0, _off_sample),
+                            autocast=autocast, X_DUMP_NUM=0)
+    fd = compare_dumps(bench, target).summary.first_divergence
+    assert fd is not None and fd["op"] == CLONE and (fd["origin"], fd["cause"]) == ("born", "local error"), fd

@@ -157,7 +157,8 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     its input's (moved_values.py); a sum's means that do not add up (summed_means.py) win over
     a sample that missed the elements that made them."""
     on_sample = sample_local_error(record, meta, k)
-    on_sample = on_sample if on_sample is not None else moved_local_error(record, meta, k)
+    moved = moved_local_error(record, meta, k)
+    on_sample = moved if moved is not None and (on_sample is None or moved.local > on_sample.local) else on_sample
     summed = summed_mean_error(record, meta, k)
     return summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.tensorio import dtype_from_name
 from ..numerics.metrics import stats_rms
@@ -22,6 +24,11 @@ from . import statistics_only
 from .local import LocalError
 
 _COUNTS = ("nan", "posinf", "neginf", "numel")
+# One multiset's mean and spread, summed in another order (a strided input and its contiguous
+# copy: float64 sums of float32 partial sums): about 1e-7 of their scale at worst. A move's
+# statistics against its input's, within one run, differ by no more whatever the tensor's dtype:
+# a bf16 copy is judged at this level, not at bf16's rounding.
+STATS_RTOL = 1e-5
 
 
 def _first_input(record: Record) -> TensorMeta | None:
@@ -40,7 +47,8 @@ def moved_local_error(record: Record, output: TensorMeta, k: int) -> LocalError 
     """Output 0 of a value-moving ``record`` (meta ``output``) against its first input, by their
     statistics: the largest difference of min/max/mean/std over the output's RMS (1 where their
     non-finite or element counts differ); None for any other op, output or dtype pair, or where
-    either has no statistics. Its floor is 0: moving values makes no error of its own."""
+    either has no statistics. Moving values makes no error of its own: its floor is what two
+    reductions of one multiset may differ by (``STATS_RTOL``), measured in float64."""
     src = _first_input(record) if k == 0 and record.kind == "op" else None
     if src is None or src.dtype != output.dtype or not _moves_values(record.op):
         return None
@@ -48,12 +56,12 @@ def moved_local_error(record: Record, output: TensorMeta, k: int) -> LocalError 
     if type(a) is not Stats or type(b) is not Stats or a.mean is None or b.mean is None:
         return None
     try:
-        dtype = dtype_from_name(output.dtype)
+        dtype_from_name(output.dtype)  # (a dtype this torch cannot name: not judged)
     except (ValueError, TypeError):
         return None
     if any(getattr(a, c) != getattr(b, c) for c in _COUNTS):
-        return LocalError(1.0, 0.0, dtype)
+        return LocalError(1.0, STATS_RTOL, torch.float64)
     scale, diff = stats_rms(b) or 0.0, statistics_only.stats_difference(a, b)
     if not math.isfinite(diff):
         return None
-    return LocalError(diff / scale if scale > 0 else float(diff > 0), 0.0, dtype)
+    return LocalError(diff / scale if scale > 0 else float(diff > 0), STATS_RTOL, torch.float64)

@@ -144,7 +144,8 @@ _MOVES_IN_PLACE = frozenset(f"aten.{n}" for n in (
     "expand_copy", "view_copy", "unsqueeze_copy", "squeeze_copy", "alias_copy", "detach_copy", "slice_copy",
     "select_copy", "split_copy", "_to_copy", "to"))
 
-MOVED_CHANGED = "it only moves values, yet its sampled elements differ from its input's in the target run"
+MOVED_CHANGED = "it only moves values, yet its sampled elements or its statistics differ from its input's in the target run"
+
 
 
 @functools.lru_cache(maxsize=1024)
@@ -157,11 +158,14 @@ def moves_in_place(op: str) -> bool:
 
 def moved_and_changed(t: EntryTable, entries: np.ndarray, outs: np.ndarray) -> np.ndarray:
     """Whether each output ``outs`` (of entries ``entries``) of an op that only moves values
-    differs, on its sample, from its first input of the same shape and dtype within the one run.
-    The sampled positions come from the shape alone, so such a move that changed no value leaves
-    the two samples equal, bit for bit (NaN included). A 5 % bug in a bf16 clone stays within
-    bf16's band against a float32 bench, yet its own input shows that the clone made it: such a
-    row is suspect, and attribution recomputes its local error on the sample."""
+    differs, on its sample or its statistics, from its first input of the same shape and dtype
+    within the one run. The sampled positions come from the shape alone, so such a move that
+    changed no value leaves the two samples equal, bit for bit (NaN included); a copy's statistics
+    are its own (record.cache_rules.same_values), and one multiset has one minimum, maximum and
+    count of each kind, and its mean and spread within ``STATS_RTOL``. A 5 % bug in a bf16
+    clone stays within bf16's band against a float32 bench, yet its own input shows that the clone
+    made it, and so do three wrong elements its sample missed: such a row is suspect, and
+    attribution measures its local error (on the sample, and its statistics against its input's)."""
     changed = np.zeros(len(outs), dtype=bool)
     cols = t.columns
     if cols.sample is None or cols.sample_n is None or t.op is None or not len(outs):
@@ -180,6 +184,26 @@ def moved_and_changed(t: EntryTable, entries: np.ndarray, outs: np.ndarray) -> n
     a, b = cols.sample[first[same]], cols.sample[out_rows[same]]
     width = np.arange(a.shape[1])[None, :] < n[out_rows[same]][:, None]
     differs = ((a != b) & ~(np.isnan(a) & np.isnan(b)) & width).any(axis=1)
+    differs |= _statistics_differ(tensors, first[same], out_rows[same])
     where = np.flatnonzero(moves)[same]
     changed[where[differs]] = True
     return changed
+
+
+def _statistics_differ(tensors: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rows ``a`` and ``b`` of the tensors table hold the statistics of two multisets, not one:
+    other counts or extremes, or a mean or spread apart by more than ``STATS_RTOL`` of their
+    scale. Only where both rows hold statistics, none of them absent (withheld or no finite
+    element): anything else says nothing."""
+    from .moved_values import STATS_RTOL
+
+    both = (tensors["has_stats"][a] != 0) & (tensors["has_stats"][b] != 0) \
+        & (tensors["absent"][a] == 0) & (tensors["absent"][b] == 0)
+    differ = np.zeros(len(a), dtype=bool)
+    for name in ("nan", "posinf", "neginf", "numel", "min", "max"):
+        differ |= tensors[name][a] != tensors[name][b]
+    with np.errstate(invalid="ignore"):
+        scale = np.fmax.reduce([np.abs(tensors[n][a]) for n in ("mean", "std", "min", "max")])
+        for name in ("mean", "std"):
+            differ |= np.abs(tensors[name][a] - tensors[name][b]) > STATS_RTOL * scale
+    return differ & both

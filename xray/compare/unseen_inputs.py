@@ -25,12 +25,12 @@ from typing import Any, Callable
 from ..dump.model import Source
 from ..dump.tensorio import dtype_from_name
 from ..numerics.selections import selection_of
+from .moved_values import STATS_RTOL
 from .op_classes import is_value_preserving
 from .pending import Pending, row_inputs
 from .statistics_only import _sample_err
 
 MAX_CHAIN = 64  # value-moving ops looked through behind one input
-STATS_RTOL = 1e-5  # a float32 sum of one multiset in another order: ~1e-7 of its scale
 UNSEEN_FACTOR = 10.0  # how far beyond its local floor (times the precision factor) the row must differ
 # ops that write their input's values into new memory (a view shares its input's and cannot be wrong)
 _COPIES = frozenset(("aten.clone", "aten.contiguous", "aten._to_copy", "aten.to", "aten.lift_fresh_copy", "aten.copy",

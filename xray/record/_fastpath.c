@@ -801,8 +801,8 @@ static int append3(RowCall *call, PyObject *layout, PyObject *stats, PyObject *s
 }
 
 /* cache_rules.same_values: the condition under which an op that keeps its input's values hands
- * on that input's statistics: the same dtype and as many elements, and the same shape or the
- * same data pointer. 1 yes, 0 no, -1 error. */
+ * on that input's statistics: the same dtype and as many elements, in the same memory (a view;
+ * a copy gets statistics of its own). 1 yes, 0 no, -1 error. */
 static int same_values(PyObject *src, PyObject *dst) {
     PyObject *d1 = PyObject_GetAttr(src, s_dtype), *d2 = d1 ? PyObject_GetAttr(dst, s_dtype) : NULL;
     PyObject *n1 = d2 ? call0(src, s_numel) : NULL, *n2 = n1 ? call0(dst, s_numel) : NULL;
@@ -810,12 +810,7 @@ static int same_values(PyObject *src, PyObject *dst) {
     Py_XDECREF(d1), Py_XDECREF(d2), Py_XDECREF(n1), Py_XDECREF(n2);
     if (same != 1)
         return same;
-    PyObject *a = PyObject_GetAttr(src, s_shape), *b = a ? PyObject_GetAttr(dst, s_shape) : NULL;
-    same = b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
-    Py_XDECREF(a), Py_XDECREF(b);
-    if (same != 0)
-        return same;
-    a = call0(src, s_data_ptr), b = a ? call0(dst, s_data_ptr) : NULL;
+    PyObject *a = call0(src, s_data_ptr), *b = a ? call0(dst, s_data_ptr) : NULL;
     same = b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
     Py_XDECREF(a), Py_XDECREF(b);
     return same;

@@ -32,13 +32,12 @@ def forget_written(cache: StatsCache, info, bound: dict[str, Any]) -> None:
 def same_values(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Whether ``dst``, the result of an op that keeps its input's values
     (``info.stats_preserving``), provably holds ``src``'s elements, so that ``src``'s statistics
-    describe it: the same dtype and as many elements, and either its view (the same data
-    pointer: these ops never move the offset) or of the same shape (a copy; its sample, drawn at
-    the input's positions, shows a wrong one: compare.sample_local). A reshaping op whose result
-    is new memory (a view kernel that copies, a wrong one) gets statistics of its own, which
-    compare holds against its input's (compare.sample_local.moved_local_error)."""
-    return src.dtype == dst.dtype and src.numel() == dst.numel() and (
-        src.shape == dst.shape or src.data_ptr() == dst.data_ptr())
+    describe it: the same dtype and as many elements, in the same memory (a view: these ops never
+    move the offset). A copy (a clone, a contiguous copy, a cast to its own dtype) is a kernel
+    that can be wrong: it gets statistics of its own, which compare holds against its input's
+    within the run (compare.moved_values, sample_verdicts.moved_and_changed), so a bug in a few
+    of its elements shows whether or not its sample draws one."""
+    return src.dtype == dst.dtype and src.numel() == dst.numel() and src.data_ptr() == dst.data_ptr()
 
 
 def reuse_input_stats(cache: StatsCache, info, args: tuple, out: Any, known: Any) -> None:
