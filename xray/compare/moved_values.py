@@ -3,11 +3,11 @@
 A view, a reshape or a copy (the recorder's ``stats_preserving`` ops) holds exactly its input's
 elements, so its output's statistics are its input's: the same minimum, maximum, mean and spread
 (float64 sums of one multiset, in another order). The recorder hands the input's statistics on
-only where that is proven (``record.cache_rules.same_values``: the result is a view of the input,
-or a copy of its shape, whose sample compare recomputes elementwise); a reshaping result in new
-memory gets statistics of its own. Where those differ from its input's, the op changed what it
-moved, whatever the other run did: a within-run measure, blind to the noise two runs carry, so a
-5 % bug in a bf16 reshape is seen where the two runs' statistics differ by more than that.
+only where that is proven (``record.cache_rules.same_values``: the result is a view of the input);
+a copy and a reshaping result in new memory get statistics of their own. Where those differ from
+its input's, the op changed what it moved, whatever the other run did: a within-run measure,
+blind to the noise two runs carry, so a 5 % bug in a bf16 reshape, or three wrong elements in a
+clone of 16k its sample missed, is seen where the two runs' statistics differ by more than that.
 """
 from __future__ import annotations
 

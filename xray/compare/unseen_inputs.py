@@ -6,10 +6,11 @@ with the bench on all it recorded (statistics and sampled elements, bit for bit)
 still differs far beyond what two right kernels can differ on equal inputs (its local floor),
 the inputs cannot have been equal: they differ in elements their records do not measure.
 
-Which records measure less than their tensors: a copy whose statistics the recorder handed on
-from its input (``record.cache_rules.same_values``: a clone, a contiguous copy, a cast to its own
-dtype: the statistics are its input's, only its sample is its own), so a bug in a few of its
-elements is seen only if the sample draws one. Up the chain of value-moving ops behind the
+Which records measure less than their tensors: a copy whose statistics an earlier recorder handed
+on from its input (a clone, a contiguous copy, a cast to its own dtype: the statistics are its
+input's, only its sample is its own; today's recorder measures a copy's own, which
+sample_verdicts.moved_and_changed holds against its input's), so a bug in a few of its elements
+is seen only if the sample draws one. Up the chain of value-moving ops behind the
 inputs, the nearest such copy is named; views share their input's memory and cannot be wrong.
 Three wrong elements in a clone of 256 (a sparse kernel bug) were called precision loss at the
 matmul reading it, in a float32 pair whose every other row was bit-equal.
