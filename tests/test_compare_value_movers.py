@@ -90,26 +90,49 @@ def test_an_embedding_lookup_is_no_reduction(noise, call, amount, tmp_path):
     assert (fd["origin"], fd["cause"]) == ("born", "local error"), fd
 
 
+def _handing_copies_on(monkeypatch) -> None:
+    """Record as earlier recorders did, whose dumps compare still reads: a copy of its input's
+    shape takes its input's statistics (only its sample is its own). Python's row path, where
+    the rule can be swapped."""
+    from xray.record import cache_rules, rows
+
+    def same_values(src, dst):
+        return src.dtype == dst.dtype and src.numel() == dst.numel() and (
+            src.shape == dst.shape or src.data_ptr() == dst.data_ptr())
+    monkeypatch.setenv("XRAY_NATIVE_ROWS", "0")
+    monkeypatch.setattr(cache_rules, "same_values", same_values)
+    monkeypatch.setattr(rows, "same_values", same_values)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("handed_on", [False, True], ids=["copies-measured", "copies-handed-on"])
 @pytest.mark.parametrize("model_type,call", [("mpnet", 2), ("nemotron3_5_asr", 2)])
-def test_a_sparse_bug_in_a_copy_its_sample_missed_is_named_through_its_consumer(model_type, call, tmp_path):
+def test_a_sparse_bug_in_a_copy_its_sample_missed_is_named(model_type, call, handed_on, tmp_path, monkeypatch):
     """MPNet in fp32, recorded with the defaults: three elements of an attention output's clone
-    doubled (tools/accuracy's "few" fault: a tail or index bug). A clone's statistics are its
-    input's, handed on by the recorder, and its 32 sampled elements missed the three. The matmul
-    reading it differs by 45 % while each input agrees with the bench on every statistic and
-    sampled element, bit for bit, and the matmul computed right on them: it was called precision
-    loss. Its inputs differ where their records do not show it, and the nearest copy up the chain
-    of value-moving ops is named (compare/unseen_inputs.py). Nemotron-3.5-ASR's repeated key-value
-    heads: the clone's consumer, a same-shape expand whose data X_DUMP_NUM saved, measures its own
-    statistics, and they are not the ones its input was recorded with: the expand moved the
-    values right, so its input's record is what does not describe them."""
+    doubled (tools/accuracy's "few" fault: a tail or index bug); its 32 sampled elements miss
+    the three. Today's recorder measures the clone's own statistics, which are not its input's:
+    born at the clone (compare/moved_values.py).
+
+    Dumps of earlier recorders hand a clone its input's statistics. There the matmul reading it
+    differs by 45 % while each input agrees with the bench on every statistic and sampled
+    element, bit for bit, and the matmul computed right on them: its inputs differ where their
+    records do not show it, and the nearest copy up the chain of value-moving ops is named
+    (compare/unseen_inputs.py). Nemotron-3.5-ASR's repeated key-value heads: the clone's
+    consumer, a same-shape expand whose data X_DUMP_NUM saved, measures its own statistics, and
+    they are not the ones its input was recorded with: the expand moved the values right, so its
+    input's record is what does not describe them."""
     entry = next((x for x in zoo.listed() if x.model_type == model_type), None)
     if entry is None:
         pytest.skip(f"this transformers has no {model_type}")
+    if handed_on:
+        _handing_copies_on(monkeypatch)
     s = Scenario(f"t/{model_type}", "bug", zoo.register(entry), fault=Fault("aten.clone.default", call, "few", 1.0),
                  **RECORDER_DEFAULTS)
     o = run_scenario(s, tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     fd = o.summary["first_divergence"]
     assert o.exact, fd
-    assert "aten.clone.default" in fd["culprit"], fd
+    if handed_on:
+        assert "aten.clone.default" in fd["culprit"], fd
+    else:
+        assert fd["op"] == "aten.clone.default" and (fd["origin"], fd["cause"]) == ("born", "local error"), fd
