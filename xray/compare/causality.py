@@ -157,8 +157,9 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     its input's (moved_values.py); a sum's means that do not add up (summed_means.py) win over
     a sample that missed the elements that made them."""
     on_sample = sample_local_error(record, meta, k)
-    moved = moved_local_error(record, meta, k)
-    on_sample = moved if moved is not None and (on_sample is None or moved.local > on_sample.local) else on_sample
+    moved = moved_local_error(record, meta, k)  # (a copy: the larger of it and its sample's)
+    if moved is not None and (on_sample is None or moved.local > on_sample.local):
+        on_sample = moved
     summed = summed_mean_error(record, meta, k)
     return summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
 

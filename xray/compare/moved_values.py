@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..dump.model import Record, Stats, TensorMeta
@@ -29,6 +30,32 @@ _COUNTS = ("nan", "posinf", "neginf", "numel")
 # statistics against its input's, within one run, differ by no more whatever the tensor's dtype:
 # a bf16 copy is judged at this level, not at bf16's rounding.
 STATS_RTOL = 1e-5
+
+
+def same_multiset(a: Stats, b: Stats) -> bool:
+    """Whether two statistics can describe one multiset of values: the same extremes and counts,
+    mean and spread within ``STATS_RTOL`` of their scale. (``multisets_differ`` is the same rule
+    over the index's tensors table.)"""
+    if any(getattr(a, f) != getattr(b, f) for f in ("min", "max") + _COUNTS):
+        return False
+    scale = max(abs(a.mean), a.std or 0.0, abs(a.min or 0.0), abs(a.max or 0.0))
+    return abs(a.mean - b.mean) <= STATS_RTOL * scale and abs((a.std or 0.0) - (b.std or 0.0)) <= STATS_RTOL * scale
+
+
+def multisets_differ(tensors: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``not same_multiset`` for rows ``a`` and ``b`` of the index's tensors table, where both
+    hold statistics with none absent (withheld, or no finite element): False elsewhere, where
+    they say nothing."""
+    both = (tensors["has_stats"][a] != 0) & (tensors["has_stats"][b] != 0) \
+        & (tensors["absent"][a] == 0) & (tensors["absent"][b] == 0)
+    differ = np.zeros(len(a), dtype=bool)
+    for name in ("min", "max") + _COUNTS:
+        differ |= tensors[name][a] != tensors[name][b]
+    with np.errstate(invalid="ignore"):
+        scale = np.fmax.reduce([np.abs(tensors[n][a]) for n in ("mean", "std", "min", "max")])
+        for name in ("mean", "std"):
+            differ |= np.abs(tensors[name][a] - tensors[name][b]) > STATS_RTOL * scale
+    return differ & both
 
 
 def _first_input(record: Record) -> TensorMeta | None:

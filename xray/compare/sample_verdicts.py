@@ -20,6 +20,7 @@ from ..numerics.metrics import stats_rms
 from ..numerics.rules import Rules
 from ..numerics.stats_judge import VERDICT_TEXT
 from .entry_table import EntryTable
+from .moved_values import multisets_differ
 from .result import PairStatus
 
 VERDICT_CODE = {text: code for code, text in enumerate(VERDICT_TEXT)}  # "pass" -> 0 ... "nan/inf" -> 3
@@ -147,7 +148,6 @@ _MOVES_IN_PLACE = frozenset(f"aten.{n}" for n in (
 MOVED_CHANGED = "it only moves values, yet its sampled elements or its statistics differ from its input's in the target run"
 
 
-
 @functools.lru_cache(maxsize=1024)
 def moves_in_place(op: str) -> bool:
     """``_MOVES_IN_PLACE`` for one op name."""
@@ -162,7 +162,7 @@ def moved_and_changed(t: EntryTable, entries: np.ndarray, outs: np.ndarray) -> n
     within the one run. The sampled positions come from the shape alone, so such a move that
     changed no value leaves the two samples equal, bit for bit (NaN included); a copy's statistics
     are its own (record.cache_rules.same_values), and one multiset has one minimum, maximum and
-    count of each kind, and its mean and spread within ``STATS_RTOL``. A 5 % bug in a bf16
+    count of each kind, and its mean and spread close (``moved_values.same_multiset``). A 5 % bug in a bf16
     clone stays within bf16's band against a float32 bench, yet its own input shows that the clone
     made it, and so do three wrong elements its sample missed: such a row is suspect, and
     attribution measures its local error (on the sample, and its statistics against its input's)."""
@@ -184,26 +184,8 @@ def moved_and_changed(t: EntryTable, entries: np.ndarray, outs: np.ndarray) -> n
     a, b = cols.sample[first[same]], cols.sample[out_rows[same]]
     width = np.arange(a.shape[1])[None, :] < n[out_rows[same]][:, None]
     differs = ((a != b) & ~(np.isnan(a) & np.isnan(b)) & width).any(axis=1)
-    differs |= _statistics_differ(tensors, first[same], out_rows[same])
+    differs |= multisets_differ(tensors, first[same], out_rows[same])
     where = np.flatnonzero(moves)[same]
     changed[where[differs]] = True
     return changed
 
-
-def _statistics_differ(tensors: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Rows ``a`` and ``b`` of the tensors table hold the statistics of two multisets, not one:
-    other counts or extremes, or a mean or spread apart by more than ``STATS_RTOL`` of their
-    scale. Only where both rows hold statistics, none of them absent (withheld or no finite
-    element): anything else says nothing."""
-    from .moved_values import STATS_RTOL
-
-    both = (tensors["has_stats"][a] != 0) & (tensors["has_stats"][b] != 0) \
-        & (tensors["absent"][a] == 0) & (tensors["absent"][b] == 0)
-    differ = np.zeros(len(a), dtype=bool)
-    for name in ("nan", "posinf", "neginf", "numel", "min", "max"):
-        differ |= tensors[name][a] != tensors[name][b]
-    with np.errstate(invalid="ignore"):
-        scale = np.fmax.reduce([np.abs(tensors[n][a]) for n in ("mean", "std", "min", "max")])
-        for name in ("mean", "std"):
-            differ |= np.abs(tensors[name][a] - tensors[name][b]) > STATS_RTOL * scale
-    return differ & both

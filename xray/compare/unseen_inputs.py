@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 from ..dump.model import Source
 from ..dump.tensorio import dtype_from_name
+from ..numerics.kernel_families import packet
 from ..numerics.selections import selection_of
-from .moved_values import STATS_RTOL
+from .moved_values import same_multiset
 from .op_classes import is_value_preserving
 from .pending import Pending, row_inputs
 from .statistics_only import _sample_err
@@ -35,7 +36,7 @@ MAX_CHAIN = 64  # value-moving ops looked through behind one input
 UNSEEN_FACTOR = 10.0  # how far beyond its local floor (times the precision factor) the row must differ
 # ops that write their input's values into new memory (a view shares its input's and cannot be wrong)
 _COPIES = frozenset(("aten.clone", "aten.contiguous", "aten._to_copy", "aten.to", "aten.lift_fresh_copy", "aten.copy",
-                     "aten.copy_", "aten._copy_from"))
+                     "aten._copy_from"))  # (by packet: copy_ is copy)
 
 
 def unseen_input_difference(p: Pending, k: int, row_err: float | None, floor: float, factor: float,
@@ -86,18 +87,9 @@ def _blind_input(p: Pending, k: int, by_seq: Callable[[int], Any]) -> int | None
     if getattr(src, "shape", None) != getattr(out, "shape", None) or getattr(src, "dtype", None) != out.dtype:
         return None
     a, b = getattr(src, "stats", None), getattr(out, "stats", None)
-    if a is None or b is None or a.mean is None or b.mean is None or _agree(a, b):
+    if a is None or b is None or a.mean is None or b.mean is None or same_multiset(a, b):
         return None
     return _nearest_copy(_seq_of(src), by_seq)
-
-
-def _agree(a: Any, b: Any) -> bool:
-    """Statistics of one multiset of values: the same extremes and counts; mean and spread within
-    the rounding of a float32 sum taken in another order."""
-    if any(getattr(a, f) != getattr(b, f) for f in ("min", "max", "numel", "nan", "posinf", "neginf")):
-        return False
-    scale = max(abs(a.mean), a.std or 0.0, abs(a.min or 0.0), abs(a.max or 0.0))
-    return abs(a.mean - b.mean) <= STATS_RTOL * scale and abs((a.std or 0.0) - (b.std or 0.0)) <= STATS_RTOL * scale
 
 
 def _floating(p: Pending, k: int) -> bool:
@@ -122,7 +114,7 @@ def _nearest_copy(seq: int | None, by_seq: Callable[[int], Any]) -> int | None:
         e = by_seq(seq) if seq is not None else None
         if e is None or e.kind != "op" or not is_value_preserving(e.op) or not e.inputs:
             return None
-        if ".".join(e.op.split(".")[:2]) in _COPIES and _same_statistics(e):
+        if packet(e.op) in _COPIES and _same_statistics(e):
             return seq
         seq = _seq_of(e.inputs[0][1])
     return None

@@ -149,11 +149,11 @@ def _convolution(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -
     composite ``conv1d/2d/3d`` is ``convolution`` with ``transposed`` False (string padding: none)."""
     if name != "aten.convolution.default":
         spatial = out.dim() - 2
-        spread = {key: [v] * spatial if type(v) is int else v for key, v in
-                  ((key, bound.get(key, 1 if key != "padding" else 0)) for key in ("stride", "padding", "dilation"))}
-        if isinstance(spread["padding"], str) or spatial < 1:
+        given = {key: bound.get(key, default) for key, default in (("stride", 1), ("padding", 0), ("dilation", 1))}
+        if isinstance(given["padding"], str) or spatial < 1:
             return None
-        bound = {**bound, **spread, "transposed": False, "output_padding": [0] * spatial}
+        given = {key: [v] * spatial if type(v) is int else v for key, v in given.items()}
+        bound = {**bound, **given, "transposed": False, "output_padding": [0] * spatial}
     x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
     groups, transposed = bound.get("groups", 1), bool(bound.get("transposed"))
     if not (_plain(x) and _plain(w)) or (bias is not None and not _plain(bias)) or type(groups) is not int \
@@ -254,14 +254,16 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
         g = g.index_select(-2, rows) if g is not None else None
         if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
             mask = mask.index_select(-2, rows)
-    positions = rows if rows is not None else torch.arange(q.shape[-2], device=q.device)
+    positions = None  # a causal mask's query positions, top-left aligned as the fused kernels': i sees keys 0..i
+    if causal:
+        positions = rows if rows is not None else torch.arange(q.shape[-2], device=q.device)
 
     def compute(fn):  # (reference, its terms' norm); fn: the steps' rounding of the operands
         qw, kw, vw = (fn(t).to(wide) for t in (q, k, v))
         if k.shape[-3] != q.shape[-3]:
             kw, vw = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (kw, vw))
         scores = (qw @ kw.transpose(-2, -1)) * scale
-        if causal:  # top-left aligned, as the fused kernels: query i sees keys 0..i
+        if positions is not None:
             keep = torch.arange(scores.shape[-1], device=scores.device) <= positions[:, None]
             scores = scores.masked_fill(~keep, -math.inf)
         if mask is not None:
