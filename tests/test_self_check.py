@@ -237,6 +237,30 @@ def test_a_deferred_check_reads_as_the_immediate_one():
     assert resolved(zero) is None
 
 
+@pytest.mark.parametrize("name,bound,out", [
+    ("aten.mm.default", {"self": torch.randn(64, 512), "mat2": torch.randn(512, 96)}, None),
+    ("aten.mean.dim", {"self": torch.randn(4, 128, 256) + 3.0, "dim": [-1], "keepdim": True}, None),
+])
+def test_the_output_norm_from_its_statistics_gives_the_check_it_would_read(name, bound, out):
+    """A check given its output's norm from the recorded statistics (``stats.norm_of``: the
+    population std and mean) reads the residual it reads from the output itself; a tensor with
+    a NaN or Inf gives no norm, so the check reads the output (and finds it non-finite)."""
+    from xray.dump.stats import norm_of, stats_row, tensor_stats
+
+    torch.manual_seed(0)
+    func = torch.ops.aten.mm.default if name == "aten.mm.default" else torch.ops.aten.mean.dim
+    args = (bound["self"], bound["mat2"]) if name == "aten.mm.default" else (bound["self"], bound["dim"], True)
+    out = func(*args) * 1.01
+    norm = norm_of(stats_row(out))
+    assert norm == pytest.approx(float(out.double().norm()), rel=1e-6)  # (the native pass sums in blocks)
+    assert norm_of(tensor_stats(out)) == pytest.approx(norm, rel=1e-12)  # a Stats and a row alike
+    read, given = self_check(name, bound, out), self_check(name, bound, out, norm=norm)
+    assert given[0] == pytest.approx(read[0], rel=1e-5) and given[0] > 1e-3
+    broken = out.clone()
+    broken.view(-1)[3] = math.nan
+    assert norm_of(stats_row(broken)) is None and self_check(name, bound, broken, norm=None) is None
+
+
 def test_a_bug_in_an_autocast_cast_is_born_at_the_cast(tmp_path):
     """A bf16 autocast target casts each Linear's float32 input to bfloat16, a call the float32
     bench never makes (an unmatched row). 5 % on one of those casts moves every consumer within

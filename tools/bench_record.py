@@ -56,6 +56,7 @@ from xray.demo.models import bench_llama, token_batch  # noqa: E402
 from xray.dump.writer import DumpWriter  # noqa: E402
 
 session_mod = importlib.import_module("xray.record.session")  # xray.dump is also a function
+from xray.record.tracer import _set_eval_frame  # noqa: E402 - the recorder's own Dynamo guard
 stats_mod = importlib.import_module("xray.dump.stats")
 
 CONFIGS = [  # (label, dump kwargs, tracer only)
@@ -193,10 +194,21 @@ def recording(root: Path, kw: dict):
 
 class OnlyRuns(TorchDispatchMode):
     """A dispatch mode that runs each op and records nothing: what any recorder built on a
-    Python ``TorchDispatchMode`` pays before it does anything (the floor under every row)."""
+    Python ``TorchDispatchMode`` pays before it does anything (the floor under every row). It
+    guards Dynamo as the recorder's mode does (``XrayTracer``: the eval-frame callback off
+    around the call, not torch's wrapper, which costs about 2 us more a call)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return _set_eval_frame is None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
+        prior = None if _set_eval_frame is None else _set_eval_frame(None)
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            if _set_eval_frame is not None:
+                _set_eval_frame(prior)
 
 
 REAL_SIZE = dict(hidden=1024, batch=1, seq=512, forwards=6)  # the benchmark model's proportions at a real width

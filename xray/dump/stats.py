@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 import warnings
 import weakref
@@ -119,6 +120,21 @@ def stats_of_row(row: tuple | Stats | None) -> Stats | None:
 
 
 NO_STATS = (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0)  # no statistics, so no sample either
+
+
+def norm_of(stats: tuple | Stats | None) -> float | None:
+    """The Frobenius norm a tensor's statistics imply (``sqrt(n (std^2 + mean^2))``: std is the
+    population's), or None where they cannot give it: none, or a NaN or Inf among the elements.
+    A self-check takes it instead of reading the output once more."""
+    if type(stats) is tuple:  # a row: (has, absent, min, max, mean, std, nan, posinf, neginf, numel, ...)
+        has, absent, _, _, mean, std, nan, posinf, neginf, n = stats[:10]
+        if not has or absent & (ABSENT_MEAN | ABSENT_STD) or nan or posinf or neginf:
+            return None
+    elif stats is None or stats.mean is None or stats.std is None or stats.nan or stats.posinf or stats.neginf:
+        return None
+    else:
+        mean, std, n = stats.mean, stats.std, stats.numel
+    return math.sqrt(n * (std * std + mean * mean))
 
 
 def sample_bytes(t: torch.Tensor, native: bool = True) -> bytes | None:

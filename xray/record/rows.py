@@ -35,7 +35,7 @@ import torch
 
 from ..dump.column_builder import shape_text, skeleton_of, source_cells, stack_text
 from ..dump.columns import DIRECTIONS, NONE, SRC_INPUT, SRC_NONE, SRC_OP
-from ..dump.stats import NO_STATS
+from ..dump.stats import NO_STATS, norm_of
 from ..dump.tensorio import dtype_name
 from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats, same_values
 from ..dump.model import TensorMeta, value_to_json
@@ -322,9 +322,11 @@ class RowPath:
         checks = None
         if self.stats_on and info.name in CHECKED_OPS and first_out not in (call.notes or ()):
             first = out[0] if info.returns > 1 else out  # (a norm backward's input gradient)
+            now = isinstance(first, torch.Tensor) and first.is_cpu and self.recorder.cpu_sync
             check = None if not isinstance(first, torch.Tensor) else self_check(
                 info.name, bind_inputs(info, call.args, call.kwargs), first,
-                defer=not (first.is_cpu and self.recorder.cpu_sync))  # as its statistics: read at the flush
+                defer=not now,  # as its statistics: read at the flush
+                norm=norm_of(call.stats[first_out]) if now else None)
             checks = None if check is None else {first_out: check}
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),

@@ -307,11 +307,12 @@ def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.ones(n, device=device, dtype=dtype)
 
 
-def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
+def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: float | None = None) -> Any:
     """(residual, step residuals...) of a checked op's first output (``bound``: its arguments by
     schema name), or None when the call is not one this checks (another op, a subclass, sparse or
     quantized tensors, a grouped convolution, attention with dropout, a non-finite or all-zero
-    output) or the check cannot run.
+    output) or the check cannot run. ``norm``: the output's norm where its statistics give it
+    (``stats.norm_of``), so that the check need not read the output once more.
 
     ``defer`` (an accelerator's call): the values as a tensor on the output's device, NaN where
     a tuple would be None, read with the batched statistics at the next flush, so that the check
@@ -329,11 +330,12 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
             if got is None:
                 return None
             got_r, exact, reference, operands, k, of_terms, part = got
-            # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
-            size = torch.linalg.vector_norm(got_r if part else out.to(wide))
-            norms = torch.stack([torch.linalg.vector_norm(got_r - exact),
-                                 size if of_terms is None else torch.maximum(size, of_terms)])
             step_ops = reference is not None and all(t.dtype == torch.float32 for t in operands)
+            error = torch.linalg.vector_norm(got_r - exact)
+            own = norm if not (part or defer) else None  # |C| from its statistics: one read of C fewer
+            if own is None:  # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
+                size = torch.linalg.vector_norm(got_r if part else out.to(wide))
+                norms = torch.stack([error, size if of_terms is None else torch.maximum(size, of_terms)])
             if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
                 norms = norms.to(torch.float64)
                 scale = norms[1] * math.sqrt(k)
@@ -342,7 +344,13 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False) -> Any:
                          .to(torch.float64) / scale if step_ops else scale * math.nan for bits in PRECISION_STEPS.values()]
                 values = torch.stack([norms[0] / scale, *steps])
                 return torch.where(usable, values, torch.full_like(values, math.nan))
-            error, scale = norms.tolist()  # one read
+            if own is None:
+                error, scale = norms.tolist()  # one read
+            elif of_terms is None:
+                error, scale = float(error), own
+            else:
+                error, terms = torch.stack([error, of_terms]).tolist()
+                scale = max(own, terms)
             scale *= math.sqrt(k)
             if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
                 return None
