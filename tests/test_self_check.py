@@ -261,6 +261,38 @@ def test_the_output_norm_from_its_statistics_gives_the_check_it_would_read(name,
     assert norm_of(stats_row(broken)) is None and self_check(name, bound, broken, norm=None) is None
 
 
+@pytest.mark.parametrize("source,target", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                           (torch.bfloat16, torch.float32), (torch.float64, torch.float32),
+                                           (torch.float16, torch.bfloat16), (torch.float32, torch.float32)])
+def test_a_conversion_is_checked_to_the_bit_and_a_few_wrong_elements_read_their_share(source, target):
+    """A conversion between floating dtypes is recomputed through float64 (one rounding to the
+    output dtype): a right one reads exactly 0 whatever the pair, ties and subnormals included;
+    three doubled elements of 2048 read their share of the output's norm, which its 32-element
+    sample would miss 95 % of the time."""
+    torch.manual_seed(0)
+    x = (torch.randn(32, 64, dtype=torch.float64) * 0.1).to(source)
+    x.view(-1)[:4] = torch.tensor([2.0 ** -140, 1.00390625, -1.01171875, 6e-8], dtype=torch.float64).to(source)
+    cast = torch.ops.aten._to_copy.default
+    name, bound = op_info(cast).name, {"self": x, "dtype": target}
+    right = cast(x, dtype=target)
+    assert self_check(name, bound, right)[0] == 0.0
+    wrong = right.clone()
+    for i in (300, 1000, 1700):
+        wrong.view(-1)[i] = wrong.view(-1)[i] * 2
+    share = float((wrong.double() - right.double()).norm() / wrong.double().norm())
+    assert self_check(name, bound, wrong)[0] == pytest.approx(share, rel=1e-3) and share > 1e-2
+
+
+def test_a_conversion_above_its_size_bar_or_across_devices_is_not_checked(monkeypatch):
+    import xray.record.self_check as checks
+
+    monkeypatch.setattr(checks, "CAST_MAX", 100)
+    x = torch.randn(11, 10)
+    assert self_check("aten._to_copy.default", {"self": x, "dtype": torch.bfloat16}, x.bfloat16()) is None
+    assert self_check("aten._to_copy.default", {"self": torch.randn(5), "dtype": torch.bfloat16},
+                      torch.zeros(3, dtype=torch.bfloat16)) is None  # not the input's shape: not this call
+
+
 def test_a_bug_in_an_autocast_cast_is_born_at_the_cast(tmp_path):
     """A bf16 autocast target casts each Linear's float32 input to bfloat16, a call the float32
     bench never makes (an unmatched row). 5 % on one of those casts moves every consumer within

@@ -263,6 +263,23 @@ def test_a_bf16_matmul_bug_recorded_with_statistics_only_is_born_on_its_self_che
     assert fd["origin"] == "born" and fd["cause"] == "local error" and 3e-2 < fd["local_err"] < 8e-2, fd
 
 
+def test_a_few_wrong_elements_in_an_autocast_weight_cast_with_statistics_only_are_born_there(tmp_path):
+    """CLIP's text encoder under bf16 autocast with the recorder's defaults: three elements of
+    layer 1's fc2 weight cast (2048 elements, recorded with statistics only) doubled. The
+    cast's extremes stay its input's, its mean moves 1.5e-4 where bf16's rounding of the
+    weight may move it 3.4e-4, and its sample holds none of the three: compare found no
+    divergence. Its self-check reads 4.5e-2: born at the cast."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    arch = zoo.register(zoo.Entry("clip_text_model", "CLIPTextModel"))
+    o = run_scenario(Scenario("t/clip-text", "bug", arch, noise="bf16",
+                              fault=Fault("aten._to_copy.default", 31, "few", 1.0), **RECORDER_DEFAULTS), tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    fd = o.summary["first_divergence"]
+    assert o.exact and fd["origin"] == "born" and fd["cause"] == "local error", fd
+
+
 def _zoo_noise_run(model_type: str, cls: str, tmp_path, **kw) -> list:
     """A bf16-autocast noise run of an untuned transformers architecture
     (tools/accuracy/zoo.py), recorded with the recorder's defaults."""

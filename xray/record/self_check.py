@@ -1,5 +1,6 @@
 """A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a layer
-norm's backward, a fused attention): its local error without saving its tensors.
+norm's backward, a fused attention; and a floating dtype conversion, recomputed whole): its local
+error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
 convolution's sampled output elements each read a whole row, column or window that the samples
@@ -53,7 +54,10 @@ FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
                    "aten._scaled_dot_product_cudnn_attention.default")
 ATTENTION = FUSED_ATTENTION + ("aten.scaled_dot_product_attention.default",)
 ATTENTION_BACKWARD = tuple(name.replace(".default", "_backward.default") for name in FUSED_ATTENTION)
-OPS = frozenset(MATMULS + CONVOLUTIONS + (NORM_BACKWARD,) + SUMS + ATTENTION + ATTENTION_BACKWARD)
+# a conversion between floating dtypes (autocast's casts of weights and activations)
+CASTS = ("aten._to_copy.default",)
+CAST_MAX = 1 << 24  # elements: a larger conversion is not checked (``_cast``)
+OPS = frozenset(MATMULS + CONVOLUTIONS + (NORM_BACKWARD,) + SUMS + ATTENTION + ATTENTION_BACKWARD + CASTS)
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
@@ -280,6 +284,23 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms, part=rows is not None)
 
 
+def _cast(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of a conversion between floating dtypes on one device, recomputed through
+    float64: every float dtype converts to it exactly, so the reference is one rounding to the
+    output's dtype (to nearest, ties to even, as the conversion's) by another kernel than the one
+    checked. A right conversion reads 0 to the bit; a few wrong elements, which its sample and
+    its statistics (within bf16's rounding of its input's) can miss, read their share of the
+    output's norm. Not above ``CAST_MAX`` elements: the float64 copy would cost 8 bytes an
+    element, and a normwise residual no longer sees a few elements there anyway (three doubled
+    among 16M read about 4e-4, under bf16's floor)."""
+    x = bound.get("self")
+    if not _plain(x) or x.device != out.device or tuple(x.shape) != tuple(out.shape) or x.numel() > CAST_MAX:
+        return None
+    exact = x.to(torch.float64).to(out.dtype)
+    got = out if torch.equal(out, exact) else out.to(wide)  # (equal: the residual is 0, with no more passes)
+    return Check(got, exact if got is out else exact.to(wide), None, (x,), 1)
+
+
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
@@ -326,6 +347,7 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: floa
                 _sum(name, bound, out, wide) if name in SUMS else \
                 _layer_norm_backward(bound, out, wide) if name == NORM_BACKWARD else \
                 _attention(name, bound, out, wide) if name in ATTENTION + ATTENTION_BACKWARD else \
+                _cast(bound, out, wide) if name in CASTS else \
                 _matmul(name, bound, out, wide)
             if got is None:
                 return None
@@ -355,7 +377,7 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: floa
             if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
                 return None
             residual, steps = error / scale, [math.nan] * len(PRECISION_STEPS)
-            summed = operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
+            summed = step_ops and (operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel())
             if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, summed)):  # the sums' bound
                 for i, bits in enumerate(PRECISION_STEPS.values()):
                     rounded = reference(lambda t, b=bits: round_mantissa(t, b))
