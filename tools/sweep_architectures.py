@@ -7,7 +7,8 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 
 - ``identical``, ``identical-train``: two identical runs, forward and forward + backward: 0 FAIL rows;
 - ``bf16``, ``bf16-train``: fp32 against bf16 autocast, forward and forward + backward;
-- ``tf32``: fp32 against emulated TF32 (matmul operands rounded to 10 bits, below the recorder);
+- ``tf32``, ``tf32-train``: fp32 against emulated TF32 (matmul operands rounded to 10 bits, below
+  the recorder), forward and forward + backward;
 - ``fault``: K random single-call faults per precision and direction (a random op kind, a random
   call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward; ``--fault-kind few``: three
   elements doubled instead, a sparse bug), graded exact / module /
@@ -50,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tabulate import tabulate  # noqa: E402
 
-SCENARIOS = ("identical", "identical-train", "bf16", "bf16-train", "tf32", "fault")
+SCENARIOS = ("identical", "identical-train", "bf16", "bf16-train", "tf32", "tf32-train", "fault")
+NOISE_SCENARIOS = ("bf16", "bf16-train", "tf32", "tf32-train")  # legitimate precision differences
 RECORDINGS = ("defaults", "every call")
 # per fault kind (accuracy.scenario.CORRUPTIONS) and precision: "rel" scales every element (a
 # kernel computing at lower precision); "few" doubles three elements, plus their tensor's mean
@@ -267,7 +269,8 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     last = _capture_first_fail()
     recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
     noise = {"identical": {}, "identical-train": {"backward": True}, "bf16": {"noise": "bf16"},
-             "bf16-train": {"noise": "bf16", "backward": True}, "tf32": {"noise": "tf32"}}
+             "bf16-train": {"noise": "bf16", "backward": True}, "tf32": {"noise": "tf32"},
+             "tf32-train": {"noise": "tf32", "backward": True}}
     runs = 0
     for recording, flags in recordings.items():
         plan = [(name, kw, None) for name, kw in noise.items() if name in chosen
@@ -419,7 +422,7 @@ def figures(lines: list[dict]) -> dict:
     for recording in RECORDINGS:
         mine = [r for r in lines if r.get("kind") == "scenario" and r["recording"] == recording]
         ident = [r for r in mine if r["scenario"].startswith("identical") and r["verdict"] != "harness error"]
-        noise = [r for r in mine if r["scenario"] in ("bf16", "bf16-train", "tf32") and r["verdict"] != "harness error"]
+        noise = [r for r in mine if r["scenario"] in NOISE_SCENARIOS and r["verdict"] != "harness error"]
         faults = [r for r in mine if r["scenario"] == "fault"]
         graded = Counter(r["verdict"] for r in faults)
         n = sum(graded[v] for v in ("exact", "module", "wrong", "missed"))

@@ -1548,13 +1548,15 @@ def _mark_precision_loss(pending: list[Pending], rules: Any, math: Any = None) -
 
 def _mark_outliers(pending: list[Pending], floors: Floors) -> None:
     """Calls far above their own kind's level on this run (noise_floor.outliers): one op kind
-    (a kernel family counts as one), one direction, one output dtype."""
+    (a kernel family counts as one), one direction, one output dtype; and beyond the
+    accumulation bound of their own reduction length."""
     kinds: dict[tuple, list[tuple[tuple[Pending, int], LocalError]]] = {}
     for p in pending:
         for k, le in p.local.items():
             kinds.setdefault((op_base(p.target.op), p.target.record.direction, le.dtype, k), []).append(((p, k), le))
     for calls in kinds.values():
-        for i, why in outliers(calls, floors.allowed_steps(calls[0][0][0].target.op)).items():
+        sums = [floors.accumulation(le.dtype, p.reduce.get(k, 1)) for (p, k), le in calls]
+        for i, why in outliers(calls, floors.allowed_steps(calls[0][0][0].target.op), sums).items():
             p, k = calls[i][0]
             p.outlier[k] = why
 

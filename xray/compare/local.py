@@ -22,7 +22,7 @@ from ..ops.rebuild import build_call, check_call, check_outputs, load_tensor, na
 from ..ops.nondeterminism import nondeterministic
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import PRECISION_STEPS, eps, round_mantissa
-from ..numerics.kernel_families import primary_outputs, reference_of
+from ..numerics.kernel_families import local_reference_of, primary_outputs
 from ..numerics.selections import differing_picks, selection_of
 from ..record.encode import bind_inputs, op_info, recorded_result
 
@@ -137,8 +137,9 @@ def _call(func, args: tuple, kwargs: dict) -> Any:
 def runner(op: str, func, args: tuple, kwargs: dict, k: int):
     """``run(convert)``: output ``k`` of the call on converted inputs. A kernel family's member
     (a CUDA attention kernel, a fused norm) is run as its family's public op, so every device's
-    kernel is judged against one device-neutral reference (kernel_families.py)."""
-    reference = reference_of(op)
+    kernel is judged against one device-neutral reference (kernel_families.py), on what the
+    kernel reads (an attention backward: its forward's saved logsumexp and output)."""
+    reference = local_reference_of(op)
     shared = primary_outputs(op)
     if reference is not None and (shared is None or k < shared):
         names = [a.name for a in func._schema.arguments]

@@ -14,6 +14,7 @@ that public op, so each device picks its own kernel. Every such rule reads this 
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,6 +62,47 @@ def _attention_backward(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, 
         q, k, val = (v[n].detach().requires_grad_() for n in ("query", "key", "value"))
         out = _sdpa({**v, "query": q, "key": k, "value": val})
         return torch.autograd.grad(out, (q, k, val), grad.to(out.dtype))
+
+
+def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of query, key and value as the fused backward computes them, from what its
+    forward saved: the probabilities from its logsumexp, ``P = exp(scale q k^T + mask - lse)``,
+    and the row sums from its output, ``D = rowsum(dO * out)``; then ``dV = P^T dO``, ``dS = P
+    (dO v^T - D)``, ``dQ = scale dS k``, ``dK = scale dS^T q``. A forward that rounded (TF32,
+    bf16) saved an output and a logsumexp a little off the exact ones for these q, k, v: the
+    backward's result carries that, and the public op's autograd (``_attention_backward``), which
+    recomputes them exactly, would read it as the backward's own error. Where the saved
+    logsumexp is not the natural log of the scaled scores' row sums with one value per query
+    (CPU's and CUDA flash kernels' layout; the efficient kernel pads its rows), the public op's."""
+    q, k, val, out = v["query"], v["key"], v["value"], v.get("out")
+    lse, grad = v.get("logsumexp"), v.get("grad_out", v.get("grad_out_"))
+    if out is None or lse is None or q.dim() != 4 or tuple(lse.shape) != tuple(q.shape[:-1]) \
+            or tuple(out.shape) != (*q.shape[:-1], val.shape[-1]) or v.get("cum_seq_q") is not None \
+            or float(v.get("dropout_p", 0.0) or 0.0) > 0.0:
+        return _attention_backward(v)
+    dtype = q.dtype  # half precision computed in float32, as the fused kernels accumulate, then rounded
+    q, k, val, out, grad = (t.to(torch.float64 if dtype == torch.float64 else torch.float32)
+                            for t in (q, k, val, out, grad))
+    groups = q.shape[-3] // k.shape[-3]
+    kr, vr = (t.repeat_interleave(groups, dim=-3) for t in (k, val)) if groups > 1 else (k, val)
+    scale = v.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = (q @ kr.transpose(-2, -1)) * scale
+    if v.get("is_causal"):  # top-left aligned, as the fused kernels: query i sees keys 0..i
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    mask = v.get("attn_mask", v.get("attn_bias"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(scores.dtype)
+    lse = lse.to(scores.dtype)[..., None]
+    probs = torch.where(torch.isfinite(lse), torch.exp(scores - lse), torch.zeros((), dtype=scores.dtype))
+    g = grad.to(scores.dtype)
+    dv = probs.transpose(-2, -1) @ g
+    ds = probs * (g @ vr.transpose(-2, -1) - (g * out.to(scores.dtype)).sum(-1, keepdim=True))
+    dq, dk = (ds @ kr) * scale, (ds.transpose(-2, -1) @ q) * scale
+    if groups > 1:  # each key and value head served ``groups`` query heads: their gradients add up
+        dk, dv = (t.unflatten(-3, (k.shape[-3], groups)).sum(-3) for t in (dk, dv))
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
 
 def _batch_norm(v: dict[str, Any]) -> torch.Tensor:
@@ -232,6 +274,10 @@ class Family:
     # has nothing to keep for a backward): never compared, even against the same kernel; the
     # backward that reads them is
     workspace: tuple[int, ...] = ()
+    # the local error's reference where it differs from ``reference``: the kernel's algorithm on
+    # every argument it reads, what its forward saved included (an attention backward's
+    # logsumexp and output), so that the forward's rounding is not read as the backward's own
+    from_saved: Reference | None = None
 
     def argument_names(self, inputs: dict) -> dict:
         """``inputs`` (by schema name) under the family's names for them."""
@@ -259,7 +305,8 @@ FAMILIES: tuple[Family, ...] = (
         "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_efficient_attention_backward",
         "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
         "_scaled_dot_product_fused_attention_overrideable_backward"),
-        primary=3, reference=_attention_backward, aliases=_ATTENTION_ARGUMENTS),
+        primary=3, reference=_attention_backward, aliases=_ATTENTION_ARGUMENTS,
+        from_saved=_attention_backward_from_saved),
     Family("batch_norm", _aten(
         "batch_norm", "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_native_batch_norm_legit",
         "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "_batch_norm_no_update"),
@@ -335,6 +382,17 @@ def reference_of(op: str) -> Reference | None:
         return None
     implied = dict(dict(f.implied).get(packet(op), ()))
     reference = f.reference
+    return (lambda values: reference({**values, **implied})) if implied else reference
+
+
+def local_reference_of(op: str) -> Reference | None:
+    """``reference_of``, or the family's reference from what the kernel's forward saved
+    (``Family.from_saved``): what a call's local error is measured against."""
+    f = family_of(op)
+    if f is None or f.from_saved is None:
+        return reference_of(op)
+    implied = dict(dict(f.implied).get(packet(op), ()))
+    reference = f.from_saved
     return (lambda values: reference({**values, **implied})) if implied else reference
 
 

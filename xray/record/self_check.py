@@ -239,7 +239,9 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     the output gradient). Grouped heads repeat the keys and values; a call with dropout is not
     checked (its draws are not in the arguments). The
     backward is measured against the larger of its output's norm and its terms' (``scale dS k``
-    before the softmax's row sums cancel)."""
+    before the softmax's row sums cancel); where its arguments hold what its forward saved (a
+    logsumexp of one natural-log value per query, and the output), its probabilities and row
+    sums are built from them, as the fused backward builds its own."""
     q, k, v = (bound.get(n) for n in ("query", "key", "value"))
     mask = bound.get("attn_mask", bound.get("attn_bias"))
     if not all(_plain(t) for t in (q, k, v)) or (mask is not None and not _plain(mask) and mask.dtype != torch.bool) \
@@ -252,10 +254,19 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     if name in ATTENTION_BACKWARD and not _plain(g):
         return None
     causal = bool(bound.get("is_causal"))
+    # what the backward's forward saved, where its layout is the natural log of each query's
+    # scaled scores' sum and the output (kernel_families._attention_backward_from_saved): the
+    # backward builds its probabilities from them, so a forward's rounding is not its own
+    saved_out, lse = bound.get("out"), bound.get("logsumexp")
+    if name not in ATTENTION_BACKWARD or not (_plain(saved_out) and _plain(lse)) \
+            or tuple(lse.shape) != tuple(q.shape[:-1]) or tuple(saved_out.shape) != tuple(out.shape[:-1]) + (v.shape[-1],):
+        saved_out = lse = None
     rows = _query_rows(q.shape[-2], q.shape[0] * q.shape[1], q.device)
     if rows is not None:  # every batch's and head's same query rows (their output's, their gradient's)
         q, out = q.index_select(-2, rows), out.index_select(-2, rows)
         g = g.index_select(-2, rows) if g is not None else None
+        if lse is not None:
+            saved_out, lse = saved_out.index_select(-2, rows), lse.index_select(-1, rows)
         if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
             mask = mask.index_select(-2, rows)
     positions = None  # a causal mask's query positions, top-left aligned as the fused kernels': i sees keys 0..i
@@ -272,12 +283,16 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
             scores = scores.masked_fill(~keep, -math.inf)
         if mask is not None:
             scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
-        probs = torch.softmax(scores, -1)
+        if lse is None:
+            probs = torch.softmax(scores, -1)
+        else:
+            sums = lse.to(wide)[..., None]
+            probs = torch.where(torch.isfinite(sums), torch.exp(scores - sums), torch.zeros((), dtype=wide))
         if name in ATTENTION:
             return probs @ vw, None
         gw = fn(g).to(wide)
         dprobs = gw @ vw.transpose(-2, -1)
-        dots = (gw * (probs @ vw)).sum(-1, keepdim=True)
+        dots = (gw * (probs @ vw if saved_out is None else saved_out.to(wide))).sum(-1, keepdim=True)
         terms = torch.linalg.vector_norm(((probs * dprobs) @ kw) * scale)  # before the row sums cancel
         return ((probs * (dprobs - dots)) @ kw) * scale, terms
     exact, terms = compute(_same)
@@ -297,7 +312,8 @@ def _cast(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
     if not _plain(x) or x.device != out.device or tuple(x.shape) != tuple(out.shape) or x.numel() > CAST_MAX:
         return None
     exact = x.to(torch.float64).to(out.dtype)
-    got = out if torch.equal(out, exact) else out.to(wide)  # (equal: the residual is 0, with no more passes)
+    # equal (on the host, where asking costs no synchronisation): the residual is 0, with no more passes
+    got = out if out.is_cpu and torch.equal(out, exact) else out.to(wide)
     return Check(got, exact if got is out else exact.to(wide), None, (x,), 1)
 
 
