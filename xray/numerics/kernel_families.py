@@ -64,6 +64,17 @@ def _attention_backward(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, 
         return torch.autograd.grad(out, (q, k, val), grad.to(out.dtype))
 
 
+def saved_softmax(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """An attention backward's (output, logsumexp) from its forward, where the logsumexp holds
+    one value per query, the natural log of its scaled scores' row sum (CPU's and CUDA flash
+    kernels' layout; the efficient kernel pads its rows to 32), else None."""
+    q, val, out, lse = v.get("query"), v.get("value"), v.get("out"), v.get("logsumexp")
+    if not all(isinstance(t, torch.Tensor) for t in (q, val, out, lse)) or tuple(lse.shape) != tuple(q.shape[:-1]) \
+            or tuple(out.shape) != (*q.shape[:-1], val.shape[-1]):
+        return None
+    return out, lse
+
+
 def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of query, key and value as the fused backward computes them, from what its
     forward saved: the probabilities from its logsumexp, ``P = exp(scale q k^T + mask - lse)``,
@@ -71,15 +82,13 @@ def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, tor
     (dO v^T - D)``, ``dQ = scale dS k``, ``dK = scale dS^T q``. A forward that rounded (TF32,
     bf16) saved an output and a logsumexp a little off the exact ones for these q, k, v: the
     backward's result carries that, and the public op's autograd (``_attention_backward``), which
-    recomputes them exactly, would read it as the backward's own error. Where the saved
-    logsumexp is not the natural log of the scaled scores' row sums with one value per query
-    (CPU's and CUDA flash kernels' layout; the efficient kernel pads its rows), the public op's."""
-    q, k, val, out = v["query"], v["key"], v["value"], v.get("out")
-    lse, grad = v.get("logsumexp"), v.get("grad_out", v.get("grad_out_"))
-    if out is None or lse is None or q.dim() != 4 or tuple(lse.shape) != tuple(q.shape[:-1]) \
-            or tuple(out.shape) != (*q.shape[:-1], val.shape[-1]) or v.get("cum_seq_q") is not None \
-            or float(v.get("dropout_p", 0.0) or 0.0) > 0.0:
+    recomputes them exactly, would read it as the backward's own error. Where the forward's
+    saved statistics are of another layout (``saved_softmax``), the public op's."""
+    q, k, val, grad = v["query"], v["key"], v["value"], v.get("grad_out", v.get("grad_out_"))
+    saved = saved_softmax(v)
+    if saved is None or q.dim() != 4 or v.get("cum_seq_q") is not None or float(v.get("dropout_p", 0.0) or 0.0) > 0.0:
         return _attention_backward(v)
+    out, lse = saved
     dtype = q.dtype  # half precision computed in float32, as the fused kernels accumulate, then rounded
     q, k, val, out, grad = (t.to(torch.float64 if dtype == torch.float64 else torch.float32)
                             for t in (q, k, val, out, grad))
@@ -94,11 +103,10 @@ def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, tor
     mask = v.get("attn_mask", v.get("attn_bias"))
     if mask is not None:
         scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(scores.dtype)
-    lse = lse.to(scores.dtype)[..., None]
+    lse = lse.to(scores.dtype)[..., None]  # (a fully masked query's is -inf: its probabilities 0)
     probs = torch.where(torch.isfinite(lse), torch.exp(scores - lse), torch.zeros((), dtype=scores.dtype))
-    g = grad.to(scores.dtype)
-    dv = probs.transpose(-2, -1) @ g
-    ds = probs * (g @ vr.transpose(-2, -1) - (g * out.to(scores.dtype)).sum(-1, keepdim=True))
+    dv = probs.transpose(-2, -1) @ grad
+    ds = probs * (grad @ vr.transpose(-2, -1) - (grad * out).sum(-1, keepdim=True))
     dq, dk = (ds @ kr) * scale, (ds.transpose(-2, -1) @ q) * scale
     if groups > 1:  # each key and value head served ``groups`` query heads: their gradients add up
         dk, dv = (t.unflatten(-3, (k.shape[-3], groups)).sum(-3) for t in (dk, dv))

@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..dump.model import CHECK_SIZE
+from ..numerics.kernel_families import saved_softmax
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 
 assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precision step's (NaN: not measured)
@@ -254,13 +255,10 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     if name in ATTENTION_BACKWARD and not _plain(g):
         return None
     causal = bool(bound.get("is_causal"))
-    # what the backward's forward saved, where its layout is the natural log of each query's
-    # scaled scores' sum and the output (kernel_families._attention_backward_from_saved): the
-    # backward builds its probabilities from them, so a forward's rounding is not its own
-    saved_out, lse = bound.get("out"), bound.get("logsumexp")
-    if name not in ATTENTION_BACKWARD or not (_plain(saved_out) and _plain(lse)) \
-            or tuple(lse.shape) != tuple(q.shape[:-1]) or tuple(saved_out.shape) != tuple(out.shape[:-1]) + (v.shape[-1],):
-        saved_out = lse = None
+    # what the backward's forward saved (kernel_families.saved_softmax): the backward builds its
+    # probabilities and row sums from them, so a forward's rounding is not read as its own
+    saved = saved_softmax(bound) if name in ATTENTION_BACKWARD else None
+    saved_out, lse = saved if saved is not None and all(_plain(t) for t in saved) else (None, None)
     rows = _query_rows(q.shape[-2], q.shape[0] * q.shape[1], q.device)
     if rows is not None:  # every batch's and head's same query rows (their output's, their gradient's)
         q, out = q.index_select(-2, rows), out.index_select(-2, rows)
