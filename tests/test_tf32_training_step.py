@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+import xray
 from xray.numerics.kernel_families import _attention_backward, _attention_backward_from_saved
 from xray.numerics.rules import round_mantissa
 
@@ -115,3 +116,31 @@ def test_a_call_within_its_own_sums_bound_is_never_an_outlier_of_its_kind():
     kind = [bf16(3e-3 * (1 + 0.1 * (i % 3))) for i in range(20)]
     bounds = [floors.accumulation(torch.bfloat16, 256)] * 21
     assert outliers(kind + [bf16(3e-2)], sums=bounds)
+
+
+def test_at_the_calls_own_dtype_the_saved_statistics_reference_is_cpus_fused_kernel():
+    """The floor a fused backward is judged by is what CPU's fused kernel makes at the call's
+    dtype on the same saved statistics (the plain formula rounds fewer times and set it too low:
+    Qianfan-OCR's vision attention backward, 6.4e-7 against a floor of 5.1e-7, was born under
+    TF32); in float64 the formula, another computation than the kernel's."""
+    got, values = _call(4, True, False, 10)
+    for which, native in enumerate(_attention_backward_from_saved(values)):
+        assert torch.equal(native, got[which])
+    double = {n: t.double() if isinstance(t, torch.Tensor) else t for n, t in values.items()}
+    assert all(t.dtype == torch.float64 for t in _attention_backward_from_saved(double))
+
+
+def test_an_attention_backward_sums_as_many_terms_as_its_forward(tmp_path):
+    """Its floor's accumulation bound counts the keys times the head size (the products its
+    gradients chain), as the forward's does, not 1: Qianfan-OCR's vision attention backward, a
+    fused fp32 kernel at 6.4e-7 on its self-check, was born under a floor of 5.1e-7, set by a
+    one-term sum."""
+    from xray.compare.noise_floor import reduction_length
+
+    q, k, v = (torch.randn(1, 2, 24, 16, requires_grad=True) for _ in range(3))
+    with xray.dump(dump_dir=tmp_path, X_DEBUG=0x10A, X_DEDUP=False, X_DUMP_NUM=0):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+    records = list(xray.load_dump(next(tmp_path.glob("proc_*"))).records)
+    lengths = {r.op: reduction_length(r, 0) for r in records if "attention" in r.op}
+    assert lengths == {"aten._scaled_dot_product_flash_attention_for_cpu.default": 24 * 16,
+                       "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": 24 * 16}, lengths

@@ -66,8 +66,9 @@ def is_rnn(op: str) -> bool:
 
 def reduction_length(record: Any, k: int) -> int:
     """How many terms each element of output ``k`` sums (an estimate from the shapes): K of a
-    matmul, the key length times head size of attention, a convolution's fan-in, 1 for a gather (an
-    embedding reads one row of its table), else the largest input's size over the output's."""
+    matmul, the key length times head size of attention (forward or backward), a convolution's
+    fan-in, 1 for a gather (an embedding reads one row of its table), else the largest input's
+    size over the output's."""
     metas = [m for _, m in record.input_tensors() if m.shape is not None]
     outs = [m for _, m in record.output_tensors()]
     if not metas or k >= len(outs):
@@ -84,6 +85,9 @@ def reduction_length(record: Any, k: int) -> int:
             q, key = metas[0], metas[1]
             seq = key.shape[-2] if f.name == "scaled_dot_product_attention" else key.shape[1]
             return max(1, seq * q.shape[-1])
+        if f is not None and f.name == "scaled_dot_product_attention_backward":  # (grad_out, query, key, ...)
+            q, key = metas[1], metas[2]  # its gradients chain the forward's products: keys x head size
+            return max(1, key.shape[-2] * q.shape[-1])
         if is_matmul_like(op):
             first = metas[1] if packet(op) in ("aten.addmm", "aten.baddbmm", "aten.addbmm") else metas[0]
             return max(1, first.shape[-1] if len(first.shape) else 1)

@@ -75,6 +75,24 @@ def saved_softmax(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None
     return out, lse
 
 
+def _cpu_flash_backward(v: dict[str, Any], out: torch.Tensor, lse: torch.Tensor) -> tuple | None:
+    """CPU's fused backward on the call's arguments and saved statistics, or None where it does
+    not take them (another device, grouped heads, a mask it refuses). The saved-statistics
+    reference runs it at the call's own dtype: what CPU's kernel makes there is the floor a
+    legitimate fused backward is judged by, which the plain formula (its matmuls and one exp,
+    rounded fewer times) would set too low."""
+    q, k, val, grad = v["query"], v["key"], v["value"], v.get("grad_out", v.get("grad_out_"))
+    mask = v.get("attn_mask", v.get("attn_bias"))
+    if not q.is_cpu or k.shape[-3] != q.shape[-3] or (mask is not None and mask.dtype == torch.bool):
+        return None
+    try:
+        return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+            grad.to(q.dtype), q, k, val, out.to(q.dtype), lse.to(torch.float32),  # (the kernel saves it in float32)
+            0.0, bool(v.get("is_causal", False)), attn_mask=mask, scale=v.get("scale")))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
 def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of query, key and value as the fused backward computes them, from what its
     forward saved: the probabilities from its logsumexp, ``P = exp(scale q k^T + mask - lse)``,
@@ -89,6 +107,8 @@ def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, tor
     if saved is None or q.dim() != 4 or v.get("cum_seq_q") is not None or float(v.get("dropout_p", 0.0) or 0.0) > 0.0:
         return _attention_backward(v)
     out, lse = saved
+    if q.dtype != torch.float64 and (native := _cpu_flash_backward(v, out, lse)) is not None:
+        return native
     dtype = q.dtype  # half precision computed in float32, as the fused kernels accumulate, then rounded
     q, k, val, out, grad = (t.to(torch.float64 if dtype == torch.float64 else torch.float32)
                             for t in (q, k, val, out, grad))
