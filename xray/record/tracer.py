@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from .config import DebugFlags, DumpConfig
 from ..dump.dispatch_modes import no_dispatch_modes
 from ..dump.model import Record, Stats, TensorMeta
-from ..dump.stats import DeferredStats, StatsCache, stats_of_row, stats_row, tensor_stats
+from ..dump.stats import DeferredStats, StatsCache, norm_of, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
                      dedup_key, signature_key, tensor_meta, unsupported)
@@ -459,7 +459,8 @@ class Recorder:
             if self.stats_on and info.name in CHECKED_OPS and type(first) is TensorMeta and type(first.stats) is Stats \
                     and self.cpu_sync and outs[0].is_cpu:  # (a deferred Stats is filled at the flush: none then)
                 # a copy: the cache hands this Stats on to the views of the output
-                first.stats = dataclasses.replace(first.stats, check=self_check(info.name, bound, outs[0]))
+                first.stats = dataclasses.replace(first.stats, check=self_check(info.name, bound, outs[0],
+                                                                                norm=norm_of(first.stats)))
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         self._folds_into(key, rec.seq, info.writes)
