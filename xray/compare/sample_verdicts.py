@@ -188,4 +188,3 @@ def moved_and_changed(t: EntryTable, entries: np.ndarray, outs: np.ndarray) -> n
     where = np.flatnonzero(moves)[same]
     changed[where[differs]] = True
     return changed
-

@@ -75,6 +75,13 @@ def saved_softmax(v: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None
     return out, lse
 
 
+def saved_probabilities(scores: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """The attention probabilities a fused backward builds: ``exp(scores - lse)`` with the
+    forward's saved logsumexp (a fully masked query's is -inf: its probabilities 0)."""
+    sums = lse.to(scores.dtype)[..., None]
+    return torch.where(torch.isfinite(sums), torch.exp(scores - sums), torch.zeros((), dtype=scores.dtype))
+
+
 def _cpu_flash_backward(v: dict[str, Any], out: torch.Tensor, lse: torch.Tensor) -> tuple | None:
     """CPU's fused backward on the call's arguments and saved statistics, or None where it does
     not take them (another device, grouped heads, a mask it refuses). The saved-statistics
@@ -123,8 +130,7 @@ def _attention_backward_from_saved(v: dict[str, Any]) -> tuple[torch.Tensor, tor
     mask = v.get("attn_mask", v.get("attn_bias"))
     if mask is not None:
         scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(scores.dtype)
-    lse = lse.to(scores.dtype)[..., None]  # (a fully masked query's is -inf: its probabilities 0)
-    probs = torch.where(torch.isfinite(lse), torch.exp(scores - lse), torch.zeros((), dtype=scores.dtype))
+    probs = saved_probabilities(scores, lse)
     dv = probs.transpose(-2, -1) @ grad
     ds = probs * (grad @ vr.transpose(-2, -1) - (grad * out).sum(-1, keepdim=True))
     dq, dk = (ds @ kr) * scale, (ds.transpose(-2, -1) @ q) * scale
@@ -406,21 +412,21 @@ def reference_of(op: str) -> Reference | None:
     call's arguments by schema name (with what the member's name implies: a ``_no_training``
     kernel has no ``training`` argument). It returns one tensor, or a tuple of the primaries."""
     f = family_of(op)
-    if f is None or f.reference is None:
-        return None
-    implied = dict(dict(f.implied).get(packet(op), ()))
-    reference = f.reference
-    return (lambda values: reference({**values, **implied})) if implied else reference
+    return _with_implied(f, op, f.reference) if f is not None else None
 
 
 def local_reference_of(op: str) -> Reference | None:
     """``reference_of``, or the family's reference from what the kernel's forward saved
     (``Family.from_saved``): what a call's local error is measured against."""
     f = family_of(op)
-    if f is None or f.from_saved is None:
-        return reference_of(op)
+    return _with_implied(f, op, f.from_saved or f.reference) if f is not None else None
+
+
+def _with_implied(f: Family, op: str, reference: Reference | None) -> Reference | None:
+    """``reference`` given, besides the call's arguments, what the member's name implies."""
+    if reference is None:
+        return None
     implied = dict(dict(f.implied).get(packet(op), ()))
-    reference = f.from_saved
     return (lambda values: reference({**values, **implied})) if implied else reference
 
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..dump.model import CHECK_SIZE
-from ..numerics.kernel_families import saved_softmax
+from ..numerics.kernel_families import saved_probabilities, saved_softmax
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 
 assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precision step's (NaN: not measured)
@@ -281,11 +281,7 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
             scores = scores.masked_fill(~keep, -math.inf)
         if mask is not None:
             scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
-        if lse is None:
-            probs = torch.softmax(scores, -1)
-        else:
-            sums = lse.to(wide)[..., None]
-            probs = torch.where(torch.isfinite(sums), torch.exp(scores - sums), torch.zeros((), dtype=wide))
+        probs = torch.softmax(scores, -1) if lse is None else saved_probabilities(scores, lse)
         if name in ATTENTION:
             return probs @ vw, None
         gw = fn(g).to(wide)
@@ -391,7 +387,8 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: floa
             if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
                 return None
             residual, steps = error / scale, [math.nan] * len(PRECISION_STEPS)
-            summed = step_ops and (operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel())
+            summed = 1 if not step_ops else \
+                operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
             if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, summed)):  # the sums' bound
                 for i, bits in enumerate(PRECISION_STEPS.values()):
                     rounded = reference(lambda t, b=bits: round_mantissa(t, b))
