@@ -157,6 +157,8 @@ def sweep_noise_run(model_type: str, tmp_path: Path, defaults: bool = True, nois
 
 @pytest.fixture
 def one_record_per_key(monkeypatch):
-    """De-dup with one record per key (X_DEDUP_RECORDS=1): every later call of a key folds, as
-    the tests of folding itself need (the default gives each key two records first)."""
+    """De-dup with one record per key (X_DEDUP_RECORDS=1, X_DEDUP_PASS_RECORDS=1): every later
+    call of a key folds, in its first pass too, as the tests of folding itself need (the default
+    gives each key two records first, and a record per call of its first pass)."""
     monkeypatch.setenv("X_DEDUP_RECORDS", "1")
+    monkeypatch.setenv("X_DEDUP_PASS_RECORDS", "1")

@@ -25,11 +25,12 @@ from xray.demo.models import tiny_llama, token_batch
 @pytest.fixture(scope="module")
 def llama_dump(tmp_path_factory):
     """A real model's recording with everything on: modules, backward, stacks, saved tensors,
-    de-duplication (counts), non-tensor arguments of every kind the tracer meets."""
+    de-duplication (counts: the third step folds), non-tensor arguments of every kind the tracer meets."""
     model = tiny_llama(layers=1, hidden=64, heads=2, kv_heads=1, vocab=64, intermediate=96)
     ids = token_batch(batch=1, seq=8, vocab=64)
     with xray.dump(dump_dir=tmp_path_factory.mktemp("llama"), X_DEBUG=0x11e, X_DEDUP=True, X_DUMP_NUM=2) as d:
-        model(ids).logits.float().pow(2).mean().backward()
+        for _ in range(3):
+            model(ids).logits.float().pow(2).mean().backward()
     return xray.load_dump(d.folder)
 
 

@@ -38,10 +38,12 @@ def test_a_recorded_reshape_that_changes_values_is_the_origin(arch, call, tmp_pa
 
 def test_a_folded_reshape_that_changes_values_is_named(tmp_path, monkeypatch):
     """XLM's second attention layer reshapes its context in a call de-dup folds (one record per
-    key, X_DEDUP_RECORDS=1; with the default two that call has a record of its own): the
+    key, in its first pass too: X_DEDUP_RECORDS=1, X_DEDUP_PASS_RECORDS=1; with the defaults that
+    call has a record of its own): the
     transpose after it fails while the bmm the folds table looks through to passes, so the
     folded call is named."""
     monkeypatch.setenv("X_DEDUP_RECORDS", "1")
+    monkeypatch.setenv("X_DEDUP_PASS_RECORDS", "1")
     arch = zoo.register(zoo.Entry("xlm", "XLMModel"))
     s = Scenario("t/xlm", "bug", arch, fault=Fault("aten._unsafe_view.default", 3, amount=1e-2), **RECORDER_DEFAULTS)
     o = run_scenario(s, tmp_path)

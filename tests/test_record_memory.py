@@ -143,7 +143,7 @@ def test_the_index_end_dump_writes_holds_what_the_journal_holds(tmp_path, monkey
     try:
         for step in range(3):
             model(x * step).sum().backward()
-        _loop(300, x, x, x)  # folded calls
+        _loop(600, x, x, x)  # folded calls (after the pass's 64 records of each key)
         session = active_session()
         with no_dispatch_modes():
             session.writer.flush()  # everything in the journal: what a killed process leaves

@@ -48,15 +48,16 @@ class TF32Like(Fault):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def _record(folder, mode=None, debug=FORWARD, dedup=False):
+def _record(folder, mode=None, debug=FORWARD, dedup=False, forwards=1):
     model, ids = tiny_llama(layers=2), token_batch()
     if mode is not None:
         mode.__enter__()
     try:
         with xray.dump(dump_dir=folder, X_DEDUP=dedup, X_DUMP_NUM=100, X_DEBUG=debug) as d:
-            out = model(ids).logits
-            if debug & 0x8:
-                out.pow(2).mean().backward()
+            for _ in range(forwards):
+                out = model(ids).logits
+                if debug & 0x8:
+                    out.pow(2).mean().backward()
     finally:
         if mode is not None:
             mode.__exit__(None, None, None)
@@ -180,13 +181,22 @@ def test_t5_finfo_min_masks_do_not_overflow(tmp_path):
 
 
 def test_deduplicated_dumps_are_reported_loudly(bench, tmp_path):
-    """Class 7: X_DEDUP folds repeated calls; compare must say so, in the console and the JSON."""
-    target = _record(tmp_path / "t", dedup=True)
-    r = compare_dumps(bench, target)
+    """Class 7: X_DEDUP folds repeated calls (from a session's third forward on); compare must
+    say so, in the console and the JSON."""
+    target = _record(tmp_path / "t", dedup=True, forwards=3)
+    r = compare_dumps(_record(tmp_path / "b", forwards=3), target)
     assert r.summary.dedup and "DE-DUPLICATED" in r.summary.dedup[0] and "target" in r.summary.dedup[0]
     assert "DE-DUPLICATED" in terminal_report(r)
     write_summary_json(r, tmp_path / "s.json")
     assert json.loads((tmp_path / "s.json").read_text())["dedup"]
+
+
+def test_a_deduplicated_dump_that_folded_nothing_is_compared_as_every_call(bench, tmp_path):
+    """One forward under de-dup keeps a record of every call (each key's first pass): compare
+    has nothing hidden to warn of, and its verdict does not say calls were folded away."""
+    r = compare_dumps(bench, _record(tmp_path / "t", dedup=True))
+    assert not r.summary.dedup and "DE-DUPLICATED" not in terminal_report(r)
+    assert "folded away" not in r.summary.to_json()["verdict"]
 
 
 @pytest.mark.parametrize("aten", [False, True], ids=["modules", "modules+aten"])

@@ -273,16 +273,14 @@ def unrecorded_backward(dump) -> int:
 
 
 def dedup_note(dump, side: str) -> str | None:
-    """What a de-duplicated dump hides, or None. De-duplication (X_DEDUP, the recorder's default)
-    keeps one record per call signature per module (by signature alone before stop 42): later
-    calls of it there are not."""
+    """What a de-duplicated dump hides, or None where it folded no call (it then holds every
+    call, as X_DEDUP=0 would). De-duplication (X_DEDUP, the recorder's default) keeps a record
+    per call of each signature per module in the pass that first makes it, and two across
+    passes (by signature alone before stop 42): later calls of it there are not recorded."""
     n_records, folded = _folded(dump)
-    config = (getattr(dump, "header", None) or {}).get("config") or {}
-    if not folded and not config.get("X_DEDUP"):
-        return None
     if not folded:
-        return (f"{side} dump was recorded with X_DEDUP=1; no call was folded here, but a longer run would "
-                "lose repeated calls: record with X_DEDUP=0 to compare every call")
+        return None
+    config = (getattr(dump, "header", None) or {}).get("config") or {}
     where = "in its module " if config.get("dedup_scope") == "module" else ""
     return (f"{side} dump is DE-DUPLICATED (X_DEDUP=1): {n_records} records stand for {n_records + folded} calls; "
             f"{folded} later calls of a signature already seen {where}were not recorded, so an error born in one of "

@@ -41,6 +41,9 @@ class DumpConfig:
     debug: DebugFlags = DEFAULT_DEBUG
     dedup: bool = True
     dedup_records: int = 2  # records per de-dup key before its calls fold (Recorder._folds_into)
+    # within a key's first pass (one outermost module call, what follows it up to the next),
+    # each call keeps a record up to this many: a loop's steps fold from the next pass on
+    dedup_pass_records: int = 64
     dump_num: int = 5
     dump_dir: Path = Path("xray_debug")
     stack_depth: int = 8
@@ -69,6 +72,11 @@ class DumpConfig:
             given["dedup_records"] = _env_int("X_DEDUP_RECORDS", env["X_DEDUP_RECORDS"])
         if int(given.get("dedup_records", 1)) < 1:
             raise ValueError(f"dedup_records (X_DEDUP_RECORDS) must be >= 1, got {given['dedup_records']}")
+        if "dedup_pass_records" not in given and "X_DEDUP_PASS_RECORDS" in env:
+            given["dedup_pass_records"] = _env_int("X_DEDUP_PASS_RECORDS", env["X_DEDUP_PASS_RECORDS"])
+        if int(given.get("dedup_pass_records", 1)) < 1:
+            raise ValueError("dedup_pass_records (X_DEDUP_PASS_RECORDS) must be >= 1, got "
+                             f"{given['dedup_pass_records']}")
         if "flush_bytes" not in given and "X_FLUSH_BYTES" in env:
             given["flush_bytes"] = _env_int("X_FLUSH_BYTES", env["X_FLUSH_BYTES"])
         if int(given.get("flush_bytes", 1)) <= 0:
@@ -97,4 +105,5 @@ class DumpConfig:
         if self.dedup:  # a call folds into a record of its signature in its own module (encode.dedup_key)
             out["dedup_scope"] = "module"
             out["dedup_records"] = self.dedup_records
+            out["dedup_pass_records"] = self.dedup_pass_records
         return out

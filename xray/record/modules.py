@@ -45,7 +45,8 @@ class ModuleStack:
 
     def __init__(self, *, on_enter: Callable | None = None, on_exit: Callable | None = None,
                  backward: bool = False, producers: Producers | None = None,
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+                 on_error: Callable[[Exception], None] | None = None,
+                 on_pass: Callable[[], None] | None = None) -> None:
         self.forward_stack: list[ModuleFrame] = []
         self.backward_stack: list[ModuleFrame] = []
         self.on_enter = on_enter
@@ -64,6 +65,7 @@ class ModuleStack:
         self._bw_task = -1
         self.producers = producers
         self.on_error = on_error
+        self.on_pass = on_pass  # called as an outermost module call begins
         self.owner: int | None = None  # the thread whose modules are tracked; None: none
 
     # -- life cycle -------------------------------------------------------------------
@@ -170,6 +172,8 @@ class ModuleStack:
             self.on_error(e)
 
     def _enter(self, module: torch.nn.Module, args: tuple) -> None:
+        if not self.forward_stack and self.on_pass is not None:
+            self.on_pass()
         _, frame, state, *_ = self._known_module(module)
         if state and self.producers is not None:  # a parameter may have been replaced since
             name_source = self.producers.name_source

@@ -123,7 +123,11 @@ class Recorder:
         self.stopped: dict | None = None
         # (signature, module, roles) -> the count of the record its calls fold into (dedup_key)
         self._seen: dict[tuple, Fold] = {}
-        self._records_of: dict[tuple, int] = {}  # keys with fewer than dedup_records records: how many
+        # keys still making records: (how many, the pass of the first); a loop's keys in their first
+        # pass, with the record their calls fold into from the next pass on (_folds_into)
+        self._records_of: dict[tuple, tuple[int, int]] = {}
+        self._open: dict[tuple, Fold] = {}
+        self._pass = 0  # outermost module calls begun (ModuleStack's on_pass)
         # signatures whose first record copied its tensors (X_DUMP_NUM): later records of them,
         # in other modules, keep statistics only
         self._saved: set[tuple] = set()
@@ -151,7 +155,8 @@ class Recorder:
         self.modules = ModuleStack(
             on_enter=self._module_enter if config.has(DebugFlags.MODULES) else None,
             on_exit=self._module_exit if config.has(DebugFlags.MODULES) else None,
-            backward=self.backward_on, producers=self.producers, on_error=self._fail)
+            backward=self.backward_on, producers=self.producers, on_error=self._fail,
+            on_pass=self.next_pass if self.dedup else None)
         # The row path's common call in C, where built: the same index, same state (rows.native_path)
         self.native = native_path(self)
         _RECORDERS.add(self)
@@ -385,17 +390,35 @@ class Recorder:
         """A new record of de-dup key ``key``: the key's first ``dedup_records`` calls each get a
         record, and later calls fold into the last of them. A call de-dup folds is seen only
         through its consumers; a second record of each key (a layer's second residual add, the
-        second step's call) lets compare judge a fault there on its own inputs. A training loop's
-        steady state still folds every call. (The C path asks here too.)"""
+        second step's call) lets compare judge a fault there on its own inputs. Within the pass
+        of its first record (one outermost module call and what follows it: its backward, an
+        optimizer step), a key keeps a record per call up to ``dedup_pass_records``, so that a
+        loop inside one forward (a scan's steps, attention's blocks) is judged call by call as
+        every call would be; it folds from the next pass on. A training loop's steady state still
+        folds every call. (The C path asks here too: it folds what ``_seen`` holds.)"""
         if key is None:
             return
-        made = self._records_of.pop(key, 0) + 1
-        if made >= self.config.dedup_records:
-            self._seen[key] = Fold(seq, writes)
+        made, first = self._records_of.pop(key, (0, self._pass))
+        made += 1
+        if made < self.config.dedup_records:
+            self._records_of[key] = (made, first)
+        elif first == self._pass and made < self.config.dedup_pass_records:
+            self._records_of[key] = (made, first)
+            self._open[key] = Fold(seq, writes)
         else:
-            self._records_of[key] = made
+            self._open.pop(key, None)
+            self._seen[key] = Fold(seq, writes)
         if self.config.dump_num:  # (tensor_budget's question; none without X_DUMP_NUM)
             self._saved.add(key[0])
+
+    def next_pass(self) -> None:
+        """An outermost module call begins: the keys a loop kept open in the last pass fold from now on."""
+        self._pass += 1
+        if self._open:
+            for key, fold in self._open.items():
+                self._records_of.pop(key, None)
+                self._seen[key] = fold
+            self._open.clear()
 
     def _unseen_write(self, func) -> None:
         """A call that is not described may still write a tensor: inference tensors, cached
