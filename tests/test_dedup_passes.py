@@ -8,8 +8,6 @@ finding an error carried out of a folded step, could not place it: FAIL rows in 
 that every call recorded clean."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from conftest import sweep_noise_run
@@ -75,8 +73,7 @@ def test_a_session_without_module_calls_is_one_pass(tmp_path):
 
 def test_the_header_says_how_many_records_a_pass_keeps(tmp_path):
     folder = _record(tmp_path, Scan(3), forwards=1, dedup_pass_records=5)
-    config = json.loads((folder / "dump.json").read_text())["config"] if (folder / "dump.json").exists() \
-        else xray.load_dump(folder).header["config"]
+    config = xray.load_dump(folder).header["config"]
     assert config["dedup_pass_records"] == 5 and config["dedup_records"] == 2
 
 

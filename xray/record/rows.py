@@ -322,12 +322,11 @@ class RowPath:
         checks = None
         if self.stats_on and info.name in CHECKED_OPS and first_out not in (call.notes or ()):
             first = out[0] if info.returns > 1 else out  # (a norm backward's input gradient)
-            now = isinstance(first, torch.Tensor) and first.is_cpu and self.recorder.cpu_sync
-            check = None if not isinstance(first, torch.Tensor) else self_check(
-                info.name, bind_inputs(info, call.args, call.kwargs), first,
-                defer=not now,  # as its statistics: read at the flush
-                norm=norm_of(call.stats[first_out]) if now else None)
-            checks = None if check is None else {first_out: check}
+            if isinstance(first, torch.Tensor):
+                now = first.is_cpu and self.recorder.cpu_sync  # else as its statistics: read at the flush
+                check = self_check(info.name, bind_inputs(info, call.args, call.kwargs), first, defer=not now,
+                                   norm=norm_of(call.stats[first_out]) if now else None)
+                checks = None if check is None else {first_out: check}
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),
                              call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes, call.data,

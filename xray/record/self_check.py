@@ -378,10 +378,8 @@ def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: floa
                 return torch.where(usable, values, torch.full_like(values, math.nan))
             if own is None:
                 error, scale = norms.tolist()  # one read
-            elif of_terms is None:
-                error, scale = float(error), own
             else:
-                error, terms = torch.stack([error, of_terms]).tolist()
+                error, terms = (float(error), 0.0) if of_terms is None else torch.stack([error, of_terms]).tolist()
                 scale = max(own, terms)
             scale *= math.sqrt(k)
             if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
