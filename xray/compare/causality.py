@@ -1503,9 +1503,11 @@ def _row_name(r: CompareRow) -> str:
 
 
 def _mark_precision_loss(pending: list[Pending], rules: Any, math: Any = None) -> dict[str, list[float]]:
-    """An op kind whose failing calls all carry local error near one reduced-precision step's
-    (one the run may round to: ``math.may_round``) is precision loss, call by call; a call far
-    above the kind's level stays a bug."""
+    """An op kind whose failing calls carry local error near one reduced-precision step's (one
+    the run may round to: ``math.may_round``) is precision loss, call by call; a call far from
+    the kind's level stays a bug. Near: most of the kind's calls within ``precision_factor`` of
+    their median ratio, not the median alone, which two calls far apart (a 1e-2 bug at 4x the bf16
+    step, a right fp32 call at 1e-3 of it) put at neither."""
     kinds: dict[tuple, list[tuple[Pending, int, LocalError]]] = {}
     for p in pending:
         for k, le in p.local.items():
@@ -1524,14 +1526,16 @@ def _mark_precision_loss(pending: list[Pending], rules: Any, math: Any = None) -
             if len(ratios) != len(calls):
                 continue
             level = statistics.median(ratios)
-            if 1 / f <= level <= f and (best is None or abs(_log(level)) < abs(_log(best[1]))):
+            near = sum(1 for x in ratios if level / f <= x <= f * level)
+            if 1 / f <= level <= f and 2 * near > len(ratios) \
+                    and (best is None or abs(_log(level)) < abs(_log(best[1]))):
                 best = (step, level, ratios)
         if best is None:
             continue
         step, level, ratios = best
         established.setdefault(step, []).append(level)
         for (p, k, _), ratio in zip(calls, ratios):
-            if ratio <= f * level:
+            if level / f <= ratio <= f * level:
                 p.precision[k] = step
     # An op kind called once (a ViT's patch convolution) cannot be consistent with itself: it is
     # precision loss when other kinds established that step on this run and it sits at their level.
