@@ -48,6 +48,7 @@ from . import statistics_only
 from .reordered_sums import reordered_sum
 from .summed_means import summed_mean_error
 from .unseen_inputs import unseen_input_difference
+from .written_state import first_reads, written_by_the_run
 from .pending import FAILING, PRECISION, SUSPECT, Pending, PendingRun, agreement, downgrade, row_inputs, set_origin
 from .result import RANDOM_DRAWS, CompareRow, PairStatus
 
@@ -97,7 +98,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
     graph = _Graph(index, floors, target_dump, getattr(comparer, "bench", None),
-                   (ea, eb) if _module_dump(eb) else ((), ()), bench_entries=ea)
+                   (ea, eb) if _module_dump(eb) else ((), ()), bench_entries=ea, state_entries=(ea, eb))
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
@@ -280,7 +281,8 @@ class _Graph:
     """Target records by seq, and which of them are matched (with their rows)."""
 
     def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None, bench_dump: Any = None,
-                 entries: tuple[Any, Any] = ((), ()), bench_entries: Any = ()) -> None:
+                 entries: tuple[Any, Any] = ((), ()), bench_entries: Any = (), state_entries: tuple[Any, Any] = ((), ())
+                 ) -> None:
         self.by_seq = index.by_seq
         self.around = index.around
         self._folds: Any = False  # (columns, rows, first_seq, last_seq) of records with folded calls
@@ -297,6 +299,15 @@ class _Graph:
         # target pos -> why a target-only op fails its judgement: a substituted kernel wrong on its
         # inputs, or an op that could not be judged (_unmeasured_why)
         self.wrong: dict[int, str] = {}
+        self._state_entries = state_entries  # (bench, target) entries in execution order: written_by_the_run
+        self._first_reads: tuple[dict, dict] | None = None  # (bench, target) module state at its first read
+
+    def written_by_the_run(self, meta: Any) -> bool:
+        """A parameter or buffer read as ``meta`` that the run wrote since its first read, where
+        both runs held the same values (written_state.py): not an origin from outside the run."""
+        if self._first_reads is None:
+            self._first_reads = (first_reads(self._state_entries[0]), first_reads(self._state_entries[1]))
+        return written_by_the_run(meta, *self._first_reads)
 
     def folds(self) -> tuple | None:
         """The target's records that stand for more than one call (their rows in its columns, and
@@ -1029,6 +1040,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             name = f"param:{p.target.path + '.' if p.target.path else ''}{name[len('forward_params.'):]}"
         kind, detail = ("param", _param_name(name, meta)) if name.startswith("param:") \
             else graph.producer(meta, p.target.record.seq)
+        if kind == "param" and graph.written_by_the_run(meta):
+            kind = "written"
         if kind == "settled" and (moved := _changed_in_a_fold(meta, status, detail, graph)) is not None:
             kind, detail = "unrecorded", moved
         if kind == "unrecorded" and (drawn := _drawn_through_folds(graph, detail)) is not None:
@@ -1137,6 +1150,10 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         downgrade(r, f"carries {_row_name(carried_precision)}'s precision loss (local error not measured)")
     elif computed_region is not None:
         downgrade(r, f"carries what {computed_region}")
+    elif "written" in causes:
+        name, state = causes["written"]
+        set_origin(r, "inherited", "inherited", f"input {name}: {state}, which the run wrote since its first read "
+                                                "(both runs held the same values then); its writer is not recorded")
     elif r.inputs_agree == "unknown":
         r.origin = ""
     elif is_value_preserving(op) and not r.layout and (changed := _changed_what_it_moved(p)) is not None:

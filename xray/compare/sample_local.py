@@ -7,6 +7,9 @@ broadcasting aligns them (xray.dump.samples), so a pointwise op (torch's ``Tag.p
 mul, gelu, where...) or a cast gives its output's sample from its inputs' samples, whether they
 have the output's shape or broadcast to it (a norm's ``x * rsqrt(var)``, a weight, a bias, a
 mask); 0-d inputs and inputs sampled whole (at most 32 elements) are broadcast as they are.
+A multi-tensor op (``_foreach_*``: an optimizer's step) whose single-tensor op is pointwise is
+its list items' calls side by side: item i of its result is that op on item i of each list, so
+it is re-run on that item alone (``_item_call``).
 The sampled values are re-run as 1-D tensors with the record's other arguments, in float64 and at
 the recorded dtypes, and measured as local.py measures saved tensors (``local.measure``, the
 same device floors); an error beyond its floor makes the row born, one within it leaves the row to
@@ -14,7 +17,9 @@ the statistics-only rules (causality.attribute).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -36,8 +41,47 @@ class _NotSampled(Exception):
     """An input whose sampled elements are not the ones the output's sample needs."""
 
 
+_FOREACH = re.compile(r"aten\._foreach_(\w+?)_?\.\w+$")
+
+
 def _elementwise(func: torch._ops.OpOverload, op: str) -> bool:
     return (torch.Tag.pointwise in func.tags or op in _ELEMENTWISE) and "out" not in func._overloadname
+
+
+def _foreach_pointwise(op: str) -> bool:
+    """A multi-tensor op whose single-tensor op (``_foreach_lerp_.Scalar``: ``lerp``; an in-place
+    one's by its out-of-place name) is pointwise in some overload, or a copy."""
+    m = _FOREACH.match(op)
+    packet = getattr(torch.ops.aten, m[1], None) if m else None
+    if packet is None:
+        return False
+    return m[1] == "copy" or any(torch.Tag.pointwise in getattr(packet, name).tags for name in packet.overloads())
+
+
+def _item_call(record: Record, k: int) -> tuple[Record, int] | None:
+    """(the call on one list item, its output's index) for output ``k`` of a multi-tensor op
+    whose items are each made element by element from the items at their own index (outputs
+    flattened: ``out0.88`` is list 0's item 88): each argument list as long as that output's list
+    keeps item 88 alone, and the op runs on it as on one tensor. None for another op, or where
+    the item is not its first list argument's shape (``_foreach_max``: one value an item)."""
+    if not _foreach_pointwise(record.op):
+        return None
+    flat = 0
+    for j, out in enumerate(record.outputs):
+        items = out if isinstance(out, (list, tuple)) else [out]
+        if k < flat + len(items):
+            i, length = k - flat, len(items)
+            break
+        flat += len(items)
+    else:
+        return None
+    first = next((v for v in record.inputs.values() if isinstance(v, (list, tuple)) and len(v) == length), None)
+    if first is None or not isinstance(first[i], TensorMeta) or tuple(first[i].shape) != tuple(items[i].shape):
+        return None
+    inputs = {name: [v[i]] if isinstance(v, (list, tuple)) and len(v) == length else v
+              for name, v in record.inputs.items()}
+    outputs = [[out[i]] if isinstance(out, (list, tuple)) and len(out) == length else out for out in record.outputs]
+    return dataclasses.replace(record, inputs=inputs, outputs=outputs), j
 
 
 def elementwise(op: str) -> bool:
@@ -89,7 +133,10 @@ def _sampled_run(record: Record, shape: tuple[int, ...], k: int):
     values, at the positions an output of ``shape`` is sampled at; how many there are), or None
     for another op. Raises _NotSampled where an input's sample does not hold them."""
     func = resolve_op(record.op)
-    if not _elementwise(func, record.op):
+    item = _item_call(record, k)
+    if item is not None:
+        record, k = item
+    elif not _elementwise(func, record.op):
         return None
     where = np.asarray(positions(shape), dtype=np.int64)
     func, args, kwargs = rebuild_with(record, lambda m: _input_values(m, shape, where))

@@ -56,6 +56,14 @@ _SAME_VALUES = {
 }
 
 
+# Arguments a kernel writes that its schema does not mark as written (``Tensor(a!)``): a batch
+# norm in training updates its running statistics in place. torch marks them on
+# _native_batch_norm_legit, not on these; without the mark the statistics cache (keyed by version
+# counters, which an unmarked write does not bump) would describe the old values at later reads.
+_UNDECLARED_WRITES = {name: ("running_mean", "running_var")
+                      for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")}
+
+
 # id(func) -> (func, its OpInfo): keyed by id because OpOverload.__hash__ is Python code and
 # this runs for every recorded call; func is held, so its id is never reused while it is here.
 _OP_INFOS: dict[int, tuple[Any, OpInfo]] = {}
@@ -76,6 +84,7 @@ def _op_info(func: torch._ops.OpOverload) -> OpInfo:
     names = tuple(a.name for a in schema.arguments)
     mutates = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
     packet = func._schema.name.split("::")[-1]
+    mutates += tuple(n for n in _UNDECLARED_WRITES.get(packet, ()) if n in names and n not in mutates)
     defaults = tuple((a.name, a.default_value) for a in schema.arguments if a.has_default_value())
     view = bool(schema.returns) and schema.returns[0].alias_info is not None and not mutates
     written = mutates if not schema.returns else ()

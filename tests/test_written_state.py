@@ -1,0 +1,65 @@
+"""Module state the run itself writes: a batch norm in training updates its running statistics in
+place (``native_batch_norm``, whose schema does not mark the write). Before, the recorder kept the
+running mean's statistics from before the update (its version counter never moved), and compare
+read the later read's difference as a parameter that came in different: a TF32 training step of
+a network with batch norm was "born at native_batch_norm_backward (parameter running_mean
+differs)". A parameter that does come in different is still the origin."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+import xray
+from xray.compare import compare_dumps
+from xray.dump.reader import read_trace
+from xray.numerics.rules import Rules
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from accuracy.faults import ReducedPrecisionMatmul  # noqa: E402
+
+
+def _step(folder: Path, tf32: bool, changed_weight: bool = False) -> Path:
+    """One training step (forward, backward, AdamW) of a Linear -> BatchNorm1d -> GELU -> Linear
+    in training mode, recorded with the defaults and backward; ``tf32``: the target's matmuls on
+    operands rounded to TF32."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.BatchNorm1d(128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 32))
+    if changed_weight:
+        with torch.no_grad():
+            model[3].weight[0, 0] += 0.5
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    with ReducedPrecisionMatmul() if tf32 else contextlib.nullcontext():
+        xray.begin_dump(X_DEBUG=0x10A, dump_dir=folder)  # the defaults, and backward
+        try:
+            model(x).square().mean().backward()
+            opt.step()
+        finally:
+            path = xray.end_dump()
+    return path
+
+
+def test_a_tf32_training_step_through_batch_norm_has_no_fail(tmp_path):
+    bench, target = _step(tmp_path / "b", False), _step(tmp_path / "t", True)
+    summary = compare_dumps(bench, target, rules=Rules(tf32=True)).summary.to_json()
+    assert summary["failed"] == 0 and summary["first_divergence"] is None, summary["first_divergence"]
+
+
+def test_the_running_mean_read_after_the_update_is_described_as_updated(tmp_path):
+    """The backward reads the running mean the forward wrote: its statistics are the new values."""
+    records = read_trace(Path(_step(tmp_path / "b", False))).records
+    forward = next(r for r in records if r.op == "aten.native_batch_norm.default")
+    backward = next(r for r in records if r.op == "aten.native_batch_norm_backward.default")
+    assert forward.inputs["running_mean"].stats.std == 0.0  # zeros before the update
+    assert backward.inputs["running_mean"].stats.std > 0.0  # 0.1 x the batch's means after it
+    assert "running_mean" in forward.mutates
+
+
+def test_a_parameter_that_came_in_different_is_still_the_origin(tmp_path):
+    bench, target = _step(tmp_path / "b", False), _step(tmp_path / "t", False, changed_weight=True)
+    fd = compare_dumps(bench, target).summary.to_json()["first_divergence"]
+    assert fd is not None and fd["cause"] == "parameter" and "3.weight" in fd["culprit"], fd
