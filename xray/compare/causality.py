@@ -48,7 +48,7 @@ from . import statistics_only
 from .reordered_sums import reordered_sum
 from .summed_means import summed_mean_error
 from .unseen_inputs import unseen_input_difference
-from .written_state import first_reads, written_by_the_run
+from .written_state import first_reads
 from .pending import FAILING, PRECISION, SUSPECT, Pending, PendingRun, agreement, downgrade, row_inputs, set_origin
 from .result import RANDOM_DRAWS, CompareRow, PairStatus
 
@@ -98,7 +98,8 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
         for k, le in p.local.items():
             p.rows[k].local_floor = floors.floor(le, p.target.op, p.reduce.get(k, 1))
     graph = _Graph(index, floors, target_dump, getattr(comparer, "bench", None),
-                   (ea, eb) if _module_dump(eb) else ((), ()), bench_entries=ea, state_entries=(ea, eb))
+                   (ea, eb) if _module_dump(eb) else ((), ()), bench_entries=ea,
+                   columns=(ea.table.columns, eb.table.columns))
     # v1 dumps: once an error is born (or random values differ) earlier in execution order, a
     # difference in an input may be that error; before it, only precision can be carried.
     random_pos = index.random_pos
@@ -281,7 +282,7 @@ class _Graph:
     """Target records by seq, and which of them are matched (with their rows)."""
 
     def __init__(self, index: Matches, floors: Floors | None = None, dump: Any = None, bench_dump: Any = None,
-                 entries: tuple[Any, Any] = ((), ()), bench_entries: Any = (), state_entries: tuple[Any, Any] = ((), ())
+                 entries: tuple[Any, Any] = ((), ()), bench_entries: Any = (), columns: tuple[Any, Any] = (None, None)
                  ) -> None:
         self.by_seq = index.by_seq
         self.around = index.around
@@ -299,15 +300,19 @@ class _Graph:
         # target pos -> why a target-only op fails its judgement: a substituted kernel wrong on its
         # inputs, or an op that could not be judged (_unmeasured_why)
         self.wrong: dict[int, str] = {}
-        self._state_entries = state_entries  # (bench, target) entries in execution order: written_by_the_run
+        self._columns = columns  # (bench, target) dump columns: written_by_the_run
         self._first_reads: tuple[dict, dict] | None = None  # (bench, target) module state at its first read
 
     def written_by_the_run(self, meta: Any) -> bool:
-        """A parameter or buffer read as ``meta`` that the run wrote since its first read, where
-        both runs held the same values (written_state.py): not an origin from outside the run."""
+        """A parameter or buffer read as ``meta`` that both runs held alike at its first read
+        (written_state.first_reads) and that the target run changed since (a batch norm's running
+        statistics, a parameter after an optimizer step): the run wrote it, it did not come in
+        different. Alike: the same statistics (``_fingerprint``) and sample."""
         if self._first_reads is None:
-            self._first_reads = (first_reads(self._state_entries[0]), first_reads(self._state_entries[1]))
-        return written_by_the_run(meta, *self._first_reads)
+            self._first_reads = tuple(first_reads(c) if c is not None else {} for c in self._columns)
+        bench, target = (reads.get(getattr(meta, "source", None)) for reads in self._first_reads)
+        return bench is not None and target is not None and _held_alike(bench, target) \
+            and not _held_alike(target, meta)
 
     def folds(self) -> tuple | None:
         """The target's records that stand for more than one call (their rows in its columns, and
@@ -578,6 +583,12 @@ def _fingerprint(meta: Any) -> tuple | None:
     if st is None or st.mean is None:
         return None
     return (tuple(meta.shape), meta.dtype, st.min, st.max, st.mean, st.std, st.nan, st.posinf, st.neginf)
+
+
+def _held_alike(a: Any, b: Any) -> bool:
+    """Two reads with the same statistics and sample, bit for bit."""
+    fa = _fingerprint(a)
+    return fa is not None and fa == _fingerprint(b) and a.stats.sample == b.stats.sample
 
 
 def _random(r: CompareRow) -> bool:

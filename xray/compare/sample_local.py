@@ -18,6 +18,7 @@ the statistics-only rules (causality.attribute).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Any
@@ -48,14 +49,17 @@ def _elementwise(func: torch._ops.OpOverload, op: str) -> bool:
     return (torch.Tag.pointwise in func.tags or op in _ELEMENTWISE) and "out" not in func._overloadname
 
 
+@functools.lru_cache(maxsize=256)
 def _foreach_pointwise(op: str) -> bool:
     """A multi-tensor op whose single-tensor op (``_foreach_lerp_.Scalar``: ``lerp``; an in-place
-    one's by its out-of-place name) is pointwise in some overload, or a copy."""
+    one's by its out-of-place name) is elementwise in some overload (``_elementwise``), or whose
+    in-place single-tensor op is (``_foreach_copy_``: ``copy_``)."""
     m = _FOREACH.match(op)
     packet = getattr(torch.ops.aten, m[1], None) if m else None
     if packet is None:
         return False
-    return m[1] == "copy" or any(torch.Tag.pointwise in getattr(packet, name).tags for name in packet.overloads())
+    return f"aten.{m[1]}_.default" in _ELEMENTWISE or any(
+        _elementwise(getattr(packet, name), f"aten.{m[1]}.{name}") for name in packet.overloads())
 
 
 def _item_call(record: Record, k: int) -> tuple[Record, int] | None:
