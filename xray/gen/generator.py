@@ -112,10 +112,14 @@ def signature(rec: Record) -> tuple:
 
 
 def classify(func: torch._ops.OpOverload, rec: Record) -> str:
+    """The test's form. An op whose results are what it writes (``add_`` returns ``self``,
+    ``_foreach_add_`` returns nothing) is checked on its written arguments; one that also returns
+    fresh tensors (a batch norm, which updates its running statistics on the side) on those."""
     info = op_info(func)
     if any(a.kwarg_only for a in func._schema.arguments if a.name in info.mutates):
         return "out"
-    if info.mutates:
+    returns = func._schema.returns
+    if info.mutates and (not returns or any(r.alias_info is not None for r in returns)):
         return "inplace"
     if info.returns > 1:
         return "multi_output"
