@@ -251,3 +251,22 @@ def test_a_version_counter_moved_before_the_batch_withholds_the_statistics():
         deferred.resolve()
     assert moved.max is None and moved.sample is not None and min(moved.sample) >= 0.0
     assert (kept.min, kept.max) == (0.0, 99.0) and deferred.withheld == 1
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_batch_norm_reads_the_queued_statistics_first_only_where_it_writes(tmp_path, monkeypatch, training):
+    """A batch norm writes its running statistics only in training (its schema does not say
+    so: record/encode.py, ``writes_now``). Each write first reduces the queued statistics (on an
+    accelerator, one batch early); an eval call writes nothing and queues on."""
+    monkeypatch.setenv("XRAY_DEFERRED_STATS", "1")
+    writes = []
+    before_write = stats_mod.DeferredStats.before_write
+    monkeypatch.setattr(stats_mod.DeferredStats, "before_write", lambda self: (writes.append(1), before_write(self)))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.BatchNorm2d(8)).train(training)
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path, X_DEBUG=0x102, X_DEDUP=False) as d:
+        model(torch.randn(2, 3, 8, 8))
+    assert d.recorder.deferred.used
+    # training: each batch norm, and the in-place add_ that counts its batches; eval: none; then
+    # one as the recording stops (what runs while it is stopped goes unseen)
+    assert len(writes) == (4 if training else 0) + 1

@@ -1,4 +1,4 @@
-"""Every architecture of the installed transformers, on every change (issue 43).
+"""Every architecture of the installed transformers, on every change.
 
 Lists every model class of the installed transformers that builds from a tiny config
 (tools/accuracy/zoo.py: one class per model_type, from MODEL_MAPPING_NAMES) and runs each with
@@ -9,6 +9,9 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 - ``bf16``, ``bf16-train``: fp32 against bf16 autocast, forward and forward + backward;
 - ``tf32``, ``tf32-train``: fp32 against emulated TF32 (matmul operands rounded to 10 bits, below
   the recorder), forward and forward + backward;
+- ``identical-trainmode``, ``bf16-trainmode``, ``tf32-trainmode``: forward + backward with both
+  models in training mode (dropout drawn alike, batch norms on their batch statistics and
+  writing their running ones); the others run in eval mode;
 - ``fault``: K random single-call faults per precision and direction (a random op kind, a random
   call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward; ``--fault-kind few``: three
   elements doubled instead, a sparse bug), graded exact / module /
@@ -18,8 +21,8 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 
 Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
 model runs in a worker process under a time budget (``--timeout``). torchvision's models are
-listed where torchvision is installed. Every run seeds torch's global RNG alike before its
-forward (``accuracy.runner.RUN_SEED``), so models that draw random numbers (ViT-MAE's masking,
+listed where torchvision is installed. Every run seeds torch's, Python's and numpy's global
+RNGs alike before its forward (``accuracy.runner.seed_run``), so models that draw random numbers (ViT-MAE's masking,
 Switch Transformers' router jitter, HRM's initial state) are compared as a user who seeds both
 runs would. ``--inference`` runs every forward-only scenario (and
 the runs that pick and grade its faults) under ``torch.inference_mode``, where a dispatch mode
@@ -51,8 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tabulate import tabulate  # noqa: E402
 
-SCENARIOS = ("identical", "identical-train", "bf16", "bf16-train", "tf32", "tf32-train", "fault")
-NOISE_SCENARIOS = ("bf16", "bf16-train", "tf32", "tf32-train")  # legitimate precision differences
+# "-train": a forward and backward in eval mode; "-trainmode": the same in training mode (dropout
+# drawn, batch norms on their batch statistics, their running statistics written)
+SCENARIOS = ("identical", "identical-train", "identical-trainmode", "bf16", "bf16-train", "bf16-trainmode", "tf32",
+             "tf32-train", "tf32-trainmode", "fault")
+NOISE_SCENARIOS = ("bf16", "bf16-train", "bf16-trainmode", "tf32", "tf32-train",
+                   "tf32-trainmode")  # legitimate precision differences
 RECORDINGS = ("defaults", "every call")
 # per fault kind (accuracy.scenario.CORRUPTIONS) and precision: "rel" scales every element (a
 # kernel computing at lower precision); "few" doubles three elements, plus their tensor's mean
@@ -128,7 +135,7 @@ def _final(arch: str, precision: str, backward: bool, modes: list = ()):
     import torch
 
     from accuracy.archs import ARCHS
-    from accuracy.runner import RUN_SEED
+    from accuracy.runner import seed_run
 
     a = ARCHS[arch]
     model, x = a.build(), a.inputs()
@@ -137,7 +144,7 @@ def _final(arch: str, precision: str, backward: bool, modes: list = ()):
             stack.enter_context(torch.inference_mode())
         for m in modes:
             stack.enter_context(m)
-        torch.manual_seed(RUN_SEED)  # random ops draw as in the recorded runs
+        seed_run()  # random ops draw as in the recorded runs
         with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext():
             y = model(**x)[0]
             if backward:
@@ -270,11 +277,13 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
     noise = {"identical": {}, "identical-train": {"backward": True}, "bf16": {"noise": "bf16"},
              "bf16-train": {"noise": "bf16", "backward": True}, "tf32": {"noise": "tf32"},
-             "tf32-train": {"noise": "tf32", "backward": True}}
+             "tf32-train": {"noise": "tf32", "backward": True},
+             **{f"{name}-trainmode": {**kw, "backward": True, "train_mode": True}
+                for name, kw in (("identical", {}), ("bf16", {"noise": "bf16"}), ("tf32", {"noise": "tf32"}))}}
     runs = 0
     for recording, flags in recordings.items():
         plan = [(name, kw, None) for name, kw in noise.items() if name in chosen
-                and not (name.endswith("-train") and no_backward)]
+                and not (name.endswith(("-train", "-trainmode")) and no_backward)]
         plan += [("fault", {"noise": "bf16" if f["precision"] == "bf16" else None,
                             "backward": f["direction"] == "backward"}, f) for f in faults]
         for name, kw, f in plan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 import re
 import tempfile
 import time
@@ -18,6 +19,7 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
 import torch
 
 import xray
@@ -99,6 +101,16 @@ def functional_rms_norms(model: torch.nn.Module) -> None:
             m.forward = lambda x, m=m: torch.nn.functional.rms_norm(x, [x.shape[-1]], m.weight, m.variance_epsilon)
 
 
+def seed_run() -> None:
+    """Both runs draw the same random numbers (a model's random masking, router jitter or
+    initial state), as a user comparing two runs seeds both (compare's "cannot tell" otherwise):
+    torch's, Python's and numpy's generators, as transformers.set_seed does (WavLM's
+    training-mode masks are numpy's)."""
+    torch.manual_seed(RUN_SEED)
+    random.seed(RUN_SEED)
+    numpy.random.seed(RUN_SEED)
+
+
 def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
     arch = ARCHS[s.arch]
     bench = arch.build()
@@ -125,6 +137,8 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
     if s.noise == "fused-rms-norm":
         for m in (bench, target):
             functional_rms_norms(m)
+    if s.train_mode:
+        bench.train(), target.train()
     if s.wrap:
         target = Wrapper(s.wrap, target)
     return bench, target
@@ -132,6 +146,9 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 def _inputs(s: Scenario, side: str) -> dict:
     x = ARCHS[s.arch].inputs()
+    if s.train_mode:  # a batch of one, doubled by its mirror: a batch norm in training needs two values a channel
+        x = {k: torch.cat([v, v.flip(-1)]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1 else v
+             for k, v in x.items()}
     if side == "target" and s.noise == "fp16":
         x = {k: v.half() if v.is_floating_point() else v for k, v in x.items()}
     return x
@@ -169,9 +186,7 @@ def _record(s: Scenario, side: str, model: torch.nn.Module, folder: Path, modes:
             kernel = sdpa_kernel([SDPBackend.MATH])
         else:
             kernel = nullcontext()
-        # both runs draw the same random numbers (a model's random masking, router jitter or
-        # initial state), as a user comparing two runs seeds both: compare's "cannot tell" otherwise
-        torch.manual_seed(RUN_SEED)
+        seed_run()
         if s.dump == "trace":
             saved = TENSORS_PER_RECORD if s.dump_num is None else s.dump_num
             xray.begin_dump(X_DEBUG=_debug(s), X_DEDUP=s.dedup, X_DUMP_NUM=saved if s.data else 0,

@@ -59,6 +59,9 @@ class Scenario:
     backward: bool = False  # run loss.backward() and record backward ops
     inference: bool = False  # both runs' forwards under torch.inference_mode (composite ops recorded whole)
     optimizer: str | None = None  # then one AdamW step, implemented as archs.OPTIMIZERS names
+    # both models in training mode: dropout drawn, batch norms on batch statistics (a batch of one
+    # input is doubled by its mirror: a batch norm in training needs two values a channel)
+    train_mode: bool = False
     dedup: bool = False  # both runs recorded with the recorder's default X_DEDUP=True
     dump_num: int | None = None  # X_DUMP_NUM where data is saved (None: every tensor of a call)
     # a TF32-emulated target ("tf32", and "cudnn-rnn": cuDNN's RNN kernel under its default
@@ -79,7 +82,7 @@ class Scenario:
             parts.append(f"target-only mul in {self.target_only}")
         if self.attribute:
             parts.append("{}.{} = {:g} in the target".format(*self.attribute))
-        for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("wrap", self.wrap), ("extra op", self.extra_op),
+        for label, value in (("noise", self.noise), ("AdamW", self.optimizer), ("mode", "train" if self.train_mode else None), ("wrap", self.wrap), ("extra op", self.extra_op),
                              ("missing op", self.missing_op), ("X_DEDUP", "on" if self.dedup else None),
                              ("X_DUMP_NUM", self.dump_num),
                              ("TF32", "undeclared" if self.noise in TF32_NOISES and not self.tf32_declared else None)):

@@ -37,7 +37,7 @@ from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
 from ..numerics.kernel_families import family_of
 from .entry_records import Entry
-from .local import LocalError, local_error, local_error_with, measurable
+from .local import LocalError, checked_error, local_error, local_error_with, measurable
 from .moved_values import moved_local_error
 from .sample_local import sample_local_error
 from .sample_verdicts import sample_decided
@@ -304,15 +304,15 @@ class _Graph:
         self._first_reads: tuple[dict, dict] | None = None  # (bench, target) module state at its first read
 
     def written_by_the_run(self, meta: Any) -> bool:
-        """A parameter or buffer read as ``meta`` that both runs held alike at its first read
-        (written_state.first_reads) and that the target run changed since (a batch norm's running
-        statistics, a parameter after an optimizer step): the run wrote it, it did not come in
-        different. Alike: the same statistics (``_fingerprint``) and sample."""
+        """A parameter or buffer read as ``meta``, which differs between the runs here, that both
+        runs held alike at its first read (written_state.first_reads): a run changed it since (a
+        batch norm's running statistics, a parameter after an optimizer step), either one (a
+        running mean that is rounding noise, written as exact zeros on one side), so it did not
+        come in different. Alike: the same statistics (``_fingerprint``) and sample."""
         if self._first_reads is None:
             self._first_reads = tuple(first_reads(c) if c is not None else {} for c in self._columns)
         bench, target = (reads.get(getattr(meta, "source", None)) for reads in self._first_reads)
-        return bench is not None and target is not None and _held_alike(bench, target) \
-            and not _held_alike(target, meta)
+        return bench is not None and target is not None and _held_alike(bench, target)
 
     def folds(self) -> tuple | None:
         """The target's records that stand for more than one call (their rows in its columns, and
@@ -1098,7 +1098,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
     elif _wrong_on_its_inputs(p, k, floors):
         # wrong on the target's own inputs: born here, whatever those inputs were
         # the culprit is this op; its numbers are the row's local_err / local_floor columns
-        set_origin(r, "born", "local error", p.outlier.get(k) or "this op, on the target's own inputs")
+        set_origin(r, "born", "local error",
+                   (p.outlier.get(k) or "this op, on the target's own inputs") + _wrong_on_the_bench_too(p, k, floors))
     elif statistics_only.holds_rounding(p, k, floors.rules.precision_factor, both=True):
         # (a data row too; with its local error measured, it computed right on its inputs: a wrong
         # one is born above)
@@ -1443,6 +1444,19 @@ def _wrong_on_its_inputs(p: Pending, k: int, floors: Floors) -> bool:
     if k in p.outlier:
         return True
     return k not in p.precision and floors.beyond(le, p.target.op, p.reduce.get(k, 1))
+
+
+def _wrong_on_the_bench_too(p: Pending, k: int, floors: Floors) -> str:
+    """Where the bench's own call of a call born wrong is wrong as well, by its recorded
+    self-check (a kernel wrong on both runs: torch's CPU batch norm backward, on a gradient of
+    one sample laid out channels-last with another batch stride), the words that say so: the
+    bench is then no reference there, and the runs' difference is not all this call's."""
+    if k >= len(p.bench.outputs):
+        return ""
+    le = checked_error(p.bench.outputs[k][1])
+    if le is None or not floors.beyond(le, p.bench.op, p.reduce.get(k, 1)):
+        return ""
+    return f"; the bench's own call is wrong too (its local error {le.local:.3g}): the kernel is wrong on both runs"
 
 
 def _param_name(name: str, meta: Any) -> str:

@@ -62,6 +62,21 @@ _SAME_VALUES = {
 # counters, which an unmarked write does not bump) would describe the old values at later reads.
 _UNDECLARED_WRITES = {name: ("running_mean", "running_var")
                       for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")}
+# ...and only in training (their sixth argument): an eval call reads them and writes nothing
+_WRITES_IN_TRAINING = frozenset(f"aten.{name}.default" for name in _UNDECLARED_WRITES)
+
+
+def writes_now(info: "OpInfo", args: tuple, kwargs: dict) -> bool:
+    """Whether this call of ``info``'s op writes (``OpInfo.writes``), for the queued statistics
+    that must be read before a write (``DeferredStats.before_write``): a batch norm's undeclared
+    write of its running statistics happens only in training, with running statistics given."""
+    if not info.writes:
+        return False
+    if info.name not in _WRITES_IN_TRAINING:
+        return True
+    training = kwargs.get("training", args[5] if len(args) > 5 else True)
+    stats = [kwargs.get(n, args[i] if len(args) > i else None) for i, n in ((3, "running_mean"), (4, "running_var"))]
+    return bool(training) and any(t is not None for t in stats)
 
 
 # id(func) -> (func, its OpInfo): keyed by id because OpOverload.__hash__ is Python code and

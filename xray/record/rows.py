@@ -41,7 +41,7 @@ from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats, 
 from ..dump.model import TensorMeta, value_to_json
 from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, stable_repr, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
-from .self_check import OPS as CHECKED_OPS, self_check
+from .self_check import OPS as CHECKED_OPS, self_checks
 from .unwritten import UNWRITTEN, allocates
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
@@ -321,12 +321,15 @@ class RowPath:
         stack = NONE if not call.stack else self.intern(json.dumps(call.stack, separators=(",", ":")))
         checks = None
         if self.stats_on and info.name in CHECKED_OPS and first_out not in (call.notes or ()):
-            first = out[0] if info.returns > 1 else out  # (a norm backward's input gradient)
-            if isinstance(first, torch.Tensor):
-                now = first.is_cpu and self.recorder.cpu_sync  # else as its statistics: read at the flush
-                check = self_check(info.name, bind_inputs(info, call.args, call.kwargs), first, defer=not now,
-                                   norm=norm_of(call.stats[first_out]) if now else None)
-                checks = None if check is None else {first_out: check}
+            outs = list(out) if info.returns > 1 else [out]  # (a norm backward's input gradient first)
+            if isinstance(outs[0], torch.Tensor):
+                now = outs[0].is_cpu and self.recorder.cpu_sync  # else as its statistics: read at the flush
+                notes = call.notes or ()
+                norms = [norm_of(call.stats[first_out + k]) if now and first_out + k not in notes
+                         and isinstance(o, torch.Tensor) else None for k, o in enumerate(outs)]
+                got = self_checks(info.name, bind_inputs(info, call.args, call.kwargs), outs, defer=not now,
+                                  norms=norms)
+                checks = {first_out + k: v for k, v in got.items() if first_out + k not in notes} or None
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),
                              call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes, call.data,

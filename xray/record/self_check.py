@@ -1,6 +1,6 @@
-"""A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a layer
-norm's backward, a fused attention; and a floating dtype conversion, recomputed whole): its local
-error without saving its tensors.
+"""A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a fused
+attention; a normalization, forward or backward, and a floating dtype conversion, recomputed on
+rows or whole): its local error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
 convolution's sampled output elements each read a whole row, column or window that the samples
@@ -46,7 +46,6 @@ MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.ba
            "aten.linear.default", "aten.matmul.default")
 CONVOLUTIONS = ("aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default")
 SUMS = ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
-NORM_BACKWARD = "aten.native_layer_norm_backward.default"
 # fused attention kernels (CPU's, CUDA's flash, memory-efficient and cuDNN ones): the first output
 # is the attention's output (forward) or the query's gradient (backward)
 FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
@@ -55,14 +54,33 @@ FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
                    "aten._scaled_dot_product_cudnn_attention.default")
 ATTENTION = FUSED_ATTENTION + ("aten.scaled_dot_product_attention.default",)
 ATTENTION_BACKWARD = tuple(name.replace(".default", "_backward.default") for name in FUSED_ATTENTION)
+# normalizations, forward: (output, mean, rstd) of the fused kernels (cudnn's third output is its
+# saved inverse deviation, its fourth its own workspace), the output alone of the composite ops an
+# inference_mode forward records whole
+LAYER_NORMS = ("aten.native_layer_norm.default", "aten.layer_norm.default")
+RMS_NORMS = ("aten._fused_rms_norm.default", "aten.rms_norm.default")
+GROUP_NORMS = ("aten.native_group_norm.default", "aten.group_norm.default")
+BATCH_NORMS = ("aten.native_batch_norm.default", "aten._native_batch_norm_legit.default",
+               "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_no_training.default",
+               "aten.cudnn_batch_norm.default", "aten.miopen_batch_norm.default", "aten.batch_norm.default")
+NORMS = LAYER_NORMS + RMS_NORMS + GROUP_NORMS + BATCH_NORMS
+# their backwards: the input gradient first (a batch norm's weight and bias gradients next)
+RMS_NORM_BACKWARDS = ("aten._fused_rms_norm_backward.default",)
+LAYER_NORM_BACKWARDS = ("aten.native_layer_norm_backward.default",) + RMS_NORM_BACKWARDS
+GROUP_NORM_BACKWARDS = ("aten.native_group_norm_backward.default",)
+BATCH_NORM_BACKWARDS = ("aten.native_batch_norm_backward.default", "aten.cudnn_batch_norm_backward.default",
+                        "aten.miopen_batch_norm_backward.default")
+NORM_BACKWARDS = LAYER_NORM_BACKWARDS + GROUP_NORM_BACKWARDS + BATCH_NORM_BACKWARDS
 # a conversion between floating dtypes (autocast's casts of weights and activations)
 CASTS = ("aten._to_copy.default",)
 CAST_MAX = 1 << 24  # elements: a larger conversion is not checked (``_cast``)
-OPS = frozenset(MATMULS + CONVOLUTIONS + (NORM_BACKWARD,) + SUMS + ATTENTION + ATTENTION_BACKWARD + CASTS)
+OPS = frozenset(MATMULS + CONVOLUTIONS + SUMS + ATTENTION + ATTENTION_BACKWARD + CASTS + NORMS + NORM_BACKWARDS)
 SEED = 0x5EED_F4E1  # fixed: both runs draw the same r for an output of the same width
 DEGREES = 64  # products summed in the residual at least (rows x vectors): its spread about 9 %
 MAX_VECTORS = 16
 QUERY_ROWS = 16  # a fused attention's query rows checked per batch and head, at least (``_query_rows``)
+NORM_ROWS = DEGREES  # a normalization's rows (groups, channels) checked, at most (``_norm_rows``)
+NORM_ELEMENTS = 1 << 16  # and the values they read, at most (one row at least): a float64 copy of 512 KiB
 # The reference in terms of the operands (A, B; or input, weight), each passed through ``fn``
 Reference = Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
 
@@ -206,31 +224,10 @@ def _sum(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check 
         v = x.to(wide).reshape(-1, count)
         made = v @ _ones_on(count, x.device, wide)
     else:
-        exact = torch.float64 if out.device.type in ("cpu", "cuda", "xpu") else wide
-        v = x.to(exact)
+        v = x.to(_exact(out.device, wide))
         made = v.sum(dims)
     terms = torch.linalg.vector_norm(v).to(wide) * scale  # (no precision steps: a sum has no TF32 step)
     return Check(out.to(wide), (made * scale).reshape(out.shape).to(wide), None, (x,), 1, terms)
-
-
-def _layer_norm_backward(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
-    """The ``Check`` of a layer norm backward's input gradient, from its formula in
-    pointwise ops and means (not the fused kernel it checks): ``rstd (wg - mean(wg) - xhat
-    mean(wg xhat))`` with ``wg`` the weighted output gradient and ``xhat`` the normalised input,
-    measured against the larger of its output's norm and ``rstd wg``'s (its terms': what it
-    subtracts cancels)."""
-    g, x, mean, rstd, w = (bound.get(n) for n in ("grad_out", "input", "mean", "rstd", "weight"))
-    shape = bound.get("normalized_shape")
-    if not all(_plain(t) for t in (g, x, mean, rstd)) or (w is not None and not _plain(w)) or not shape \
-            or tuple(out.shape) != tuple(x.shape):
-        return None
-    axes = tuple(range(x.dim() - len(shape), x.dim()))
-    gw, xw, rw = g.to(wide), x.to(wide), rstd.to(wide)
-    xhat = (xw - mean.to(wide)) * rw
-    wg = gw * w.to(wide) if w is not None else gw
-    made = rw * (wg - wg.mean(axes, keepdim=True) - xhat * (wg * xhat).mean(axes, keepdim=True))
-    terms = torch.linalg.vector_norm(rw * wg)  # (no precision steps: a norm has no TF32 step)
-    return Check(out.to(wide), made, None, (g, x), 1, terms)
 
 
 def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
@@ -293,6 +290,233 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
     return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms, part=rows is not None)
 
 
+class _Rows:
+    """A normalization's rows as a (rows, n) matrix: a layer or RMS norm's normalised slices,
+    a group norm's groups, a batch norm's channels (dimension 1); each of its statistics is one
+    value per row. Only the rows ``_norm_rows`` picks: a row's outputs (and its input
+    gradient) read only that row, so a subset is checked exactly, at a bounded cost."""
+
+    def __init__(self, name: str, x: torch.Tensor, bound: dict):
+        self.groups = None
+        if name in LAYER_NORMS + RMS_NORMS + LAYER_NORM_BACKWARDS:
+            self.kind, shape = "last", tuple(bound.get("normalized_shape") or ())
+            if not shape or tuple(x.shape[-len(shape):]) != shape:
+                raise ValueError("normalized_shape is not the input's last dimensions")
+            self.n = math.prod(shape)
+            self.count = x.numel() // max(1, self.n)
+        elif name in GROUP_NORMS + GROUP_NORM_BACKWARDS:
+            self.kind, self.groups = "group", bound.get("group", bound.get("num_groups"))
+            if type(self.groups) is not int or self.groups < 1 or x.dim() < 2 or x.shape[1] % self.groups:
+                raise ValueError("not a group count of the input's channels")
+            self.count = x.shape[0] * self.groups
+            self.n = x.numel() // max(1, self.count)
+        else:
+            if x.dim() < 2:
+                raise ValueError("a batch norm of no channels")
+            self.kind, self.count = "channel", x.shape[1]
+            self.n = x.numel() // max(1, self.count)
+        if self.count < 1 or self.n < 1:
+            raise ValueError("an empty normalization")
+        self.rows = _norm_rows(self.count, self.n, x.device)
+        self.channels = x.shape[1] if x.dim() > 1 else 1
+
+    def picked(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor of the input's shape, as (rows, n)."""
+        if self.kind == "channel":
+            t = t if self.rows is None else t.index_select(1, self.rows)
+            return t.transpose(0, 1).reshape(-1, self.n)
+        t = t.reshape(self.count, self.n)
+        return t if self.rows is None else t.index_select(0, self.rows)
+
+    def per_row(self, t: torch.Tensor) -> torch.Tensor:
+        """A statistic of one value per row (a mean, an rstd, a per-channel gradient), as (rows,)."""
+        t = t.reshape(self.count)
+        return t if self.rows is None else t.index_select(0, self.rows)
+
+    def affine(self, a: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """A weight or bias in ``dtype``, broadcast against (rows, n)."""
+        if a is None:
+            return None
+        a = a.to(dtype)
+        if self.kind == "last":
+            return a.reshape(1, self.n)
+        if self.kind == "channel":
+            return (a if self.rows is None else a.index_select(0, self.rows))[:, None]
+        per = self.channels // self.groups  # a group's channels, each over its spatial size
+        a = a.reshape(self.groups, per, 1).expand(self.groups, per, self.n // per).reshape(self.groups, self.n)
+        rows = torch.arange(self.count, device=a.device) if self.rows is None else self.rows
+        return a.index_select(0, rows % self.groups)
+
+
+def _exact(device: torch.device, wide: torch.dtype) -> torch.dtype:
+    """float64 where the device has it (CPU, CUDA, XPU), else ``wide``."""
+    return torch.float64 if device.type in ("cpu", "cuda", "xpu") else wide
+
+
+def _normalization(name: str, bound: dict, outs: list, wide: torch.dtype) -> dict[int, Check] | None:
+    """The ``Check`` of each output of a normalization (its output; a fused kernel's mean and
+    rstd too) from its definition, on ``_Rows``' rows in float64 where the device has it: each
+    row centred by its mean (not an RMS norm's) and scaled by ``1 / sqrt(var + eps)``, then by
+    its weight and bias; a batch norm outside training by its running statistics.
+
+    Each output is measured against its terms (``Check.terms``): the output against
+    ``(|x| + |mean|) rstd c |w| + |b|``, the mean against ``|x| / n``, rstd against ``rstd c``,
+    with ``c = 1 + mean^2 rstd^2``: a kernel that takes the variance as ``E[x^2] - mean^2`` in
+    one pass loses that factor to cancellation, legitimately, and a mean that cancels rounds at
+    its terms' scale. A wrong eps, group count, axis, weight or statistic is far beyond that."""
+    x, w, b = bound.get("input"), bound.get("weight"), bound.get("bias")
+    if not _plain(x) or any(t is not None and not _plain(t) for t in (w, b)):
+        return None
+    rows, exact = _Rows(name, x, bound), _exact(x.device, wide)
+    eps = bound.get("eps", bound.get("epsilon"))
+    eps = torch.finfo(x.dtype).eps if eps is None and name in RMS_NORMS else eps  # (an RMS norm's default)
+    training = name not in BATCH_NORMS or bound.get("running_mean") is None or bound.get("running_var") is None \
+        or bool(bound.get("training", name != "aten._native_batch_norm_legit_no_training.default"))
+    if type(eps) not in (int, float):
+        return None
+    v = rows.picked(x).to(exact)
+    if not training:
+        mean = rows.per_row(bound["running_mean"]).to(exact)[:, None]
+        var = rows.per_row(bound["running_var"]).to(exact)[:, None]
+        centred = v - mean
+    elif name in RMS_NORMS:
+        mean, centred = v.new_zeros(v.shape[0], 1), v
+        var = v.square().mean(1, keepdim=True)
+    else:  # two passes (var_mean's float64 Welford costs 4x them)
+        mean = v.mean(1, keepdim=True)
+        centred = v - mean
+        var = centred.square().mean(1, keepdim=True)
+    rstd = (var + eps).rsqrt_()
+    wa, ba = rows.affine(w, exact), rows.affine(b, exact)
+    y = centred * rstd
+    y = y.mul_(wa) if wa is not None else y
+    y = y.add_(ba) if ba is not None else y
+    scale = rstd * (mean * rstd).square_().add_(1)  # rstd c
+    size = v.abs().add_(mean.abs()).mul_(scale)
+    size = size.mul_(wa.abs()) if wa is not None else size
+    size = size.add_(ba.abs()) if ba is not None else size
+    made = {0: (y, torch.linalg.vector_norm(size))}
+    if training and name not in RMS_NORMS:  # the fused kernels' saved statistics
+        made[1] = (mean, torch.linalg.vector_norm(v) / rows.n)
+    if training:
+        made[len(made)] = (rstd, torch.linalg.vector_norm(scale))
+    return _row_checks(rows, made, outs, x)
+
+
+def _normalization_backward(name: str, bound: dict, outs: list, wide: torch.dtype) -> dict[int, Check] | None:
+    """The ``Check`` of a normalization backward's input gradient, and of its weight and bias
+    gradients (a batch norm's: a sum over each of its rows; the others': ``_affine_gradients``),
+    from its formula in pointwise ops and means, on ``_Rows``' rows, not the fused kernel it checks: ``rstd (wg - mean(wg) - xhat mean(wg xhat))``
+    (an RMS norm's without ``mean(wg)``; a batch norm's outside training ``rstd wg``), with
+    ``wg`` the weighted output gradient and ``xhat`` the input normalised by the statistics its
+    forward saved (a batch norm outside training: its running ones). The input gradient is
+    measured against the larger of its norm and ``rstd wg``'s (its terms: what it subtracts
+    cancels), a sum against its terms' norm (``_centred_terms``)."""
+    g, x, w = bound.get("grad_out", bound.get("grad_output")), bound.get("input"), bound.get("weight")
+    if not (_plain(g) and _plain(x)) or g.shape != x.shape or (w is not None and not _plain(w)):
+        return None
+    rows, exact = _Rows(name, x, bound), _exact(x.device, wide)
+    if name in BATCH_NORM_BACKWARDS:
+        mean, rstd = bound.get("save_mean"), bound.get("save_invstd", bound.get("save_var"))
+        training = bool(bound.get("train", True)) and _plain(mean) and _plain(rstd) and mean.numel() > 0
+        if not training:
+            rm, rv, eps = bound.get("running_mean"), bound.get("running_var"), bound.get("eps", bound.get("epsilon"))
+            if not (_plain(rm) and _plain(rv)) or type(eps) not in (int, float):
+                return None
+            mean, rstd = rows.per_row(rm).to(exact), torch.rsqrt(rows.per_row(rv).to(exact) + eps)
+        else:
+            mean, rstd = rows.per_row(mean).to(exact), rows.per_row(rstd).to(exact)
+    else:
+        saved, training = (bound.get("mean"), bound.get("rstd")), True
+        if not _plain(saved[1]) or (name not in RMS_NORM_BACKWARDS and not _plain(saved[0])):
+            return None
+        rstd = rows.per_row(saved[1]).to(exact)
+        mean = rows.per_row(saved[0]).to(exact) if saved[0] is not None else torch.zeros_like(rstd)
+    gv, xv = rows.picked(g).to(exact), rows.picked(x).to(exact)
+    xhat = (xv - mean[:, None]) * rstd[:, None]
+    wa = rows.affine(w, exact)
+    wg = gv * wa if wa is not None else gv
+    if training:
+        inner = wg - xhat * (wg * xhat).mean(1, keepdim=True)
+        inner = inner if name in RMS_NORM_BACKWARDS else inner - wg.mean(1, keepdim=True)
+    else:
+        inner = wg
+    made = {0: (rstd[:, None] * inner, torch.linalg.vector_norm(rstd[:, None] * wg))}
+    if name in BATCH_NORM_BACKWARDS:  # one row sum per channel
+        made[1] = ((gv * xhat).sum(1), _centred_terms(gv, xv, mean[:, None], rstd[:, None]))
+        made[2] = (gv.sum(1), torch.linalg.vector_norm(gv))
+    else:
+        made.update(_affine_gradients(rows, g, x, saved, exact, name in RMS_NORM_BACKWARDS))
+    return _row_checks(rows, made, outs, x)
+
+
+def _centred_terms(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """The terms' norm of ``sum(g xhat)``, ``xhat = (x - mean) rstd``: ``|g| (|x| + |mean|) rstd``,
+    as the kernel's rounding of ``x - mean`` is ``x``'s, not the difference's."""
+    return torch.linalg.vector_norm(g.abs() * (x.abs() + mean.abs()) * rstd)
+
+
+def _affine_gradients(rows: _Rows, g: torch.Tensor, x: torch.Tensor, saved: tuple, exact: torch.dtype,
+                      rms: bool) -> dict[int, tuple]:
+    """A layer, RMS or group norm backward's weight and bias gradients (outputs 1 and 2; an RMS
+    norm's weight gradient is its output 1), ``sum(grad_out xhat)`` and ``sum(grad_out)`` over
+    every row for each weight element: a layer norm's over its rows, a group norm's over its
+    batch and spatial positions. On a subset of those elements (``_norm_rows``), each summed whole,
+    with the statistics its forward saved (``saved``: mean, rstd). Each as ``_row_checks`` takes
+    it: (reference, its terms' norm, how to pick the same elements of the output)."""
+    if rows.kind == "last":  # a weight element per normalised position: columns of (rows, n)
+        count, n = rows.count, rows.n
+        cols = _norm_rows(n, count, x.device)
+
+        def part(t: torch.Tensor) -> torch.Tensor:  # (rows, elements)
+            t = t.reshape(count, n)
+            return t if cols is None else t.index_select(1, cols)
+
+        stat = [t.reshape(count, 1).to(exact) if t is not None else None for t in saved]
+        axes, size = 0, n
+    else:  # a group norm: a weight element per channel, over (batch, its spatial positions)
+        batch, channels = x.shape[0], rows.channels
+        spatial = x.numel() // max(1, batch * channels)
+        cols = _norm_rows(channels, batch * spatial, x.device)
+
+        def part(t: torch.Tensor) -> torch.Tensor:  # (batch, channels, spatial)
+            t = t.reshape(batch, channels, spatial)
+            return t if cols is None else t.index_select(1, cols)
+
+        group = (torch.arange(channels, device=x.device) if cols is None else cols) // (channels // rows.groups)
+        stat = [t.reshape(batch, rows.groups).index_select(1, group).to(exact)[..., None] if t is not None else None
+                for t in saved]
+        axes, size = (0, 2), channels
+    gv, xv = part(g).to(exact), part(x).to(exact)
+    mean = stat[0] if stat[0] is not None and not rms else torch.zeros_like(stat[1])
+    xhat = (xv - mean) * stat[1]
+
+    def pick(out: torch.Tensor) -> torch.Tensor:
+        out = out.reshape(size)
+        return out if cols is None else out.index_select(0, cols)
+
+    made = {1: ((gv * xhat).sum(axes), _centred_terms(gv, xv, mean, stat[1]), pick, size)}
+    if not rms:
+        made[2] = (gv.sum(axes), torch.linalg.vector_norm(gv), pick, size)
+    return made
+
+
+def _row_checks(rows: _Rows, made: dict, outs: list, x: torch.Tensor) -> dict[int, Check]:
+    """``Check``s of the outputs ``made`` holds (output index: (reference on the rows, its
+    terms' norm), for output 0 of the input's shape and the others one value per row; or
+    (reference, terms, how to pick the same elements of the output, its element count))."""
+    checks = {}
+    for k, (reference, terms, *how) in made.items():
+        out = outs[k] if k < len(outs) else None
+        pick, size = how if how else (rows.picked, x.numel()) if k == 0 else (rows.per_row, rows.count)
+        if not _plain(out) or out.numel() != size:
+            continue
+        # measured in the reference's dtype: rounding it to the output's would add its own error
+        got = pick(out).to(reference.dtype).reshape(reference.shape)
+        checks[k] = Check(got, reference, None, (x,), 1, terms, part=True)
+    return checks
+
+
 def _cast(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
     """The ``Check`` of a conversion between floating dtypes on one device, recomputed through
     float64: every float dtype converts to it exactly, so the reference is one rounding to the
@@ -333,64 +557,97 @@ def _query_rows(length: int, groups: int, device: torch.device) -> torch.Tensor 
     return torch.randperm(length, generator=gen)[:rows].sort().values.to(device)
 
 
+@functools.lru_cache(maxsize=256)
+def _norm_rows(count: int, n: int, device: torch.device) -> torch.Tensor | None:
+    """The rows of a normalization of ``count`` rows of ``n`` values each that it is checked
+    on: ``NORM_ROWS`` of them, fewer where they would read over ``NORM_ELEMENTS`` values (at least
+    one), drawn from the shape alone, so that both runs check the same rows; None: all of them.
+    An error confined to rows outside the subset is not seen by the check (its statistics and
+    sample still see it)."""
+    rows = max(1, min(NORM_ROWS, NORM_ELEMENTS // max(1, n)))
+    if rows >= count:
+        return None
+    gen = torch.Generator().manual_seed(SEED ^ count)
+    return torch.randperm(count, generator=gen)[:rows].sort().values.to(device)
+
+
 @functools.lru_cache(maxsize=64)
 def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.ones(n, device=device, dtype=dtype)
 
 
-def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: float | None = None) -> Any:
-    """(residual, step residuals...) of a checked op's first output (``bound``: its arguments by
-    schema name), or None when the call is not one this checks (another op, a subclass, sparse or
-    quantized tensors, a grouped convolution, attention with dropout, a non-finite or all-zero
-    output) or the check cannot run. ``norm``: the output's norm where its statistics give it
-    (``stats.norm_of``), so that the check need not read the output once more.
+def self_checks(name: str, bound: dict, outs: list, defer: bool = False,
+                norms: list | None = None) -> dict[int, Any]:
+    """{output index: (residual, step residuals...)} of a checked op's outputs (``bound``: its
+    arguments by schema name; ``outs``: its outputs, in order): its first output's, and a
+    normalization's mean and rstd too. Empty when the call is not one this checks (another op, a
+    subclass, sparse or quantized tensors, a grouped convolution, attention with dropout) or the
+    check cannot run; an output is left out where its output is non-finite or all zero.
+    ``norms``: each output's norm where its statistics give it (``stats.norm_of``; None where
+    not), so that the check need not read the output once more.
 
     ``defer`` (an accelerator's call): the values as a tensor on the output's device, NaN where
     a tuple would be None, read with the batched statistics at the next flush, so that the check
     adds no host synchronisation; its steps are then always measured (cheap there)."""
-    if name not in OPS or not _plain(out) or out.numel() == 0:
-        return None
+    first = outs[0] if outs else None
+    if name not in OPS or not _plain(first) or first.numel() == 0:
+        return {}
     try:
         with torch.no_grad():
-            wide = _wide(out.device, out, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
-            got = _convolution(name, bound, out, wide) if name in CONVOLUTIONS else \
-                _sum(name, bound, out, wide) if name in SUMS else \
-                _layer_norm_backward(bound, out, wide) if name == NORM_BACKWARD else \
-                _attention(name, bound, out, wide) if name in ATTENTION + ATTENTION_BACKWARD else \
-                _cast(bound, out, wide) if name in CASTS else \
-                _matmul(name, bound, out, wide)
-            if got is None:
-                return None
-            got_r, exact, reference, operands, k, of_terms, part = got
-            step_ops = reference is not None and all(t.dtype == torch.float32 for t in operands)
-            error = torch.linalg.vector_norm(got_r - exact)
-            own = norm if not (part or defer) else None  # |C| from its statistics: one read of C fewer
-            if own is None:  # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
-                size = torch.linalg.vector_norm(got_r if part else out.to(wide))
-                norms = torch.stack([error, size if of_terms is None else torch.maximum(size, of_terms)])
-            if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
-                norms = norms.to(torch.float64)
-                scale = norms[1] * math.sqrt(k)
-                usable = torch.isfinite(norms).all() & (scale > 0)
-                steps = [torch.linalg.vector_norm(reference(lambda t, b=bits: round_mantissa(t, b)) - exact)
-                         .to(torch.float64) / scale if step_ops else scale * math.nan for bits in PRECISION_STEPS.values()]
-                values = torch.stack([norms[0] / scale, *steps])
-                return torch.where(usable, values, torch.full_like(values, math.nan))
-            if own is None:
-                error, scale = norms.tolist()  # one read
+            wide = _wide(first.device, first, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
+            if name in NORMS + NORM_BACKWARDS:
+                made = (_normalization if name in NORMS else _normalization_backward)(name, bound, outs, wide) or {}
             else:
-                error, terms = (float(error), 0.0) if of_terms is None else torch.stack([error, of_terms]).tolist()
-                scale = max(own, terms)
-            scale *= math.sqrt(k)
-            if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
-                return None
-            residual, steps = error / scale, [math.nan] * len(PRECISION_STEPS)
-            summed = 1 if not step_ops else \
-                operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
-            if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, summed)):  # the sums' bound
-                for i, bits in enumerate(PRECISION_STEPS.values()):
-                    rounded = reference(lambda t, b=bits: round_mantissa(t, b))
-                    steps[i] = float(torch.linalg.vector_norm(rounded - exact)) / scale
-            return (residual, *steps)
+                got = _convolution(name, bound, first, wide) if name in CONVOLUTIONS else \
+                    _sum(name, bound, first, wide) if name in SUMS else \
+                    _attention(name, bound, first, wide) if name in ATTENTION + ATTENTION_BACKWARD else \
+                    _cast(bound, first, wide) if name in CASTS else \
+                    _matmul(name, bound, first, wide)
+                made = {} if got is None else {0: got}
+            measured = {k: _measured(name, check, outs[k], wide, defer,
+                                     norms[k] if norms is not None and k < len(norms) else None)
+                        for k, check in made.items()}
+            return {k: v for k, v in measured.items() if v is not None}
     except (RuntimeError, TypeError, ValueError, IndexError):  # an unusual device, layout or argument: none
+        return {}
+
+
+def self_check(name: str, bound: dict, out: Any, defer: bool = False, norm: float | None = None) -> Any:
+    """``self_checks`` of the first output alone (``out``), or None."""
+    return self_checks(name, bound, [out], defer, [norm]).get(0)
+
+
+def _measured(name: str, check: Check, out: torch.Tensor, wide: torch.dtype, defer: bool,
+              norm: float | None) -> Any:
+    """One output's (residual, step residuals...) from its ``Check`` (``self_checks``)."""
+    got_r, exact, reference, operands, k, of_terms, part = check
+    step_ops = reference is not None and all(t.dtype == torch.float32 for t in operands)
+    error = torch.linalg.vector_norm(got_r - exact)
+    own = norm if not (part or defer) else None  # |C| from its statistics: one read of C fewer
+    if own is None:  # |C R|'s expectation (R's k columns); a NaN or Inf anywhere makes a norm non-finite
+        size = torch.linalg.vector_norm(got_r if part else out.to(wide))
+        norms = torch.stack([error, size if of_terms is None else torch.maximum(size, of_terms)])
+    if defer:  # tensors only, in float64 as the floats below: NaN for "no check", read at the flush
+        norms = norms.to(torch.float64)
+        scale = norms[1] * math.sqrt(k)
+        usable = torch.isfinite(norms).all() & (scale > 0)
+        steps = [torch.linalg.vector_norm(reference(lambda t, b=bits: round_mantissa(t, b)) - exact)
+                 .to(torch.float64) / scale if step_ops else scale * math.nan for bits in PRECISION_STEPS.values()]
+        values = torch.stack([norms[0] / scale, *steps])
+        return torch.where(usable, values, torch.full_like(values, math.nan))
+    if own is None:
+        error, scale = norms.tolist()  # one read
+    else:
+        error, terms = (float(error), 0.0) if of_terms is None else torch.stack([error, of_terms]).tolist()
+        scale = max(own, terms)
+    scale *= math.sqrt(k)
+    if not (math.isfinite(error) and math.isfinite(scale)) or scale == 0:
         return None
+    residual, steps = error / scale, [math.nan] * len(PRECISION_STEPS)
+    summed = 1 if not step_ops else \
+        operands[0].shape[-1] if name != "aten.convolution.default" else operands[1][0].numel()
+    if step_ops and residual > 2 * torch.finfo(out.dtype).eps * math.sqrt(max(1, summed)):  # the sums' bound
+        for i, bits in enumerate(PRECISION_STEPS.values()):
+            rounded = reference(lambda t, b=bits: round_mantissa(t, b))
+            steps[i] = float(torch.linalg.vector_norm(rounded - exact)) / scale
+    return (residual, *steps)

@@ -28,9 +28,9 @@ from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, norm_of, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
-                     dedup_key, signature_key, tensor_meta, unsupported)
+                     dedup_key, signature_key, tensor_meta, unsupported, writes_now)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
-from .self_check import OPS as CHECKED_OPS, self_check
+from .self_check import OPS as CHECKED_OPS, self_checks
 from .modules import ModuleStack
 from .producers import Producers
 from .unwritten import UNWRITTEN, Unwritten
@@ -481,9 +481,11 @@ class Recorder:
             first = rec.outputs[0] if rec.outputs else None
             if self.stats_on and info.name in CHECKED_OPS and type(first) is TensorMeta and type(first.stats) is Stats \
                     and self.cpu_sync and outs[0].is_cpu:  # (a deferred Stats is filled at the flush: none then)
-                # a copy: the cache hands this Stats on to the views of the output
-                first.stats = dataclasses.replace(first.stats, check=self_check(info.name, bound, outs[0],
-                                                                                norm=norm_of(first.stats)))
+                metas = [m if type(m) is TensorMeta and type(m.stats) is Stats else None for m in rec.outputs]
+                checks = self_checks(info.name, bound, outs, norms=[m and norm_of(m.stats) for m in metas])
+                for k, check in checks.items():
+                    if metas[k] is not None:  # a copy: the cache hands this Stats on to the views of the output
+                        metas[k].stats = dataclasses.replace(metas[k].stats, check=check)
         if budget[0]:
             self._save(rec, "out", dict(enumerate(outs)), dict(enumerate(rec.outputs)), budget)
         self._folds_into(key, rec.seq, info.writes)
@@ -634,7 +636,7 @@ class XrayTracer(TorchDispatchMode):
         kwargs = kwargs or {}
         prior = None if _set_eval_frame is None else _set_eval_frame(None)
         deferred = self._deferred
-        writes = deferred.used and op_info(func).writes
+        writes = deferred.used and writes_now(op_info(func), args, kwargs)
         try:
             if types:  # a tensor subclass among the arguments (plain calls have none)
                 dt = self._dtensor
