@@ -132,7 +132,7 @@ def record_forward(model, folder: Path, ids: torch.Tensor, fault: TorchDispatchM
 
 
 def sweep_noise_run(model_type: str, tmp_path: Path, defaults: bool = True, noise: str = "bf16",
-                    backward: bool = True):
+                    backward: bool = True, train_mode: bool = False):
     """The architecture sweep's noise-only run of one transformers model (tools/accuracy: fp32
     bench against ``noise`` on the target), with the recorder's defaults or every call recorded;
     skipped where the installed transformers has no such model. Returns the Outcome, checked to
@@ -150,7 +150,7 @@ def sweep_noise_run(model_type: str, tmp_path: Path, defaults: bool = True, nois
         pytest.skip(f"this transformers has no {model_type}")
     flags = RECORDER_DEFAULTS if defaults else {"dedup": False, "dump_num": None}
     o = run_scenario(Scenario(f"t/{model_type}", "noise", zoo.register(entry), noise=noise, backward=backward,
-                              **flags), tmp_path)
+                              train_mode=train_mode, **flags), tmp_path)
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     return o
 

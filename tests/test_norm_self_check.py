@@ -213,3 +213,21 @@ def test_the_check_reads_a_kernels_true_error_on_a_strided_gradient():
                  train=False, eps=1e-5, output_mask=[True] * 3)
     check = self_checks("aten.native_batch_norm_backward.default", bound, list(got))[0][0]
     assert check == pytest.approx(truth, rel=0.05, abs=1e-6)
+
+
+def test_a_call_wrong_on_both_runs_says_the_bench_is_no_reference_there():
+    """Where the bench's own self-check of an output born wrong is beyond its floor too (torch's
+    CPU batch norm backward on the strided gradient above, in both runs), the culprit says so."""
+    from types import SimpleNamespace
+
+    from xray.compare.causality import _wrong_on_the_bench_too
+    from xray.compare.noise_floor import Floors
+
+    def pending(check: tuple) -> SimpleNamespace:
+        meta = SimpleNamespace(check=check, dtype="float32")
+        return SimpleNamespace(bench=SimpleNamespace(outputs=[("out0", meta)], op="aten.native_batch_norm_backward.default"),
+                               reduce={})
+
+    floors = Floors(Rules())
+    assert "wrong on both runs" in _wrong_on_the_bench_too(pending((1.39, math.nan, math.nan)), 0, floors)
+    assert _wrong_on_the_bench_too(pending((3e-8, math.nan, math.nan)), 0, floors) == ""
