@@ -62,8 +62,8 @@ _SAME_VALUES = {
 # counters, which an unmarked write does not bump) would describe the old values at later reads.
 _UNDECLARED_WRITES = {name: ("running_mean", "running_var")
                       for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")}
-# ...and only in training (their sixth argument): an eval call reads them and writes nothing
-_WRITES_IN_TRAINING = frozenset(f"aten.{name}.default" for name in _UNDECLARED_WRITES)
+# ...and only in training: an eval call reads them and writes nothing
+_WRITES_IN_TRAINING = {f"aten.{name}.default": written for name, written in _UNDECLARED_WRITES.items()}
 
 
 def writes_now(info: "OpInfo", args: tuple, kwargs: dict) -> bool:
@@ -72,11 +72,11 @@ def writes_now(info: "OpInfo", args: tuple, kwargs: dict) -> bool:
     write of its running statistics happens only in training, with running statistics given."""
     if not info.writes:
         return False
-    if info.name not in _WRITES_IN_TRAINING:
+    written = _WRITES_IN_TRAINING.get(info.name)
+    if written is None:
         return True
-    training = kwargs.get("training", args[5] if len(args) > 5 else True)
-    stats = [kwargs.get(n, args[i] if len(args) > i else None) for i, n in ((3, "running_mean"), (4, "running_var"))]
-    return bool(training) and any(t is not None for t in stats)
+    bound = bind_inputs(info, args, kwargs)
+    return bool(bound.get("training")) and any(bound.get(n) is not None for n in written)
 
 
 # id(func) -> (func, its OpInfo): keyed by id because OpOverload.__hash__ is Python code and

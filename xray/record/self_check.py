@@ -557,10 +557,16 @@ def _query_rows(length: int, groups: int, device: torch.device) -> torch.Tensor 
     error in every row (a wrong scale, a dropped or shifted mask, a wrong kernel) is read whole;
     one in a few rows only is seen where it touches a checked row."""
     rows = max(QUERY_ROWS, -(-DEGREES // max(1, groups)))
-    if rows >= length:
+    return _drawn(length, rows, device)
+
+
+def _drawn(count: int, rows: int, device: torch.device) -> torch.Tensor | None:
+    """``rows`` of ``count`` indices, sorted, drawn from ``count`` alone (the same on both runs:
+    ``torch.randperm`` from a CPU generator seeded with ``SEED ^ count``); None: all of them."""
+    if rows >= count:
         return None
-    gen = torch.Generator().manual_seed(SEED ^ length)
-    return torch.randperm(length, generator=gen)[:rows].sort().values.to(device)
+    gen = torch.Generator().manual_seed(SEED ^ count)
+    return torch.randperm(count, generator=gen)[:rows].sort().values.to(device)
 
 
 @functools.lru_cache(maxsize=256)
@@ -570,11 +576,7 @@ def _norm_rows(count: int, n: int, device: torch.device) -> torch.Tensor | None:
     one), drawn from the shape alone, so that both runs check the same rows; None: all of them.
     An error confined to rows outside the subset is not seen by the check (its statistics and
     sample still see it)."""
-    rows = max(1, min(NORM_ROWS, NORM_ELEMENTS // max(1, n)))
-    if rows >= count:
-        return None
-    gen = torch.Generator().manual_seed(SEED ^ count)
-    return torch.randperm(count, generator=gen)[:rows].sort().values.to(device)
+    return _drawn(count, max(1, min(NORM_ROWS, NORM_ELEMENTS // max(1, n))), device)
 
 
 @functools.lru_cache(maxsize=64)
