@@ -101,7 +101,7 @@ static PyTypeObject RowCallType = {
  * calls de-dup folds), and which of the statistics cache's rules apply (cache_rules.py). */
 typedef struct {
     PyObject *func, *info, *roles; /* the OpOverload, its OpInfo (encode.op_info) and the OpInfo's roles */
-    int common, records, view, preserving, mutates, writes;
+    int common, records, view, preserving, mutates, writes, checked;
 } OpFacts;
 
 /* -- FastPath ------------------------------------------------------------------------------ */
@@ -114,7 +114,8 @@ typedef struct {
     PyObject *tensor_type, *param_type, *folds_into, *op_facts, *compute, *len_modes, *graph_task;
     /* Python's own steps, for everything that is not the common case */
     PyObject *py_tensor, *py_layout, *py_plan, *py_state_cells, *py_frame_ids, *py_after, *py_fail, *py_add_rows,
-        *py_count_changed, *py_sweep, *py_wrote, *py_produced, *py_producers_sweep;
+        *py_count_changed, *py_sweep, *py_wrote, *py_produced, *py_producers_sweep,
+        *py_checks; /* RowPath.checks: a checked op's self-checks (self_check.py), in Python */
     PyObject *native_kinds, *strided; /* stats._NATIVE_KINDS (empty: no native statistics), torch.strided */
     /* the cache's resample (a value handed on to a tensor of the same elements gets that tensor's
      * own sample) and samples.offsets_bytes (the sample's storage offsets per shape and stride) */
@@ -136,7 +137,7 @@ typedef struct {
     X(graph_task) X(py_tensor) X(py_layout) X(py_plan) X(py_state_cells) X(py_frame_ids) X(py_after)         \
     X(py_fail) X(py_add_rows) X(py_count_changed) X(py_sweep) X(py_wrote) X(py_produced)                     \
     X(py_producers_sweep) X(native_kinds) X(strided) X(writer) X(monotonic) X(builder) X(lists)             \
-    X(resample) X(sample_offsets)
+    X(resample) X(sample_offsets) X(py_checks)
 
 static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
 #define VISIT(name) Py_VISIT(self->name);
@@ -177,7 +178,7 @@ static const char *const init_names[] = {
     "param_type", "folds_into", "op_facts", "compute", "len_modes", "graph_task", "py_tensor", "py_layout",
     "py_plan", "py_state_cells", "py_frame_ids", "py_after", "py_fail", "py_add_rows", "py_count_changed",
     "py_sweep", "py_wrote", "py_produced", "py_producers_sweep", "native_kinds", "strided", "writer",
-    "monotonic", "resample", "sample_offsets", "devices"};
+    "monotonic", "resample", "sample_offsets", "py_checks", "devices"};
 #define N_INIT_OBJECTS ((int)(sizeof init_names / sizeof init_names[0]))
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
@@ -190,7 +191,7 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kw) {
         &self->py_tensor, &self->py_layout, &self->py_plan, &self->py_state_cells, &self->py_frame_ids,
         &self->py_after, &self->py_fail, &self->py_add_rows, &self->py_count_changed, &self->py_sweep,
         &self->py_wrote, &self->py_produced, &self->py_producers_sweep, &self->native_kinds, &self->strided,
-        &self->writer, &self->monotonic, &self->resample, &self->sample_offsets, &self->devices};
+        &self->writer, &self->monotonic, &self->resample, &self->sample_offsets, &self->py_checks, &self->devices};
     _Static_assert(sizeof slots / sizeof slots[0] == sizeof init_names / sizeof init_names[0], "one slot a name");
     (void)recorder;
     if (PyTuple_GET_SIZE(args) != 0 || kw == NULL) {
@@ -401,24 +402,24 @@ static OpFacts *op_facts(FastPath *self, PyObject *func) {
                 self->ops[op_slot(self, old[j].func)] = old[j];
         PyMem_Free(old);
     }
-    /* (info, common, records, view, preserving, mutates, writes) */
+    /* (info, common, records, view, preserving, mutates, writes, checked) */
     PyObject *facts = call1(self->op_facts, func);
     if (facts == NULL)
         return NULL;
-    if (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 7) {
+    if (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 8) {
         Py_DECREF(facts);
         PyErr_SetString(PyExc_TypeError, "xray fast path: op_facts gives (info, common, records, view, "
-                                         "preserving, mutates, writes)");
+                                         "preserving, mutates, writes, checked)");
         return NULL;
     }
-    int flags[6];
-    for (int i = 0; i < 6; i++)
+    int flags[7];
+    for (int i = 0; i < 7; i++)
         flags[i] = PyObject_IsTrue(PyTuple_GET_ITEM(facts, i + 1));
     PyObject *info = PyTuple_GET_ITEM(facts, 0), *roles = PyObject_GetAttr(info, s_roles);
-    OpFacts f = {func, Py_NewRef(info), roles, flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]};
+    OpFacts f = {func, Py_NewRef(info), roles, flags[0], flags[1], flags[2], flags[3], flags[4], flags[5], flags[6]};
     Py_DECREF(facts);
     if (PyErr_Occurred() || f.common < 0 || f.records < 0 || f.view < 0 || f.preserving < 0 || f.mutates < 0
-        || f.writes < 0) {
+        || f.writes < 0 || f.checked < 0) {
         Py_DECREF(f.info), Py_XDECREF(f.roles);
         return NULL;
     }
@@ -1298,11 +1299,14 @@ static int timer_due(FastPath *self, PyObject *writer) {
 }
 
 /* DumpWriter.add_rows: the record and its tensors' cells appended to the pending chunk
- * (ColumnBuilder.add_rows), then the writer's flush rule (DumpWriter._maybe_flush). */
-static int add_rows(FastPath *self, PyObject *record, RowCall *call, PyObject *roles, PyObject *names) {
-    if (self->writer == Py_None || call->notes != Py_None) {
-        PyObject *argv[] = {record, call->layouts, call->stats, call->sources, roles, names, call->notes};
-        return done_with(PyObject_Vectorcall(self->py_add_rows, argv, 7, NULL));
+ * (ColumnBuilder.add_rows), then the writer's flush rule (DumpWriter._maybe_flush). A record
+ * with notes or self-checks (``checks``: None, or {row: check}) goes through Python's. */
+static int add_rows(FastPath *self, PyObject *record, RowCall *call, PyObject *roles, PyObject *names,
+                    PyObject *checks) {
+    if (self->writer == Py_None || call->notes != Py_None || checks != Py_None) {
+        PyObject *argv[] = {record, call->layouts, call->stats, call->sources, roles, names, call->notes,
+                            Py_None, checks};
+        return done_with(PyObject_Vectorcall(self->py_add_rows, argv, 9, NULL));
     }
     PyObject *builder = PyObject_GetAttr(self->writer, s_builder);
     if (builder == NULL)
@@ -1345,9 +1349,10 @@ static int add_rows(FastPath *self, PyObject *record, RowCall *call, PyObject *r
 }
 
 /* The end of RowPath.after and Recorder._after: the plan of this shape of call, the record. */
-static int finish(FastPath *self, OpFacts *op, RowCall *call, PyObject *out, PyObject *result_part) {
+static int finish(FastPath *self, OpFacts *op, RowCall *call, PyObject *out, PyObject *result_part,
+                  Py_ssize_t first_out) {
     PyObject *key = PyTuple_Pack(2, call->key, result_part), *plan = NULL, *ids = NULL;
-    PyObject *pop = NULL, *skeleton = NULL, *roles = NULL, *names = NULL, *record = NULL;
+    PyObject *pop = NULL, *skeleton = NULL, *roles = NULL, *names = NULL, *record = NULL, *checks = NULL;
     int r = -1;
     if (key == NULL || produced(self, op, call->seq, out) < 0)
         goto done;
@@ -1378,7 +1383,18 @@ static int finish(FastPath *self, OpFacts *op, RowCall *call, PyObject *out, PyO
     record = untracked(PyTuple_Pack(13, seq, self->zero, call->direction, pop, PyTuple_GET_ITEM(ids, 0), self->one,
                                     seq, seq, self->zero, self->none_id, PyTuple_GET_ITEM(ids, 1), self->none_id,
                                     skeleton));
-    if (record == NULL || add_rows(self, record, call, roles, names) < 0 || bump(self, s_records_written, NULL) < 0)
+    if (record == NULL)
+        goto done;
+    if (op->checked) { /* RowPath.checks: None, or the checks of its outputs' rows */
+        PyObject *first = PyLong_FromSsize_t(first_out);
+        PyObject *argv[] = {(PyObject *)call, out, first};
+        checks = first ? PyObject_Vectorcall(self->py_checks, argv, 3, NULL) : NULL;
+        Py_XDECREF(first);
+        if (checks == NULL)
+            goto done;
+    }
+    if (add_rows(self, record, call, roles, names, checks ? checks : Py_None) < 0
+        || bump(self, s_records_written, NULL) < 0)
         goto done;
     if (call->signature != Py_None) { /* Recorder._folds_into: whether later calls fold into this record */
         PyObject *fold_args[] = {call->signature, call->seq, op->writes ? Py_True : Py_False};
@@ -1388,21 +1404,22 @@ static int finish(FastPath *self, OpFacts *op, RowCall *call, PyObject *out, PyO
     r = 0;
 done:
     Py_XDECREF(key), Py_XDECREF(plan), Py_XDECREF(ids), Py_XDECREF(pop), Py_XDECREF(skeleton);
-    Py_XDECREF(roles), Py_XDECREF(names), Py_XDECREF(record);
+    Py_XDECREF(roles), Py_XDECREF(names), Py_XDECREF(record), Py_XDECREF(checks);
     return r;
 }
 
 /* Recorder._after for the call: 1 done here, 0 handed to Python's after, -1 error. */
 static int after(FastPath *self, OpFacts *op, RowCall *call, PyObject *out) {
+    Py_ssize_t first_out = PyList_GET_SIZE(call->layouts); /* the outputs' rows follow the inputs' */
     int r = op->mutates ? 0 : new_output(self, op, call, out);
     if (r == 1)
-        return finish(self, op, call, out, self->tensor_mark) < 0 ? -1 : 1;
+        return finish(self, op, call, out, self->tensor_mark, first_out) < 0 ? -1 : 1;
     if (r < 0)
         return -1;
     PyObject *part = general_outputs(self, op, call, out);
     if (part == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    r = finish(self, op, call, out, part) < 0 ? -1 : 1;
+    r = finish(self, op, call, out, part, first_out) < 0 ? -1 : 1;
     Py_DECREF(part);
     return r;
 }

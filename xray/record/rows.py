@@ -319,21 +319,28 @@ class RowPath:
             ids = self._frame_ids(frames)
         seq = call.seq
         stack = NONE if not call.stack else self.intern(json.dumps(call.stack, separators=(",", ":")))
-        checks = None
-        if self.stats_on and info.name in CHECKED_OPS and first_out not in (call.notes or ()):
-            outs = list(out) if info.returns > 1 else [out]  # (a norm backward's input gradient first)
-            if isinstance(outs[0], torch.Tensor):
-                now = outs[0].is_cpu and self.recorder.cpu_sync  # else as its statistics: read at the flush
-                notes = call.notes or ()
-                norms = [norm_of(call.stats[first_out + k]) if now and first_out + k not in notes
-                         and isinstance(o, torch.Tensor) else None for k, o in enumerate(outs)]
-                got = self_checks(info.name, bind_inputs(info, call.args, call.kwargs), outs, defer=not now,
-                                  norms=norms)
-                checks = {first_out + k: v for k, v in got.items() if first_out + k not in notes} or None
+        checks = self.checks(call, out, first_out)
         self.writer.add_rows((seq, 0, call.direction, plan.op, ids[0], 1, seq, seq, 0, NONE, ids[1], stack,
                               plan.skeleton),
                              call.layouts, call.stats, call.sources, plan.roles, plan.names, call.notes, call.data,
                              checks)
+
+    def checks(self, call: RowCall, out: Any, first_out: int) -> dict[int, Any] | None:
+        """A checked op's self-checks (self_check.py) by the row of each output they check
+        (``first_out``: its first output's), or None: not a checked op, statistics off, its first
+        output noted, or nothing the check could measure. The C path's records call it too."""
+        info = call.info
+        notes = call.notes or ()
+        if not (self.stats_on and info.name in CHECKED_OPS) or first_out in notes:
+            return None
+        outs = list(out) if info.returns > 1 else [out]  # (a norm backward's input gradient first)
+        if not isinstance(outs[0], torch.Tensor):
+            return None
+        now = outs[0].is_cpu and self.recorder.cpu_sync  # else as its statistics: read at the flush
+        norms = [norm_of(call.stats[first_out + k]) if now and first_out + k not in notes
+                 and isinstance(o, torch.Tensor) else None for k, o in enumerate(outs)]
+        got = self_checks(info.name, bind_inputs(info, call.args, call.kwargs), outs, defer=not now, norms=norms)
+        return {first_out + k: v for k, v in got.items() if first_out + k not in notes} or None
 
     def _save(self, call: RowCall, prefix: str, live: dict, first: int, budget: int) -> int:
         """Copy up to ``budget`` of the call's tensors (``live``: its inputs by name, or its
@@ -467,15 +474,16 @@ def op_facts(func, records: bool = True) -> tuple:
     tensors are copied in Python), and whether each of the statistics cache's rules applies:
     ``cache_view_outputs`` (a view), ``reuse_input_stats`` (keeps its input's values),
     ``forget_written`` (an in-place call: its result goes to Python), and whether it may write
-    (de-dup's folded calls then count as writes)). A collective waits for its Work and forgets
-    every argument: the general path's."""
+    (de-dup's folded calls then count as writes)), and whether its new records are self-checked
+    (``RowPath.checks``). A collective waits for its Work and forgets every argument: the
+    general path's."""
     info = op_info(func)
     # an allocation starts tracking uninitialised memory (unwritten.py): Python's, folded or not
     takes = not info.collective and not allocates(func)
-    # a checked op's new record gets its self-check (self_check.py) in Python; its folded calls
-    # take none, so the C path counts them as it counts any other op's
-    records = records and takes and info.name not in CHECKED_OPS
-    return (info, takes, records, info.view, info.stats_preserving, bool(info.mutates), info.writes)
+    records = records and takes
+    # a checked op's new record gets its self-checks from RowPath.checks (its folded calls, none)
+    return (info, takes, records, info.view, info.stats_preserving, bool(info.mutates), info.writes,
+            info.name in CHECKED_OPS)
 
 
 def native_path(recorder):
@@ -514,7 +522,7 @@ def native_path(recorder):
             py_produced=producers.produced, py_producers_sweep=producers._sweep, writes_seen=cache._writes_seen,
             native_kinds=stats._NATIVE_KINDS if recorder.cpu_sync else {}, native_max=stats._NATIVE_MAX,
             strided=torch.strided, monotonic=time.monotonic, resample=cache.resample,
-            sample_offsets=samples.offsets_bytes,
+            sample_offsets=samples.offsets_bytes, py_checks=rows.checks,
             # a writer that keeps DumpWriter's add_rows: the C path appends to its chunk itself
             writer=writer if getattr(type(writer), "add_rows", None) is DumpWriter.add_rows else None)
     except Exception as e:  # noqa: BLE001 - a mismatch with this build: the Python row path records
