@@ -42,6 +42,33 @@ def test_figures_and_table_from_lines(tmp_path):
     assert sweep.done_models([out]) == {"a", "b"}
 
 
+def test_training_mode_faults_are_graded_as_faults():
+    """A fault drawn and recorded in training mode is graded as the eval-mode faults are, never
+    counted as a noise run or listed among the noise runs' failures."""
+    lines = [_line("a", "defaults", "fault-trainmode", "exact"), _line("a", "defaults", "fault-trainmode", "wrong"),
+             _line("a", "defaults", "fault", "exact"), _line("a", "defaults", "tf32-trainmode", "clean")]
+    f = sweep.figures(lines)["defaults"]
+    assert (f["faults"], f["exact"], f["wrong"], f["noise"], f["noise_fail"]) == (3, 2, 1, 1, 0)
+    assert sweep.failures(lines) == []
+
+
+@pytest.mark.slow
+def test_training_mode_faults_run_in_training_mode(tmp_path):
+    """``fault-trainmode`` draws its faults from a training-mode run (GPT-2's dropout drawn, the
+    same draws on both sides: seeded) and names each it grades."""
+    out = tmp_path / "sweep.jsonl"
+    cmd = [sys.executable, str(TOOLS / "sweep_architectures.py"), "--out", str(out), "--models", "gpt2",
+           "--scenarios", "fault-trainmode", "--faults", "1", "--timeout", "600"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    faults = [json.loads(x) for x in out.read_text().splitlines()]
+    faults = [r for r in faults if r["kind"] == "scenario"]
+    assert faults and all(r["scenario"] == "fault-trainmode" for r in faults)
+    graded = [r for r in faults if r["verdict"] != "left out"]
+    assert graded and all(r["train_mode"] and r["verdict"] == "exact" for r in graded), \
+        [(r["fault"]["op"], r["verdict"]) for r in graded]
+
+
 @pytest.mark.slow
 def test_sweep_one_model_end_to_end(tmp_path):
     out = tmp_path / "sweep.jsonl"

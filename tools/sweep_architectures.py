@@ -17,7 +17,9 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
   elements doubled instead, a sparse bug), graded exact / module /
   wrong / missed by each side's own trace. A fault that moves the final output (the gradients,
   for a backward fault) by less than the run's own precision (bf16: what bf16 itself moves it;
-  fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times).
+  fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times);
+- ``fault-trainmode``: the same, with the faults drawn, measured and recorded in training mode
+  (on the training-mode scenarios' batch: ``accuracy.runner.train_batch``).
 
 Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
 model runs in a worker process under a time budget (``--timeout``). torchvision's models are
@@ -57,7 +59,10 @@ from tabulate import tabulate  # noqa: E402
 # "-train": a forward and backward in eval mode; "-trainmode": the same in training mode (dropout
 # drawn, batch norms on their batch statistics, their running statistics written)
 SCENARIOS = ("identical", "identical-train", "identical-trainmode", "bf16", "bf16-train", "bf16-trainmode", "tf32",
-             "tf32-train", "tf32-trainmode", "fault")
+             "tf32-train", "tf32-trainmode", "fault", "fault-trainmode")
+# "fault-trainmode": the faults drawn, and their runs recorded, in training mode (forward faults
+# run forward only; backward faults run a forward and backward)
+FAULT_SCENARIOS = ("fault", "fault-trainmode")
 NOISE_SCENARIOS = ("bf16", "bf16-train", "bf16-trainmode", "tf32", "tf32-train",
                    "tf32-trainmode")  # legitimate precision differences
 RECORDINGS = ("defaults", "every call")
@@ -130,15 +135,19 @@ class _Calls:
 INFERENCE = False  # --inference: every forward-only run under torch.inference_mode, faults picked there too
 
 
-def _final(arch: str, precision: str, backward: bool, modes: list = ()):
-    """The run's final output, flattened in fp32: the model's first output, or every gradient."""
+def _final(arch: str, precision: str, backward: bool, modes: list = (), train_mode: bool = False):
+    """The run's final output, flattened in fp32: the model's first output, or every gradient;
+    ``train_mode``: the model in training mode on the runner's training batch."""
     import torch
 
     from accuracy.archs import ARCHS
-    from accuracy.runner import seed_run
+    from accuracy.runner import seed_run, train_batch
 
     a = ARCHS[arch]
     model, x = a.build(), a.inputs()
+    if train_mode:
+        model.train()
+        x = train_batch(x)
     with ExitStack() as stack:
         if INFERENCE and not backward:
             stack.enter_context(torch.inference_mode())
@@ -160,9 +169,10 @@ def _relative(a, b) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
-def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel") -> list[dict]:
+def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel", train_mode: bool = False) -> list[dict]:
     """K faults of ``kind`` per precision and direction: a random op kind, then a random call of
-    it; each with the change it makes to the final output and that run's own precision."""
+    it; each with the change it makes to the final output and that run's own precision (all of
+    it in training mode where ``train_mode``)."""
     from accuracy.faults import CorruptCall
     from accuracy.scenario import CORRUPTIONS
 
@@ -171,18 +181,18 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
     for precision in ("fp32", "bf16"):
         clean = {}
         for backward in (False, True) if trainable else (False,):
-            clean[backward] = _final(arch, precision, backward)
+            clean[backward] = _final(arch, precision, backward, train_mode=train_mode)
         floor = {b: FP32_FLOOR for b in clean}
         if precision == "bf16":
-            floor = {b: _relative(clean[b], _final(arch, "fp32", b)) for b in clean}
+            floor = {b: _relative(clean[b], _final(arch, "fp32", b, train_mode=train_mode)) for b in clean}
         # counted as the fault counts them: from the same run, entered after the model and its
         # inputs are built (their construction's calls are no forward's), forward calls from a
         # forward alone (a loss's own ops are no model's)
         calls = _Calls()
-        _final(arch, precision, False, [calls.mode])
+        _final(arch, precision, False, [calls.mode], train_mode)
         if trainable:
             backward_calls = _Calls()
-            _final(arch, precision, True, [backward_calls.mode])
+            _final(arch, precision, True, [backward_calls.mode], train_mode)
             calls.eligible.update({key: v for key, v in backward_calls.eligible.items() if key[1] == "backward"})
         for backward in clean:
             direction = "backward" if backward else "forward"
@@ -196,7 +206,7 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
                     amount = FAULT_AMOUNTS[kind][precision]
                     fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction)
                     try:
-                        effect = _relative(_final(arch, precision, backward, [fault]), clean[backward])
+                        effect = _relative(_final(arch, precision, backward, [fault], train_mode), clean[backward])
                     except Exception as e:  # noqa: BLE001 - a corrupted value the model cannot run on
                         effect = float("nan")
                         fault_error = f"{type(e).__name__}: {e}"[:200]
@@ -271,8 +281,11 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
         pass
     params = sum(p.numel() for p in model.parameters())
     no_backward = _trainable(arch)
-    faults = pick_faults(arch, k, seed ^ zlib.crc32(entry.model_type.encode()), no_backward is None, fault_kind) \
+    seed ^= zlib.crc32(entry.model_type.encode())
+    faults = [("fault", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind)] \
         if "fault" in chosen else []
+    if "fault-trainmode" in chosen:
+        faults += [("fault-trainmode", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind, True)]
     last = _capture_first_fail()
     recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
     noise = {"identical": {}, "identical-train": {"backward": True}, "bf16": {"noise": "bf16"},
@@ -284,8 +297,9 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     for recording, flags in recordings.items():
         plan = [(name, kw, None) for name, kw in noise.items() if name in chosen
                 and not (name.endswith(("-train", "-trainmode")) and no_backward)]
-        plan += [("fault", {"noise": "bf16" if f["precision"] == "bf16" else None,
-                            "backward": f["direction"] == "backward"}, f) for f in faults]
+        plan += [(name, {"noise": "bf16" if f["precision"] == "bf16" else None,
+                         "backward": f["direction"] == "backward",
+                         **({"train_mode": True} if name == "fault-trainmode" else {})}, f) for name, f in faults]
         for name, kw, f in plan:
             line = {"kind": "scenario", **base, "recording": recording, "scenario": name, **kw}
             if f is not None:
@@ -315,7 +329,7 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
 def _verdict(line: dict, o) -> str:
     if o.harness_error:
         return "harness error"
-    if line["scenario"] != "fault":
+    if line["scenario"] not in FAULT_SCENARIOS:
         return "crash" if o.crash else "FAIL" if line["fail_rows"] else "clean"
     if o.crash:
         return "missed"  # a crash names nothing
@@ -432,7 +446,7 @@ def figures(lines: list[dict]) -> dict:
         mine = [r for r in lines if r.get("kind") == "scenario" and r["recording"] == recording]
         ident = [r for r in mine if r["scenario"].startswith("identical") and r["verdict"] != "harness error"]
         noise = [r for r in mine if r["scenario"] in NOISE_SCENARIOS and r["verdict"] != "harness error"]
-        faults = [r for r in mine if r["scenario"] == "fault"]
+        faults = [r for r in mine if r["scenario"] in FAULT_SCENARIOS]
         graded = Counter(r["verdict"] for r in faults)
         n = sum(graded[v] for v in ("exact", "module", "wrong", "missed"))
         out[recording] = {
@@ -484,7 +498,8 @@ def failures(lines: list[dict]) -> list[str]:
     """One line per identical or noise run with FAIL rows: the first failing row's op and why."""
     out = []
     for r in lines:
-        if r.get("kind") == "scenario" and r["scenario"] != "fault" and r["verdict"] not in ("clean", "harness error"):
+        if r.get("kind") == "scenario" and r["scenario"] not in FAULT_SCENARIOS \
+                and r["verdict"] not in ("clean", "harness error"):
             ff = r.get("first_fail") or {}
             why = ", ".join(f"{k}={ff[k]}" for k in ("status", "origin", "cause", "module", "note") if ff.get(k))
             out.append(f"{r['model']} [{r['recording']}] {r['scenario']}: {r.get('fail_rows')} FAIL rows; first "

@@ -144,11 +144,17 @@ def _models(s: Scenario) -> tuple[torch.nn.Module, torch.nn.Module]:
     return bench, target
 
 
+def train_batch(x: dict) -> dict:
+    """A model's inputs for a training-mode run: a batch of one doubled by its mirror (a batch
+    norm in training needs two values a channel)."""
+    return {k: torch.cat([v, v.flip(-1)]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1 else v
+            for k, v in x.items()}
+
+
 def _inputs(s: Scenario, side: str) -> dict:
     x = ARCHS[s.arch].inputs()
-    if s.train_mode:  # a batch of one, doubled by its mirror: a batch norm in training needs two values a channel
-        x = {k: torch.cat([v, v.flip(-1)]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1 else v
-             for k, v in x.items()}
+    if s.train_mode:
+        x = train_batch(x)
     if side == "target" and s.noise == "fp16":
         x = {k: v.half() if v.is_floating_point() else v for k, v in x.items()}
     return x
