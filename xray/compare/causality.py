@@ -1077,6 +1077,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
                 continue
             if kind == "target-only" and graph.folded_on_the_bench(e):  # not judged right on its own
                 kind, detail = "unrecorded", e.record.seq
+            if kind == "failing":  # a failing row feeds the target-only ops that made the input
+                random_only = random_only and _random(detail)
         causes.setdefault(kind, (name, detail))
     le = p.local.get(k)
     op = p.target.op
