@@ -315,6 +315,7 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
             runs += 1
             fd = (o.summary or {}).get("first_divergence")
             line.update(rows=(o.summary or {}).get("rows"), fail_rows=report.fail_rows(o),
+                        compare_verdict=(o.summary or {}).get("verdict"),
                         first_fail=_row_info(last.get("row")), crash=o.crash, harness_error=o.harness_error,
                         seconds=round(o.seconds, 2),
                         first_divergence={k_: fd.get(k_) for k_ in ("op", "target_op", "module", "cause", "origin",
