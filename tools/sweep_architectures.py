@@ -169,7 +169,8 @@ def _relative(a, b) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
-def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel", train_mode: bool = False) -> list[dict]:
+def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel",
+                train_mode: bool = False) -> list[dict]:
     """K faults of ``kind`` per precision and direction: a random op kind, then a random call of
     it; each with the change it makes to the final output and that run's own precision (all of
     it in training mode where ``train_mode``)."""

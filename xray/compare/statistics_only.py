@@ -39,8 +39,9 @@ def kind_outliers(pending: list[Pending], rules: Any, kind_errors: Any) -> None:
 
     A call whose own local error was measured (its self-check, or a recomputation) no larger
     than a CPU kernel's at its dtype computed right on its inputs: what its statistics carry came
-    in with them, however a cancelling output magnifies it (MobileViT's bf16 attention gradient, 256 dot products of 8
-    terms: 0.18 on its statistics, 0 on its self-check), so it is not judged by its kind here."""
+    in with them, however a cancelling output magnifies it (MobileViT's bf16 attention gradient,
+    256 dot products of 8 terms: 0.18 on its statistics, 0 on its self-check), so it is not
+    judged by its kind here."""
     if kind_errors is None:
         return
     f = rules.precision_factor
