@@ -148,3 +148,41 @@ def test_a_sparse_bug_in_a_copy_its_sample_missed_is_born_at_the_copy(tmp_path, 
                             autocast=autocast, X_DUMP_NUM=0)
     fd = compare_dumps(bench, target).summary.first_divergence
     assert fd is not None and fd["op"] == CLONE and (fd["origin"], fd["cause"]) == ("born", "local error"), fd
+
+
+REPEAT = "aten.repeat.default"
+
+
+class _Repeating(torch.nn.Module):
+    """Keys repeated for grouped heads, as older attention code does it (``repeat``): every
+    element of the input the same number of times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.k, self.q = torch.nn.Linear(64, 32), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        keys = self.k(x).repeat(1, 1, 2)  # (2, 16, 64): each key twice
+        return torch.tanh(self.q(x) * keys).sum(-1)
+
+
+@pytest.mark.parametrize("faulty", [False, True])
+def test_a_repeat_is_judged_by_its_statistics_against_its_input(tmp_path, faulty):
+    """A repeat holds each element of its input the same number of times: the same extremes,
+    mean and population spread. Statistics only, an fp32 bench against a bf16 autocast target:
+    a repeat 5 % off is born there (before: a warning, "moves its input's values: never an
+    origin on its own", and no row failed: DiffLlama's bf16 training-mode fault in the
+    architecture sweep); a right one is no origin."""
+    model, x = _Repeating().eval(), _x()
+    bench = record_forward(model, tmp_path / "fp32", x, X_DUMP_NUM=0)
+    fault = CorruptCall(REPEAT, 0, relative(5e-2)) if faulty else None
+    target = record_forward(model, tmp_path / "bf16", x, fault=fault, autocast=True, X_DUMP_NUM=0)
+    summary = compare_dumps(bench, target).summary
+    if not faulty:
+        assert summary.failed == 0, summary.first_divergence
+        return
+    with xray.load_dump(target) as d:
+        truth = next(r.seq for r in d.records if r.op == REPEAT)
+    fd = summary.first_divergence
+    assert fd is not None and fd["target_seq"] == truth and (fd["origin"], fd["cause"]) == ("born", "local error"), fd

@@ -25,6 +25,10 @@ from . import statistics_only
 from .local import LocalError
 
 _COUNTS = ("nan", "posinf", "neginf", "numel")
+# Ops whose output holds every element of their input the same number of times: one multiset,
+# each value r times over, so the same extremes, mean and (population) spread, and r times the
+# counts. (A repeat_interleave with a tensor of repeats weighs its elements unevenly: not here.)
+UNIFORM_REPEATS = ("aten.repeat.default", "aten.repeat_interleave.self_int")
 # One multiset's mean and spread, summed in another order (a strided input and its contiguous
 # copy: float64 sums of float32 partial sums): about 1e-7 of their scale at worst. A move's
 # statistics against its input's, within one run, differ by no more whatever the tensor's dtype:
@@ -73,11 +77,13 @@ def _moves_values(op: str) -> bool:
 def moved_local_error(record: Record, output: TensorMeta, k: int) -> LocalError | None:
     """Output 0 of a value-moving ``record`` (meta ``output``) against its first input, by their
     statistics: the largest difference of min/max/mean/std over the output's RMS (1 where their
-    non-finite or element counts differ); None for any other op, output or dtype pair, or where
-    either has no statistics. Moving values makes no error of its own: its floor is what two
-    reductions of one multiset may differ by (``STATS_RTOL``), measured in float64."""
+    non-finite or element counts differ, a repeat's counts taken ``UNIFORM_REPEATS`` times); None
+    for any other op, output or dtype pair, or where either has no statistics. Moving values
+    makes no error of its own: its floor is what two reductions of one multiset may differ by
+    (``STATS_RTOL``), measured in float64."""
     src = _first_input(record) if k == 0 and record.kind == "op" else None
-    if src is None or src.dtype != output.dtype or not _moves_values(record.op):
+    repeats = record.op in UNIFORM_REPEATS
+    if src is None or src.dtype != output.dtype or not (repeats or _moves_values(record.op)):
         return None
     a, b = src.stats, output.stats
     if type(a) is not Stats or type(b) is not Stats or a.mean is None or b.mean is None:
@@ -86,7 +92,12 @@ def moved_local_error(record: Record, output: TensorMeta, k: int) -> LocalError 
         dtype_from_name(output.dtype)  # (a dtype this torch cannot name: not judged)
     except (ValueError, TypeError):
         return None
-    if any(getattr(a, c) != getattr(b, c) for c in _COUNTS):
+    times = 1
+    if repeats:  # each element r times: r from the element counts, a whole number or no repeat
+        if not a.numel or not b.numel or b.numel % a.numel:
+            return None
+        times = b.numel // a.numel
+    if any(getattr(a, c) * times != getattr(b, c) for c in _COUNTS):
         return LocalError(1.0, STATS_RTOL, torch.float64)
     scale, diff = stats_rms(b) or 0.0, statistics_only.stats_difference(a, b)
     if not math.isfinite(diff):
