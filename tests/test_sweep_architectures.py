@@ -42,6 +42,16 @@ def test_figures_and_table_from_lines(tmp_path):
     assert sweep.done_models([out]) == {"a", "b"}
 
 
+def _sweep_gpt2(out: Path, scenarios: str):
+    """The sweep over GPT-2 alone, one fault per precision and direction: (its command, the
+    finished process, the JSON lines it wrote)."""
+    cmd = [sys.executable, str(TOOLS / "sweep_architectures.py"), "--out", str(out), "--models", "gpt2",
+           "--scenarios", scenarios, "--faults", "1", "--timeout", "600"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cmd, proc, [json.loads(x) for x in out.read_text().splitlines()]
+
+
 def test_training_mode_faults_are_graded_as_faults():
     """A fault drawn and recorded in training mode is graded as the eval-mode faults are, never
     counted as a noise run or listed among the noise runs' failures."""
@@ -56,13 +66,8 @@ def test_training_mode_faults_are_graded_as_faults():
 def test_training_mode_faults_run_in_training_mode(tmp_path):
     """``fault-trainmode`` draws its faults from a training-mode run (GPT-2's dropout drawn, the
     same draws on both sides: seeded) and names each it grades."""
-    out = tmp_path / "sweep.jsonl"
-    cmd = [sys.executable, str(TOOLS / "sweep_architectures.py"), "--out", str(out), "--models", "gpt2",
-           "--scenarios", "fault-trainmode", "--faults", "1", "--timeout", "600"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    faults = [json.loads(x) for x in out.read_text().splitlines()]
-    faults = [r for r in faults if r["kind"] == "scenario"]
+    _, _, lines = _sweep_gpt2(tmp_path / "sweep.jsonl", "fault-trainmode")
+    faults = [r for r in lines if r["kind"] == "scenario"]
     assert faults and all(r["scenario"] == "fault-trainmode" for r in faults)
     graded = [r for r in faults if r["verdict"] != "left out"]
     assert graded and all(r["train_mode"] and r["verdict"] == "exact" for r in graded), \
@@ -72,11 +77,7 @@ def test_training_mode_faults_run_in_training_mode(tmp_path):
 @pytest.mark.slow
 def test_sweep_one_model_end_to_end(tmp_path):
     out = tmp_path / "sweep.jsonl"
-    cmd = [sys.executable, str(TOOLS / "sweep_architectures.py"), "--out", str(out), "--models", "gpt2",
-           "--scenarios", "identical,fault", "--faults", "1", "--timeout", "600"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    cmd, proc, lines = _sweep_gpt2(out, "identical,fault")
     models = {r["model"]: r for r in lines if r["kind"] == "model"}
     assert set(models) == {"gpt2"} and all(m["status"] == "ok" for m in models.values())
     scenarios = [r for r in lines if r["kind"] == "scenario"]
