@@ -236,3 +236,26 @@ def test_a_call_wrong_on_both_runs_says_the_bench_is_no_reference_there():
     floors = Floors(Rules())
     assert "wrong on both runs" in _wrong_on_the_bench_too(pending((1.39, math.nan, math.nan)), 0, floors)
     assert _wrong_on_the_bench_too(pending((3e-8, math.nan, math.nan)), 0, floors) == ""
+
+
+def test_a_matmul_checks_own_sum_over_a_wide_output_is_within_its_floor():
+    """A matmul's self-check sums its output's width in float32 (Freivalds' ``C r``). DeepSeek-V4's
+    attention backward makes a (32, 8192) product of 8 terms: its check reads 1.4e-6 to 2.6e-6 on
+    every run, where the kernel's own 8-term bound is 6.7e-7. The check's own sum is allowed,
+    and a 1e-4 error (a bug, or a wrong kernel) stays beyond it."""
+    from xray.compare.local import checked_error
+    from xray.compare.noise_floor import Floors
+    from xray.dump.model import Stats, TensorMeta
+
+    def le(check: float, shape=(32, 8192), op="aten.mm.default"):
+        meta = TensorMeta(shape=shape, dtype="float32", stats=Stats(-1.0, 1.0, 0.0, 0.5, check=(check, math.nan, math.nan)))
+        return checked_error(meta, op)
+
+    floors = Floors(Rules())
+    assert le(2.6e-6).own_terms == 8192 and not floors.beyond(le(2.6e-6), "aten.mm.default", 8)
+    assert floors.beyond(le(1e-4), "aten.mm.default", 8)
+    # a narrow output sums few terms: the same reading is beyond the 8-term bound
+    assert le(2.6e-6, (32, 8)).own_terms == 8 and floors.beyond(le(2.6e-6, (32, 8)), "aten.mm.default", 8)
+    # a convolution's check sums its channels
+    assert le(1e-6, (2, 512, 4, 4), "aten.convolution.default").own_terms == 512
+    assert le(1e-6, (2, 512, 4, 4), "aten.sum.dim_IntList").own_terms == 1

@@ -568,3 +568,25 @@ def test_a_call_whose_self_check_measured_it_right_is_no_outlier_of_its_kind(tmp
     still judged by its kind: the quick set's noise+bug/bf16/stats scenarios)."""
     o = _zoo_noise_run("mobilevit", "MobileViTModel", tmp_path, backward=True)
     assert o.summary["failed"] == 0 and o.summary["nan_inf"] == 0, o.summary.get("first_divergence")
+
+
+@pytest.mark.slow
+def test_a_row_that_passes_yet_whose_self_check_is_wrong_is_born_there(tmp_path):
+    """transformers' GIT vision model (built tiny, as the architecture sweep builds it), fp32
+    against bf16 autocast, three elements of its last layer norm's output doubled (the sweep's
+    sparse fault), the recorder's defaults. Its statistics and 32-element sample stay within
+    bf16's band, so the row passed and compare said "no row fails", though the fault moves the
+    final output 1,500x what bf16 itself does; the layer norm's recorded self-check reads 0.10.
+    A passing row whose self-check is beyond every floor of its dtype is weighed by it."""
+    from accuracy import zoo
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    entry = next((x for x in zoo.listed() if x.model_type == "git"), None)
+    if entry is None:
+        pytest.skip("this transformers has no git")
+    fault = Fault("aten.native_layer_norm.default", 4, "few", 1.0)
+    o = run_scenario(Scenario("t/git", "bug", zoo.register(entry), noise="bf16", fault=fault, **RECORDER_DEFAULTS),
+                     tmp_path)
+    assert o.harness_error is None and o.crash is None, o.trace or o.harness_error
+    assert o.exact, o.summary["verdict"]
+    assert o.summary["first_divergence"]["origin"] == "born"

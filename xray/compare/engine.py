@@ -30,7 +30,9 @@ from .divergence import inside
 from .entry_records import Entries
 from .entry_table import MODULE, Codes, EntryTable, Vocab
 from .lazy_matches import matches_of
+from .local import CHECK_SUSPECT, check_floor
 from .matching import align_tables
+from .noise_floor import least_floor
 from .op_classes import skip_kernel_specific
 from .pair_judge import PairComparer, progress_bar, torch_dtype
 from .result import ATTRIBUTED, CompareRow, PairStatus
@@ -71,6 +73,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     rows = make_rows(rank, ta, tb, plan, fast, tols, rules, vocab)
     random_rows = judge_the_rest(ta, tb, plan, fast, rows, comparer, random_of, refs)
     _suspect_moves_that_changed(tb, plan, rows)
+    _suspect_self_checks(tb, plan, rows, rules)
     refs = None  # the reference run's table
     comparer.bar.close()
     for t in (ta, tb):
@@ -105,6 +108,32 @@ def _suspect_moves_that_changed(tb: EntryTable, plan: RowPlan, rows: list[Compar
         if r.status == PairStatus.PASS.value:
             r.status = PairStatus.WARNING.value
             r.note = "; ".join(x for x in (r.note, MOVED_CHANGED) if x)
+
+
+def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], rules: Rules) -> None:
+    """Passing rows whose target call's recorded self-check (docs/format.md, "Self-checks") is
+    above the least floor any call of its dtype has (``noise_floor.least_floor``) become
+    warnings marked ``CHECK_SUSPECT``: attribution weighs that local error against the call's
+    own floors, and fails a wrong call or gives the row back its pass. Three wrong elements in a
+    layer norm's output change neither its statistics nor its 32-element sample, and the row
+    passes; its self-check, which reads every checked row, says 10 %."""
+    check = tb.columns.check
+    at = np.flatnonzero((plan.cat == 2) & (plan.bo >= 0))
+    if check is None or not len(at):
+        return
+    outs = plan.bo[at]
+    least = tb.codes.lut("dtype", lambda name: _least_check_floor(name, rules), dtype=np.float64)
+    over = check[tb.out[outs].astype(np.int64), 0] > least[tb.out_dtype[outs]]  # (NaN: not checked)
+    for i in at[over].tolist():
+        r = rows[i]
+        if r.status == PairStatus.PASS.value:
+            r.status = PairStatus.WARNING.value
+            r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)
+
+
+def _least_check_floor(dtype_name: Any, rules: Rules) -> float:
+    dtype = torch_dtype(dtype_name) if isinstance(dtype_name, str) else None
+    return least_floor(rules, check_floor(dtype), dtype) if dtype is not None and dtype.is_floating_point else np.inf
 
 
 def _reference_outputs(ta: EntryTable, tr: EntryTable, codes: Codes) -> Callable[[int, int], TensorMeta | None]:

@@ -129,10 +129,17 @@ class Floors:
             steps.append(TF32)
         return steps
 
+    def sums(self, le: Any, n: int = 1) -> float:
+        """The accumulation bound of a call's ``n``-term sums, and of the terms its measurement
+        itself summed in float32 (``LocalError.own_terms``: a self-check's product with its
+        output's width), whichever is larger."""
+        measured_in = torch.float64 if le.dtype == torch.float64 else torch.float32
+        return max(self.accumulation(le.dtype, n), self.accumulation(measured_in, le.own_terms))
+
     def floor(self, le: Any, op: str, n: int = 1) -> float:
         """The largest local error a legitimate kernel makes for this call."""
         r = self.rules
-        out = max(r.local_factor * le.floor + 2 * eps(le.dtype), self.accumulation(le.dtype, n))
+        out = max(least_floor(r, le.floor, le.dtype), self.sums(le, n))
         for step in self.allowed_steps(op):
             if le.steps.get(step, 0) > 0:
                 out = max(out, r.precision_factor * le.steps[step])
@@ -140,6 +147,12 @@ class Floors:
 
     def beyond(self, le: Any, op: str, n: int = 1) -> bool:
         return le.local > self.floor(le, op, n)
+
+
+def least_floor(rules: Any, floor: float, dtype: torch.dtype) -> float:
+    """``Floors.floor`` of a local error whose own floor is ``floor``, before its op's accumulation
+    bound and precision steps raise it: the least it can be for any call at ``dtype``."""
+    return rules.local_factor * floor + 2 * eps(dtype)
 
 
 def far_above(logs: list[float], at_least: float = -math.inf) -> dict[int, float]:

@@ -21,6 +21,13 @@ VALUE_PRESERVING = frozenset(f"aten.{n}" for n in (
     "_unsafe_split_with_sizes", "unsafe_split_with_sizes", "repeat", "cat", "stack", "expand_copy", "view_copy",
     "permute_copy", "transpose_copy", "t_copy", "unsqueeze_copy", "squeeze_copy", "alias_copy", "detach_copy",
     "slice_copy", "select_copy", "split_copy", "_to_copy", "to", "copy", "_copy_from"))
+# Of those, the ops whose output holds every element of their tensor inputs (an expand repeats
+# them, a cat joins them): a difference anywhere in an input is somewhere in the output. Not a
+# slice, a select or a split: a part need not hold the elements that differ.
+_PARTS = frozenset(f"aten.{n}" for n in (
+    "select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "as_strided", "diagonal", "unfold",
+    "_unsafe_split", "unsafe_split", "_unsafe_split_with_sizes", "unsafe_split_with_sizes", "slice_copy",
+    "select_copy", "split_copy"))
 _CASTS = frozenset(("aten._to_copy", "aten.to", "aten.copy", "aten._copy_from"))
 
 # Forward and backward ops whose output jumps where the input crosses a boundary. Which outputs of
@@ -118,3 +125,8 @@ def skip_kernel_specific(rows: list) -> None:
             why = kernel_specific(r.bench_op, r.target_op, r.tensor, (r.bench_shape, r.target_shape))
             if why:
                 r.status, r.note = PairStatus.SKIP.value, why
+
+
+def keeps_every_element(op: str) -> bool:
+    """A value-preserving op whose output holds every element of its tensor inputs (``_PARTS``)."""
+    return bool(op) and packet(op) in VALUE_PRESERVING and packet(op) not in _PARTS

@@ -202,6 +202,9 @@ class PendingRun(Sequence):
         self._errors = array("d")
         self._has = bytearray()
         self._kept: list[Pending | None] = [None] * min(len(pairs), max(entry_records.HOLD, 0))
+        # a target tensor -> the largest error measured on the records that held its values
+        # (upstream_errors.py); set by attribution once the matches are known
+        self.upstream_error: Any = None
 
     def __len__(self) -> int:
         return len(self.pairs)

@@ -194,11 +194,13 @@ def carried_error(p: Pending, k: int, disagreeing: bool = False) -> tuple[float,
     data's where it was judged so (``Pending.input_errors``), else the larger of its statistics'
     and its sample's, which its statistics can hide (a gradient through relu's mask, a third of it
     flipped, keeps them; a slice of half a tensor differs by more on statistics than the whole
-    whose elements it keeps). In the unit of a row's ``stats_err`` and ``accumulated_err``: the
-    largest difference over the bench's largest magnitude. ``disagreeing``: inputs that passed
-    (or were skipped) carry nothing in."""
-    bench = dict(p.bench.inputs)
-    errors = [max(e, _sample_err(bench.get(name), meta)) for name, meta, status, stat in row_inputs(p, k)
+    whose elements it keeps), and at least what the records that held its values before a view,
+    a transpose or a cast measured on them (upstream_errors.py). In the unit of a row's
+    ``stats_err`` and ``accumulated_err``: the largest difference over the bench's largest
+    magnitude. ``disagreeing``: inputs that passed (or were skipped) carry nothing in."""
+    bench, upstream = dict(p.bench.inputs), p.run.upstream_error
+    errors = [max(e, _sample_err(bench.get(name), meta), upstream(meta) if upstream is not None else 0.0)
+              for name, meta, status, stat in row_inputs(p, k)
               if (e := p.input_errors.get(name, stat)) is not None
               and not (disagreeing and status in (PairStatus.PASS.value, PairStatus.SKIP.value))]
     if not errors:
