@@ -111,12 +111,13 @@ def _suspect_moves_that_changed(tb: EntryTable, plan: RowPlan, rows: list[Compar
 
 
 def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], rules: Rules) -> None:
-    """Passing rows whose target call's recorded self-check (docs/format.md, "Self-checks") is
-    above the least floor any call of its dtype has (``noise_floor.least_floor``) become
-    warnings marked ``CHECK_SUSPECT``: attribution weighs that local error against the call's
-    own floors, and fails a wrong call or gives the row back its pass. Three wrong elements in a
-    layer norm's output change neither its statistics nor its 32-element sample, and the row
-    passes; its self-check, which reads every checked row, says 10 %."""
+    """Rows that passed on statistics (no saved data) whose target call's recorded self-check
+    (docs/format.md, "Self-checks") is above the least floor any call of its dtype has
+    (``noise_floor.least_floor``) become warnings marked ``CHECK_SUSPECT``: attribution weighs
+    that local error against the call's own floors, and fails a wrong call or gives the row back
+    its pass. Three wrong elements in a layer norm's output change neither its statistics nor its
+    32-element sample, and the row passes; its self-check, which reads every checked row, says
+    10 %. A row that passed on saved data was compared element by element already."""
     check = tb.columns.check
     at = np.flatnonzero((plan.cat == 2) & (plan.bo >= 0))
     if check is None or not len(at):
@@ -126,7 +127,7 @@ def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], 
     over = check[tb.out[outs].astype(np.int64), 0] > least[tb.out_dtype[outs]]  # (NaN: not checked)
     for i in at[over].tolist():
         r = rows[i]
-        if r.status == PairStatus.PASS.value:
+        if r.status == PairStatus.PASS.value and r.mode == "stats":
             r.status = PairStatus.WARNING.value
             r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)
 
