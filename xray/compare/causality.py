@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..dump.model import Scalar, Source, TensorMeta
+from ..dump.model import Scalar, Source, TensorMeta, source_of
 from ..dump.tensorio import dtype_from_name, dtype_name
 from ..numerics.metrics import normwise_error
 from ..numerics.rules import Tolerance, eps
@@ -65,8 +65,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     pairs cost nothing here."""
     on_samples: list[tuple[int, int, LocalError]] = []  # (pair, output, local error)
     devices: set[str] = set()
-    if isinstance(pending, PendingRun):
-        pending.upstream_error = upstream_errors(index.by_seq, index.rows_of, _row_error)
+    pending.upstream_error = upstream_errors(index.by_seq, index.rows_of, _row_error)
     for p in pending:
         b, rows = p.target, p.rows
         devices.update(str(m.device or "cpu").split(":")[0] for _, m in b.outputs[:1])
@@ -409,7 +408,7 @@ class _Graph:
         return kind, detail
 
     def _producer(self, meta: Any, consumer_seq: int | None = None) -> tuple[str, Any]:
-        src = _source(meta)
+        src = source_of(meta)
         if src is None and consumer_seq is not None and self.made:
             src = self._infer(meta, consumer_seq)
         if src is None:
@@ -1341,14 +1340,6 @@ def _row_error(r: CompareRow) -> float | None:
     return max((e for e in (r.rel_rmse, r.stats_err, r.sample_err) if e is not None), default=None)
 
 
-def _source(meta: Any) -> Source | None:
-    """Where ``meta``'s value came from (format v2 ``src``), or None when unrecorded or unreadable."""
-    try:
-        return Source.parse(getattr(meta, "source", None))
-    except ValueError:
-        return None
-
-
 def _jumps_beyond_its_inputs(p: Pending, k: int, factor: float) -> str | None:
     """Why a statistics row in the warning band is judged as a failure, or None. The band (up to
     ``stats_warn_factor`` x the dtype's tolerance) is for error a run accumulates; a call whose
@@ -1446,7 +1437,7 @@ def _changed_in_a_fold(meta: Any, status: str, producer_row: CompareRow, graph: 
 
 def _op_source(meta: Any) -> Source | None:
     """The op output ``meta`` came from, or None."""
-    src = _source(meta)
+    src = source_of(meta)
     return src if src is not None and src.kind == "op" else None
 
 
@@ -1476,7 +1467,7 @@ def _wrong_on_the_bench_too(p: Pending, k: int, floors: Floors) -> str:
 
 def _param_name(name: str, meta: Any) -> str:
     """The qualified name of a module record's parameter, from its source when recorded."""
-    src = _source(meta)
+    src = source_of(meta)
     return src.name if src is not None and src.name else name[len("param:"):]
 
 

@@ -202,11 +202,8 @@ def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | Non
         return None
     dtype = dtype_from_name(output.dtype)
     steps = {name: v for name, v in zip(PRECISION_STEPS, check[1:]) if math.isfinite(v)}
-    width = 1
-    if op in CHECKED_MATMULS or op in CHECKED_CONVOLUTIONS:
-        shape = tuple(output.shape)
-        axis = -1 if op in CHECKED_MATMULS else 1
-        width = shape[axis] if len(shape) > max(axis, 0) else 1
+    axis = -1 if op in CHECKED_MATMULS else 1 if op in CHECKED_CONVOLUTIONS else None
+    width = output.shape[axis] if axis is not None and len(output.shape) > 1 else 1
     return LocalError(check[0], check_floor(dtype), dtype, steps, own_terms=max(1, int(width)))
 
 

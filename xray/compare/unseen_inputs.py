@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..dump.model import Source
+from ..dump.model import source_of
 from ..dump.tensorio import dtype_from_name
 from ..numerics.kernel_families import packet
 from ..numerics.selections import selection_of
@@ -101,10 +101,7 @@ def _floating(p: Pending, k: int) -> bool:
 
 
 def _seq_of(meta: Any) -> int | None:
-    try:
-        src = Source.parse(getattr(meta, "source", None))
-    except ValueError:
-        return None
+    src = source_of(meta)
     return src.seq if src is not None and src.kind == "op" else None
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ..dump.model import Source
+from ..dump.model import source_of
 from .op_classes import keeps_every_element
 
 MAX_RECORDS = 16  # records read behind one input, at most: a chain of moves is short
@@ -29,13 +29,6 @@ def _range(meta: Any) -> float:
     if st is None or st.min is None or st.max is None:
         return math.nan
     return max(abs(st.min), abs(st.max))
-
-
-def _source(meta: Any) -> Source | None:
-    try:
-        return Source.parse(getattr(meta, "source", None))
-    except ValueError:
-        return None
 
 
 def upstream_errors(by_seq: Any, rows_of: Any, row_error: Callable[[Any], float | None]) -> Callable[[Any], float]:
@@ -57,7 +50,7 @@ def upstream_errors(by_seq: Any, rows_of: Any, row_error: Callable[[Any], float 
     def _walk(meta: Any) -> float:
         scale, best, todo, seen = _range(meta), 0.0, [meta], set()
         while todo and len(seen) < MAX_RECORDS:
-            src = _source(todo.pop())
+            src = source_of(todo.pop())
             if src is None or src.kind != "op" or (src.seq, src.index) in seen:
                 continue
             seen.add((src.seq, src.index))

@@ -445,6 +445,14 @@ class Source:
         raise ValueError(f"unknown source {text[:80]!r}")
 
 
+def source_of(meta: Any) -> "Source | None":
+    """Where a tensor's value came from (its ``source``), or None when unrecorded or unreadable."""
+    try:
+        return Source.parse(getattr(meta, "source", None))
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Scalar:
     """A tagged non-tensor value (dtype, device, string, non-finite float, SymInt...)."""
