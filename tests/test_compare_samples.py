@@ -8,6 +8,7 @@ so the same pair is compared with and without samples.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ def _record(folder, wrong: TorchDispatchMode | None = None, bf16: bool = False):
     return d.folder
 
 
-def _statistics_only(folder, with_samples: bool = True) -> TraceDump:
+def _statistics_only(folder, with_samples: bool = True, with_checks: bool = True) -> TraceDump:
     """The dump as a statistics-only recording (with each tensor's sample) would hold it."""
     dump = xray.load_dump(folder)
     records = list(dump.records)
@@ -58,12 +59,14 @@ def _statistics_only(folder, with_samples: bool = True) -> TraceDump:
         for _, m in (*r.input_tensors(), *r.output_tensors()):
             m.sample = tuple(samples.take(dump.load_tensor(m).reshape(m.shape)).tolist()) if with_samples else None
             m.data = None
+            if m.stats is not None and not with_checks:
+                m.stats = dataclasses.replace(m.stats, check=None)
     return TraceDump(dump.folder, dump.header, records, dump.complete, dump.summary)
 
 
-def _rows(tmp_path, wrong=None, bf16=False, with_samples=True):
-    bench = _statistics_only(_record(tmp_path / "bench"), with_samples)
-    target = _statistics_only(_record(tmp_path / "target", wrong, bf16), with_samples)
+def _rows(tmp_path, wrong=None, bf16=False, with_samples=True, with_checks=True):
+    bench = _statistics_only(_record(tmp_path / "bench"), with_samples, with_checks)
+    target = _statistics_only(_record(tmp_path / "target", wrong, bf16), with_samples, with_checks)
     rows, _ = compare_loaded(bench, target, Rules())
     return {r.bench_op: r for r in rows if r.bench_op}
 
@@ -96,11 +99,20 @@ def test_bf16_rounding_on_samples_passes(tmp_path):
 
 
 def test_a_dump_without_samples_compares_as_before(tmp_path):
-    """No samples: no sample_err, no sample note, nothing recomputed; the flipped gelu is
-    invisible to statistics, as it always was."""
-    rows = _rows(tmp_path, _Wrong(GELU, lambda t: t.flip(-1)), with_samples=False)
+    """No samples and no self-checks (a dump recorded before either): no sample_err, no sample
+    note, nothing recomputed; the flipped gelu is invisible to statistics, as it always was."""
+    rows = _rows(tmp_path, _Wrong(GELU, lambda t: t.flip(-1)), with_samples=False, with_checks=False)
     assert all(r.sample_err is None and "sample" not in r.note and r.local_err is None for r in rows.values())
     assert rows["aten.gelu.default"].status == "pass"
+
+
+def test_without_samples_the_elementwise_self_check_names_the_flipped_gelu(tmp_path):
+    """Statistics only, no samples: the gelu's recorded self-check (every element against gelu
+    run again on its input) reads the flip, and names it born."""
+    rows = _rows(tmp_path, _Wrong(GELU, lambda t: t.flip(-1)), with_samples=False)
+    gelu = rows["aten.gelu.default"]
+    assert gelu.status == "fail" and (gelu.origin, gelu.cause) == ("born", "local error"), gelu
+    assert gelu.local_err > 0.5 and "every element" in gelu.note
 
 
 def test_inputs_are_judged_on_their_samples():

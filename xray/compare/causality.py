@@ -36,6 +36,7 @@ from ..numerics.metrics import normwise_error
 from ..numerics.rules import Tolerance, eps
 from ..numerics.math_settings import run_math
 from ..numerics.kernel_families import family_of
+from ..record.elementwise_check import pointwise_op
 from .entry_records import Entry
 from .local import CHECK_SUSPECT, LocalError, checked_error, local_error, local_error_with, measurable
 from .moved_values import moved_local_error
@@ -72,7 +73,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
         for k, r in enumerate(rows):
             if r.status in SUSPECT and k < len(b.outputs):
                 le = local_error(b.record, target_dump, b.outputs[k][1], k) \
-                    if r.mode == "data" or measurable(b.outputs[k][1]) else None
+                    if r.mode == "data" or measurable(b.outputs[k][1], b.op) else None
                 if le is None and r.mode == "stats":
                     meta = b.outputs[k][1]
                     if (on_sample := _unsaved_local_error(b.record, meta, k)) is not None:
@@ -93,7 +94,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
         if floors.beyond(le, p.target.op, 1):
             r = p.rows[k]
             p.local[k], r.local_err, r.local_floor = le, le.local, le.floor
-            r.note = "; ".join(x for x in (r.note, "local error measured on the sample") if x)
+            r.note = "; ".join(x for x in (r.note, "local error measured on " + (le.seen_by or "the sample")) if x)
         else:
             p.sample_local[k] = le
     for p in pending:  # the device floor is what the row shows
@@ -175,7 +176,13 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     if moved is not None and (on_sample is None or moved.local > on_sample.local):
         on_sample = moved
     summed = summed_mean_error(record, meta, k)
-    return summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
+    on_sample = summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
+    # an elementwise op's self-check (every element's largest error) where it says more than
+    # the sample does, as a share of its own floor: three doubled elements of 65k
+    check = checked_error(meta, record.op) if pointwise_op(record.op) is not None else None
+    if check is not None and (on_sample is None or check.local / check.floor > on_sample.local / max(on_sample.floor, 1e-300)):
+        return check
+    return on_sample
 
 
 def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: Floors) -> None:
@@ -194,7 +201,7 @@ def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: 
         if k is None:
             continue
         meta = e.outputs[k][1]
-        le = local_error(e.record, graph.dump, meta, k) if measurable(meta) else _unsaved_local_error(e.record, meta, k)
+        le = local_error(e.record, graph.dump, meta, k) if measurable(meta, e.op) else _unsaved_local_error(e.record, meta, k)
         floor = floors.floor(le, e.op, reduction_length(e.record, k)) if le is not None else None
         if floor is None or le.local <= floor:
             continue
@@ -522,7 +529,7 @@ class _Graph:
         for k, (_, meta) in enumerate(op.outputs):
             # saved, a constant, or a recorded self-check; else (a kernel the bench ran too) its
             # sample or what it moved
-            le = local_error(op.record, self.dump, meta, k) if measurable(meta) \
+            le = local_error(op.record, self.dump, meta, k) if measurable(meta, op.op) \
                 else _unsaved_local_error(op.record, meta, k) if substituted else None
             if le is None:
                 continue

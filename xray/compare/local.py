@@ -25,6 +25,7 @@ from ..numerics.rules import PRECISION_STEPS, eps, round_mantissa
 from ..numerics.kernel_families import local_reference_of, primary_outputs
 from ..numerics.selections import differing_picks, selection_of
 from ..record.encode import bind_inputs, op_info, recorded_result
+from ..record.elementwise_check import pointwise_op
 from ..record.self_check import CONVOLUTIONS as CHECKED_CONVOLUTIONS, MATMULS as CHECKED_MATMULS
 
 MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
@@ -41,6 +42,8 @@ class LocalError:
     # terms the measurement itself summed in float32 (a self-check's product with its output's
     # width), whose rounding Floors.floor allows besides the kernel's own
     own_terms: int = 1
+    # what measured it where a row's note should say so (an elementwise self-check: every element)
+    seen_by: str = ""
 
 
 def _blocked(record: Record) -> str | None:
@@ -183,9 +186,11 @@ def _recomputable(output: TensorMeta) -> bool:
     return output.data is not None or constant_value(output) is not None
 
 
-def measurable(output: TensorMeta) -> bool:
-    """Whether ``local_error`` can judge this output: recomputable, or with a recorded self-check."""
-    return _recomputable(output) or checked_error(output) is not None
+def measurable(output: TensorMeta, op: str | None) -> bool:
+    """Whether ``local_error`` can judge output ``output`` of a call of ``op``: recomputable, or
+    with a recorded self-check that measures it whole (an elementwise op's largest error of one
+    element is weighed beside its sample instead: ``elementwise_checked``)."""
+    return _recomputable(output) or (pointwise_op(op) is None and checked_error(output, op) is not None)
 
 
 def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | None:
@@ -201,6 +206,8 @@ def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | Non
     if not check or not math.isfinite(check[0]):
         return None
     dtype = dtype_from_name(output.dtype)
+    if pointwise_op(op) is not None:
+        return LocalError(check[0], elementwise_check_floor(dtype), dtype, seen_by=ELEMENTWISE_CHECK)
     steps = {name: v for name, v in zip(PRECISION_STEPS, check[1:]) if math.isfinite(v)}
     axis = -1 if op in CHECKED_MATMULS else 1 if op in CHECKED_CONVOLUTIONS else None
     width = output.shape[axis] if axis is not None and len(output.shape) > 1 else 1
@@ -215,6 +222,21 @@ CHECK_SUSPECT = "its self-check reads more than its dtype's rounding"
 def check_floor(dtype: torch.dtype) -> float:
     """A self-check's own floor at ``dtype``: the normwise error of rounding to it uniformly."""
     return eps(dtype) / 2 / math.sqrt(3)
+
+
+ELEMENTWISE_CHECK = "its self-check, which reads every element"
+
+
+def elementwise_check_floor(dtype: torch.dtype) -> float:
+    """An elementwise self-check's own floor (record/elementwise_check.py: the largest error of
+    one element): ``check_floor`` of its dtype, and never below half precision's. A right
+    half-precision kernel reads 0 or one unit; in float32 the check cannot tell a fault from how
+    far a device's transcendental functions may approximate (torch's own CPU ``gelu`` is 2.3e-5
+    off float64 at some elements, 190 units of float32's roundoff), so it judges only errors
+    beyond half precision's there (a doubled element reads 1; whole-tensor errors are its
+    sample's and statistics')."""
+    coarse = dtype if eps(dtype) >= eps(torch.float16) else torch.float16
+    return check_floor(coarse)
 
 
 def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:

@@ -41,7 +41,7 @@ from .cache_rules import cache_view_outputs, forget_written, reuse_input_stats, 
 from ..dump.model import TensorMeta, value_to_json
 from .encode import ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, stable_repr, unsupported
 from .flatten import PLAIN_TENSORS as _PLAIN
-from .self_check import OPS as CHECKED_OPS, self_checks
+from .self_check import checked, self_checks
 from .unwritten import UNWRITTEN, allocates
 
 # Non-tensor argument types keyed by value (hashable, with an exact equality).
@@ -331,7 +331,7 @@ class RowPath:
         output noted, or nothing the check could measure. The C path's records call it too."""
         info = call.info
         notes = call.notes or ()
-        if not (self.stats_on and info.name in CHECKED_OPS) or first_out in notes:
+        if not (self.stats_on and checked(info.name)) or first_out in notes:
             return None
         outs = list(out) if info.returns > 1 else [out]  # (a norm backward's input gradient first)
         if not isinstance(outs[0], torch.Tensor):
@@ -483,7 +483,7 @@ def op_facts(func, records: bool = True) -> tuple:
     records = records and takes
     # a checked op's new record gets its self-checks from RowPath.checks (its folded calls, none)
     return (info, takes, records, info.view, info.stats_preserving, bool(info.mutates), info.writes,
-            info.name in CHECKED_OPS)
+            checked(info.name))
 
 
 def native_path(recorder):

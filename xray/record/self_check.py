@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..dump.model import CHECK_SIZE
+from .elementwise_check import elementwise_check, pointwise_op
 from ..numerics.kernel_families import saved_probabilities, saved_softmax
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 
@@ -100,6 +101,12 @@ class Check(NamedTuple):
     k: int
     terms: torch.Tensor | None = None
     part: bool = False
+
+
+def checked(name: str) -> bool:
+    """Whether ``self_checks`` takes calls of ``name``: the ops above, and every elementwise op
+    (elementwise_check.py)."""
+    return name in OPS or pointwise_op(name) is not None
 
 
 @functools.lru_cache(maxsize=256)
@@ -598,10 +605,13 @@ def self_checks(name: str, bound: dict, outs: list, defer: bool = False,
     a tuple would be None, read with the batched statistics at the next flush, so that the check
     adds no host synchronisation; its steps are then always measured (cheap there)."""
     first = outs[0] if outs else None
-    if name not in OPS or not _plain(first) or first.numel() == 0:
+    if not _plain(first) or first.numel() == 0:
         return {}
     try:
         with torch.no_grad():
+            if name not in OPS:
+                got = elementwise_check(name, bound, first, defer)
+                return {} if got is None else {0: got}
             wide = _wide(first.device, first, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
             if name in NORMS + NORM_BACKWARDS:
                 made = (_normalization if name in NORMS else _normalization_backward)(name, bound, outs, wide) or {}

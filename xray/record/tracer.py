@@ -30,7 +30,7 @@ from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
                      dedup_key, signature_key, tensor_meta, unsupported, writes_now)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
-from .self_check import OPS as CHECKED_OPS, self_checks
+from .self_check import checked, self_checks
 from .modules import ModuleStack
 from .producers import Producers
 from .unwritten import UNWRITTEN, Unwritten
@@ -479,7 +479,7 @@ class Recorder:
             if info.view and self.stats_on:
                 cache_view_outputs(self._stats, args, _described(outs, rec.outputs))
             first = rec.outputs[0] if rec.outputs else None
-            if self.stats_on and info.name in CHECKED_OPS and type(first) is TensorMeta and type(first.stats) is Stats \
+            if self.stats_on and checked(info.name) and type(first) is TensorMeta and type(first.stats) is Stats \
                     and self.cpu_sync and outs[0].is_cpu:  # (a deferred Stats is filled at the flush: none then)
                 metas = [m if type(m) is TensorMeta and type(m.stats) is Stats else None for m in rec.outputs]
                 checks = self_checks(info.name, bound, outs, norms=[m and norm_of(m.stats) for m in metas])

@@ -1,0 +1,122 @@
+"""An elementwise op's self-check (xray/record/elementwise_check.py): every element of its output
+against the op run again on its inputs, so that a fault in a few elements of a statistics-only
+record is seen, which neither its statistics nor its 32-element sample see. At a real size
+(512 tokens, hidden 1024)."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import xray
+from xray.compare import compare_dumps
+from xray.record.elementwise_check import elementwise_check, pointwise_op
+
+ADD = torch.ops.aten.add.Tensor
+TOKENS, HIDDEN = 512, 1024
+
+
+class _DoubleElements(TorchDispatchMode):
+    """Doubles three elements of the ``call``-th output of ``op``, below the recorder (so it is
+    recorded as the op's own output): a fault of a few elements, as a kernel's tail loop makes."""
+
+    def __init__(self, op, call: int) -> None:
+        super().__init__()
+        self.op, self.call, self.seen = op, call, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is self.op:
+            self.seen += 1
+            if self.seen - 1 == self.call:
+                out.view(-1)[[7, out.numel() // 3, out.numel() - 2]] *= 2
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_right_elementwise_kernel_reads_at_most_one_unit_and_three_doubled_elements_read_one(dtype):
+    torch.manual_seed(0)
+    a, b = torch.randn(TOKENS, HIDDEN).to(dtype), torch.randn(TOKENS, HIDDEN).to(dtype)
+    unit = torch.finfo(dtype).eps
+    calls = {"aten.add.Tensor": ({"self": a, "other": b, "alpha": 1}, a + b),
+             "aten.mul.Tensor": ({"self": a, "other": b}, a * b),
+             "aten.silu.default": ({"self": a}, torch.nn.functional.silu(a)),
+             "aten.exp.default": ({"self": a}, a.exp()),
+             "aten.gelu.default": ({"self": a, "approximate": "none"}, torch.nn.functional.gelu(a)),
+             "aten.rsqrt.default": ({"self": a.abs()}, a.abs().rsqrt()),
+             "aten.pow.Tensor_Scalar": ({"self": a, "exponent": 2}, a.pow(2))}
+    for name, (bound, out) in calls.items():
+        residual, *steps = elementwise_check(name, bound, out)
+        assert residual <= unit and all(math.isnan(s) for s in steps), (name, residual)
+    wrong = (a + b).clone()
+    wrong.view(-1)[[7, wrong.numel() // 3, wrong.numel() - 2]] *= 2
+    assert elementwise_check("aten.add.Tensor", {"self": a, "other": b, "alpha": 1}, wrong)[0] >= 0.5
+
+
+def test_values_non_finite_on_one_side_only_read_one_and_on_both_sides_nothing():
+    x = torch.tensor([-1.0, 0.0, 1.0, 4.0] * 64)
+    out = x.log()  # NaN, -inf, 0, 1.386...: the reference makes the same
+    assert elementwise_check("aten.log.default", {"self": x}, out)[0] == 0
+    wrong = out.clone()
+    wrong[3] = math.nan
+    assert elementwise_check("aten.log.default", {"self": x}, wrong)[0] == 1
+
+
+def test_ops_that_round_a_quotient_and_writing_or_random_ops_are_not_checked():
+    for name in ("aten.remainder.Tensor", "aten.fmod.Tensor", "aten.floor_divide.default", "aten.add_.Tensor",
+                 "aten.add.out", "aten.bernoulli.p", "aten.mm.default", "aten.nonexistent.default"):
+        assert pointwise_op(name) is None, name
+    x = torch.randn(64) * 10
+    assert elementwise_check("aten.div.Tensor_mode", {"self": x, "other": x + 100, "rounding_mode": "floor"},
+                             torch.div(x, x + 100, rounding_mode="floor")) is None
+    assert pointwise_op("aten.add.Tensor") is not None and pointwise_op("aten.where.self") is not None
+
+
+def _model():
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2))
+
+    def forward(h):
+        for layer in layers:
+            h = h + torch.nn.functional.silu(layer(h))  # the residual add: aten.add.Tensor
+        return h
+    return forward
+
+
+def _record(folder, fault=None):
+    forward, x = _model(), torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), fault or contextlib.nullcontext(), \
+            xray.dump(dump_dir=folder) as d:  # the recorder's defaults
+        forward(x)
+    return d.folder
+
+
+def test_three_doubled_elements_of_a_statistics_only_residual_add_are_born_there(tmp_path):
+    """bf16 autocast, the recorder's defaults: the second layer's residual add keeps statistics
+    and a sample only (de-dup saved the first's tensors). Three of its 524,288 elements doubled
+    leave its statistics and sample within bf16's band; its self-check reads them, and compare
+    names that call born, on its own inputs."""
+    bench = _record(tmp_path / "bench")
+    target = _record(tmp_path / "target", _DoubleElements(ADD, 1))
+    result = compare_dumps(bench, target, progress=False)
+    add = [r for r in result.rows if r.target_op == "aten.add.Tensor" and r.module == ""]
+    assert len(add) == 2 and add[0].status == "pass" and add[1].mode == "stats"
+    assert (add[1].status, add[1].origin, add[1].cause) == ("fail", "born", "local error"), add[1]
+    assert "every element" in add[1].note and add[1].local_err >= 0.5
+    assert result.summary.verdict.startswith("born at aten.add.Tensor")
+
+
+def test_identical_bf16_runs_and_a_bf16_run_against_float32_fail_nothing(tmp_path):
+    """No fault: two identical bf16 runs, and the bf16 run against a float32 one, have no FAIL
+    row, however many elementwise checks they hold."""
+    bf16 = _record(tmp_path / "bf16")
+    again = _record(tmp_path / "again")
+    forward, x = _model(), torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), xray.dump(dump_dir=tmp_path / "fp32") as d:
+        forward(x)
+    for bench, target in ((bf16, again), (d.folder, bf16)):
+        rows = compare_dumps(bench, target, progress=False).rows
+        assert not [r for r in rows if r.status == "fail"], [r for r in rows if r.status == "fail"][:2]
