@@ -107,9 +107,9 @@ def test_a_dump_without_samples_compares_as_before(tmp_path):
 
 
 def test_without_samples_the_elementwise_self_check_names_the_flipped_gelu(tmp_path):
-    """Statistics only, no samples: the gelu's recorded self-check (every element against gelu
-    run again on its input) reads the flip, and names it born."""
-    rows = _rows(tmp_path, _Wrong(GELU, lambda t: t.flip(-1)), with_samples=False)
+    """bf16 autocast, statistics only, no samples: the gelu's recorded self-check (every element
+    against gelu run again on its input in float32) reads the flip, and names it born."""
+    rows = _rows(tmp_path, _Wrong(GELU, lambda t: t.flip(-1)), bf16=True, with_samples=False)
     gelu = rows["aten.gelu.default"]
     assert gelu.status == "fail" and (gelu.origin, gelu.cause) == ("born", "local error"), gelu
     assert gelu.local_err > 0.5 and "every element" in gelu.note

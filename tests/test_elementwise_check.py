@@ -1,7 +1,7 @@
-"""An elementwise op's self-check (xray/record/elementwise_check.py): every element of its output
-against the op run again on its inputs, so that a fault in a few elements of a statistics-only
-record is seen, which neither its statistics nor its 32-element sample see. At a real size
-(512 tokens, hidden 1024)."""
+"""A half-precision elementwise op's self-check (xray/record/elementwise_check.py): every element
+of its output against the op run again on its inputs in float32, so that a fault in a few
+elements of a statistics-only record is seen, which neither its statistics nor its 32-element
+sample see under bf16. At a real size (512 tokens, hidden 1024)."""
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +36,7 @@ class _DoubleElements(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_right_elementwise_kernel_reads_at_most_one_unit_and_three_doubled_elements_read_one(dtype):
     torch.manual_seed(0)
     a, b = torch.randn(TOKENS, HIDDEN).to(dtype), torch.randn(TOKENS, HIDDEN).to(dtype)
@@ -54,10 +54,13 @@ def test_a_right_elementwise_kernel_reads_at_most_one_unit_and_three_doubled_ele
     wrong = (a + b).clone()
     wrong.view(-1)[[7, wrong.numel() // 3, wrong.numel() - 2]] *= 2
     assert elementwise_check("aten.add.Tensor", {"self": a, "other": b, "alpha": 1}, wrong)[0] >= 0.5
+    # a float32 output keeps none: its only cheap reference would be the same kernel again
+    assert elementwise_check("aten.add.Tensor", {"self": a.float(), "other": b.float(), "alpha": 1},
+                             (a + b).float()) is None
 
 
 def test_values_non_finite_on_one_side_only_read_one_and_on_both_sides_nothing():
-    x = torch.tensor([-1.0, 0.0, 1.0, 4.0] * 64)
+    x = torch.tensor([-1.0, 0.0, 1.0, 4.0] * 64, dtype=torch.bfloat16)
     out = x.log()  # NaN, -inf, 0, 1.386...: the reference makes the same
     assert elementwise_check("aten.log.default", {"self": x}, out)[0] == 0
     wrong = out.clone()
@@ -69,15 +72,15 @@ def test_ops_that_round_a_quotient_and_writing_or_random_ops_are_not_checked():
     for name in ("aten.remainder.Tensor", "aten.fmod.Tensor", "aten.floor_divide.default", "aten.add_.Tensor",
                  "aten.add.out", "aten.bernoulli.p", "aten.mm.default", "aten.nonexistent.default"):
         assert pointwise_op(name) is None, name
-    x = torch.randn(64) * 10
+    x = (torch.randn(64) * 10).half()
     assert elementwise_check("aten.div.Tensor_mode", {"self": x, "other": x + 100, "rounding_mode": "floor"},
                              torch.div(x, x + 100, rounding_mode="floor")) is None
     assert pointwise_op("aten.add.Tensor") is not None and pointwise_op("aten.where.self") is not None
 
 
-def _model():
+def _model(dtype):
     torch.manual_seed(0)
-    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2))
+    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(dtype)
 
     def forward(h):
         for layer in layers:
@@ -86,19 +89,19 @@ def _model():
     return forward
 
 
-def _record(folder, fault=None):
-    forward, x = _model(), torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), fault or contextlib.nullcontext(), \
-            xray.dump(dump_dir=folder) as d:  # the recorder's defaults
+def _record(folder, fault=None, dtype=torch.bfloat16):
+    forward = _model(dtype)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad(), fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:  # the defaults
         forward(x)
     return d.folder
 
 
 def test_three_doubled_elements_of_a_statistics_only_residual_add_are_born_there(tmp_path):
-    """bf16 autocast, the recorder's defaults: the second layer's residual add keeps statistics
-    and a sample only (de-dup saved the first's tensors). Three of its 524,288 elements doubled
-    leave its statistics and sample within bf16's band; its self-check reads them, and compare
-    names that call born, on its own inputs."""
+    """A bf16 run, the recorder's defaults: the second layer's residual add keeps statistics and
+    a sample only (de-dup saved the first's tensors). Three of its 524,288 elements doubled leave
+    its statistics and sample within bf16's band; its self-check reads them, and compare names
+    that call born, on its own inputs."""
     bench = _record(tmp_path / "bench")
     target = _record(tmp_path / "target", _DoubleElements(ADD, 1))
     result = compare_dumps(bench, target, progress=False)
@@ -110,13 +113,10 @@ def test_three_doubled_elements_of_a_statistics_only_residual_add_are_born_there
 
 
 def test_identical_bf16_runs_and_a_bf16_run_against_float32_fail_nothing(tmp_path):
-    """No fault: two identical bf16 runs, and the bf16 run against a float32 one, have no FAIL
+    """No fault: two identical bf16 runs, and a bf16 run against the float32 one, have no FAIL
     row, however many elementwise checks they hold."""
-    bf16 = _record(tmp_path / "bf16")
-    again = _record(tmp_path / "again")
-    forward, x = _model(), torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), xray.dump(dump_dir=tmp_path / "fp32") as d:
-        forward(x)
-    for bench, target in ((bf16, again), (d.folder, bf16)):
+    bf16, again = _record(tmp_path / "bf16"), _record(tmp_path / "again")
+    fp32 = _record(tmp_path / "fp32", dtype=torch.float32)
+    for bench, target in ((bf16, again), (fp32, bf16)):
         rows = compare_dumps(bench, target, progress=False).rows
         assert not [r for r in rows if r.status == "fail"], [r for r in rows if r.status == "fail"][:2]

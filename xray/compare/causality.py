@@ -170,17 +170,18 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     """Output ``k``'s local error where its tensors were not saved: recomputed on its inputs'
     samples (an elementwise op), or, for an op that only moves values, its statistics against
     its input's (moved_values.py); a sum's means that do not add up (summed_means.py) win over
-    a sample that missed the elements that made them."""
+    a sample that missed the elements that made them, and so does an elementwise op's self-check
+    that reads every element (record/elementwise_check.py) where it says more."""
     on_sample = sample_local_error(record, meta, k)
     moved = moved_local_error(record, meta, k)  # (a copy: the larger of it and its sample's)
     if moved is not None and (on_sample is None or moved.local > on_sample.local):
         on_sample = moved
     summed = summed_mean_error(record, meta, k)
     on_sample = summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
-    # an elementwise op's self-check (every element's largest error) where it says more than
-    # the sample does, as a share of its own floor: three doubled elements of 65k
+    # a half-precision elementwise op's self-check (the largest error of one element) where it
+    # says more than the sample, each as a share of its own floor: three doubled elements of 524k
     check = checked_error(meta, record.op) if pointwise_op(record.op) is not None else None
-    if check is not None and (on_sample is None or check.local / check.floor > on_sample.local / max(on_sample.floor, 1e-300)):
+    if check is not None and (on_sample is None or check.local * on_sample.floor > on_sample.local * check.floor):
         return check
     return on_sample
 

@@ -189,7 +189,7 @@ def _recomputable(output: TensorMeta) -> bool:
 def measurable(output: TensorMeta, op: str | None) -> bool:
     """Whether ``local_error`` can judge output ``output`` of a call of ``op``: recomputable, or
     with a recorded self-check that measures it whole (an elementwise op's largest error of one
-    element is weighed beside its sample instead: ``elementwise_checked``)."""
+    element is weighed beside its sample instead: causality._unsaved_local_error)."""
     return _recomputable(output) or (pointwise_op(op) is None and checked_error(output, op) is not None)
 
 
@@ -206,8 +206,8 @@ def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | Non
     if not check or not math.isfinite(check[0]):
         return None
     dtype = dtype_from_name(output.dtype)
-    if pointwise_op(op) is not None:
-        return LocalError(check[0], elementwise_check_floor(dtype), dtype, seen_by=ELEMENTWISE_CHECK)
+    if pointwise_op(op) is not None:  # (a half-precision one: its largest error of one element)
+        return LocalError(check[0], check_floor(dtype), dtype, seen_by=ELEMENTWISE_CHECK)
     steps = {name: v for name, v in zip(PRECISION_STEPS, check[1:]) if math.isfinite(v)}
     axis = -1 if op in CHECKED_MATMULS else 1 if op in CHECKED_CONVOLUTIONS else None
     width = output.shape[axis] if axis is not None and len(output.shape) > 1 else 1
@@ -224,20 +224,7 @@ def check_floor(dtype: torch.dtype) -> float:
     return eps(dtype) / 2 / math.sqrt(3)
 
 
-ELEMENTWISE_CHECK = "its self-check, which reads every element"
-
-
-def elementwise_check_floor(dtype: torch.dtype) -> float:
-    """An elementwise self-check's own floor (record/elementwise_check.py: the largest error of
-    one element): ``check_floor`` of its dtype, and never below half precision's. A right
-    half-precision kernel reads 0 or one unit; in float32 the check cannot tell a fault from how
-    far a device's transcendental functions may approximate (torch's own CPU ``gelu`` is 2.3e-5
-    off float64 at some elements, 190 units of float32's roundoff), so it judges only errors
-    beyond half precision's there (a doubled element reads 1; whole-tensor errors are its
-    sample's and statistics')."""
-    coarse = dtype if eps(dtype) >= eps(torch.float16) else torch.float16
-    return check_floor(coarse)
-
+ELEMENTWISE_CHECK = "its self-check, which reads every element"  # (LocalError.seen_by)
 
 def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
     if output.data is not None:
