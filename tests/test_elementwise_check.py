@@ -54,9 +54,10 @@ def test_a_right_elementwise_kernel_reads_at_most_one_unit_and_three_doubled_ele
     wrong = (a + b).clone()
     wrong.view(-1)[[7, wrong.numel() // 3, wrong.numel() - 2]] *= 2
     assert elementwise_check("aten.add.Tensor", {"self": a, "other": b, "alpha": 1}, wrong)[0] >= 0.5
-    # a float32 output keeps none: its only cheap reference would be the same kernel again
-    assert elementwise_check("aten.add.Tensor", {"self": a.float(), "other": b.float(), "alpha": 1},
-                             (a + b).float()) is None
+    # a float32 output: none in a run all float32, against float64 in one that computes in half too
+    fp32 = {"self": a.float(), "other": b.float(), "alpha": 1}
+    assert elementwise_check("aten.add.Tensor", fp32, a.float() + b.float()) is None
+    assert elementwise_check("aten.add.Tensor", fp32, a.float() + b.float(), mixed=True)[0] == 0
 
 
 def test_values_non_finite_on_one_side_only_read_one_and_on_both_sides_nothing():
@@ -89,10 +90,11 @@ def _model(dtype):
     return forward
 
 
-def _record(folder, fault=None, dtype=torch.bfloat16):
+def _record(folder, fault=None, dtype=torch.bfloat16, autocast=False):
     forward = _model(dtype)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(dtype)
-    with torch.no_grad(), fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:  # the defaults
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:  # the defaults
         forward(x)
     return d.folder
 
@@ -112,11 +114,28 @@ def test_three_doubled_elements_of_a_statistics_only_residual_add_are_born_there
     assert result.summary.verdict.startswith("born at aten.add.Tensor")
 
 
+def test_under_autocast_a_float32_residual_add_with_three_doubled_elements_is_born_there(tmp_path):
+    """bf16 autocast on a float32 model: the residual add is float32 (a float32 stream plus a bf16
+    branch), yet carries bf16's rounding, whose band hides three doubled elements. Once the run
+    has made a half-precision output, its float32 elementwise calls are checked against float64;
+    a run all float32 keeps no elementwise check (its float32 tolerance sees them)."""
+    bench = _record(tmp_path / "bench", dtype=torch.float32)
+    target = _record(tmp_path / "target", _DoubleElements(ADD, 1), dtype=torch.float32, autocast=True)
+    result = compare_dumps(bench, target, progress=False)
+    add = [r for r in result.rows if r.target_op == "aten.add.Tensor" and r.module == ""]
+    assert len(add) == 2 and add[1].target_dtype == "float32" and add[1].mode == "stats"
+    assert (add[1].status, add[1].origin, add[1].cause) == ("fail", "born", "local error"), add[1]
+    assert "every element" in add[1].note
+    checks = [m.check for r in xray.load_dump(bench).records if r.op == "aten.add.Tensor" for _, m in r.output_tensors()]
+    assert checks and all(c is None for c in checks)
+
+
 def test_identical_bf16_runs_and_a_bf16_run_against_float32_fail_nothing(tmp_path):
-    """No fault: two identical bf16 runs, and a bf16 run against the float32 one, have no FAIL
-    row, however many elementwise checks they hold."""
+    """No fault: two identical bf16 runs, a bf16 run and an autocast one against the float32
+    one, have no FAIL row, however many elementwise checks they hold."""
     bf16, again = _record(tmp_path / "bf16"), _record(tmp_path / "again")
     fp32 = _record(tmp_path / "fp32", dtype=torch.float32)
-    for bench, target in ((bf16, again), (fp32, bf16)):
+    autocast = _record(tmp_path / "autocast", dtype=torch.float32, autocast=True)
+    for bench, target in ((bf16, again), (fp32, bf16), (fp32, autocast)):
         rows = compare_dumps(bench, target, progress=False).rows
         assert not [r for r in rows if r.status == "fail"], [r for r in rows if r.status == "fail"][:2]

@@ -17,9 +17,11 @@ defaults' row records as ``begin_dump()`` does (de-dup, X_DUMP_NUM=5); the floor
 dispatch mode that only runs each op, what any recorder built on one pays first.
 
 Then the same per-forward rows at a real size (hidden 1024, 1x512 tokens; ``--no-real-size``
-skips them): there each op does enough work that the per-call costs are a small share.
+skips them): there each op does enough work that the per-call costs are a small share. Then the
+reference model in bfloat16 (``--no-half`` skips it), every call with and without the
+half-precision elementwise self-checks, side by side.
 
-    python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json] [--no-real-size]
+    python tools/bench_record.py [--repeats 5] [--threads 2] [--json out.json] [--no-real-size] [--no-half]
 
 ``--device DEV`` (cuda, xpu, mps, cpu...) measures issue 30's table instead: a Llama with hidden
 1024, 8 layers, 16 heads (8 KV), 4x512 tokens (``--small``: hidden 256, 2 layers, 2x128, for a
@@ -58,6 +60,7 @@ from xray.dump.writer import DumpWriter  # noqa: E402
 session_mod = importlib.import_module("xray.record.session")  # xray.dump is also a function
 from xray.record.tracer import _set_eval_frame  # noqa: E402 - the recorder's own Dynamo guard
 stats_mod = importlib.import_module("xray.dump.stats")
+self_check_mod = importlib.import_module("xray.record.self_check")
 
 CONFIGS = [  # (label, dump kwargs, tracer only)
     ("0x102 dedup, no tensors", dict(X_DEBUG=0x102, X_DEDUP=True, X_DUMP_NUM=0), False),
@@ -229,6 +232,37 @@ def real_size_rows(repeats: int, root: Path) -> list[dict]:
         results.append({"config": "floor", "ratio": median, "mean_ratio": mean, "eager_ms": eager_ms})
         for label, kw in (("defaults", CONFIGS[1][1]), ("dedup", CONFIGS[0][1]), ("every call", CONFIGS[3][1])):
             median, mean = steady_ratios(model, ids, repeats, recording(root, kw), n)
+            results.append({"config": label, "ratio": median, "mean_ratio": mean})
+    return results
+
+
+@contextlib.contextmanager
+def _without_elementwise_checks():
+    """The recorder with its half-precision elementwise self-checks off (record/elementwise_check.py):
+    what they cost, side by side."""
+    before = self_check_mod.elementwise_check
+    self_check_mod.elementwise_check = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        self_check_mod.elementwise_check = before
+
+
+def half_precision_rows(repeats: int, root: Path) -> list[dict]:
+    """The per-forward rows of the reference model in bfloat16 (weights and activations), where
+    every elementwise call also keeps its self-check (the op run again in float32): the floor, the
+    defaults, every call, and every call without those checks."""
+    model, ids = bench_llama().to(torch.bfloat16), token_batch(batch=2, seq=128, vocab=1000)
+    results = []
+    with torch.no_grad():
+        model(ids)
+        eager_ms = statistics.median(time_eager(model, ids) for _ in range(5)) * 1e3
+        median, mean = steady_ratios(model, ids, repeats, OnlyRuns)
+        results.append({"config": "floor", "ratio": median, "mean_ratio": mean, "eager_ms": eager_ms})
+        for label, kw, off in (("defaults", CONFIGS[1][1], False), ("every call", CONFIGS[3][1], False),
+                               ("every call, no elementwise checks", CONFIGS[3][1], True)):
+            with _without_elementwise_checks() if off else contextlib.nullcontext():
+                median, mean = steady_ratios(model, ids, repeats, recording(root, kw))
             results.append({"config": label, "ratio": median, "mean_ratio": mean})
     return results
 
@@ -471,6 +505,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--no-real-size", action="store_true", help="skip the rows at a real size (hidden 1024, 512 tokens)")
+    ap.add_argument("--no-half", action="store_true", help="skip the rows of the reference model in bfloat16")
     ap.add_argument("--msprobe-level", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -539,6 +574,12 @@ def main(argv=None) -> int:
               f"per forward in a session, blocks of {REAL_SIZE['forwards']}")
         print(tabulate([[r["config"], f"{r['ratio']:.2f}x (mean {r['mean_ratio']:.2f}x)"] for r in real],
                        headers=["configuration", "vs eager"], tablefmt="github"))
+    half = [] if args.no_half else half_precision_rows(args.repeats, tmp / "half")
+    if half:
+        print(f"\nIn bfloat16: the reference model's weights and activations, eager forward "
+              f"{half[0]['eager_ms']:.0f} ms; per forward in a session (every elementwise call self-checked)")
+        print(tabulate([[r["config"], f"{r['ratio']:.2f}x (mean {r['mean_ratio']:.2f}x)"] for r in half],
+                       headers=["configuration", "vs eager"], tablefmt="github"))
     if args.json:
         headline = {"eager_ms": eager_ms, "configs": results}
         for r in results:
@@ -557,6 +598,7 @@ def main(argv=None) -> int:
             if key:
                 headline[key] = r["ratio"]
         headline["real_size"] = real
+        headline["bfloat16"] = half
         Path(args.json).write_text(json.dumps(headline, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

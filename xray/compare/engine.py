@@ -25,12 +25,13 @@ from ..dump.model import TensorMeta
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from ..ops.nondeterminism import _op_kind, nondeterministic
+from ..record.elementwise_check import pointwise_op
 from .attribution_bound import attribute_first
 from .divergence import inside
 from .entry_records import Entries
 from .entry_table import MODULE, Codes, EntryTable, Vocab
 from .lazy_matches import matches_of
-from .local import CHECK_SUSPECT, check_floor
+from .local import CHECK_SUSPECT, check_floor, elementwise_check_floor
 from .matching import align_tables
 from .noise_floor import least_floor
 from .op_classes import skip_kernel_specific
@@ -123,18 +124,23 @@ def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], 
     if check is None or not len(at):
         return
     outs = plan.bo[at]
-    least = tb.codes.lut("dtype", lambda name: _least_check_floor(name, rules), dtype=np.float64)
-    over = check[tb.out[outs].astype(np.int64), 0] > least[tb.out_dtype[outs]]  # (NaN: not checked)
-    for i in at[over].tolist():
+    least = tb.codes.lut("dtype", lambda name: _least_check_floor(name, rules, check_floor), dtype=np.float64)
+    values = check[tb.out[outs].astype(np.int64), 0]
+    over = values > least[tb.out_dtype[outs]]  # (NaN: not checked)
+    for i, value in zip(at[over].tolist(), values[over].tolist()):
         r = rows[i]
-        if r.status == PairStatus.PASS.value and r.mode == "stats":
-            r.status = PairStatus.WARNING.value
-            r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)
+        if r.status != PairStatus.PASS.value or r.mode != "stats":
+            continue
+        if pointwise_op(r.target_op) is not None \
+                and value <= _least_check_floor(r.target_dtype, rules, elementwise_check_floor):
+            continue  # an elementwise check's own floor is coarser (local.elementwise_check_floor)
+        r.status = PairStatus.WARNING.value
+        r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)
 
 
-def _least_check_floor(dtype_name: Any, rules: Rules) -> float:
+def _least_check_floor(dtype_name: Any, rules: Rules, own_floor: Callable[[Any], float]) -> float:
     dtype = torch_dtype(dtype_name) if isinstance(dtype_name, str) else None
-    return least_floor(rules, check_floor(dtype), dtype) if dtype is not None and dtype.is_floating_point else np.inf
+    return least_floor(rules, own_floor(dtype), dtype) if dtype is not None and dtype.is_floating_point else np.inf
 
 
 def _reference_outputs(ta: EntryTable, tr: EntryTable, codes: Codes) -> Callable[[int, int], TensorMeta | None]:

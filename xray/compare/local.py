@@ -206,8 +206,8 @@ def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | Non
     if not check or not math.isfinite(check[0]):
         return None
     dtype = dtype_from_name(output.dtype)
-    if pointwise_op(op) is not None:  # (a half-precision one: its largest error of one element)
-        return LocalError(check[0], check_floor(dtype), dtype, seen_by=ELEMENTWISE_CHECK)
+    if pointwise_op(op) is not None:  # its largest error of one element
+        return LocalError(check[0], elementwise_check_floor(dtype), dtype, seen_by=ELEMENTWISE_CHECK)
     steps = {name: v for name, v in zip(PRECISION_STEPS, check[1:]) if math.isfinite(v)}
     axis = -1 if op in CHECKED_MATMULS else 1 if op in CHECKED_CONVOLUTIONS else None
     width = output.shape[axis] if axis is not None and len(output.shape) > 1 else 1
@@ -225,6 +225,17 @@ def check_floor(dtype: torch.dtype) -> float:
 
 
 ELEMENTWISE_CHECK = "its self-check, which reads every element"  # (LocalError.seen_by)
+
+
+def elementwise_check_floor(dtype: torch.dtype) -> float:
+    """An elementwise self-check's own floor (record/elementwise_check.py: the largest error of
+    one element): ``check_floor`` of its dtype, never below half precision's. A right
+    half-precision kernel reads 0 or one unit. A float32 one is measured against float64, and a
+    transcendental function may be off by far more than a unit there (torch's own CPU ``gelu``:
+    2.3e-5 at some elements, 190 units of float32's roundoff): in float32 the check judges only
+    errors beyond half precision's (a doubled element reads 1; whole-tensor errors are the
+    sample's)."""
+    return check_floor(dtype if eps(dtype) >= eps(torch.float16) else torch.float16)
 
 def _target_values(dump: Any, output: TensorMeta) -> torch.Tensor:
     if output.data is not None:

@@ -1,27 +1,32 @@
-"""A half-precision elementwise op's self-check at record time: every output element against the
-op run again on the call's inputs in float32, rounded to the output's dtype.
+"""An elementwise op's self-check at record time: every output element against the op run again
+on the call's inputs by another kernel, rounded to the output's dtype.
 
 A statistics-only record of an elementwise op (add, mul, silu, pow, where...) is judged by
 compare on its statistics and its sample (compare/sample_local.py), which sees a fault in a
-fraction f of the elements with probability 1 - (1 - f)^32. Under bf16 neither sees three
-doubled elements of a residual add of 524,288: its statistics move within bf16's band, its
-sample misses them, yet the model's output moves by several percent. This check reads every
-element. Its residual is the largest error of one element,
+fraction f of the elements with probability 1 - (1 - f)^32. Where a run computes in half
+precision, neither sees three doubled elements of a residual add of 524,288: its statistics move
+within the band half precision's rounding makes, its sample misses them, yet the model's output
+moves by several percent. This check reads every element. Its residual is the largest error of
+one element,
 
     max_i |y_i - r_i| / max(|r_i|, rms(r) / 16),
 
-``r`` the float32 result rounded to the output's dtype: another kernel than the one checked (the
-float32 one), on inputs converted exactly. A right kernel reads 0, or one unit of its dtype's
-roundoff where it rounds twice (float32, then half); a doubled element reads 1. An element far
-below the tensor's scale is measured against a sixteenth of its RMS: its error there is not a
-relative one (a difference that cancels). A value NaN or infinite on one side only reads 1.
-Where every element equals the reference (one pass, on the host) the residual is 0 with no more.
+``r`` the reference rounded to the output's dtype. A right kernel reads 0, or a unit or so of
+its dtype's roundoff where it rounds twice or approximates a transcendental; a doubled element
+reads 1. An element far below the tensor's scale is measured against a sixteenth of its RMS:
+its error there is not a relative one (a difference that cancels). A value NaN or infinite on
+one side only reads 1. Where every element equals the reference (one pass, on the host) the
+residual is 0 with no more.
 
-Half precision only. A float32 output's only reference cheaper than 20 to 100 times the op would
-be the same kernel run again (torch's float64 ``silu`` and ``sin`` on CPU take about 25 ns an
-element), which cannot see a kernel wrong the same way every time; and float32's tolerance is
-fine enough that its statistics see three doubled elements. Its whole-tensor errors are the
-sample's (recomputed in float64 by compare).
+Which calls, and against what:
+
+- a half-precision output: the op in float32, on inputs converted exactly (another kernel);
+- a float32 output in a run that computes in half precision somewhere (autocast's float32 ops:
+  a residual stream, a norm, their gradients; ``mixed``): the op in float64 (another kernel),
+  where the device has it;
+- a float32 output in a run all float32: none. Its statistics compare at float32's tolerance,
+  which three doubled elements exceed, and the check would cost a float64 run of every op (torch's
+  float64 ``silu`` and ``sin`` take about 25 ns an element on CPU).
 
 Not checked: ops that round a quotient they computed (remainder, fmod, a division with a
 rounding mode), whose result jumps a whole unit at a last-bit difference; random ops; in-place
@@ -63,21 +68,32 @@ def pointwise_op(name: str) -> torch._ops.OpOverload | None:
     return func
 
 
-def elementwise_check(name: str, bound: dict, out: torch.Tensor, defer: bool = False) -> Any:
-    """(residual, NaN...) of an elementwise call with a half-precision output (``bound``: its
-    arguments by schema name), as self_check.self_checks gives a check; ``defer`` (an
-    accelerator's call): the same as a float64 tensor on the output's device, read at the next
-    flush. None where this does not check it."""
+def reference_dtype(out: torch.Tensor, mixed: bool) -> torch.dtype | None:
+    """What an elementwise call with output ``out`` is run again in (the module docstring), or
+    None: not checked."""
+    if out.dtype in HALF:
+        return torch.float32
+    if out.dtype == torch.float32 and mixed and out.device.type in ("cpu", "cuda", "xpu"):
+        return torch.float64
+    return None
+
+
+def elementwise_check(name: str, bound: dict, out: torch.Tensor, defer: bool = False, mixed: bool = False) -> Any:
+    """(residual, NaN...) of an elementwise call (``bound``: its arguments by schema name), as
+    self_check.self_checks gives a check; ``defer`` (an accelerator's call): the same as a
+    float64 tensor on the output's device, read at the next flush; ``mixed``: the run computes
+    in half precision somewhere. None where this does not check it."""
     func = pointwise_op(name)
-    if func is None or out.dtype not in HALF or bound.get("rounding_mode") is not None:
+    wide = reference_dtype(out, mixed) if func is not None else None
+    if wide is None or bound.get("rounding_mode") is not None:
         return None
     args = {}
     for key, value in bound.items():
         if isinstance(value, torch.Tensor):
             if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided:
                 return None
-            # exact from half precision; a float64 argument stays (its values are its own)
-            value = value.float() if value.dtype in HALF else value
+            # exact from any narrower floating dtype; a wider argument keeps its values
+            value = value.to(wide) if value.is_floating_point() and value.dtype != torch.float64 else value
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             return None
         args[key] = value
@@ -87,7 +103,7 @@ def elementwise_check(name: str, bound: dict, out: torch.Tensor, defer: bool = F
     ref = ref.to(out.dtype)
     if out.is_cpu and not defer and float((out - ref).abs_().max()) == 0:  # (NaN, Inf: measured below)
         return (0.0, *_NO_STEPS)
-    residual = _largest_error(out.float(), ref.float())
+    residual = _largest_error(out.to(wide), ref.to(wide))
     if defer:
         return torch.cat([residual.to(torch.float64).reshape(1),
                           torch.full((len(_NO_STEPS),), math.nan, dtype=torch.float64, device=out.device)])

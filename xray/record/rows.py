@@ -334,12 +334,13 @@ class RowPath:
         if not (self.stats_on and checked(info.name)) or first_out in notes:
             return None
         outs = list(out) if info.returns > 1 else [out]  # (a norm backward's input gradient first)
-        if not isinstance(outs[0], torch.Tensor):
+        if not isinstance(outs[0], torch.Tensor) or not self.recorder.wants_check(info.name, outs[0]):
             return None
         now = outs[0].is_cpu and self.recorder.cpu_sync  # else as its statistics: read at the flush
         norms = [norm_of(call.stats[first_out + k]) if now and first_out + k not in notes
                  and isinstance(o, torch.Tensor) else None for k, o in enumerate(outs)]
-        got = self_checks(info.name, bind_inputs(info, call.args, call.kwargs), outs, defer=not now, norms=norms)
+        got = self_checks(info.name, bind_inputs(info, call.args, call.kwargs), outs, defer=not now, norms=norms,
+                          mixed=self.recorder.half_precision_seen)
         return {first_out + k: v for k, v in got.items() if first_out + k not in notes} or None
 
     def _save(self, call: RowCall, prefix: str, live: dict, first: int, budget: int) -> int:

@@ -592,7 +592,7 @@ def _ones_on(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 def self_checks(name: str, bound: dict, outs: list, defer: bool = False,
-                norms: list | None = None) -> dict[int, Any]:
+                norms: list | None = None, mixed: bool = False) -> dict[int, Any]:
     """{output index: (residual, step residuals...)} of a checked op's outputs (``bound``: its
     arguments by schema name; ``outs``: its outputs, in order): its first output's, and a
     normalization's mean and rstd too. Empty when the call is not one this checks (another op, a
@@ -603,14 +603,16 @@ def self_checks(name: str, bound: dict, outs: list, defer: bool = False,
 
     ``defer`` (an accelerator's call): the values as a tensor on the output's device, NaN where
     a tuple would be None, read with the batched statistics at the next flush, so that the check
-    adds no host synchronisation; its steps are then always measured (cheap there)."""
+    adds no host synchronisation; its steps are then always measured (cheap there). ``mixed``:
+    the run computes in half precision somewhere (an elementwise op's float32 outputs are then
+    checked too: elementwise_check.py)."""
     first = outs[0] if outs else None
     if not _plain(first) or first.numel() == 0:
         return {}
     try:
         with torch.no_grad():
             if name not in OPS:
-                got = elementwise_check(name, bound, first, defer)
+                got = elementwise_check(name, bound, first, defer, mixed)
                 return {} if got is None else {0: got}
             wide = _wide(first.device, first, *(v for v in bound.values() if isinstance(v, torch.Tensor)))
             if name in NORMS + NORM_BACKWARDS:

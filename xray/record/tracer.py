@@ -30,7 +30,8 @@ from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
                      dedup_key, signature_key, tensor_meta, unsupported, writes_now)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
-from .self_check import checked, self_checks
+from .elementwise_check import HALF as HALF_PRECISION
+from .self_check import OPS as CHECKED_OPS, checked, self_checks
 from .modules import ModuleStack
 from .producers import Producers
 from .unwritten import UNWRITTEN, Unwritten
@@ -116,6 +117,9 @@ class Recorder:
         self.records_written = 0
         self.tensors_saved = 0
         self.unrecorded_backward = 0  # backward calls seen without BACKWARD (X_DEBUG 0x008)
+        # a checked op made a half-precision output: the run computes in half precision, and its
+        # float32 elementwise outputs are self-checked from then on (wants_check)
+        self.half_precision_seen = False
         self.failed: str | None = None
         self.dtensor_depth = 0  # DTensor ops being dispatched now (their local kernels are recorded inside)
         self._passing = None  # the DTensor op handed on to DTensor's own dispatch (on_dtensor_op)
@@ -377,6 +381,17 @@ class Recorder:
             self._save(rec, "in", bound, rec.inputs, list(budget))
         return rec, info, key, budget, bound
 
+    def wants_check(self, op: str, first: torch.Tensor) -> bool:
+        """Whether a new record of checked op ``op`` with first output ``first`` is self-checked:
+        every op of CHECKED_OPS; an elementwise op where its output is in half precision, or in
+        float32 once a checked op has made a half-precision output (record/elementwise_check.py:
+        its float32 values then carry half precision's rounding, whose band hides a few wrong
+        elements). In a run all float32 an elementwise call costs no more than this test."""
+        if first.dtype in HALF_PRECISION:
+            self.half_precision_seen = True
+            return True
+        return op in CHECKED_OPS or self.half_precision_seen
+
     def tensor_budget(self, key: tuple | None) -> int:
         """X_DUMP_NUM for a new record (so many of its inputs, and so many of its outputs: an
         SDPA backward's six inputs must not leave its gradients unsaved); 0 where de-dup already copied the tensors of its
@@ -480,9 +495,11 @@ class Recorder:
                 cache_view_outputs(self._stats, args, _described(outs, rec.outputs))
             first = rec.outputs[0] if rec.outputs else None
             if self.stats_on and checked(info.name) and type(first) is TensorMeta and type(first.stats) is Stats \
-                    and self.cpu_sync and outs[0].is_cpu:  # (a deferred Stats is filled at the flush: none then)
+                    and self.cpu_sync and outs[0].is_cpu and self.wants_check(info.name, outs[0]):
+                # (a deferred Stats is filled at the flush: none then)
                 metas = [m if type(m) is TensorMeta and type(m.stats) is Stats else None for m in rec.outputs]
-                checks = self_checks(info.name, bound, outs, norms=[m and norm_of(m.stats) for m in metas])
+                checks = self_checks(info.name, bound, outs, norms=[m and norm_of(m.stats) for m in metas],
+                                     mixed=self.half_precision_seen)
                 for k, check in checks.items():
                     if metas[k] is not None:  # a copy: the cache hands this Stats on to the views of the output
                         metas[k].stats = dataclasses.replace(metas[k].stats, check=check)
