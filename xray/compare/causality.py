@@ -181,9 +181,15 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     # a half-precision elementwise op's self-check (the largest error of one element) where it
     # says more than the sample, each as a share of its own floor: three doubled elements of 524k
     check = checked_error(meta, record.op) if pointwise_op(record.op) is not None else None
-    if check is not None and (on_sample is None or check.local * on_sample.floor > on_sample.local * check.floor):
+    if check is not None and (on_sample is None or _beyond_own_floor(check) > _beyond_own_floor(on_sample)):
         return check
     return on_sample
+
+
+def _beyond_own_floor(le: LocalError) -> float:
+    """How many times its own floor a local error is (a floor of 0, where the CPU's recomputation
+    at the dtype is exact: 0 for no error, infinitely many for any)."""
+    return le.local / le.floor if le.floor > 0 else math.inf if le.local > 0 else 0.0
 
 
 def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: Floors) -> None:
