@@ -139,3 +139,25 @@ def test_identical_bf16_runs_and_a_bf16_run_against_float32_fail_nothing(tmp_pat
     for bench, target in ((bf16, again), (fp32, bf16), (fp32, autocast)):
         rows = compare_dumps(bench, target, progress=False).rows
         assert not [r for r in rows if r.status == "fail"], [r for r in rows if r.status == "fail"][:2]
+
+
+def test_a_fault_in_an_op_exact_at_its_dtype_is_born_there(tmp_path):
+    """A division by 32 is exact in bf16: the sample's recomputation reads 0 against a floor of
+    0, which must not outweigh the self-check (three doubled elements read 1 there)."""
+    div = torch.ops.aten.div.Scalar
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(torch.bfloat16)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+    def record(folder, fault=None):
+        with torch.no_grad(), fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:
+            h = x
+            for layer in layers:
+                h = h + div(layer(h), 32.0)
+        return d.folder
+
+    result = compare_dumps(record(tmp_path / "bench"), record(tmp_path / "target", _DoubleElements(div, 1)),
+                           progress=False)
+    second = [r for r in result.rows if r.target_op == "aten.div.Scalar"][1]
+    assert second.mode == "stats" and (second.status, second.origin) == ("fail", "born"), second
+    assert result.summary.verdict.startswith("born at aten.div.Scalar")
