@@ -30,7 +30,7 @@ from ..dump.writer import DumpWriteError, DumpWriter, Fold
 from .encode import (ATOMS as _ATOMS, bind_inputs, encode_value, noted_meta, not_saved, op_info, recorded_result,
                      dedup_key, signature_key, tensor_meta, unsupported, writes_now)
 from .flatten import PLAIN_TENSORS as _PLAIN_TYPES, flatten_tensors
-from .elementwise_check import HALF as HALF_PRECISION
+from .elementwise_check import HALF as HALF_PRECISION, reference_dtype
 from .self_check import OPS as CHECKED_OPS, checked, self_checks
 from .modules import ModuleStack
 from .producers import Producers
@@ -383,14 +383,14 @@ class Recorder:
 
     def wants_check(self, op: str, first: torch.Tensor) -> bool:
         """Whether a new record of checked op ``op`` with first output ``first`` is self-checked:
-        every op of CHECKED_OPS; an elementwise op where its output is in half precision, or in
-        float32 once a checked op has made a half-precision output (record/elementwise_check.py:
-        its float32 values then carry half precision's rounding, whose band hides a few wrong
-        elements). In a run all float32 an elementwise call costs no more than this test."""
+        every op of CHECKED_OPS; an elementwise op where ``elementwise_check.reference_dtype``
+        gives it a reference: its output in half precision, or in float32 once a checked op has
+        made a half-precision output (its float32 values then carry half precision's rounding,
+        whose band hides a few wrong elements). In a run all float32 an elementwise call costs no
+        more than this test."""
         if first.dtype in HALF_PRECISION:
             self.half_precision_seen = True
-            return True
-        return op in CHECKED_OPS or self.half_precision_seen
+        return op in CHECKED_OPS or reference_dtype(first, self.half_precision_seen) is not None
 
     def tensor_budget(self, key: tuple | None) -> int:
         """X_DUMP_NUM for a new record (so many of its inputs, and so many of its outputs: an
