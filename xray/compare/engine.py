@@ -24,7 +24,7 @@ from ..dump.dump_columns import DumpColumns
 from ..dump.model import TensorMeta
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
-from ..ops.nondeterminism import _op_kind, nondeterministic
+from ..ops.nondeterminism import op_kind, nondeterministic
 from ..record.elementwise_check import pointwise_op
 from .attribution_bound import attribute_first
 from .divergence import inside
@@ -124,15 +124,15 @@ def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], 
     if check is None or not len(at):
         return
     outs = plan.bo[at]
-    least = tb.codes.lut("dtype", lambda name: _least_check_floor(name, rules, check_floor), dtype=np.float64)
-    values = check[tb.out[outs].astype(np.int64), 0]
-    over = values > least[tb.out_dtype[outs]]  # (NaN: not checked)
-    for i, value in zip(at[over].tolist(), values[over].tolist()):
+    least, elementwise_least = (tb.codes.lut("dtype", lambda name: _least_check_floor(name, rules, own), dtype=np.float64)
+                                for own in (check_floor, elementwise_check_floor))
+    values, dtypes = check[tb.out[outs].astype(np.int64), 0], tb.out_dtype[outs]
+    over = values > least[dtypes]  # (NaN: not checked)
+    for i, value, dtype in zip(at[over].tolist(), values[over].tolist(), dtypes[over].tolist()):
         r = rows[i]
         if r.status != PairStatus.PASS.value or r.mode != "stats":
             continue
-        if pointwise_op(r.target_op) is not None \
-                and value <= _least_check_floor(r.target_dtype, rules, elementwise_check_floor):
+        if pointwise_op(r.target_op) is not None and value <= elementwise_least[dtype]:
             continue  # an elementwise check's own floor is coarser (local.elementwise_check_floor)
         r.status = PairStatus.WARNING.value
         r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)
@@ -191,7 +191,7 @@ def _random_of(ta: EntryTable, ea: Entries) -> dict[int, str]:
     is_op = ta.kind != MODULE
     codes, first = np.unique(ta.op[is_op], return_index=True)
     texts = ta.op_text[np.flatnonzero(is_op)[first]].tolist()
-    maybe = [c for c, op in zip(codes.tolist(), texts) if _op_kind(op) is not None]
+    maybe = [c for c, op in zip(codes.tolist(), texts) if op_kind(op) is not None]
     if not maybe:
         return out
     for pos in np.flatnonzero(is_op & np.isin(ta.op, maybe)).tolist():

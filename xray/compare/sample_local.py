@@ -30,7 +30,7 @@ from ..dump.model import Record, TensorMeta
 from ..dump.samples import SAMPLE_SIZE, positions
 from ..dump.tensorio import dtype_from_name
 from ..ops.nondeterminism import nondeterministic
-from ..ops.rebuild import rebuild_with, resolve_op
+from ..ops.rebuild import is_pointwise, rebuild_with, resolve_op
 from .local import LocalError, measure, runner
 
 # ops that move or cast each element on its own but carry no pointwise tag
@@ -46,7 +46,7 @@ _FOREACH = re.compile(r"aten\._foreach_(\w+?)_?\.\w+$")
 
 
 def _elementwise(func: torch._ops.OpOverload, op: str) -> bool:
-    return (torch.Tag.pointwise in func.tags or op in _ELEMENTWISE) and "out" not in func._overloadname
+    return is_pointwise(func) or (op in _ELEMENTWISE and "out" not in func._overloadname)
 
 
 @functools.lru_cache(maxsize=256)

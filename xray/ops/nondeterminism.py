@@ -34,7 +34,7 @@ def nondeterministic(record: Record) -> str | None:
     """Why the record's output values are not a function of its inputs, or None when they are."""
     if record.kind != "op" or all(m.numel == 0 for _, m in record.output_tensors()):
         return None  # no values to differ
-    kind = _op_kind(record.op)
+    kind = op_kind(record.op)
     if kind == "uninitialized":
         return f"{record.op} returns uninitialized memory"
     if kind == "random" and not _draws_nothing(record):
@@ -43,7 +43,7 @@ def nondeterministic(record: Record) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _op_kind(name: str) -> str | None:
+def op_kind(name: str) -> str | None:
     """"uninitialized", "random" or None for an op name; once per name (compare asks for every
     record of a dump)."""
     try:

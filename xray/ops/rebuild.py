@@ -66,6 +66,12 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     return func
 
 
+def is_pointwise(func: torch._ops.OpOverload) -> bool:
+    """Torch's ``Tag.pointwise`` on a functional overload (not ``out=``): each output element is
+    made from the input elements at its own position (broadcast)."""
+    return torch.Tag.pointwise in func.tags and "out" not in func._overloadname
+
+
 def dtype_of(name: str) -> torch.dtype:
     """A recorded dtype name (``bfloat16``) as a torch.dtype; anything else raises ValueError."""
     if not isinstance(name, str) or not _NAME_RE.match(name.removeprefix("torch.")):

@@ -41,6 +41,8 @@ from typing import Any
 import torch
 
 from ..numerics.rules import PRECISION_STEPS
+from ..ops.nondeterminism import op_kind
+from ..ops.rebuild import UnknownOpError, is_pointwise, resolve_op
 
 # aten ops that round a value they computed to a whole number (a quotient's floor): a last-bit
 # difference in that value, between two right kernels, moves the result a whole unit. (Those that
@@ -53,17 +55,15 @@ _NO_STEPS = (math.nan,) * len(PRECISION_STEPS)  # an elementwise op has no reduc
 
 @functools.lru_cache(maxsize=4096)
 def pointwise_op(name: str) -> torch._ops.OpOverload | None:
-    """The OpOverload of ``name`` (``aten.add.Tensor``) where this check takes its calls: torch's
-    ``Tag.pointwise``, functional, not random, not rounding a quotient; else None."""
-    parts = name.split(".") if isinstance(name, str) else ()
-    if len(parts) != 3 or parts[0] != "aten" or parts[1] in ROUNDS_A_RESULT or "out" in parts[2]:
-        return None
+    """The OpOverload of ``name`` (``aten.add.Tensor``) where this check takes its calls:
+    pointwise (``rebuild.is_pointwise``), writing no argument, not random
+    (``nondeterminism.op_kind``), not rounding a quotient; else None."""
     try:
-        func = getattr(getattr(torch.ops.aten, parts[1]), parts[2])
-    except (AttributeError, RuntimeError):
+        func = resolve_op(name)
+    except UnknownOpError:  # (an unsafe op too)
         return None
-    if not isinstance(func, torch._ops.OpOverload) or torch.Tag.pointwise not in func.tags \
-            or torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable:
+    if func.namespace != "aten" or func._opname in ROUNDS_A_RESULT or not is_pointwise(func) \
+            or func._schema.is_mutable or op_kind(name) is not None:
         return None
     return func
 
