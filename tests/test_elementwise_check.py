@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import xray
 from xray.compare import compare_dumps
-from xray.record.elementwise_check import elementwise_check, pointwise_op
+from xray.record.elementwise_check import elementwise_check, rerun_op
 
 ADD = torch.ops.aten.add.Tensor
 TOKENS, HIDDEN = 512, 1024
@@ -72,11 +72,11 @@ def test_values_non_finite_on_one_side_only_read_one_and_on_both_sides_nothing()
 def test_ops_that_round_a_quotient_and_writing_or_random_ops_are_not_checked():
     for name in ("aten.remainder.Tensor", "aten.fmod.Tensor", "aten.floor_divide.default", "aten.add_.Tensor",
                  "aten.add.out", "aten.bernoulli.p", "aten.mm.default", "aten.nonexistent.default"):
-        assert pointwise_op(name) is None, name
+        assert rerun_op(name) is None, name
     x = (torch.randn(64) * 10).half()
     assert elementwise_check("aten.div.Tensor_mode", {"self": x, "other": x + 100, "rounding_mode": "floor"},
                              torch.div(x, x + 100, rounding_mode="floor")) is None
-    assert pointwise_op("aten.add.Tensor") is not None and pointwise_op("aten.where.self") is not None
+    assert rerun_op("aten.add.Tensor") is not None and rerun_op("aten.where.self") is not None
 
 
 def _model(dtype):
@@ -161,3 +161,66 @@ def test_a_fault_in_an_op_exact_at_its_dtype_is_born_there(tmp_path):
     second = [r for r in result.rows if r.target_op == "aten.div.Scalar"][1]
     assert second.mode == "stats" and (second.status, second.origin) == ("fail", "born"), second
     assert result.summary.verdict.startswith("born at aten.div.Scalar")
+
+
+ROW_OPS = {  # an op whose output element reads one row of its input, as the layer uses it
+    "aten._softmax.default": lambda y: torch.softmax(y, -1) * HIDDEN,
+    "aten._log_softmax.default": lambda y: torch.log_softmax(y, -1) / 8,
+    "aten.glu.default": lambda y: torch.nn.functional.glu(torch.cat([y, y.flip(-1)], -1), -1),
+}
+
+
+@pytest.mark.parametrize("call", [0, 1])
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+def test_three_doubled_elements_of_a_softmax_or_glu_are_born_there(tmp_path, name, call):
+    """Softmax, log-softmax and GLU are not tagged pointwise (an output element reads its row, or
+    two elements), yet cost what an elementwise op costs to run again whole: a bf16 run with the
+    defaults, three doubled elements of the first layer's call (its tensors saved: their normwise
+    error is a few thousandths) or the second's (statistics only), is named born there."""
+    op = getattr(torch.ops.aten, name.split(".")[1]).default
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(torch.bfloat16)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+    def record(folder, fault=None):
+        with torch.no_grad(), fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:
+            h = x
+            for layer in layers:
+                h = h + ROW_OPS[name](layer(h))
+        return d.folder
+
+    bench = record(tmp_path / "bench")
+    result = compare_dumps(bench, record(tmp_path / "target", _DoubleElements(op, call)), progress=False)
+    calls = [r for r in result.rows if r.target_op == name]
+    assert [r.mode for r in calls] == ["data", "stats"] and calls[1 - call].status == "pass", calls
+    assert (calls[call].status, calls[call].origin) == ("fail", "born"), calls[call]
+    assert result.summary.verdict.startswith(f"born at {name}"), result.summary.verdict
+    again = compare_dumps(bench, record(tmp_path / "again"), progress=False)
+    assert not [r for r in again.rows if r.status == "fail"]
+
+
+def test_a_bf16_softmax_backward_with_three_doubled_elements_is_born_there(tmp_path):
+    """The backward of a softmax (``_softmax_backward_data``: each input gradient reads its row
+    of the output and of its gradient) in a bf16 training step, recorded with backward on."""
+    op = torch.ops.aten._softmax_backward_data.default
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(torch.bfloat16)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+    def record(folder, fault=None):
+        with fault or contextlib.nullcontext(), xray.dump(dump_dir=folder, X_DEBUG=0x10A) as d:
+            h = x
+            for layer in layers:
+                h = h + torch.softmax(layer(h), -1) * HIDDEN
+            h.float().square().mean().backward()
+        for layer in layers:
+            layer.zero_grad(set_to_none=True)
+        return d.folder
+
+    bench = record(tmp_path / "bench")
+    result = compare_dumps(bench, record(tmp_path / "target", _DoubleElements(op, 0)), progress=False)
+    calls = [r for r in result.rows if r.target_op == "aten._softmax_backward_data.default"]
+    assert len(calls) == 2, calls
+    faulted = [r for r in calls if r.status == "fail"]
+    assert len(faulted) == 1 and faulted[0].origin == "born", calls
+    assert result.summary.verdict.startswith("born at aten._softmax_backward_data"), result.summary.verdict

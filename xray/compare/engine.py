@@ -25,7 +25,7 @@ from ..dump.model import TensorMeta
 from ..dump.reader import no_cyclic_gc
 from ..numerics.rules import Rules
 from ..ops.nondeterminism import op_kind, nondeterministic
-from ..record.elementwise_check import pointwise_op
+from ..record.elementwise_check import rerun_op
 from .attribution_bound import attribute_first
 from .divergence import inside
 from .entry_records import Entries
@@ -132,7 +132,7 @@ def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], 
         r = rows[i]
         if r.status != PairStatus.PASS.value or r.mode != "stats":
             continue
-        if pointwise_op(r.target_op) is not None and value <= elementwise_least[dtype]:
+        if rerun_op(r.target_op) is not None and value <= elementwise_least[dtype]:
             continue  # an elementwise check's own floor is coarser (local.elementwise_check_floor)
         r.status = PairStatus.WARNING.value
         r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)

@@ -25,7 +25,7 @@ from ..numerics.rules import PRECISION_STEPS, eps, round_mantissa
 from ..numerics.kernel_families import local_reference_of, primary_outputs
 from ..numerics.selections import differing_picks, selection_of
 from ..record.encode import bind_inputs, op_info, recorded_result
-from ..record.elementwise_check import pointwise_op
+from ..record.elementwise_check import rerun_op
 from ..record.self_check import CONVOLUTIONS as CHECKED_CONVOLUTIONS, MATMULS as CHECKED_MATMULS
 
 MAX_NUMEL = 1 << 22  # recompute only ops whose tensors are this small (CPU float64 must stay quick)
@@ -190,7 +190,7 @@ def measurable(output: TensorMeta, op: str | None) -> bool:
     """Whether ``local_error`` can judge output ``output`` of a call of ``op``: recomputable, or
     with a recorded self-check that measures it whole (an elementwise op's largest error of one
     element is weighed beside its sample instead: causality._unsaved_local_error)."""
-    return _recomputable(output) or (pointwise_op(op) is None and checked_error(output, op) is not None)
+    return _recomputable(output) or (rerun_op(op) is None and checked_error(output, op) is not None)
 
 
 def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | None:
@@ -206,7 +206,7 @@ def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | Non
     if not check or not math.isfinite(check[0]):
         return None
     dtype = dtype_from_name(output.dtype)
-    if pointwise_op(op) is not None:  # its largest error of one element
+    if rerun_op(op) is not None:  # its largest error of one element
         return LocalError(check[0], elementwise_check_floor(dtype), dtype, seen_by=ELEMENTWISE_CHECK)
     steps = {name: v for name, v in zip(PRECISION_STEPS, check[1:]) if math.isfinite(v)}
     axis = -1 if op in CHECKED_MATMULS else 1 if op in CHECKED_CONVOLUTIONS else None

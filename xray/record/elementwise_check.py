@@ -28,6 +28,10 @@ Which calls, and against what:
   which three doubled elements exceed, and the check would cost a float64 run of every op (torch's
   float64 ``silu`` and ``sin`` take about 25 ns an element on CPU).
 
+Softmax, log-softmax and GLU, and their backwards, are checked alike: not tagged pointwise (an
+output element reads its row, or two elements), they cost what an elementwise op costs to run
+again whole, and their statistics under half precision hide a few wrong elements as well.
+
 Not checked: ops that round a quotient they computed (remainder, fmod, a division with a
 rounding mode), whose result jumps a whole unit at a last-bit difference; random ops; in-place
 and ``out=`` calls (their inputs no longer hold what they read); tensor subclasses.
@@ -51,18 +55,24 @@ ROUNDS_A_RESULT = frozenset({"remainder", "fmod", "floor_divide"})
 HALF = (torch.float16, torch.bfloat16)
 SCALE_FRACTION = 16  # elements below rms / 16 are measured against it
 _NO_STEPS = (math.nan,) * len(PRECISION_STEPS)  # an elementwise op has no reduced-precision step
+# ops not tagged pointwise whose output element reads one row of their inputs (a softmax's) or a
+# fixed few elements (GLU's two halves): run again whole at an elementwise op's cost
+ROW_OPS = frozenset({"aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int",
+                     "aten.log_softmax.int", "aten._softmax_backward_data.default",
+                     "aten._log_softmax_backward_data.default", "aten.glu.default", "aten.glu_backward.default"})
 
 
 @functools.lru_cache(maxsize=4096)
-def pointwise_op(name: str) -> torch._ops.OpOverload | None:
+def rerun_op(name: str) -> torch._ops.OpOverload | None:
     """The OpOverload of ``name`` (``aten.add.Tensor``) where this check takes its calls:
-    pointwise (``rebuild.is_pointwise``), writing no argument, not random
+    pointwise (``rebuild.is_pointwise``) or of ROW_OPS, writing no argument, not random
     (``nondeterminism.op_kind``), not rounding a quotient; else None."""
     try:
         func = resolve_op(name)
     except UnknownOpError:  # (an unsafe op too)
         return None
-    if func.namespace != "aten" or func._opname in ROUNDS_A_RESULT or not is_pointwise(func) \
+    if func.namespace != "aten" or func._opname in ROUNDS_A_RESULT \
+            or not (is_pointwise(func) or name in ROW_OPS) \
             or func._schema.is_mutable or op_kind(name) is not None:
         return None
     return func
@@ -83,7 +93,7 @@ def elementwise_check(name: str, bound: dict, out: torch.Tensor, defer: bool = F
     self_check.self_checks gives a check; ``defer`` (an accelerator's call): the same as a
     float64 tensor on the output's device, read at the next flush; ``mixed``: the run computes
     in half precision somewhere. None where this does not check it."""
-    func = pointwise_op(name)
+    func = rerun_op(name)
     wide = reference_dtype(out, mixed) if func is not None else None
     if wide is None or bound.get("rounding_mode") is not None:
         return None
@@ -96,6 +106,10 @@ def elementwise_check(name: str, bound: dict, out: torch.Tensor, defer: bool = F
             value = value.to(wide) if value.is_floating_point() and value.dtype != torch.float64 else value
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             return None
+        elif isinstance(value, torch.dtype) and value.is_floating_point and value != torch.float64:
+            value = wide  # the dtype it computes in (a softmax's, its backward's input_dtype)
+        elif key == "half_to_float":
+            value = False  # (its inputs are no longer half precision)
         args[key] = value
     ref = func(**args)
     if not isinstance(ref, torch.Tensor) or ref.shape != out.shape:

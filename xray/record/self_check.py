@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..dump.model import CHECK_SIZE
-from .elementwise_check import elementwise_check, pointwise_op
+from .elementwise_check import elementwise_check, rerun_op
 from ..numerics.kernel_families import saved_probabilities, saved_softmax
 from ..numerics.rules import PRECISION_STEPS, round_mantissa
 
@@ -106,7 +106,7 @@ class Check(NamedTuple):
 def checked(name: str) -> bool:
     """Whether ``self_checks`` takes calls of ``name``: the ops above, and every elementwise op
     (elementwise_check.py)."""
-    return name in OPS or pointwise_op(name) is not None
+    return name in OPS or rerun_op(name) is not None
 
 
 @functools.lru_cache(maxsize=256)
