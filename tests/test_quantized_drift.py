@@ -99,6 +99,7 @@ def test_the_cli_refuses_an_unknown_scheme_with_exit_2(tmp_path):
 
 # --- ONNX Runtime QDQ -------------------------------------------------------------------------
 
+@pytest.mark.exact_int8
 def test_ort_int8_mlp_clean_layers_pass_and_a_wrong_weight_scale_is_named(tmp_path):
     model, args = ex.tiny_mlp()
     faulty = ORT + ",threads=1"  # a second name for the same flow: one clean run, one with the bug
