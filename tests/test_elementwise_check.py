@@ -141,21 +141,33 @@ def test_identical_bf16_runs_and_a_bf16_run_against_float32_fail_nothing(tmp_pat
         assert not [r for r in rows if r.status == "fail"], [r for r in rows if r.status == "fail"][:2]
 
 
-def test_a_fault_in_an_op_exact_at_its_dtype_is_born_there(tmp_path):
-    """A division by 32 is exact in bf16: the sample's recomputation reads 0 against a floor of
-    0, which must not outweigh the self-check (three doubled elements read 1 there)."""
-    div = torch.ops.aten.div.Scalar
+def _two_layer_recorder(branch, backward=False):
+    """``record(folder, fault=None)`` -> its dump folder: two bf16 Linear layers at 512 x 1024,
+    ``h = h + branch(layer(h))``, recorded with the defaults (``backward``: a training step, its
+    backward recorded too)."""
     torch.manual_seed(0)
     layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(torch.bfloat16)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
 
     def record(folder, fault=None):
-        with torch.no_grad(), fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:
+        with contextlib.nullcontext() if backward else torch.no_grad(), fault or contextlib.nullcontext(), \
+                xray.dump(dump_dir=folder, **({"X_DEBUG": 0x10A} if backward else {})) as d:
             h = x
             for layer in layers:
-                h = h + div(layer(h), 32.0)
+                h = h + branch(layer(h))
+            if backward:
+                h.float().square().mean().backward()
+        for layer in layers:
+            layer.zero_grad(set_to_none=True)
         return d.folder
+    return record
 
+
+def test_a_fault_in_an_op_exact_at_its_dtype_is_born_there(tmp_path):
+    """A division by 32 is exact in bf16: the sample's recomputation reads 0 against a floor of
+    0, which must not outweigh the self-check (three doubled elements read 1 there)."""
+    div = torch.ops.aten.div.Scalar
+    record = _two_layer_recorder(lambda y: div(y, 32.0))
     result = compare_dumps(record(tmp_path / "bench"), record(tmp_path / "target", _DoubleElements(div, 1)),
                            progress=False)
     second = [r for r in result.rows if r.target_op == "aten.div.Scalar"][1]
@@ -178,17 +190,7 @@ def test_three_doubled_elements_of_a_softmax_or_glu_are_born_there(tmp_path, nam
     defaults, three doubled elements of the first layer's call (its tensors saved: their normwise
     error is a few thousandths) or the second's (statistics only), is named born there."""
     op = getattr(torch.ops.aten, name.split(".")[1]).default
-    torch.manual_seed(0)
-    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(torch.bfloat16)
-    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-
-    def record(folder, fault=None):
-        with torch.no_grad(), fault or contextlib.nullcontext(), xray.dump(dump_dir=folder) as d:
-            h = x
-            for layer in layers:
-                h = h + ROW_OPS[name](layer(h))
-        return d.folder
-
+    record = _two_layer_recorder(ROW_OPS[name])
     bench = record(tmp_path / "bench")
     result = compare_dumps(bench, record(tmp_path / "target", _DoubleElements(op, call)), progress=False)
     calls = [r for r in result.rows if r.target_op == name]
@@ -203,20 +205,7 @@ def test_a_bf16_softmax_backward_with_three_doubled_elements_is_born_there(tmp_p
     """The backward of a softmax (``_softmax_backward_data``: each input gradient reads its row
     of the output and of its gradient) in a bf16 training step, recorded with backward on."""
     op = torch.ops.aten._softmax_backward_data.default
-    torch.manual_seed(0)
-    layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)).to(torch.bfloat16)
-    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-
-    def record(folder, fault=None):
-        with fault or contextlib.nullcontext(), xray.dump(dump_dir=folder, X_DEBUG=0x10A) as d:
-            h = x
-            for layer in layers:
-                h = h + torch.softmax(layer(h), -1) * HIDDEN
-            h.float().square().mean().backward()
-        for layer in layers:
-            layer.zero_grad(set_to_none=True)
-        return d.folder
-
+    record = _two_layer_recorder(lambda y: torch.softmax(y, -1) * HIDDEN, backward=True)
     bench = record(tmp_path / "bench")
     result = compare_dumps(bench, record(tmp_path / "target", _DoubleElements(op, 0)), progress=False)
     calls = [r for r in result.rows if r.target_op == "aten._softmax_backward_data.default"]

@@ -77,7 +77,8 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 if le is not None and r.mode == "data":  # a normwise error dilutes three wrong elements of 524k
                     sharper = _sharper_of(le, _elementwise_check(b.record, b.outputs[k][1]))
                     if sharper is not le:
-                        le, r.note = sharper, "; ".join(x for x in (r.note, "local error measured on " + sharper.seen_by) if x)
+                        le = sharper
+                        _say_measured_on(r, le)
                 if le is None and r.mode == "stats":
                     meta = b.outputs[k][1]
                     if (on_sample := _unsaved_local_error(b.record, meta, k)) is not None:
@@ -98,7 +99,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
         if floors.beyond(le, p.target.op, 1):
             r = p.rows[k]
             p.local[k], r.local_err, r.local_floor = le, le.local, le.floor
-            r.note = "; ".join(x for x in (r.note, "local error measured on " + (le.seen_by or "the sample")) if x)
+            _say_measured_on(r, le)
         else:
             p.sample_local[k] = le
     for p in pending:  # the device floor is what the row shows
@@ -183,6 +184,11 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     summed = summed_mean_error(record, meta, k)
     on_sample = summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
     return _sharper_of(on_sample, _elementwise_check(record, meta))
+
+
+def _say_measured_on(r: CompareRow, le: LocalError) -> None:
+    """Note on row ``r`` what its local error was measured on, where not its saved tensors."""
+    r.note = "; ".join(x for x in (r.note, "local error measured on " + (le.seen_by or "the sample")) if x)
 
 
 def _elementwise_check(record: Any, meta: Any) -> LocalError | None:
