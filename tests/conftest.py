@@ -70,25 +70,6 @@ def pytest_configure(config):
         config.add_cleanup(watcher.stop.set)
 
 
-def _int8_sums_saturate() -> bool:
-    """An x86 CPU without VNNI: ONNX Runtime's fused int8 GEMM (QGemm) adds products in pairs
-    with VPMADDUBSW there, capped at int16, so a layer's uint8 x int8 products lose up to 14 dB
-    (a real loss of that deployment on that CPU, which drift reports as such)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx2" in flags and "avx512_vnni" not in flags and "avx_vnni" not in flags
-
-
-def pytest_collection_modifyitems(config, items):
-    if _int8_sums_saturate():
-        skip = pytest.mark.skip(reason="ONNX Runtime's int8 GEMM saturates pair sums on this CPU (no VNNI)")
-        for item in items:
-            if "exact_int8" in item.keywords:
-                item.add_marker(skip)
-
-
 @pytest.fixture(autouse=True)
 def _no_leaked_dump():
     """Every test starts and ends without an active dump session."""

@@ -88,7 +88,6 @@ def test_the_cli_refuses_a_suggestion_without_a_quantized_backend_with_exit_2(tm
 
 # --- ONNX Runtime ---------------------------------------------------------------------------
 
-@pytest.mark.exact_int8
 def test_ort_int8_an_outlier_layer_is_the_suggestion_and_its_run_recovers(tmp_path):
     model, args = _outlier_mlp()
     r = xray.drift(model, args, [ORT], tmp_path, suggest_float=True)
@@ -115,7 +114,6 @@ def test_ort_int8_an_outlier_layer_is_the_suggestion_and_its_run_recovers(tmp_pa
     assert "run it: -b 'onnxrt-cpu:quant=int8,keep_float=fc2'" in text
 
 
-@pytest.mark.exact_int8
 def test_ort_keep_float_is_float_at_run_time_too(tmp_path):
     """ONNX Runtime's session optimizer would quantize a float Gemm between Q/DQ nodes again, per
     tensor (WeightBiasQuantization); drift's sessions for a model with layers kept float disable it."""

@@ -142,9 +142,12 @@ def onnx_per_tensor_fault(layer: str):
             axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
             shape = [1] * q.ndim
             shape[axis] = -1
-            w = q.astype(np.float32) * sc.reshape(shape)
+            # symmetric weights stored as int8, or as uint8 around 128 (the zero point says which)
+            zp = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float32) if len(dq.input) > 2 else 0.0
+            zp = np.broadcast_to(zp, sc.shape).reshape(shape)
+            w = (q.astype(np.float32) - zp) * sc.reshape(shape)
             step = np.float32(sc.max())
-            requant = np.clip(np.round(w / step), -127, 127).astype(q.dtype)
+            requant = (np.clip(np.round(w / step), -127, 127) + zp).astype(q.dtype)
             inits[dq.input[0]].CopyFrom(numpy_helper.from_array(requant, dq.input[0]))
             inits[dq.input[1]].CopyFrom(numpy_helper.from_array(np.full_like(sc, step), dq.input[1]))
             hit += 1

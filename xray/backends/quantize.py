@@ -310,6 +310,54 @@ def _not_left_float(folded: Any, quantized: Any, exclude: list[str]) -> list[str
     return missed
 
 
+def int8_sums_saturate() -> bool:
+    """An x86 CPU without VNNI, where ONNX Runtime's uint8 x int8 GEMM adds products in pairs
+    with VPMADDUBSW, capped at int16: a layer loses up to 14 dB to clipped sums."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx2" in flags and "avx512_vnni" not in flags and "avx_vnni" not in flags
+
+
+# Where an int8 initializer may be stored as uint8 + 128 with the same meaning: quantized values
+# and zero points of (de)quantize ops, and integer matmul operands (input: positions)
+_INT8_OPERANDS = {"DequantizeLinear": (0, 2), "QuantizeLinear": (2,), "MatMulInteger": (0, 1, 2, 3)}
+
+
+def _as_uint8(model: Any, facts: dict[str, Any]) -> Any:
+    """``model`` with its int8 weights and zero points stored as uint8 (value + 128, zero point
+    + 128): every dequantized value is unchanged, and ONNX Runtime multiplies uint8 x uint8,
+    which sums exactly, where its uint8 x int8 kernel would saturate (``int8_sums_saturate``).
+    Its quantization guide advises uint8 x uint8 on such CPUs; storing ONNX Runtime's own int8
+    result this way keeps the scheme's grid, so the budget holds. ``facts`` says which ran."""
+    if not int8_sums_saturate():
+        facts["int8_kernel"] = "int8 weights"
+        return model
+    from onnx import TensorProto, numpy_helper
+
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for n in model.graph.node:
+        for i, name in enumerate(n.input):
+            uses.setdefault(name, []).append((n.op_type, i))
+    converted = 0
+    for init in model.graph.initializer:
+        if init.data_type != TensorProto.INT8 or not all(
+                i in _INT8_OPERANDS.get(op, ()) for op, i in uses.get(init.name, [("", -1)])):
+            continue
+        shifted = numpy_helper.to_array(init).astype(np.int16) + 128
+        init.CopyFrom(numpy_helper.from_array(shifted.astype(np.uint8), init.name))
+        converted += 1
+    # quantized activations' declared int8 types follow their zero points now: let ORT infer them
+    kept = [v for v in model.graph.value_info if v.type.tensor_type.elem_type != TensorProto.INT8]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    facts["int8_kernel"] = (f"uint8 storage of {converted} int8 tensors (x86 without VNNI: ONNX Runtime's "
+                            "uint8 x int8 pair sums saturate)")
+    return model
+
+
 def _ort_static(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str, Any],
                 exclude: list[str]) -> tuple[Any, str, str]:
     import tempfile
@@ -329,7 +377,7 @@ def _ort_static(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[str
         quantize_static(_saved(folded, tmp, "float.onnx"), dst, _Reader(), quant_format=QuantFormat.QDQ,
                         per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         nodes_to_exclude=exclude, extra_options={"QDQKeepRemovableActivations": True})
-        quantized = onnx.load(dst)
+        quantized = _as_uint8(onnx.load(dst), facts)
     facts.update(quantized_activations=_dq_carries_name(quantized), calibration_batches=len(feeds))
     return quantized, "quantize_static (QDQ, per-channel weights)", "QuantizeLinear"
 
@@ -348,7 +396,7 @@ def _ort_dynamic(folded: Any, feeds: list[dict[str, np.ndarray]], facts: dict[st
         dst = f"{tmp}/int8.onnx"
         quantize_dynamic(_saved(folded, tmp, "float.onnx"), dst, op_types_to_quantize=["MatMul"], per_channel=True,
                          weight_type=QuantType.QInt8, nodes_to_exclude=exclude)
-        quantized = onnx.load(dst)
+        quantized = _as_uint8(onnx.load(dst), facts)
     return quantized, "quantize_dynamic (MatMulInteger, per-channel weights)", "DynamicQuantizeLinear"
 
 
