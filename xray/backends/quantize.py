@@ -321,8 +321,8 @@ def int8_sums_saturate() -> bool:
     return " avx2" in flags and "avx512_vnni" not in flags and "avx_vnni" not in flags
 
 
-# Where an int8 initializer may be stored as uint8 + 128 with the same meaning: quantized values
-# and zero points of (de)quantize ops, and integer matmul operands (input: positions)
+# Where an int8 initializer may be stored as uint8 + 128 with the same meaning (op type: the input
+# positions): quantized values and zero points of (de)quantize ops, integer matmul operands
 _INT8_OPERANDS = {"DequantizeLinear": (0, 2), "QuantizeLinear": (2,), "MatMulInteger": (0, 1, 2, 3)}
 
 
