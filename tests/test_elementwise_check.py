@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import xray
 from xray.compare import compare_dumps
-from xray.record.elementwise_check import elementwise_check, rerun_op
+from xray.record.elementwise_check import SMALL_OUTPUT, elementwise_check, rerun_op
 
 ADD = torch.ops.aten.add.Tensor
 TOKENS, HIDDEN = 512, 1024
@@ -213,3 +213,27 @@ def test_a_bf16_softmax_backward_with_three_doubled_elements_is_born_there(tmp_p
     faulted = [r for r in calls if r.status == "fail"]
     assert len(faulted) == 1 and faulted[0].origin == "born", calls
     assert result.summary.verdict.startswith("born at aten._softmax_backward_data"), result.summary.verdict
+
+
+def test_a_small_float32_output_is_checked_in_a_run_all_float32_and_a_large_one_is_not():
+    """A float32 output of at most SMALL_OUTPUT elements keeps a check in any run: its 32-element
+    sample can miss the element that makes a statistic. A larger one keeps none outside a
+    half-precision run (its statistics compare at float32's tolerance)."""
+    small, large = torch.rand(16, 4) + 0.01, torch.rand(SMALL_OUTPUT + 1) + 0.01
+    assert elementwise_check("aten.reciprocal.default", {"self": small}, small.reciprocal())[0] <= torch.finfo().eps
+    wrong = small.reciprocal()
+    wrong[3, 1] *= 1.01
+    assert elementwise_check("aten.reciprocal.default", {"self": small}, wrong)[0] == pytest.approx(0.01, rel=1e-3)
+    assert elementwise_check("aten.reciprocal.default", {"self": large}, large.reciprocal()) is None
+
+
+def test_a_division_whose_smallest_divisor_makes_its_minimum_carries_tf32_with_the_defaults(tmp_path):
+    """PhiMoE's router (sparsemixer) divides by ``scores.abs().clamp(min=max)``: under TF32 the
+    smallest divisor of 64 (0.0024) moves 0.84 % and becomes the output's minimum, which its
+    32-element sample leaves out. Judged on statistics against its inputs' normwise error
+    (7e-5), the training step's division was born there, a false FAIL; its self-check reads
+    every element right, so it carries its inputs' precision."""
+    from conftest import sweep_noise_run
+
+    o = sweep_noise_run("phimoe", tmp_path, noise="tf32", backward=True, train_mode=True)
+    assert o.summary["failed"] == 0, o.summary["first_divergence"]

@@ -61,6 +61,37 @@ def test_real_llama_records_every_op_resolvably_and_bitwise_transparently(llama,
     assert ("model.layers.0", "LlamaDecoderLayer") in q_proj[0].module_stack
 
 
+def test_a_users_function_mode_sees_the_models_torch_calls_only(llama, tokens, tmp_path):
+    """A TorchFunctionMode around a recorded forward (a user's counter; ``with torch.device(...)``,
+    which places new tensors) sees the calls it sees without the recorder, in trace and module
+    dumps: the recorder's statistics, self-checks and file writes are not the model's. (It saw 21x
+    as many, its own ``detach``, ``numpy`` and ``contiguous`` among them.)"""
+    from torch.overrides import TorchFunctionMode
+
+    class Calls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        with Calls() as plain:
+            llama(tokens)
+        with Calls() as traced, xray.dump(dump_dir=tmp_path / "trace", X_DEDUP=False):
+            llama(tokens)
+        with Calls() as debugged:
+            debugger = xray.PrecisionDebugger(dump_path=tmp_path / "module", model=llama, task="statistics")
+            debugger.start()
+            llama(tokens)
+            debugger.stop()
+            debugger.close()
+    assert plain.names and traced.names == plain.names
+    assert debugged.names == plain.names
+
+
 @pytest.mark.usefixtures("one_record_per_key")
 def test_dedup_collapses_repeated_signatures_and_keeps_counts(llama, tokens, tmp_path):
     """De-dup keeps a record per signature per module: the second forward folds whole, and

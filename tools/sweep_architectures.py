@@ -19,7 +19,12 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
   for a backward fault) by less than the run's own precision (bf16: what bf16 itself moves it;
   fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times);
 - ``fault-trainmode``: the same, with the faults drawn, measured and recorded in training mode
-  (on the training-mode scenarios' batch: ``accuracy.runner.train_batch``).
+  (on the training-mode scenarios' batch: ``accuracy.runner.train_batch``);
+- ``user-bug``: K bugs of a user's own per precision (fp32, bf16 autocast), forward: one call of
+  a torch function made with a wrong argument (an attention mask dropped, a wrong attention scale,
+  a norm's eps, GELU's approximation, a Linear's bias dropped, a wrong constant:
+  ``accuracy/user_bugs.py``), left out as faults are, graded exact where the first divergence
+  names an ATen call made inside that call; counted apart from the kernel faults.
 
 Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
 model runs in a worker process under a time budget (``--timeout``). torchvision's models are
@@ -59,10 +64,12 @@ from tabulate import tabulate  # noqa: E402
 # "-train": a forward and backward in eval mode; "-trainmode": the same in training mode (dropout
 # drawn, batch norms on their batch statistics, their running statistics written)
 SCENARIOS = ("identical", "identical-train", "identical-trainmode", "bf16", "bf16-train", "bf16-trainmode", "tf32",
-             "tf32-train", "tf32-trainmode", "fault", "fault-trainmode")
+             "tf32-train", "tf32-trainmode", "fault", "fault-trainmode", "user-bug")
 # "fault-trainmode": the faults drawn, and their runs recorded, in training mode (forward faults
-# run forward only; backward faults run a forward and backward)
-FAULT_SCENARIOS = ("fault", "fault-trainmode")
+# run forward only; backward faults run a forward and backward); "user-bug": a call made with a
+# wrong argument (accuracy/user_bugs.py), graded as faults are and counted apart
+KERNEL_FAULTS = ("fault", "fault-trainmode")
+FAULT_SCENARIOS = (*KERNEL_FAULTS, "user-bug")
 NOISE_SCENARIOS = ("bf16", "bf16-train", "bf16-trainmode", "tf32", "tf32-train",
                    "tf32-trainmode")  # legitimate precision differences
 RECORDINGS = ("defaults", "every call")
@@ -224,6 +231,48 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
     return out
 
 
+def pick_user_bugs(arch: str, k: int, seed: int) -> list[dict]:
+    """K user bugs per precision (fp32, bf16 autocast), forward: a random kind among those with
+    a call to apply to, then a random call of it; each with the change it makes to the final
+    output and that run's own precision, as pick_faults does."""
+    from accuracy.user_bugs import BUGS, UserBug, WrongArgument
+
+    rng = random.Random(seed ^ 0x05E2)
+    out = []
+    for precision in ("fp32", "bf16"):
+        clean = _final(arch, precision, False)
+        floor = FP32_FLOOR if precision == "fp32" else _relative(clean, _final(arch, "fp32", False))
+        counts = {}
+        for kind in BUGS:
+            counter = WrongArgument(kind)
+            _final(arch, precision, False, [counter])
+            counts[kind] = counter.calls
+        kinds = sorted(kind for kind, n in counts.items() if n)
+        drawn: set[tuple[str, int]] = set()
+        for slot in range(k):
+            for draw in range(DRAWS):
+                left = [kind for kind in kinds if sum(d[0] == kind for d in drawn) < counts[kind]]
+                if not left:
+                    break
+                kind = rng.choice(left)
+                call = rng.choice([c for c in range(counts[kind]) if (kind, c) not in drawn])
+                drawn.add((kind, call))
+                wrong = WrongArgument(kind, UserBug(kind, call))
+                try:
+                    effect, error = _relative(_final(arch, precision, False, [wrong]), clean), None
+                except Exception as e:  # noqa: BLE001 - a wrong argument the model cannot run on
+                    effect, error = float("nan"), f"{type(e).__name__}: {e}"[:200]
+                f = {"precision": precision, "direction": "forward", "op": kind, "call": call, "slot": slot,
+                     "draw": draw, "kind": "user-bug", "effect": effect, "floor": floor, "fired": wrong.hit,
+                     "error": error, "applicable": counts[kind]}
+                f["left_out"] = (None if wrong.hit and not effect <= floor and not error
+                                 else "did not fire" if not wrong.hit else error or "below the run's precision")
+                out.append(f)
+                if f["left_out"] is None:
+                    break
+    return out
+
+
 def _trainable(arch: str) -> str | None:
     """None when a backward of the first output runs, else why not."""
     try:
@@ -265,6 +314,7 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     from accuracy.runner import run_scenario
     from accuracy.scenario import Fault, Scenario
     from accuracy.scenarios import RECORDER_DEFAULTS
+    from accuracy.user_bugs import UserBug
 
     started = time.perf_counter()
     base = {"model": entry.model_type, "family": entry.model_type, "class": entry.cls, "source": entry.source}
@@ -287,6 +337,8 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
         if "fault" in chosen else []
     if "fault-trainmode" in chosen:
         faults += [("fault-trainmode", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind, True)]
+    if "user-bug" in chosen:
+        faults += [("user-bug", f) for f in pick_user_bugs(arch, k, seed)]
     last = _capture_first_fail()
     recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
     noise = {"identical": {}, "identical-train": {"backward": True}, "bf16": {"noise": "bf16"},
@@ -308,7 +360,8 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
                 if f["left_out"]:
                     emit({**line, "verdict": "left out"})
                     continue
-                kw = {**kw, "fault": Fault(f["op"], f["call"], f.get("kind", "rel"), f["amount"], f["direction"])}
+                kw = {**kw, "user_bug": UserBug(f["op"], f["call"])} if name == "user-bug" else \
+                    {**kw, "fault": Fault(f["op"], f["call"], f.get("kind", "rel"), f["amount"], f["direction"])}
             s = Scenario(name=f"{arch}/{recording}/{name}", cls=name, arch=arch, **kw, **flags,
                          inference=INFERENCE and not kw.get("backward"))
             last.clear()
@@ -448,12 +501,15 @@ def figures(lines: list[dict]) -> dict:
         mine = [r for r in lines if r.get("kind") == "scenario" and r["recording"] == recording]
         ident = [r for r in mine if r["scenario"].startswith("identical") and r["verdict"] != "harness error"]
         noise = [r for r in mine if r["scenario"] in NOISE_SCENARIOS and r["verdict"] != "harness error"]
-        faults = [r for r in mine if r["scenario"] in FAULT_SCENARIOS]
+        faults = [r for r in mine if r["scenario"] in KERNEL_FAULTS]
         graded = Counter(r["verdict"] for r in faults)
         n = sum(graded[v] for v in ("exact", "module", "wrong", "missed"))
+        users = Counter(r["verdict"] for r in mine if r["scenario"] == "user-bug")
         out[recording] = {
             "identical": len(ident), "identical_fail": sum(r["verdict"] != "clean" for r in ident),
             "noise": len(noise), "noise_fail": sum(r["verdict"] != "clean" for r in noise),
+            "user_bugs": sum(users[v] for v in ("exact", "module", "wrong", "missed")),
+            **{f"user_{v}": users[v] for v in ("exact", "module", "wrong", "missed", "left out")},
             "faults": n, **{v: graded[v] for v in ("exact", "module", "wrong", "missed")},
             "left_out": graded["left out"], "harness_errors": sum(r["verdict"] == "harness error" for r in mine),
             "crashes": sum(bool(r.get("crash")) for r in mine)}
@@ -461,7 +517,8 @@ def figures(lines: list[dict]) -> dict:
 
 
 def _bad(f: dict) -> bool:
-    return any(v["identical_fail"] or v["noise_fail"] or v["wrong"] or v["missed"] or v["module"] for v in f.values())
+    return any(v["identical_fail"] or v["noise_fail"] or v["wrong"] or v["missed"] or v["module"]
+               or v["user_bugs"] != v["user_exact"] for v in f.values())
 
 
 def table(lines: list[dict], every_family: bool = False) -> str:
@@ -493,6 +550,11 @@ def table(lines: list[dict], every_family: bool = False) -> str:
                     f"{_pct(v['module'], v['faults'])} %, wrong {_pct(v['wrong'], v['faults'])} %, missed "
                     f"{_pct(v['missed'], v['faults'])} %; {v['left_out']} left out (below the run's precision), "
                     f"{v['harness_errors']} harness errors, {v['crashes']} crashes")
+        if v["user_bugs"] or v["user_left out"]:
+            text.append(f"user bugs, {recording}: {v['user_bugs']}: exact {_pct(v['user_exact'], v['user_bugs'])} %, "
+                        f"module {_pct(v['user_module'], v['user_bugs'])} %, wrong "
+                        f"{_pct(v['user_wrong'], v['user_bugs'])} %, missed {_pct(v['user_missed'], v['user_bugs'])} %; "
+                        f"{v['user_left out']} left out")
     return "\n".join(text)
 
 

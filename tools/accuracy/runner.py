@@ -29,6 +29,7 @@ from xray.numerics.rules import Rules
 from .archs import ARCHS, run_model
 from .faults import CorruptCall, CudnnRnnKernel, FusedRmsNormKernel, ReducedPrecisionMatmul, StorageReaders
 from .scenario import TF32_NOISES, Scenario
+from .user_bugs import CallsInside, WrongArgument
 
 TENSORS_PER_RECORD = 64  # X_DUMP_NUM: every input and output of any op in these models
 PARAM_DELTA = 0.05  # added to one weight element (weights have std ~0.02)
@@ -287,6 +288,25 @@ def _dedup_truth(s: Scenario, folder: Path) -> Truth:
                  bench_module=b.module if b is not None else None, target_module=t.module)
 
 
+def _user_bug_truth(s: Scenario, bench: list, target: list, inside: CallsInside, folder: Path) -> Truth:
+    """A call made with a wrong argument: the ATen calls made inside it, by their seqs in the
+    target's trace (with de-dup, in a trace of every call of the target, run again with the same
+    bug: a folded call keeps its seq there), and the bench's same calls where it makes as many."""
+    if not inside.calls:
+        raise HarnessError(f"no ATen call ran inside {s.user_bug}")
+    if s.dedup:
+        every = dataclasses.replace(s, dump="trace", dedup=False, data=False)
+        _, target_model = _models(s)
+        wrong = WrongArgument(s.user_bug.kind, s.user_bug)
+        again = CallsInside(wrong)
+        target = _records(_record(every, "target", target_model, folder / "target", [wrong, again]))
+        if again.calls != inside.calls:
+            raise HarnessError(f"{s.user_bug} ran other calls when run again: {again.calls[:3]} {inside.calls[:3]}")
+        bench_model, _ = _models(s)
+        bench = _records(_record(every, "bench", bench_model, folder / "bench", []))
+    return _calls_truth(bench, target, inside.calls)
+
+
 def _attribute_truth(bench: list, target: list, path: str, value: float) -> Truth:
     """A module attribute changed on the target (an eps): the first call in that module that
     takes it as an argument, and the bench's call of the same op there."""
@@ -385,16 +405,21 @@ def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
         try:
             bench_model, target_model = _models(s)
             fault = CorruptCall(s.fault.op, s.fault.call, s.fault.corruption(), s.fault.direction) if s.fault else None
+            wrong = WrongArgument(s.user_bug.kind, s.user_bug) if s.user_bug else None
+            inside = CallsInside(wrong) if wrong else None
             readers = StorageReaders(target_model.get_parameter(
                 (s.wrap + "." if s.wrap else "") + s.param)) if s.param else None
             stage = "record"
             bench_dump = _record(s, "bench", bench_model, tmp / "bench", [])
-            target_dump = _record(s, "target", target_model, tmp / "target", [m for m in (fault, readers) if m])
+            target_dump = _record(s, "target", target_model, tmp / "target",
+                                  [m for m in (fault, readers, wrong, inside) if m])
             if fault and not fault.hit:
                 raise HarnessError(f"the fault never fired ({fault.calls} calls of {s.fault.op})")
+            if wrong and not wrong.hit:
+                raise HarnessError(f"the user bug never applied ({wrong.calls} calls it applies to)")
             stage = "truth"
             bench, target = _records(bench_dump), _records(target_dump)
-            o.truth = _truth(s, bench, target, fault, readers, bench_model, tmp)
+            o.truth = _truth(s, bench, target, fault, readers, bench_model, tmp, inside)
             stage = "compare"
             o.summary = compare_dumps(bench_dump, target_dump, rules=_rules(s)).summary.to_json()
             _score(o, bench, target)
@@ -417,7 +442,8 @@ def _rules(s: Scenario) -> Rules:
     return Rules(tf32=True) if s.noise in TF32_NOISES and s.tf32_declared else Rules()
 
 
-def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, tmp: Path) -> Truth:
+def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, tmp: Path,
+           inside: CallsInside | None = None) -> Truth:
     prefix = s.wrap + "." if s.wrap else ""
     if s.noise_only:
         return Truth()
@@ -430,6 +456,8 @@ def _truth(s: Scenario, bench: list, target: list, fault, readers, bench_model, 
         return _target_only_truth(target, prefix + s.target_only)
     if s.attribute:
         return _attribute_truth(bench, target, prefix + s.attribute[0], s.attribute[2])
+    if s.user_bug:
+        return _user_bug_truth(s, bench, target, inside, tmp / "locate")
     if s.fault and s.dedup:
         return _dedup_truth(s, tmp / "locate")
     if s.fault:

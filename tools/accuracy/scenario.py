@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import faults
+from .user_bugs import UserBug
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Scenario:
     cls: str  # the class the report groups by
     arch: str
     fault: Fault | None = None
+    user_bug: UserBug | None = None  # one call made with a wrong argument in the target (user_bugs.py)
     param: str | None = None  # qualified name of a parameter with one element changed in the target
     target_only: str | None = None  # module path where the target runs one extra, corrupting op
     # (module path, attribute, value) set on the target's module: a deployment's wrong eps
@@ -72,10 +74,13 @@ class Scenario:
 
     @property
     def noise_only(self) -> bool:
-        return self.fault is None and self.param is None and self.target_only is None and self.attribute is None
+        return self.fault is None and self.param is None and self.target_only is None and self.attribute is None \
+            and self.user_bug is None
 
     def describe(self) -> str:
         parts = [str(self.fault)] if self.fault else []
+        if self.user_bug:
+            parts.append(str(self.user_bug))
         if self.param:
             parts.append(f"param {self.param}[0,1] changed")
         if self.target_only:

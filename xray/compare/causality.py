@@ -38,7 +38,7 @@ from ..numerics.math_settings import run_math
 from ..numerics.kernel_families import family_of
 from ..record.elementwise_check import rerun_op
 from .entry_records import Entry
-from .local import CHECK_SUSPECT, LocalError, checked_error, local_error, local_error_with, measurable
+from .local import ARGUMENT_SUSPECT, CHECK_SUSPECT, LocalError, checked_error, local_error, local_error_with, measurable, reads_right
 from .moved_values import moved_local_error
 from .sample_local import sample_local_error
 from .sample_verdicts import sample_decided
@@ -93,10 +93,11 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     # A local error measured on a sample beyond its floor makes a row born; one within it only
     # clears the sample's own verdict (_decide), the statistics are left to the statistics-only
     # rules, which weigh the run's precision loss (it joins neither the precision steps nor the
-    # outliers above: 32 elements are not the call).
+    # outliers above: 32 elements are not the call). An elementwise self-check read every element:
+    # within a unit of its reference, the call computed right on its inputs (local.reads_right).
     for i, k, le in on_samples:
         p = pending[i]
-        if floors.beyond(le, p.target.op, 1):
+        if floors.beyond(le, p.target.op, 1) or reads_right(le):
             r = p.rows[k]
             p.local[k], r.local_err, r.local_floor = le, le.local, le.floor
             _say_measured_on(r, le)
@@ -125,6 +126,15 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 r.culprit_target_seq = op.record.seq
                 seen.origin = True
                 continue
+            if r.status == PairStatus.WARNING.value and ARGUMENT_SUSPECT in (r.note or ""):
+                # it passed; only its call's arguments made it suspect (engine._suspect_arguments)
+                r.note = "; ".join(x for x in r.note.split("; ") if x != ARGUMENT_SUSPECT)
+                if _differing_argument(p, r, k, graph) is not None:
+                    r.status = PairStatus.FAIL.value
+                    r.note = "; ".join(x for x in (r.note, "its values pass, but it ran with another argument") if x)
+                elif CHECK_SUSPECT not in r.note:
+                    r.status = PairStatus.PASS.value
+                    continue
             if r.status == PairStatus.WARNING.value and CHECK_SUSPECT in (r.note or ""):
                 # it passed; only its recorded self-check made it suspect (engine._suspect_self_checks).
                 # Where the bench's own call is as wrong (one kernel bug on both runs), the runs agree.
@@ -176,14 +186,18 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     samples (an elementwise op), or, for an op that only moves values, its statistics against
     its input's (moved_values.py); a sum's means that do not add up (summed_means.py) win over
     a sample that missed the elements that made them, and so does an elementwise op's self-check
-    that reads every element (record/elementwise_check.py) where it says more."""
+    that reads every element (record/elementwise_check.py) where it says more, or where both find
+    it right."""
     on_sample = sample_local_error(record, meta, k)
     moved = moved_local_error(record, meta, k)  # (a copy: the larger of it and its sample's)
     if moved is not None and (on_sample is None or moved.local > on_sample.local):
         on_sample = moved
     summed = summed_mean_error(record, meta, k)
     on_sample = summed if summed is not None and (on_sample is None or summed.local > summed.floor) else on_sample
-    return _sharper_of(on_sample, _elementwise_check(record, meta))
+    check = _elementwise_check(record, meta)
+    if reads_right(check) and (on_sample is None or _beyond_own_floor(on_sample) <= 1):
+        return check  # both right: the check read the call, the sample 32 of its elements
+    return _sharper_of(on_sample, check)
 
 
 def _say_measured_on(r: CompareRow, le: LocalError) -> None:
@@ -383,6 +397,17 @@ class _Graph:
         outputs = e.outputs if e is not None else ()
         k = int(row.tensor[3:]) if row.tensor[3:].isdigit() else len(outputs)
         return outputs[k][1] if k < len(outputs) else None
+
+    def skipped_on_the_target(self, p: Pending, name: str, row: CompareRow) -> Entry | None:
+        """The op only the bench ran that made the bench's input ``name`` of ``p``, where the
+        target's comes from ``row``'s call, or None: the target skipped a step of the bench's
+        data flow (a dropped attention mask's add, between the scores and the softmax). An op
+        the bench runs and the target does not is never judged by its own row (it has no
+        partner); its consumer's inputs, made by different calls, are where it shows."""
+        src = source_of(dict(p.bench.inputs).get(name))
+        if src is None or src.kind != "op" or src.seq == row.bench_seq or src.seq in self.target_of:
+            return None
+        return self.bench_entry(src.seq)
 
     def bench_entry(self, seq: int) -> Entry | None:
         """The bench's record ``seq``, or None."""
@@ -918,11 +943,14 @@ def _argument_verdict(p: Pending, r: CompareRow, k: int, graph: "_Graph") -> str
     if with_bench is None:
         return why
     floor = graph.floors.floor(with_bench, p.target.op, p.reduce.get(k, 1))
-    if with_bench.local <= floor:
-        return None  # what the bench's arguments ask for: the same computation, spelled otherwise
+    # the same computation spelled otherwise (is_causal for a causal mask) reads what the target's
+    # own arguments read, its rounding: measured against that, not against the device's floor,
+    # under which a bf16 attention's doubled scale hides (a 2 % change, a floor of 3.5 %)
+    if with_bench.local <= max(graph.floors.rules.precision_factor * le.local, le.floor):
+        return None
     if not graph.floors.beyond(le, p.target.op, p.reduce.get(k, 1)):
         return (f"{why}; on the target's inputs it computes right with its own arguments (local error "
-                f"{le.local:.3g}) and is off by {with_bench.local:.3g} from the bench's (floor {floor:.3g})")
+                f"{le.local:.3g}) and is off by {with_bench.local:.3g} from the bench's")
     return (f"{why}; on the target's inputs it is off by {le.local:.3g} with its own arguments and by "
             f"{with_bench.local:.3g} with the bench's (floor {floor:.3g})")
 
@@ -1103,6 +1131,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             kind, detail = "unrecorded", moved
         if kind == "unrecorded" and (drawn := _drawn_through_folds(graph, detail)) is not None:
             kind, detail = "failing", drawn  # a folded call that moved or computed on random draws
+        if kind == "settled" and status in FAILING \
+                and (skipped := graph.skipped_on_the_target(p, name, detail)) is not None:
+            kind, detail = "bench-only", skipped
         if kind == "settled" and detail.cause == PRECISION:
             carried_precision = carried_precision or detail
         if kind == "failing":  # whatever the input's own status: its producer already fails
@@ -1137,6 +1168,10 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         set_origin(r, "born", "target-only op", f"target-only op {e.name} " + (f"is {wrong}; it " if wrong else "")
                    + f"feeds {name}")
         r.culprit_target_seq = e.record.seq
+    elif "bench-only" in causes:
+        name, e = causes["bench-only"]
+        set_origin(r, "born", "bench-only op", f"bench-only op {e.name} makes the bench's {name}; "
+                                                f"the target runs no such step")
     elif "input" in causes:
         set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")
     elif (argument := _differing_argument(p, r, k, graph)) is not None:

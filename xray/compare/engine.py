@@ -31,7 +31,7 @@ from .divergence import inside
 from .entry_records import Entries
 from .entry_table import MODULE, Codes, EntryTable, Vocab
 from .lazy_matches import matches_of
-from .local import CHECK_SUSPECT, check_floor, elementwise_check_floor
+from .local import ARGUMENT_SUSPECT, CHECK_SUSPECT, check_floor, elementwise_check_floor
 from .matching import align_tables
 from .noise_floor import least_floor
 from .op_classes import skip_kernel_specific
@@ -66,6 +66,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     floor, tols = tolerances(ta, tb, plan, rules, vocab)
     comparer = PairComparer(bench, target, rules, reference, floor)
     random_of = _random_of(ta, ea)
+    other_arguments = (ta.op[pa] == tb.op[pb]) & (ta.args[pa] != tb.args[pb])  # by pair (_suspect_arguments)
     for t in (ta, tb):
         t.trim("group", "path", "call_index", "args")  # op: until rows are judged (sample_verdicts reads it)
     comparer.bar = progress_bar(_total_bytes(ta, vocab), rank, progress)
@@ -75,6 +76,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     random_rows = judge_the_rest(ta, tb, plan, fast, rows, comparer, random_of, refs)
     _suspect_moves_that_changed(tb, plan, rows)
     _suspect_self_checks(tb, plan, rows, rules)
+    _suspect_arguments(plan, rows, other_arguments)
     refs = None  # the reference run's table
     comparer.bar.close()
     for t in (ta, tb):
@@ -136,6 +138,24 @@ def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], 
             continue  # an elementwise check's own floor is coarser (local.elementwise_check_floor)
         r.status = PairStatus.WARNING.value
         r.note = "; ".join(x for x in (r.note, CHECK_SUSPECT) if x)
+
+
+def _suspect_arguments(plan: RowPlan, rows: list[CompareRow], other_arguments: np.ndarray) -> None:
+    """Passing rows of a pair of one op whose non-tensor arguments differ (``other_arguments``,
+    by pair: their skeletons' texts, an eps, a scale, an attention flag, a tensor passed on one
+    side only) become warnings
+    marked ``ARGUMENT_SUSPECT``: attribution fails a call whose arguments make another
+    computation (cause "argument", whatever its values show) and passes the rest again (a dtype,
+    a device, the same computation spelled otherwise). A doubled attention scale in a tiny bf16
+    model moves its output within bf16's band, and the row passed."""
+    if not other_arguments.any():
+        return
+    at = np.flatnonzero((plan.cat == 2) & (plan.ao >= 0) & (plan.bo >= 0))
+    for i in at[other_arguments[plan.pair[at]]].tolist():
+        r = rows[i]
+        if r.status == PairStatus.PASS.value:
+            r.status = PairStatus.WARNING.value
+            r.note = "; ".join(x for x in (r.note, ARGUMENT_SUSPECT) if x)
 
 
 def _least_check_floor(dtype_name: Any, rules: Rules, own_floor: Callable[[Any], float]) -> float:

@@ -217,6 +217,9 @@ def checked_error(output: TensorMeta, op: str | None = None) -> LocalError | Non
 # A passing row made a warning by its target call's self-check alone (engine._suspect_self_checks):
 # attribution fails it where that local error is beyond its floors, and passes it again where not.
 CHECK_SUSPECT = "its self-check reads more than its dtype's rounding"
+# A passing row whose call's non-tensor arguments differ from the bench's (engine._suspect_arguments):
+# attribution fails it where they make another computation, and passes it again where not.
+ARGUMENT_SUSPECT = "its call's arguments differ from the bench's"
 
 
 def check_floor(dtype: torch.dtype) -> float:
@@ -225,6 +228,15 @@ def check_floor(dtype: torch.dtype) -> float:
 
 
 ELEMENTWISE_CHECK = "its self-check, which reads every element"  # (LocalError.seen_by)
+
+
+def reads_right(le: LocalError | None) -> bool:
+    """An elementwise self-check that found every element within one machine epsilon of its
+    reference: the call computed right on its inputs, as its saved tensors would show (a right
+    kernel reads 0, or a unit where it rounds twice). Finer than its floor, which in float32
+    judges gross errors only (``elementwise_check_floor``): a check between the two says nothing
+    either way."""
+    return le is not None and le.seen_by == ELEMENTWISE_CHECK and le.local <= eps(le.dtype)
 
 
 def elementwise_check_floor(dtype: torch.dtype) -> float:

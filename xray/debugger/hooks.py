@@ -24,7 +24,14 @@ from ..record.flatten import flatten_kwargs, flatten_tensors
 from ..dump.dispatch_modes import no_dispatch_modes
 from .capture import CallKey, TensorCapture, call_key
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is on
+
+
+def _user_modes() -> bool:
+    """A TorchDispatchMode (dump_torch_api's tracer) or a TorchFunctionMode is on: neither may see
+    the debugger's own tensor work (dump/dispatch_modes.py)."""
+    return torch._C._len_torch_dispatch_stack() > 0 or torch._C._is_torch_function_mode_enabled()
+
+
 _thread = threading.get_ident
 _ABSENT = object()
 _NO_COPY = ("xray PrecisionDebugger: a module cannot be copied or pickled between start() and stop(); "
@@ -170,7 +177,7 @@ class ModuleHooks:
         """Capture the inputs and parameters; returns what ``_exit`` needs (None after an error:
         a debugger bug must never break the user's forward)."""
         try:
-            if _dispatch_modes():  # dump_torch_api's tracer must not see our own tensor work
+            if _user_modes():
                 with no_dispatch_modes():
                     return self._capture_inputs(module, args, kwargs)
             # the usual case, without a context manager's two Python calls per module call
@@ -218,7 +225,7 @@ class ModuleHooks:
         if not self.active:  # an error inside the forward stopped the capture
             return
         try:
-            if _dispatch_modes():
+            if _user_modes():
                 with no_dispatch_modes():
                     self._capture_outputs(*entered, output)
             else:

@@ -24,9 +24,13 @@ Which calls, and against what:
 - a float32 output in a run that computes in half precision somewhere (autocast's float32 ops:
   a residual stream, a norm, their gradients; ``mixed``): the op in float64 (another kernel),
   where the device has it;
-- a float32 output in a run all float32: none. Its statistics compare at float32's tolerance,
-  which three doubled elements exceed, and the check would cost a float64 run of every op (torch's
-  float64 ``silu`` and ``sin`` take about 25 ns an element on CPU).
+- a float32 output of at most ``SMALL_OUTPUT`` elements, in any run: the op in float64. Its
+  32-element sample reads a large share of it yet can miss the one element that makes a
+  statistic (a router's division whose smallest divisor becomes the output's minimum), and the
+  check costs about what its fixed part does there (40 to 170 us on CPU);
+- any other float32 output in a run all float32: none. Its statistics compare at float32's
+  tolerance, which three doubled elements exceed, and the check would cost a float64 run of every
+  op (torch's float64 ``silu`` and ``sin`` take about 25 ns an element on CPU).
 
 Softmax, log-softmax and GLU, and their backwards, are checked alike: not tagged pointwise (an
 output element reads its row, or two elements), they cost what an elementwise op costs to run
@@ -54,6 +58,7 @@ from ..ops.rebuild import UnknownOpError, is_pointwise, resolve_op
 ROUNDS_A_RESULT = frozenset({"remainder", "fmod", "floor_divide"})
 HALF = (torch.float16, torch.bfloat16)
 SCALE_FRACTION = 16  # elements below rms / 16 are measured against it
+SMALL_OUTPUT = 4096  # float32 outputs of at most so many elements are checked in any run
 _NO_STEPS = (math.nan,) * len(PRECISION_STEPS)  # an elementwise op has no reduced-precision step
 # ops not tagged pointwise whose output element reads one row of their inputs (a softmax's) or a
 # fixed few elements (GLU's two halves): run again whole at an elementwise op's cost
@@ -83,7 +88,8 @@ def reference_dtype(out: torch.Tensor, mixed: bool) -> torch.dtype | None:
     None: not checked."""
     if out.dtype in HALF:
         return torch.float32
-    if out.dtype == torch.float32 and mixed and out.device.type in ("cpu", "cuda", "xpu"):
+    if out.dtype == torch.float32 and (mixed or out.numel() <= SMALL_OUTPUT) \
+            and out.device.type in ("cpu", "cuda", "xpu"):
         return torch.float64
     return None
 

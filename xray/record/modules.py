@@ -28,6 +28,7 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..dump.dispatch_modes import no_torch_function
 from ..dump.model import fit_name
 from .flatten import flatten_tensors
 from .producers import Producers
@@ -154,7 +155,8 @@ class ModuleStack:
         if threading.get_ident() != self.owner:
             return
         try:
-            self._enter(module, args)
+            with no_torch_function():  # its torch calls are not the model's (dump/dispatch_modes.py)
+                self._enter(module, args)
         except Exception as e:  # noqa: BLE001 - never into the user's forward
             self._broken(e)
 
@@ -162,7 +164,8 @@ class ModuleStack:
         if threading.get_ident() != self.owner:
             return
         try:
-            self._exit(module, rest)
+            with no_torch_function():  # its torch calls are not the model's (dump/dispatch_modes.py)
+                self._exit(module, rest)
         except Exception as e:  # noqa: BLE001 - never into the user's forward
             self._broken(e)
 

@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .config import DebugFlags, DumpConfig
-from ..dump.dispatch_modes import no_dispatch_modes
+from ..dump.dispatch_modes import no_dispatch_modes, no_torch_function
 from ..dump.model import Record, Stats, TensorMeta
 from ..dump.stats import DeferredStats, StatsCache, norm_of, stats_of_row, stats_row, tensor_stats
 from ..dump.writer import DumpWriteError, DumpWriter, Fold
@@ -386,8 +386,9 @@ class Recorder:
         every op of CHECKED_OPS; an elementwise op where ``elementwise_check.reference_dtype``
         gives it a reference: its output in half precision, or in float32 once a checked op has
         made a half-precision output (its float32 values then carry half precision's rounding,
-        whose band hides a few wrong elements). In a run all float32 an elementwise call costs no
-        more than this test."""
+        whose band hides a few wrong elements), and in any run where its float32 output is small
+        (``SMALL_OUTPUT``). Any other elementwise call of a run all float32 costs no more than this
+        test."""
         if first.dtype in HALF_PRECISION:
             self.half_precision_seen = True
         return op in CHECKED_OPS or reference_dtype(first, self.half_precision_seen) is not None
@@ -666,11 +667,14 @@ class XrayTracer(TorchDispatchMode):
             if writes:  # queued statistics read the values each tensor had at its call
                 deferred.before_write()
                 deferred.at_once = True
-            if self._native is not None:
-                out = self._native(func, args, kwargs)
-                if out is not _FALLBACK:
-                    return out
-            return self.recorder.on_op(func, args, kwargs)
+            # the recorder's own torch calls are not the model's: a user's TorchFunctionMode (a
+            # counter, ``with torch.device(...)``) must see the model's calls only
+            with no_torch_function():
+                if self._native is not None:
+                    out = self._native(func, args, kwargs)
+                    if out is not _FALLBACK:
+                        return out
+                return self.recorder.on_op(func, args, kwargs)
         finally:
             if writes:
                 deferred.at_once = False

@@ -1,0 +1,63 @@
+"""A user's own bug: a right kernel called with a wrong argument (tools/accuracy/user_bugs.py),
+graded as the architecture sweep grades it (``--scenarios user-bug``): the first divergence must
+name a call made inside the changed one, whatever the run's precision."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from accuracy.user_bugs import CallsInside, UserBug, WrongArgument  # noqa: E402
+
+
+def _user_bug_run(model_type: str, bug: UserBug, tmp_path: Path, noise: str | None = "bf16", defaults: bool = True):
+    from accuracy import zoo
+    from accuracy.runner import run_scenario
+    from accuracy.scenario import Scenario
+    from accuracy.scenarios import RECORDER_DEFAULTS
+
+    entry = next((x for x in zoo.listed() if x.model_type == model_type), None)
+    if entry is None:
+        pytest.skip(f"this transformers has no {model_type}")
+    flags = RECORDER_DEFAULTS if defaults else {"dedup": False, "dump_num": None}
+    o = run_scenario(Scenario(f"t/{model_type}", "user-bug", zoo.register(entry), noise=noise, user_bug=bug, **flags),
+                     tmp_path)
+    assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
+    return o
+
+
+def test_the_wrong_argument_goes_into_one_call_and_its_aten_calls_are_noted():
+    q = torch.randn(1, 2, 8, 16)
+    mask = torch.zeros(8, 8).masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), -torch.inf)
+    wrong = WrongArgument("dropped-mask", UserBug("dropped-mask", 1))
+    inside = CallsInside(wrong)
+    with wrong, inside:
+        first = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        second = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert wrong.hit and wrong.calls == 2 and inside.calls
+    assert torch.equal(first, torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    assert torch.equal(second, torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert all(direction == "forward" for _, direction, _ in inside.calls)
+
+
+@pytest.mark.parametrize("defaults", [True, False], ids=["defaults", "every-call"])
+def test_a_mask_dropped_from_a_decomposed_bf16_attention_is_a_bench_only_op(defaults, tmp_path):
+    """Falcon under bf16 autocast runs attention as ops (scores, the mask's add, softmax): with
+    the mask dropped the target skips the add. The softmax's input differs far beyond bf16 while
+    its target producer passes; it was "precision: no row fails" with the logits 35 % off."""
+    o = _user_bug_run("falcon", UserBug("dropped-mask", 0), tmp_path, defaults=defaults)
+    fd = o.summary["first_divergence"]
+    assert fd is not None and fd["cause"] == "bench-only op" and o.exact, o.summary["verdict"]
+
+
+def test_a_doubled_attention_scale_under_bf16_is_an_argument_whatever_the_rows_status(tmp_path):
+    """GPT-2's second attention with twice its scale, under bf16 autocast: its output moves within
+    bf16's band (the row passed, or was a warning whose re-run with the bench's scale read under
+    the device floor), yet the logits move more than bf16 itself moves them."""
+    o = _user_bug_run("gpt2", UserBug("attention-scale", 1), tmp_path)
+    fd = o.summary["first_divergence"]
+    assert fd is not None and fd["cause"] == "argument" and "scale" in fd["culprit"] and o.exact, o.summary["verdict"]

@@ -1,0 +1,163 @@
+"""A user's own bug in a model's code: one call of a torch function made with a wrong argument.
+
+Kernel faults (faults.py) corrupt what a right call returns; a user's bug is a right kernel
+called wrongly: an attention mask left out, a wrong scale, a norm's eps, GELU's approximation, a
+Linear's bias dropped, a wrong constant. ``WrongArgument`` applies one to the ``call``-th
+applicable call of its kind, as a ``TorchFunctionMode``: above autograd and the recorder, so the
+recorded ATen calls hold the wrong argument, as the user's code would make them. The ATen calls
+made inside that call (``CallsInside``, entered below the recorder) are its ground truth: a
+first divergence that names one of them names the bug.
+
+    python tools/sweep_architectures.py --scenarios user-bug --faults 2
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .faults import in_backward
+
+_SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SIGNATURES = {  # positional parameter names of the functions changed below
+    F.scaled_dot_product_attention: _SDPA,
+    F.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps"),
+    F.group_norm: ("input", "num_groups", "weight", "bias", "eps"),
+    F.gelu: ("input", "approximate"),
+    F.linear: ("input", "weight", "bias"),
+}
+if hasattr(F, "rms_norm"):
+    _SIGNATURES[F.rms_norm] = ("input", "normalized_shape", "weight", "eps")
+_NORMS = tuple(f for f in (F.layer_norm, F.group_norm, getattr(F, "rms_norm", None)) if f is not None)
+# (``x * 0.5`` and ``0.5 * x`` reach a function mode as Tensor.mul(x, 0.5); ``x + eps`` as Tensor.add)
+_SCALAR_OPS = (torch.Tensor.mul, torch.Tensor.div, torch.mul, torch.div)
+_ADDS = (torch.Tensor.add, torch.add)
+
+
+def _dropped_mask(func, a: dict) -> dict | None:
+    if func is not F.scaled_dot_product_attention or (a.get("attn_mask") is None and not a.get("is_causal")):
+        return None
+    return {**a, "attn_mask": None, "is_causal": False}
+
+
+def _attention_scale(func, a: dict) -> dict | None:
+    if func is not F.scaled_dot_product_attention:
+        return None
+    scale = a.get("scale")
+    return {**a, "scale": 2 * (1 / math.sqrt(a["query"].shape[-1]) if scale is None else scale)}
+
+
+def _norm_eps(func, a: dict) -> dict | None:
+    """A norm's eps 1e4 times its own (1e-6 read as 1e-2): a functional norm's, or the small
+    constant a hand-written RMS norm adds to its variance."""
+    if func in _NORMS:
+        eps = a.get("eps")
+        return {**a, "eps": 1e4 * (1e-5 if eps is None else eps)}
+    if func in _ADDS and len(a) == 2 and isinstance(a.get(1), float) and 0 < a[1] <= 1e-3 \
+            and isinstance(a.get(0), torch.Tensor):
+        return {**a, 1: a[1] * 1e4}
+    return None
+
+
+def _gelu_approximation(func, a: dict) -> dict | None:
+    if func is not F.gelu:
+        return None
+    return {**a, "approximate": "none" if a.get("approximate", "none") == "tanh" else "tanh"}
+
+
+def _dropped_bias(func, a: dict) -> dict | None:
+    if func is not F.linear or a.get("bias") is None:
+        return None
+    return {**a, "bias": None}
+
+
+def _wrong_constant(func, a: dict) -> dict | None:
+    """A tensor scaled by a wrong Python constant (an attention or embedding scale): x 1.25."""
+    if func not in _SCALAR_OPS or len(a) != 2 or not isinstance(a.get(0), torch.Tensor) \
+            or not isinstance(a.get(1), float) or a[1] in (0.0, 1.0, -1.0) or not math.isfinite(a[1]):
+        return None
+    return {**a, 1: a[1] * 1.25}
+
+
+BUGS: dict[str, Callable[[Any, dict], dict | None]] = {
+    "dropped-mask": _dropped_mask, "attention-scale": _attention_scale, "norm-eps": _norm_eps,
+    "gelu-approximation": _gelu_approximation, "dropped-bias": _dropped_bias, "wrong-constant": _wrong_constant,
+}
+
+
+@dataclass(frozen=True)
+class UserBug:
+    """The ``call``-th (0-based) forward call to which bug ``kind`` applies, made with it."""
+
+    kind: str
+    call: int
+
+    def __str__(self) -> str:
+        return f"{self.kind} at its call {self.call}"
+
+
+def _named(func, args: tuple, kwargs: dict) -> dict:
+    names = _SIGNATURES.get(func)
+    if names is None:  # a method or an operator: positions
+        return {**dict(enumerate(args)), **kwargs}
+    return {**dict(zip(names, args)), **kwargs}
+
+
+def _call(func, a: dict):
+    positional = [a[i] for i in sorted(k for k in a if isinstance(k, int))]
+    return func(*positional, **{k: v for k, v in a.items() if not isinstance(k, int)})
+
+
+class WrongArgument(TorchFunctionMode):
+    """Counts the forward calls ``kind`` applies to (``calls``) and, where ``bug`` is given, makes
+    its ``call``-th one with the wrong argument; ``active`` while that call runs, ``hit`` once it
+    has."""
+
+    def __init__(self, kind: str, bug: UserBug | None = None) -> None:
+        super().__init__()
+        self.change, self.bug = BUGS[kind], bug
+        self.calls, self.active, self.hit = 0, False, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if in_backward():
+            return func(*args, **kwargs)
+        try:
+            named = _named(func, args, kwargs)
+            changed = self.change(func, named)
+        except Exception:  # noqa: BLE001 - an argument this bug does not read as it expects
+            changed = None
+        if changed is None:
+            return func(*args, **kwargs)
+        index, self.calls = self.calls, self.calls + 1
+        if self.bug is None or index != self.bug.call:
+            return func(*args, **kwargs)
+        self.active, self.hit = True, True
+        try:
+            return _call(func, changed)
+        finally:
+            self.active = False
+
+
+class CallsInside(TorchDispatchMode):
+    """(op, direction, index among that op's calls) of every ATen call made while ``bug`` is
+    active, counted as CorruptCall counts: the calls the wrong argument went into."""
+
+    def __init__(self, bug: WrongArgument) -> None:
+        super().__init__()
+        self.bug = bug
+        self.counts: dict[tuple[str, str], int] = {}
+        self.calls: list[tuple[str, str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        key = (str(func), "backward" if in_backward() else "forward")
+        index = self.counts.get(key, 0)
+        self.counts[key] = index + 1
+        if self.bug.active:
+            self.calls.append((*key, index))
+        return func(*args, **(kwargs or {}))
