@@ -2,7 +2,7 @@
 
 Kernel faults (faults.py) corrupt what a right call returns; a user's bug is a right kernel
 called wrongly: an attention mask left out, a wrong scale, a norm's eps, GELU's approximation, a
-Linear's bias dropped, a wrong constant. ``WrongArgument`` applies one to the ``call``-th
+Linear's bias dropped, a wrong constant, GELU and SiLU swapped, a square weight transposed. ``WrongArgument`` applies one to the ``call``-th
 applicable call of its kind, as a ``TorchFunctionMode``: above autograd and the recorder, so the
 recorded ATen calls hold the wrong argument, as the user's code would make them. The ATen calls
 made inside that call (``CallsInside``, entered below the recorder) are its ground truth: a
@@ -29,6 +29,7 @@ _SIGNATURES = {  # positional parameter names of the functions changed below
     F.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps"),
     F.group_norm: ("input", "num_groups", "weight", "bias", "eps"),
     F.gelu: ("input", "approximate"),
+    F.silu: ("input", "inplace"),
     F.linear: ("input", "weight", "bias"),
 }
 if hasattr(F, "rms_norm"):
@@ -76,6 +77,24 @@ def _dropped_bias(func, a: dict) -> dict | None:
     return {**a, "bias": None}
 
 
+def _wrong_activation(func, a: dict) -> tuple | None:
+    """GELU run as SiLU and SiLU as GELU (a config's ``hidden_act`` read wrong): another
+    function, so the change returns it with its arguments."""
+    if func is F.gelu:
+        return F.silu, {"input": a["input"]}
+    if func is F.silu:
+        return F.gelu, {"input": a["input"]}
+    return None
+
+
+def _transposed_weight(func, a: dict) -> dict | None:
+    """A square Linear weight used transposed (a checkpoint converter's layout bug)."""
+    w = a.get("weight")
+    if func is not F.linear or not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] != w.shape[1]:
+        return None
+    return {**a, "weight": w.t()}
+
+
 def _wrong_constant(func, a: dict) -> dict | None:
     """A tensor scaled by a wrong Python constant (an attention or embedding scale): x 1.25."""
     if func not in _SCALAR_OPS or len(a) != 2 or not isinstance(a.get(0), torch.Tensor) \
@@ -87,6 +106,7 @@ def _wrong_constant(func, a: dict) -> dict | None:
 BUGS: dict[str, Callable[[Any, dict], dict | None]] = {
     "dropped-mask": _dropped_mask, "attention-scale": _attention_scale, "norm-eps": _norm_eps,
     "gelu-approximation": _gelu_approximation, "dropped-bias": _dropped_bias, "wrong-constant": _wrong_constant,
+    "wrong-activation": _wrong_activation, "transposed-weight": _transposed_weight,
 }
 
 
@@ -138,6 +158,8 @@ class WrongArgument(TorchFunctionMode):
         if self.bug is None or index != self.bug.call:
             return func(*args, **kwargs)
         self.active, self.hit = True, True
+        if isinstance(changed, tuple):  # another function (wrong-activation)
+            func, changed = changed
         try:
             return _call(func, changed)
         finally:

@@ -403,7 +403,12 @@ class _Graph:
         target's comes from ``row``'s call, or None: the target skipped a step of the bench's
         data flow (a dropped attention mask's add, between the scores and the softmax). An op
         the bench runs and the target does not is never judged by its own row (it has no
-        partner); its consumer's inputs, made by different calls, are where it shows."""
+        partner); its consumer's inputs, made by different calls, are where it shows. Forward
+        calls only: in backward, autograd orders each run's gradient accumulation its own way
+        (autocast's casts move it), so a sum the bench alone runs is the same sum associated
+        otherwise, not a step skipped."""
+        if p.target.record.direction == "backward":
+            return None
         src = source_of(dict(p.bench.inputs).get(name))
         if src is None or src.kind != "op" or src.seq == row.bench_seq or src.seq in self.target_of:
             return None

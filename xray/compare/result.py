@@ -43,7 +43,7 @@ class CompareRow:
     status: str = ""
     origin: str = ""  # failing rows: "born" (the error enters here) or "inherited" (an input already differs)
     inputs_agree: str = ""  # "yes", "no", "unknown"
-    cause: str = ""  # why: parameter / target-only op / model input / local error / precision loss / inherited
+    cause: str = ""  # why: parameter / target-only op / bench-only op / model input / argument / local error / precision loss / inherited
     culprit: str = ""  # what the cause names: the parameter, the target-only op, the producing record
     # target seq of the call the error enters at, where no matched record is: a target-only op
     # (cause "target-only op"), or a call de-dup folded (inherited from it: the dump holds no record of it)
