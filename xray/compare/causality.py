@@ -412,7 +412,10 @@ class _Graph:
         src = source_of(dict(p.bench.inputs).get(name))
         if src is None or src.kind != "op" or src.seq == row.bench_seq or src.seq in self.target_of:
             return None
-        return self.bench_entry(src.seq)
+        e = self.bench_entry(src.seq)
+        # a move or a cast computes nothing: the target may make it elsewhere (a transpose
+        # after autocast's cast of a weight, where the bench transposes the float32 weight)
+        return None if e is None or is_value_preserving(e.op) or is_cast(e.op) else e
 
     def bench_entry(self, seq: int) -> Entry | None:
         """The bench's record ``seq``, or None."""
@@ -1150,7 +1153,16 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             e = detail
             # a call the bench ran too (folded into a record of another signature) is not an
             # inserted op: its own local error judges it, as a substituted kernel's does
-            kind, detail = graph.judge_target_only(e, _substituted(p, name, graph) or graph.folded_on_the_bench(e))
+            substituted = _substituted(p, name, graph)
+            kind, detail = graph.judge_target_only(e, substituted or graph.folded_on_the_bench(e))
+            if kind == "computed" and substituted and p.target.record.direction == "forward" \
+                    and not graph.folded_on_the_bench(e):
+                # ops of its own on each side, each right on its inputs, and what they hand on
+                # differs beyond the run's precision (this input fails): not another kernel of the
+                # same computation but another computation (GELU run as SiLU)
+                graph.wrong.setdefault(e.pos, "right on its own inputs, yet it hands on a value beyond the run's "
+                                              "precision from what the bench's own ops made: another computation")
+                kind, detail = "target-only", e
             if kind == "computed":
                 computed_region = computed_region or detail
                 continue
