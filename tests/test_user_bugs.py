@@ -97,3 +97,14 @@ def test_a_transpose_the_bench_alone_runs_is_no_skipped_step(tmp_path):
 
     o = sweep_noise_run("decision_transformer", tmp_path, noise="bf16", backward=True)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
+
+
+def test_a_square_weight_used_transposed_is_born_at_the_inserted_transpose(tmp_path):
+    """GPT-J's v_proj weight (32 x 32) used transposed, float32 on both sides: the transpose the
+    target alone runs keeps every statistic of the weight, so it was looked through as a move
+    that changed nothing, and the matmul, right on its inputs, read as precision loss with the
+    logits 43 % off. Its sample is not its input's: it put the elements elsewhere."""
+    o = _user_bug_run("gptj", UserBug("transposed-weight", 6), tmp_path, noise=None)
+    fd = o.summary["first_divergence"]
+    assert fd is not None and fd["cause"] == "target-only op" and o.exact, o.summary["verdict"]
+    assert "aten.t.default" in fd["culprit"], fd["culprit"]

@@ -620,13 +620,19 @@ def _unmeasured_why(op: Entry) -> str:
 
 def _same_values_by_statistics(op: Entry) -> bool:
     """Statistics only: a value-preserving op (a view, a widening cast) whose output statistics
-    equal its first input's moved its values unchanged (a float16 -> float32 cast always does)."""
+    equal its first input's moved its values unchanged (a float16 -> float32 cast always does).
+    Of one shape, its sample must be its input's too: a square matrix transposed keeps every
+    statistic and puts its elements elsewhere (a weight used transposed)."""
     if not op.outputs or not op.inputs or not is_value_preserving(op.op):
         return False
     out, first = op.outputs[0][1], op.inputs[0][1]
     a, b = _fingerprint(out), _fingerprint(first)  # (shape, dtype, then the statistics)
-    return a is not None and b is not None and None not in a[2:6] and a[2:] == b[2:] \
-        and getattr(out, "numel", None) == getattr(first, "numel", None)
+    if a is None or b is None or None in a[2:6] or a[2:] != b[2:] \
+            or getattr(out, "numel", None) != getattr(first, "numel", None):
+        return False
+    samples = [getattr(getattr(m, "stats", None), "sample", None) for m in (out, first)]
+    return getattr(out, "shape", None) != getattr(first, "shape", None) or None in samples \
+        or tuple(samples[0]) == tuple(samples[1])
 
 
 MAX_REGION = 64  # target-only ops judged one by one behind one input; a longer region stays the origin
