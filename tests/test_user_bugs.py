@@ -1,6 +1,7 @@
 """A user's own bug: a right kernel called with a wrong argument (tools/accuracy/user_bugs.py),
 graded as the architecture sweep grades it (``--scenarios user-bug``): the first divergence must
-name a call made inside the changed one, whatever the run's precision."""
+name a call made inside the changed one, whatever the run's precision. The transformers models'
+runs (each records both sides, and again to locate the call under de-dup) are marked slow."""
 from __future__ import annotations
 
 import sys
@@ -44,6 +45,7 @@ def test_the_wrong_argument_goes_into_one_call_and_its_aten_calls_are_noted():
     assert all(direction == "forward" for _, direction, _ in inside.calls)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("defaults", [True, False], ids=["defaults", "every-call"])
 def test_a_mask_dropped_from_a_decomposed_bf16_attention_is_a_bench_only_op(defaults, tmp_path):
     """Falcon under bf16 autocast runs attention as ops (scores, the mask's add, softmax): with
@@ -54,6 +56,7 @@ def test_a_mask_dropped_from_a_decomposed_bf16_attention_is_a_bench_only_op(defa
     assert fd is not None and fd["cause"] == "bench-only op" and o.exact, o.summary["verdict"]
 
 
+@pytest.mark.slow
 def test_a_doubled_attention_scale_under_bf16_is_an_argument_whatever_the_rows_status(tmp_path):
     """GPT-2's second attention with twice its scale, under bf16 autocast: its output moves within
     bf16's band (the row passed, or was a warning whose re-run with the bench's scale read under
@@ -63,6 +66,7 @@ def test_a_doubled_attention_scale_under_bf16_is_an_argument_whatever_the_rows_s
     assert fd is not None and fd["cause"] == "argument" and "scale" in fd["culprit"] and o.exact, o.summary["verdict"]
 
 
+@pytest.mark.slow
 def test_a_sum_the_bench_alone_runs_in_backward_is_no_skipped_step(tmp_path):
     """An fp16 autocast training step of Llama (eager attention), statistics only, the defaults:
     autograd accumulates each RMS norm's input gradient in another order on each run, so the
@@ -78,6 +82,7 @@ def test_a_sum_the_bench_alone_runs_in_backward_is_no_skipped_step(tmp_path):
     assert o.summary["failed"] == 0, o.summary["verdict"]
 
 
+@pytest.mark.slow
 def test_gelu_run_as_silu_is_another_computation_not_another_kernel(tmp_path):
     """ERNIE's first GELU run as SiLU (a config's hidden_act read wrong), float32 on both sides:
     the bench's gelu and the target's silu are each right on their inputs, so the silu read as a
@@ -89,6 +94,7 @@ def test_gelu_run_as_silu_is_another_computation_not_another_kernel(tmp_path):
     assert "silu" in fd["culprit"], fd["culprit"]
 
 
+@pytest.mark.slow
 def test_a_transpose_the_bench_alone_runs_is_no_skipped_step(tmp_path):
     """Decision Transformer's bf16 training step: the bench transposes a float32 weight, the
     target transposes autocast's bf16 copy of it, so the bench's transpose has no partner. A move
@@ -99,6 +105,7 @@ def test_a_transpose_the_bench_alone_runs_is_no_skipped_step(tmp_path):
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
 
 
+@pytest.mark.slow
 def test_a_square_weight_used_transposed_is_born_at_the_inserted_transpose(tmp_path):
     """GPT-J's v_proj weight (32 x 32) used transposed, float32 on both sides: the transpose the
     target alone runs keeps every statistic of the weight, so it was looked through as a move
