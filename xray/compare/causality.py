@@ -1159,16 +1159,7 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             e = detail
             # a call the bench ran too (folded into a record of another signature) is not an
             # inserted op: its own local error judges it, as a substituted kernel's does
-            substituted = _substituted(p, name, graph)
-            kind, detail = graph.judge_target_only(e, substituted or graph.folded_on_the_bench(e))
-            if kind == "computed" and substituted and p.target.record.direction == "forward" \
-                    and not graph.folded_on_the_bench(e):
-                # ops of its own on each side, each right on its inputs, and what they hand on
-                # differs beyond the run's precision (this input fails): not another kernel of the
-                # same computation but another computation (GELU run as SiLU)
-                graph.wrong.setdefault(e.pos, "right on its own inputs, yet it hands on a value beyond the run's "
-                                              "precision from what the bench's own ops made: another computation")
-                kind, detail = "target-only", e
+            kind, detail = graph.judge_target_only(e, _substituted(p, name, graph) or graph.folded_on_the_bench(e))
             if kind == "computed":
                 computed_region = computed_region or detail
                 continue
