@@ -134,7 +134,8 @@ def test_a_sparse_bug_in_a_copy_its_sample_missed_is_named(model_type, call, han
     assert o.crash is None and o.harness_error is None, (o.crash, o.harness_error)
     fd = o.summary["first_divergence"]
     assert o.exact, fd
-    if handed_on:
-        assert "aten.clone.default" in fd["culprit"], fd
+    if handed_on:  # the clone named: born on its own self-check (a small float32 output keeps one in
+        # any run, and reads every element), or as the nearest copy behind the matmul's unseen input
+        assert fd["op"] == "aten.clone.default" or "aten.clone.default" in fd["culprit"], fd
     else:
         assert fd["op"] == "aten.clone.default" and (fd["origin"], fd["cause"]) == ("born", "local error"), fd
