@@ -128,7 +128,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 continue
             if r.status == PairStatus.WARNING.value and ARGUMENT_SUSPECT in (r.note or ""):
                 # it passed; only its call's arguments made it suspect (engine._suspect_arguments)
-                r.note = "; ".join(x for x in r.note.split("; ") if x != ARGUMENT_SUSPECT)
+                _drop_note(r, ARGUMENT_SUSPECT)
                 if _differing_argument(p, r, k, graph) is not None:
                     r.status = PairStatus.FAIL.value
                     r.note = "; ".join(x for x in (r.note, "its values pass, but it ran with another argument") if x)
@@ -140,7 +140,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 # Where the bench's own call is as wrong (one kernel bug on both runs), the runs agree.
                 if not _wrong_on_its_inputs(p, k, floors) or _wrong_on_the_bench_too(p, k, floors):
                     r.status = PairStatus.PASS.value
-                    r.note = "; ".join(x for x in r.note.split("; ") if x != CHECK_SUSPECT)
+                    _drop_note(r, CHECK_SUSPECT)
                     continue
                 r.status = PairStatus.FAIL.value
                 r.note = "; ".join(x for x in (r.note, "its statistics and sample pass, but it is wrong on its "
@@ -198,6 +198,11 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
     if reads_right(check) and (on_sample is None or _beyond_own_floor(on_sample) <= 1):
         return check  # both right: the check read the call, the sample 32 of its elements
     return _sharper_of(on_sample, check)
+
+
+def _drop_note(r: CompareRow, text: str) -> None:
+    """Take a suspicion's mark (engine's CHECK_SUSPECT, ARGUMENT_SUSPECT) off row ``r``'s note."""
+    r.note = "; ".join(x for x in r.note.split("; ") if x != text)
 
 
 def _say_measured_on(r: CompareRow, le: LocalError) -> None:

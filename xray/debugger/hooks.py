@@ -25,7 +25,6 @@ from ..dump.dispatch_modes import no_dispatch_modes
 from .capture import CallKey, TensorCapture, call_key
 
 
-
 def _user_modes() -> bool:
     """A TorchDispatchMode (dump_torch_api's tracer) or a TorchFunctionMode is on: neither may see
     the debugger's own tensor work (dump/dispatch_modes.py)."""
