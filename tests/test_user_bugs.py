@@ -83,6 +83,19 @@ def test_a_sum_the_bench_alone_runs_in_backward_is_no_skipped_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("noise", [None, "bf16"], ids=["fp32", "bf16"])
+def test_gelu_run_as_silu_is_another_function_not_another_kernel(noise, tmp_path):
+    """ERNIE's first GELU run as SiLU (a config's hidden_act read wrong): the bench's gelu and
+    the target's silu are each right on their inputs, so the silu read as a substituted kernel
+    and the verdict was "precision". They read the same values (one matched producer), and silu
+    run on the gelu's sampled inputs is far off its sampled output: another function."""
+    o = _user_bug_run("ernie", UserBug("wrong-activation", 0), tmp_path, noise=noise)
+    fd = o.summary["first_divergence"]
+    assert fd is not None and fd["cause"] == "target-only op" and o.exact, o.summary["verdict"]
+    assert "another function" in fd["culprit"], fd["culprit"]
+
+
+@pytest.mark.slow
 def test_a_transpose_the_bench_alone_runs_is_no_skipped_step(tmp_path):
     """Decision Transformer's bf16 training step: the bench transposes a float32 weight, the
     target transposes autocast's bf16 copy of it, so the bench's transpose has no partner. A move
@@ -103,3 +116,116 @@ def test_a_square_weight_used_transposed_is_born_at_the_inserted_transpose(tmp_p
     fd = o.summary["first_divergence"]
     assert fd is not None and fd["cause"] == "target-only op" and o.exact, o.summary["verdict"]
     assert "aten.t.default" in fd["culprit"], fd["culprit"]
+
+
+@pytest.mark.slow
+def test_a_square_weight_used_transposed_under_bf16_is_born_at_the_transpose(tmp_path):
+    """nanochat's second o_proj weight used transposed under bf16 autocast, the defaults: the
+    matmul's statistics moved 16 %, inside bf16's warning band, and its weight's sample
+    (elementwise another tensor) was never weighed, so "no row fails". Between the value both
+    runs share (the bench's transpose) and what the matmul read lie only target-only moves and
+    casts; their samples say which one moved the elements."""
+    o = _user_bug_run("nanochat", UserBug("transposed-weight", 1), tmp_path)
+    fd = o.summary["first_divergence"]
+    assert fd is not None and fd["cause"] == "target-only op" and o.exact, o.summary["verdict"]
+    assert "aten.t.default" in fd["culprit"], fd["culprit"]
+
+
+def test_a_square_weight_used_transposed_at_a_real_size_under_bf16_is_born_at_the_transpose(tmp_path):
+    """A 1024 x 1024 projection over 512 tokens, its weight used transposed under bf16 autocast,
+    recorded with statistics and samples only (``X_DUMP_NUM=0``, as the defaults keep most records
+    of a large model): the transpose the target alone runs is named, not left as a bf16 warning
+    on the matmul."""
+    import xray
+    from xray.compare import compare_dumps
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(1024, 1024, generator=g) * 0.03, torch.randn(1, 512, 1024, generator=g)
+
+    def run(folder, weight, autocast):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+                xray.dump(dump_dir=folder, X_DUMP_NUM=0) as d:
+            torch.nn.functional.linear(x, weight(w)).sum()
+        return d.folder
+
+    bench = run(tmp_path / "b", lambda v: v, False)
+    fd = compare_dumps(bench, run(tmp_path / "t", lambda v: v.t(), True)).summary.first_divergence
+    assert fd is not None and fd["cause"] == "target-only op" and "aten.t.default" in fd["culprit"], fd
+    assert compare_dumps(bench, run(tmp_path / "t2", lambda v: v, True)).summary.failed == 0
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_a_transpose_the_target_skips_at_a_real_size_is_a_bench_only_op(autocast, tmp_path):
+    """The bench feeds a 1024 x 1024 projection its weight transposed, the target forgets to
+    (512 tokens, statistics and samples only). The matmul computes right on its inputs and its
+    statistics move 11 %: "precision" even in float32, a bench-only move being taken for one the
+    target makes elsewhere. The weight the matmul reads differs on its sample far beyond what its
+    matched producer carries, so the bench's transpose is a step the target skipped."""
+    import xray
+    from xray.compare import compare_dumps
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(1024, 1024, generator=g) * 0.03, torch.randn(1, 512, 1024, generator=g)
+
+    def run(folder, weight, autocast):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+                xray.dump(dump_dir=folder, X_DUMP_NUM=0) as d:
+            torch.nn.functional.linear(x, weight(w)).relu().sum()
+        return d.folder
+
+    bench = run(tmp_path / "b", lambda v: v.t(), False)
+    fd = compare_dumps(bench, run(tmp_path / "t", lambda v: v, autocast)).summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op" and "aten.t.default" in fd["culprit"], fd
+    assert compare_dumps(bench, run(tmp_path / "t2", lambda v: v.t(), autocast)).summary.failed == 0
+
+
+def _mlp_dump(folder, activation, scale, autocast=False):
+    """A transformer MLP at a real size (1x512 tokens, hidden 1024, 2816 wide), recorded with the
+    defaults; ``activation`` between its projections, ``scale`` applied to the hidden state as the
+    caller spells it (``x / 8`` or ``x * 0.125``: one function, two ops)."""
+    import xray
+
+    g = torch.Generator().manual_seed(0)
+    up, down = torch.randn(2816, 1024, generator=g) * 0.03, torch.randn(1024, 2816, generator=g) * 0.02
+    x = torch.randn(1, 512, 1024, generator=g)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), xray.dump(dump_dir=folder) as d:
+        h = scale(torch.nn.functional.linear(x, up))
+        torch.nn.functional.linear(activation(h), down).sum()
+    return d.folder
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_an_activation_swapped_at_a_real_size_is_another_function(autocast, tmp_path):
+    """GELU on the bench, SiLU on the target: two ops, each right on its own inputs, reading the
+    same values (one matched producer). SiLU run on the gelu's sampled inputs is far off its
+    sampled output, so the target's silu is born, not "another kernel of the same computation"."""
+    from xray.compare import compare_dumps
+
+    gelu, silu = torch.nn.functional.gelu, torch.nn.functional.silu
+    r = compare_dumps(_mlp_dump(tmp_path / "b", gelu, lambda h: h / 8),
+                      _mlp_dump(tmp_path / "t", silu, lambda h: h / 8, autocast))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "target-only op" and fd["target_op"] == "aten.silu.default", r.summary.verdict
+    assert "another function" in fd["culprit"]
+
+
+def test_one_function_spelled_with_another_op_computes_the_same_on_the_sample(tmp_path):
+    """The bench scales by ``h / 3``, the target by ``h * (1 / 3)``: a div and a mul that pair
+    with nothing. The mul run on the div's sampled inputs gives the div's sampled output to
+    float32's rounding, so the pair is one function (and GELU against SiLU is not)."""
+    from xray.compare.sample_local import swapped_local_error
+    from xray.dump.reader import read_trace
+
+    gelu, silu = torch.nn.functional.gelu, torch.nn.functional.silu
+
+    def record(op, folder, activation, scale):
+        return next(r for r in read_trace(_mlp_dump(folder, activation, scale)).records if r.op == op)
+
+    div = record("aten.div.Tensor", tmp_path / "b", gelu, lambda h: h / 3)
+    mul = record("aten.mul.Tensor", tmp_path / "t", gelu, lambda h: h * (1 / 3))
+    same = swapped_local_error(div, mul, 0)
+    assert same is not None and same.local <= 2 * torch.finfo(torch.float32).eps, same
+    g = record("aten.gelu.default", tmp_path / "b2", gelu, lambda h: h / 3)
+    s = record("aten.silu.default", tmp_path / "t2", silu, lambda h: h / 3)
+    other = swapped_local_error(g, s, 0)
+    assert other is not None and other.local > 1e-2, other

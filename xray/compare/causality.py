@@ -40,8 +40,8 @@ from ..record.elementwise_check import rerun_op
 from .entry_records import Entry
 from .local import ARGUMENT_SUSPECT, CHECK_SUSPECT, LocalError, checked_error, local_error, local_error_with, measurable, reads_right
 from .moved_values import moved_local_error
-from .sample_local import sample_local_error
-from .sample_verdicts import sample_decided
+from .sample_local import sample_local_error, swapped_local_error, tensor_arguments
+from .sample_verdicts import sample_decided, sample_peak
 from .matching import op_base
 from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
@@ -118,12 +118,20 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     for p in pending:  # target execution order: producers are decided before their consumers
         agree = agreement(p.inputs)  # (per row below: row_inputs)
         inserted = _inserted_op_change(p, graph, matched_target, target_dump, rules)
+        skipped = _skipped_move(p, graph) if inserted is None and any(r.status in SUSPECT for r in p.rows) else None
         for k, r in enumerate(p.rows):
             if inserted is not None and r.status in SUSPECT:
                 op, why = inserted
                 r.status, r.inputs_agree = PairStatus.FAIL.value, agree
                 set_origin(r, "born", "target-only op", f"target-only op {op.name} {why}")
                 r.culprit_target_seq = op.record.seq
+                seen.origin = True
+                continue
+            if skipped is not None and r.status in SUSPECT:
+                name, op = skipped
+                r.status, r.inputs_agree = PairStatus.FAIL.value, agree
+                set_origin(r, "born", "bench-only op", f"bench-only op {op.name} makes the bench's {name}; "
+                                                        "the target runs no such step")
                 seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value and ARGUMENT_SUSPECT in (r.note or ""):
@@ -250,6 +258,10 @@ def _judge_the_target_only(rows: Sequence[CompareRow], graph: "_Graph", floors: 
         le = local_error(e.record, graph.dump, meta, k) if measurable(meta, e.op) else _unsaved_local_error(e.record, meta, k)
         floor = floors.floor(le, e.op, reduction_length(e.record, k)) if le is not None else None
         if floor is None or le.local <= floor:
+            swapped = graph.swapped_for(e) if k == 0 else None
+            if swapped is not None:
+                r.status, r.culprit_target_seq = PairStatus.FAIL.value, e.record.seq
+                set_origin(r, "born", "target-only op", f"this op is {swapped}")
             continue
         r.status, r.local_err, r.local_floor = PairStatus.FAIL.value, le.local, floor
         why = ("the bench de-duplicated its call into a record of another signature"
@@ -365,6 +377,8 @@ class _Graph:
         # target pos -> why a target-only op fails its judgement: a substituted kernel wrong on its
         # inputs, or an op that could not be judged (_unmeasured_why)
         self.wrong: dict[int, str] = {}
+        self._swapped: dict[tuple[int, int], str | None] = {}  # (target pos, bench seq) -> another_function
+        self._readers: dict[tuple[int, int], list[int]] | None = None  # target (seq, index) -> seqs reading it
         self._columns = columns  # (bench, target) dump columns: written_by_the_run
         self._first_reads: tuple[dict, dict] | None = None  # (bench, target) module state at its first read
 
@@ -418,9 +432,39 @@ class _Graph:
         if src is None or src.kind != "op" or src.seq == row.bench_seq or src.seq in self.target_of:
             return None
         e = self.bench_entry(src.seq)
+        if e is None:
+            return None
         # a move or a cast computes nothing: the target may make it elsewhere (a transpose
-        # after autocast's cast of a weight, where the bench transposes the float32 weight)
-        return None if e is None or is_value_preserving(e.op) or is_cast(e.op) else e
+        # after autocast's cast of a weight, where the bench transposes the float32 weight), and
+        # then what the consumer reads differs as little as what its target producer carries
+        if is_value_preserving(e.op) or is_cast(e.op):
+            return e if self._moved_apart(p, name, row) else None
+        return e
+
+    def _moved_apart(self, p: Pending, name: str, row: CompareRow) -> bool:
+        """Whether input ``name`` of ``p``, of one shape on both sides, differs on its statistics
+        or its sample (the same positions) far beyond what ``row``, its target producer's, carries
+        and the row's tolerance: the bench's own move put other values there (a transpose the
+        target skipped keeps every statistic of a square weight, not its elements)."""
+        bench = dict(p.bench.inputs).get(name)
+        target = next((m for n, m, _, _ in p.inputs if n == name), None)
+        if not isinstance(bench, TensorMeta) or not isinstance(target, TensorMeta) \
+                or tuple(bench.shape) != tuple(target.shape) or self.floors is None:
+            return False
+        carried = max(_row_error(row) or 0.0, row.rtol or 0.0)
+        st_b, st_t = getattr(bench, "stats", None), getattr(target, "stats", None)
+        peak = sample_peak(st_b) if st_b is not None else math.nan
+        on_stats = statistics_only.stats_difference(st_b, st_t) / peak if st_t is not None and peak > 0 else 0.0
+        differs = max(on_stats if math.isfinite(on_stats) else 0.0, statistics_only.sample_error(bench, target))
+        return differs > self.floors.rules.precision_factor * carried
+
+    def _row_of_bench(self, src: Source) -> CompareRow | None:
+        """The row of the bench's output ``src`` (an op's), as ``source_kind`` picks it."""
+        e = self.target_of.get(src.seq)
+        rows = self.rows_of.get(e.pos) if e is not None else None
+        if not rows:
+            return None
+        return rows[src.index] if src.index < len(rows) else rows[0]
 
     def bench_entry(self, seq: int) -> Entry | None:
         """The bench's record ``seq``, or None."""
@@ -584,6 +628,97 @@ class _Graph:
             return "target-only", e
         why = f"{len(ops)} target-only op(s) from {e.name} back computed right on their inputs"
         return "computed", why + (f" ({casts[0]}: precision loss)" if casts else "")
+
+    def another_function(self, p: Pending, name: str, e: Entry) -> str | None:
+        """Why target-only op ``e``, right on its own inputs, is no other kernel of the bench's
+        computation, or None. The bench made input ``name`` of ``p`` with one op of its own from
+        the values ``e`` reads (each tensor argument's producers a matched pair, or one parameter);
+        ``e``'s op run on that op's sampled inputs must then give its sampled output
+        (``sample_local.swapped_local_error``). GELU run as SiLU is each op right on its own
+        inputs, and another function of the same values; a fused attention for a decomposed one
+        has no single bench op to run it against, and is not judged here."""
+        return self._against_the_bench_maker(dict(p.bench.inputs).get(name), e)
+
+    def swapped_for(self, e: Entry) -> str | None:
+        """``another_function`` for a target-only op ``e`` whatever its consumers' status: each
+        matched consumer of what ``e`` makes (through target-only moves and casts) against the
+        bench op that made the same argument of its partner. GELU run as SiLU under bf16 can hand
+        on a value within bf16's band, so no consumer fails, yet the two compute other functions
+        of one value."""
+        if e.kind != "op" or self.floors is None or is_value_preserving(e.op) or is_cast(e.op):
+            return None
+        todo, seen = [(e.record.seq, 0)], set()
+        while todo and len(seen) < MAX_REGION:
+            made = todo.pop()
+            seen.add(made)
+            for seq in self.readers(made[0], made[1]):
+                reader = self.by_seq.get(seq)
+                rows = self.rows_of.get(reader.pos) if reader is not None else None
+                if reader is None or not rows:  # a target-only move or cast hands it on
+                    if reader is not None and (is_value_preserving(reader.op) or is_cast(reader.op)) \
+                            and (seq, 0) not in seen:
+                        todo.append((seq, 0))
+                    continue
+                partner = self.bench_entry(rows[0].bench_seq) if rows[0].bench_seq is not None else None
+                if partner is None:
+                    continue
+                theirs = dict(partner.inputs)
+                for name, m in reader.inputs:
+                    src = source_of(m)
+                    if src is not None and src.kind == "op" and (src.seq, src.index) == made \
+                            and (why := self._against_the_bench_maker(theirs.get(name), e)) is not None:
+                        return why
+        return None
+
+    def readers(self, seq: int, index: int) -> list[int]:
+        """The seqs of the target's records that read output ``index`` of its call ``seq``."""
+        if self._readers is None:
+            self._readers = {}
+            cols = self._columns[1]
+            if cols is not None and len(cols.tensors):
+                from ..dump.columns import INPUT, SRC_OP
+
+                t = cols.tensors
+                rows = np.flatnonzero((t["role"] == INPUT) & (t["src_kind"] == SRC_OP))
+                readers = cols.records["seq"][t["record"][rows]]
+                for src, i, reader in zip(t["src_seq"][rows].tolist(), t["src_index"][rows].tolist(), readers.tolist()):
+                    got = self._readers.setdefault((src, i), [])
+                    if not got or got[-1] != reader:
+                        got.append(reader)
+        return self._readers.get((seq, index), [])
+
+    def _against_the_bench_maker(self, bench_meta: Any, e: Entry) -> str | None:
+        """``another_function``'s test of ``e`` against the bench-only op that made ``bench_meta``."""
+        src = _op_source(bench_meta)
+        b = self.bench_entry(src.seq) if src is not None and src.seq not in self.target_of else None
+        if b is None or b.kind != "op" or e.kind != "op" or self.floors is None \
+                or any(is_value_preserving(x) or is_cast(x) for x in (e.op, b.op)):
+            return None
+        key = (e.pos, src.seq)
+        if key not in self._swapped:
+            self._swapped[key] = self._swapped_why(b, e, src.index or 0)
+        return self._swapped[key]
+
+    def _swapped_why(self, b: Entry, e: Entry, k: int) -> str | None:
+        """Why ``e`` computes another function than bench op ``b`` (its output ``k``) of the same
+        values, or None: not the same values, not measurable on the samples, or within the floor."""
+        ours, theirs = tensor_arguments(e.record), tensor_arguments(b.record)
+        if not ours or theirs is None or len(ours) != len(theirs):
+            return None
+        for (_, mt), (_, mb) in zip(ours, theirs):  # the same values on both sides
+            kind, detail = self.producer(mt, e.record.seq)
+            sb = source_of(mb)
+            same = sb is not None and (
+                kind == "settled" and sb.kind == "op" and detail is self._row_of_bench(sb)
+                or kind == "param" and sb.kind in ("param", "buffer") and detail == sb.name)
+            if not same:
+                return None
+        le = swapped_local_error(b.record, e.record, k)
+        if le is None or not self.floors.beyond(le, e.op, 1):
+            return None
+        return (f"right on its own inputs, yet run on the sampled inputs of the bench's {b.name} it is "
+                f"{le.local:.3g} off that call's output (floor {self.floors.floor(le, e.op, 1):.3g}): "
+                "another function of the same values")
 
     def _computed_right(self, op: Entry, substituted: bool) -> bool | None:
         """True: within its floor (and, when inserted, value-preserving); False: beyond it;
@@ -1164,7 +1299,11 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             e = detail
             # a call the bench ran too (folded into a record of another signature) is not an
             # inserted op: its own local error judges it, as a substituted kernel's does
-            kind, detail = graph.judge_target_only(e, _substituted(p, name, graph) or graph.folded_on_the_bench(e))
+            substituted = _substituted(p, name, graph)
+            kind, detail = graph.judge_target_only(e, substituted or graph.folded_on_the_bench(e))
+            if kind == "computed" and substituted and (why := graph.another_function(p, name, e)) is not None:
+                graph.wrong.setdefault(e.pos, why)
+                kind, detail = "target-only", e
             if kind == "computed":
                 computed_region = computed_region or detail
                 continue
@@ -1392,10 +1531,14 @@ def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: A
     straight from a record the target also ran, the target routes it through an extra op) must
     leave the values alone but for its output dtype's rounding, as autocast's casts do. One that
     changes them beyond that is where the difference enters, even when the difference is small
-    enough to pass as precision downstream. Returns (that op, what it did), or None."""
+    enough to pass as precision downstream. Measured on the saved tensors; where they were not
+    saved, on the samples of the shared value and of what the consumer received, where those
+    have one shape (positions come from the shape: the same elements) and only moves and casts
+    lie between them (a square weight transposed keeps every statistic, not its elements).
+    Returns (that op, what it did), or None."""
     bench_inputs = dict(p.bench.inputs)
     for name, meta, status, _ in p.inputs:
-        if status == PairStatus.PASS.value or name not in bench_inputs or meta.data is None:
+        if status == PairStatus.PASS.value or name not in bench_inputs:
             continue
         kind, op = graph.producer(meta, p.target.record.seq)
         if kind != "target-only" or graph.folded_on_the_bench(op):  # a call the bench folded is no insertion
@@ -1404,23 +1547,108 @@ def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: A
         if src_b is None or matched_target.get(src_b.seq) is None:
             continue  # the bench made it another way (a substituted implementation), not an insertion
         shared = matched_target[src_b.seq].record.seq
-        feeds = [m for _, m in op.inputs if m.data is not None and m.numel == meta.numel
-                 and getattr(_op_source(m), "seq", None) == shared]
-        if len(feeds) != 1:
-            continue
-        try:
-            before, after = dump.load_tensor(feeds[0]), dump.load_tensor(meta)
-        except (KeyError, OSError, ValueError):
-            continue
-        if not (before.is_floating_point() and after.is_floating_point()):
-            continue
-        change = normwise_error(after, before.to(after.dtype).to(torch.float64))
-        # the values passed through op's output dtype too (a bf16 cast, widened back: producer looks through that)
-        coarsest = max([after.dtype] + [dtype_from_name(m.dtype) for _, m in op.outputs], key=eps)
-        allowed = rules.local_factor * eps(coarsest)
-        if change > allowed:
-            return op, f"changed its input by {change:.3g}, beyond {dtype_name(coarsest)} rounding ({allowed:.3g})"
+        found = (_saved_change(op, meta, shared, dump, rules) if meta.data is not None else None) \
+            or _sampled_change(op, meta, shared, graph, rules)
+        if found is not None:
+            return found
     return None
+
+
+def _skipped_move(p: Pending, graph: _Graph) -> tuple[str, Entry] | None:
+    """(input name, the bench-only move or cast that made it) where the target reads that input
+    straight from a matched record and the bench's move put other values there, far beyond
+    what the matched record carries (``_Graph._moved_apart``): the target skipped the move. A
+    statistics row (a bf16 matmul fed a square weight untransposed moves 11 %, inside bf16's
+    warning band) is judged so too, not only a failing one (``_decide``'s O2b)."""
+    for name, meta, status, _ in p.inputs:
+        if status == PairStatus.PASS.value:
+            continue
+        kind, row = graph.producer(meta, p.target.record.seq)
+        if kind != "settled":
+            continue
+        e = graph.skipped_on_the_target(p, name, row)
+        if e is not None and (is_value_preserving(e.op) or is_cast(e.op)):
+            return name, e
+    return None
+
+
+def _beyond_rounding(op: Entry, change: float, through: list[Entry], meta: Any, rules: Any) -> tuple[Entry, str] | None:
+    """(op, what it did) where ``change`` is beyond the rounding of the coarsest dtype the values
+    passed through (a bf16 cast widened back: ``producer`` looks through that), else None."""
+    coarsest = max([dtype_from_name(meta.dtype)] + [dtype_from_name(m.dtype) for x in through for _, m in x.outputs],
+                   key=eps)
+    allowed = rules.local_factor * eps(coarsest)
+    if change <= allowed:
+        return None
+    return op, f"changed its input by {change:.3g}, beyond {dtype_name(coarsest)} rounding ({allowed:.3g})"
+
+
+def _saved_change(op: Entry, meta: Any, shared: int, dump: Any, rules: Any) -> tuple[Entry, str] | None:
+    """``_inserted_op_change`` on saved tensors: the shared value ``op`` reads against ``meta``."""
+    feeds = [m for _, m in op.inputs if m.data is not None and m.numel == meta.numel
+             and getattr(_op_source(m), "seq", None) == shared]
+    if len(feeds) != 1:
+        return None
+    try:
+        before, after = dump.load_tensor(feeds[0]), dump.load_tensor(meta)
+    except (KeyError, OSError, ValueError):
+        return None
+    if not (before.is_floating_point() and after.is_floating_point()):
+        return None
+    return _beyond_rounding(op, normwise_error(after, before.to(after.dtype).to(torch.float64)), [op], meta, rules)
+
+
+def _sampled_change(op: Entry, meta: Any, shared: int, graph: _Graph, rules: Any) -> tuple[Entry, str] | None:
+    """``_inserted_op_change`` on samples: the target-only moves and casts from the shared value
+    to ``meta``, each one's output sample against the shared value's, from the first on; the
+    first beyond the rounding of the dtypes passed through is named. None where another op lies
+    between, or a sample does not hold the same elements (another shape)."""
+    chain, cur = [], op
+    for _ in range(MAX_REGION):
+        if not (is_value_preserving(cur.op) or is_cast(cur.op)) or not cur.inputs:
+            return None
+        chain.append(cur)
+        first = cur.inputs[0][1]
+        src = _op_source(first)
+        if src is None:
+            return None
+        if src.seq == shared:
+            break
+        cur = graph.by_seq.get(src.seq)
+        if cur is None or graph.rows_of.get(cur.pos) is not None:
+            return None  # not recorded, or a matched record: not a chain of target-only ops
+    else:
+        return None
+    before = _sample_of(first, first)
+    if before is None or _beyond_rounding(op, _sampled_difference(meta, before, first), chain, meta, rules) is None:
+        return None  # what the consumer received is the shared value, rounded (a transpose and back)
+    chain.reverse()
+    for i, x in enumerate(chain):
+        change = _sampled_difference(x.outputs[0][1] if x.outputs else None, before, first)
+        if (named := _beyond_rounding(x, change, chain[:i + 1], meta, rules)) is not None:
+            return named
+    return _beyond_rounding(op, _sampled_difference(meta, before, first), chain, meta, rules)
+
+
+def _sampled_difference(meta: Any, before: np.ndarray, like: Any) -> float:
+    """The normwise difference of ``meta``'s sample from ``before`` (``like``'s), 0 where the
+    samples do not hold the same elements."""
+    after = _sample_of(meta, like)
+    if after is None:
+        return 0.0
+    scale = float(np.linalg.norm(before))
+    return float(np.linalg.norm(after - before)) / scale if scale > 0 else 0.0 if not after.any() else math.inf
+
+
+def _sample_of(meta: Any, like: Any) -> np.ndarray | None:
+    """``meta``'s sample as float64, where it holds the elements ``like``'s does (one shape, one
+    length) and is finite; else None."""
+    sample, other = getattr(meta, "sample", None), getattr(like, "sample", None)
+    if not sample or not other or len(sample) != len(other) or tuple(meta.shape) != tuple(like.shape) \
+            or not dtype_from_name(meta.dtype).is_floating_point:
+        return None
+    values = np.asarray(sample, dtype=np.float64)
+    return values if np.isfinite(values).all() else None
 
 
 def _row_error(r: CompareRow) -> float | None:

@@ -194,3 +194,32 @@ def carried_on_sample(bench: Record, target: Record, output: TensorMeta, k: int)
         return None
     except Exception:  # noqa: BLE001 -- any op may refuse these inputs or float64
         return None
+
+
+def tensor_arguments(record: Record) -> list[tuple[str, TensorMeta]] | None:
+    """``record``'s tensor arguments in call order, or None where one is a list (its items are
+    no single value to substitute)."""
+    out = []
+    for name, v in record.inputs.items():
+        if isinstance(v, (list, tuple)) and any(isinstance(x, TensorMeta) for x in v):
+            return None
+        if isinstance(v, TensorMeta):
+            out.append((name, v))
+    return out
+
+
+def swapped_local_error(bench: Record, target: Record, k: int) -> LocalError | None:
+    """The target's elementwise op run on the bench op's sampled inputs, measured against the
+    bench's output ``k`` on its sample: whether two different ops (a bench ``gelu``, a target
+    ``silu``) compute one function of the same values. Its tensor arguments, in call order, are
+    the bench's (same count and shapes), its other arguments its own. None where the samples
+    cannot tell (another kind of op, a random one, arguments that do not line up)."""
+    ours, theirs = tensor_arguments(target), tensor_arguments(bench)
+    if ours is None or theirs is None or len(ours) != len(theirs) or not ours \
+            or any(tuple(a.shape) != tuple(b.shape) for (_, a), (_, b) in zip(ours, theirs)) \
+            or k >= len(bench.outputs) or len(bench.outputs) != len(target.outputs) \
+            or not isinstance(bench.outputs[k], TensorMeta):
+        return None
+    given = {name: meta for (name, _), (_, meta) in zip(ours, theirs)}
+    swapped = dataclasses.replace(target, inputs={n: given.get(n, v) for n, v in target.inputs.items()})
+    return sample_local_error(swapped, bench.outputs[k], k)

@@ -199,7 +199,7 @@ def carried_error(p: Pending, k: int, disagreeing: bool = False) -> tuple[float,
     ``stats_err`` and ``accumulated_err``: the largest difference over the bench's largest
     magnitude. ``disagreeing``: inputs that passed (or were skipped) carry nothing in."""
     bench, upstream = dict(p.bench.inputs), p.run.upstream_error
-    errors = [max(e, _sample_err(bench.get(name), meta), upstream(meta) if upstream is not None else 0.0)
+    errors = [max(e, sample_error(bench.get(name), meta), upstream(meta) if upstream is not None else 0.0)
               for name, meta, status, stat in row_inputs(p, k)
               if (e := p.input_errors.get(name, stat)) is not None
               and not (disagreeing and status in (PairStatus.PASS.value, PairStatus.SKIP.value))]
@@ -305,7 +305,7 @@ _ATTENTION_BACKWARD = frozenset(f"_scaled_dot_product_{kind}_backward" for kind 
     "flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"))
 
 
-def _sample_err(bench: Any, target: Any) -> float:
+def sample_error(bench: Any, target: Any) -> float:
     """sample_judge's ``sample_err`` of two sampled tensors (0.0 without a sample on both sides)."""
     b, t = getattr(getattr(bench, "stats", None), "sample", None), getattr(getattr(target, "stats", None), "sample", None)
     err = sample_judge.judge_one(b, t, 0.0, 0.0, 0.0, math.nan, Rules())[1]  # (the rules set no part of it)

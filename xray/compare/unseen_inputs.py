@@ -30,7 +30,7 @@ from ..numerics.selections import selection_of
 from .moved_values import same_multiset
 from .op_classes import is_value_preserving
 from .pending import Pending, row_inputs
-from .statistics_only import _sample_err
+from .statistics_only import sample_error
 
 MAX_CHAIN = 64  # value-moving ops looked through behind one input
 UNSEEN_FACTOR = 10.0  # how far beyond its local floor (times the precision factor) the row must differ
@@ -60,7 +60,7 @@ def unseen_input_difference(p: Pending, k: int, row_err: float | None, floor: fl
         if getattr(meta, "stats", None) is None and getattr(meta, "shape", None) is None:
             continue  # not a tensor
         error = p.input_errors.get(name, stat)
-        if error is None or error != 0 or _sample_err(bench.get(name), meta) != 0:
+        if error is None or error != 0 or sample_error(bench.get(name), meta) != 0:
             return None  # an input shows a difference (or was not judged): the usual rules weigh it
         sources.append(_seq_of(meta))
     if not sources:
