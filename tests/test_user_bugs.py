@@ -231,3 +231,83 @@ def test_one_function_spelled_with_another_op_computes_the_same_on_the_sample(tm
     s = record("aten.silu.default", tmp_path / "t2", silu, lambda h: h / 3)
     other = swapped_local_error(g, s, 0)
     assert other is not None and other.local > 1e-2, other
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.nn.functional.softmax(x, dim=-1), lambda x: torch.softmax(x, -1), lambda x: x.softmax(-1),
+    lambda x: x.softmax(dim=3)], ids=["functional", "torch", "method", "keyword"])
+def test_a_softmax_over_the_wrong_dimension_normalises_the_other_of_the_last_two(call):
+    x = torch.randn(2, 3, 4, 5)
+    wrong = WrongArgument("softmax-dim", UserBug("softmax-dim", 0))
+    inside = CallsInside(wrong)
+    with wrong, inside:
+        y = call(x)
+    assert wrong.hit and inside.calls == [("aten._softmax.default", "forward", 0)]
+    assert torch.allclose(y.sum(-2), torch.ones(2, 3, 5)) and not torch.allclose(y.sum(-1), torch.ones(2, 3, 4))
+    counter = WrongArgument("softmax-dim")
+    with counter:
+        torch.softmax(torch.randn(1, 4), -1), torch.softmax(torch.randn(3, 4, 5), 0)  # no other dim; not the last two
+    assert counter.calls == 0
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_attention_probabilities_normalised_over_the_queries_at_a_real_size_are_an_argument(autocast, tmp_path):
+    """Math-form attention at a real size (8 heads of 128, hidden 1024, 512 tokens), recorded with
+    the defaults; the target's softmax runs over the queries. Its scores agree, its kernel is
+    right on its inputs: only the call's ``dim`` tells, and compare names it, under bf16 too."""
+    import xray
+    from xray.compare import compare_dumps
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 512, 128, generator=g) for _ in range(3))
+
+    def run(folder, bug):
+        wrong = WrongArgument("softmax-dim", UserBug("softmax-dim", 0 if bug else -1))
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+                xray.dump(dump_dir=folder) as d, wrong:
+            torch.softmax(q @ k.transpose(-1, -2) / 128 ** 0.5, -1) @ v
+        assert wrong.hit == bug
+        return d.folder
+
+    bench = run(tmp_path / "b", False)
+    fd = compare_dumps(bench, run(tmp_path / "t", True)).summary.first_divergence
+    assert fd is not None and fd["cause"] == "argument" and fd["target_op"] == "aten._softmax.default", fd
+    assert compare_dumps(bench, run(tmp_path / "t2", False)).summary.failed == 0
+
+
+def _residual_block_dump(folder, dropped: bool, autocast: bool):
+    """A pre-norm residual block at a real size (1x512 tokens, hidden 1024), recorded with the
+    defaults: ``h = x + W2 relu(W1 norm(x))``, then a final RMS norm; ``dropped``: ``h`` is the
+    sublayer's output alone (the residual term left out, as ``_dropped_term`` leaves it)."""
+    import xray
+
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(2816, 1024, generator=g) * 0.03, torch.randn(1024, 2816, generator=g) * 0.02
+    x = torch.randn(1, 512, 1024, generator=g)
+    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+            xray.dump(dump_dir=folder) as d, wrong:
+        n = torch.nn.functional.rms_norm(x, (1024,), eps=1e-6)
+        h = x + torch.nn.functional.linear(torch.nn.functional.linear(n, w1).relu(), w2)
+        h = h.float()
+        (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
+    assert wrong.hit == dropped
+    return d.folder
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_a_residual_term_dropped_at_a_real_size_is_the_bench_only_add(autocast, tmp_path):
+    """The target returns the sublayer's output where the bench adds the residual. No call the
+    target runs is wrong on its inputs, and under bf16 autocast the final norm reads the sum
+    through a cast only the target runs, which is right: "precision loss, computed correctly"
+    before. The bench's add reads the residual, which the target's ops behind the norm never
+    read: a term dropped, named at the bench's add."""
+    from xray.compare import compare_dumps
+
+    bench = _residual_block_dump(tmp_path / "b", False, False)
+    r = compare_dumps(bench, _residual_block_dump(tmp_path / "t", True, autocast))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op", r.summary.verdict
+    add = next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"])
+    assert add.bench_op == "aten.add.Tensor" and add.target_seq is None, add
+    assert compare_dumps(bench, _residual_block_dump(tmp_path / "t2", False, autocast)).summary.failed == 0

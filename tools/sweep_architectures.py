@@ -176,6 +176,29 @@ def _relative(a, b) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
+def _drawn(arch: str, precision: str, backward: bool, change, clean, floor: float, train_mode: bool = False,
+           **fields) -> dict:
+    """One drawn change (a fault or a user's bug, a mode with ``hit``) run: the change it makes
+    to the final output against the clean run's, and why it is left out: it did not fire, the
+    model could not run on it, or it moves the output less than the run's own precision."""
+    try:
+        effect, error = _relative(_final(arch, precision, backward, [change], train_mode), clean), None
+    except Exception as e:  # noqa: BLE001 - a changed value the model cannot run on
+        effect, error = float("nan"), f"{type(e).__name__}: {e}"[:200]
+    left_out = ("did not fire" if not change.hit else error
+                or ("below the run's precision" if effect <= floor else None))
+    return {"precision": precision, "direction": "backward" if backward else "forward", **fields, "effect": effect,
+            "floor": floor, "fired": change.hit, "error": error, "left_out": left_out}
+
+
+def _clean(arch: str, precision: str, backward: bool, train_mode: bool = False) -> tuple:
+    """The clean run's final output and its own precision: what bf16 itself moves it, FP32_FLOOR in fp32."""
+    clean = _final(arch, precision, backward, train_mode=train_mode)
+    if precision == "fp32":
+        return clean, FP32_FLOOR
+    return clean, _relative(clean, _final(arch, "fp32", backward, train_mode=train_mode))
+
+
 def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel",
                 train_mode: bool = False) -> list[dict]:
     """K faults of ``kind`` per precision and direction: a random op kind, then a random call of
@@ -187,12 +210,7 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
     rng = random.Random(seed)
     out = []
     for precision in ("fp32", "bf16"):
-        clean = {}
-        for backward in (False, True) if trainable else (False,):
-            clean[backward] = _final(arch, precision, backward, train_mode=train_mode)
-        floor = {b: FP32_FLOOR for b in clean}
-        if precision == "bf16":
-            floor = {b: _relative(clean[b], _final(arch, "fp32", b, train_mode=train_mode)) for b in clean}
+        clean = {b: _clean(arch, precision, b, train_mode) for b in ((False, True) if trainable else (False,))}
         # counted as the fault counts them: from the same run, entered after the model and its
         # inputs are built (their construction's calls are no forward's), forward calls from a
         # forward alone (a loss's own ops are no model's)
@@ -213,18 +231,8 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
                     call = rng.choice(calls.eligible[(op, direction)])
                     amount = FAULT_AMOUNTS[kind][precision]
                     fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction)
-                    try:
-                        effect = _relative(_final(arch, precision, backward, [fault], train_mode), clean[backward])
-                    except Exception as e:  # noqa: BLE001 - a corrupted value the model cannot run on
-                        effect = float("nan")
-                        fault_error = f"{type(e).__name__}: {e}"[:200]
-                    else:
-                        fault_error = None
-                    f = {"precision": precision, "direction": direction, "op": op, "call": call, "slot": slot,
-                         "draw": draw, "kind": kind, "amount": amount, "effect": effect,
-                         "floor": floor[backward], "fired": fault.hit, "error": fault_error}
-                    f["left_out"] = (None if fault.hit and not effect <= floor[backward] and not fault_error
-                                     else "did not fire" if not fault.hit else fault_error or "below the run's precision")
+                    f = _drawn(arch, precision, backward, fault, *clean[backward], train_mode, op=op, call=call,
+                               slot=slot, draw=draw, kind=kind, amount=amount)
                     out.append(f)
                     if f["left_out"] is None:
                         break
@@ -240,8 +248,7 @@ def pick_user_bugs(arch: str, k: int, seed: int) -> list[dict]:
     rng = random.Random(seed ^ 0x05E2)
     out = []
     for precision in ("fp32", "bf16"):
-        clean = _final(arch, precision, False)
-        floor = FP32_FLOOR if precision == "fp32" else _relative(clean, _final(arch, "fp32", False))
+        clean = _clean(arch, precision, False)
         counts = {}
         for kind in BUGS:
             counter = WrongArgument(kind)
@@ -257,16 +264,8 @@ def pick_user_bugs(arch: str, k: int, seed: int) -> list[dict]:
                 kind = rng.choice(left)
                 call = rng.choice([c for c in range(counts[kind]) if (kind, c) not in drawn])
                 drawn.add((kind, call))
-                wrong = WrongArgument(kind, UserBug(kind, call))
-                try:
-                    effect, error = _relative(_final(arch, precision, False, [wrong]), clean), None
-                except Exception as e:  # noqa: BLE001 - a wrong argument the model cannot run on
-                    effect, error = float("nan"), f"{type(e).__name__}: {e}"[:200]
-                f = {"precision": precision, "direction": "forward", "op": kind, "call": call, "slot": slot,
-                     "draw": draw, "kind": "user-bug", "effect": effect, "floor": floor, "fired": wrong.hit,
-                     "error": error, "applicable": counts[kind]}
-                f["left_out"] = (None if wrong.hit and not effect <= floor and not error
-                                 else "did not fire" if not wrong.hit else error or "below the run's precision")
+                f = _drawn(arch, precision, False, WrongArgument(kind, UserBug(kind, call)), *clean, op=kind,
+                           call=call, slot=slot, draw=draw, kind="user-bug", applicable=counts[kind])
                 out.append(f)
                 if f["left_out"] is None:
                     break

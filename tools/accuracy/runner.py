@@ -291,9 +291,25 @@ def _dedup_truth(s: Scenario, folder: Path) -> Truth:
 def _user_bug_truth(s: Scenario, bench: list, target: list, inside: CallsInside, folder: Path) -> Truth:
     """A call made with a wrong argument: the ATen calls made inside it, by their seqs in the
     target's trace (with de-dup, in a trace of every call of the target, run again with the same
-    bug: a folded call keeps its seq there), and the bench's same calls where it makes as many."""
+    bug: a folded call keeps its seq there), and the bench's same calls where it makes as many.
+    A call that runs none on the target (a dropped term) is named by the bench's calls inside
+    it, noted on a bench run of every call."""
     if not inside.calls:
-        raise HarnessError(f"no ATen call ran inside {s.user_bug}")
+        bench_model, _ = _models(s)
+        marked = WrongArgument(s.user_bug.kind, s.user_bug, mark_only=True)
+        theirs = CallsInside(marked)
+        every = dataclasses.replace(s, dump="trace", dedup=False, data=False)
+        bench = _records(_record(every, "bench", bench_model, folder / "bench", [marked, theirs]))
+        if not theirs.calls:
+            raise HarnessError(f"no ATen call ran inside {s.user_bug} on either side")
+        truth = Truth()
+        for op, direction, k in theirs.calls:
+            b, _ = _kth(bench, op, direction, k)
+            if b is None:
+                raise HarnessError(f"the bench dump has no call {k} of {op} ({direction})")
+            truth.bench.add(b.seq)
+            truth.bench_module = truth.bench_module or b.module
+        return truth
     if s.dedup:
         every = dataclasses.replace(s, dump="trace", dedup=False, data=False)
         _, target_model = _models(s)

@@ -2,11 +2,14 @@
 
 Kernel faults (faults.py) corrupt what a right call returns; a user's bug is a right kernel
 called wrongly: an attention mask left out, a wrong scale, a norm's eps, GELU's approximation, a
-Linear's bias dropped, a wrong constant, GELU and SiLU swapped, a square weight transposed. ``WrongArgument`` applies one to the ``call``-th
+Linear's bias dropped, a wrong constant, GELU and SiLU swapped, a square weight transposed, a
+softmax over the wrong dimension, a sum's term left out. ``WrongArgument`` applies one to the ``call``-th
 applicable call of its kind, as a ``TorchFunctionMode``: above autograd and the recorder, so the
 recorded ATen calls hold the wrong argument, as the user's code would make them. The ATen calls
 made inside that call (``CallsInside``, entered below the recorder) are its ground truth: a
-first divergence that names one of them names the bug.
+first divergence that names one of them names the bug. A call the bug leaves out (a dropped
+term runs no ATen call on the target) is named by the bench's calls inside it instead
+(``WrongArgument(..., mark_only=True)`` on the bench).
 
     python tools/sweep_architectures.py --scenarios user-bug --faults 2
 """
@@ -31,6 +34,7 @@ _SIGNATURES = {  # positional parameter names of the functions changed below
     F.gelu: ("input", "approximate"),
     F.silu: ("input", "inplace"),
     F.linear: ("input", "weight", "bias"),
+    F.softmax: ("input", "dim", "_stacklevel", "dtype"),
 }
 if hasattr(F, "rms_norm"):
     _SIGNATURES[F.rms_norm] = ("input", "normalized_shape", "weight", "eps")
@@ -38,6 +42,7 @@ _NORMS = tuple(f for f in (F.layer_norm, F.group_norm, getattr(F, "rms_norm", No
 # (``x * 0.5`` and ``0.5 * x`` reach a function mode as Tensor.mul(x, 0.5); ``x + eps`` as Tensor.add)
 _SCALAR_OPS = (torch.Tensor.mul, torch.Tensor.div, torch.mul, torch.div)
 _ADDS = (torch.Tensor.add, torch.add)
+_SOFTMAXES = (F.softmax, torch.softmax, torch.Tensor.softmax)
 
 
 def _dropped_mask(func, a: dict) -> dict | None:
@@ -103,10 +108,44 @@ def _wrong_constant(func, a: dict) -> dict | None:
     return {**a, 1: a[1] * 1.25}
 
 
+def _softmax_dim(func, a: dict) -> dict | None:
+    """A softmax over the other one of its input's last two dimensions (attention probabilities
+    normalised over the queries, a router's over the tokens): ``dim=-1`` read as ``-2``."""
+    if func not in _SOFTMAXES:
+        return None
+    x, key = (a["input"], "dim") if "input" in a else (a.get(0), "dim" if "dim" in a else 1)
+    dim = a.get(key)
+    if not isinstance(x, torch.Tensor) or not isinstance(dim, int) or x.dim() < 2:
+        return None
+    last = dim % x.dim()
+    if last < x.dim() - 2:
+        return None
+    other = 2 * x.dim() - 3 - last  # the last two dimensions swapped
+    return {**a, key: other} if x.shape[other] > 1 else None
+
+
+def _unchanged(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _dropped_term(func, a: dict) -> tuple | None:
+    """A sum of two same-shape tensors that keeps its second term alone (``residual + h`` written
+    ``h``: a residual connection dropped; ``h + residual``: a sublayer skipped; an embedding or
+    a rotary half not added). No ATen call runs in its place."""
+    if func not in _ADDS or set(a) != {0, 1}:
+        return None
+    x, y = a[0], a[1]
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x is y or x.dim() < 2 \
+            or x.shape != y.shape or not (x.is_floating_point() and y.is_floating_point()):
+        return None  # (not the dtypes: an fp32 bench and a bf16 autocast target count the same calls)
+    return _unchanged, {0: y}
+
+
 BUGS: dict[str, Callable[[Any, dict], dict | None]] = {
     "dropped-mask": _dropped_mask, "attention-scale": _attention_scale, "norm-eps": _norm_eps,
     "gelu-approximation": _gelu_approximation, "dropped-bias": _dropped_bias, "wrong-constant": _wrong_constant,
     "wrong-activation": _wrong_activation, "transposed-weight": _transposed_weight,
+    "softmax-dim": _softmax_dim, "dropped-term": _dropped_term,
 }
 
 
@@ -135,12 +174,12 @@ def _call(func, a: dict):
 
 class WrongArgument(TorchFunctionMode):
     """Counts the forward calls ``kind`` applies to (``calls``) and, where ``bug`` is given, makes
-    its ``call``-th one with the wrong argument; ``active`` while that call runs, ``hit`` once it
-    has."""
+    its ``call``-th one with the wrong argument (``mark_only``: as it was, on the bench, to note
+    the calls made inside it); ``active`` while that call runs, ``hit`` once it has."""
 
-    def __init__(self, kind: str, bug: UserBug | None = None) -> None:
+    def __init__(self, kind: str, bug: UserBug | None = None, mark_only: bool = False) -> None:
         super().__init__()
-        self.change, self.bug = BUGS[kind], bug
+        self.change, self.bug, self.mark_only = BUGS[kind], bug, mark_only
         self.calls, self.active, self.hit = 0, False, False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -158,7 +197,9 @@ class WrongArgument(TorchFunctionMode):
         if self.bug is None or index != self.bug.call:
             return func(*args, **kwargs)
         self.active, self.hit = True, True
-        if isinstance(changed, tuple):  # another function (wrong-activation)
+        if self.mark_only:
+            changed = {**dict(enumerate(args)), **kwargs}
+        elif isinstance(changed, tuple):  # another function (wrong-activation, dropped-term)
             func, changed = changed
         try:
             return _call(func, changed)
