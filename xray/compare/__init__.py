@@ -189,6 +189,7 @@ def _divergence(r: CompareRow | None) -> dict[str, Any] | None:
             "op": r.bench_op, "target_op": r.target_op, "tensor": r.tensor, "cosine": r.cosine,
             "max_abs_err": r.max_abs_err, "layout": r.layout or None, "module": r.module,
             "cause": r.cause or None, "culprit": r.culprit or None, "culprit_target_seq": r.culprit_target_seq,
+            "culprit_bench_seq": r.culprit_bench_seq,
             "local_err": r.local_err, "local_floor": r.local_floor, "accumulated_err": r.accumulated_err}
 
 

@@ -132,6 +132,7 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 r.status, r.inputs_agree = PairStatus.FAIL.value, agree
                 set_origin(r, "born", "bench-only op", f"bench-only op {op.name} makes the bench's {name}; "
                                                         "the target runs no such step")
+                r.culprit_bench_seq = op.record.seq
                 seen.origin = True
                 continue
             if r.status == PairStatus.WARNING.value and ARGUMENT_SUSPECT in (r.note or ""):
@@ -378,6 +379,7 @@ class _Graph:
         # inputs, or an op that could not be judged (_unmeasured_why)
         self.wrong: dict[int, str] = {}
         self._swapped: dict[tuple[int, int], str | None] = {}  # (target pos, bench seq) -> another_function
+        self.dropped: dict[int, str] = {}  # bench seq -> why its op is a term the target dropped
         self._readers: dict[tuple[int, int], list[int]] | None = None  # target (seq, index) -> seqs reading it
         self._columns = columns  # (bench, target) dump columns: written_by_the_run
         self._first_reads: tuple[dict, dict] | None = None  # (bench, target) module state at its first read
@@ -440,6 +442,59 @@ class _Graph:
         if is_value_preserving(e.op) or is_cast(e.op):
             return e if self._moved_apart(p, name, row) else None
         return e
+
+    def dropped_on_the_target(self, p: Pending, name: str, e: Entry) -> Entry | None:
+        """The bench-only op behind the bench's input ``name`` of ``p`` that reads a value the
+        target computed (a matched record's output) and that the target-only ops making the
+        target's input (``e`` and the ops behind it, each right on its own inputs) never read,
+        through moves and casts: the target dropped a term of the bench's computation
+        (``residual + h`` written ``h``, then cast by autocast), so its ops are no other kernel of
+        the same values. None when there is no such op, or a region is not all recorded. Forward
+        only, as ``skipped_on_the_target``."""
+        if p.target.record.direction == "backward":
+            return None
+        kind, _, ops = self.region(e)
+        if kind != "target-only":
+            return None
+        mine = {op.record.seq for op in ops}
+        reads = {self._root(src.seq, src.index or 0) for op in ops for _, m in op.inputs
+                 if (src := _op_source(m)) is not None and src.seq not in mine}
+        src = _op_source(dict(p.bench.inputs).get(name))
+        todo = [src.seq] if src is not None and src.seq not in self.target_of else []
+        seen: set[int] = set()
+        while todo:
+            seq = todo.pop()
+            if seq in seen:
+                continue
+            b = self.bench_entry(seq)
+            if b is None or b.kind != "op" or len(seen) >= MAX_REGION:
+                return None
+            seen.add(seq)
+            for _, m in b.inputs:
+                made = _op_source(m)
+                partner = self.target_of.get(made.seq) if made is not None else None
+                if made is not None and partner is None:
+                    todo.append(made.seq)
+                elif partner is not None and self._root(partner.record.seq, made.index or 0) not in reads:
+                    unread = not self.readers(partner.record.seq, made.index or 0) and self._columns[1] is not None
+                    self.dropped[seq] = f"reads what the target's {partner.name} makes, which " + (
+                        "nothing on the target reads" if unread else f"the target's ops that make its {name} never read")
+                    return b
+        return None
+
+    def _root(self, seq: int, index: int) -> tuple[int, int]:
+        """(seq, output) of the target op that made the values of output ``index`` of its call
+        ``seq``: back through moves and casts of one tensor (a view, autocast's copy)."""
+        for _ in range(MAX_REGION):
+            t = self.by_seq.get(seq)
+            if t is None or t.kind != "op" or not (is_value_preserving(t.op) or is_cast(t.op)):
+                break
+            tensors = [m for _, m in t.inputs if isinstance(m, TensorMeta)]
+            src = _op_source(tensors[0]) if len(tensors) == 1 else None  # (a cat joins several)
+            if src is None:
+                break
+            seq, index = src.seq, src.index or 0
+        return seq, index
 
     def _moved_apart(self, p: Pending, name: str, row: CompareRow) -> bool:
         """Whether input ``name`` of ``p``, of one shape on both sides, differs on its statistics
@@ -1304,6 +1359,8 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
             if kind == "computed" and substituted and (why := graph.another_function(p, name, e)) is not None:
                 graph.wrong.setdefault(e.pos, why)
                 kind, detail = "target-only", e
+            if kind == "computed" and substituted and (dropped := graph.dropped_on_the_target(p, name, e)) is not None:
+                kind, detail = "bench-only", dropped
             if kind == "computed":
                 computed_region = computed_region or detail
                 continue
@@ -1328,8 +1385,9 @@ def _decide(r: CompareRow, p: Pending, k: int, graph: _Graph, floors: Floors, bo
         r.culprit_target_seq = e.record.seq
     elif "bench-only" in causes:
         name, e = causes["bench-only"]
-        set_origin(r, "born", "bench-only op", f"bench-only op {e.name} makes the bench's {name}; "
-                                                f"the target runs no such step")
+        why = graph.dropped.get(e.record.seq) or f"makes the bench's {name}"
+        set_origin(r, "born", "bench-only op", f"bench-only op {e.name} {why}; the target runs no such step")
+        r.culprit_bench_seq = e.record.seq
     elif "input" in causes:
         set_origin(r, "born", "model input", f"model input {causes['input'][0]} differs")
     elif (argument := _differing_argument(p, r, k, graph)) is not None:

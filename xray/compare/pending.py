@@ -328,5 +328,5 @@ def downgrade(r: CompareRow, why: str) -> None:
         r.note = "; ".join(x for x in (r.note, f"precision: {why}") if x)
         return
     r.status, r.origin, r.cause, r.culprit = PairStatus.WARNING.value, "", PRECISION, why
-    r.culprit_target_seq = None
+    r.culprit_target_seq = r.culprit_bench_seq = None
     r.note = "; ".join(x for x in (r.note, f"precision loss: {why}") if x)

@@ -48,6 +48,7 @@ class CompareRow:
     # target seq of the call the error enters at, where no matched record is: a target-only op
     # (cause "target-only op"), or a call de-dup folded (inherited from it: the dump holds no record of it)
     culprit_target_seq: int | None = None
+    culprit_bench_seq: int | None = None  # bench seq of the bench-only op the target skipped (cause "bench-only op")
     local_err: float | None = None  # max|target - fp64 recomputation on the target's inputs| / max|recomputation|
     local_floor: float | None = None  # the same error of CPU at the target's dtype (the op's own noise)
     accumulated_err: float | None = None  # max|target - bench| / max|bench|
