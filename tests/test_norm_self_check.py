@@ -238,6 +238,26 @@ def test_a_call_wrong_on_both_runs_says_the_bench_is_no_reference_there():
     assert _wrong_on_the_bench_too(pending((3e-8, math.nan, math.nan)), 0, floors) == ""
 
 
+
+def test_a_call_as_wrong_on_the_bench_is_not_born_there_and_a_bug_beyond_it_is():
+    """A target call whose local error is within the precision factor of the bench's own
+    self-check, itself beyond its floor, is one kernel's error on both runs: not born there.
+    One far beyond the bench's (a bug on top of the kernel's error) still is."""
+    from types import SimpleNamespace
+
+    from xray.compare.causality import _as_wrong_on_the_bench
+    from xray.compare.noise_floor import Floors
+
+    def pending(target: float, bench: float) -> SimpleNamespace:
+        meta = SimpleNamespace(check=(bench, math.nan, math.nan), dtype="float32")
+        return SimpleNamespace(bench=SimpleNamespace(outputs=[("out0", meta)], op="aten.native_batch_norm_backward.default"),
+                               reduce={}, local={0: SimpleNamespace(local=target)})
+
+    floors = Floors(Rules())
+    assert _as_wrong_on_the_bench(pending(1.2, 1.39), 0, floors)
+    assert not _as_wrong_on_the_bench(pending(50.0, 1.39), 0, floors)  # a bug beyond the kernel's error
+    assert not _as_wrong_on_the_bench(pending(1.2, 3e-8), 0, floors)  # the bench is right there
+
 def test_a_matmul_checks_own_sum_over_a_wide_output_is_within_its_floor():
     """A matmul's self-check sums its output's width in float32 (Freivalds' ``C r``). DeepSeek-V4's
     attention backward makes a (32, 8192) product of 8 terms: its check reads 1.4e-6 to 2.6e-6 on
