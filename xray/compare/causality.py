@@ -41,13 +41,14 @@ from .entry_records import Entry
 from .local import ARGUMENT_SUSPECT, CHECK_SUSPECT, LocalError, checked_error, local_error, local_error_with, measurable, reads_right
 from .moved_values import moved_local_error
 from .sample_local import sample_local_error, swapped_local_error, tensor_arguments
-from .sample_verdicts import sample_decided, sample_peak
+from .sample_verdicts import MOVED_CHANGED, sample_decided, sample_peak
 from .matching import op_base
 from .noise_floor import Floors, is_matmul_like, outliers, reduction_length
 from .op_classes import THRESHOLD_ARG, cast_class, is_cast, is_discontinuous, is_value_preserving, overwritten_inputs
 from . import statistics_only
 from .reordered_sums import reordered_sum
 from .summed_means import summed_mean_error
+from .unread_terms import UNREAD_SUSPECT
 from .unseen_inputs import unseen_input_difference
 from .upstream_errors import upstream_errors
 from .written_state import first_reads
@@ -118,7 +119,9 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
     for p in pending:  # target execution order: producers are decided before their consumers
         agree = agreement(p.inputs)  # (per row below: row_inputs)
         inserted = _inserted_op_change(p, graph, matched_target, target_dump, rules)
-        skipped = _skipped_move(p, graph) if inserted is None and any(r.status in SUSPECT for r in p.rows) else None
+        skipped = _skipped_step(p, graph) if inserted is None and any(r.status in SUSPECT for r in p.rows) else None
+        if inserted is None and skipped is None:  # a term dropped shows on a passing row too
+            skipped = _unread_term(p, graph)
         for k, r in enumerate(p.rows):
             if inserted is not None and r.status in SUSPECT:
                 op, why = inserted
@@ -129,12 +132,19 @@ def attribute(ea: Sequence[Entry], eb: Sequence[Entry], pending: PendingRun, com
                 continue
             if skipped is not None and r.status in SUSPECT:
                 name, op = skipped
+                _drop_note(r, UNREAD_SUSPECT)
                 r.status, r.inputs_agree = PairStatus.FAIL.value, agree
-                set_origin(r, "born", "bench-only op", f"bench-only op {op.name} makes the bench's {name}; "
-                                                        "the target runs no such step")
+                why = graph.dropped.get(op.record.seq) or f"makes the bench's {name}"
+                set_origin(r, "born", "bench-only op", f"bench-only op {op.name} {why}; the target runs no such step")
                 r.culprit_bench_seq = op.record.seq
                 seen.origin = True
                 continue
+            if UNREAD_SUSPECT in (r.note or ""):  # no term dropped behind it after all: passing again
+                _drop_note(r, UNREAD_SUSPECT)
+                if r.status == PairStatus.WARNING.value and not any(
+                        mark in r.note for mark in (ARGUMENT_SUSPECT, CHECK_SUSPECT, MOVED_CHANGED)):
+                    r.status = PairStatus.PASS.value
+                    continue
             if r.status == PairStatus.WARNING.value and ARGUMENT_SUSPECT in (r.note or ""):
                 # it passed; only its call's arguments made it suspect (engine._suspect_arguments)
                 _drop_note(r, ARGUMENT_SUSPECT)
@@ -210,7 +220,7 @@ def _unsaved_local_error(record: Any, meta: Any, k: int) -> LocalError | None:
 
 
 def _drop_note(r: CompareRow, text: str) -> None:
-    """Take a suspicion's mark (engine's CHECK_SUSPECT, ARGUMENT_SUSPECT) off row ``r``'s note."""
+    """Take a suspicion's mark (engine's CHECK_SUSPECT, ARGUMENT_SUSPECT, UNREAD_SUSPECT) off row ``r``'s note."""
     r.note = "; ".join(x for x in r.note.split("; ") if x != text)
 
 
@@ -443,25 +453,59 @@ class _Graph:
             return e if self._moved_apart(p, name, row) else None
         return e
 
-    def dropped_on_the_target(self, p: Pending, name: str, e: Entry) -> Entry | None:
+    def dropped_on_the_target(self, p: Pending, name: str, e: Entry | None) -> Entry | None:
         """The bench-only op behind the bench's input ``name`` of ``p`` that reads a value the
-        target computed (a matched record's output) and that the target-only ops making the
-        target's input (``e`` and the ops behind it, each right on its own inputs) never read,
-        through moves and casts: the target dropped a term of the bench's computation
-        (``residual + h`` written ``h``, then cast by autocast), so its ops are no other kernel of
-        the same values. None when there is no such op, or a region is not all recorded. Forward
-        only, as ``skipped_on_the_target``."""
+        target computed (a matched record's output) and that the target never reads to make its
+        input ``name``, through moves and casts of one tensor: neither through the target-only
+        ops that make it (``e`` and the ops behind it, each right on its own inputs) nor, where
+        ``e`` is None, straight from the matched record it reads. The target dropped a term of
+        the bench's computation (``residual + h`` written ``h``, then cast by autocast), so its ops
+        are no other kernel of the same values. None when there is no such op, or a region is
+        not all recorded. Forward only, as ``skipped_on_the_target``."""
         if p.target.record.direction == "backward":
             return None
-        kind, _, ops = self.region(e)
-        if kind != "target-only":
+        if e is None:
+            src = _op_source(next((m for n, m, _, _ in p.inputs if n == name), None))
+            if src is None:
+                return None
+            reads = {self._root(src.seq, src.index or 0)}
+        else:
+            kind, _, ops = self.region(e)
+            if kind != "target-only":
+                return None
+            mine = {op.record.seq for op in ops}
+            reads = {self._root(src.seq, src.index or 0) for op in ops for _, m in op.inputs
+                     if (src := _op_source(m)) is not None and src.seq not in mine}
+        for seq, partner, index in self._bench_region_reads(p, name) or ():
+            if self._root(partner.record.seq, index) not in reads:
+                self.dropped[seq] = f"reads what the target's {partner.name} makes, which " + (
+                    "nothing on the target reads" if self._unread(partner.record.seq, index, p.target.record.seq)
+                    else f"the target's ops that make its {name} never read")
+                return self.bench_entry(seq)
+        return None
+
+    def unread_on_the_target(self, p: Pending, name: str) -> Entry | None:
+        """The bench-only op behind the bench's input ``name`` of ``p`` that reads a value the
+        target computed and nothing on the target reads (``_unread``), or None: a term dropped,
+        whatever the values (a BERT attention output left out of its residual sum moves the
+        norm after it 0.7 %, inside bf16's passing band). A value both runs computed and only one
+        uses is no rounding. Forward only."""
+        if p.target.record.direction == "backward":
             return None
-        mine = {op.record.seq for op in ops}
-        reads = {self._root(src.seq, src.index or 0) for op in ops for _, m in op.inputs
-                 if (src := _op_source(m)) is not None and src.seq not in mine}
+        for seq, partner, index in self._bench_region_reads(p, name) or ():
+            if self._unread(partner.record.seq, index, p.target.record.seq):
+                self.dropped[seq] = f"reads what the target's {partner.name} makes, which nothing on the target reads"
+                return self.bench_entry(seq)
+        return None
+
+    def _bench_region_reads(self, p: Pending, name: str) -> list[tuple[int, Entry, int]] | None:
+        """(bench seq, target partner, output) of each matched value the bench-only ops behind
+        the bench's input ``name`` of ``p`` read, walked back to matched records; None when one
+        of those ops is not recorded or the region is longer than MAX_REGION."""
         src = _op_source(dict(p.bench.inputs).get(name))
         todo = [src.seq] if src is not None and src.seq not in self.target_of else []
         seen: set[int] = set()
+        out = []
         while todo:
             seq = todo.pop()
             if seq in seen:
@@ -475,12 +519,18 @@ class _Graph:
                 partner = self.target_of.get(made.seq) if made is not None else None
                 if made is not None and partner is None:
                     todo.append(made.seq)
-                elif partner is not None and self._root(partner.record.seq, made.index or 0) not in reads:
-                    unread = not self.readers(partner.record.seq, made.index or 0) and self._columns[1] is not None
-                    self.dropped[seq] = f"reads what the target's {partner.name} makes, which " + (
-                        "nothing on the target reads" if unread else f"the target's ops that make its {name} never read")
-                    return b
-        return None
+                elif partner is not None:
+                    out.append((seq, partner, made.index or 0))
+        return out
+
+    def _unread(self, seq: int, index: int, until: int) -> bool:
+        """No target record reads output ``index`` of call ``seq``, and no call folded between
+        it and ``until`` could have (a fold keeps its first argument's producer only); False
+        where the target dump has no columns to tell."""
+        if self._columns[1] is None or self.readers(seq, index):
+            return False
+        folds = self._columns[1].folds
+        return not np.any((folds["seq"] > seq) & (folds["seq"] < until))
 
     def _root(self, seq: int, index: int) -> tuple[int, int]:
         """(seq, output) of the target op that made the values of output ``index`` of its call
@@ -1612,21 +1662,40 @@ def _inserted_op_change(p: Pending, graph: _Graph, matched_target: dict, dump: A
     return None
 
 
-def _skipped_move(p: Pending, graph: _Graph) -> tuple[str, Entry] | None:
-    """(input name, the bench-only move or cast that made it) where the target reads that input
-    straight from a matched record and the bench's move put other values there, far beyond
-    what the matched record carries (``_Graph._moved_apart``): the target skipped the move. A
-    statistics row (a bf16 matmul fed a square weight untransposed moves 11 %, inside bf16's
-    warning band) is judged so too, not only a failing one (``_decide``'s O2b)."""
+def _unread_term(p: Pending, graph: _Graph) -> tuple[str, Entry] | None:
+    """(input name, the bench-only op behind it) that reads a value the target computed and
+    nothing on the target reads (``_Graph.unread_on_the_target``), whatever the input's status."""
+    for name, _, _, _ in p.inputs:
+        if (e := graph.unread_on_the_target(p, name)) is not None:
+            return name, e
+    return None
+
+
+def _skipped_step(p: Pending, graph: _Graph) -> tuple[str, Entry] | None:
+    """(input name, the bench-only op that made it) where the target skipped a step of the
+    bench's data flow, judged on a statistics row too (inside bf16's warning band), not only a
+    failing one (``_decide``'s O2b):
+
+    - a move or cast: the target reads that input straight from a matched record and the
+      bench's move put other values there, far beyond what the matched record carries
+      (``_Graph._moved_apart``: a bf16 matmul fed a square weight untransposed moves 11 %);
+    - a dropped term: a bench-only op behind the input reads a value the target computed and
+      never reads to make it (``_Graph.dropped_on_the_target``: a residual left out, the sum a
+      norm and a convolution only the bench pairs read, within bf16's band on statistics)."""
     for name, meta, status, _ in p.inputs:
         if status == PairStatus.PASS.value:
             continue
-        kind, row = graph.producer(meta, p.target.record.seq)
-        if kind != "settled":
-            continue
-        e = graph.skipped_on_the_target(p, name, row)
-        if e is not None and (is_value_preserving(e.op) or is_cast(e.op)):
-            return name, e
+        kind, detail = graph.producer(meta, p.target.record.seq)
+        if kind == "settled":
+            e = graph.skipped_on_the_target(p, name, detail)
+            if e is not None and (is_value_preserving(e.op) or is_cast(e.op)):
+                return name, e
+            if e is not None and (dropped := graph.dropped_on_the_target(p, name, None)) is not None:
+                return name, dropped
+        elif kind == "target-only" and _substituted(p, name, graph) \
+                and graph.judge_target_only(detail, True)[0] == "computed" \
+                and (dropped := graph.dropped_on_the_target(p, name, detail)) is not None:
+            return name, dropped
     return None
 
 

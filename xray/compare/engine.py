@@ -39,6 +39,7 @@ from .pair_judge import PairComparer, progress_bar, torch_dtype
 from .result import ATTRIBUTED, CompareRow, PairStatus
 from .row_building import judge_the_rest, make_rows
 from .row_plan import RowPlan
+from .unread_terms import UNREAD_SUSPECT, downstream_of_unread
 from .sample_verdicts import MOVED_CHANGED, moved_and_changed
 from .stat_verdicts import covered_by_stats, tolerances
 
@@ -77,6 +78,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     _suspect_moves_that_changed(tb, plan, rows)
     _suspect_self_checks(tb, plan, rows, rules)
     _suspect_arguments(plan, rows, other_arguments)
+    _suspect_unread_terms(ta, tb, pa, pb, plan, rows)
     refs = None  # the reference run's table
     comparer.bar.close()
     for t in (ta, tb):
@@ -156,6 +158,23 @@ def _suspect_arguments(plan: RowPlan, rows: list[CompareRow], other_arguments: n
         if r.status == PairStatus.PASS.value:
             r.status = PairStatus.WARNING.value
             r.note = "; ".join(x for x in (r.note, ARGUMENT_SUSPECT) if x)
+
+
+def _suspect_unread_terms(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray, plan: RowPlan,
+                          rows: list[CompareRow]) -> None:
+    """Passing rows of the matched calls downstream of a bench-only op that reads a value the
+    target computed and never read (``unread_terms``) become warnings marked
+    ``UNREAD_SUSPECT``: attribution fails them for the term the target dropped, or passes them
+    again."""
+    seqs = downstream_of_unread(ta, tb, pa, pb)
+    if not seqs:
+        return
+    at = np.flatnonzero((plan.cat == 2) & (plan.ao >= 0) & (plan.bo >= 0))
+    for i in at[np.isin(ta.seq[plan.a[at]], list(seqs))].tolist():
+        r = rows[i]
+        if r.status == PairStatus.PASS.value:
+            r.status = PairStatus.WARNING.value
+            r.note = "; ".join(x for x in (r.note, UNREAD_SUSPECT) if x)
 
 
 def _least_check_floor(dtype_name: Any, rules: Rules, own_floor: Callable[[Any], float]) -> float:
