@@ -311,3 +311,39 @@ def test_a_residual_term_dropped_at_a_real_size_is_the_bench_only_add(autocast, 
     add = next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"])
     assert add.bench_op == "aten.add.Tensor" and add.target_seq is None, add
     assert compare_dumps(bench, _residual_block_dump(tmp_path / "t2", False, autocast)).summary.failed == 0
+
+
+def _post_norm_dump(folder, dropped: bool, autocast: bool):
+    """A post-norm block at a real size (1x512 tokens, hidden 1024), recorded with the defaults:
+    ``LayerNorm(attn + x)`` with a small sublayer output, then a Linear; ``dropped``: the norm
+    reads ``x`` alone (the sum's first term left out, as ``_dropped_term`` leaves it)."""
+    import xray
+
+    g = torch.Generator().manual_seed(0)
+    wo, w1 = torch.randn(1024, 1024, generator=g) * 0.002, torch.randn(2816, 1024, generator=g) * 0.03
+    x = torch.randn(1, 512, 1024, generator=g)
+    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+            xray.dump(dump_dir=folder) as d, wrong:
+        attn = torch.nn.functional.linear(x, wo)
+        h = torch.nn.functional.layer_norm(attn + x, (1024,))
+        torch.nn.functional.linear(h, w1).relu().sum()
+    assert wrong.hit == dropped
+    return d.folder
+
+
+def test_a_small_term_dropped_under_bf16_is_named_though_every_row_passes(tmp_path):
+    """The target's norm reads the residual alone, its sublayer's output (about 6 % of it)
+    computed and never read. Under bf16 autocast the norm and the Linear after it move within
+    bf16's passing band: "no row fails" before. The bench's add reads a value nothing on the
+    target reads: a term dropped, whatever the values."""
+    from xray.compare import compare_dumps
+
+    bench = _post_norm_dump(tmp_path / "b", False, False)
+    r = compare_dumps(bench, _post_norm_dump(tmp_path / "t", True, True))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op" and "nothing on the target reads" in fd["culprit"], \
+        r.summary.verdict
+    assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
+    clean = compare_dumps(bench, _post_norm_dump(tmp_path / "t2", False, True))
+    assert clean.summary.failed == 0 and not any("bench-only op" in (x.cause or "") for x in clean.rows)
