@@ -347,3 +347,34 @@ def test_a_small_term_dropped_under_bf16_is_named_though_every_row_passes(tmp_pa
     assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
     clean = compare_dumps(bench, _post_norm_dump(tmp_path / "t2", False, True))
     assert clean.summary.failed == 0 and not any("bench-only op" in (x.cause or "") for x in clean.rows)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_a_sublayer_dropped_before_the_models_pooling_is_born_at_the_bench_only_add(autocast, tmp_path):
+    """The last residual sum at a real size (1x512 tokens, hidden 1024), ``y + x``, then a
+    mean over the tokens (a pooler); the target keeps ``x`` alone, its sublayer's output ``y``
+    computed and never read. The pooling reads the sum on the bench and the model's input on
+    the target: "model input self differs" before, though both runs read one input. The
+    bench's add reads ``y``, which nothing on the target reads: a term dropped, named there."""
+    import xray
+    from xray.compare import compare_dumps
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1024, 1024, generator=g) * 0.03
+    x = torch.randn(1, 512, 1024, generator=g)
+
+    def run(folder, dropped):
+        wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast and dropped), \
+                xray.dump(dump_dir=folder) as d, wrong:
+            y = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (1024,)), w).relu()
+            (y + x).mean(1)
+        return d.folder
+
+    bench = run(tmp_path / "b", False)
+    r = compare_dumps(bench, run(tmp_path / "t", True))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op" and "nothing on the target reads" in fd["culprit"], \
+        r.summary.verdict
+    assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
+    assert compare_dumps(bench, run(tmp_path / "t2", False)).summary.failed == 0

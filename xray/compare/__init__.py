@@ -60,6 +60,7 @@ def _compare(bench, target, rules: Rules | None, reference, progress: bool | Non
     from ..numerics.rules import Rules
     from .divergence import first_divergence
     from .engine import compare_loaded
+    from .stopped import stopped_at
     from .implementations import optimizer_note
     from .sync_points import SyncPoint, divergence_order, sync_point
     from .pairing import CompareInputError, check_same_format, open_dump, pair_units
@@ -244,23 +245,6 @@ def _cross_rank(target, units: list, summary: Summary, sharded: bool = False) ->
         summary.warnings.append(f"target: cross-rank check not run ({type(e).__name__}: {str(e)[:200]})")
         return
     summary.cross_rank = [f"target: {f.line()}" for f in report.findings[:20]]
-
-
-def stopped_at(dump) -> str | None:
-    """Where and why a dump's recording stopped early (dump.json ``summary.stopped``, or only
-    ``summary.error`` from an older recorder), as one line; None when it ran to the end."""
-    if getattr(dump, "complete", True) is False:  # read from its journal: the run never reached end_dump
-        return ("recording did not finish (no end_dump: the program died or was killed); only what its journal "
-                "held was compared")
-    summary = getattr(dump, "summary", None) or {}
-    if not isinstance(summary, dict):
-        return None
-    stop, error = summary.get("stopped"), summary.get("error")
-    if not isinstance(stop, dict):
-        return f"recording stopped ({str(error)[:300]})" if error else None
-    what = " in ".join(str(x) for x in (stop.get("op"), stop.get("module")) if x)
-    reason = str(stop.get("reason") or error or "")[:300].replace("\n", " ")
-    return f"recording stopped at seq {stop.get('seq')}" + (f" ({what})" if what else "") + (f": {reason}" if reason else "")
 
 
 def unrecorded_backward(dump) -> int:

@@ -39,7 +39,8 @@ from .pair_judge import PairComparer, progress_bar, torch_dtype
 from .result import ATTRIBUTED, CompareRow, PairStatus
 from .row_building import judge_the_rest, make_rows
 from .row_plan import RowPlan
-from .unread_terms import UNREAD_SUSPECT, downstream_of_unread
+from .stopped import stopped_at
+from .unread_terms import UNREAD_SUSPECT, unread_terms
 from .sample_verdicts import MOVED_CHANGED, moved_and_changed
 from .stat_verdicts import covered_by_stats, tolerances
 
@@ -78,7 +79,7 @@ def compare_loaded(bench: Any, target: Any, rules: Rules, *, rank: str = "", ref
     _suspect_moves_that_changed(tb, plan, rows)
     _suspect_self_checks(tb, plan, rows, rules)
     _suspect_arguments(plan, rows, other_arguments)
-    _suspect_unread_terms(ta, tb, pa, pb, plan, rows)
+    _suspect_unread_terms(ta, tb, pa, pb, plan, rows, complete=stopped_at(target) is None)
     refs = None  # the reference run's table
     comparer.bar.close()
     for t in (ta, tb):
@@ -161,20 +162,29 @@ def _suspect_arguments(plan: RowPlan, rows: list[CompareRow], other_arguments: n
 
 
 def _suspect_unread_terms(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray, plan: RowPlan,
-                          rows: list[CompareRow]) -> None:
+                          rows: list[CompareRow], complete: bool) -> None:
     """Passing rows of the matched calls downstream of a bench-only op that reads a value the
     target computed and never read (``unread_terms``) become warnings marked
     ``UNREAD_SUSPECT``: attribution fails them for the term the target dropped, or passes them
-    again."""
-    seqs = downstream_of_unread(ta, tb, pa, pb)
-    if not seqs:
-        return
-    at = np.flatnonzero((plan.cat == 2) & (plan.ao >= 0) & (plan.bo >= 0))
-    for i in at[np.isin(ta.seq[plan.a[at]], list(seqs))].tolist():
-        r = rows[i]
-        if r.status == PairStatus.PASS.value:
-            r.status = PairStatus.WARNING.value
-            r.note = "; ".join(x for x in (r.note, UNREAD_SUSPECT) if x)
+    again. Such an op that no matched call reads from fails on its own row, born there."""
+    found = unread_terms(ta, tb, pa, pb, complete)
+    if found.consumers:
+        at = np.flatnonzero((plan.cat == 2) & (plan.ao >= 0) & (plan.bo >= 0))
+        for i in at[np.isin(ta.seq[plan.a[at]], list(found.consumers))].tolist():
+            r = rows[i]
+            if r.status == PairStatus.PASS.value:
+                r.status = PairStatus.WARNING.value
+                r.note = "; ".join(x for x in (r.note, UNREAD_SUSPECT) if x)
+    if found.orphans:
+        target_name = {r.target_seq: r.target_name for r in rows if r.target_seq in set(found.orphans.values())}
+        at = np.flatnonzero(plan.cat == 1)
+        for i in at[np.isin(ta.seq[plan.a[at]], list(found.orphans))].tolist():
+            r = rows[i]
+            value = found.orphans[r.bench_seq]
+            r.status, r.origin, r.cause, r.culprit_bench_seq = PairStatus.FAIL.value, "born", "bench-only op", r.bench_seq
+            r.culprit = (f"bench-only op {r.bench_name} reads what the target's {target_name.get(value, f'#{value}')} "
+                         "makes, which nothing on the target reads; the target runs no such step, and nothing "
+                         "both runs ran reads what it makes")
 
 
 def _least_check_floor(dtype_name: Any, rules: Rules, own_floor: Callable[[Any], float]) -> float:

@@ -5,11 +5,15 @@ on the target reads is a step the target left out (``residual + h`` written ``h`
 row of its own, and its consumers may pass: a BERT attention output dropped from its residual
 sum moves the norm after it 0.7 %, inside bf16's passing band. So the matched calls that read
 what it makes (through other bench-only ops) become warnings marked ``UNREAD_SUSPECT``;
-attribution (``causality._Graph.unread_on_the_target``) fails them or passes them again.
+attribution (``causality._Graph.unread_on_the_target``) fails them or passes them again. Such
+an op that no matched call reads from (a residual left out of the last layer's output: what
+comes after pairs with nothing) is itself the row that fails.
 Forward calls only, as every skipped-step rule; a target that folded calls (de-dup keeps a
 folded call's first argument's producer only) cannot say that nothing read a value.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,34 +31,59 @@ def _reads(t: EntryTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (c.records["seq"][c.tensors["record"][rows]], c.tensors["src_seq"][rows], c.tensors["src_index"][rows])
 
 
-def downstream_of_unread(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray) -> set[int]:
-    """Bench seqs of the matched calls that read, straight or through other bench-only forward
-    ops, a bench-only forward op reading a matched value whose target partner no target
-    record reads. Array work over each dump's reads, so a dump whose structure matches costs
-    one mask."""
-    if not len(pa) or ta.columns is None or tb.columns is None or len(tb.columns.folds):
-        return set()
+@dataclass
+class UnreadTerms:
+    """``consumers``: bench seqs of the matched calls that read what such an op makes (through
+    other bench-only ops); ``orphans``: such an op that no matched call reads from, by bench
+    seq, with the target seq of the value it reads (the model's output the target left out:
+    nothing after it pairs, so its own row carries the verdict)."""
+
+    consumers: set[int] = field(default_factory=set)
+    orphans: dict[int, int] = field(default_factory=dict)
+
+
+def unread_terms(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray, complete: bool) -> UnreadTerms:
+    """The bench-only forward ops that read a matched value whose target partner no target
+    record reads, and what reads them. ``complete``: the target's recording ran to its end
+    (one that stopped holds no reader of what it made last); a value the target made after
+    its last forward op record began is left out for the same reason. Array work over each
+    dump's reads, so a dump whose structure matches costs one mask."""
+    out = UnreadTerms()
+    if not complete or not len(pa) or ta.columns is None or tb.columns is None or len(tb.columns.folds):
+        return out
     matched = np.zeros(len(ta), bool)
     matched[pa] = True
     bench_only = ta.seq[~matched & (ta.kind == _OP) & (ta.direction == _FORWARD)]
     if not len(bench_only):
-        return set()
+        return out
     reader, src, index = _reads(ta)
     order = np.argsort(ta.seq[pa])
     bench_matched, target_partner = ta.seq[pa][order], tb.seq[pb][order]
     edge = np.isin(reader, bench_only) & np.isin(src, bench_matched)
     if not edge.any():
-        return set()
+        return out
     partner = target_partner[np.searchsorted(bench_matched, src[edge])]
     _, t_src, t_index = _reads(tb)
     key = t_src.astype(np.int64) * 4096 + t_index  # (outputs past 4096 share a key: read, conservatively)
-    unread = ~np.isin(partner.astype(np.int64) * 4096 + index[edge], key)
-    frontier = np.unique(reader[edge][unread])
-    found, seen = [], set()
+    last = tb.seq[(tb.kind == _OP) & (tb.direction == _FORWARD)].max(initial=-1)
+    unread = ~np.isin(partner.astype(np.int64) * 4096 + index[edge], key) & (partner < last)
+    for seed, value in dict(zip(reader[edge][unread].tolist(), partner[unread].tolist())).items():
+        consumers = _matched_readers(seed, reader, src, bench_only, bench_matched)
+        if consumers:
+            out.consumers |= consumers
+        else:
+            out.orphans[seed] = value
+    return out
+
+
+def _matched_readers(seed: int, reader: np.ndarray, src: np.ndarray, bench_only: np.ndarray,
+                     bench_matched: np.ndarray) -> set[int]:
+    """Bench seqs of the matched calls that read what bench-only op ``seed`` makes, straight
+    or through other bench-only ops."""
+    frontier, seen, found = np.array([seed]), {seed}, set()
     while len(frontier):
+        readers = np.unique(reader[np.isin(src, frontier)])
+        found.update(readers[np.isin(readers, bench_matched)].tolist())
+        frontier = readers[np.isin(readers, bench_only) & ~np.isin(readers, list(seen))]
         seen.update(frontier.tolist())
-        next_readers = np.unique(reader[np.isin(src, frontier)])
-        found.append(next_readers[np.isin(next_readers, bench_matched)])
-        frontier = next_readers[np.isin(next_readers, bench_only)]
-        frontier = frontier[~np.isin(frontier, list(seen))]
-    return set(np.concatenate(found).tolist()) if found else set()
+    return found
