@@ -186,3 +186,25 @@ def test_a_repeat_is_judged_by_its_statistics_against_its_input(tmp_path, faulty
         truth = next(r.seq for r in d.records if r.op == REPEAT)
     fd = summary.first_divergence
     assert fd is not None and fd["target_seq"] == truth and (fd["origin"], fd["cause"]) == ("born", "local error"), fd
+
+
+def test_a_widening_cast_is_looked_through_whichever_order_its_statistics_were_summed_in():
+    """A bf16 tensor and its float32 copy hold one multiset; their spreads, summed in other
+    orders (the native statistics path against torch's), differ in the eighth digit. The cast
+    moved its values unchanged all the same (compare's "same values by statistics", which a
+    GELU run as SiLU under autocast needs to see the two ops read one value); a cast that
+    rounded them moves the spread by bf16's rounding, and is no mere move."""
+    from types import SimpleNamespace
+
+    from xray.compare.causality import _same_values_by_statistics
+    from xray.dump.model import Stats, TensorMeta
+
+    def cast(spread_out: float, shape=(32, 8)):
+        def meta(dtype, std):
+            return TensorMeta(shape=shape, dtype=dtype, stats=Stats(-0.35, 0.27, 0.0023, std, numel=256))
+        return SimpleNamespace(op="aten._to_copy.default", inputs=[("self", meta("bfloat16", 0.11093565961))],
+                               outputs=[("out0", meta("float32", spread_out))])
+
+    assert _same_values_by_statistics(cast(0.11093565961))
+    assert _same_values_by_statistics(cast(0.11093565944))  # summed in another order
+    assert not _same_values_by_statistics(cast(0.11093565961 * (1 + 2 ** -8)))  # rounded by the cast

@@ -39,7 +39,7 @@ from ..numerics.kernel_families import family_of
 from ..record.elementwise_check import rerun_op
 from .entry_records import Entry
 from .local import ARGUMENT_SUSPECT, CHECK_SUSPECT, LocalError, checked_error, local_error, local_error_with, measurable, reads_right
-from .moved_values import moved_local_error
+from .moved_values import moved_local_error, same_multiset
 from .sample_local import sample_local_error, swapped_local_error, tensor_arguments
 from .sample_verdicts import MOVED_CHANGED, sample_decided, sample_peak
 from .matching import op_base
@@ -865,15 +865,18 @@ def _unmeasured_why(op: Entry) -> str:
 
 def _same_values_by_statistics(op: Entry) -> bool:
     """Statistics only: a value-preserving op (a view, a widening cast) whose output statistics
-    equal its first input's moved its values unchanged (a float16 -> float32 cast always does).
+    are its first input's (one multiset) moved its values unchanged (a float16 -> float32 cast
+    always does).
     Of one shape, its sample must be its input's too: a square matrix transposed keeps every
     statistic and puts its elements elsewhere (a weight used transposed)."""
     if not op.outputs or not op.inputs or not is_value_preserving(op.op):
         return False
     out, first = op.outputs[0][1], op.inputs[0][1]
-    a, b = _fingerprint(out), _fingerprint(first)  # (shape, dtype, then the statistics)
-    if a is None or b is None or None in a[2:6] or a[2:] != b[2:] \
-            or getattr(out, "numel", None) != getattr(first, "numel", None):
+    a, b = (getattr(m, "stats", None) for m in (out, first))
+    # one multiset by its statistics (moved_values.same_multiset): a bf16 tensor's spread and its
+    # float32 copy's are summed in other orders, and differ in their eighth digit
+    if a is None or b is None or any(getattr(x, f) is None for x in (a, b) for f in ("min", "max", "mean", "std")) \
+            or getattr(out, "numel", None) != getattr(first, "numel", None) or not same_multiset(a, b):
         return False
     samples = [getattr(getattr(m, "stats", None), "sample", None) for m in (out, first)]
     return getattr(out, "shape", None) != getattr(first, "shape", None) or None in samples \
