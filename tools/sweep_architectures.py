@@ -22,7 +22,8 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
   (on the training-mode scenarios' batch: ``accuracy.runner.train_batch``);
 - ``user-bug``: K bugs of a user's own per precision (fp32, bf16 autocast), forward: one call of
   a torch function made with a wrong argument (an attention mask dropped, a wrong attention scale,
-  a norm's eps, GELU's approximation, a Linear's bias dropped, a wrong constant:
+  a norm's eps, GELU's approximation, a Linear's bias dropped, a wrong constant, GELU and SiLU
+  swapped, a square weight transposed, a softmax's dimension, a sum's term left out:
   ``accuracy/user_bugs.py``), left out as faults are, graded exact where the first divergence
   names an ATen call made inside that call; counted apart from the kernel faults.
 
