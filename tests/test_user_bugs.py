@@ -378,3 +378,67 @@ def test_a_sublayer_dropped_before_the_models_pooling_is_born_at_the_bench_only_
         r.summary.verdict
     assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
     assert compare_dumps(bench, run(tmp_path / "t2", False)).summary.failed == 0
+
+
+def _last_layer_dump(folder, dropped: bool, autocast: bool, final_norm: bool):
+    """The last layer of an encoder at a real size (1x512 tokens, hidden 1024), recorded with the
+    defaults: ``r = W0 x`` (the residual stream), ``h = r + W2 relu(W1 norm(r))``, then, with
+    ``final_norm``, a final layer norm; without it ``h`` is the model's output. ``dropped``:
+    ``h`` is the sublayer's output alone (``residual + hidden`` written ``hidden``, as
+    ``_dropped_term`` leaves it) or, without ``final_norm``, the residual alone (``hidden +
+    residual`` written ``residual``)."""
+    import xray
+
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(1024, 1024, generator=g) * 0.03
+    w1, w2 = torch.randn(2816, 1024, generator=g) * 0.03, torch.randn(1024, 2816, generator=g) * 0.02
+    x = torch.randn(1, 512, 1024, generator=g)
+    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+            xray.dump(dump_dir=folder) as d, wrong:
+        r = torch.nn.functional.linear(x, w0)
+        y = torch.nn.functional.linear(torch.nn.functional.linear(
+            torch.nn.functional.layer_norm(r, (1024,)), w1).relu(), w2)
+        if final_norm:
+            torch.nn.functional.layer_norm(r + y, (1024,))
+        else:
+            _ = y + r
+    assert wrong.hit == dropped
+    return d.folder
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_a_residual_left_out_of_the_last_layer_pairs_the_final_norm_and_names_the_add(autocast, tmp_path):
+    """Nemotron's audio encoder, drawn by the sweep: the last layer's residual left out, so the
+    final norm reads the sublayer's output on the target and the bench's sum on the bench. The
+    residual is read elsewhere too (the pre-norm), so no value goes unread, and the two norms
+    read other producers: they paired with nothing and "no row fails" before, the output moved
+    by 129 %. A sum only one side forms reads both of its terms' roles, so the norms pair; the
+    bench's add reads the residual, which the target's ops behind its norm never read."""
+    from xray.compare import compare_dumps
+
+    bench = _last_layer_dump(tmp_path / "b", False, False, True)
+    r = compare_dumps(bench, _last_layer_dump(tmp_path / "t", True, autocast, True))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op", r.summary.verdict
+    assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
+    assert any(x.bench_op == x.target_op == "aten.native_layer_norm.default" and x.bench_seq > fd["culprit_bench_seq"]
+               for x in r.rows), "the final norms pair"
+    assert compare_dumps(bench, _last_layer_dump(tmp_path / "t2", False, autocast, True)).summary.failed == 0
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_the_models_last_sum_left_out_is_the_bench_only_add(autocast, tmp_path):
+    """VideoMAE's last layer, drawn by the sweep: ``dense(h) + residual`` written ``residual``,
+    the model's last op. The dense output is made by the target's last op and read by nothing,
+    which is what a model's output looks like; the bench goes on to add it to a value both runs
+    computed, and the target ends without that step: "no row fails" before, the output moved by
+    a third. The bench's add is born there."""
+    from xray.compare import compare_dumps
+
+    bench = _last_layer_dump(tmp_path / "b", False, False, False)
+    r = compare_dumps(bench, _last_layer_dump(tmp_path / "t", True, autocast, False))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op", r.summary.verdict
+    assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
+    assert compare_dumps(bench, _last_layer_dump(tmp_path / "t2", False, autocast, False)).summary.failed == 0

@@ -27,6 +27,7 @@ from rapidfuzz.process import cdist
 
 from ..numerics.kernel_families import kind_of, primary_shapes
 from ..dump.columns import INPUT, SRC_OP
+from ..ops.rebuild import is_pointwise_op
 from .entry_table import MODULE, Codes, EntryTable
 
 WINDOW = 1000  # entries per side per DP window: 1M cells, ~10 ms of numpy per window
@@ -91,27 +92,73 @@ class Roles:
     other values (other roles). De-dup leaves each side knowing other arguments (the bench its
     query's producer, the target its value's): that is no evidence."""
 
-    def __init__(self, bench: np.ndarray, target: np.ndarray) -> None:
+    def __init__(self, bench: np.ndarray, target: np.ndarray, bench_terms: np.ndarray | None = None,
+                 target_terms: np.ndarray | None = None) -> None:
         self.bench, self.target = bench, target
+        self.bench_terms, self.target_terms = bench_terms, target_terms
+        self.wide_a, self.wide_b = _wider(bench, bench_terms), _wider(target, target_terms)
 
     def relation(self, ia, ib, pairwise: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(shared, refused): a matrix over bench rows ``ia`` x target rows ``ib``, or with
         ``pairwise`` one value per pair (``ia[k]``, ``ib[k]``). Producers are compared as sets
         (an add's arguments may come in either order); refusal reads only the positions both
-        sides know."""
-        a, b = self.bench[ia], self.target[ib]
-        if not pairwise:
-            a, b = a[:, None, :], b[None, :, :]
-        both = (a >= 0) & (b >= 0)
-        shared = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=bool)
-        shared_known = shared.copy()
-        for k in range(a.shape[-1]):
-            for m in range(b.shape[-1]):
-                same = (a[..., k] >= 0) & (a[..., k] == b[..., m])
-                shared |= same
-                shared_known |= same & both[..., k] & both[..., m]
-        refused = both.any(-1) & ~shared_known
+        sides know, and every term an unmatched producer read (``*_terms``): a sum only one
+        side forms (a residual the other left out) reads both roles, so the norm after it may
+        play either's. Those terms are read only for the entries that have them."""
+        shared, refused = _shared(self.bench[ia], self.target[ib], pairwise, 1, 1)
+        wa, wb = self.wide_a[ia], self.wide_b[ib]
+        if not (wa.any() or wb.any()):
+            return shared, refused
+        ta, tb = _or(self.bench_terms, self.bench)[ia], _or(self.target_terms, self.target)[ib]
+        ga, gb = ta.shape[-1] // self.bench.shape[-1], tb.shape[-1] // self.target.shape[-1]
+        if pairwise:
+            at = np.flatnonzero(refused & (wa | wb))
+            refused[at] = _shared(ta[at], tb[at], True, ga, gb)[1]
+            return shared, refused
+        rows, cols = np.flatnonzero(wa), np.flatnonzero(wb)
+        refused[rows] = _shared(ta[rows], tb, False, ga, gb)[1]
+        refused[:, cols] = _shared(ta, tb[cols], False, ga, gb)[1]
         return shared, refused
+
+
+def _or(terms: np.ndarray | None, narrow: np.ndarray) -> np.ndarray:
+    return narrow if terms is None else terms
+
+
+def _wider(narrow: np.ndarray, terms: np.ndarray | None) -> np.ndarray:
+    """Per entry: whether its every-term producers say more than its looked-through ones."""
+    if terms is None:
+        return np.zeros(len(narrow), dtype=bool)
+    t = terms.reshape(len(narrow), narrow.shape[1], -1)
+    return ((t[:, :, 0] != narrow) | (t[:, :, 1:] >= 0).any(-1)).any(-1)
+
+
+def _shared(a: np.ndarray, b: np.ndarray, pairwise: bool, ga: int, gb: int) -> tuple[np.ndarray, np.ndarray]:
+    """(shared, refused) over rows of ``a`` x rows of ``b`` (or pairwise). Each holds argument
+    positions of ``ga`` (``gb``) columns each (every term an unmatched producer read), compared
+    as sets; refusal reads the positions both sides know. Columns no row knows are skipped."""
+    a, pa, known_a = _known(a, ga)
+    b, pb, known_b = _known(b, gb)
+    if not pairwise:
+        a, b, known_a, known_b = a[:, None, :], b[None, :, :], known_a[:, None, :], known_b[None, :, :]
+    n = min(known_a.shape[-1], known_b.shape[-1])
+    both = known_a[..., :n] & known_b[..., :n]
+    shared = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=bool)
+    shared_known = shared.copy()
+    for k, i in enumerate(pa.tolist()):
+        for m, j in enumerate(pb.tolist()):
+            same = (a[..., k] >= 0) & (a[..., k] == b[..., m])
+            shared |= same
+            if i < n and j < n:
+                shared_known |= same & both[..., i] & both[..., j]
+    return shared, both.any(-1) & ~shared_known
+
+
+def _known(a: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the columns some row knows, their argument positions, known per row and position)."""
+    known = (a >= 0).reshape(*a.shape[:-1], a.shape[-1] // group, group).any(-1)
+    keep = (a >= 0).reshape(-1, a.shape[-1]).any(0)
+    return a[..., keep], (np.arange(a.shape[-1]) // group)[keep], known
 
 
 def producers(t: EntryTable) -> np.ndarray:
@@ -173,15 +220,34 @@ def _through_unmatched(prod: np.ndarray, matched: np.ndarray) -> np.ndarray:
     return np.where(matched[out], out, -1)
 
 
-def roles(prod_a: np.ndarray, prod_b: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> Roles:
-    """Roles after a first alignment (``pa[k]`` paired with ``pb[k]``)."""
+def _every_term(prod: np.ndarray, matched: np.ndarray, pointwise: np.ndarray) -> np.ndarray:
+    """(entries x PRODUCERS**2): per producer position, the producer as ``_through_unmatched``
+    has it, or, where that is an unmatched pointwise op (torch's tag: each output element made
+    from its terms' elements at its position), every producer it read, each looked through
+    alike. A sum carries each term's role; an attention carries its query's, as the first."""
+    narrow = _through_unmatched(prod, matched)
+    through = np.append(narrow, np.full((1, prod.shape[1]), -1), axis=0)
+    out = np.full((len(prod), prod.shape[1], prod.shape[1]), -1, dtype=np.int64)
+    out[:, :, 0] = narrow
+    summed = (prod >= 0) & ~matched[prod] & pointwise[prod]
+    out[summed] = through[prod[summed]]
+    return out.reshape(len(prod), -1)
+
+
+def roles(prod_a: np.ndarray, prod_b: np.ndarray, pa: np.ndarray, pb: np.ndarray,
+          pointwise_a: np.ndarray | None = None, pointwise_b: np.ndarray | None = None) -> Roles:
+    """Roles after a first alignment (``pa[k]`` paired with ``pb[k]``); ``pointwise_*``: per
+    entry, whether its op is pointwise (``_every_term``; None: no entry is)."""
     partner = np.full(len(prod_a) + 1, -1, dtype=np.int64)  # index -1 (no producer) reads -1
     partner[pa] = pb
     matched_a = np.zeros(len(prod_a) + 1, dtype=bool)
     matched_a[pa] = True
     matched_b = np.zeros(len(prod_b) + 1, dtype=bool)
     matched_b[pb] = True
-    return Roles(partner[_through_unmatched(prod_a, matched_a)], _through_unmatched(prod_b, matched_b))
+    if pointwise_a is None or pointwise_b is None:
+        return Roles(partner[_through_unmatched(prod_a, matched_a)], _through_unmatched(prod_b, matched_b))
+    return Roles(partner[_through_unmatched(prod_a, matched_a)], _through_unmatched(prod_b, matched_b),
+                 partner[_every_term(prod_a, matched_a, pointwise_a)], _every_term(prod_b, matched_b, pointwise_b))
 
 
 def score_matrix(fa: Features, ia: slice, fb: Features, ib: slice, role: Roles | None = None) -> np.ndarray:
@@ -323,6 +389,12 @@ def _fill(fa: Features, i0: int, i1: int, fb: Features, j0: int, j1: int,
     return out
 
 
+def _pointwise(t: EntryTable) -> np.ndarray:
+    """Per entry, whether its op is pointwise (looked up once per op)."""
+    _, first, inverse = np.unique(t.op, return_index=True, return_inverse=True)
+    return np.array([is_pointwise_op(o) for o in t.op_text[first].tolist()], dtype=bool)[inverse.reshape(-1)]
+
+
 def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
     """Equal anchor keys and ops, entry for entry (the same model on both sides): nothing to search."""
     if len(ta) != len(tb) or len(ta.out) != len(tb.out):
@@ -363,8 +435,9 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
     # of its module) sends the alignment round again, with the roles its pairs give, until every
     # pair agrees with the pairs of its producers (a round or two; a few at most).
     prod_a, prod_b = producers(ta), producers(tb)
+    pointwise = [_pointwise(t) for t in (ta, tb)]
     for _ in range(ROLE_ROUNDS):
-        role = roles(prod_a, prod_b, pairs[:, 0], pairs[:, 1])
+        role = roles(prod_a, prod_b, pairs[:, 0], pairs[:, 1], *pointwise)
         if not len(pairs) or not role.relation(pairs[:, 0], pairs[:, 1], pairwise=True)[1].any():
             break
         alignment = align_features(feats[0], feats[1], keys[0], keys[1], role)

@@ -13,6 +13,7 @@ folded call's first argument's producer only) cannot say that nothing read a val
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,8 +47,11 @@ def unread_terms(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray,
     """The bench-only forward ops that read a matched value whose target partner no target
     record reads, and what reads them. ``complete``: the target's recording ran to its end
     (one that stopped holds no reader of what it made last); a value the target made after
-    its last forward op record began is left out for the same reason. Array work over each
-    dump's reads, so a dump whose structure matches costs one mask."""
+    its last forward op record began is left out for the same reason (it may be the model's
+    output), unless the op reading it is the bench's last step and combines it with another
+    value both runs computed: the target ends where the bench goes on to form a sum, so one of
+    the two terms is missing from what it returns. Array work over each dump's reads, so a
+    dump whose structure matches costs one mask."""
     out = UnreadTerms()
     if not complete or not len(pa) or ta.columns is None or tb.columns is None or len(tb.columns.folds):
         return out
@@ -66,12 +70,13 @@ def unread_terms(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np.ndarray,
     _, t_src, t_index = _reads(tb)
     key = t_src.astype(np.int64) * 4096 + t_index  # (outputs past 4096 share a key: read, conservatively)
     last = tb.seq[(tb.kind == _OP) & (tb.direction == _FORWARD)].max(initial=-1)
-    unread = ~np.isin(partner.astype(np.int64) * 4096 + index[edge], key) & (partner < last)
+    unread = ~np.isin(partner.astype(np.int64) * 4096 + index[edge], key)
+    terms = Counter(r for r, _ in set(zip(reader[edge].tolist(), src[edge].tolist())))  # matched values read
     for seed, value in dict(zip(reader[edge][unread].tolist(), partner[unread].tolist())).items():
         consumers = _matched_readers(seed, reader, src, bench_only, bench_matched)
-        if consumers:
+        if value < last and consumers:
             out.consumers |= consumers
-        else:
+        elif not consumers and (value < last or terms[seed] > 1):
             out.orphans[seed] = value
     return out
 

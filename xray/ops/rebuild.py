@@ -9,6 +9,8 @@ two devices given the same seed see bit-identical inputs.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from typing import Any, Callable
@@ -70,6 +72,15 @@ def is_pointwise(func: torch._ops.OpOverload) -> bool:
     """Torch's ``Tag.pointwise`` on a functional overload (not ``out=``): each output element is
     made from the input elements at its own position (broadcast)."""
     return torch.Tag.pointwise in func.tags and "out" not in func._overloadname
+
+
+@functools.lru_cache(maxsize=4096)  # a million records name a few hundred ops
+def is_pointwise_op(name: str) -> bool:
+    """``is_pointwise`` by a recorded op name; False for a name torch does not resolve."""
+    try:
+        return is_pointwise(resolve_op(name))
+    except (UnknownOpError, UnsafeOpError):
+        return False
 
 
 def dtype_of(name: str) -> torch.dtype:
