@@ -4,6 +4,7 @@ name a call made inside the changed one, whatever the run's precision. The trans
 runs (each records both sides, and again to locate the call under de-dup) are marked slow."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -275,23 +276,32 @@ def test_attention_probabilities_normalised_over_the_queries_at_a_real_size_are_
     assert compare_dumps(bench, run(tmp_path / "t2", False)).summary.failed == 0
 
 
+@contextlib.contextmanager
+def _dropped_term_recording(folder, dropped: bool, autocast: bool):
+    """A no-grad recording with the defaults (under bf16 autocast with ``autocast``) in which,
+    with ``dropped``, the first sum of two same-shape tensors keeps its second term alone, as
+    ``_dropped_term`` leaves it."""
+    import xray
+
+    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
+            xray.dump(dump_dir=folder) as d, wrong:
+        yield d
+    assert wrong.hit == dropped
+
+
 def _residual_block_dump(folder, dropped: bool, autocast: bool):
     """A pre-norm residual block at a real size (1x512 tokens, hidden 1024), recorded with the
     defaults: ``h = x + W2 relu(W1 norm(x))``, then a final RMS norm; ``dropped``: ``h`` is the
     sublayer's output alone (the residual term left out, as ``_dropped_term`` leaves it)."""
-    import xray
-
     g = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(2816, 1024, generator=g) * 0.03, torch.randn(1024, 2816, generator=g) * 0.02
     x = torch.randn(1, 512, 1024, generator=g)
-    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
-            xray.dump(dump_dir=folder) as d, wrong:
+    with _dropped_term_recording(folder, dropped, autocast) as d:
         n = torch.nn.functional.rms_norm(x, (1024,), eps=1e-6)
         h = x + torch.nn.functional.linear(torch.nn.functional.linear(n, w1).relu(), w2)
         h = h.float()
         (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
-    assert wrong.hit == dropped
     return d.folder
 
 
@@ -317,18 +327,13 @@ def _post_norm_dump(folder, dropped: bool, autocast: bool):
     """A post-norm block at a real size (1x512 tokens, hidden 1024), recorded with the defaults:
     ``LayerNorm(attn + x)`` with a small sublayer output, then a Linear; ``dropped``: the norm
     reads ``x`` alone (the sum's first term left out, as ``_dropped_term`` leaves it)."""
-    import xray
-
     g = torch.Generator().manual_seed(0)
     wo, w1 = torch.randn(1024, 1024, generator=g) * 0.002, torch.randn(2816, 1024, generator=g) * 0.03
     x = torch.randn(1, 512, 1024, generator=g)
-    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
-            xray.dump(dump_dir=folder) as d, wrong:
+    with _dropped_term_recording(folder, dropped, autocast) as d:
         attn = torch.nn.functional.linear(x, wo)
         h = torch.nn.functional.layer_norm(attn + x, (1024,))
         torch.nn.functional.linear(h, w1).relu().sum()
-    assert wrong.hit == dropped
     return d.folder
 
 
@@ -356,7 +361,6 @@ def test_a_sublayer_dropped_before_the_models_pooling_is_born_at_the_bench_only_
     computed and never read. The pooling reads the sum on the bench and the model's input on
     the target: "model input self differs" before, though both runs read one input. The
     bench's add reads ``y``, which nothing on the target reads: a term dropped, named there."""
-    import xray
     from xray.compare import compare_dumps
 
     g = torch.Generator().manual_seed(0)
@@ -364,9 +368,7 @@ def test_a_sublayer_dropped_before_the_models_pooling_is_born_at_the_bench_only_
     x = torch.randn(1, 512, 1024, generator=g)
 
     def run(folder, dropped):
-        wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
-        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast and dropped), \
-                xray.dump(dump_dir=folder) as d, wrong:
+        with _dropped_term_recording(folder, dropped, autocast and dropped) as d:
             y = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (1024,)), w).relu()
             (y + x).mean(1)
         return d.folder
@@ -387,15 +389,11 @@ def _last_layer_dump(folder, dropped: bool, autocast: bool, final_norm: bool):
     ``h`` is the sublayer's output alone (``residual + hidden`` written ``hidden``, as
     ``_dropped_term`` leaves it) or, without ``final_norm``, the residual alone (``hidden +
     residual`` written ``residual``)."""
-    import xray
-
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(1024, 1024, generator=g) * 0.03
     w1, w2 = torch.randn(2816, 1024, generator=g) * 0.03, torch.randn(1024, 2816, generator=g) * 0.02
     x = torch.randn(1, 512, 1024, generator=g)
-    wrong = WrongArgument("dropped-term", UserBug("dropped-term", 0 if dropped else -1))
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast), \
-            xray.dump(dump_dir=folder) as d, wrong:
+    with _dropped_term_recording(folder, dropped, autocast) as d:
         r = torch.nn.functional.linear(x, w0)
         y = torch.nn.functional.linear(torch.nn.functional.linear(
             torch.nn.functional.layer_norm(r, (1024,)), w1).relu(), w2)
@@ -403,7 +401,6 @@ def _last_layer_dump(folder, dropped: bool, autocast: bool, final_norm: bool):
             torch.nn.functional.layer_norm(r + y, (1024,))
         else:
             _ = y + r
-    assert wrong.hit == dropped
     return d.folder
 
 

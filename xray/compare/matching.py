@@ -95,8 +95,9 @@ class Roles:
     def __init__(self, bench: np.ndarray, target: np.ndarray, bench_terms: np.ndarray | None = None,
                  target_terms: np.ndarray | None = None) -> None:
         self.bench, self.target = bench, target
-        self.bench_terms, self.target_terms = bench_terms, target_terms
-        self.wide_a, self.wide_b = _wider(bench, bench_terms), _wider(target, target_terms)
+        self.bench_terms = bench if bench_terms is None else bench_terms
+        self.target_terms = target if target_terms is None else target_terms
+        self.wide_a, self.wide_b = _wider(bench, self.bench_terms), _wider(target, self.target_terms)
 
     def relation(self, ia, ib, pairwise: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(shared, refused): a matrix over bench rows ``ia`` x target rows ``ib``, or with
@@ -109,7 +110,7 @@ class Roles:
         wa, wb = self.wide_a[ia], self.wide_b[ib]
         if not (wa.any() or wb.any()):
             return shared, refused
-        ta, tb = _or(self.bench_terms, self.bench)[ia], _or(self.target_terms, self.target)[ib]
+        ta, tb = self.bench_terms[ia], self.target_terms[ib]
         ga, gb = ta.shape[-1] // self.bench.shape[-1], tb.shape[-1] // self.target.shape[-1]
         if pairwise:
             at = np.flatnonzero(refused & (wa | wb))
@@ -121,14 +122,8 @@ class Roles:
         return shared, refused
 
 
-def _or(terms: np.ndarray | None, narrow: np.ndarray) -> np.ndarray:
-    return narrow if terms is None else terms
-
-
-def _wider(narrow: np.ndarray, terms: np.ndarray | None) -> np.ndarray:
+def _wider(narrow: np.ndarray, terms: np.ndarray) -> np.ndarray:
     """Per entry: whether its every-term producers say more than its looked-through ones."""
-    if terms is None:
-        return np.zeros(len(narrow), dtype=bool)
     t = terms.reshape(len(narrow), narrow.shape[1], -1)
     return ((t[:, :, 0] != narrow) | (t[:, :, 1:] >= 0).any(-1)).any(-1)
 
@@ -141,23 +136,22 @@ def _shared(a: np.ndarray, b: np.ndarray, pairwise: bool, ga: int, gb: int) -> t
     b, pb, known_b = _known(b, gb)
     if not pairwise:
         a, b, known_a, known_b = a[:, None, :], b[None, :, :], known_a[:, None, :], known_b[None, :, :]
-    n = min(known_a.shape[-1], known_b.shape[-1])
-    both = known_a[..., :n] & known_b[..., :n]
+    both = known_a & known_b  # per argument position
     shared = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=bool)
     shared_known = shared.copy()
     for k, i in enumerate(pa.tolist()):
         for m, j in enumerate(pb.tolist()):
             same = (a[..., k] >= 0) & (a[..., k] == b[..., m])
             shared |= same
-            if i < n and j < n:
-                shared_known |= same & both[..., i] & both[..., j]
+            shared_known |= same & both[..., i] & both[..., j]
     return shared, both.any(-1) & ~shared_known
 
 
 def _known(a: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the columns some row knows, their argument positions, known per row and position)."""
-    known = (a >= 0).reshape(*a.shape[:-1], a.shape[-1] // group, group).any(-1)
-    keep = (a >= 0).reshape(-1, a.shape[-1]).any(0)
+    some = a >= 0
+    known = some.reshape(*a.shape[:-1], a.shape[-1] // group, group).any(-1)
+    keep = some.reshape(-1, a.shape[-1]).any(0)
     return a[..., keep], (np.arange(a.shape[-1]) // group)[keep], known
 
 
@@ -238,14 +232,14 @@ def roles(prod_a: np.ndarray, prod_b: np.ndarray, pa: np.ndarray, pb: np.ndarray
           pointwise_a: np.ndarray | None = None, pointwise_b: np.ndarray | None = None) -> Roles:
     """Roles after a first alignment (``pa[k]`` paired with ``pb[k]``); ``pointwise_*``: per
     entry, whether its op is pointwise (``_every_term``; None: no entry is)."""
+    pointwise_a = np.zeros(len(prod_a), dtype=bool) if pointwise_a is None else pointwise_a
+    pointwise_b = np.zeros(len(prod_b), dtype=bool) if pointwise_b is None else pointwise_b
     partner = np.full(len(prod_a) + 1, -1, dtype=np.int64)  # index -1 (no producer) reads -1
     partner[pa] = pb
     matched_a = np.zeros(len(prod_a) + 1, dtype=bool)
     matched_a[pa] = True
     matched_b = np.zeros(len(prod_b) + 1, dtype=bool)
     matched_b[pb] = True
-    if pointwise_a is None or pointwise_b is None:
-        return Roles(partner[_through_unmatched(prod_a, matched_a)], _through_unmatched(prod_b, matched_b))
     return Roles(partner[_through_unmatched(prod_a, matched_a)], _through_unmatched(prod_b, matched_b),
                  partner[_every_term(prod_a, matched_a, pointwise_a)], _every_term(prod_b, matched_b, pointwise_b))
 

@@ -10,7 +10,6 @@ two devices given the same seed see bit-identical inputs.
 from __future__ import annotations
 
 import functools
-
 import math
 import re
 from typing import Any, Callable
