@@ -176,6 +176,11 @@ def test_alignment_survives_fusion_renames_and_wrapper_prefixes():
     assert _align(bench, target) == [(0, 0), (3, 2), (4, 4), (5, 5)]
 
 
+def test_alignment_with_an_empty_side_pairs_nothing():
+    one = [("op", "aten.mm.default", "l", (4, 8)), ("op", "aten.add.Tensor", "l", (4, 8))]
+    assert _align([], one) == [] and _align(one, []) == [] and _align([], []) == []
+
+
 @pytest.mark.slow
 def test_alignment_handles_different_call_counts_at_scale():
     block = [("op", "aten.mm.default", "l", (4, 8)), ("op", "aten.add.Tensor", "l", (4, 8)),

@@ -124,7 +124,7 @@ class Roles:
 
 def _wider(narrow: np.ndarray, terms: np.ndarray) -> np.ndarray:
     """Per entry: whether its every-term producers say more than its looked-through ones."""
-    t = terms.reshape(len(narrow), narrow.shape[1], -1)
+    t = terms.reshape(len(narrow), narrow.shape[1], narrow.shape[1])
     return ((t[:, :, 0] != narrow) | (t[:, :, 1:] >= 0).any(-1)).any(-1)
 
 
@@ -225,7 +225,7 @@ def _every_term(prod: np.ndarray, matched: np.ndarray, pointwise: np.ndarray) ->
     out[:, :, 0] = narrow
     summed = (prod >= 0) & ~matched[prod] & pointwise[prod]
     out[summed] = through[prod[summed]]
-    return out.reshape(len(prod), -1)
+    return out.reshape(len(prod), prod.shape[1] ** 2)
 
 
 def roles(prod_a: np.ndarray, prod_b: np.ndarray, pa: np.ndarray, pb: np.ndarray,
