@@ -439,3 +439,36 @@ def test_the_models_last_sum_left_out_is_the_bench_only_add(autocast, tmp_path):
     assert fd is not None and fd["cause"] == "bench-only op", r.summary.verdict
     assert next(x for x in r.rows if x.bench_seq == fd["culprit_bench_seq"]).bench_op == "aten.add.Tensor"
     assert compare_dumps(bench, _last_layer_dump(tmp_path / "t2", False, autocast, False)).summary.failed == 0
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_a_three_term_sums_first_add_left_out_is_named_not_its_second(autocast, tmp_path):
+    """SqueezeBERT's embeddings (and GPT-J's parallel residual), drawn by the sweep: ``w + p + t``
+    at a real size (1x512 tokens, hidden 1024) after the three lookups, run as ``p + t``. Op,
+    shape and path tell neither of the bench's two adds from the target's one, which paired with
+    the first (it reads ``p`` too), so the bench's second add was named, "reads ``t``, which
+    nothing on the target reads", though the target's add reads it. The second add reads ``p``
+    and ``t`` through the first, the first ``p`` alone: the pair goes to the twin that reads
+    more of its partner's values, and the first add is born there."""
+    from xray.compare import compare_dumps
+
+    g = torch.Generator().manual_seed(0)
+    tables = [torch.randn(n, 1024, generator=g) * 0.02 for n in (8192, 512, 2)]
+    w1 = torch.randn(2816, 1024, generator=g) * 0.03
+    ids = torch.randint(0, 8192, (1, 512), generator=g)
+
+    def run(folder, dropped):
+        with _dropped_term_recording(folder, dropped, autocast and dropped) as d:
+            w, p, t = (torch.nn.functional.embedding(i, e)
+                       for i, e in zip((ids, torch.arange(512)[None], torch.zeros_like(ids)), tables))
+            e = w + p + t
+            torch.nn.functional.linear(torch.nn.functional.layer_norm(e, (1024,)), w1).relu().sum()
+        return d.folder
+
+    bench = run(tmp_path / "b", False)
+    r = compare_dumps(bench, run(tmp_path / "t", True))
+    fd = r.summary.first_divergence
+    assert fd is not None and fd["cause"] == "bench-only op", r.summary.verdict
+    adds = sorted(x.bench_seq for x in r.rows if x.bench_op == "aten.add.Tensor")
+    assert len(adds) == 2 and fd["culprit_bench_seq"] == adds[0], (adds, r.summary.verdict)
+    assert compare_dumps(bench, run(tmp_path / "t2", False)).summary.failed == 0

@@ -124,7 +124,7 @@ class Roles:
 
 def _wider(narrow: np.ndarray, terms: np.ndarray) -> np.ndarray:
     """Per entry: whether its every-term producers say more than its looked-through ones."""
-    t = terms.reshape(len(narrow), narrow.shape[1], narrow.shape[1])
+    t = terms.reshape(len(narrow), narrow.shape[1], terms.shape[-1] // narrow.shape[1])
     return ((t[:, :, 0] != narrow) | (t[:, :, 1:] >= 0).any(-1)).any(-1)
 
 
@@ -389,6 +389,52 @@ def _pointwise(t: EntryTable) -> np.ndarray:
     return np.array([is_pointwise_op(o) for o in t.op_text[first].tolist()], dtype=bool)[inverse.reshape(-1)]
 
 
+def _to_closer_twins(pairs: np.ndarray, feats: list[Features], prods: tuple[np.ndarray, np.ndarray],
+                     pointwise: list[np.ndarray]) -> np.ndarray:
+    """``pairs`` with each pair moved, on either side, to an unmatched twin of its entry (same
+    group, module path, op and shape; no matched entry between the two) that reads strictly
+    more of its partner's recorded values, each counted once. Op, shape and path cannot tell a
+    sum's two adds apart when one side leaves a term out (``a + b + c`` run as ``b + c``); what
+    they read can, once the pair's own entry is looked through as the sum it may be
+    (``_every_term``): the bench's second add reads ``b`` and ``c`` through the first, the first
+    reads ``b`` alone."""
+    for side in (0, 1):
+        pairs = _closer_on_one_side(pairs, side, feats, prods, pointwise)
+    return pairs
+
+
+def _closer_on_one_side(pairs: np.ndarray, side: int, feats: list[Features], prods: tuple[np.ndarray, np.ndarray],
+                        pointwise: list[np.ndarray]) -> np.ndarray:
+    f, mine = feats[side], pairs[:, side]
+    if not len(mine) or len(mine) == len(f.op):
+        return pairs
+    key = np.stack([f.group, f.path, f.op, f.shape], axis=1)
+    free = np.setdiff1d(np.arange(len(f.op)), mine)
+    after = np.searchsorted(mine, free)  # mine[after - 1] < free < mine[after]
+    candidates = [(k, int(u)) for u, a in zip(free.tolist(), after.tolist()) for k in (a - 1, a)
+                  if 0 <= k < len(mine) and np.array_equal(key[u], key[mine[k]])]
+    if not candidates:
+        return pairs
+    contested = np.unique([k for k, _ in candidates])
+    keep = np.setdiff1d(np.arange(len(pairs)), contested)
+    role = roles(*prods, pairs[keep, 0], pairs[keep, 1], *pointwise)
+    terms = (role.bench_terms, role.target_terms)
+
+    def reads(x: int, partner: int) -> int:  # distinct recorded values both read
+        own, other = terms[side][x], terms[1 - side][partner]
+        return len(set(own[own >= 0].tolist()) & set(other[other >= 0].tolist()))
+
+    out = pairs.copy()
+    for k in contested.tolist():
+        partner = int(pairs[k, 1 - side])
+        best, most = int(mine[k]), reads(int(mine[k]), partner)
+        for u in (u for k_, u in candidates if k_ == k):
+            if reads(u, partner) > most:
+                best, most = u, reads(u, partner)
+        out[k, side] = best
+    return out
+
+
 def _same_structure(ta: EntryTable, tb: EntryTable) -> bool:
     """Equal anchor keys and ops, entry for entry (the same model on both sides): nothing to search."""
     if len(ta) != len(tb) or len(ta.out) != len(tb.out):
@@ -430,10 +476,12 @@ def align_tables(ta: EntryTable, tb: EntryTable, codes: Codes) -> tuple[np.ndarr
     # pair agrees with the pairs of its producers (a round or two; a few at most).
     prod_a, prod_b = producers(ta), producers(tb)
     pointwise = [_pointwise(t) for t in (ta, tb)]
+    pairs = _to_closer_twins(pairs, feats, (prod_a, prod_b), pointwise)
     for _ in range(ROLE_ROUNDS):
         role = roles(prod_a, prod_b, pairs[:, 0], pairs[:, 1], *pointwise)
         if not len(pairs) or not role.relation(pairs[:, 0], pairs[:, 1], pairwise=True)[1].any():
             break
         alignment = align_features(feats[0], feats[1], keys[0], keys[1], role)
-        pairs = np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2)
+        pairs = _to_closer_twins(np.array(alignment.pairs, dtype=np.int64).reshape(-1, 2), feats,
+                                 (prod_a, prod_b), pointwise)
     return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32), alignment.anchors
