@@ -411,12 +411,15 @@ def _closer_on_one_side(pairs: np.ndarray, side: int, feats: list[Features], pro
     key = np.stack([f.group, f.path, f.op, f.shape], axis=1)
     free = np.setdiff1d(np.arange(len(f.op)), mine)
     after = np.searchsorted(mine, free)  # mine[after - 1] < free < mine[after]
-    candidates = [(k, int(u)) for u, a in zip(free.tolist(), after.tolist()) for k in (a - 1, a)
-                  if 0 <= k < len(mine) and np.array_equal(key[u], key[mine[k]])]
-    if not candidates:
+    twins: dict[int, list[int]] = {}  # pair -> its entry's unmatched twins, no matched entry between
+    for k in (after - 1, after):
+        inside = (k >= 0) & (k < len(mine))
+        twin = inside & (key[free] == key[mine[np.clip(k, 0, len(mine) - 1)]]).all(axis=1)
+        for k_, u in zip(k[twin].tolist(), free[twin].tolist()):
+            twins.setdefault(k_, []).append(u)
+    if not twins:
         return pairs
-    contested = np.unique([k for k, _ in candidates])
-    keep = np.setdiff1d(np.arange(len(pairs)), contested)
+    keep = np.setdiff1d(np.arange(len(pairs)), list(twins))
     role = roles(*prods, pairs[keep, 0], pairs[keep, 1], *pointwise)
     terms = (role.bench_terms, role.target_terms)
 
@@ -424,14 +427,14 @@ def _closer_on_one_side(pairs: np.ndarray, side: int, feats: list[Features], pro
         own, other = terms[side][x], terms[1 - side][partner]
         return len(set(own[own >= 0].tolist()) & set(other[other >= 0].tolist()))
 
-    out = pairs.copy()
-    for k in contested.tolist():
+    out, taken = pairs.copy(), set()
+    for k, free_twins in twins.items():
         partner = int(pairs[k, 1 - side])
-        best, most = int(mine[k]), reads(int(mine[k]), partner)
-        for u in (u for k_, u in candidates if k_ == k):
-            if reads(u, partner) > most:
-                best, most = u, reads(u, partner)
-        out[k, side] = best
+        most = reads(int(mine[k]), partner)
+        for u in free_twins:
+            if u not in taken and reads(u, partner) > most:
+                out[k, side], most = u, reads(u, partner)
+        taken.add(int(out[k, side]))
     return out
 
 
