@@ -432,8 +432,9 @@ def _closer_on_one_side(pairs: np.ndarray, side: int, feats: list[Features], pro
         partner = int(pairs[k, 1 - side])
         most = reads(int(mine[k]), partner)
         for u in free_twins:
-            if u not in taken and reads(u, partner) > most:
-                out[k, side], most = u, reads(u, partner)
+            n = reads(u, partner) if u not in taken else -1
+            if n > most:
+                out[k, side], most = u, n
         taken.add(int(out[k, side]))
     return out
 
