@@ -177,6 +177,7 @@ def test_a_fault_in_an_op_exact_at_its_dtype_is_born_there(tmp_path):
 
 ROW_OPS = {  # an op whose output element reads one row of its input, as the layer uses it
     "aten._softmax.default": lambda y: torch.softmax(y, -1) * HIDDEN,
+    "aten._safe_softmax.default": lambda y: torch.ops.aten._safe_softmax(y, -1) * HIDDEN,
     "aten._log_softmax.default": lambda y: torch.log_softmax(y, -1) / 8,
     "aten.glu.default": lambda y: torch.nn.functional.glu(torch.cat([y, y.flip(-1)], -1), -1),
 }

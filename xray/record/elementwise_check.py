@@ -32,7 +32,8 @@ Which calls, and against what:
   tolerance, which three doubled elements exceed, and the check would cost a float64 run of every
   op (torch's float64 ``silu`` and ``sin`` take about 25 ns an element on CPU).
 
-Softmax, log-softmax and GLU, and their backwards, are checked alike: not tagged pointwise (an
+Softmax (and ``_safe_softmax``, the one a decomposed attention calls, 0 on a row all masked),
+log-softmax and GLU, and their backwards, are checked alike: not tagged pointwise (an
 output element reads its row, or two elements), they cost what an elementwise op costs to run
 again whole, and their statistics under half precision hide a few wrong elements as well.
 
@@ -62,7 +63,7 @@ SMALL_OUTPUT = 4096  # float32 outputs of at most so many elements are checked i
 _NO_STEPS = (math.nan,) * len(PRECISION_STEPS)  # an elementwise op has no reduced-precision step
 # ops not tagged pointwise whose output element reads one row of their inputs (a softmax's) or a
 # fixed few elements (GLU's two halves): run again whole at an elementwise op's cost
-ROW_OPS = frozenset({"aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int",
+ROW_OPS = frozenset({"aten._softmax.default", "aten._safe_softmax.default", "aten._log_softmax.default", "aten.softmax.int",
                      "aten.log_softmax.int", "aten._softmax_backward_data.default",
                      "aten._log_softmax_backward_data.default", "aten.glu.default", "aten.glu_backward.default"})
 
