@@ -1,5 +1,5 @@
 """A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a fused
-attention; a normalization, forward or backward, and a floating dtype conversion, recomputed on
+attention, forward or backward (its query, key and value gradients); a normalization, forward or backward, and a floating dtype conversion, recomputed on
 rows or whole): its local error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
@@ -295,6 +295,66 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
         return ((probs * (dprobs - dots)) @ kw) * scale, terms
     exact, terms = compute(_same)
     return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms, part=rows is not None)
+
+
+def _attention_key_value(name: str, bound: dict, outs: list, wide: torch.dtype) -> dict[int, Check]:
+    """The ``Check``s of a fused attention backward's key and value gradients (outputs 1 and 2),
+    from the math form on a subset of key rows (``_query_rows`` of the keys): a key's gradients
+    read its own key and value and every query, ``dV_j = sum_i P_ij dO_i`` and ``dK_j = scale
+    sum_i P_ij (dO_i v_j - D_i) q_i`` with ``D_i = dO_i . O_i``, so with the probabilities built
+    from the logsumexp and output the forward saved, the chosen keys' columns of P cost what the
+    query gradient's rows do. Grouped heads sum each key's gradient over its query heads. Only
+    where the arguments hold what the forward saved (else each column needs every query's whole
+    row). ``dK`` is measured against its terms before ``D`` is taken from them, as the query
+    gradient; ``dV``, a product of P with the output gradient as the forward's output is of P with
+    the values, against its own norm (its terms with ``|dO|`` would read a 5 % error as 1 %)."""
+    q, k, v, g = (bound.get(n) for n in ("query", "key", "value", "grad_out"))
+    g = bound.get("grad_out_") if g is None else g
+    saved = saved_softmax(bound)
+    mask = bound.get("attn_mask", bound.get("attn_bias"))
+    if saved is None or not all(_plain(t) for t in (q, k, v, g, *saved)) or len(outs) < 3 \
+            or (mask is not None and not _plain(mask) and mask.dtype != torch.bool) \
+            or bound.get("dropout_p", 0.0) or q.dim() != 4 or q.shape[-3] % k.shape[-3]:
+        return {}
+    saved_out, lse = saved
+    scale = bound.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    heads, groups = q.shape[-3], q.shape[-3] // k.shape[-3]
+    keys = _query_rows(k.shape[-2], k.shape[0] * k.shape[1], k.device)
+    k_rows, v_rows = (t if keys is None else t.index_select(-2, keys) for t in (k, v))
+    if mask is not None and mask.dim() >= 1 and mask.shape[-1] > 1 and keys is not None:
+        mask = mask.index_select(-1, keys)
+    causal = bool(bound.get("is_causal"))
+    lse, dots = lse.to(wide), (g.to(wide) * saved_out.to(wide)).sum(-1, keepdim=True)
+
+    def per_key_head(t: torch.Tensor) -> torch.Tensor:  # (B, H, keys, d) -> (B, H / groups, keys, d)
+        return t if groups == 1 else t.reshape(t.shape[0], heads // groups, groups, *t.shape[2:]).sum(2)
+
+    def compute(fn):  # (dK, dV, dK's terms' norm) on the chosen keys
+        qw, kw, vw, gw = (fn(t).to(wide) for t in (q, k_rows, v_rows, g))
+        if groups > 1:
+            kw, vw = (t.repeat_interleave(groups, dim=-3) for t in (kw, vw))
+        scores = (qw @ kw.transpose(-2, -1)) * scale
+        if causal:  # top-left aligned, as the fused kernels': query i sees keys 0..i
+            at = torch.arange(k.shape[-2], device=q.device) if keys is None else keys
+            scores = scores.masked_fill(at[None, :] > torch.arange(q.shape[-2], device=q.device)[:, None], -math.inf)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
+        probs = saved_probabilities(scores, lse)
+        dprobs = gw @ vw.transpose(-2, -1)
+        dv = per_key_head(probs.transpose(-2, -1) @ gw)
+        dk = per_key_head(((probs * (dprobs - dots)).transpose(-2, -1) @ qw) * scale)
+        terms = torch.linalg.vector_norm(per_key_head(((probs * dprobs).transpose(-2, -1) @ qw) * scale))
+        return dk, dv, terms
+    dk, dv, terms = compute(_same)
+    checks = {}
+    for slot, reference, of_terms in ((1, dk, terms), (2, dv, None)):
+        out = outs[slot]
+        if not _plain(out) or tuple(out.shape) != tuple((k if slot == 1 else v).shape):
+            continue
+        got = (out if keys is None else out.index_select(-2, keys)).to(wide)
+        checks[slot] = Check(got, reference, lambda fn, i=slot - 1: compute(fn)[i], (q, k, v), 1, of_terms, part=True)
+    return checks
 
 
 class _Rows:
@@ -624,6 +684,8 @@ def self_checks(name: str, bound: dict, outs: list, defer: bool = False,
                     _cast(bound, first, wide) if name in CASTS else \
                     _matmul(name, bound, first, wide)
                 made = {} if got is None else {0: got}
+                if name in ATTENTION_BACKWARD:
+                    made.update(_attention_key_value(name, bound, outs, wide))
             measured = {k: _measured(name, check, outs[k], wide, defer,
                                      norms[k] if norms is not None and k < len(norms) else None)
                         for k, check in made.items()}
