@@ -132,6 +132,17 @@ def test_user_docs_name_no_milestones():
     assert not hits, "\n".join(hits)
 
 
+def test_user_docs_tell_no_history():
+    """Docs hold today's figures and rules: what was fixed when, and the versions before, live in
+    the commit log ("fixed since", "at the previous version" read as a changelog, not a figure)."""
+    pattern = re.compile(r"\b(fixed|named|clean|exact)( exactly)? since\b|\b(previous|earlier) versions?\b"
+                         r"|\bversion before\b|\bthis version's\b", re.I)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    hits = [f"{p.name}:{n}: {line.strip()[:80]}" for p in pages
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not hits, "\n".join(hits)
+
+
 def test_the_record_example_quiets_third_party_before_its_first_import_of_them():
     first = blocks("python")[0]
     assert "xray.quiet_third_party()" in first
