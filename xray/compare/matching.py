@@ -423,16 +423,15 @@ def _closer_on_one_side(pairs: np.ndarray, side: int, feats: list[Features], pro
     role = roles(*prods, pairs[keep, 0], pairs[keep, 1], *pointwise)
     terms = (role.bench_terms, role.target_terms)
 
-    def reads(x: int, partner: int) -> int:  # distinct recorded values both read
-        own, other = terms[side][x], terms[1 - side][partner]
-        return len(set(own[own >= 0].tolist()) & set(other[other >= 0].tolist()))
+    def values(x: np.ndarray) -> set:  # the distinct recorded values an entry reads
+        return set(x[x >= 0].tolist())
 
     out, taken = pairs.copy(), set()
     for k, free_twins in twins.items():
-        partner = int(pairs[k, 1 - side])
-        most = reads(int(mine[k]), partner)
+        partner = values(terms[1 - side][int(pairs[k, 1 - side])])
+        most = len(values(terms[side][int(mine[k])]) & partner)
         for u in free_twins:
-            n = reads(u, partner) if u not in taken else -1
+            n = len(values(terms[side][u]) & partner) if u not in taken else -1
             if n > most:
                 out[k, side], most = u, n
         taken.add(int(out[k, side]))

@@ -63,8 +63,8 @@ SMALL_OUTPUT = 4096  # float32 outputs of at most so many elements are checked i
 _NO_STEPS = (math.nan,) * len(PRECISION_STEPS)  # an elementwise op has no reduced-precision step
 # ops not tagged pointwise whose output element reads one row of their inputs (a softmax's) or a
 # fixed few elements (GLU's two halves): run again whole at an elementwise op's cost
-ROW_OPS = frozenset({"aten._softmax.default", "aten._safe_softmax.default", "aten._log_softmax.default", "aten.softmax.int",
-                     "aten.log_softmax.int", "aten._softmax_backward_data.default",
+ROW_OPS = frozenset({"aten._softmax.default", "aten._safe_softmax.default", "aten._log_softmax.default",
+                     "aten.softmax.int", "aten.log_softmax.int", "aten._softmax_backward_data.default",
                      "aten._log_softmax_backward_data.default", "aten.glu.default", "aten.glu_backward.default"})
 
 

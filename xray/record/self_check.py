@@ -1,6 +1,6 @@
 """A linear op's self-check at record time (a matmul, a convolution, a sum or mean, a fused
-attention, forward or backward (its query, key and value gradients); a normalization, forward or backward, and a floating dtype conversion, recomputed on
-rows or whole): its local error without saving its tensors.
+attention, forward or backward (its query, key and value gradients); a normalization, forward
+or backward, and a floating dtype conversion, recomputed on rows or whole): its local error without saving its tensors.
 
 A record kept with statistics only cannot be recomputed by compare, and a matmul's or a
 convolution's sampled output elements each read a whole row, column or window that the samples
@@ -279,12 +279,8 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
         qw, kw, vw = (fn(t).to(wide) for t in (q, k, v))
         if k.shape[-3] != q.shape[-3]:
             kw, vw = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (kw, vw))
-        scores = (qw @ kw.transpose(-2, -1)) * scale
-        if positions is not None:
-            keep = torch.arange(scores.shape[-1], device=scores.device) <= positions[:, None]
-            scores = scores.masked_fill(~keep, -math.inf)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
+        keys = torch.arange(kw.shape[-2], device=q.device) if positions is not None else None
+        scores = _masked_scores(qw, kw, scale, positions, keys, mask)
         probs = torch.softmax(scores, -1) if lse is None else saved_probabilities(scores, lse)
         if name in ATTENTION:
             return probs @ vw, None
@@ -295,6 +291,19 @@ def _attention(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> 
         return ((probs * (dprobs - dots)) @ kw) * scale, terms
     exact, terms = compute(_same)
     return Check(out.to(wide), exact, lambda fn: compute(fn)[0], (q, k, v), 1, terms, part=rows is not None)
+
+
+def _masked_scores(qw: torch.Tensor, kw: torch.Tensor, scale: float, queries: torch.Tensor | None,
+                   keys: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+    """``scale q k^T`` with a causal mask (query and key positions, top-left aligned as the fused
+    kernels': query i sees keys 0..i; None: not causal) and the call's mask (boolean: where kept;
+    else added), in ``qw``'s dtype."""
+    scores = (qw @ kw.transpose(-2, -1)) * scale
+    if queries is not None:
+        scores = scores.masked_fill(keys[None, :] > queries[:, None], -math.inf)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(qw.dtype)
+    return scores
 
 
 def _attention_key_value(name: str, bound: dict, outs: list, wide: torch.dtype) -> dict[int, Check]:
@@ -324,8 +333,11 @@ def _attention_key_value(name: str, bound: dict, outs: list, wide: torch.dtype) 
     k_rows, v_rows = (t if keys is None else t.index_select(-2, keys) for t in (k, v))
     if mask is not None and mask.dim() >= 1 and mask.shape[-1] > 1 and keys is not None:
         mask = mask.index_select(-1, keys)
-    causal = bool(bound.get("is_causal"))
-    lse, dots = lse.to(wide), (g.to(wide) * saved_out.to(wide)).sum(-1, keepdim=True)
+    queries = key_at = None  # a causal mask's query and key positions
+    if bound.get("is_causal"):
+        queries = torch.arange(q.shape[-2], device=q.device)
+        key_at = torch.arange(k.shape[-2], device=q.device) if keys is None else keys
+    dots = (g.to(wide) * saved_out.to(wide)).sum(-1, keepdim=True)
 
     def per_key_head(t: torch.Tensor) -> torch.Tensor:  # (B, H, keys, d) -> (B, H / groups, keys, d)
         return t if groups == 1 else t.reshape(t.shape[0], heads // groups, groups, *t.shape[2:]).sum(2)
@@ -334,12 +346,7 @@ def _attention_key_value(name: str, bound: dict, outs: list, wide: torch.dtype) 
         qw, kw, vw, gw = (fn(t).to(wide) for t in (q, k_rows, v_rows, g))
         if groups > 1:
             kw, vw = (t.repeat_interleave(groups, dim=-3) for t in (kw, vw))
-        scores = (qw @ kw.transpose(-2, -1)) * scale
-        if causal:  # top-left aligned, as the fused kernels': query i sees keys 0..i
-            at = torch.arange(k.shape[-2], device=q.device) if keys is None else keys
-            scores = scores.masked_fill(at[None, :] > torch.arange(q.shape[-2], device=q.device)[:, None], -math.inf)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(wide)
+        scores = _masked_scores(qw, kw, scale, queries, key_at, mask)
         probs = saved_probabilities(scores, lse)
         dprobs = gw @ vw.transpose(-2, -1)
         dv = per_key_head(probs.transpose(-2, -1) @ gw)
