@@ -9,6 +9,10 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 - ``bf16``, ``bf16-train``: fp32 against bf16 autocast, forward and forward + backward;
 - ``tf32``, ``tf32-train``: fp32 against emulated TF32 (matmul operands rounded to 10 bits, below
   the recorder), forward and forward + backward;
+- ``fp16``, ``fp16-train``: fp32 against the whole model and its inputs in float16 (a half-precision
+  deployment), forward and forward + backward;
+- ``threads``, ``threads-train``: the target on two threads instead of one (reductions split
+  differently), forward and forward + backward;
 - ``identical-trainmode``, ``bf16-trainmode``, ``tf32-trainmode``: forward + backward with both
   models in training mode (dropout drawn alike, batch norms on their batch statistics and
   writing their running ones); the others run in eval mode;
@@ -65,14 +69,15 @@ from tabulate import tabulate  # noqa: E402
 # "-train": a forward and backward in eval mode; "-trainmode": the same in training mode (dropout
 # drawn, batch norms on their batch statistics, their running statistics written)
 SCENARIOS = ("identical", "identical-train", "identical-trainmode", "bf16", "bf16-train", "bf16-trainmode", "tf32",
-             "tf32-train", "tf32-trainmode", "fault", "fault-trainmode", "user-bug")
+             "tf32-train", "tf32-trainmode", "fp16", "fp16-train", "threads", "threads-train", "fault", "fault-trainmode",
+             "user-bug")
 # "fault-trainmode": the faults drawn, and their runs recorded, in training mode (forward faults
 # run forward only; backward faults run a forward and backward); "user-bug": a call made with a
 # wrong argument (accuracy/user_bugs.py), graded as faults are and counted apart
 KERNEL_FAULTS = ("fault", "fault-trainmode")
 FAULT_SCENARIOS = (*KERNEL_FAULTS, "user-bug")
-NOISE_SCENARIOS = ("bf16", "bf16-train", "bf16-trainmode", "tf32", "tf32-train",
-                   "tf32-trainmode")  # legitimate precision differences
+NOISE_SCENARIOS = ("bf16", "bf16-train", "bf16-trainmode", "tf32", "tf32-train", "tf32-trainmode", "fp16",
+                   "fp16-train", "threads", "threads-train")  # legitimate precision differences
 RECORDINGS = ("defaults", "every call")
 # per fault kind (accuracy.scenario.CORRUPTIONS) and precision: "rel" scales every element (a
 # kernel computing at lower precision); "few" doubles three elements, plus their tensor's mean
@@ -343,7 +348,9 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     recordings = {"defaults": RECORDER_DEFAULTS, "every call": {"dedup": False, "dump_num": None}}
     noise = {"identical": {}, "identical-train": {"backward": True}, "bf16": {"noise": "bf16"},
              "bf16-train": {"noise": "bf16", "backward": True}, "tf32": {"noise": "tf32"},
-             "tf32-train": {"noise": "tf32", "backward": True},
+             "tf32-train": {"noise": "tf32", "backward": True}, "fp16": {"noise": "fp16"},
+             "fp16-train": {"noise": "fp16", "backward": True}, "threads": {"noise": "threads"},
+             "threads-train": {"noise": "threads", "backward": True},
              **{f"{name}-trainmode": {**kw, "backward": True, "train_mode": True}
                 for name, kw in (("identical", {}), ("bf16", {"noise": "bf16"}), ("tf32", {"noise": "tf32"}))}}
     runs = 0
