@@ -92,3 +92,24 @@ def test_sweep_one_model_end_to_end(tmp_path):
     # a rerun resumes: nothing left to do, nothing appended
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert "1 already in" in again.stdout and len(out.read_text().splitlines()) == len(lines)
+
+
+def test_a_fault_corrupts_the_output_it_is_told():
+    """``CorruptCall``'s ``output`` counts a call's floating-point outputs: 1 is a layer norm's
+    mean (its integer-free second output), the others stay bitwise; a slot the call lacks never
+    fires. The sweep draws that slot where ``--fault-output any``."""
+    import torch
+
+    from accuracy.faults import CorruptCall, floating_outputs, relative
+
+    x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    clean = torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
+    assert len(floating_outputs(clean)) == 3
+    with CorruptCall("aten.native_layer_norm.default", 0, relative(1e-2), output=1) as fault:
+        got = torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
+    assert fault.hit and fault.shape == tuple(clean[1].shape)
+    assert torch.equal(got[0], clean[0]) and torch.equal(got[2], clean[2])
+    assert torch.allclose(got[1], clean[1] * 1.01) and not torch.equal(got[1], clean[1])
+    with CorruptCall("aten.native_layer_norm.default", 0, relative(1e-2), output=3) as fault:
+        torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
+    assert not fault.hit

@@ -18,7 +18,8 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
   writing their running ones); the others run in eval mode;
 - ``fault``: K random single-call faults per precision and direction (a random op kind, a random
   call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward; ``--fault-kind few``: three
-  elements doubled instead, a sparse bug), graded exact / module /
+  elements doubled instead, a sparse bug; ``--fault-output any``: one of the call's floating-point
+  outputs drawn at random, not its first), graded exact / module /
   wrong / missed by each side's own trace. A fault that moves the final output (the gradients,
   for a backward fault) by less than the run's own precision (bf16: what bf16 itself moves it;
   fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times);
@@ -30,6 +31,10 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
   swapped, a square weight transposed, a softmax's dimension, a sum's term left out:
   ``accuracy/user_bugs.py``), left out as faults are, graded exact where the first divergence
   names an ATen call made inside that call; counted apart from the kernel faults.
+
+``--size real`` builds each model at a real width instead (1024 wide, 16 query heads on 4
+key/value heads, MLP 2816, two layers, 512 tokens: ``accuracy/zoo.py``'s REAL), where reductions
+are as long as a production model's; one model takes minutes there, so name the models.
 
 Results are appended as JSON lines to ``--out`` (a rerun skips the models already there); each
 model runs in a worker process under a time budget (``--timeout``). torchvision's models are
@@ -116,13 +121,14 @@ def torchvision_note() -> str:
 
 # -- one model ---------------------------------------------------------------------------------------
 class _Calls:
-    """Counts every call per (op, direction) as CorruptCall counts them, and which of those
-    calls a fault can corrupt: a new floating-point tensor computed from tensor inputs."""
+    """Counts every call per (op, direction) as CorruptCall counts them, which of those calls a
+    fault can corrupt (a new floating-point tensor computed from tensor inputs), and how many
+    floating-point outputs each of those has (the slots CorruptCall's ``output`` counts)."""
 
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from accuracy.faults import in_backward
+        from accuracy.faults import floating_outputs, in_backward
         import torch
 
         calls = self
@@ -138,10 +144,12 @@ class _Calls:
                         and first.is_floating_point() and first.numel() > 0
                         and any(isinstance(a, torch.Tensor) for a in (*args, *(kwargs or {}).values()))):
                     calls.eligible.setdefault(key, []).append(index)
+                    calls.outputs[(*key, index)] = len(floating_outputs(out))
                 return out
 
         self.count: dict[tuple[str, str], int] = {}
         self.eligible: dict[tuple[str, str], list[int]] = {}
+        self.outputs: dict[tuple[str, str, int], int] = {}
         self.mode = Mode()
 
 
@@ -206,10 +214,11 @@ def _clean(arch: str, precision: str, backward: bool, train_mode: bool = False) 
 
 
 def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel",
-                train_mode: bool = False) -> list[dict]:
+                train_mode: bool = False, any_output: bool = False) -> list[dict]:
     """K faults of ``kind`` per precision and direction: a random op kind, then a random call of
-    it; each with the change it makes to the final output and that run's own precision (all of
-    it in training mode where ``train_mode``)."""
+    it (``any_output``: then a random one of its floating-point outputs; else its first); each
+    with the change it makes to the final output and that run's own precision (all of it in
+    training mode where ``train_mode``)."""
     from accuracy.faults import CorruptCall
     from accuracy.scenario import CORRUPTIONS
 
@@ -226,6 +235,7 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
             backward_calls = _Calls()
             _final(arch, precision, True, [backward_calls.mode], train_mode)
             calls.eligible.update({key: v for key, v in backward_calls.eligible.items() if key[1] == "backward"})
+            calls.outputs.update({key: n for key, n in backward_calls.outputs.items() if key[1] == "backward"})
         for backward in clean:
             direction = "backward" if backward else "forward"
             kinds = sorted(op for op, d in calls.eligible if d == direction)
@@ -235,10 +245,11 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
                         break
                     op = rng.choice(kinds)
                     call = rng.choice(calls.eligible[(op, direction)])
+                    output = rng.randrange(calls.outputs[(op, direction, call)]) if any_output else 0
                     amount = FAULT_AMOUNTS[kind][precision]
-                    fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction)
+                    fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction, output)
                     f = _drawn(arch, precision, backward, fault, *clean[backward], train_mode, op=op, call=call,
-                               slot=slot, draw=draw, kind=kind, amount=amount)
+                               output=output, slot=slot, draw=draw, kind=kind, amount=amount)
                     out.append(f)
                     if f["left_out"] is None:
                         break
@@ -311,7 +322,8 @@ def _capture_first_fail() -> dict:
     return last
 
 
-def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_kind: str = "rel") -> None:
+def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_kind: str = "rel",
+                any_output: bool = False, size: str = "tiny") -> None:
     """Every chosen scenario of one model, each recording; one JSON line per scenario, then the model's."""
     import torch
 
@@ -322,9 +334,10 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     from accuracy.user_bugs import UserBug
 
     started = time.perf_counter()
-    base = {"model": entry.model_type, "family": entry.model_type, "class": entry.cls, "source": entry.source}
+    base = {"model": entry.model_type, "family": entry.model_type, "class": entry.cls, "source": entry.source,
+            **({"size": size} if size != "tiny" else {})}
     try:
-        arch = zoo.register(entry)
+        arch = zoo.register(entry, size)
     except Exception as e:  # noqa: BLE001
         emit({"kind": "model", **base, "status": "not buildable", "reason": str(e)[:300],
               "seconds": round(time.perf_counter() - started, 1)})
@@ -338,10 +351,11 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     params = sum(p.numel() for p in model.parameters())
     no_backward = _trainable(arch)
     seed ^= zlib.crc32(entry.model_type.encode())
-    faults = [("fault", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind)] \
-        if "fault" in chosen else []
+    faults = [("fault", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind,
+                                                any_output=any_output)] if "fault" in chosen else []
     if "fault-trainmode" in chosen:
-        faults += [("fault-trainmode", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind, True)]
+        faults += [("fault-trainmode", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind, True,
+                                                               any_output)]
     if "user-bug" in chosen:
         faults += [("user-bug", f) for f in pick_user_bugs(arch, k, seed)]
     last = _capture_first_fail()
@@ -368,7 +382,8 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
                     emit({**line, "verdict": "left out"})
                     continue
                 kw = {**kw, "user_bug": UserBug(f["op"], f["call"])} if name == "user-bug" else \
-                    {**kw, "fault": Fault(f["op"], f["call"], f.get("kind", "rel"), f["amount"], f["direction"])}
+                    {**kw, "fault": Fault(f["op"], f["call"], f.get("kind", "rel"), f["amount"], f["direction"],
+                                          f.get("output", 0))}
             s = Scenario(name=f"{arch}/{recording}/{name}", cls=name, arch=arch, **kw, **flags,
                          inference=INFERENCE and not kw.get("backward"))
             last.clear()
@@ -418,7 +433,8 @@ def worker(args) -> int:
         for name in args.models.split(","):
             print(f"BEGIN {name}", flush=True)
             try:
-                sweep_model(entries[name], chosen, args.faults, args.seed, emit, args.fault_kind)
+                sweep_model(entries[name], chosen, args.faults, args.seed, emit, args.fault_kind,
+                            args.fault_output == "any", args.size)
             except Exception as e:  # noqa: BLE001 - one model's failure must not lose the others
                 emit({"kind": "model", "model": name, "family": name, "status": "error",
                       "reason": f"{type(e).__name__}: {e}"[:300]})
@@ -466,7 +482,8 @@ def supervise(todo: list[str], args) -> None:
     while todo:
         cmd = [sys.executable, __file__, "--worker", "--out", str(args.out), "--models", ",".join(todo),
                "--scenarios", args.scenarios, "--faults", str(args.faults), "--seed", str(args.seed),
-               "--fault-kind", args.fault_kind] + (["--inference"] if args.inference else [])
+               "--fault-kind", args.fault_kind, "--fault-output", args.fault_output, "--size", args.size] \
+            + (["--inference"] if args.inference else [])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         current, began, first, budget = None, time.monotonic(), None, args.timeout
         for line in _lines(proc, lambda: current is not None and time.monotonic() - began > budget):
@@ -590,6 +607,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fault-kind", choices=sorted(FAULT_AMOUNTS), default="rel",
                     help="rel: every element of the call's output off by 1e-2 (fp32) or 5e-2 (bf16); "
                          "few: three elements doubled (a sparse bug)")
+    ap.add_argument("--size", choices=("tiny", "real"), default="tiny",
+                    help="real: each model 1024 wide (16 query heads, 4 key/value heads, MLP 2816), two layers, "
+                         "on 512 tokens (accuracy/zoo.py's REAL); give it --models and a --timeout of minutes")
+    ap.add_argument("--fault-output", choices=("first", "any"), default="first",
+                    help="first: a fault corrupts the call's first output; any: one of its floating-point outputs "
+                         "drawn at random (a layer norm's mean, an attention's logsumexp, a key or value gradient)")
     ap.add_argument("--inference", action="store_true",
                     help="forward-only runs under torch.inference_mode (composite ops such as linear and "
                          "scaled_dot_product_attention reach the recorder whole); training steps as before")

@@ -7,7 +7,7 @@ so the recorder above never sees it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -69,15 +69,16 @@ def int_bump() -> Corruption:
 
 
 class CorruptCall(TorchDispatchMode):
-    """Corrupt the output of the ``call``-th call (0-based) of ``op`` in ``direction`` (of an op
-    that returns nothing but writes, like ``_foreach_addcdiv_``, the first tensor it wrote).
+    """Corrupt the ``output``-th floating-point output (0-based; of an op that returns nothing but
+    writes, like ``_foreach_addcdiv_``, the ``output``-th tensor it wrote) of the ``call``-th call
+    (0-based) of ``op`` in ``direction``.
 
     ``hit`` says whether it fired; ``shape`` is the corrupted output's shape (a check on the
     ground truth found in the dump)."""
 
-    def __init__(self, op: str, call: int, corrupt: Corruption, direction: str = "forward") -> None:
+    def __init__(self, op: str, call: int, corrupt: Corruption, direction: str = "forward", output: int = 0) -> None:
         super().__init__()
-        self.op, self.call, self.corrupt, self.direction = op, call, corrupt, direction
+        self.op, self.call, self.corrupt, self.direction, self.output = op, call, corrupt, direction, output
         self.calls = 0
         self.hit = False
         self.shape: tuple | None = None
@@ -87,21 +88,36 @@ class CorruptCall(TorchDispatchMode):
         if str(func) != self.op or (in_backward() != (self.direction == "backward")):
             return out
         index, self.calls = self.calls, self.calls + 1
+        if index != self.call:
+            return out
         info = op_info(func)
-        if index == self.call and info.written_results:  # returns nothing: corrupt what it wrote
-            written = recorded_result(info, out, bind_inputs(info, args, kwargs or {}))
-            first = written[0] if isinstance(written, (tuple, list)) else written
-            first = first[0] if isinstance(first, (tuple, list)) else first  # (a list argument's first tensor)
-            if isinstance(first, torch.Tensor):
-                self.hit, self.shape = True, tuple(first.shape)
-                first.copy_(self.corrupt(first))
+        if info.written_results:  # returns nothing: corrupt what it wrote, in place
+            written = floating_outputs(recorded_result(info, out, bind_inputs(info, args, kwargs or {})))
+            if self.output < len(written):
+                target = written[self.output]
+                self.hit, self.shape = True, tuple(target.shape)
+                target.copy_(self.corrupt(target))
             return out
-        first = out[0] if isinstance(out, (tuple, list)) else out
-        if index != self.call or not isinstance(first, torch.Tensor):
+        results = list(out) if isinstance(out, (tuple, list)) else [out]
+        slots = [i for i, t in enumerate(results) if _corruptible(t)]
+        if self.output >= len(slots):
             return out
-        self.hit, self.shape = True, tuple(first.shape)
-        bad = self.corrupt(first)
-        return (bad, *out[1:]) if isinstance(out, (tuple, list)) else bad
+        i = slots[self.output]
+        self.hit, self.shape = True, tuple(results[i].shape)
+        results[i] = self.corrupt(results[i])
+        return type(out)(results) if isinstance(out, (tuple, list)) else results[0]
+
+
+def _corruptible(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+
+
+def floating_outputs(result: Any) -> list[torch.Tensor]:
+    """A call's floating-point outputs with elements, in order (a list output's tensors in
+    place): the slots ``CorruptCall``'s ``output`` counts."""
+    if isinstance(result, (tuple, list)):
+        return [t for r in result for t in floating_outputs(r)]
+    return [result] if _corruptible(result) else []
 
 
 def round_mantissa(t: torch.Tensor, bits: int = 10) -> torch.Tensor:

@@ -420,7 +420,8 @@ def run_scenario(s: Scenario, workdir: Path | None = None) -> Outcome:
         stage = "setup"
         try:
             bench_model, target_model = _models(s)
-            fault = CorruptCall(s.fault.op, s.fault.call, s.fault.corruption(), s.fault.direction) if s.fault else None
+            fault = CorruptCall(s.fault.op, s.fault.call, s.fault.corruption(), s.fault.direction, s.fault.output) \
+                if s.fault else None
             wrong = WrongArgument(s.user_bug.kind, s.user_bug) if s.user_bug else None
             inside = CallsInside(wrong) if wrong else None
             readers = StorageReaders(target_model.get_parameter(

@@ -9,20 +9,23 @@ from .user_bugs import UserBug
 
 @dataclass(frozen=True)
 class Fault:
-    """Corrupt the ``call``-th ``op`` call in ``direction`` with ``kind`` (see CORRUPTIONS)."""
+    """Corrupt the ``call``-th ``op`` call in ``direction`` with ``kind`` (see CORRUPTIONS), at its
+    ``output``-th floating-point output."""
 
     op: str
     call: int
     kind: str = "rel"
     amount: float = 1e-3
     direction: str = "forward"
+    output: int = 0
 
     def corruption(self) -> faults.Corruption:
         return CORRUPTIONS[self.kind](self.amount)
 
     def __str__(self) -> str:
         where = "" if self.direction == "forward" else " (backward)"
-        return f"{self.kind}({self.amount:g}) at {self.op.removeprefix('aten.')}#{self.call}{where}"
+        slot = f" output {self.output}" if self.output else ""
+        return f"{self.kind}({self.amount:g}) at {self.op.removeprefix('aten.')}#{self.call}{slot}{where}"
 
 
 CORRUPTIONS = {

@@ -1,4 +1,5 @@
-"""Every model class of the installed transformers (one per architecture family), built tiny.
+"""Every model class of the installed transformers (one per architecture family), built tiny or
+at a real width.
 
 The list comes from the library itself: ``MODEL_MAPPING_NAMES`` (model_type -> base model class).
 A tiny config is the family's default config with every size it has set small, in nested
@@ -7,6 +8,10 @@ count, a width or a vocabulary; per-layer lists cut with the layer count; specia
 into the tiny vocabulary. Nothing per family is written here, so a family this cannot shrink or
 feed is reported "not buildable" with the reason, never hidden. Inputs follow ``main_input_name``
 and every argument the forward requires, each made by the conventions of its name.
+
+At a real width (``size="real"``: tiny configs hide bugs) the same shrunk config takes the sizes
+``REAL`` lists instead, a 1024-wide model of two layers with 16 query heads on 4 key/value heads,
+fed 512 tokens; the other sizes (depth, vocabulary, image) stay tiny.
 """
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ from xray.demo.models import _quiet_import
 from .archs import ARCHS, Arch
 
 SEQ, IMAGE, VOCAB = 8, 32, 128
-MAX_PARAMS = 5_000_000  # a config still this large after shrinking (a size this does not know) is not run
+REAL_SEQ = 512  # tokens a real-width model is fed
+# a config still this large after shrinking (a size this does not know) is not run, per size
+MAX_PARAMS = {"tiny": 5_000_000, "wider": 5_000_000, "real": 150_000_000}
 
 # size attributes, set wherever a config has them (aliases included: attribute_map resolves them)
 TINY: dict[str, Any] = {
@@ -51,6 +58,23 @@ WIDER = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "dim":
          "head_dim": 32, "d_kv": 32, "kv_channels": 32, "attention_head_dim": 32, "rotary_dim": 32,
          "intermediate_size": 128, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "qk_head_dim": 32,
          "v_head_dim": 32}
+# a real width: what a small production model has per layer (Llama-3.2-1B's attention, a narrower MLP)
+REAL = {**{k: 1024 for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "hidden_dim", "n_embed",
+                              "word_embed_proj_dim", "projection_dim")},
+        **{k: 16 for k in ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                           "decoder_attention_heads")},
+        **{k: 4 for k in ("num_key_value_heads", "num_kv_heads", "n_kv_heads")},
+        **{k: 64 for k in ("head_dim", "d_kv", "kv_channels", "attention_head_dim", "rotary_dim", "qk_head_dim",
+                           "v_head_dim")},
+        **{k: 2816 for k in ("intermediate_size", "ffn_dim", "d_ff", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim")},
+        "moe_intermediate_size": 704, "shared_expert_intermediate_size": 704, "qk_rope_head_dim": 32,
+        "qk_nope_head_dim": 32, "q_lora_rank": 256, "kv_lora_rank": 256,
+        **{k: 2 * REAL_SEQ for k in ("max_position_embeddings", "n_positions", "max_source_positions",
+                                      "max_target_positions")},
+        "sliding_window": REAL_SEQ // 2}
+SIZES = {"tiny": TINY, "wider": {**TINY, **WIDER}, "real": {**TINY, **REAL}}
+# per size, the most a field read by its name's convention keeps: head size, heads, feed-forward width, width
+BY_NAME = {"tiny": (8, 4, 64, 32), "wider": (32, 2, 128, 64), "real": (64, 16, 2816, 1024)}
 
 
 @dataclass(frozen=True)
@@ -117,10 +141,10 @@ def _words(name: str, words) -> bool:
     return any(w in name for w in words)
 
 
-def _tiny_int(name: str, value: int, wider: bool) -> int | None:
-    """The tiny value for one int field, or None to leave it: TINY's names first, then the field's
-    name read as a depth, a head count, a feed-forward width or a width."""
-    table = {**TINY, **WIDER} if wider else TINY
+def _tiny_int(name: str, value: int, size: str) -> int | None:
+    """The value at ``size`` (SIZES) for one int field, or None to leave it: the size's names first,
+    then the field's name read as a depth, a head count, a feed-forward width or a width."""
+    table, (head_size, heads, ffn, width) = SIZES[size], BY_NAME[size]
     if name in table:
         return table[name]
     if value <= 1 or _words(name, NOT_A_SIZE):
@@ -128,15 +152,15 @@ def _tiny_int(name: str, value: int, wider: bool) -> int | None:
     if _words(name, DEPTH_WORDS):
         return min(value, 2)
     if name.endswith(("head_dim", "head_size", "dim_head", "d_head", "headdim")):
-        return min(value, 32 if wider else 8)
+        return min(value, head_size)
     if _words(name, HEAD_WORDS):
-        return min(value, 2 if wider else 4)
+        return min(value, heads)
     if name.endswith("vocab_size"):
         return min(value, VOCAB)
     if _words(name, FFN_WORDS):
-        return min(value, 128 if wider else 64)
+        return min(value, ffn)
     if _words(name, WIDTH_WORDS) or name == "dim":
-        return min(value, 64 if wider else 32)
+        return min(value, width)
     return None
 
 
@@ -191,7 +215,7 @@ def _id_map(d: dict) -> dict[int, int]:
     return {x: VOCAB - 1 - i for i, x in enumerate(big)}
 
 
-def _shrink_dict(d: dict, wider: bool, ids: dict[int, int], classes: dict, stages: int = 0) -> dict:
+def _shrink_dict(d: dict, size: str, ids: dict[int, int], classes: dict, stages: int = 0) -> dict:
     """A config's dict with every size small, nested configs (dicts with a model_type) included; lists
     of one entry per layer cut with the layer count, so that the config's validators still hold
     (``stages``: a count up to this is of stages, whose lists are kept whole)."""
@@ -199,13 +223,13 @@ def _shrink_dict(d: dict, wider: bool, ids: dict[int, int], classes: dict, stage
     depths = {}
     for k, v in d.items():
         if _is_config(v):
-            out[k] = _shrink_dict(v, wider, ids, classes, stages)
+            out[k] = _shrink_dict(v, size, ids, classes, stages)
         elif isinstance(v, bool) or v is None:
             continue
         elif _is_token_id(k):
             out[k] = [ids.get(x, x) for x in v] if isinstance(v, list) else ids.get(v, v)
         elif isinstance(v, int):
-            tiny = _tiny_int(k, v, wider)
+            tiny = _tiny_int(k, v, size)
             if tiny is not None:
                 out[k] = tiny
                 if _words(k, DEPTH_WORDS) and tiny < v and v > stages:
@@ -229,16 +253,17 @@ def _shrink_dict(d: dict, wider: bool, ids: dict[int, int], classes: dict, stage
     return out
 
 
-def tiny_config(model_type: str, wider: bool = False):
-    """The family's default config rebuilt from its dict with every size small (``wider``: the WIDER
-    sizes, for families whose head size or rotary width must be larger). Rebuilding the whole dict at
+def tiny_config(model_type: str, size: str = "tiny"):
+    """The family's default config rebuilt from its dict with every size small (``size``: "wider",
+    the WIDER sizes, for families whose head size or rotary width must be larger; "real", the REAL
+    widths). Rebuilding the whole dict at
     once (sub-configs included) lets the config's own validators check the shrunk sizes together."""
     with _quiet_import():
         from transformers import AutoConfig
     default = AutoConfig.for_model(model_type)
     d = default.to_dict()
     for stages in (MAX_STAGES, 0):  # a short list may be per stage (kept) or, if the config says no, per layer
-        shrunk = _shrink_dict(d, wider, _id_map(d), _config_classes(default, {}), stages)
+        shrunk = _shrink_dict(d, size, _id_map(d), _config_classes(default, {}), stages)
         # top level: only what changed, so that fields the config derives from a size are derived again
         try:
             return type(default)(**{k: v for k, v in shrunk.items() if k not in d or v != d[k] or _is_config(v)})
@@ -275,9 +300,10 @@ TRAJECTORY = {"states": "state_dim", "actions": "act_dim", "rewards": None, "ret
 GRID = 4  # patches per side of the one image a flattened-patch vision model gets (a multiple of its merge size)
 
 
-def inputs_for(model: torch.nn.Module) -> dict:
+def inputs_for(model: torch.nn.Module, seq: int = SEQ) -> dict:
     """Inputs from the model's main input name and every other argument its forward requires (and a
-    decoder's ids for encoder-decoders), each made by the conventions of its name (``_input``)."""
+    decoder's ids for encoder-decoders), each made by the conventions of its name (``_input``), of
+    ``seq`` tokens."""
     config = model.config
     params = inspect.signature(model.forward).parameters
     required = [n for n, p in params.items() if p.default is p.empty
@@ -291,9 +317,9 @@ def inputs_for(model: torch.nn.Module) -> dict:
     wanted = [n for n in ("bbox", "timesteps", *TRAJECTORY) if n in params]
     for arg in [name, *required, *wanted]:
         if arg not in x:
-            x[arg] = _input(arg, config, params, x, g)
+            x[arg] = _input(arg, config, params, x, g, seq)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
-        x["decoder_input_ids"] = _ids(config, SEQ // 2, g)
+        x["decoder_input_ids"] = _ids(config, seq // 2, g)
     return x
 
 
@@ -305,11 +331,11 @@ def _ids(config, n: int, g) -> torch.Tensor:
     return allowed[torch.randint(0, len(allowed), (1, n), generator=g)]
 
 
-def _input(name: str, config, params, x: dict, g) -> torch.Tensor:
+def _input(name: str, config, params, x: dict, g, seq: int = SEQ) -> torch.Tensor:
     """One argument, by the conventions of its name."""
     width = getattr(config, "hidden_size", None) or 32
     if name.endswith("input_ids"):
-        return _ids(config, SEQ, g)
+        return _ids(config, seq, g)
     if "grid_thw" in name:
         return torch.tensor([[1, GRID, GRID]])
     if name in ("pixel_values", "hidden_states") and any("grid_thw" in p for p in params):
@@ -323,7 +349,7 @@ def _input(name: str, config, params, x: dict, g) -> torch.Tensor:
         return torch.randn(*shape, generator=g)
     if name == "input_features":
         bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 16)
-        frames = 2 * (getattr(config, "max_source_positions", None) or SEQ)
+        frames = 2 * (getattr(config, "max_source_positions", None) or seq)
         return torch.randn(1, bins, frames, generator=g)
     if name.endswith("_mask") and name[:-5] in x:  # a mask of every position of the input it names
         of = x[name[:-5]]
@@ -331,15 +357,15 @@ def _input(name: str, config, params, x: dict, g) -> torch.Tensor:
     if name == "input_values":
         return torch.randn(1, 1600, generator=g)
     if name in ("inputs_embeds", "past_values", "values", "query_embeds"):
-        return torch.randn(1, getattr(config, "num_query_tokens", None) or SEQ, width, generator=g)
+        return torch.randn(1, getattr(config, "num_query_tokens", None) or seq, width, generator=g)
     if name == "bbox":  # boxes as (x0, y0, x1, y1), top-left before bottom-right
-        corners = torch.randint(0, 500, (1, SEQ, 2), generator=g)
+        corners = torch.randint(0, 500, (1, seq, 2), generator=g)
         return torch.cat([corners, corners + 10], dim=-1)
     if name in TRAJECTORY:
         field = TRAJECTORY[name]
-        return torch.randn(1, SEQ, getattr(config, field, 1) if field else 1, generator=g)
+        return torch.randn(1, seq, getattr(config, field, 1) if field else 1, generator=g)
     if name == "timesteps":
-        return torch.arange(SEQ).unsqueeze(0)
+        return torch.arange(seq).unsqueeze(0)
     raise ValueError(f"input {name!r}: no generic input for it")
 
 
@@ -349,16 +375,16 @@ def _patch_width(config) -> int:
     return channels * (getattr(config, "temporal_patch_size", 1) or 1) * getattr(config, "patch_size", 14) ** 2
 
 
-def builder(entry: Entry, wider: bool = False) -> Callable[[], torch.nn.Module]:
+def builder(entry: Entry, size: str = "tiny") -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
         with _quiet_import():
             cls = _model_class(entry)
-            config = tiny_config(entry.model_type, wider)
+            config = tiny_config(entry.model_type, size)
             with torch.device("meta"):
                 n = sum(p.numel() for p in cls(config).parameters())
-            if n > MAX_PARAMS:
-                raise ValueError(f"{n / 1e6:.1f} M parameters after shrinking (limit {MAX_PARAMS / 1e6:.0f} M)")
+            if n > MAX_PARAMS[size]:
+                raise ValueError(f"{n / 1e6:.1f} M parameters after shrinking (limit {MAX_PARAMS[size] / 1e6:.0f} M)")
             torch.manual_seed(0)
             return cls(config).eval()
     return build
@@ -374,23 +400,25 @@ def _first_line(e: Exception) -> str:
     return next((line.strip()[:200] for line in str(e).splitlines() if line.strip()), "")
 
 
-def register(entry: Entry) -> str:
+def register(entry: Entry, size: str = "tiny") -> str:
     """Build ``entry`` tiny, check a forward runs, and add it to ARCHS (as ``zoo/<model_type>``) so
     the accuracy runner's scenarios can name it. Tries TINY, then WIDER; raises with the reason
-    the tiny config gave when neither builds and runs."""
+    the tiny config gave when neither builds and runs. ``size="real"``: the REAL widths on
+    REAL_SEQ tokens instead (as ``zoo-real/<model_type>``)."""
     errors = []
-    for wider in (False, True):
-        build = builder(entry, wider)
+    seq = REAL_SEQ if size == "real" else SEQ
+    for tried in (("real",) if size == "real" else ("tiny", "wider")):
+        build = builder(entry, tried)
         try:
             model = build()
-            x = inputs_for(model)
+            x = inputs_for(model, seq)
             out = first_output(model(**x))
             if not isinstance(out, torch.Tensor) or not out.is_floating_point():
                 raise ValueError(f"first output is {type(out).__name__}, not a float tensor")
         except Exception as e:  # noqa: BLE001 - the reason is the result
             errors.append(f"{type(e).__name__}: {_first_line(e)}")
             continue
-        name = f"zoo/{entry.model_type}"
-        ARCHS[name] = Arch(name, build, lambda model=model: inputs_for(model))
+        name = f"zoo-real/{entry.model_type}" if size == "real" else f"zoo/{entry.model_type}"
+        ARCHS[name] = Arch(name, build, lambda model=model: inputs_for(model, seq))
         return name
     raise ValueError(errors[0])

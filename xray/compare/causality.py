@@ -688,7 +688,10 @@ class _Graph:
                 continue
             seen.add(cur.pos)
             ops.append(cur)
-            for _, m in cur.inputs:
+            passed = _passed_on(cur)
+            for name, m in cur.inputs:
+                if passed is not None and name != passed:
+                    continue  # its output is that input's values: what else it read did not matter
                 kind, detail = self.producer(m, cur.record.seq)
                 if kind == "failing":
                     return "failing", detail, ops
@@ -826,8 +829,10 @@ class _Graph:
                 "another function of the same values")
 
     def _computed_right(self, op: Entry, substituted: bool) -> bool | None:
-        """True: within its floor (and, when inserted, value-preserving); False: beyond it;
-        None: not measurable."""
+        """True: within its floor (and, when inserted, value-preserving, or passing one input on
+        unchanged); False: beyond it; None: not measurable."""
+        if not substituted and _passed_on(op) is not None:
+            return True
         if not substituted and not is_value_preserving(op.op):
             return False
         measured = False
@@ -850,6 +855,26 @@ class _Graph:
         if not measured and not substituted and is_cast(op.op) and op.inputs and op.outputs:  # statistics only
             return statistics_only.cast_rounds_only(op.inputs[0][1], op.outputs[0][1], self.floors.rules.local_factor)
         return True if measured or is_value_preserving(op.op) and substituted else None
+
+
+def _passed_on(op: Entry) -> str | None:
+    """The input whose values ``op``'s one output holds unchanged: the same shape and dtype, the
+    same sample bit for bit, and statistics of one multiset (``same_multiset``), or None. A clamp's backward
+    (``where(lo <= x <= hi, grad, 0)``, run only where the model clamps float16 values) passes
+    its gradient on where nothing was clamped: an op of another name that moved no value."""
+    if len(op.outputs) != 1 or not isinstance(out := op.outputs[0][1], TensorMeta) \
+            or not dtype_from_name(out.dtype).is_floating_point:
+        return None
+    for name, m in op.inputs:
+        if not isinstance(m, TensorMeta) or m.dtype != out.dtype or tuple(m.shape) != tuple(out.shape):
+            continue
+        a, b = m.stats, out.stats
+        if a is None or b is None or not a.sample or a.sample != b.sample:
+            continue
+        if all(getattr(x, f) is not None for x in (a, b) for f in ("min", "max", "mean", "std")) \
+                and same_multiset(a, b):
+            return name
+    return None
 
 
 def _unmeasured_why(op: Entry) -> str:
@@ -907,7 +932,8 @@ def _changed_beyond_rounding(op: Entry, meta: Any, dump: Any, rules: Any) -> boo
         return False
     if not (before.is_floating_point() and after.is_floating_point()):
         return False
-    change = normwise_error(after.reshape(-1), before.reshape(-1).to(after.dtype).to(torch.float64))
+    change = normwise_error(after.reshape(-1), before.reshape(-1).to(after.dtype).to(torch.float64),
+                            torch.finfo(after.dtype).tiny)
     return change > rules.local_factor * eps(after.dtype)
 
 
@@ -1702,11 +1728,19 @@ def _skipped_step(p: Pending, graph: _Graph) -> tuple[str, Entry] | None:
     return None
 
 
-def _beyond_rounding(op: Entry, change: float, through: list[Entry], meta: Any, rules: Any) -> tuple[Entry, str] | None:
-    """(op, what it did) where ``change`` is beyond the rounding of the coarsest dtype the values
-    passed through (a bf16 cast widened back: ``producer`` looks through that), else None."""
-    coarsest = max([dtype_from_name(meta.dtype)] + [dtype_from_name(m.dtype) for x in through for _, m in x.outputs],
-                   key=eps)
+def _rounding_of(through: list[Entry], meta: Any) -> tuple[torch.dtype, float]:
+    """The coarsest dtype the values passed through (a bf16 cast widened back: ``producer`` looks
+    through that) and the largest smallest normal among them: rounding to a dtype moves an element
+    by at most its eps / 2 relative, or half a step of gradual underflow below its smallest normal
+    (an fp16 gradient of 1e-6), whichever is larger."""
+    dtypes = [dtype_from_name(meta.dtype)] + [dtype_from_name(m.dtype) for x in through for _, m in x.outputs]
+    floating = [d for d in dtypes if d.is_floating_point]
+    return max(dtypes, key=eps), max((torch.finfo(d).tiny for d in floating), default=0.0)
+
+
+def _beyond_rounding(op: Entry, change: float, coarsest: torch.dtype, rules: Any) -> tuple[Entry, str] | None:
+    """(op, what it did) where ``change`` (measured at a scale no smaller than ``_rounding_of``'s
+    smallest normal) is beyond the rounding of ``coarsest``, else None."""
     allowed = rules.local_factor * eps(coarsest)
     if change <= allowed:
         return None
@@ -1725,7 +1759,8 @@ def _saved_change(op: Entry, meta: Any, shared: int, dump: Any, rules: Any) -> t
         return None
     if not (before.is_floating_point() and after.is_floating_point()):
         return None
-    return _beyond_rounding(op, normwise_error(after, before.to(after.dtype).to(torch.float64)), [op], meta, rules)
+    coarsest, tiny = _rounding_of([op], meta)
+    return _beyond_rounding(op, normwise_error(after, before.to(after.dtype).to(torch.float64), tiny), coarsest, rules)
 
 
 def _sampled_change(op: Entry, meta: Any, shared: int, graph: _Graph, rules: Any) -> tuple[Entry, str] | None:
@@ -1750,23 +1785,27 @@ def _sampled_change(op: Entry, meta: Any, shared: int, graph: _Graph, rules: Any
     else:
         return None
     before = _sample_of(first, first)
-    if before is None or _beyond_rounding(op, _sampled_difference(meta, before, first), chain, meta, rules) is None:
+    coarsest, tiny = _rounding_of(chain, meta)
+    if before is None or _beyond_rounding(op, _sampled_difference(meta, before, first, tiny), coarsest, rules) is None:
         return None  # what the consumer received is the shared value, rounded (a transpose and back)
     chain.reverse()
     for i, x in enumerate(chain):
-        change = _sampled_difference(x.outputs[0][1] if x.outputs else None, before, first)
-        if (named := _beyond_rounding(x, change, chain[:i + 1], meta, rules)) is not None:
+        coarsest, tiny = _rounding_of(chain[:i + 1], meta)
+        change = _sampled_difference(x.outputs[0][1] if x.outputs else None, before, first, tiny)
+        if (named := _beyond_rounding(x, change, coarsest, rules)) is not None:
             return named
-    return _beyond_rounding(op, _sampled_difference(meta, before, first), chain, meta, rules)
+    coarsest, tiny = _rounding_of(chain, meta)
+    return _beyond_rounding(op, _sampled_difference(meta, before, first, tiny), coarsest, rules)
 
 
-def _sampled_difference(meta: Any, before: np.ndarray, like: Any) -> float:
-    """The normwise difference of ``meta``'s sample from ``before`` (``like``'s), 0 where the
-    samples do not hold the same elements."""
+def _sampled_difference(meta: Any, before: np.ndarray, like: Any, least_scale: float = 0.0) -> float:
+    """The normwise difference of ``meta``'s sample from ``before`` (``like``'s), each element's
+    scale no smaller than ``least_scale`` (a smallest normal); 0 where the samples do not hold
+    the same elements."""
     after = _sample_of(meta, like)
     if after is None:
         return 0.0
-    scale = float(np.linalg.norm(before))
+    scale = float(np.linalg.norm(np.maximum(np.abs(before), least_scale)))
     return float(np.linalg.norm(after - before)) / scale if scale > 0 else 0.0 if not after.any() else math.inf
 
 

@@ -33,7 +33,6 @@ from .entry_table import MODULE, Codes, EntryTable, Vocab
 from .lazy_matches import matches_of
 from .local import ARGUMENT_SUSPECT, CHECK_SUSPECT, check_floor, elementwise_check_floor
 from .matching import align_tables
-from .noise_floor import least_floor
 from .op_classes import skip_kernel_specific
 from .pair_judge import PairComparer, progress_bar, torch_dtype
 from .result import ATTRIBUTED, CompareRow, PairStatus
@@ -119,7 +118,7 @@ def _suspect_moves_that_changed(tb: EntryTable, plan: RowPlan, rows: list[Compar
 def _suspect_self_checks(tb: EntryTable, plan: RowPlan, rows: list[CompareRow], rules: Rules) -> None:
     """Rows that passed on statistics (no saved data) whose target call's recorded self-check
     (docs/format.md, "Self-checks") is above the least floor any call of its dtype has
-    (``noise_floor.least_floor``) become warnings marked ``CHECK_SUSPECT``: attribution weighs
+    (``Rules.least_floor``) become warnings marked ``CHECK_SUSPECT``: attribution weighs
     that local error against the call's own floors, and fails a wrong call or gives the row back
     its pass. Three wrong elements in a layer norm's output change neither its statistics nor its
     32-element sample, and the row passes; its self-check, which reads every checked row, says
@@ -189,7 +188,7 @@ def _suspect_unread_terms(ta: EntryTable, tb: EntryTable, pa: np.ndarray, pb: np
 
 def _least_check_floor(dtype_name: Any, rules: Rules, own_floor: Callable[[Any], float]) -> float:
     dtype = torch_dtype(dtype_name) if isinstance(dtype_name, str) else None
-    return least_floor(rules, own_floor(dtype), dtype) if dtype is not None and dtype.is_floating_point else np.inf
+    return rules.least_floor(own_floor(dtype), dtype) if dtype is not None and dtype.is_floating_point else np.inf
 
 
 def _reference_outputs(ta: EntryTable, tr: EntryTable, codes: Codes) -> Callable[[int, int], TensorMeta | None]:

@@ -139,7 +139,7 @@ class Floors:
     def floor(self, le: Any, op: str, n: int = 1) -> float:
         """The largest local error a legitimate kernel makes for this call."""
         r = self.rules
-        out = max(least_floor(r, le.floor, le.dtype), self.sums(le, n))
+        out = max(r.least_floor(le.floor, le.dtype), self.sums(le, n))
         for step in self.allowed_steps(op):
             if le.steps.get(step, 0) > 0:
                 out = max(out, r.precision_factor * le.steps[step])
@@ -147,12 +147,6 @@ class Floors:
 
     def beyond(self, le: Any, op: str, n: int = 1) -> bool:
         return le.local > self.floor(le, op, n)
-
-
-def least_floor(rules: Any, floor: float, dtype: torch.dtype) -> float:
-    """``Floors.floor`` of a local error whose own floor is ``floor``, before its op's accumulation
-    bound and precision steps raise it: the least it can be for any call at ``dtype``."""
-    return rules.local_factor * floor + 2 * eps(dtype)
 
 
 def far_above(logs: list[float], at_least: float = -math.inf) -> dict[int, float]:

@@ -438,8 +438,9 @@ def _within_rounding(e: Entry, k: int, factor: float, unit: float, carried: floa
 
 def cast_rounds_only(first: Any, out: Any, factor: float) -> bool | None:
     """A dtype cast, by its input's and output's statistics alone: True when they moved by no
-    more than ``factor`` x the coarser dtype's rounding at the input's largest magnitude (rounding
-    moves each element by at most that, so its min, max, mean and std too), False beyond it, None
+    more than ``factor`` x the coarser dtype's rounding at the input's largest magnitude, or at
+    the smallest normal where that is larger (rounding moves each element by at most that, so its
+    min, max, mean and std too), False beyond it, None
     when they cannot tell (no statistics, another shape, a non-float dtype)."""
     a, b = getattr(first, "stats", None), getattr(out, "stats", None)
     if a is None or b is None or tuple(first.shape) != tuple(out.shape):
@@ -456,7 +457,8 @@ def cast_rounds_only(first: Any, out: Any, factor: float) -> bool | None:
     if (a.nan, a.posinf, a.neginf) != (b.nan, b.posinf, b.neginf):
         return False
     step = max(torch.finfo(d).eps for d in dtypes)
-    scale = max(abs(a.min), abs(a.max))
+    # below a dtype's smallest normal its rounding is absolute (gradual underflow)
+    scale = max(abs(a.min), abs(a.max), *(torch.finfo(d).tiny for d in dtypes))
     return all(abs(y - x) <= factor * step * scale for x, y in values)
 
 

@@ -249,9 +249,11 @@ def stats_rms(stats) -> float | None:
     return math.hypot(stats.mean, stats.std or 0.0)  # scaled inside: finite for 1e200, where mean ** 2 overflows
 
 
-def normwise_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+def normwise_error(x: torch.Tensor, ref: torch.Tensor, least_scale: float = 0.0) -> float:
     """max |x - ref| / max |ref| over positions finite on both sides, in float64; inf when the
-    NaN/Inf patterns differ. The error measure of local (recomputed) and accumulated error."""
+    NaN/Inf patterns differ. The error measure of local (recomputed) and accumulated error.
+    ``least_scale``: the scale is never below it (a dtype's smallest normal: below it rounding is
+    absolute, gradual underflow's steps)."""
     x, ref = x.reshape(-1).to(torch.float64), ref.reshape(-1).to(torch.float64)
     fx, fr = torch.isfinite(x), torch.isfinite(ref)
     if bool(fr.all()):  # the common case: no mask to compare, no copy of the finite positions
@@ -263,7 +265,7 @@ def normwise_error(x: torch.Tensor, ref: torch.Tensor) -> float:
         if not bool(fr.any()):
             return 0.0
         x, ref = x[fr], ref[fr]
-    s = float(ref.abs().max())
+    s = max(float(ref.abs().max()), least_scale)
     if s == 0.0:
         return 0.0 if float(x.abs().max()) == 0.0 else math.inf
     return float(((x / s) - (ref / s)).abs().max())

@@ -197,10 +197,15 @@ class Rules:
         or numpy arrays element by element (the sample judge, numerics/sample_judge.py)."""
         return (rel_rmse <= self.warn_rel_rmse * rtol) & (max_ratio <= self.warn_max_ratio) & (cosine >= self.warn_cosine)
 
+    def least_floor(self, floor: float, dtype: torch.dtype) -> float:
+        """The least floor of a local error whose CPU error at ``dtype`` is ``floor``:
+        ``local_factor`` x it plus two units of roundoff, before an op's accumulation bound and
+        precision steps raise it (compare/noise_floor.py)."""
+        return self.local_factor * floor + 2 * eps(dtype)
+
     def is_local_error(self, local: float, floor: float, dtype: torch.dtype) -> bool:
         """Whether an op's error against float64 is beyond what CPU makes at its dtype."""
-
-        return local > self.local_factor * floor + 2 * eps(dtype)
+        return local > self.least_floor(floor, dtype)
 
 
 def parse_tolerance_arg(text: str) -> tuple[str, float | None, float | None]:

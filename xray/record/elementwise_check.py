@@ -14,7 +14,9 @@ one element,
 ``r`` the reference rounded to the output's dtype. A right kernel reads 0, or a unit or so of
 its dtype's roundoff where it rounds twice or approximates a transcendental; a doubled element
 reads 1. An element far below the tensor's scale is measured against a sixteenth of its RMS:
-its error there is not a relative one (a difference that cancels). A value NaN or infinite on
+its error there is not a relative one (a difference that cancels). No element is measured
+against less than its dtype's smallest normal: below it rounding moves values by absolute steps
+(gradual underflow: a float16 gradient of 1e-6 keeps two or three bits). A value NaN or infinite on
 one side only reads 1. Where every element equals the reference (one pass, on the host) the
 residual is 0 with no more.
 
@@ -124,17 +126,18 @@ def elementwise_check(name: str, bound: dict, out: torch.Tensor, defer: bool = F
     ref = ref.to(out.dtype)
     if out.is_cpu and not defer and float((out - ref).abs_().max()) == 0:  # (NaN, Inf: measured below)
         return (0.0, *_NO_STEPS)
-    residual = _largest_error(out.to(wide), ref.to(wide))
+    residual = _largest_error(out.to(wide), ref.to(wide), torch.finfo(out.dtype).tiny)
     if defer:
         return torch.cat([residual.to(torch.float64).reshape(1),
                           torch.full((len(_NO_STEPS),), math.nan, dtype=torch.float64, device=out.device)])
     return (float(residual), *_NO_STEPS)
 
 
-def _largest_error(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """The module docstring's residual as a 0-d tensor; 1 for a value non-finite on one side only."""
+def _largest_error(got: torch.Tensor, ref: torch.Tensor, tiny: float) -> torch.Tensor:
+    """The module docstring's residual as a 0-d tensor; 1 for a value non-finite on one side only.
+    ``tiny``: the output dtype's smallest normal, the least scale of an element."""
     diff = (got - ref).abs_().masked_fill_((got == ref) | (got.isnan() & ref.isnan()), 0)
     size = ref.abs().nan_to_num_(0.0, 0.0, 0.0)
     floor = torch.linalg.vector_norm(size) / (math.sqrt(max(1, size.numel())) * SCALE_FRACTION)
-    size = torch.maximum(size, floor.clamp_min(torch.finfo(got.dtype).tiny))
+    size = torch.maximum(size, floor.clamp_min(tiny))
     return (diff / size).nan_to_num_(1.0, 1.0, 1.0).max()
