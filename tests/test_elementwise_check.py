@@ -238,3 +238,18 @@ def test_a_division_whose_smallest_divisor_makes_its_minimum_carries_tf32_with_t
 
     o = sweep_noise_run("phimoe", tmp_path, noise="tf32", backward=True, train_mode=True)
     assert o.summary["failed"] == 0, o.summary["first_divergence"]
+
+
+def test_a_float16_gradient_below_the_smallest_normal_reads_its_rounding_and_doubled_elements_still_read():
+    """Below float16's smallest normal (6.1e-5) rounding moves a value by absolute steps (gradual
+    underflow): a right ``sigmoid_backward`` on gradients of 2e-5, as an fp16 training step's are,
+    rounds twice and reads a unit, not the 26 % its relative error there would be; three doubled
+    elements still read far above any floor."""
+    torch.manual_seed(0)
+    g, y = (torch.randn(TOKENS, HIDDEN) * 2e-5).half(), torch.rand(TOKENS, HIDDEN).half()
+    bound = {"grad_output": g, "output": y}
+    right = torch.ops.aten.sigmoid_backward.default(g, y)
+    assert 0 < elementwise_check("aten.sigmoid_backward.default", bound, right)[0] <= torch.finfo(torch.float16).eps
+    wrong = right.clone()
+    wrong.view(-1)[[7, wrong.numel() // 3, wrong.numel() - 2]] *= 2
+    assert elementwise_check("aten.sigmoid_backward.default", bound, wrong)[0] >= 0.1
