@@ -15,7 +15,7 @@ from xray.compare.matching import align_tables
 from xray.numerics.metrics import Partial, as_real, chunk_partial, finish, merge
 from xray.compare.stream import chunk_selections
 from xray.demo.synthetic import Op, write_dump
-from xray.numerics.rules import Tolerance, default_tolerance, parse_tolerance_arg
+from xray.numerics.rules import SMALLEST_NORMAL, Tolerance, default_tolerance, parse_tolerance_arg
 from xray.dump.dump_columns import DumpColumns
 from xray.dump.model import Record, TensorMeta
 
@@ -54,10 +54,19 @@ def test_equal_nonfinite_values_agree_and_mismatches_count():
 
 
 def test_default_tolerances_are_assert_close_defaults():
-    assert default_tolerance("float32") == Tolerance(1.3e-6, 1e-5)
-    assert default_tolerance("bfloat16") == Tolerance(1.6e-2, 1e-5)
+    # (rtol, atol) are assert_close's; tiny is the dtype's smallest normal (torch.finfo)
+    assert default_tolerance("float32") == Tolerance(1.3e-6, 1e-5, torch.finfo(torch.float32).tiny)
+    assert default_tolerance("bfloat16") == Tolerance(1.6e-2, 1e-5, torch.finfo(torch.bfloat16).tiny)
     assert default_tolerance("int64") == Tolerance(0.0, 0.0)
-    assert Rules().tolerance("float32", "bfloat16") == Tolerance(1.6e-2, 1e-5)  # the looser side
+    # the looser side, and the larger smallest normal
+    assert Rules().tolerance("float32", "bfloat16") == Tolerance(1.6e-2, 1e-5, torch.finfo(torch.float32).tiny)
+    assert Rules().tolerance("float32", "float16").tiny == torch.finfo(torch.float16).tiny
+    for name, tiny in SMALLEST_NORMAL.items():
+        dtype = getattr(torch, name, None)
+        assert dtype is None or torch.finfo(dtype if not dtype.is_complex else dtype.to_real()).tiny == tiny, name
+    # below the smallest normal rounding is absolute: no element floor under rtol x tiny
+    fp16 = default_tolerance("float16")
+    assert fp16.floor(1e-9) == pytest.approx(1e-3 * 2 ** -14) and fp16.floor(1.0) == pytest.approx(2e-3)
     assert parse_tolerance_arg("bfloat16:rtol=0.02,atol=1e-4") == ("bfloat16", 0.02, 1e-4)
     with pytest.raises(ValueError, match="DTYPE:rtol"):
         parse_tolerance_arg("rtol=0.1")

@@ -148,11 +148,11 @@ def test_statistics_only_tf32_at_real_size_is_clean_and_a_bug_is_named(tmp_path)
 
 
 def test_values_below_float16s_normal_range_are_its_range_not_a_bug(tmp_path):
-    """float16 holds values below 6.1e-05 as subnormals and flushes smaller ones to 0: squared
+    """float16 holds values below 6.1e-05 as subnormals and rounds smaller ones to 0: squared
     gradients ~1e-8, scaled by Adam's 1e-3, are 0 there. Statistics only, both runs below that
-    range: the dtype's range (below_normal_range). The exact float16 -> float32 cast after it
-    (equal statistics) is looked through, so the sum of those values carries that loss instead
-    of naming the cast as a target-only origin. A value above the range stays judged."""
+    range: each element is within half a subnormal step of the bench's, float16's rounding there
+    (``Tolerance.tiny``), so the products pass, and the float32 sum of those zeros is at most a
+    warning, never a target-only cast's or a sum's bug. A value above the range stays judged."""
     def run(dtype, folder, scale=1e-3):
         x = (torch.randn(256, generator=torch.Generator().manual_seed(0)) * 1e-3).to(dtype)
         with xray.dump(dump_dir=folder, X_DEDUP=False, X_DUMP_NUM=0) as d:
@@ -161,8 +161,8 @@ def test_values_below_float16s_normal_range_are_its_range_not_a_bug(tmp_path):
 
     rows = compare_dumps(run(torch.float32, tmp_path / "b"), run(torch.float16, tmp_path / "t")).rows
     by_op = {r.bench_op: r for r in rows if r.bench_op}
-    assert by_op["aten.mul.Tensor"].status == "warning" and "smallest normal" in by_op["aten.mul.Tensor"].culprit
-    assert by_op["aten.sum.default"].status == "warning" and "aten.mul.Tensor" in by_op["aten.sum.default"].culprit
+    assert [r.status for r in rows if r.bench_op == "aten.mul.Tensor"] == ["pass", "pass"]
+    assert by_op["aten.sum.default"].status == "warning"
     assert not any(r.status in ("fail", "nan/inf") for r in rows)
     # a 1e3 scale keeps them in float16's normal range: a 10 % error there is a bug, not the range
     with torch.no_grad():

@@ -324,7 +324,8 @@ def dtype_floor(dtype_pairs: Iterable[tuple[str, str]], rules: Rules) -> Toleran
             db, dt = torch_dtype(b), torch_dtype(t)
             if db is not None and dt is not None and db.is_floating_point and dt.is_floating_point:
                 tol = rules.tolerance(b, t)
-                floor = tol if floor is None else Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
+                floor = tol if floor is None else \
+                    Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol), max(tol.tiny, floor.tiny))
     return floor
 
 
@@ -334,7 +335,7 @@ def dtype_tolerance(rules: Rules, floor: Tolerance | None, bench_dtype: str, tar
     tol = rules.tolerance(bench_dtype, target_dtype)
     d = torch_dtype(bench_dtype)
     if floor is not None and d is not None and (d.is_floating_point or d.is_complex):
-        tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol))
+        tol = Tolerance(max(tol.rtol, floor.rtol), max(tol.atol, floor.atol), max(tol.tiny, floor.tiny))
     return tol
 
 

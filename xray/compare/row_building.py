@@ -87,9 +87,10 @@ def _stats_columns(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarra
     b = {k: ta.stat(k, ao) for k in keys}
     t = {k: tb.stat(k, bo) for k in keys}
     rtol, atol = rtol_of[inv].astype(np.float64), atol_of[inv].astype(np.float64)
+    tiny = np.array([x.tiny for x in tol], dtype=np.float64)[inv]
     stand_in = np.array([stand_in_of(vocab.dtype[db], vocab.dtype[dt]) for db, dt in pairs], dtype=np.float64)[inv]
-    judged = judge_stats(b, t, rtol, atol, rules, stand_in)
-    sample = judge_samples(ta, tb, ao, bo, b, t, rtol, atol, rules, stand_in)
+    judged = judge_stats(b, t, rtol, atol, rules, stand_in, tiny)
+    sample = judge_samples(ta, tb, ao, bo, b, t, rtol, atol, rules, stand_in, tiny)
     status, stats_err, decided = worse_of(judged, sample, sample_decides(tb, eb))
 
     def put(name: str, values: np.ndarray) -> None:

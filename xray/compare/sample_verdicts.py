@@ -76,7 +76,7 @@ def _peak_columns(side: dict) -> np.ndarray:
 
 def judge_samples(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray, b: dict, t: dict,
                   rtol: np.ndarray, atol: np.ndarray, rules: Rules,
-                  stand_in: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+                  stand_in: np.ndarray | None = None, tiny: np.ndarray | float = 0.0) -> dict[str, np.ndarray] | None:
     """The sample verdict of output pairs (``ao``, ``bo``) whose statistics columns are ``b`` and
     ``t`` (stat_verdicts.judge_stats's), or None when either dump has no samples."""
     sa, sb = getattr(ta.columns, "sample", None), getattr(tb.columns, "sample", None)
@@ -87,7 +87,7 @@ def judge_samples(ta: EntryTable, tb: EntryTable, ao: np.ndarray, bo: np.ndarray
     scale = np.maximum(_rms_columns(b), _rms_columns(t))
     scale = np.where(np.isfinite(scale), scale, 0.0)
     return sample_judge.judge(np.asarray(sa[ra], dtype=np.float64), np.asarray(sb[rb], dtype=np.float64),
-                              na[ra], nb[rb], rtol, atol, scale, _peak_columns(b), rules, stand_in)
+                              na[ra], nb[rb], rtol, atol, scale, _peak_columns(b), rules, stand_in, tiny)
 
 
 def sample_decides(t: EntryTable, entries: np.ndarray) -> np.ndarray:

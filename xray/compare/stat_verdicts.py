@@ -59,10 +59,10 @@ _ABSENT_BITS = {"min": ABSENT_MIN, "max": ABSENT_MAX, "mean": ABSENT_MEAN, "std"
 
 
 def judge_stats(b: dict, t: dict, rtol: np.ndarray, atol: np.ndarray, rules: Rules,
-                stand_in: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                stand_in: np.ndarray | None = None, tiny: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """numerics.stats_judge over columns of output pairs (bench ``b``, target ``t``: statistics
     and their ``absent`` bit masks, as the dump stores them; ``stand_in`` as there)."""
     def present(side: dict) -> dict:
         return {**side, **{"has_" + k: (side["absent"] & bit) == 0 for k, bit in _ABSENT_BITS.items()}}
-    judged = stats_judge.judge(present(b), present(t), rtol, atol, rules, stand_in)
+    judged = stats_judge.judge(present(b), present(t), rtol, atol, rules, stand_in, tiny)
     return {"status": _STATUS_OBJECTS[judged["verdict"]], "stats_err": judged["stats_err"], "code": judged["verdict"]}

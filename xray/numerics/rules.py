@@ -30,6 +30,11 @@ _ASSERT_CLOSE = {
     "float8_e5m2": (2.5e-1, 1e-3),
     "float8_e5m2fnuz": (2.5e-1, 1e-3),
 }
+# each float dtype's smallest normal (torch.finfo(dtype).tiny), by name: rules.py imports no torch
+SMALLEST_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126, "float64": 2.0 ** -1022,
+                   "complex32": 2.0 ** -14, "complex64": 2.0 ** -126, "complex128": 2.0 ** -1022,
+                   "float8_e4m3fn": 2.0 ** -6, "float8_e4m3fnuz": 2.0 ** -7, "float8_e5m2": 2.0 ** -14,
+                   "float8_e5m2fnuz": 2.0 ** -15}
 
 # For tensors larger than 1, the absolute floor grows as this many rtol of the tensor's RMS: an
 # element near zero whose operands had the tensor's typical size carries a couple of roundings of
@@ -48,30 +53,36 @@ class Tolerance:
     ``atol`` is the absolute floor for a tensor of unit magnitude; ``floor(scale)`` scales it to
     the tensor's RMS, so a 1e-3 relative error in a variance of 5e-4 is not swallowed by 1e-5,
     and an element near zero in a tensor of RMS 1e3 is allowed its operands' rounding.
-    Integers: both 0 (exact).
+    ``tiny``: the coarser dtype's smallest normal. Below it rounding moves values by absolute
+    steps (gradual underflow), so no floor is below ``rtol * tiny``: a float16 layer scale of 1e-6
+    times activations of 0.05 keeps a bit or two, in any right kernel.
+    Integers: all 0 (exact).
     """
 
     rtol: float
     atol: float
+    tiny: float = 0.0
 
     def floor(self, scale: float) -> float:
         """Absolute floor for a tensor whose RMS is ``scale`` (``floor_of`` for one tolerance)."""
-        return float(floor_of(self.rtol, self.atol, scale))
+        return float(floor_of(self.rtol, self.atol, scale, self.tiny))
 
     @property
     def exact(self) -> bool:
         return self.rtol == 0 and self.atol == 0
 
 
-def floor_of(rtol, atol, scale):
-    """The absolute floor of a tolerance (rtol, atol) at RMS ``scale``: numbers or numpy arrays.
+def floor_of(rtol, atol, scale, tiny=0.0):
+    """The absolute floor of a tolerance (rtol, atol, tiny) at RMS ``scale``: numbers or numpy arrays.
 
-    ``max(atol * min(scale, 1), ATOL_PER_RTOL * rtol * scale)``, 0 for an exact tolerance, written
-    once: Python's ``max``/``min`` choice (NaN never wins against the first) for one pair, the same
-    choice element by element for a column (``_where``), so both agree to the bit."""
+    ``max(atol * min(scale, 1), ATOL_PER_RTOL * rtol * scale, rtol * tiny)``, 0 for an exact
+    tolerance, written once: Python's ``max``/``min`` choice (NaN never wins against the first)
+    for one pair, the same choice element by element for a column (``_where``), so both agree to
+    the bit."""
     small = _where(1.0 < scale, 1.0, scale)
-    a, r = atol * small, ATOL_PER_RTOL * rtol * scale
-    return _where((rtol == 0) & (atol == 0), 0.0, _where(r > a, r, a))
+    a, r, u = atol * small, ATOL_PER_RTOL * rtol * scale, rtol * tiny
+    floor = _where(r > a, r, a)
+    return _where((rtol == 0) & (atol == 0), 0.0, _where(u > floor, u, floor))
 
 
 def _where(condition, yes, no):
@@ -85,7 +96,7 @@ def _where(condition, yes, no):
 
 def default_tolerance(dtype: str) -> Tolerance:
     rtol, atol = _ASSERT_CLOSE.get(dtype, (0.0, 0.0))
-    return Tolerance(rtol, atol)
+    return Tolerance(rtol, atol, SMALLEST_NORMAL.get(dtype, 0.0) if rtol or atol else 0.0)
 
 
 def eps(dtype: torch.dtype) -> float:
@@ -170,14 +181,14 @@ class Rules:
     def tolerance(self, bench_dtype: str, target_dtype: str | None = None) -> Tolerance:
         """The looser of the two dtypes' tolerances: bf16 vs fp32 is judged at bf16 precision."""
         tols = [self._one(bench_dtype)] + ([self._one(target_dtype)] if target_dtype else [])
-        return Tolerance(max(t.rtol for t in tols), max(t.atol for t in tols))
+        return Tolerance(max(t.rtol for t in tols), max(t.atol for t in tols), max(t.tiny for t in tols))
 
     def _one(self, dtype: str) -> Tolerance:
         return self.overrides.get(dtype) or default_tolerance(dtype)
 
     def with_override(self, dtype: str, rtol: float | None = None, atol: float | None = None) -> "Rules":
         base = self._one(dtype)
-        tol = Tolerance(base.rtol if rtol is None else rtol, base.atol if atol is None else atol)
+        tol = Tolerance(base.rtol if rtol is None else rtol, base.atol if atol is None else atol, base.tiny)
         return replace(self, overrides={**self.overrides, dtype: tol})
 
     # -- verdicts --------------------------------------------------------------------------

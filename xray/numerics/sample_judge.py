@@ -21,7 +21,8 @@ NOT_JUDGED = -1  # no sample on one side, or samples of different lengths
 
 
 def judge(b: np.ndarray, t: np.ndarray, nb: np.ndarray, nt: np.ndarray, rtol: np.ndarray, atol: np.ndarray,
-          scale: np.ndarray, peak: np.ndarray, rules: Rules, stand_in: np.ndarray | None = None) -> dict[str, np.ndarray]:
+          scale: np.ndarray, peak: np.ndarray, rules: Rules, stand_in: np.ndarray | None = None,
+          tiny: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """Verdict codes (``PASS`` ... ``NAN_INF``, ``NOT_JUDGED``) and ``sample_err`` per pair.
 
     ``b``, ``t``: float64 (pairs x k) samples, the first ``nb``/``nt`` of each row valid;
@@ -48,7 +49,7 @@ def judge(b: np.ndarray, t: np.ndarray, nb: np.ndarray, nt: np.ndarray, rtol: np
         s = np.where(s > 0, s, 1.0)[:, None]
         bs, ts = bz / s, tz / s
         d = np.abs(tz - bz)
-        allowed = floor_of(rtol, atol, scale)[:, None] + rtol[:, None] * np.abs(bz)
+        allowed = np.asarray(floor_of(rtol, atol, scale, tiny))[:, None] + rtol[:, None] * np.abs(bz)
         beyond = both & (d > allowed)
         not_close = beyond.sum(axis=1)
         ratio = np.where(allowed > 0, d / allowed, np.where(d > 0, np.inf, 0.0))

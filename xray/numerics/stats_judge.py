@@ -29,7 +29,7 @@ def _pymax(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def judge(b: dict[str, np.ndarray], t: dict[str, np.ndarray], rtol: np.ndarray, atol: np.ndarray,
-          rules: Rules, stand_in: np.ndarray | None = None) -> dict[str, np.ndarray]:
+          rules: Rules, stand_in: np.ndarray | None = None, tiny: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """Verdict codes (``PASS`` ... ``NAN_INF``), ``stats_err`` and ``within`` per pair.
 
     ``b`` and ``t`` hold arrays per statistic (``min`` ... ``std``, ``nan``, ``inf``) and a
@@ -51,7 +51,7 @@ def judge(b: dict[str, np.ndarray], t: dict[str, np.ndarray], rtol: np.ndarray, 
         std = np.where(std != 0, std, 0.0)  # a missing or -0.0 std counts as 0.0
         # the bench's RMS (hypot scales inside: finite for 1e200, where mean ** 2 overflows), else its range
         base = np.where(b["has_mean"], np.hypot(b["mean"], std), scale)
-        allowed = floor_of(rtol, atol, base) + rtol * scale
+        allowed = floor_of(rtol, atol, base, tiny) + rtol * scale
         within = np.where(allowed > 0, worst / (allowed * 0.5), np.where(worst == 0, 0.0, np.inf))
         stats_err = np.where(scale > 0, (worst / scale) * 2, worst * 2)
     exact = (rtol == 0) & (atol == 0)
@@ -84,7 +84,8 @@ def columns_of(stats: Sequence[Any]) -> dict[str, np.ndarray]:
 
 def judge_one(bench: Any, target: Any, tol: Tolerance, rules: Rules) -> tuple[str, float]:
     """(status text, stats_err) of one pair of ``Stats``: the same rule as ``judge``, one row."""
-    got = judge(columns_of([bench]), columns_of([target]), np.array([tol.rtol]), np.array([tol.atol]), rules)
+    got = judge(columns_of([bench]), columns_of([target]), np.array([tol.rtol]), np.array([tol.atol]), rules,
+                tiny=np.array([tol.tiny]))
     return VERDICT_TEXT[int(got["verdict"][0])], float(got["stats_err"][0])
 
 
