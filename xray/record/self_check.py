@@ -44,7 +44,7 @@ assert CHECK_SIZE == 1 + len(PRECISION_STEPS)  # the residual, then each precisi
 # conv2d and scaled_dot_product_attention are recorded, not the mm, convolution or fused kernel
 # they become elsewhere; they are checked alike.
 MATMULS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default",
-           "aten.linear.default", "aten.matmul.default")
+           "aten.linear.default", "aten.matmul.default", "aten._grouped_mm.default")
 CONVOLUTIONS = ("aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default")
 SUMS = ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
 # fused attention kernels (CPU's, CUDA's flash, memory-efficient and cuDNN ones): the first output
@@ -148,6 +148,8 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Che
         added, a, b, beta, alpha = None, bound.get("self"), bound.get("other"), 0.0, 1.0
         if not (_plain(a) and _plain(b)) or a.dim() < 2 or b.dim() < 2:
             return None
+    elif name == "aten._grouped_mm.default":  # a mixture of experts' matmuls, one call
+        return _grouped_matmul(bound, out, wide)
     elif name == "aten.linear.default":  # input @ weight^T + bias
         w, added = bound.get("weight"), bound.get("bias")
         a, b, beta, alpha = bound.get("input"), w.t() if _plain(w) and w.dim() == 2 else None, float(added is not None), 1.0
@@ -170,6 +172,32 @@ def _matmul(name: str, bound: dict, out: torch.Tensor, wide: torch.dtype) -> Che
     def reference(fn):
         product = fn(a).to(wide) @ (fn(b).to(wide) @ r)
         return product if beta == 0 and alpha == 1 else base + alpha * product  # (mm's, bmm's: no more ops)
+    return Check(out.to(wide) @ r, reference(_same), reference, (a, b), k)
+
+
+def _grouped_matmul(bound: dict, out: torch.Tensor, wide: torch.dtype) -> Check | None:
+    """The ``Check`` of ``_grouped_mm``: batched (3-D by 3-D, no offsets: a ``bmm``), or the rows
+    of a 2-D ``self`` split into groups at the cumulative ``offs``, group g's rows times
+    ``mat2[g]`` (a mixture of experts' tokens sorted by expert). Contracted over the output's
+    last dimension as ``_matmul``. Not checked: rows past the last offset (no group writes them:
+    the output's norm would read uninitialised memory), offsets along K (an expert weight's
+    gradient), a bias."""
+    a, b, offs = bound.get("self"), bound.get("mat2"), bound.get("offs")
+    if not (_plain(a) and _plain(b)) or bound.get("bias") is not None or b.dim() != 3:
+        return None
+    if offs is None and a.dim() == 3:
+        return _matmul("aten.bmm.default", {"self": a, "mat2": b}, out, wide)
+    if offs is None or a.dim() != 2 or out.dim() != 2 or offs.dim() != 1 or len(offs) != b.shape[0]:
+        return None
+    ends = [int(x) for x in offs.tolist()]
+    if any(e0 > e1 for e0, e1 in zip([0] + ends, ends)) or ends[-1] != a.shape[0]:
+        return None
+    k = _vectors(a.shape[0])
+    r = _signs_on(out.shape[-1], k, out.device, wide)
+
+    def reference(fn):
+        x, weights = fn(a).to(wide), fn(b).to(wide) @ r  # (G, K, k): each expert's weight contracted
+        return torch.cat([x[s:e] @ weights[g] for g, (s, e) in enumerate(zip([0] + ends, ends))])
     return Check(out.to(wide) @ r, reference(_same), reference, (a, b), k)
 
 
