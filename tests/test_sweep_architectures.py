@@ -62,6 +62,18 @@ def test_training_mode_faults_are_graded_as_faults():
     assert sweep.failures(lines) == []
 
 
+def test_float16_and_thread_count_runs_are_noise_runs():
+    """A model run whole in float16, and one on another thread count, are legitimate precision
+    differences: counted and listed with the noise runs, never as faults."""
+    lines = [_line("a", "defaults", "fp16", "clean"), _line("a", "defaults", "fp16-train", "FAIL", fail_rows=3,
+                                                           first_fail={"op": "aten.mul.Tensor", "cause": "x"}),
+             _line("a", "defaults", "threads", "clean"), _line("a", "defaults", "threads-train", "clean")]
+    f = sweep.figures(lines)["defaults"]
+    assert (f["noise"], f["noise_fail"], f["faults"]) == (4, 1, 0)
+    assert any("fp16-train" in x for x in sweep.failures(lines))
+    assert {"fp16", "fp16-train", "threads", "threads-train"} <= set(sweep.NOISE_SCENARIOS) <= set(sweep.SCENARIOS)
+
+
 @pytest.mark.slow
 def test_training_mode_faults_run_in_training_mode(tmp_path):
     """``fault-trainmode`` draws its faults from a training-mode run (GPT-2's dropout drawn, the
@@ -113,3 +125,20 @@ def test_a_fault_corrupts_the_output_it_is_told():
     with CorruptCall("aten.native_layer_norm.default", 0, relative(1e-2), output=3) as fault:
         torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
     assert not fault.hit
+
+
+def test_a_real_size_model_is_1024_wide_on_512_tokens():
+    """``--size real`` builds the same shrunk config at REAL's widths (tiny configs hide bugs:
+    reductions as long as a production model's) and feeds it REAL_SEQ tokens; depth and
+    vocabulary stay tiny."""
+    from accuracy import zoo
+
+    entry = next((x for x in zoo.listed() if x.model_type == "llama"), None)
+    if entry is None:
+        pytest.skip("this transformers has no llama")
+    config = zoo.tiny_config("llama", "real")
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.intermediate_size,
+            config.num_hidden_layers, config.vocab_size) == (1024, 16, 4, 2816, 2, zoo.VOCAB)
+    name = zoo.register(entry, "real")
+    assert name == "zoo-real/llama" and zoo.ARCHS[name].inputs()["input_ids"].shape == (1, zoo.REAL_SEQ)
+    assert zoo.tiny_config("llama").hidden_size == 32  # the sweep's default size is untouched
