@@ -107,16 +107,16 @@ def test_sweep_one_model_end_to_end(tmp_path):
 
 
 def test_a_fault_corrupts_the_output_it_is_told():
-    """``CorruptCall``'s ``output`` counts a call's floating-point outputs: 1 is a layer norm's
-    mean (its integer-free second output), the others stay bitwise; a slot the call lacks never
-    fires. The sweep draws that slot where ``--fault-output any``."""
+    """``CorruptCall``'s ``output`` counts a call's tensor outputs: 1 is a layer norm's mean, the
+    others stay bitwise; a slot the call lacks never fires; an integer output is one too (an
+    ``arange`` off by one). The sweep draws a floating-point slot where ``--fault-output any``."""
     import torch
 
-    from accuracy.faults import CorruptCall, floating_outputs, relative
+    from accuracy.faults import CorruptCall, int_bump, relative, tensor_outputs
 
     x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
     clean = torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
-    assert len(floating_outputs(clean)) == 3
+    assert len(tensor_outputs(clean)) == 3
     with CorruptCall("aten.native_layer_norm.default", 0, relative(1e-2), output=1) as fault:
         got = torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
     assert fault.hit and fault.shape == tuple(clean[1].shape)
@@ -125,6 +125,9 @@ def test_a_fault_corrupts_the_output_it_is_told():
     with CorruptCall("aten.native_layer_norm.default", 0, relative(1e-2), output=3) as fault:
         torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
     assert not fault.hit
+    with CorruptCall("aten.arange.default", 0, int_bump()) as fault:
+        got = torch.arange(6)
+    assert fault.hit and int(got.sum()) == 16
 
 
 def test_a_real_size_model_is_1024_wide_on_512_tokens():

@@ -122,13 +122,13 @@ def torchvision_note() -> str:
 # -- one model ---------------------------------------------------------------------------------------
 class _Calls:
     """Counts every call per (op, direction) as CorruptCall counts them, which of those calls a
-    fault can corrupt (a new floating-point tensor computed from tensor inputs), and how many
-    floating-point outputs each of those has (the slots CorruptCall's ``output`` counts)."""
+    fault can corrupt (a new floating-point tensor computed from tensor inputs), and which of each
+    one's outputs are floating-point (as slots CorruptCall's ``output`` counts)."""
 
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from accuracy.faults import floating_outputs, in_backward
+        from accuracy.faults import in_backward, tensor_outputs
         import torch
 
         calls = self
@@ -144,12 +144,13 @@ class _Calls:
                         and first.is_floating_point() and first.numel() > 0
                         and any(isinstance(a, torch.Tensor) for a in (*args, *(kwargs or {}).values()))):
                     calls.eligible.setdefault(key, []).append(index)
-                    calls.outputs[(*key, index)] = len(floating_outputs(out))
+                    calls.outputs[(*key, index)] = [i for i, t in enumerate(tensor_outputs(out))
+                                                    if t.is_floating_point()]
                 return out
 
         self.count: dict[tuple[str, str], int] = {}
         self.eligible: dict[tuple[str, str], list[int]] = {}
-        self.outputs: dict[tuple[str, str, int], int] = {}
+        self.outputs: dict[tuple[str, str, int], list[int]] = {}
         self.mode = Mode()
 
 
@@ -245,7 +246,7 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
                         break
                     op = rng.choice(kinds)
                     call = rng.choice(calls.eligible[(op, direction)])
-                    output = rng.randrange(calls.outputs[(op, direction, call)]) if any_output else 0
+                    output = rng.choice(calls.outputs[(op, direction, call)]) if any_output else 0
                     amount = FAULT_AMOUNTS[kind][precision]
                     fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction, output)
                     f = _drawn(arch, precision, backward, fault, *clean[backward], train_mode, op=op, call=call,

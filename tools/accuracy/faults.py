@@ -69,9 +69,9 @@ def int_bump() -> Corruption:
 
 
 class CorruptCall(TorchDispatchMode):
-    """Corrupt the ``output``-th floating-point output (0-based; of an op that returns nothing but
-    writes, like ``_foreach_addcdiv_``, the ``output``-th tensor it wrote) of the ``call``-th call
-    (0-based) of ``op`` in ``direction``.
+    """Corrupt the ``output``-th tensor output (0-based, ``tensor_outputs``' order; of an op that
+    returns nothing but writes, like ``_foreach_addcdiv_``, the ``output``-th tensor it wrote) of
+    the ``call``-th call (0-based) of ``op`` in ``direction``.
 
     ``hit`` says whether it fired; ``shape`` is the corrupted output's shape (a check on the
     ground truth found in the dump)."""
@@ -92,14 +92,14 @@ class CorruptCall(TorchDispatchMode):
             return out
         info = op_info(func)
         if info.written_results:  # returns nothing: corrupt what it wrote, in place
-            written = floating_outputs(recorded_result(info, out, bind_inputs(info, args, kwargs or {})))
+            written = tensor_outputs(recorded_result(info, out, bind_inputs(info, args, kwargs or {})))
             if self.output < len(written):
                 target = written[self.output]
                 self.hit, self.shape = True, tuple(target.shape)
                 target.copy_(self.corrupt(target))
             return out
         results = list(out) if isinstance(out, (tuple, list)) else [out]
-        slots = [i for i, t in enumerate(results) if _corruptible(t)]
+        slots = [i for i, t in enumerate(results) if isinstance(t, torch.Tensor) and t.numel() > 0]
         if self.output >= len(slots):
             return out
         i = slots[self.output]
@@ -108,16 +108,12 @@ class CorruptCall(TorchDispatchMode):
         return type(out)(results) if isinstance(out, (tuple, list)) else results[0]
 
 
-def _corruptible(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
-
-
-def floating_outputs(result: Any) -> list[torch.Tensor]:
-    """A call's floating-point outputs with elements, in order (a list output's tensors in
-    place): the slots ``CorruptCall``'s ``output`` counts."""
+def tensor_outputs(result: Any) -> list[torch.Tensor]:
+    """A call's tensor outputs with elements, in order (a list output's tensors in place): the
+    slots ``CorruptCall``'s ``output`` counts."""
     if isinstance(result, (tuple, list)):
-        return [t for r in result for t in floating_outputs(r)]
-    return [result] if _corruptible(result) else []
+        return [t for r in result for t in tensor_outputs(r)]
+    return [result] if isinstance(result, torch.Tensor) and result.numel() > 0 else []
 
 
 def round_mantissa(t: torch.Tensor, bits: int = 10) -> torch.Tensor:
