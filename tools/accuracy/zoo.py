@@ -11,7 +11,8 @@ and every argument the forward requires, each made by the conventions of its nam
 
 At a real width (``size="real"``: tiny configs hide bugs) the same shrunk config takes the sizes
 ``REAL`` lists instead, a 1024-wide model of two layers with 16 query heads on 4 key/value heads,
-fed 512 tokens; the other sizes (depth, vocabulary, image) stay tiny.
+fed 512 tokens; the other sizes (depth, vocabulary, image, a convolution's per-stage channel
+lists) stay tiny.
 """
 from __future__ import annotations
 
