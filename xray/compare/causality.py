@@ -1786,16 +1786,17 @@ def _sampled_change(op: Entry, meta: Any, shared: int, graph: _Graph, rules: Any
         return None
     before = _sample_of(first, first)
     coarsest, tiny = _rounding_of(chain, meta)
-    if before is None or _beyond_rounding(op, _sampled_difference(meta, before, first, tiny), coarsest, rules) is None:
+    received = _beyond_rounding(op, _sampled_difference(meta, before, first, tiny), coarsest, rules) \
+        if before is not None else None
+    if received is None:
         return None  # what the consumer received is the shared value, rounded (a transpose and back)
     chain.reverse()
     for i, x in enumerate(chain):
-        coarsest, tiny = _rounding_of(chain[:i + 1], meta)
-        change = _sampled_difference(x.outputs[0][1] if x.outputs else None, before, first, tiny)
-        if (named := _beyond_rounding(x, change, coarsest, rules)) is not None:
+        step, step_tiny = _rounding_of(chain[:i + 1], meta)
+        change = _sampled_difference(x.outputs[0][1] if x.outputs else None, before, first, step_tiny)
+        if (named := _beyond_rounding(x, change, step, rules)) is not None:
             return named
-    coarsest, tiny = _rounding_of(chain, meta)
-    return _beyond_rounding(op, _sampled_difference(meta, before, first, tiny), coarsest, rules)
+    return received
 
 
 def _sampled_difference(meta: Any, before: np.ndarray, like: Any, least_scale: float = 0.0) -> float:
