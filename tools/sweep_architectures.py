@@ -19,7 +19,7 @@ harness sets it), through the accuracy harness's runner (tools/accuracy/runner.p
 - ``fault``: K random single-call faults per precision and direction (a random op kind, a random
   call of it; 1e-2 in fp32, 5e-2 under bf16; forward and backward; ``--fault-kind few``: three
   elements doubled instead, a sparse bug; ``--fault-output any``: one of the call's floating-point
-  outputs drawn at random, not its first), graded exact / module /
+  outputs drawn at random, not its first; ``later``: one past the first, among calls with one), graded exact / module /
   wrong / missed by each side's own trace. A fault that moves the final output (the gradients,
   for a backward fault) by less than the run's own precision (bf16: what bf16 itself moves it;
   fp32: FP32_FLOOR) is left out and counted, and another is drawn (up to DRAWS times);
@@ -215,9 +215,10 @@ def _clean(arch: str, precision: str, backward: bool, train_mode: bool = False) 
 
 
 def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel",
-                train_mode: bool = False, any_output: bool = False) -> list[dict]:
+                train_mode: bool = False, output_draw: str = "first") -> list[dict]:
     """K faults of ``kind`` per precision and direction: a random op kind, then a random call of
-    it (``any_output``: then a random one of its floating-point outputs; else its first); each
+    it, then which output (``output_draw``: ``first``; ``any`` of its floating-point outputs;
+    ``later``: one past the first, among the calls that have one); each
     with the change it makes to the final output and that run's own precision (all of it in
     training mode where ``train_mode``)."""
     from accuracy.faults import CorruptCall
@@ -239,14 +240,18 @@ def pick_faults(arch: str, k: int, seed: int, trainable: bool, kind: str = "rel"
             calls.outputs.update({key: n for key, n in backward_calls.outputs.items() if key[1] == "backward"})
         for backward in clean:
             direction = "backward" if backward else "forward"
-            kinds = sorted(op for op, d in calls.eligible if d == direction)
+            eligible = {key: [c for c in indices if output_draw != "later" or len(calls.outputs[(*key, c)]) > 1]
+                        for key, indices in calls.eligible.items() if key[1] == direction}
+            kinds = sorted(op for (op, _), indices in eligible.items() if indices)
             for slot in range(k):
                 for draw in range(DRAWS):
                     if not kinds:
                         break
                     op = rng.choice(kinds)
-                    call = rng.choice(calls.eligible[(op, direction)])
-                    output = rng.choice(calls.outputs[(op, direction, call)]) if any_output else 0
+                    call = rng.choice(eligible[(op, direction)])
+                    floating = calls.outputs[(op, direction, call)]
+                    output = 0 if output_draw == "first" else rng.choice(floating if output_draw == "any"
+                                                                         else floating[1:])
                     amount = FAULT_AMOUNTS[kind][precision]
                     fault = CorruptCall(op, call, CORRUPTIONS[kind](amount), direction, output)
                     f = _drawn(arch, precision, backward, fault, *clean[backward], train_mode, op=op, call=call,
@@ -324,7 +329,7 @@ def _capture_first_fail() -> dict:
 
 
 def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_kind: str = "rel",
-                any_output: bool = False, size: str = "tiny") -> None:
+                output_draw: str = "first", size: str = "tiny") -> None:
     """Every chosen scenario of one model, each recording; one JSON line per scenario, then the model's."""
     import torch
 
@@ -353,10 +358,10 @@ def sweep_model(entry, chosen: tuple[str, ...], k: int, seed: int, emit, fault_k
     no_backward = _trainable(arch)
     seed ^= zlib.crc32(entry.model_type.encode())
     faults = [("fault", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind,
-                                                any_output=any_output)] if "fault" in chosen else []
+                                                output_draw=output_draw)] if "fault" in chosen else []
     if "fault-trainmode" in chosen:
         faults += [("fault-trainmode", f) for f in pick_faults(arch, k, seed, no_backward is None, fault_kind, True,
-                                                               any_output)]
+                                                               output_draw)]
     if "user-bug" in chosen:
         faults += [("user-bug", f) for f in pick_user_bugs(arch, k, seed)]
     last = _capture_first_fail()
@@ -435,7 +440,7 @@ def worker(args) -> int:
             print(f"BEGIN {name}", flush=True)
             try:
                 sweep_model(entries[name], chosen, args.faults, args.seed, emit, args.fault_kind,
-                            args.fault_output == "any", args.size)
+                            args.fault_output, args.size)
             except Exception as e:  # noqa: BLE001 - one model's failure must not lose the others
                 emit({"kind": "model", "model": name, "family": name, "status": "error",
                       "reason": f"{type(e).__name__}: {e}"[:300]})
@@ -611,9 +616,10 @@ def main(argv=None) -> int:
     ap.add_argument("--size", choices=("tiny", "real"), default="tiny",
                     help="real: each model 1024 wide (16 query heads, 4 key/value heads, MLP 2816), two layers, "
                          "on 512 tokens (accuracy/zoo.py's REAL); give it --models and a --timeout of minutes")
-    ap.add_argument("--fault-output", choices=("first", "any"), default="first",
+    ap.add_argument("--fault-output", choices=("first", "any", "later"), default="first",
                     help="first: a fault corrupts the call's first output; any: one of its floating-point outputs "
-                         "drawn at random (a layer norm's mean, an attention's logsumexp, a key or value gradient)")
+                         "drawn at random (a layer norm's mean, an attention's logsumexp, a key or value gradient); "
+                         "later: one past the first, drawn among the calls that have one")
     ap.add_argument("--inference", action="store_true",
                     help="forward-only runs under torch.inference_mode (composite ops such as linear and "
                          "scaled_dot_product_attention reach the recorder whole); training steps as before")
